@@ -1,0 +1,83 @@
+"""The one home of plantune's FLOPs and TFLOPs arithmetic.
+
+Two definitions, kept apart on purpose:
+- *model* FLOPs (MFU): forward + backward = 3x the forward matmuls, whatever is recomputed.
+- *hardware* FLOPs (HFU): also counts the forward recomputed by activation checkpointing
+  (full: the whole layer again, factor 4; selective: the attention core again).
+
+Sources: Narayanan et al. 2021 (arXiv 2104.04473) Eq. 3; seed 001 ("model_size_in_B * 4 * 2 *
+seqlen * global_batch_size / (time * total_gpus * 1e3)"); PaLM (arXiv 2204.02311) App. B for MFU.
+"""
+
+from __future__ import annotations
+
+from planner.model import ModelSpec
+
+
+def layer_forward_matmul_flops(model: ModelSpec, tokens: int) -> float:
+    """Forward matmul FLOPs of one transformer layer for ``tokens`` tokens of one sequence length.
+
+    2 FLOPs per multiply-add: QKV 2t·h·(h+2kv), attention scores + values 2·2·t·s·h, output
+    projection 2t·h², MLP 2t·h·f·(3 for SwiGLU else 2). For MHA with f=4h this is
+    24·t·h² + 4·t·s·h, Narayanan et al. 2021 Sec. 5.1 (Eq. 3 before the factor).
+    """
+    h, s = model.hidden, model.seq_len
+    qkv = 2 * tokens * h * (h + 2 * model.kv_dim)
+    attention = 2 * 2 * tokens * s * h
+    proj = 2 * tokens * h * h
+    mlp = 2 * tokens * h * model.ffn_hidden * (3 if model.glu else 2)
+    return float(qkv + attention + proj + mlp)
+
+
+def attention_core_forward_flops(model: ModelSpec, tokens: int) -> float:
+    """The QK^T and AV part that selective recompute redoes (Korthikanti et al. 2022, Sec. 4.2)."""
+    return float(2 * 2 * tokens * model.seq_len * model.hidden)
+
+
+def logits_forward_flops(model: ModelSpec, tokens: int) -> float:
+    """The LM head: 2·t·h·V (Narayanan et al. 2021 Eq. 3's V/(16lh) term before the factor)."""
+    return float(2 * tokens * model.hidden * model.vocab)
+
+
+def model_flops_per_iteration(model: ModelSpec, global_batch: int) -> float:
+    """Model FLOPs of one training iteration: 3 x forward (fwd + 2x bwd), no recompute counted.
+
+    For MHA with f=4h this is 72·B·s·l·h²·(1 + s/6h + V/12lh), i.e. Narayanan et al. 2021 Eq. 3
+    with 3 in place of 4.
+    """
+    tokens = global_batch * model.seq_len
+    fwd = model.layers * layer_forward_matmul_flops(model, tokens) + logits_forward_flops(model, tokens)
+    return 3.0 * fwd
+
+
+def hardware_flops_per_iteration(model: ModelSpec, global_batch: int, recompute: str) -> float:
+    """Model FLOPs plus the forward recomputed by activation checkpointing (HFU numerator).
+
+    ``full`` adds one more forward of every layer: 96·B·s·l·h²·(1 + s/6h + V/16lh), exactly
+    Narayanan et al. 2021 Eq. 3. ``selective`` adds the attention core only (Korthikanti 2022).
+    """
+    tokens = global_batch * model.seq_len
+    extra = 0.0
+    if recompute == "full":
+        extra = model.layers * layer_forward_matmul_flops(model, tokens)
+    elif recompute == "selective":
+        extra = model.layers * attention_core_forward_flops(model, tokens)
+    return model_flops_per_iteration(model, global_batch) + extra
+
+
+def megatron_eq3_flops(*, global_batch: int, seq_len: int, layers: int, hidden: int, vocab: int) -> float:
+    """Narayanan et al. 2021 Eq. 3 verbatim: 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))."""
+    b, s, l, h, v = global_batch, seq_len, layers, hidden, vocab
+    return 96.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+
+
+def seed001_tflops(*, params_b: float, seq_len: int, global_batch: int, seconds_per_iteration: float,
+                   gpus: int, checkpoint_activations: bool) -> float:
+    """Seed 001: model_size_in_B · (4 or 3) · 2 · seqlen · GBS / (time · gpus · 1e3), TFLOPs per GPU."""
+    factor = 4 if checkpoint_activations else 3
+    return params_b * factor * 2 * seq_len * global_batch / (seconds_per_iteration * gpus * 1e3)
+
+
+def tflops_per_gpu(flops_per_iteration: float, seconds_per_iteration: float, gpus: int) -> float:
+    """Achieved TFLOP/s per GPU (1 TFLOP = 1e12 FLOPs)."""
+    return flops_per_iteration / (seconds_per_iteration * gpus) / 1e12

@@ -1,0 +1,238 @@
+"""The one hardware catalog (accelerators) and `ClusterSpec`.
+
+Every figure is a dense (no sparsity) datasheet number with its source; units are in field
+names, SI throughout (FLOP/s, bytes, bytes/s). Link bandwidths are per GPU, one direction.
+
+    >>> from planner.hardware import get_accelerator
+    >>> get_accelerator("A100-80GB").peak_bf16_flops / 1e12
+    312.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
+
+from planner.errors import InputError
+
+TB = 1e12
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Accelerator:
+    id: str
+    memory_bytes: float
+    """usable device memory as sold (GB = 1e9 bytes, as datasheets state)"""
+    peak_bf16_flops: float | None
+    """dense bf16 tensor-core peak; None where the chip has no bf16 (V100)"""
+    peak_fp16_flops: float
+    peak_tf32_flops: float | None
+    peak_fp32_flops: float
+    memory_bw_bytes_per_s: float
+    intra_node_bw_bytes_per_s: float
+    """per-GPU, one-direction bandwidth of the intra-node link (NVLink / Infinity Fabric / PCIe)"""
+    intra_node_link: str
+    cuda_context_bytes: float
+    """memory the runtime takes before the model (seed 003 'calibration': 1113 MiB on V100)"""
+    source: str
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak for a training precision: bf16 | fp16 | fp32 (fp32 uses TF32 when the chip has it)."""
+        if precision == "bf16":
+            if self.peak_bf16_flops is None:
+                raise InputError(f"{self.id} has no bf16 support; use --precision fp16")
+            return self.peak_bf16_flops
+        if precision == "fp16":
+            return self.peak_fp16_flops
+        if precision == "fp32":
+            return self.peak_tf32_flops or self.peak_fp32_flops
+        raise InputError(f"unknown precision {precision!r}; use bf16, fp16 or fp32")
+
+
+def _acc(**kw: object) -> Accelerator:
+    return Accelerator(**kw)  # type: ignore[arg-type]
+
+
+_V100 = dict(peak_bf16_flops=None, peak_fp16_flops=125 * TB, peak_tf32_flops=None, peak_fp32_flops=15.7 * TB,
+             memory_bw_bytes_per_s=900 * GB, intra_node_bw_bytes_per_s=150 * GB, intra_node_link="NVLink2",
+             cuda_context_bytes=1113 * 2**20,
+             source="NVIDIA V100 datasheet (SXM2: 125 TFLOPS tensor, 15.7 FP32, 900 GB/s HBM2, NVLink 300 GB/s "
+                    "bidirectional); context 1113 MiB measured in seed 003")
+_A100 = dict(peak_bf16_flops=312 * TB, peak_fp16_flops=312 * TB, peak_tf32_flops=156 * TB, peak_fp32_flops=19.5 * TB,
+             intra_node_bw_bytes_per_s=300 * GB, intra_node_link="NVLink3", cuda_context_bytes=0.9 * 2**30,
+             source="NVIDIA A100 datasheet (312 TFLOPS bf16/fp16 dense, 156 TF32, 19.5 FP32, NVLink 600 GB/s "
+                    "bidirectional); context 0.9 GiB with torch 1.13 per seed 001")
+_H100_SXM = dict(peak_bf16_flops=989 * TB, peak_fp16_flops=989 * TB, peak_tf32_flops=494.5 * TB,
+                 peak_fp32_flops=67 * TB, memory_bytes=80 * GB, memory_bw_bytes_per_s=3350 * GB,
+                 intra_node_bw_bytes_per_s=450 * GB, intra_node_link="NVLink4", cuda_context_bytes=0.9 * 2**30)
+
+CATALOG: dict[str, Accelerator] = {a.id: a for a in (
+    _acc(id="V100-16GB", memory_bytes=16 * GB, **_V100),
+    _acc(id="V100-32GB", memory_bytes=32 * GB, **_V100),
+    _acc(id="A100-40GB", memory_bytes=40 * GB, memory_bw_bytes_per_s=1555 * GB, **_A100),
+    _acc(id="A100-80GB", memory_bytes=80 * GB, memory_bw_bytes_per_s=2039 * GB, **_A100),
+    _acc(id="H100-SXM", **_H100_SXM,
+         source="NVIDIA H100 datasheet, SXM5 (989 TFLOPS bf16 dense, 494.5 TF32, 67 FP32, 80 GB HBM3 3.35 TB/s, "
+                "NVLink 900 GB/s bidirectional)"),
+    _acc(id="H100-PCIe", peak_bf16_flops=756 * TB, peak_fp16_flops=756 * TB, peak_tf32_flops=378 * TB,
+         peak_fp32_flops=51 * TB, memory_bytes=80 * GB, memory_bw_bytes_per_s=2000 * GB,
+         intra_node_bw_bytes_per_s=64 * GB, intra_node_link="PCIe Gen5 x16", cuda_context_bytes=0.9 * 2**30,
+         source="NVIDIA H100 datasheet, PCIe (756 TFLOPS bf16 dense, 378 TF32, 51 FP32, 2.0 TB/s, "
+                "PCIe Gen5 128 GB/s bidirectional)"),
+    _acc(id="H200", **{**_H100_SXM, "memory_bytes": 141 * GB, "memory_bw_bytes_per_s": 4800 * GB},
+         source="NVIDIA H200 datasheet, SXM (989 TFLOPS bf16 dense, 141 GB HBM3e 4.8 TB/s, NVLink 900 GB/s)"),
+    _acc(id="B200", peak_bf16_flops=2250 * TB, peak_fp16_flops=2250 * TB, peak_tf32_flops=1100 * TB,
+         peak_fp32_flops=80 * TB, memory_bytes=180 * GB, memory_bw_bytes_per_s=7700 * GB,
+         intra_node_bw_bytes_per_s=900 * GB, intra_node_link="NVLink5", cuda_context_bytes=1.0 * 2**30,
+         source="NVIDIA HGX B200 datasheet (2.25 PFLOPS bf16 dense, 1.1 PF TF32, 180 GB HBM3e 7.7 TB/s, "
+                "NVLink 1.8 TB/s bidirectional)"),
+    _acc(id="MI250X", peak_bf16_flops=383 * TB, peak_fp16_flops=383 * TB, peak_tf32_flops=None,
+         peak_fp32_flops=95.7 * TB, memory_bytes=128 * GB, memory_bw_bytes_per_s=3277 * GB,
+         intra_node_bw_bytes_per_s=200 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30,
+         source="AMD Instinct MI250X datasheet (383 TFLOPS bf16/fp16, 95.7 FP32 matrix, 128 GB HBM2e 3.2 TB/s, "
+                "8 Infinity Fabric links 400 GB/s aggregate peer); one OAM = two GCDs"),
+    _acc(id="MI300X", peak_bf16_flops=1307.4 * TB, peak_fp16_flops=1307.4 * TB, peak_tf32_flops=653.7 * TB,
+         peak_fp32_flops=163.4 * TB, memory_bytes=192 * GB, memory_bw_bytes_per_s=5300 * GB,
+         intra_node_bw_bytes_per_s=448 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30,
+         source="AMD Instinct MI300X datasheet (1307.4 TFLOPS bf16 dense, 653.7 TF32, 163.4 FP32, 192 GB HBM3 "
+                "5.3 TB/s, 7 Infinity Fabric links 896 GB/s bidirectional)"),
+)}
+
+ALIASES = {"V100": "V100-32GB", "A100": "A100-80GB", "H100": "H100-SXM", "H100-80GB": "H100-SXM",
+           "A100-SXM4-80GB": "A100-80GB", "A100-SXM4-40GB": "A100-40GB"}
+
+
+def get_accelerator(gpu_id: str) -> Accelerator:
+    """Exact catalog id (case-insensitive) or a listed alias; anything else fails with the list."""
+    by_lower = {k.lower(): k for k in CATALOG} | {k.lower(): v for k, v in ALIASES.items()}
+    key = by_lower.get(gpu_id.strip().lower())
+    if key is None:
+        raise InputError(f"unknown GPU {gpu_id!r}; known: {', '.join(CATALOG)}")
+    return CATALOG[key]
+
+
+# Inter-node defaults per GPU and direction: 200 Gb/s HDR InfiniBand per GPU (DGX A100 / SuperPOD:
+# 8x HDR per node), 400 Gb/s NDR per GPU for H100/H200/B200 (DGX H100: 8x NDR400).
+DEFAULT_INTER_NODE_GBPS = {"V100": 100.0, "A100": 200.0, "H100": 400.0, "H200": 400.0, "B200": 400.0,
+                           "MI250X": 200.0, "MI300X": 400.0}
+
+
+def _default_inter_node_bw(acc: Accelerator, gpus_per_node: int) -> float:
+    family = acc.id.split("-")[0]
+    return DEFAULT_INTER_NODE_GBPS.get(family, 100.0) * 1e9 / 8 * gpus_per_node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    name: str
+    gpu: Accelerator
+    gpus_per_node: int
+    nodes: int
+    inter_node_bw_bytes_per_s: float
+    """per node, one direction, all NICs together"""
+    intra_node_bw_bytes_per_s: float
+    """per GPU, one direction; defaults to the accelerator's link"""
+    matmul_efficiency: float | None = None
+    """measured fraction of peak a large GEMM reaches (from a calibration file), else the model default"""
+    cuda_context_bytes: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node <= 0 or self.nodes <= 0:
+            raise InputError(f"cluster {self.name!r}: gpus per node and nodes must be > 0")
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def inter_node_bw_per_gpu(self) -> float:
+        return self.inter_node_bw_bytes_per_s / self.gpus_per_node
+
+    @property
+    def context_bytes(self) -> float:
+        return self.cuda_context_bytes if self.cuda_context_bytes is not None else self.gpu.cuda_context_bytes
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "gpu": self.gpu.id, "gpus_per_node": self.gpus_per_node, "nodes": self.nodes,
+                "inter_node_gbps": round(self.inter_node_bw_bytes_per_s * 8 / 1e9, 3),
+                "intra_node_gbps_per_gpu": round(self.intra_node_bw_bytes_per_s * 8 / 1e9, 3)}
+
+
+def make_cluster(*, gpu: str, gpus: int | None = None, gpus_per_node: int = 8, nodes: int | None = None,
+                 inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
+                 name: str = "") -> ClusterSpec:
+    """A cluster from flags: ``--gpu A100-80GB --gpus 384 --gpus-per-node 8``."""
+    acc = get_accelerator(gpu)
+    if gpus_per_node <= 0:
+        raise InputError(f"--gpus-per-node must be > 0, got {gpus_per_node}")
+    if nodes is None:
+        if gpus is None or gpus <= 0:
+            raise InputError(f"--gpus must be a positive integer, got {gpus}")
+        if gpus % gpus_per_node:
+            lo = gpus // gpus_per_node * gpus_per_node
+            raise InputError(f"--gpus {gpus} is not a multiple of the node size {gpus_per_node}; "
+                             f"use {lo or gpus_per_node} or {lo + gpus_per_node}, or set --gpus-per-node")
+        nodes = gpus // gpus_per_node
+    elif gpus is not None and gpus != nodes * gpus_per_node:
+        raise InputError(f"--gpus {gpus} != nodes {nodes} x gpus per node {gpus_per_node}")
+    inter = inter_node_gbps * 1e9 / 8 if inter_node_gbps else _default_inter_node_bw(acc, gpus_per_node)
+    intra = intra_node_gbps * 1e9 / 8 if intra_node_gbps else acc.intra_node_bw_bytes_per_s
+    return ClusterSpec(name=name or f"{nodes}x{gpus_per_node} {acc.id}", gpu=acc, gpus_per_node=gpus_per_node,
+                       nodes=nodes, inter_node_bw_bytes_per_s=inter, intra_node_bw_bytes_per_s=intra)
+
+
+def _read_yaml_mapping(path: str, what: str) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"{what} file {path} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as err:
+        raise InputError(f"malformed {what} YAML {path}: {str(err).splitlines()[0]}; fix the syntax") from None
+    if not isinstance(data, dict):
+        raise InputError(f"malformed {what} YAML {path}: expected a mapping of keys")
+    return data
+
+
+_CLUSTER_KEYS = {"name", "gpu", "gpus_per_node", "nodes", "inter_node_gbps", "intra_node_gbps", "notes", "source"}
+
+
+def load_cluster(path: str, *, gpus: int | None = None) -> ClusterSpec:
+    """A cluster YAML: gpu, gpus_per_node, nodes, inter_node_gbps (per node), intra_node_gbps (per GPU)."""
+    d = _read_yaml_mapping(path, "cluster")
+    unknown = set(d) - _CLUSTER_KEYS
+    if unknown:
+        raise InputError(f"cluster YAML {path}: unknown keys {sorted(unknown)}; known: {sorted(_CLUSTER_KEYS)}")
+    if "gpu" not in d:
+        raise InputError(f"cluster YAML {path}: missing key 'gpu' (one of {', '.join(CATALOG)})")
+    try:
+        gpn = int(d.get("gpus_per_node", 8))
+        nodes = int(d["nodes"]) if "nodes" in d and gpus is None else None
+    except (TypeError, ValueError):
+        raise InputError(f"cluster YAML {path}: gpus_per_node and nodes must be integers") from None
+    return make_cluster(gpu=str(d["gpu"]), gpus=gpus, gpus_per_node=gpn, nodes=nodes,
+                        inter_node_gbps=d.get("inter_node_gbps"), intra_node_gbps=d.get("intra_node_gbps"),
+                        name=str(d.get("name", "")))
+
+
+def apply_calibration(cluster: ClusterSpec, path: str) -> ClusterSpec:
+    """Override catalog figures with a calibration YAML written by ``tune calibrate``.
+
+    Keys (all optional): ``matmul_efficiency`` (fraction of peak), ``intra_node_busbw_gbps`` and
+    ``inter_node_busbw_gbps`` (measured all-reduce bus bandwidth per GPU, Gbit/s),
+    ``cuda_context_bytes``.
+    """
+    d = _read_yaml_mapping(path, "calibration")
+    changes: dict = {}
+    if "matmul_efficiency" in d:
+        changes["matmul_efficiency"] = float(d["matmul_efficiency"])
+    if "intra_node_busbw_gbps" in d:
+        changes["intra_node_bw_bytes_per_s"] = float(d["intra_node_busbw_gbps"]) * 1e9 / 8
+    if "inter_node_busbw_gbps" in d:
+        changes["inter_node_bw_bytes_per_s"] = float(d["inter_node_busbw_gbps"]) * 1e9 / 8 * cluster.gpus_per_node
+    if "cuda_context_bytes" in d:
+        changes["cuda_context_bytes"] = float(d["cuda_context_bytes"])
+    return replace(cluster, **changes)

@@ -1,0 +1,301 @@
+"""Model shapes: `ModelSpec`, the presets, and readers for HF config.json and plantune YAML.
+
+    >>> from planner.model import load_model
+    >>> m = load_model("176B")          # BLOOM-176B
+    >>> round(m.params / 1e9, 3)
+    176.247
+
+Parameter counts are computed from the shape, never typed in; tests pin them to the
+published counts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import yaml
+
+from planner.errors import InputError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rampup:
+    """Megatron's ``--rampup-batch-size START INCREMENT SAMPLES`` (megatron/microbatches.py)."""
+
+    start: int
+    """first global batch size (sequences)"""
+    increment: int
+    """added to the batch size at each rampup step"""
+    samples: int
+    """samples consumed while ramping from ``start`` to the final global batch"""
+
+    def __post_init__(self) -> None:
+        if self.start <= 0 or self.increment <= 0 or self.samples <= 0:
+            raise InputError(
+                f"rampup {self.start} {self.increment} {self.samples}: all three must be > 0; "
+                "give --rampup START INCREMENT SAMPLES with positive integers")
+
+    def batch_sizes(self, global_batch: int) -> list[int]:
+        """Every batch size the run goes through, the final one included."""
+        sizes = list(range(self.start, global_batch, self.increment))
+        return sizes + [global_batch]
+
+    def as_list(self) -> list[int]:
+        return [self.start, self.increment, self.samples]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer's shape and its default training settings."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    """key/value heads: == heads for MHA, fewer for GQA (Llama-2 70B, Llama-3)"""
+    ffn_hidden: int
+    vocab: int
+    seq_len: int
+    glu: bool = False
+    """SwiGLU MLP (three ffn matrices) instead of GELU (two)"""
+    tied_embeddings: bool = True
+    position: str = "learned"
+    """learned | rope | alibi: learned adds a seq_len x hidden table"""
+    norm: str = "layernorm"
+    """layernorm (weight + bias) | rmsnorm (weight only)"""
+    bias: bool = True
+    """linear layers carry biases (GPT/BLOOM yes, Llama no)"""
+    embedding_norm: bool = False
+    """a layernorm right after the word embedding (BLOOM)"""
+    global_batch: int | None = None
+    """the real run's global batch size in sequences"""
+    rampup: Rampup | None = None
+    train_tokens: float | None = None
+    """tokens the real run was trained on (for days / GPU-hours)"""
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise InputError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
+        if self.hidden % self.heads:
+            raise InputError(f"model {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}")
+        if self.heads % self.kv_heads:
+            raise InputError(f"model {self.name!r}: heads {self.heads} not divisible by kv_heads {self.kv_heads}")
+        if self.position not in ("learned", "rope", "alibi"):
+            raise InputError(f"model {self.name!r}: position must be learned, rope or alibi")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise InputError(f"model {self.name!r}: norm must be layernorm or rmsnorm")
+
+    # -- derived shape ---------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def kv_dim(self) -> int:
+        """width of K (and of V): kv_heads * head_dim"""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def norm_params(self) -> int:
+        return self.hidden * (2 if self.norm == "layernorm" else 1)
+
+    @property
+    def params_per_layer(self) -> int:
+        """One transformer block: attention (Q, K, V, O), MLP, two norms, optional biases."""
+        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
+        attn = h * (h + 2 * kv) + h * h
+        mlp = (3 if self.glu else 2) * h * f
+        biases = (h + 2 * kv + h + (2 if self.glu else 1) * f + h) if self.bias else 0
+        return attn + mlp + biases + 2 * self.norm_params
+
+    @property
+    def embedding_params(self) -> int:
+        """Word embedding (+ learned positions, + embedding norm); the LM head when untied."""
+        n = self.vocab * self.hidden
+        if self.position == "learned":
+            n += self.seq_len * self.hidden
+        if self.embedding_norm:
+            n += self.norm_params
+        if not self.tied_embeddings:
+            n += self.vocab * self.hidden
+        return n
+
+    @property
+    def params(self) -> int:
+        """Total parameters: embeddings + layers + final norm."""
+        return self.embedding_params + self.layers * self.params_per_layer + self.norm_params
+
+    def with_overrides(self, **changes: object) -> "ModelSpec":
+        clean = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, **clean) if clean else self
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["rampup"] = self.rampup.as_list() if self.rampup else None
+        return d
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 51200, seq_len: int = 2048,
+         **kw: object) -> ModelSpec:
+    """A Megatron/GPT-style model: MHA, 4h GELU MLP, LayerNorm, biases, tied embeddings."""
+    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=heads,
+                     ffn_hidden=4 * hidden, vocab=vocab, seq_len=seq_len, **kw)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
+           seq_len: int, **kw: object) -> ModelSpec:
+    """A Llama-style model: RoPE, RMSNorm, SwiGLU, no biases, untied embeddings."""
+    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
+                     ffn_hidden=ffn, vocab=vocab, seq_len=seq_len, glu=True, tied_embeddings=False,
+                     position="rope", norm="rmsnorm", bias=False, **kw)
+
+
+# Presets: (shape source, training settings source) in each `source`.
+PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
+    ModelSpec(name="bloom-176b", layers=70, hidden=14336, heads=112, kv_heads=112, ffn_hidden=57344,
+              vocab=250880, seq_len=2048, position="alibi", embedding_norm=True, global_batch=2048,
+              rampup=Rampup(start=192, increment=16, samples=9_765_625), train_tokens=366e9,
+              source="bigscience tr11-176B-ml.slurm (shape, GBS 2048, rampup 192 16 9765625); "
+                     "BLOOM paper arXiv 2211.05100 (176,247,271,424 params, 366B tokens)"),
+    _gpt("bigscience-1b3", 24, 2048, 16, vocab=50257, embedding_norm=True, global_batch=512,
+         rampup=Rampup(start=32, increment=32, samples=2_000_000), train_tokens=300e9,
+         source="bigscience tr3m-1B3-emb-norm-pile.slurm (seed 003: GBS 512, rampup from 32)"),
+    _gpt("gpt3-175b", 96, 12288, 96, vocab=50257, global_batch=1536,
+         rampup=Rampup(start=16, increment=16, samples=5_859_375), train_tokens=300e9,
+         source="Brown et al. 2020 Table 2.1 (shape, 300B tokens); Narayanan et al. 2021 (GBS 1536)"),
+    _gpt("mt-nlg-530b", 105, 20480, 128, global_batch=1920,
+         rampup=Rampup(start=32, increment=32, samples=5_859_375), train_tokens=270e9,
+         source="Smith et al. 2022 arXiv 2201.11990 Sec. 3 (shape; batch 32 -> 1920 over 12B tokens)"),
+    _gpt("megatron-1t", 128, 25600, 160, global_batch=3072,
+         source="Narayanan et al. 2021 arXiv 2104.04473 Table 1 (1T row: GBS 3072)"),
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, global_batch=1024, train_tokens=2e12,
+           source="Touvron et al. 2023 arXiv 2307.09288 Table 1 (4M-token batch, 2T tokens); HF config.json"),
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, global_batch=1024, train_tokens=2e12,
+           source="Touvron et al. 2023 arXiv 2307.09288 Table 1; HF config.json"),
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, global_batch=1024, train_tokens=2e12,
+           source="Touvron et al. 2023 arXiv 2307.09288 Table 1 (GQA); HF config.json"),
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, global_batch=512, train_tokens=15e12,
+           source="Llama 3 HF config.json; Dubey et al. 2024 arXiv 2407.21783 (15T tokens)"),
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, global_batch=512, train_tokens=15e12,
+           source="Llama 3 HF config.json; Dubey et al. 2024 arXiv 2407.21783"),
+    _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, global_batch=2048, train_tokens=15.6e12,
+           source="Dubey et al. 2024 arXiv 2407.21783 Table 3 (shape; 16M-token batch at seq 8192)"),
+)}
+
+# Size shorthands a person types; `176B` is BLOOM-176B as in BigScience's usage.
+SHORTHANDS: dict[str, str] = {
+    "176b": "bloom-176b", "bloom": "bloom-176b", "1b3": "bigscience-1b3", "1.3b": "bigscience-1b3",
+    "175b": "gpt3-175b", "gpt3": "gpt3-175b", "530b": "mt-nlg-530b", "1t": "megatron-1t",
+    "7b": "llama2-7b", "13b": "llama2-13b", "70b": "llama2-70b", "8b": "llama3-8b",
+    "405b": "llama3-405b",
+}
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def get_preset(name: str) -> ModelSpec:
+    key = name.strip().lower()
+    key = SHORTHANDS.get(key, key)
+    if key not in PRESETS:
+        raise InputError(f"unknown model {name!r}; presets: {', '.join(preset_names())} "
+                         f"(shorthands: {', '.join(sorted(SHORTHANDS))}), or a path to a "
+                         "config.json / model YAML")
+    return PRESETS[key]
+
+
+def _from_hf(d: dict, name: str) -> ModelSpec:
+    """Hugging Face config.json: Llama/Mistral/GPT-2/BLOOM/GPT-NeoX key spellings."""
+    def pick(*keys: str, default: object = None) -> object:
+        for k in keys:
+            if k in d:
+                return d[k]
+        if default is None:
+            raise InputError(f"{name}: config.json lacks any of {', '.join(keys)}")
+        return default
+    hidden = int(pick("hidden_size", "n_embd", "d_model"))
+    heads = int(pick("num_attention_heads", "n_head", "n_heads"))
+    model_type = str(d.get("model_type", ""))
+    llama_like = model_type in ("llama", "mistral", "qwen2", "gemma") or "intermediate_size" in d and \
+        str(d.get("hidden_act", "")).lower() in ("silu", "swiglu")
+    ffn = int(pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden) or 4 * hidden)
+    return ModelSpec(
+        name=str(d.get("_name_or_path") or model_type or name),
+        layers=int(pick("num_hidden_layers", "n_layer", "num_layers")),
+        hidden=hidden, heads=heads,
+        kv_heads=int(d.get("num_key_value_heads") or heads),
+        ffn_hidden=ffn,
+        vocab=int(pick("vocab_size")),
+        seq_len=int(pick("max_position_embeddings", "n_positions", "seq_length", default=2048)),
+        glu=llama_like,
+        tied_embeddings=bool(d.get("tie_word_embeddings", not llama_like)),
+        position="rope" if llama_like or "rope_theta" in d else ("alibi" if model_type == "bloom" else "learned"),
+        norm="rmsnorm" if llama_like or "rms_norm_eps" in d else "layernorm",
+        bias=not llama_like and not d.get("attention_bias") is False,
+        embedding_norm=model_type == "bloom",
+        source=f"Hugging Face config.json ({name})",
+    )
+
+
+_YAML_KEYS = {"name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "glu",
+              "tied_embeddings", "position", "norm", "bias", "embedding_norm", "global_batch",
+              "rampup", "train_tokens", "source"}
+
+
+def _from_yaml(d: dict, name: str) -> ModelSpec:
+    """plantune model YAML: name, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, ..."""
+    unknown = set(d) - _YAML_KEYS
+    if unknown:
+        raise InputError(f"{name}: unknown model keys {sorted(unknown)}; known: {sorted(_YAML_KEYS)}")
+    missing = {"name", "layers", "hidden", "heads", "vocab", "seq_len"} - set(d)
+    if missing:
+        raise InputError(f"{name}: model YAML lacks {sorted(missing)}")
+    d = dict(d)
+    d.setdefault("kv_heads", d["heads"])
+    d.setdefault("ffn_hidden", 4 * int(d["hidden"]))
+    if d.get("rampup") is not None:
+        r = d["rampup"]
+        if not (isinstance(r, list) and len(r) == 3):
+            raise InputError(f"{name}: rampup must be a list [START, INCREMENT, SAMPLES]")
+        d["rampup"] = Rampup(start=int(r[0]), increment=int(r[1]), samples=int(r[2]))
+    d["source"] = d.get("source") or f"model YAML {name}"
+    try:
+        return ModelSpec(**d)
+    except TypeError as err:
+        raise InputError(f"{name}: {err}") from None
+
+
+def load_model(arg: str) -> ModelSpec:
+    """A preset name or shorthand, a HF config.json, or a plantune model YAML."""
+    path = Path(arg)
+    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file():
+        if not path.is_file():
+            raise InputError(f"model file {arg} does not exist; give a preset ({', '.join(preset_names())}) "
+                             "or an existing config.json / model YAML")
+        text = path.read_text()
+        try:
+            data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as err:
+            first = str(err).splitlines()[0]
+            raise InputError(f"malformed model file {arg}: {first}; fix the syntax") from None
+        if not isinstance(data, dict):
+            raise InputError(f"malformed model file {arg}: expected a mapping of keys")
+        return _from_hf(data, arg) if path.suffix.lower() == ".json" else _from_yaml(data, arg)
+    return get_preset(arg)
+
+
+def model_to_yaml_dict(model: ModelSpec) -> dict:
+    """The plantune model YAML for a spec (inverse of the YAML reader)."""
+    d = model.to_dict()
+    return {k: v for k, v in d.items() if v is not None and v != ""}
+
+
+__all__ = ["ModelSpec", "Rampup", "PRESETS", "SHORTHANDS", "get_preset", "load_model", "preset_names",
+           "model_to_yaml_dict"]

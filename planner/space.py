@@ -1,0 +1,190 @@
+"""The search space: `TrainingSpec` (what is fixed), `Candidate` (one choice), enumeration.
+
+Enumeration is deliberately dumb: it yields the Cartesian product of divisors and flags; every
+rule lives in `planner.constraints` so that a ruled-out candidate can say why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Iterator
+
+from planner.errors import InputError
+from planner.model import ModelSpec, Rampup
+
+RECOMPUTE = ("none", "selective", "full")
+FRAMEWORKS = ("megatron-deepspeed", "megatron-lm", "fsdp")
+PRECISIONS = ("bf16", "fp16", "fp32")
+OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
+FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingSpec:
+    """What the user fixes: batch, sequence, precision, optimizer, framework, rampup, memory rule."""
+
+    global_batch: int
+    seq_len: int
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    framework: str = "megatron-deepspeed"
+    rampup: Rampup | None = None
+    memory_fraction: float = 0.75
+    """seed 004's rule: plan to use at most this fraction of GPU memory"""
+    flash_attention: bool = True
+    """attention without the s^2 score matrix in memory (FlashAttention; not in the BigScience fork)"""
+    train_tokens: float | None = None
+    max_mbs: int = 16
+
+    def __post_init__(self) -> None:
+        if self.global_batch <= 0:
+            raise InputError(f"--global-batch must be > 0, got {self.global_batch}")
+        if self.seq_len <= 0:
+            raise InputError(f"--seq-len must be > 0, got {self.seq_len}")
+        if self.precision not in PRECISIONS:
+            raise InputError(f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise InputError(f"unknown optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+        if self.framework not in FRAMEWORKS:
+            raise InputError(f"unknown framework {self.framework!r}; use one of {', '.join(FRAMEWORKS)}")
+        if not 0 < self.memory_fraction <= 1:
+            raise InputError(f"--memory-fraction must be in (0, 1], got {self.memory_fraction}")
+        if self.rampup is not None and self.rampup.start >= self.global_batch:
+            raise InputError(f"rampup start {self.rampup.start} must be below the global batch "
+                             f"{self.global_batch} (megatron/microbatches.py)")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One parallel layout. DP is derived by the caller as world / (TP·PP)."""
+
+    tp: int
+    pp: int
+    dp: int
+    mbs: int
+    gas: int
+    recompute: str = "none"
+    zero: int = 0
+    """ZeRO stage 0-3; for FSDP: 0 NO_SHARD, 2 SHARD_GRAD_OP, 3 FULL_SHARD (HYBRID_SHARD with hybrid)"""
+    sp: bool = False
+    """Megatron sequence parallelism (needs TP > 1)"""
+    vpp: int = 1
+    """virtual pipeline stages per GPU (interleaved 1F1B); 1 = plain 1F1B"""
+    hybrid: bool = False
+    """FSDP HYBRID_SHARD: shard inside a node, replicate across nodes"""
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        return self.mbs * self.dp * self.gas
+
+    @property
+    def model_parallel(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def fsdp_strategy(self) -> str:
+        return "HYBRID_SHARD" if self.hybrid else FSDP_STRATEGIES.get(self.zero, f"ZERO{self.zero}")
+
+    def label(self) -> str:
+        parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"mbs={self.mbs}", f"gas={self.gas}",
+                 f"recompute={self.recompute}", f"zero={self.zero}"]
+        if self.sp:
+            parts.append("sp=1")
+        if self.vpp > 1:
+            parts.append(f"vpp={self.vpp}")
+        if self.hybrid:
+            parts.append("hybrid=1")
+        return ",".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _powers_of_two_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
+    """``"tp=4,pp=12,mbs=2,recompute=full,zero=1"`` -> Candidate; dp and gas are derived when absent."""
+    fields: dict[str, str] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" not in part:
+            raise InputError(f"--explain: {part!r} is not key=value; e.g. \"tp=4,pp=12,mbs=2,recompute=full,zero=1\"")
+        k, v = (s.strip().lower() for s in part.split("=", 1))
+        fields[k] = v
+    known = {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "hybrid"}
+    if set(fields) - known:
+        raise InputError(f"--explain: unknown keys {sorted(set(fields) - known)}; known: {sorted(known)}")
+
+    def num(key: str, default: int) -> int:
+        raw = fields.get(key)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            raise InputError(f"--explain: {key}={raw} is not an integer") from None
+        if value < 0 or (value == 0 and key not in ("zero", "sp", "hybrid")):
+            raise InputError(f"--explain: {key}={raw} must be positive")
+        return value
+    tp, pp, mbs = num("tp", 1), num("pp", 1), num("mbs", 1)
+    dp = num("dp", max(world // (tp * pp), 1))
+    gas = num("gas", max(global_batch // (mbs * dp), 1))
+    recompute = fields.get("recompute", "none")
+    if recompute not in RECOMPUTE:
+        raise InputError(f"--explain: recompute={recompute} must be one of {', '.join(RECOMPUTE)}")
+    truthy = {"1", "true", "yes", "on"}
+    return Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute, zero=num("zero", 0),
+                     sp=fields.get("sp", "0") in truthy, vpp=num("vpp", 1), hybrid=fields.get("hybrid", "0") in truthy)
+
+
+def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int,
+                         training: TrainingSpec) -> Iterator[Candidate]:
+    """Every (TP, PP, MBS, recompute, ZeRO, SP, VPP) with TP·PP dividing the world size.
+
+    TP runs over divisors of the world up to 2x the node (so "TP inside a node" is a visible
+    reason, not a silent omission); PP over divisors of world/TP up to the layer count; MBS over
+    powers of two up to ``max_mbs``. GAS follows from GBS / (MBS·DP) and may be fractional-invalid:
+    the constraints say so.
+    """
+    fw = training.framework
+    tps = [t for t in divisors(world) if t <= 2 * gpus_per_node]
+    zeros = (0, 2, 3) if fw == "fsdp" else (0, 1, 2, 3)
+    for tp in tps:
+        for pp in divisors(world // tp):
+            if pp > model.layers + 1:
+                break
+            dp = world // (tp * pp)
+            vpps = [1]
+            if fw == "megatron-lm" and pp > 2:
+                vpps = [v for v in (1, 2, 3, 4, 6, 8) if model.layers % (pp * v) == 0]
+            sps = (False, True) if fw == "megatron-lm" and tp > 1 else (False,)
+            for mbs in _powers_of_two_upto(training.max_mbs):
+                gas = max(training.global_batch // (mbs * dp), 1)
+                for recompute in RECOMPUTE:
+                    for zero in zeros:
+                        hybrids = (False, True) if fw == "fsdp" and zero == 3 and dp > gpus_per_node else (False,)
+                        for sp in sps:
+                            for vpp in vpps:
+                                for hybrid in hybrids:
+                                    yield Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute,
+                                                    zero=zero, sp=sp, vpp=vpp, hybrid=hybrid)
+
+
+def with_dp(candidate: Candidate, dp: int, global_batch: int) -> Candidate:
+    return replace(candidate, dp=dp, gas=max(global_batch // (candidate.mbs * dp), 1))

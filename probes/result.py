@@ -1,0 +1,98 @@
+"""`ProbeSpec` (what to run) and `ProbeResult` (what came back): the probes' data contract.
+
+No torch here: `search` imports this module to read results without importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STATUSES = ("ok", "oom", "timeout", "crash", "invalid")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeSpec:
+    """One probe: a model shape, a parallel layout and how long to measure.
+
+    ``model`` is a `planner.model.ModelSpec` as a dict (ModelSpec.to_dict()); ``candidate`` a
+    `planner.space.Candidate` as a dict. ``layers_run`` < model layers means a reduced model.
+    """
+
+    model: dict
+    candidate: dict
+    precision: str = "bf16"
+    warmup_steps: int = 2
+    steps: int = 5
+    layers_run: int | None = None
+    seed: int = 1234
+    device: str = "auto"
+    """auto | cuda | cpu"""
+    pp_schedule: str = "1F1B"
+    """1F1B | GPipe | Interleaved1F1B"""
+    max_cv: float = 0.15
+    """re-measure when the step times' coefficient of variation is above this"""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ProbeSpec":
+        return cls(**d)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeResult:
+    status: str
+    """ok | oom | timeout | crash | invalid"""
+    reason: str = ""
+    """for non-ok: the root cause, one line (e.g. 'rank 1: RuntimeError: ...')"""
+    root_cause_rank: int | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    step_time_median_s: float | None = None
+    step_time_cv: float | None = None
+    stable: bool | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    model_tflops_per_device: float | None = None
+    hardware_tflops_per_device: float | None = None
+    peak_memory_bytes_per_rank: list[float] = field(default_factory=list)
+    memory_kind: str = ""
+    """cuda_max_allocated | cuda_max_reserved | rss"""
+    reduced: bool = False
+    """ran fewer layers or a single DP replica than the candidate names"""
+    projected: dict = field(default_factory=dict)
+    """the planner's projection of the full configuration from this measurement"""
+    losses: list[float] = field(default_factory=list)
+    device: str = ""
+    world_size: int = 0
+    wall_s: float | None = None
+    workdir: str = ""
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown probe status {self.status!r}; one of {STATUSES}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ProbeResult":
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def read(cls, path: str | Path) -> "ProbeResult":
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
