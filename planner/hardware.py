@@ -19,13 +19,16 @@ from planner.errors import InputError
 
 TB = 1e12
 GB = 1e9
+GiB = 2**30
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Accelerator:
     id: str
     memory_bytes: float
-    """usable device memory as sold (GB = 1e9 bytes, as datasheets state)"""
+    """device memory; datasheet "GB" of HBM is binary (nvidia-smi shows 81920 MiB on A100-80GB)"""
+    sm_count: int
+    """streaming multiprocessors / compute units: the wave size of GEMM tiles"""
     peak_bf16_flops: float | None
     """dense bf16 tensor-core peak; None where the chip has no bf16 (V100)"""
     peak_fp16_flops: float
@@ -58,47 +61,54 @@ def _acc(**kw: object) -> Accelerator:
 
 _V100 = dict(peak_bf16_flops=None, peak_fp16_flops=125 * TB, peak_tf32_flops=None, peak_fp32_flops=15.7 * TB,
              memory_bw_bytes_per_s=900 * GB, intra_node_bw_bytes_per_s=150 * GB, intra_node_link="NVLink2",
-             cuda_context_bytes=1113 * 2**20,
+             cuda_context_bytes=1113 * 2**20, sm_count=80,
              source="NVIDIA V100 datasheet (SXM2: 125 TFLOPS tensor, 15.7 FP32, 900 GB/s HBM2, NVLink 300 GB/s "
                     "bidirectional); context 1113 MiB measured in seed 003")
 _A100 = dict(peak_bf16_flops=312 * TB, peak_fp16_flops=312 * TB, peak_tf32_flops=156 * TB, peak_fp32_flops=19.5 * TB,
-             intra_node_bw_bytes_per_s=300 * GB, intra_node_link="NVLink3", cuda_context_bytes=0.9 * 2**30,
+             intra_node_bw_bytes_per_s=300 * GB, intra_node_link="NVLink3", cuda_context_bytes=0.9 * 2**30, sm_count=108,
              source="NVIDIA A100 datasheet (312 TFLOPS bf16/fp16 dense, 156 TF32, 19.5 FP32, NVLink 600 GB/s "
                     "bidirectional); context 0.9 GiB with torch 1.13 per seed 001")
 _H100_SXM = dict(peak_bf16_flops=989 * TB, peak_fp16_flops=989 * TB, peak_tf32_flops=494.5 * TB,
-                 peak_fp32_flops=67 * TB, memory_bytes=80 * GB, memory_bw_bytes_per_s=3350 * GB,
-                 intra_node_bw_bytes_per_s=450 * GB, intra_node_link="NVLink4", cuda_context_bytes=0.9 * 2**30)
+                 peak_fp32_flops=67 * TB, memory_bytes=80 * GiB, memory_bw_bytes_per_s=3350 * GB,
+                 intra_node_bw_bytes_per_s=450 * GB, intra_node_link="NVLink4", cuda_context_bytes=0.9 * 2**30, sm_count=132)
 
 CATALOG: dict[str, Accelerator] = {a.id: a for a in (
-    _acc(id="V100-16GB", memory_bytes=16 * GB, **_V100),
-    _acc(id="V100-32GB", memory_bytes=32 * GB, **_V100),
-    _acc(id="A100-40GB", memory_bytes=40 * GB, memory_bw_bytes_per_s=1555 * GB, **_A100),
-    _acc(id="A100-80GB", memory_bytes=80 * GB, memory_bw_bytes_per_s=2039 * GB, **_A100),
+    _acc(id="V100-16GB", memory_bytes=16 * GiB, **_V100),
+    _acc(id="V100-32GB", memory_bytes=32 * GiB, **_V100),
+    _acc(id="A100-40GB", memory_bytes=40 * GiB, memory_bw_bytes_per_s=1555 * GB, **_A100),
+    _acc(id="A100-80GB", memory_bytes=80 * GiB, memory_bw_bytes_per_s=2039 * GB, **_A100),
     _acc(id="H100-SXM", **_H100_SXM,
          source="NVIDIA H100 datasheet, SXM5 (989 TFLOPS bf16 dense, 494.5 TF32, 67 FP32, 80 GB HBM3 3.35 TB/s, "
                 "NVLink 900 GB/s bidirectional)"),
     _acc(id="H100-PCIe", peak_bf16_flops=756 * TB, peak_fp16_flops=756 * TB, peak_tf32_flops=378 * TB,
-         peak_fp32_flops=51 * TB, memory_bytes=80 * GB, memory_bw_bytes_per_s=2000 * GB,
-         intra_node_bw_bytes_per_s=64 * GB, intra_node_link="PCIe Gen5 x16", cuda_context_bytes=0.9 * 2**30,
+         peak_fp32_flops=51 * TB, memory_bytes=80 * GiB, memory_bw_bytes_per_s=2000 * GB,
+         intra_node_bw_bytes_per_s=64 * GB, intra_node_link="PCIe Gen5 x16", cuda_context_bytes=0.9 * 2**30, sm_count=114,
          source="NVIDIA H100 datasheet, PCIe (756 TFLOPS bf16 dense, 378 TF32, 51 FP32, 2.0 TB/s, "
                 "PCIe Gen5 128 GB/s bidirectional)"),
-    _acc(id="H200", **{**_H100_SXM, "memory_bytes": 141 * GB, "memory_bw_bytes_per_s": 4800 * GB},
+    _acc(id="H200", **{**_H100_SXM, "memory_bytes": 141 * GiB, "memory_bw_bytes_per_s": 4800 * GB},
          source="NVIDIA H200 datasheet, SXM (989 TFLOPS bf16 dense, 141 GB HBM3e 4.8 TB/s, NVLink 900 GB/s)"),
     _acc(id="B200", peak_bf16_flops=2250 * TB, peak_fp16_flops=2250 * TB, peak_tf32_flops=1100 * TB,
-         peak_fp32_flops=80 * TB, memory_bytes=180 * GB, memory_bw_bytes_per_s=7700 * GB,
-         intra_node_bw_bytes_per_s=900 * GB, intra_node_link="NVLink5", cuda_context_bytes=1.0 * 2**30,
+         peak_fp32_flops=80 * TB, memory_bytes=180 * GiB, memory_bw_bytes_per_s=7700 * GB,
+         intra_node_bw_bytes_per_s=900 * GB, intra_node_link="NVLink5", cuda_context_bytes=1.0 * 2**30, sm_count=148,
          source="NVIDIA HGX B200 datasheet (2.25 PFLOPS bf16 dense, 1.1 PF TF32, 180 GB HBM3e 7.7 TB/s, "
                 "NVLink 1.8 TB/s bidirectional)"),
     _acc(id="MI250X", peak_bf16_flops=383 * TB, peak_fp16_flops=383 * TB, peak_tf32_flops=None,
-         peak_fp32_flops=95.7 * TB, memory_bytes=128 * GB, memory_bw_bytes_per_s=3277 * GB,
-         intra_node_bw_bytes_per_s=200 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30,
+         peak_fp32_flops=95.7 * TB, memory_bytes=128 * GiB, memory_bw_bytes_per_s=3277 * GB,
+         intra_node_bw_bytes_per_s=200 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30, sm_count=220,
          source="AMD Instinct MI250X datasheet (383 TFLOPS bf16/fp16, 95.7 FP32 matrix, 128 GB HBM2e 3.2 TB/s, "
                 "8 Infinity Fabric links 400 GB/s aggregate peer); one OAM = two GCDs"),
     _acc(id="MI300X", peak_bf16_flops=1307.4 * TB, peak_fp16_flops=1307.4 * TB, peak_tf32_flops=653.7 * TB,
-         peak_fp32_flops=163.4 * TB, memory_bytes=192 * GB, memory_bw_bytes_per_s=5300 * GB,
-         intra_node_bw_bytes_per_s=448 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30,
+         peak_fp32_flops=163.4 * TB, memory_bytes=192 * GiB, memory_bw_bytes_per_s=5300 * GB,
+         intra_node_bw_bytes_per_s=448 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30, sm_count=304,
          source="AMD Instinct MI300X datasheet (1307.4 TFLOPS bf16 dense, 653.7 TF32, 163.4 FP32, 192 GB HBM3 "
                 "5.3 TB/s, 7 Infinity Fabric links 896 GB/s bidirectional)"),
+    # One CPU core as a "device": what CPU probes (gloo, one thread per rank) run on in tests.
+    _acc(id="CPU", peak_bf16_flops=1.2 * TB, peak_fp16_flops=0.08 * TB, peak_tf32_flops=None,
+         peak_fp32_flops=0.08 * TB, memory_bytes=8 * GiB, memory_bw_bytes_per_s=10 * GB,
+         intra_node_bw_bytes_per_s=2 * GB, intra_node_link="shared memory (gloo)", cuda_context_bytes=0.3 * GiB,
+         sm_count=1,
+         source="measured on a 2-core CI machine (../shared/CPU_PROBES.md: fp32 matmul ~160 GFLOP/s for the "
+                "machine, bf16 AMX 1.1-1.3 TFLOP/s per thread); memory per rank and link are round figures"),
 )}
 
 ALIASES = {"V100": "V100-32GB", "A100": "A100-80GB", "H100": "H100-SXM", "H100-80GB": "H100-SXM",

@@ -30,11 +30,17 @@ class TrainingSpec:
     framework: str = "megatron-deepspeed"
     rampup: Rampup | None = None
     memory_fraction: float = 0.75
-    """seed 004's rule: plan to use at most this fraction of GPU memory"""
+    """seed 004's rule: model states (weights, grads, optimizer) use at most this fraction of GPU memory"""
+    memory_headroom: float = 0.05
+    """fraction of GPU memory kept free of the predicted total (allocator spikes, NCCL buffers)"""
     flash_attention: bool = True
     """attention without the s^2 score matrix in memory (FlashAttention; not in the BigScience fork)"""
     train_tokens: float | None = None
     max_mbs: int = 16
+    recompute_options: tuple[str, ...] = RECOMPUTE
+    """which recompute modes to enumerate (--recompute none,full)"""
+    zero_options: tuple[int, ...] = (0, 1, 2, 3)
+    """which ZeRO stages / FSDP strategies to enumerate (--zero 0,1)"""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -49,6 +55,15 @@ class TrainingSpec:
             raise InputError(f"unknown framework {self.framework!r}; use one of {', '.join(FRAMEWORKS)}")
         if not 0 < self.memory_fraction <= 1:
             raise InputError(f"--memory-fraction must be in (0, 1], got {self.memory_fraction}")
+        if not 0 <= self.memory_headroom < 1:
+            raise InputError(f"--memory-headroom must be in [0, 1), got {self.memory_headroom}")
+        if self.max_mbs <= 0:
+            raise InputError(f"--max-mbs must be > 0, got {self.max_mbs}")
+        bad = [r for r in self.recompute_options if r not in RECOMPUTE]
+        if bad or not self.recompute_options:
+            raise InputError(f"--recompute: {bad or 'empty'}; choose from {', '.join(RECOMPUTE)}")
+        if not self.zero_options or any(z not in (0, 1, 2, 3) for z in self.zero_options):
+            raise InputError(f"--zero: {list(self.zero_options)}; choose stages from 0, 1, 2, 3")
         if self.rampup is not None and self.rampup.start >= self.global_batch:
             raise InputError(f"rampup start {self.rampup.start} must be below the global batch "
                              f"{self.global_batch} (megatron/microbatches.py)")
@@ -164,7 +179,7 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int,
     """
     fw = training.framework
     tps = [t for t in divisors(world) if t <= 2 * gpus_per_node]
-    zeros = (0, 2, 3) if fw == "fsdp" else (0, 1, 2, 3)
+    zeros = tuple(z for z in training.zero_options if not (fw == "fsdp" and z == 1))
     for tp in tps:
         for pp in divisors(world // tp):
             if pp > model.layers + 1:
@@ -172,11 +187,11 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int,
             dp = world // (tp * pp)
             vpps = [1]
             if fw == "megatron-lm" and pp > 2:
-                vpps = [v for v in (1, 2, 3, 4, 6, 8) if model.layers % (pp * v) == 0]
+                vpps += [v for v in (2, 3, 4, 6, 8) if model.layers % (pp * v) == 0]
             sps = (False, True) if fw == "megatron-lm" and tp > 1 else (False,)
             for mbs in _powers_of_two_upto(training.max_mbs):
                 gas = max(training.global_batch // (mbs * dp), 1)
-                for recompute in RECOMPUTE:
+                for recompute in training.recompute_options:
                     for zero in zeros:
                         hybrids = (False, True) if fw == "fsdp" and zero == 3 and dp > gpus_per_node else (False,)
                         for sp in sps:

@@ -1,0 +1,28 @@
+# shellcheck shell=bash
+# Megatron-DeepSpeed (bigscience fork) arguments for bloom-176b, written by plantune.
+# pretrain_gpt.py arguments plantune decided; ds_config.json is relative to this folder.
+# Use: source megatron_args.sh && python pretrain_gpt.py "${MEGATRON_ARGS[@]}" <data, tokenizer, checkpoint, lr args>
+MEGATRON_ARGS=(
+    --num-layers 70
+    --hidden-size 14336
+    --ffn-hidden-size 57344
+    --num-attention-heads 112
+    --seq-length 2048
+    --max-position-embeddings 2048
+    --position-embedding-type alibi
+    --embed-layernorm
+    --tensor-model-parallel-size 4
+    --pipeline-model-parallel-size 12
+    --micro-batch-size 2
+    --global-batch-size 2048
+    --rampup-batch-size 192 16 9765625
+    --train-samples 178710938
+    --optimizer adam
+    --clip-grad 1.0
+    --bf16
+    --checkpoint-activations
+    --deepspeed
+    --deepspeed_config ds_config.json
+    --zero-stage 0
+    --deepspeed-activation-checkpointing
+)

@@ -1,0 +1,361 @@
+"""`plan`: rank every parallel layout of a model on a cluster, or explain one.
+
+    plan --model 176B --gpus 384
+    plan --model 1B3 --cluster examples/cluster-2x4-v100-16gb.yaml --precision fp16 --recompute full
+    plan --model 176B --gpus 384 --explain "tp=4,pp=12,mbs=2,recompute=full,zero=1" --format json
+    plan --model 176B --gpus 384 --emit megatron-deepspeed --out run/
+    plan --from run/plan.yaml --explain
+
+Bad input prints one line and exits 2; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from planner.errors import InputError, PlantuneError
+from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
+from planner.model import ModelSpec, Rampup, load_model
+from planner.rank import Estimate, Plan, estimate, plan
+from planner.space import FRAMEWORKS, OPTIMIZERS, PRECISIONS, RECOMPUTE, Candidate, TrainingSpec, parse_explain
+
+FORMATS = ("table", "json", "yaml", "csv")
+TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "memory_gb_per_gpu",
+                 "headroom", "step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "tokens_per_s")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be > 0")
+    return value
+
+
+def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
+    """The model / cluster / training flags shared by `plan` and `tune` (both spellings: --a-b and --a_b)."""
+    def add(*names: str, **kw: object) -> None:
+        spellings = list(names) + ["--" + n[2:].replace("-", "_") for n in names if "-" in n[2:]]
+        p.add_argument(*spellings, **kw)  # type: ignore[arg-type]
+
+    add("--model", required=model_required, help="preset or size shorthand (176B, 1B3, 175B, 530B, 1T, llama3-405b, "
+                                                  "...), a HF config.json, or a plantune model YAML")
+    add("--gpus", type=_positive_int, help="total GPUs (a multiple of --gpus-per-node)")
+    add("--nodes", type=_positive_int, help="nodes, instead of --gpus")
+    add("--gpu", default=None, help="accelerator id from the catalog (default A100-80GB)")
+    add("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default 8)")
+    add("--cluster", help="cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps, intra_node_gbps)")
+    add("--calibration", help="calibration YAML from `tune calibrate`, overrides catalog figures")
+    add("--inter-node-gbps", type=_positive_float, help="inter-node bandwidth per node, Gbit/s")
+    add("--intra-node-gbps", type=_positive_float, help="intra-node bandwidth per GPU and direction, Gbit/s")
+    add("--framework", choices=FRAMEWORKS, default="megatron-deepspeed")
+    add("--global-batch", type=_positive_int, help="global batch in sequences (default: the model's)")
+    add("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
+    add("--precision", choices=PRECISIONS, default=None, help="bf16 (default; fp16 on GPUs without bf16) | fp16 | fp32")
+    add("--optimizer", choices=OPTIMIZERS, default="adamw")
+    add("--rampup", nargs=3, type=_positive_int, metavar=("START", "INCREMENT", "SAMPLES"),
+        help="batch-size rampup; every rampup batch size becomes a constraint (default: the model's own)")
+    add("--no-rampup", action="store_true", help="ignore the model's default rampup")
+    add("--recompute", help=f"comma list of recompute modes to consider ({','.join(RECOMPUTE)})")
+    add("--zero", help="comma list of ZeRO stages / FSDP strategies to consider (0,1,2,3)")
+    add("--max-mbs", type=_positive_int, default=16, help="largest micro-batch to try (powers of two)")
+    add("--memory-fraction", type=_positive_float, default=0.75,
+        help="seed 004's rule: model states may use this fraction of GPU memory (default 0.75)")
+    add("--memory-headroom", type=float, default=0.05, help="fraction of GPU memory kept free (default 0.05)")
+    p.add_argument("--flash-attention", dest="flash_attention", action="store_true", default=None,
+                   help="attention without the s^2 matrices (default: on except for megatron-deepspeed)")
+    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false")
+    add("--train-tokens", type=_positive_float, help="tokens to train (for days / GPU-hours; default: the model's)")
+
+
+def _split(text: str | None, kind: type, flag: str) -> tuple | None:
+    if text is None:
+        return None
+    try:
+        return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise InputError(f"{flag} {text!r}: expected a comma list, e.g. {flag} 0,1") from None
+
+
+def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
+    if args.cluster:
+        cluster = load_cluster(args.cluster, gpus=args.gpus)
+    else:
+        if args.gpus is None and args.nodes is None:
+            raise InputError("give --gpus N (or --nodes N, or --cluster FILE)")
+        cluster = make_cluster(gpu=args.gpu or "A100-80GB", gpus=args.gpus, nodes=args.nodes,
+                               gpus_per_node=args.gpus_per_node or 8, inter_node_gbps=args.inter_node_gbps,
+                               intra_node_gbps=args.intra_node_gbps)
+    if args.calibration:
+        cluster = apply_calibration(cluster, args.calibration)
+    return cluster
+
+
+def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> TrainingSpec:
+    precision = args.precision or ("bf16" if cluster.gpu.peak_bf16_flops else "fp16")
+    rampup = None
+    if args.rampup:
+        rampup = Rampup(start=args.rampup[0], increment=args.rampup[1], samples=args.rampup[2])
+    elif not args.no_rampup:
+        rampup = model.rampup
+    flash = args.flash_attention if args.flash_attention is not None else args.framework != "megatron-deepspeed"
+    gbs = args.global_batch or model.global_batch
+    if gbs is None:
+        raise InputError(f"model {model.name} has no default global batch; give --global-batch N")
+    return TrainingSpec(global_batch=gbs, seq_len=args.seq_len or model.seq_len, precision=precision,
+                        optimizer=args.optimizer, framework=args.framework, rampup=rampup,
+                        memory_fraction=args.memory_fraction, memory_headroom=args.memory_headroom,
+                        flash_attention=flash, train_tokens=args.train_tokens or model.train_tokens,
+                        max_mbs=args.max_mbs,
+                        recompute_options=_split(args.recompute, str, "--recompute") or RECOMPUTE,
+                        zero_options=_split(args.zero, int, "--zero") or (0, 1, 2, 3))
+
+
+def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:
+    """Flags -> typed model, cluster and training specs, before any work (shared with `tune`)."""
+    model = load_model(args.model)
+    cluster = cluster_from_args(args)
+    return model, cluster, training_from_args(args, model, cluster)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="plan", description="Rank the parallel layouts of a training run: TP, PP, DP, MBS, GAS, "
+                                         "recompute, ZeRO/FSDP, with predicted memory and TFLOPs per GPU.")
+    add_setup_arguments(p, model_required=False)
+    p.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")
+    p.add_argument("--format", choices=FORMATS, default="table")
+    p.add_argument("--explain", nargs="?", const="", default=None, metavar="CONFIG",
+                   help='one configuration, e.g. "tp=4,pp=12,mbs=2,recompute=full,zero=1": its breakdown or '
+                        "every reason it is ruled out (with --from: the YAML's configuration)")
+    p.add_argument("--pick", type=_positive_int, help="with --emit: emit the configuration of this rank")
+    p.add_argument("--emit", choices=("megatron-deepspeed", "megatron-lm", "fsdp"),
+                   help="write a ready-to-run setup of the chosen configuration into --out")
+    p.add_argument("--emit-flavor", "--emit_flavor", choices=("bigscience", "microsoft"), default="bigscience")
+    p.add_argument("--out", help="folder for --emit (default run/)")
+    p.add_argument("--reservation", help="SLURM reservation for launch.sbatch")
+    p.add_argument("--from", dest="from_yaml", help="plantune plan.yaml to read back (and re-render with --emit)")
+    p.add_argument("--rampup-schedule", action="store_true",
+                   help="print the schedule for the rampup (nodes and MBS per batch size, seed 003)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+# -- output --------------------------------------------------------------------------------------------------
+def _row(e: Estimate, cluster: ClusterSpec) -> dict:
+    d = e.to_dict()
+    mem = d["memory_gb_per_gpu"]
+    d["headroom"] = f"{1 - mem * 1e9 / cluster.gpu.memory_bytes:.0%}" if mem is not None else "N/A"
+    d["sp"] = int(d["sp"])
+    return d
+
+
+def render_table(p: Plan, top: int, elapsed_s: float) -> str:
+    from tabulate import tabulate
+
+    m, cl, t = p.model, p.cluster, p.training
+    lines = [f"{m.name}: {m.params / 1e9:.1f}B params, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
+             f"{f' (kv {m.kv_heads})' if m.kv_heads != m.heads else ''}, seq {t.seq_len}",
+             f"cluster: {cl.nodes} nodes x {cl.gpus_per_node} {cl.gpu.id} = {cl.world_size} GPUs "
+             f"({cl.gpu.memory_bytes / 2**30:.0f} GiB each); framework {t.framework}, {t.precision}, "
+             f"{t.optimizer}, global batch {t.global_batch}"
+             + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
+             f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
+             f"{p.total - len(p.candidates)} ruled out", ""]
+    rows = [[_row(e, cl)[c] for c in TABLE_COLUMNS] for e in p.candidates[:top]]
+    headers = ["#", "TP", "PP", "DP", "MBS", "GAS", "recompute", "ZeRO" if t.framework != "fsdp" else "FSDP*", "SP",
+               "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s"]
+    lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it)")
+    lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * 10 + (".1f", "", ".2f", ".1f", ".1f", ".3f",
+                                                                            ".0f")))
+    if t.framework == "fsdp":
+        lines.append("* FSDP: 0 NO_SHARD, 2 SHARD_GRAD_OP, 3 FULL_SHARD")
+    best = p.candidates[0]
+    if best.throughput and best.throughput.days_to_train:
+        lines.append(f"\nBest: {best.throughput.days_to_train:.1f} days / "
+                     f"{best.throughput.gpu_hours_to_train:,.0f} GPU-hours for {t.train_tokens / 1e9:,.0f}B tokens")
+    lines.append("\nRuled out (by first reason):")
+    prune_rows = [[r.value, n, f"{p.examples[r][0].label()}: {p.examples[r][1].detail}"]
+                  for r, n in sorted(p.pruned.items(), key=lambda kv: -kv[1])]
+    lines.append(tabulate(prune_rows, headers=["reason", "count", "example"], maxcolwidths=[None, None, 100]))
+    return "\n".join(lines)
+
+
+def render_explain(e: Estimate, cluster: ClusterSpec) -> str:
+    from tabulate import tabulate
+
+    d = e.to_dict(detail=True)
+    out = [f"{e.candidate.label()}: {'fits' if e.fits else 'RULED OUT'}"]
+    for v in e.reasons:
+        out.append(f"  - {v.reason.value}: {v.detail}")
+    if e.memory:
+        mb = d["memory_breakdown_gb"]
+        out.append(f"\nMemory per GPU ({mb['stage']} stage, GB = 1e9 bytes; {cluster.gpu.id} has "
+                   f"{cluster.gpu.memory_bytes / 1e9:.1f} GB):")
+        out.append(tabulate([[k.removesuffix("_bytes"), v] for k, v in mb.items() if k.endswith("_bytes")]
+                            + [["total", d["memory_gb_per_gpu"]]], floatfmt=".2f"))
+    if e.time:
+        out.append("\nStep time (s):")
+        out.append(tabulate([[k.removesuffix("_s"), v] for k, v in d["time_breakdown_s"].items()]
+                            + [["step", d["step_time_s"]]], floatfmt=".3f"))
+        out.append(f"\nmodel TFLOPs/GPU {d['model_tflops_per_gpu']:.1f}, hardware TFLOPs/GPU "
+                   f"{d['hardware_tflops_per_gpu']:.1f}, MFU {d['mfu']:.1%}, {d['tokens_per_s']:,.0f} tokens/s")
+    return "\n".join(out)
+
+
+def _dump(obj: object, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(obj, indent=2)
+    return yaml.safe_dump(obj, sort_keys=False)
+
+
+def _csv(p: Plan, top: int) -> str:
+    buf = io.StringIO()
+    rows = [e.to_dict() for e in p.candidates[:top]]
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+# -- commands ------------------------------------------------------------------------------------------------
+def _emit(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+          est: Estimate, flavor: str | None = None) -> list[Path]:
+    from planner.emit import Prediction, RunSetup, emit
+
+    t = est.throughput
+    prediction = None
+    if t is not None and est.memory and est.time:
+        prediction = Prediction(memory_gb_per_gpu=round(est.memory.total_gb, 3),
+                                step_time_s=round(est.time.step_time_s, 3),
+                                model_tflops_per_gpu=round(t.model_tflops_per_gpu, 3),
+                                hardware_tflops_per_gpu=round(t.hardware_tflops_per_gpu, 3), mfu=round(t.mfu, 4))
+    setup = RunSetup(model=model, cluster=cluster, training=training, candidate=est.candidate, prediction=prediction)
+    return emit(setup, args.emit, Path(args.out or "run"), flavor=flavor or args.emit_flavor,
+                reservation=args.reservation)
+
+
+def _from_yaml(args: argparse.Namespace) -> int:
+    from planner.emit import load_plan_yaml, plan_target
+
+    setup = load_plan_yaml(Path(args.from_yaml))
+    est = estimate(setup.model, setup.cluster, setup.training, setup.candidate)
+    if args.emit:
+        kind, flavor = plan_target(Path(args.from_yaml))
+        written = _emit(args, setup.model, setup.cluster, setup.training, est,
+                        flavor=args.emit_flavor if args.emit_flavor != "bigscience" else (flavor or "bigscience"))
+        print(f"wrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}")
+    if args.explain is not None or not args.emit:
+        print(_dump(est.to_dict(detail=True), args.format) if args.format in ("json", "yaml")
+              else render_explain(est, setup.cluster))
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.from_yaml:
+        return _from_yaml(args)
+    if not args.model:
+        raise InputError("give --model (a preset such as 176B, a config.json or a model YAML), or --from plan.yaml")
+    model, cluster, training = setup_from_args(args)
+    if args.explain:
+        cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)
+        est = estimate(model, cluster, training, cand)
+        if args.emit:
+            if not est.fits:
+                raise InputError(f"{cand.label()} is ruled out ({est.reasons[0].reason.value}: "
+                                 f"{est.reasons[0].detail}); pick a configuration that fits")
+            written = _emit(args, model, cluster, training, est)
+            print(f"wrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}")
+        if args.format in ("json", "yaml"):
+            print(_dump(est.to_dict(detail=True), args.format))
+        else:
+            print(render_explain(est, cluster))
+        return 0
+    if args.explain == "":
+        raise InputError('--explain needs a configuration, e.g. --explain "tp=4,pp=12,mbs=2,recompute=full,zero=1"')
+    t0 = time.perf_counter()
+    result = plan(model, cluster, training)
+    elapsed = time.perf_counter() - t0
+    if args.format == "table":
+        print(render_table(result, args.top, elapsed))
+    elif args.format == "csv":
+        print(_csv(result, args.top), end="")
+    else:
+        print(_dump(result.to_dict(top=args.top), args.format))
+    if training.rampup and (args.rampup_schedule or args.format == "table"):
+        _print_schedule(model, cluster, training, args)
+    if args.emit:
+        rank = args.pick or 1
+        if rank > len(result.candidates):
+            raise InputError(f"--pick {rank}: only {len(result.candidates)} configurations fit")
+        written = _emit(args, model, cluster, training, result.candidates[rank - 1])
+        print(f"\nwrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}",
+              file=sys.stderr if args.format != "table" else sys.stdout)
+    return 0
+
+
+def _print_schedule(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, args: argparse.Namespace) -> None:
+    """Seed 003's NNODES / BS / MBS table, from the plan without the rampup constraint."""
+    from tabulate import tabulate
+
+    from planner.rampup import rampup_schedule
+
+    assert training.rampup is not None
+    free = plan(model, cluster, replace(training, rampup=None), allow_empty=True)
+    rows = rampup_schedule(free, training.rampup)
+    if args.format != "table":
+        print(_dump({"rampup_schedule": [r.to_dict() for r in rows]}, args.format) if args.rampup_schedule else "",
+              end="")
+        return
+    print(f"\nRampup schedule if you relaunch as the batch grows (seed 003): each batch size's fastest layout")
+    print(tabulate([[f"{r.first_batch}-{r.last_batch}" if r.first_batch != r.last_batch else r.first_batch,
+                     r.nodes, r.gpus, r.tp, r.pp, r.dp, r.mbs, r.recompute, f"{r.samples_per_s:.2f}"] for r in rows],
+                   headers=["BS", "NNODES", "GPUs", "TP", "PP", "DP", "MBS", "recompute", "samples/s"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except PlantuneError as err:
+        if args.debug:
+            raise
+        print(f"plan: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def _candidate_arg(text: str) -> Candidate:  # for tools that want the --explain syntax without a cluster
+    return parse_explain(text, world=1, global_batch=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""Emitters: a chosen plan as the files a framework runs.
+
+``emit(setup, kind, out_dir)`` writes, for ``kind``:
+
+- ``megatron-deepspeed``: plan.yaml, ds_config.json, args.txt, megatron_args.sh, launch.sbatch
+  (``flavor`` "bigscience" or "microsoft" picks the fork's spelling);
+- ``megatron-lm``: plan.yaml, megatron_lm.yaml (``--yaml-cfg``);
+- ``fsdp``: plan.yaml, fsdp.yaml.
+
+Rules live in :mod:`planner.emit.setup`; a setup that breaks one is refused before anything is written.
+"""
+
+from planner.emit.plan_yaml import load_plan_yaml, plan_target, plan_yaml_dict
+from planner.emit.setup import FLAVORS, KINDS, Prediction, RunSetup, setup_problems
+from planner.emit.write import emit, render
+
+__all__ = ["FLAVORS", "KINDS", "Prediction", "RunSetup", "emit", "load_plan_yaml", "plan_target", "plan_yaml_dict",
+           "render", "setup_problems"]

@@ -1,0 +1,134 @@
+"""Megatron-DeepSpeed: ``pretrain_gpt.py`` arguments (args.txt, megatron_args.sh) and ``ds_config.json``.
+
+Flag spellings are the forks' own (bigscience-workshop/Megatron-DeepSpeed and microsoft, now
+deepspeedai/Megatron-DeepSpeed, megatron/arguments.py; ``--deepspeed``/``--deepspeed_config`` from
+DeepSpeed's deepspeed/__init__.py); tests/test_emit_argnames.py pins every one of them.
+Only what plantune decides is here; data, tokenizer, checkpoints and learning rate live in launch.sbatch.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
+
+DS_CONFIG_NAME = "ds_config.json"
+GRADIENT_CLIPPING = 1.0
+"""written both as --clip-grad and as the JSON's gradient_clipping (tr11-176B-ml.slurm: CLIP_GRAD=1.0)"""
+
+Arg = tuple[str, ...]
+"""one command-line argument: the flag, then its values"""
+
+
+def json_zero_stage(setup: RunSetup, flavor: str) -> int:
+    """The ZeRO stage DeepSpeed is given. The bigscience fork with bf16 runs its own ZeRO-1-like
+    BF16 optimizer and wants stage 0 in the JSON (tr11-176B-ml.slurm: ZERO_STAGE=0 with bf16)."""
+    if flavor == "bigscience" and setup.training.precision == "bf16":
+        return 0
+    return setup.candidate.zero
+
+
+def _shape_args(setup: RunSetup, flavor: str) -> list[Arg]:
+    m, t = setup.model, setup.training
+    args: list[Arg] = [("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)),
+                       ("--ffn-hidden-size", str(m.ffn_hidden)), ("--num-attention-heads", str(m.heads))]
+    if flavor == "microsoft" and m.kv_heads != m.heads:
+        args.append(("--num-key-value-heads", str(m.kv_heads)))
+    args.append(("--seq-length", str(t.seq_len)))
+    # The bigscience fork asserts max_position_embeddings is None with rotary positions.
+    if not (flavor == "bigscience" and m.position == "rope"):
+        args.append(("--max-position-embeddings", str(m.seq_len)))
+    if flavor == "bigscience":
+        position = {"learned": None, "alibi": "alibi", "rope": "rotary"}[m.position]
+        if position:
+            args.append(("--position-embedding-type", position))
+        if m.embedding_norm:
+            args.append(("--embed-layernorm",))
+        if m.glu:  # the fork raises unless bias-gelu fusion is off with a GLU activation
+            args += [("--glu-activation", "swiglu"), ("--no-bias-gelu-fusion",)]
+    else:
+        if m.position == "rope":
+            args.append(("--use-rotary-position-embeddings",))
+        if m.glu:
+            args.append(("--swiglu",))
+        if m.norm == "rmsnorm":
+            args.append(("--normalization", "rmsnorm"))
+        if not m.tied_embeddings:
+            args.append(("--untie-embeddings-and-output-weights",))
+        if not m.bias:
+            args.append(("--disable-bias-linear",))
+    return args
+
+
+def megatron_args(setup: RunSetup, flavor: str) -> list[Arg]:
+    """Every argument plantune decides, in the order a person reads a Megatron launcher."""
+    c, t = setup.candidate, setup.training
+    args = _shape_args(setup, flavor)
+    args += [("--tensor-model-parallel-size", str(c.tp)), ("--pipeline-model-parallel-size", str(c.pp))]
+    if flavor == "microsoft" and c.pp == 1:
+        args.append(("--no-pipeline-parallel",))  # DeepSpeed's plain engine: ZeRO-2/3 allowed
+    if c.sp:
+        args.append(("--sequence-parallel",))
+    args += [("--micro-batch-size", str(c.mbs)), ("--global-batch-size", str(t.global_batch))]
+    if t.rampup:
+        args.append(("--rampup-batch-size", *map(str, t.rampup.as_list())))
+    samples = train_samples(t)
+    if samples is not None:
+        args.append(("--train-samples", str(samples)))
+    args += [("--optimizer", MEGATRON_OPTIMIZERS[t.optimizer]), ("--clip-grad", str(GRADIENT_CLIPPING))]
+    if t.precision in ("bf16", "fp16"):
+        args.append((f"--{t.precision}",))
+    if c.recompute == "full":
+        args.append(("--checkpoint-activations",))
+    elif c.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    if flavor == "microsoft" and t.flash_attention:
+        args.append(("--use-flash-attn-v2",))
+    args += [("--deepspeed",), ("--deepspeed_config", DS_CONFIG_NAME),
+             ("--zero-stage", str(json_zero_stage(setup, flavor)))]
+    if c.recompute == "full":
+        args.append(("--deepspeed-activation-checkpointing",))
+    return args
+
+
+def args_txt(args: list[Arg]) -> str:
+    """One argument (flag and its values) per line; values never contain spaces."""
+    return "".join(" ".join(a) + "\n" for a in args)
+
+
+def megatron_args_sh(args: list[Arg], title: str) -> str:
+    """A bash array to source: ``source megatron_args.sh; python pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...``."""
+    lines = "".join(f"    {' '.join(shlex.quote(v) for v in a)}\n" for a in args)
+    return (f"# shellcheck shell=bash\n# {title}\n# pretrain_gpt.py arguments plantune decided; {DS_CONFIG_NAME} is "
+            "relative to this folder.\n# Use: source megatron_args.sh && python pretrain_gpt.py "
+            "\"${MEGATRON_ARGS[@]}\" <data, tokenizer, checkpoint, lr args>\n"
+            f"MEGATRON_ARGS=(\n{lines})\n")
+
+
+def ds_config(setup: RunSetup, flavor: str) -> dict:
+    """DeepSpeed's JSON. DeepSpeed asserts train_batch_size == micro * GAS * DP; the stage that counts is here."""
+    c, t = setup.candidate, setup.training
+    fp16: dict = {"enabled": t.precision == "fp16"}
+    if t.precision == "fp16":  # dynamic loss scaling, as in tr11-176B-ml.slurm's fp16 config
+        fp16 |= {"loss_scale": 0, "loss_scale_window": 500, "hysteresis": 2, "min_loss_scale": 1,
+                 "initial_scale_power": 12}
+    return {
+        "train_micro_batch_size_per_gpu": c.mbs,
+        "train_batch_size": t.global_batch,
+        "gradient_accumulation_steps": c.gas,
+        "gradient_clipping": GRADIENT_CLIPPING,
+        "zero_optimization": {"stage": json_zero_stage(setup, flavor)},
+        "bf16": {"enabled": t.precision == "bf16"},
+        "fp16": fp16,
+        "steps_per_print": 2000,
+        "wall_clock_breakdown": False,
+    }
+
+
+def ds_config_text(setup: RunSetup, flavor: str) -> str:
+    return json.dumps(ds_config(setup, flavor), indent=2) + "\n"
+
+
+__all__ = ["DS_CONFIG_NAME", "GRADIENT_CLIPPING", "args_txt", "ds_config", "ds_config_text", "json_zero_stage",
+           "megatron_args", "megatron_args_sh"]

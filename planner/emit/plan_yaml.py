@@ -1,0 +1,210 @@
+"""plantune's ``plan.yaml``: a plan in Megatron's own argparse destination names, read back losslessly.
+
+Top-level keys are the ``dest`` names of Megatron's arguments (``tensor_model_parallel_size``,
+``micro_batch_size``, ``rampup_batch_size: [S, I, N]``, ``recompute_granularity``, ...) plus
+DeepSpeed's ``gradient_accumulation_steps``; everything only plantune knows sits under
+``plantune:`` (target, the rest of the model, the cluster, the prediction).
+
+    >>> from planner.emit import load_plan_yaml, plan_yaml_dict
+    >>> # plan_yaml_dict(load_plan_yaml(path)) == yaml.safe_load(open(path))   (round trip)
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from pathlib import Path
+
+import yaml
+
+from planner.errors import InputError, PlantuneError
+from planner.hardware import make_cluster
+from planner.model import ModelSpec, Rampup, model_to_yaml_dict
+from planner.space import Candidate, TrainingSpec
+
+from planner.emit.setup import Prediction, RunSetup, train_samples
+
+# ModelSpec fields written at the top level under Megatron's names (the rest go to plantune.model).
+_SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+          "kv_heads": "num_key_value_heads", "ffn_hidden": "ffn_hidden_size", "seq_len": "max_position_embeddings"}
+# TrainingSpec fields written at the top level; every other field goes to plantune.training (tuples as lists).
+_TRAINING_TOP = {"global_batch", "seq_len", "precision", "rampup", "flash_attention"}
+_TRAINING_EXTRA = tuple(f.name for f in fields(TrainingSpec) if f.name not in _TRAINING_TOP)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block mappings, flow lists (``rampup_batch_size: [192, 16, 9765625]``); read back by yaml.safe_load."""
+
+
+_Dumper.add_representer(list, lambda dumper, data: dumper.represent_sequence(
+    "tag:yaml.org,2002:seq", data, flow_style=True))
+
+
+def dump_yaml(data: dict) -> str:
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+def _cluster_dict(setup: RunSetup) -> dict:
+    cl = setup.cluster
+    d = {"name": cl.name, "gpu": cl.gpu.id, "gpus_per_node": cl.gpus_per_node, "nodes": cl.nodes,
+         "inter_node_gbps": round(cl.inter_node_bw_bytes_per_s * 8 / 1e9, 3),
+         "intra_node_gbps": round(cl.intra_node_bw_bytes_per_s * 8 / 1e9, 3)}
+    if cl.matmul_efficiency is not None:
+        d["matmul_efficiency"] = cl.matmul_efficiency
+    if cl.cuda_context_bytes is not None:
+        d["cuda_context_bytes"] = cl.cuda_context_bytes
+    return d
+
+
+def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor: str | None = "bigscience") -> dict:
+    """The plan.yaml mapping (key order as written). ``flavor`` only means something for megatron-deepspeed."""
+    m, c, t = setup.model, setup.candidate, setup.training
+    model_rest = {k: v for k, v in model_to_yaml_dict(m).items() if k not in _SHAPE}
+    return {
+        "num_layers": m.layers,
+        "hidden_size": m.hidden,
+        "num_attention_heads": m.heads,
+        "num_key_value_heads": m.kv_heads,
+        "ffn_hidden_size": m.ffn_hidden,
+        "seq_length": t.seq_len,
+        "max_position_embeddings": m.seq_len,
+        "tensor_model_parallel_size": c.tp,
+        "pipeline_model_parallel_size": c.pp,
+        "data_parallel_size": c.dp,
+        "num_layers_per_virtual_pipeline_stage": m.layers // (c.pp * c.vpp) if c.vpp > 1 else None,
+        "sequence_parallel": c.sp,
+        "micro_batch_size": c.mbs,
+        "global_batch_size": t.global_batch,
+        "gradient_accumulation_steps": c.gas,
+        "rampup_batch_size": t.rampup.as_list() if t.rampup else None,
+        "train_samples": train_samples(t),
+        "recompute_granularity": None if c.recompute == "none" else c.recompute,
+        "zero_stage": c.zero,
+        "bf16": t.precision == "bf16",
+        "fp16": t.precision == "fp16",
+        "use_flash_attn": t.flash_attention,
+        "plantune": {
+            "kind": kind,
+            "flavor": flavor if kind == "megatron-deepspeed" else None,
+            "hybrid_shard": c.hybrid,
+            "model": model_rest,
+            "training": {k: list(v) if isinstance(v, tuple) else v
+                         for k in _TRAINING_EXTRA for v in [getattr(t, k)]},
+            "cluster": _cluster_dict(setup),
+            "prediction": ({f.name: getattr(setup.prediction, f.name) for f in fields(Prediction)}
+                           if setup.prediction else None),
+        },
+    }
+
+
+def plan_yaml_text(setup: RunSetup, *, kind: str, flavor: str | None) -> str:
+    lines = ["plantune plan: Megatron argparse destination names at the top level, plantune-only facts under "
+             "'plantune:'.",
+             "recompute_granularity null|full|selective (the Megatron-DeepSpeed forks spell full as "
+             "--checkpoint-activations).",
+             "Read back with planner.emit.load_plan_yaml; regenerate rather than edit by hand."]
+    if kind == "megatron-deepspeed" and flavor == "bigscience" and setup.training.precision == "bf16":
+        lines.append(f"zero_stage {setup.candidate.zero} is the planned sharding: the bigscience fork's bf16 optimizer "
+                     "(ZeRO-1-like) runs with stage 0 in ds_config.json.")
+    return "".join(f"# {line}\n" for line in lines) + dump_yaml(plan_yaml_dict(setup, kind=kind, flavor=flavor))
+
+
+# -- reading ---------------------------------------------------------------------------------------------------
+
+def _need(d: dict, key: str, where: str, typ: type | tuple[type, ...], path: Path) -> object:
+    """d[key], type-checked (a YAML bool never passes for a number); InputError naming the key otherwise."""
+    if not isinstance(d, dict) or key not in d:
+        raise InputError(f"plan file {path}: missing key {where}{key}; regenerate it with `plan --emit`")
+    value, types = d[key], typ if isinstance(typ, tuple) else (typ,)
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        names = "/".join("null" if x is type(None) else x.__name__ for x in types)
+        raise InputError(f"plan file {path}: {where}{key} must be {names}, got {value!r}")
+    return value
+
+
+def load_plan_yaml(path: Path) -> RunSetup:
+    """plan.yaml -> RunSetup (yaml.safe_load only); InputError naming the key when malformed or incomplete."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"plan file {path} does not exist; write one with `plan ... --emit DIR`")
+    try:
+        d = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise InputError(f"malformed plan file {path}: {str(err).splitlines()[0]}; fix the YAML syntax") from None
+    if not isinstance(d, dict):
+        raise InputError(f"malformed plan file {path}: expected a mapping of Megatron argument names")
+    num = (int, float)
+    p = _need(d, "plantune", "", dict, path)
+    pm = _need(p, "model", "plantune.", dict, path)
+    pt = _need(p, "training", "plantune.", dict, path)
+    pc = _need(p, "cluster", "plantune.", dict, path)
+    try:
+        rampup_list = _need(d, "rampup_batch_size", "", (list, type(None)), path)
+        if rampup_list is not None and (len(rampup_list) != 3 or not all(isinstance(v, int) for v in rampup_list)):
+            raise InputError(f"plan file {path}: rampup_batch_size must be [START, INCREMENT, SAMPLES] integers")
+        rampup = Rampup(start=rampup_list[0], increment=rampup_list[1], samples=rampup_list[2]) if rampup_list else None
+        model_rampup = pm.get("rampup")
+        model = ModelSpec(
+            layers=_need(d, "num_layers", "", int, path), hidden=_need(d, "hidden_size", "", int, path),
+            heads=_need(d, "num_attention_heads", "", int, path),
+            kv_heads=_need(d, "num_key_value_heads", "", int, path),
+            ffn_hidden=_need(d, "ffn_hidden_size", "", int, path),
+            seq_len=_need(d, "max_position_embeddings", "", int, path),
+            **{k: v for k, v in pm.items() if k != "rampup"},
+            rampup=Rampup(start=model_rampup[0], increment=model_rampup[1], samples=model_rampup[2])
+            if model_rampup else None)
+        bf16, fp16 = _need(d, "bf16", "", bool, path), _need(d, "fp16", "", bool, path)
+        if bf16 and fp16:
+            raise InputError(f"plan file {path}: bf16 and fp16 are both true; keep one")
+        training = TrainingSpec(
+            global_batch=_need(d, "global_batch_size", "", int, path), seq_len=_need(d, "seq_length", "", int, path),
+            precision="bf16" if bf16 else "fp16" if fp16 else "fp32", rampup=rampup,
+            flash_attention=_need(d, "use_flash_attn", "", bool, path),
+            **{k: tuple(v) if isinstance(v, list) else v for k in _TRAINING_EXTRA
+               for v in [_need(pt, k, "plantune.training.", (str, int, float, list, type(None)), path)]})
+        samples = _need(d, "train_samples", "", (int, type(None)), path)
+        if samples != train_samples(training):
+            raise InputError(f"plan file {path}: train_samples {samples} disagrees with plantune.training.train_tokens"
+                             f" / seq_length = {train_samples(training)}; change train_tokens instead")
+        pp = _need(d, "pipeline_model_parallel_size", "", int, path)
+        layers_per_virtual = _need(d, "num_layers_per_virtual_pipeline_stage", "", (int, type(None)), path)
+        if layers_per_virtual is not None and (layers_per_virtual <= 0 or model.layers % (pp * layers_per_virtual)):
+            raise InputError(f"plan file {path}: num_layers_per_virtual_pipeline_stage {layers_per_virtual} does not "
+                             f"split {model.layers} layers over {pp} pipeline stages")
+        recompute = _need(d, "recompute_granularity", "", (str, type(None)), path)
+        candidate = Candidate(
+            tp=_need(d, "tensor_model_parallel_size", "", int, path), pp=pp,
+            dp=_need(d, "data_parallel_size", "", int, path), mbs=_need(d, "micro_batch_size", "", int, path),
+            gas=_need(d, "gradient_accumulation_steps", "", int, path), recompute=recompute or "none",
+            zero=_need(d, "zero_stage", "", int, path), sp=_need(d, "sequence_parallel", "", bool, path),
+            vpp=model.layers // (pp * layers_per_virtual) if layers_per_virtual else 1,
+            hybrid=_need(p, "hybrid_shard", "plantune.", bool, path))
+        cluster = make_cluster(gpu=_need(pc, "gpu", "plantune.cluster.", str, path),
+                               gpus_per_node=_need(pc, "gpus_per_node", "plantune.cluster.", int, path),
+                               nodes=_need(pc, "nodes", "plantune.cluster.", int, path),
+                               inter_node_gbps=_need(pc, "inter_node_gbps", "plantune.cluster.", num, path),
+                               intra_node_gbps=_need(pc, "intra_node_gbps", "plantune.cluster.", num, path),
+                               name=_need(pc, "name", "plantune.cluster.", str, path))
+        cluster = replace(cluster, matmul_efficiency=pc.get("matmul_efficiency"),
+                          cuda_context_bytes=pc.get("cuda_context_bytes"))
+        pred = p.get("prediction")
+        prediction = None if pred is None else Prediction(
+            **{f.name: float(_need(pred, f.name, "plantune.prediction.", num, path)) for f in fields(Prediction)})
+    except PlantuneError as err:
+        if str(err).startswith("plan file"):
+            raise
+        raise InputError(f"plan file {path}: {err}") from None
+    except (TypeError, IndexError) as err:
+        raise InputError(f"plan file {path}: {err}; regenerate it with `plan --emit`") from None
+    return RunSetup(model=model, cluster=cluster, training=training, candidate=candidate, prediction=prediction)
+
+
+def plan_target(path: Path) -> tuple[str, str | None]:
+    """(kind, flavor) a plan.yaml was emitted for."""
+    d = yaml.safe_load(Path(path).read_text())
+    p = d.get("plantune") if isinstance(d, dict) else None
+    if not isinstance(p, dict) or "kind" not in p:
+        raise InputError(f"plan file {path}: missing plantune.kind; regenerate it with `plan --emit`")
+    return p["kind"], p.get("flavor")
+
+
+__all__ = ["dump_yaml", "load_plan_yaml", "plan_target", "plan_yaml_dict", "plan_yaml_text"]

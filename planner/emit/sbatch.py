@@ -1,0 +1,130 @@
+"""``launch.sbatch``: a SLURM batch script in the shape of BigScience's tr11-176B-ml.slurm.
+
+One task per node runs ``torch.distributed.run`` (``--nproc_per_node`` GPUs, c10d rendezvous on the
+first host of the allocation, ``--node_rank $SLURM_PROCID``) under ``srun --wait=60
+--kill-on-bad-exit=1``. Plantune's arguments come from megatron_args.sh and ds_config.json next to
+the script; what plantune cannot know (data, tokenizer, checkpoints, the Megatron clone) must be set
+in the environment, and the script stops with a message naming the variable when one is missing.
+``PRETRAIN_SCRIPT`` and ``PYTHON`` override the entry point and interpreter (a test's stand-in).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from planner.emit.megatron_deepspeed import DS_CONFIG_NAME
+from planner.emit.setup import RunSetup, one_line, train_samples
+from planner.errors import InputError
+
+MASTER_PORT = 6000
+_SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REPOS = {"bigscience": "bigscience-workshop/Megatron-DeepSpeed", "microsoft": "deepspeedai/Megatron-DeepSpeed"}
+# Learning-rate and optimizer settings are not plantune's to choose: BLOOM-176B's (tr11-176B-ml.slurm).
+_HYPER = ("--adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 1e-1",
+          "--lr 6e-5 --min-lr 6e-6 --lr-decay-style cosine --lr-warmup-samples 216320")
+_OUTPUT = "--log-interval 1 --save-interval 300 --eval-interval 1000 --eval-iters 5"
+
+
+def check_reservation(reservation: str | None) -> None:
+    if reservation is not None and not _SLURM_NAME.match(reservation):
+        raise InputError(f"reservation {reservation!r} is not a SLURM name; use letters, digits, '.', '_' or '-'")
+
+
+def _job_name(setup: RunSetup) -> str:
+    return "plantune-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", setup.model.name).strip("-") or "model")
+
+
+def _summary(setup: RunSetup, flavor: str) -> list[str]:
+    c, t, cl = setup.candidate, setup.training, setup.cluster
+    name = one_line(setup.model.name)
+    lines = [f"Megatron-DeepSpeed ({flavor} fork, {_REPOS[flavor]}) run of {name} on "
+             f"{cl.nodes} x {cl.gpus_per_node} {cl.gpu.id}, written by plantune.",
+             f"Layout: TP={c.tp} PP={c.pp} DP={c.dp}, MBS={c.mbs} GBS={t.global_batch} (GAS {c.gas}), "
+             f"recompute {c.recompute}, ZeRO {c.zero}, {t.precision}"
+             + (f", rampup {' '.join(map(str, t.rampup.as_list()))}" if t.rampup else "") + "."]
+    if setup.prediction:
+        p = setup.prediction
+        lines.append(f"Predicted: {p.step_time_s:.2f} s/step, {p.memory_gb_per_gpu:.1f} GB/GPU (GB = 1e9 B), "
+                     f"{p.model_tflops_per_gpu:.1f} model TFLOP/s/GPU (MFU {p.mfu:.2f}).")
+    return lines
+
+
+def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = None) -> str:
+    check_reservation(reservation)
+    cl = setup.cluster
+    q = shlex.quote
+    directives = [f"--job-name={_job_name(setup)}", f"--nodes={cl.nodes}",
+                  "--ntasks-per-node=1          # one torch.distributed.run per node, it starts the GPU ranks",
+                  f"--gres=gpu:{cl.gpus_per_node}", "--exclusive", "--output=%x-%j.out"]
+    if reservation:
+        directives.append(f"--reservation={reservation}")
+    tokenizer = ("--tokenizer-type PretrainedFromHF --tokenizer-name-or-path \"$TOKENIZER\"" if flavor == "bigscience"
+                 else "--tokenizer-type HFTokenizer --tokenizer-model \"$TOKENIZER\"")
+    needs_samples = train_samples(setup.training) is None
+    env = [
+        "DATA_PATH=${DATA_PATH:?set DATA_PATH to the Megatron-preprocessed dataset prefix "
+        "(e.g. /data/oscar_text_document)}",
+        "TOKENIZER=${TOKENIZER:?set TOKENIZER to a Hugging Face tokenizer name or folder (e.g. bigscience/tokenizer)}",
+        "CHECKPOINT_PATH=${CHECKPOINT_PATH:?set CHECKPOINT_PATH to the folder checkpoints are saved to "
+        "and resumed from}",
+        f'PRETRAIN_SCRIPT=${{PRETRAIN_SCRIPT:-${{MEGATRON_DIR:?set MEGATRON_DIR to a clone of {_REPOS[flavor]} '
+        '(or PRETRAIN_SCRIPT to an absolute path)}/pretrain_gpt.py}',
+    ]
+    if needs_samples:
+        env.append("TRAIN_SAMPLES=${TRAIN_SAMPLES:?set TRAIN_SAMPLES: plantune was given no token budget}")
+    site = ['--data-path "$DATA_PATH" --split 949,50,1', tokenizer,
+            '--save "$CHECKPOINT_PATH" --load "$CHECKPOINT_PATH" --tensorboard-dir "$CHECKPOINT_PATH/tensorboard"',
+            *_HYPER, _OUTPUT]
+    if needs_samples:
+        site.append('--train-samples "$TRAIN_SAMPLES"')
+    exports = ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron refuses --sequence-parallel without it"] \
+        if setup.candidate.sp else []
+    world = setup.candidate.world
+    text = "\n".join([
+        "#!/bin/bash",
+        *(f"# {line}" for line in _summary(setup, flavor)),
+        "# Submit from this folder (it holds megatron_args.sh and ds_config.json), with the placeholders set:",
+        "#   DATA_PATH=... TOKENIZER=... CHECKPOINT_PATH=... MEGATRON_DIR=... sbatch launch.sbatch",
+        *(f"#SBATCH {d}" for d in directives),
+        "",
+        "set -eu -o pipefail",
+        "",
+        "# --- what plantune cannot know: set these in the environment ---",
+        *env,
+        'PLAN_DIR=${PLAN_DIR:-${SLURM_SUBMIT_DIR:-$PWD}}',
+        "PYTHON=${PYTHON:-python}",
+        "",
+        f"if [ \"${{SLURM_NNODES:-0}}\" != {cl.nodes} ]; then",
+        f"    echo \"launch.sbatch: planned for {cl.nodes} nodes x {cl.gpus_per_node} GPUs (TP*PP*DP = {world}), "
+        "got SLURM_NNODES=${SLURM_NNODES:-unset}\" >&2",
+        "    exit 1",
+        "fi",
+        "",
+        f"GPUS_PER_NODE={cl.gpus_per_node}",
+        "NNODES=$SLURM_NNODES",
+        'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"MASTER_PORT={MASTER_PORT}",
+        "export PYTHON GPUS_PER_NODE NNODES MASTER_ADDR MASTER_PORT",
+        *exports,
+        "",
+        f"cd \"$PLAN_DIR\"   # {DS_CONFIG_NAME} is given relative to this folder",
+        "# shellcheck source=megatron_args.sh",
+        "source ./megatron_args.sh",
+        "# not plantune's to choose: data, tokenizer, checkpoints, logging; learning rate as BLOOM-176B's (edit)",
+        "SITE_ARGS=(",
+        *(f"    {s}" for s in site),
+        ")",
+        "",
+        "# one task per node; each runs torch.distributed.run with its node rank (evaluated on that node)",
+        "srun --wait=60 --kill-on-bad-exit=1 bash -c "
+        + q('exec "$PYTHON" -u -m torch.distributed.run --nproc_per_node "$GPUS_PER_NODE" --nnodes "$NNODES" '
+            '--rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_backend c10d --max_restarts 0 --tee 3 '
+            '--node_rank "$SLURM_PROCID" "$@"')
+        + ' torchrun "$PRETRAIN_SCRIPT" "${MEGATRON_ARGS[@]}" "${SITE_ARGS[@]}"',
+        "",
+    ])
+    return text
+
+
+__all__ = ["MASTER_PORT", "check_reservation", "launch_sbatch"]

@@ -1,0 +1,62 @@
+"""`emit`: check a RunSetup against every rule of the target, render all files in memory, then write.
+
+    >>> from planner.emit import emit
+    >>> # emit(setup, "megatron-deepspeed", Path("out"), flavor="bigscience", reservation="bigscience")
+
+A setup that breaks a rule raises InputError (one line, every problem and its fix) before anything
+is written; files are written only when every one of them rendered.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from planner.emit import fsdp, megatron_deepspeed as md, megatron_lm, sbatch
+from planner.emit.plan_yaml import plan_yaml_text
+from planner.emit.setup import RunSetup, one_line, setup_problems
+from planner.errors import InputError
+
+PLAN_FILE = "plan.yaml"
+
+
+def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
+           reservation: str | None = None) -> dict[str, str]:
+    """File name -> content for this kind; InputError when the setup breaks any rule."""
+    problems = setup_problems(setup, kind, flavor)
+    if problems:
+        target = f"{kind} ({flavor} fork)" if kind == "megatron-deepspeed" else kind
+        raise InputError(f"cannot emit {target}: " + "; ".join(problems))
+    sbatch.check_reservation(reservation)
+    if kind == "megatron-deepspeed":
+        args = md.megatron_args(setup, flavor)
+        title = f"Megatron-DeepSpeed ({flavor} fork) arguments for {one_line(setup.model.name)}, written by plantune."
+        return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=flavor),
+                md.DS_CONFIG_NAME: md.ds_config_text(setup, flavor),
+                "args.txt": md.args_txt(args),
+                "megatron_args.sh": md.megatron_args_sh(args, title),
+                "launch.sbatch": sbatch.launch_sbatch(setup, flavor, reservation=reservation)}
+    if kind == "megatron-lm":
+        return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None),
+                megatron_lm.FILE_NAME: megatron_lm.megatron_lm_text(setup)}
+    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), fsdp.FILE_NAME: fsdp.fsdp_text(setup)}
+
+
+def emit(setup: RunSetup, kind: str, out_dir: Path, *, flavor: str = "bigscience",
+         reservation: str | None = None) -> list[Path]:
+    """Write the files for ``kind`` ("megatron-deepspeed" | "megatron-lm" | "fsdp") into out_dir."""
+    files = render(setup, kind, flavor=flavor, reservation=reservation)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--emit {out_dir} exists and is not a folder; give a folder path")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in files.items():
+        path = out_dir / name
+        path.write_text(text)
+        if name.endswith(".sbatch"):
+            path.chmod(0o755)
+        paths.append(path)
+    return paths
+
+
+__all__ = ["PLAN_FILE", "emit", "render"]

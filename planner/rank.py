@@ -1,0 +1,212 @@
+"""Score candidates and rank them: `estimate()` for one, `plan()` for the whole space.
+
+    >>> from planner import plan, load_model, make_cluster, TrainingSpec
+    >>> p = plan(load_model("1B3"), make_cluster(gpu="V100-32GB", gpus=8, gpus_per_node=4),
+    ...          TrainingSpec(global_batch=512, seq_len=2048, precision="fp16"))
+    >>> p.candidates[0].rank
+    1
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from planner.constraints import Reason, Violation, memory_violations, structural_violations
+from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, throughput
+from planner.errors import DoesNotFitError
+from planner.hardware import ClusterSpec
+from planner.memory import MemoryBreakdown, memory_breakdown
+from planner.model import ModelSpec
+from planner.space import Candidate, TrainingSpec, enumerate_candidates
+from planner.topology import Topology
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    """One candidate's prediction, or the reasons it is ruled out (both when asked to explain)."""
+
+    candidate: Candidate
+    memory: MemoryBreakdown | None = None
+    time: TimeBreakdown | None = None
+    throughput: Throughput | None = None
+    reasons: tuple[Violation, ...] = ()
+    rank: int | None = None
+
+    @property
+    def fits(self) -> bool:
+        return not self.reasons
+
+    @property
+    def memory_gb_per_gpu(self) -> float | None:
+        return self.memory.total_gb if self.memory else None
+
+    @property
+    def step_time_s(self) -> float | None:
+        return self.time.step_time_s if self.time else None
+
+    @property
+    def model_tflops_per_gpu(self) -> float | None:
+        return self.throughput.model_tflops_per_gpu if self.throughput else None
+
+    def to_dict(self, *, detail: bool = False) -> dict:
+        """The machine-readable contract: one object per candidate (see README)."""
+        c, t, m = self.candidate, self.throughput, self.memory
+        d = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "mbs": c.mbs, "gas": c.gas, "recompute": c.recompute,
+             "zero": c.zero, "sp": c.sp, "vpp": c.vpp, "hybrid": c.hybrid,
+             "memory_gb_per_gpu": _r(m.total_gb if m else None),
+             "step_time_s": _r(self.time.step_time_s if self.time else None),
+             "model_tflops_per_gpu": _r(t.model_tflops_per_gpu if t else None),
+             "hardware_tflops_per_gpu": _r(t.hardware_tflops_per_gpu if t else None),
+             "mfu": _r(t.mfu if t else None, 4), "rank": self.rank}
+        if t:
+            d.update(samples_per_s=_r(t.samples_per_s), tokens_per_s=_r(t.tokens_per_s, 1),
+                     days_to_train=_r(t.days_to_train), gpu_hours_to_train=_r(t.gpu_hours_to_train, 0))
+        if detail:
+            d["fits"] = self.fits
+            d["reasons"] = [v.to_dict() for v in self.reasons]
+            if m:
+                d["memory_breakdown_gb"] = {k: _r(getattr(m, k) / 1e9) for k in (
+                    "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
+                    "buffers_bytes", "context_bytes")} | {"stage": m.stage, "params_on_gpu": m.params_on_gpu}
+            if self.time:
+                d["time_breakdown_s"] = {k: _r(getattr(self.time, k), 4) for k in (
+                    "compute_s", "tp_comm_s", "pp_bubble_s", "pp_p2p_s", "dp_comm_s", "optimizer_s")}
+        return d
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    candidates: list[Estimate]
+    """survivors, ranked best first"""
+    pruned: dict[Reason, int]
+    """ruled-out candidates counted by their first reason"""
+    examples: dict[Reason, tuple[Candidate, Violation]] = field(default_factory=dict)
+    total: int = 0
+
+    @property
+    def best(self) -> Estimate:
+        return self.candidates[0]
+
+    def to_dict(self, top: int | None = None) -> dict:
+        cands = self.candidates if top is None else self.candidates[:top]
+        return {"model": self.model.name, "cluster": self.cluster.to_dict(), "global_batch": self.training.global_batch,
+                "seq_len": self.training.seq_len, "framework": self.training.framework,
+                "precision": self.training.precision, "enumerated": self.total, "survivors": len(self.candidates),
+                "candidates": [e.to_dict() for e in cands],
+                "pruned": {r.value: n for r, n in self.pruned.items()},
+                "pruned_examples": {r.value: {"candidate": c.label(), "detail": v.detail}
+                                    for r, (c, v) in self.examples.items()}}
+
+
+def prepare(model: ModelSpec, training: TrainingSpec) -> ModelSpec:
+    """The model as trained: the training's sequence length wins over the preset's."""
+    return model.with_overrides(seq_len=training.seq_len)
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, candidate: Candidate, *,
+             params: CostParams = CostParams(), topology: Topology | None = None) -> Estimate:
+    """Memory, time and every rule for one candidate, computed even when a rule is broken."""
+    model = prepare(model, training)
+    topology = topology or Topology(cluster)
+    reasons = structural_violations(model, candidate, cluster, training)
+    if candidate.tp * candidate.pp > cluster.world_size or candidate.world <= 0:
+        return Estimate(candidate=candidate, reasons=tuple(reasons))
+    mem = memory_breakdown(model, candidate, cluster, training)
+    reasons += memory_violations(mem, cluster, training)
+    time = estimate_time(model, candidate, cluster, training, topology, params)
+    return Estimate(candidate=candidate, memory=mem, time=time,
+                    throughput=throughput(model, candidate, cluster, training, time), reasons=tuple(reasons))
+
+
+def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand: Candidate, topology: Topology,
+           params: CostParams) -> Estimate:
+    """Like estimate() but stops at the first failing group of rules (the fast path of plan())."""
+    reasons = structural_violations(model, cand, cluster, training)
+    if reasons:
+        return Estimate(candidate=cand, reasons=tuple(reasons))
+    mem = memory_breakdown(model, cand, cluster, training)
+    reasons = memory_violations(mem, cluster, training)
+    if reasons:
+        return Estimate(candidate=cand, memory=mem, reasons=tuple(reasons))
+    time = estimate_time(model, cand, cluster, training, topology, params)
+    return Estimate(candidate=cand, memory=mem, time=time, throughput=throughput(model, cand, cluster, training, time))
+
+
+def rank_key(e: Estimate) -> tuple:
+    """Model TFLOPs first; ties (same to 0.1%) toward less memory, then fewer GPUs per replica."""
+    assert e.throughput is not None and e.memory is not None
+    tf = e.throughput.model_tflops_per_gpu
+    return (-round(tf, 3 - len(str(int(tf)))), e.memory.total_bytes, e.candidate.tp * e.candidate.pp)
+
+
+def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
+         params: CostParams = CostParams(), allow_empty: bool = False) -> Plan:
+    """Enumerate, prune with reasons, score and rank. Raises DoesNotFitError when nothing fits."""
+    model = prepare(model, training)
+    topology = Topology(cluster)
+    pruned: Counter[Reason] = Counter()
+    examples: dict[Reason, tuple[Candidate, Violation]] = {}
+    survivors: list[Estimate] = []
+    total = 0
+    for cand in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training):
+        total += 1
+        est = _score(model, cluster, training, cand, topology, params)
+        if est.fits:
+            survivors.append(est)
+        else:
+            first = est.reasons[0]
+            pruned[first.reason] += 1
+            examples.setdefault(first.reason, (cand, first))
+    survivors.sort(key=rank_key)
+    ranked = [replace(e, rank=i + 1) for i, e in enumerate(survivors)]
+    if not ranked and not allow_empty:
+        raise DoesNotFitError(_no_fit_message(model, cluster, training, pruned))
+    return Plan(model=model, cluster=cluster, training=training, candidates=ranked, pruned=dict(pruned),
+                examples=examples, total=total)
+
+
+def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> int | None:
+    """Smallest whole number of nodes on which some configuration fits (by doubling, then bisection)."""
+    from planner.hardware import make_cluster
+
+    def fits(nodes: int) -> bool:
+        c = make_cluster(gpu=cluster.gpu.id, nodes=nodes, gpus_per_node=cluster.gpus_per_node,
+                         inter_node_gbps=cluster.inter_node_bw_bytes_per_s * 8 / 1e9,
+                         intra_node_gbps=cluster.intra_node_bw_bytes_per_s * 8 / 1e9)
+        t = replace(training, rampup=None, recompute_options=("full",), max_mbs=1)
+        probe = plan(model, c, t, allow_empty=True)
+        return bool(probe.candidates)
+
+    nodes = cluster.nodes * 2
+    while nodes <= 8192 and not fits(nodes):
+        nodes *= 2
+    if nodes > 8192:
+        return None
+    lo, hi = nodes // 2, nodes
+    while hi - lo > 1 and hi > cluster.nodes:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi * cluster.gpus_per_node
+
+
+def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pruned: Counter) -> str:
+    memory = pruned.get(Reason.MEMORY_STATIC, 0) + pruned.get(Reason.MEMORY_TOTAL, 0)
+    if memory:
+        need = min_gpus_to_fit(model, cluster, training)
+        more = f"it needs about {need} {cluster.gpu.id} GPUs" if need else "no cluster size up to 8192 nodes fits it"
+        return (f"{model.name} ({model.params / 1e9:.1f}B params) does not fit on {cluster.world_size} "
+                f"{cluster.gpu.id}: {more}; add GPUs, use a larger GPU, or allow more sharding/recompute")
+    top = ", ".join(f"{r.value} ({n})" for r, n in pruned.most_common(3))
+    return (f"no configuration of {model.name} on {cluster.world_size} GPUs passes the rules (most common: {top}); "
+            "change --global-batch, --rampup or the GPU count")

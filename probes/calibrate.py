@@ -1,0 +1,277 @@
+"""Measure this machine for the planner: GEMM rate, collective bus bandwidth, CUDA context size.
+
+    python -m probes.calibrate --nproc-per-node 2 --out calibration.yaml
+    python -m probes.calibrate --nproc-per-node 8 --gpu H100-SXM --model llama2-7b --out cal.yaml
+    plan ... --calibration calibration.yaml          # planner.hardware.apply_calibration reads it
+
+`main` launches itself under torchrun (one process per device) and the workers measure:
+- matmul: achieved TFLOP/s for the model's GEMM shapes (QKV, attention output, MLP in/out, LM
+  head at ``--tokens`` tokens; square shapes without ``--model``), bf16 on GPU, fp32 on CPU;
+  ``matmul_efficiency`` = FLOP-weighted achieved rate / peak, the peak from the catalog entry
+  ``--gpu``, or -- on CPU, or without ``--gpu`` -- the best rate measured (said in ``notes``);
+- all-reduce, all-gather, reduce-scatter over message sizes, bus bandwidth as nccl-tests
+  (all-reduce algbw * 2(n-1)/n, all-gather / reduce-scatter algbw * (n-1)/n), in Gbit/s,
+  inside a node (``intra_node_busbw_gbps``) and across nodes (``inter_node_busbw_gbps``);
+- the memory the CUDA context takes (``cuda_context_bytes``; 0 on CPU, with the RSS baseline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from probes.launch import probe_env, run_with_timeout, torchrun_argv
+
+CPU_DIM_CAP = 2048
+"""on CPU every GEMM dimension is capped here so that calibration takes seconds (say so in notes)"""
+MIN_TIMED_S = {"cpu": 0.2, "cuda": 0.05}
+"""time each measurement at least this long (seconds), after two warm-up runs"""
+MESSAGE_BYTES = {"cpu": [2 ** k for k in range(12, 25, 2)], "cuda": [2 ** k for k in range(20, 31, 2)]}
+"""collective message sizes: 4 KiB..16 MiB on CPU/gloo, 1 MiB..1 GiB on GPU/NCCL"""
+
+
+# -- measurements (in the workers) -----------------------------------------------------------------
+
+def _gemm_shapes(model_name: str | None, tokens: int | None, device_type: str) -> list[tuple[str, int, int, int]]:
+    """(name, m, n, k): C[m x n] = A[m x k] B[k x n] for one layer's GEMMs and the LM head."""
+    if model_name is None:
+        sizes = (512, 1024, 2048) if device_type == "cpu" else (2048, 4096, 8192)
+        return [(f"square-{s}", s, s, s) for s in sizes]
+    from planner.model import load_model
+
+    m = load_model(model_name)
+    t = tokens or m.seq_len
+    shapes = [("qkv", t, m.hidden + 2 * m.kv_dim, m.hidden), ("attn-out", t, m.hidden, m.hidden),
+              ("mlp-in", t, m.ffn_hidden * (2 if m.glu else 1), m.hidden), ("mlp-out", t, m.hidden, m.ffn_hidden),
+              ("lm-head", t, m.vocab, m.hidden)]
+    if device_type == "cpu":
+        shapes = [(n, min(a, CPU_DIM_CAP), min(b, CPU_DIM_CAP), min(c, CPU_DIM_CAP)) for n, a, b, c in shapes]
+    return shapes
+
+
+def _time_op(fn, sync, device_type: str) -> float:
+    """Seconds per call: two warm-up calls, then repeat until MIN_TIMED_S has passed."""
+    fn()
+    fn()
+    sync()
+    n, elapsed = 0, 0.0
+    t0 = time.perf_counter()
+    while elapsed < MIN_TIMED_S[device_type] or n < 3:
+        fn()
+        n += 1
+        sync()
+        elapsed = time.perf_counter() - t0
+    return elapsed / n
+
+
+def _time_collective(torch, dist, fn, sync, device, group) -> float:
+    """Seconds per call of a collective; every rank runs the same count (the slowest rank's estimate)."""
+    fn()
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    once = torch.tensor(time.perf_counter() - t0, dtype=torch.float64, device=device)
+    dist.all_reduce(once, op=dist.ReduceOp.MAX, group=group)
+    iters = int(min(50, max(3, MIN_TIMED_S[device.type] / max(once.item(), 1e-9))))
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / iters
+
+
+def _measure_matmul(torch, device, dtype, shapes) -> list[dict]:
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    rows = []
+    for name, m, n, k in shapes:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        seconds = _time_op(lambda: torch.mm(a, b), sync, device.type)
+        rows.append({"name": name, "m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."),
+                     "seconds": seconds, "tflops": 2.0 * m * n * k / seconds / 1e12})
+        del a, b
+    return rows
+
+
+def _bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n."""
+    return 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
+
+
+def _measure_collectives(torch, dist, device, group, label: str) -> list[dict]:
+    n = dist.get_world_size(group)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    rows = []
+    for size in MESSAGE_BYTES[device.type]:
+        elems = size // 4                                   # fp32
+        full = torch.ones(elems - elems % n, device=device)
+        part = torch.empty(full.numel() // n, device=device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        ops = {"all_reduce": lambda: dist.all_reduce(full, group=group),
+               "all_gather": lambda: gather(full, part, group=group),
+               "reduce_scatter": lambda: scatter(part, full, group=group)}
+        for op, fn in ops.items():
+            seconds = torch.tensor(_time_collective(torch, dist, fn, sync, device, group), dtype=torch.float64,
+                                   device=device)
+            dist.all_reduce(seconds, op=dist.ReduceOp.MAX, group=group)   # the slowest rank's time
+            nbytes = full.numel() * 4
+            algbw = nbytes / seconds.item() * 8 / 1e9
+            rows.append({"op": op, "group": label, "ranks": n, "bytes": nbytes, "seconds": seconds.item(),
+                         "algbw_gbps": algbw, "busbw_gbps": algbw * _bus_factor(op, n)})
+    return rows
+
+
+def _peak_busbw(rows: list[dict], label: str) -> float | None:
+    values = [r["busbw_gbps"] for r in rows if r["op"] == "all_reduce" and r["group"] == label]
+    return max(values) if values else None
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available() and not args.cpu
+    notes: list[str] = []
+    rss_baseline = float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    context_bytes = 0.0
+    if cuda:
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=device)
+        free, total = torch.cuda.mem_get_info(device)
+        context_bytes = float(total - free - torch.cuda.memory_reserved(device))
+        notes.append("cuda_context_bytes = device memory in use after the first allocation minus what the "
+                     "caching allocator reserved (includes other processes on the same GPU, if any)")
+    else:
+        device = torch.device("cpu")
+        notes.append("CPU: no CUDA context (cuda_context_bytes 0); rss_baseline_bytes is a process after import torch")
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    shapes = _gemm_shapes(args.model, args.tokens, device.type)
+    if device.type == "cpu" and args.model:
+        notes.append(f"CPU: GEMM dimensions capped at {CPU_DIM_CAP}")
+    matmul = _measure_matmul(torch, device, dtype, shapes)
+    weighted = sum(2.0 * r["m"] * r["n"] * r["k"] for r in matmul) / sum(r["seconds"] for r in matmul) / 1e12
+    best = max(r["tflops"] for r in matmul)
+    peak_tflops, peak_source = best, "best measured GEMM rate (no catalog peak)"
+    if cuda and args.gpu:
+        from planner.hardware import get_accelerator
+
+        peak_tflops = get_accelerator(args.gpu).peak_flops("bf16") / 1e12
+        peak_source = f"catalog peak bf16 of {args.gpu}"
+    elif cuda:
+        notes.append("no --gpu given: matmul_efficiency is relative to the best measured GEMM, not the datasheet")
+    else:
+        notes.append("CPU: peak taken as the best measured large-GEMM rate, so matmul_efficiency is relative")
+
+    collectives: list[dict] = []
+    intra = inter = None
+    if world > 1:
+        nnodes = world // local_world
+        if nnodes > 1:
+            node_group, _ = dist.new_subgroups(group_size=local_world)
+            if local_world > 1:
+                collectives += _measure_collectives(torch, dist, device, node_group, "intra_node")
+            collectives += _measure_collectives(torch, dist, device, None, "inter_node")
+            inter = _peak_busbw(collectives, "inter_node")
+        else:
+            collectives += _measure_collectives(torch, dist, device, None, "intra_node")
+        intra = _peak_busbw(collectives, "intra_node")
+    else:
+        notes.append("one process: no collective measured")
+
+    if rank == 0:
+        doc: dict = {
+            "device": (torch.cuda.get_device_name(device) if cuda else "cpu")
+            + f" ({'nccl' if cuda else 'gloo'}), {world} processes, {world // local_world} node(s)",
+            "matmul_efficiency": round(min(weighted / peak_tflops, 1.0), 4),
+            "matmul_peak_tflops": peak_tflops,
+            "matmul_peak_source": peak_source,
+            "cuda_context_bytes": context_bytes,
+        }
+        if intra is not None:
+            doc["intra_node_busbw_gbps"] = round(intra, 3)
+        if inter is not None:
+            doc["inter_node_busbw_gbps"] = round(inter, 3)
+        doc["notes"] = notes
+        doc["measurements"] = {"matmul": matmul, "matmul_weighted_tflops": weighted, "collectives": collectives,
+                               "rss_baseline_bytes": rss_baseline, "torch": torch.__version__,
+                               "units": "seconds per call; tflops = 1e12 FLOP/s; *_gbps = 1e9 bit/s"}
+        Path(args.out).write_text(yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False))
+        print(f"wrote {args.out}: matmul_efficiency {doc['matmul_efficiency']}, "
+              f"intra_node_busbw_gbps {doc.get('intra_node_busbw_gbps', 'N/A')}", flush=True)
+    if world > 1:
+        dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# -- launcher (the command a person runs) -----------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m probes.calibrate", description=__doc__.splitlines()[0])
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="processes (devices) per node")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes (run this command on each, with --rdzv-endpoint)")
+    p.add_argument("--node-rank", "--node_rank", type=int, default=None)
+    p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="host:port of the rendezvous (nnodes > 1)")
+    p.add_argument("--out", required=True, help="calibration YAML to write")
+    p.add_argument("--gpu", default=None, help="catalog id of the GPU (planner.hardware), for its datasheet peak")
+    p.add_argument("--model", default=None, help="model preset or file whose GEMM shapes to time")
+    p.add_argument("--tokens", type=int, default=None, help="GEMM rows = tokens per micro-batch (default seq_len)")
+    p.add_argument("--timeout-s", "--timeout_s", type=float, default=600.0)
+    p.add_argument("--cpu", action="store_true", help="measure the CPU even when a GPU is present")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.worker:
+        return _worker(args)
+    if args.nproc_per_node < 1 or args.nnodes < 1:
+        print("error: --nproc-per-node and --nnodes must be >= 1", file=sys.stderr)
+        return 2
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        print("error: --nnodes > 1 needs --rdzv-endpoint HOST:PORT (and this command run on every node)",
+              file=sys.stderr)
+        return 2
+    out = Path(args.out).resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    worker_args = ["--worker", "--out", str(out)]
+    for flag, value in (("--gpu", args.gpu), ("--model", args.model), ("--tokens", args.tokens)):
+        if value is not None:
+            worker_args += [flag, str(value)]
+    if args.cpu:
+        worker_args.append("--cpu")
+    cmd = torchrun_argv(nproc=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
+                        rdzv_endpoint=args.rdzv_endpoint, rdzv_id="plantune-calibrate", module="probes.calibrate",
+                        module_args=worker_args)
+    returncode, timed_out, _ = run_with_timeout(cmd, env={**os.environ, **probe_env()}, timeout_s=args.timeout_s,
+                                                workdir=out.parent)
+    if timed_out:
+        print(f"error: calibration did not finish within {args.timeout_s:g} s; processes killed", file=sys.stderr)
+        return 1
+    if returncode != 0 or not out.is_file():
+        print(f"error: calibration failed (torchrun exit code {returncode}); see the output above", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""Run a probe on this machine under torchrun, in its own process group, with a wall-clock limit.
+
+    >>> from probes.launch import run_local
+    >>> result = run_local(spec, nproc=2, workdir=Path("probes/0001"), timeout_s=120)
+
+Each probe leaves a folder: ``spec.json``, ``command.json`` (argv, cwd, environment overrides,
+pids), ``torchrun.stdout`` / ``torchrun.stderr``, ``rank{r}.stdout`` / ``rank{r}.stderr``,
+``result.json``. The configuration is checked before anything starts (``status="invalid"``);
+on timeout the torchrun process group and every worker (torchrun starts each in its own
+session) get SIGTERM, then SIGKILL after `KILL_GRACE_S`; no process is left behind. The
+outcome is classified by `probes.outcome.classify`.
+
+`torchrun_argv` is the one command builder; the SLURM backend wraps the same argv in srun.
+No torch import here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from probes.layout import LayoutError, resolve_layout
+from probes.outcome import classify
+from probes.result import ProbeResult, ProbeSpec
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KILL_GRACE_S = 5.0
+"""seconds between SIGTERM and SIGKILL"""
+POLL_S = 0.2
+"""how often the launcher records worker pids while waiting"""
+
+
+def torchrun_argv(*, spec_path: Path | None = None, out_dir: Path | None = None, nproc: int, nnodes: int = 1, node_rank: int | None = None,
+                  rdzv_endpoint: str | None = None, rdzv_id: str = "plantune", log_dir: Path | None = None,
+                  python: str = sys.executable, module: str = "probes.train",
+                  module_args: list[str] | None = None) -> list[str]:
+    """``python -m torch.distributed.run ... -m probes.train --spec SPEC --out DIR`` as an argument list.
+
+    One node without ``rdzv_endpoint``: ``--standalone`` (a c10d rendezvous on localhost port 0,
+    i.e. a free port the OS picks). Several nodes: c10d rendezvous at ``rdzv_endpoint``
+    (``host:port``), as srun runs one torchrun per node. ``log_dir`` makes torchrun write each
+    rank's stdout/stderr to ``log_dir/<run>/attempt_0/<local_rank>/{stdout,stderr}.log``.
+    """
+    argv = [python, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--nnodes", str(nnodes),
+            "--max-restarts", "0"]
+    if rdzv_endpoint is None:
+        if nnodes != 1:
+            raise ValueError(f"nnodes {nnodes} > 1 needs a rendezvous endpoint host:port")
+        argv.append("--standalone")
+    else:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint, "--rdzv-id", rdzv_id]
+        if node_rank is not None:
+            argv += ["--node-rank", str(node_rank)]
+    if log_dir is not None:
+        argv += ["--log-dir", str(log_dir), "--redirects", "3"]
+    argv += ["-m", module]
+    if module_args is None:
+        if spec_path is None or out_dir is None:
+            raise ValueError("torchrun_argv: give spec_path and out_dir, or module_args")
+        module_args = ["--spec", str(spec_path), "--out", str(out_dir)]
+    argv += module_args
+    return argv
+
+
+def probe_env(env: dict | None = None) -> dict[str, str]:
+    """Environment overrides for probe workers: the repo importable, one thread per rank, unbuffered output."""
+    path = os.environ.get("PYTHONPATH", "")
+    overrides = {"PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT),
+                 "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    overrides.update({k: str(v) for k, v in (env or {}).items()})
+    return overrides
+
+
+# -- processes -------------------------------------------------------------------------------------
+
+def _psutil():
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil
+
+
+def _pid_files(workdir: Path) -> list[int]:
+    pids = []
+    for path in workdir.glob("pid-rank*"):
+        try:
+            pids.append(int(path.read_text().strip()))
+        except ValueError:
+            continue
+    return pids
+
+
+class ProcessTracker:
+    """Every pid the probe started (torchrun and its workers), with start times to avoid pid reuse."""
+
+    def __init__(self, root_pid: int, workdir: Path) -> None:
+        self.root_pid = root_pid
+        self.workdir = workdir
+        self.seen: dict[int, float | None] = {}
+        self._ps = _psutil()
+        self.snapshot()
+
+    def _add(self, pid: int) -> None:
+        if pid in self.seen:
+            return
+        created = None
+        if self._ps is not None:
+            try:
+                created = self._ps.Process(pid).create_time()
+            except self._ps.Error:
+                return
+        self.seen[pid] = created
+
+    def snapshot(self) -> None:
+        self._add(self.root_pid)
+        if self._ps is not None:
+            try:
+                for child in self._ps.Process(self.root_pid).children(recursive=True):
+                    self._add(child.pid)
+            except self._ps.Error:
+                pass
+        for pid in _pid_files(self.workdir):
+            self._add(pid)
+
+    def alive(self) -> list[int]:
+        out = []
+        for pid, created in self.seen.items():
+            if self._ps is not None:
+                try:
+                    proc = self._ps.Process(pid)
+                    if (created is None or proc.create_time() == created) and proc.status() != self._ps.STATUS_ZOMBIE:
+                        out.append(pid)
+                except self._ps.Error:
+                    continue
+            else:
+                try:
+                    os.kill(pid, 0)
+                    out.append(pid)
+                except OSError:
+                    continue
+        return out
+
+    def signal_all(self, sig: int) -> None:
+        for pid in self.alive():
+            try:
+                if os.getpgid(pid) == pid:      # torchrun and its workers lead their own groups
+                    os.killpg(pid, sig)
+                else:
+                    os.kill(pid, sig)
+            except OSError:
+                continue
+
+
+def stop_processes(proc: subprocess.Popen, tracker: ProcessTracker) -> None:
+    """SIGTERM every tracked process group, SIGKILL what is left after KILL_GRACE_S, reap torchrun."""
+    tracker.snapshot()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        tracker.signal_all(sig)
+        deadline = time.monotonic() + KILL_GRACE_S
+        while time.monotonic() < deadline:
+            proc.poll()
+            if not tracker.alive():
+                break
+            time.sleep(0.05)
+        if not tracker.alive():
+            break
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def run_with_timeout(argv: list[str], *, env: dict[str, str], timeout_s: float, workdir: Path,
+                     stdout: object = None, stderr: object = None) -> tuple[int | None, bool, ProcessTracker]:
+    """Run ``argv`` in a new session; kill everything it started on timeout or when it ends.
+
+    Returns (returncode, timed_out, tracker); ``tracker.seen`` holds every pid observed.
+    """
+    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    tracker = ProcessTracker(proc.pid, workdir)
+    deadline = time.monotonic() + timeout_s
+    timed_out = False
+    try:
+        while True:
+            try:
+                proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                tracker.snapshot()
+                if time.monotonic() >= deadline:
+                    timed_out = True
+                    break
+    finally:
+        stop_processes(proc, tracker)
+    return proc.returncode, timed_out, tracker
+
+
+def _collect_rank_logs(workdir: Path, log_dir: Path) -> dict[int, str]:
+    """Copy torchrun's per-rank logs to ``rank{r}.stdout`` / ``rank{r}.stderr``; the texts by rank."""
+    texts: dict[int, str] = {}
+    for path in sorted(log_dir.glob("*/attempt_*/*/std*.log")):
+        rank = int(path.parent.name)
+        stream = path.stem
+        target = workdir / f"rank{rank}.{stream}"
+        shutil.copyfile(path, target)
+        texts[rank] = texts.get(rank, "") + path.read_text(errors="replace")
+    return texts
+
+
+def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, env: dict | None = None) -> ProbeResult:
+    """Run ``spec`` on ``nproc`` local processes; the classified `ProbeResult` (also in workdir/result.json)."""
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("pid-rank*"), *workdir.glob("rank*.std*"),
+                  workdir / "result.json"]:
+        stale.unlink(missing_ok=True)
+    shutil.rmtree(workdir / "logs", ignore_errors=True)
+    spec_path = workdir / "spec.json"
+    spec_path.write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True) + "\n")
+    started = time.monotonic()
+    try:
+        resolve_layout(spec, world=nproc, local_world=nproc)
+    except LayoutError as err:
+        result = ProbeResult(status="invalid", reason=str(err), world_size=nproc, workdir=str(workdir), wall_s=0.0)
+        result.write(workdir / "result.json")
+        return result
+
+    log_dir = workdir / "logs"
+    argv = torchrun_argv(spec_path=spec_path, out_dir=workdir, nproc=nproc, log_dir=log_dir)
+    overrides = probe_env(env)
+    command = {"argv": argv, "cwd": str(REPO_ROOT), "env": overrides, "timeout_s": timeout_s, "nproc": nproc,
+               "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    (workdir / "command.json").write_text(json.dumps(command, indent=1) + "\n")
+
+    with open(workdir / "torchrun.stdout", "wb") as out, open(workdir / "torchrun.stderr", "wb") as err:
+        returncode, timed_out, tracker = run_with_timeout(argv, env={**os.environ, **overrides}, timeout_s=timeout_s,
+                                                          workdir=workdir, stdout=out, stderr=err)
+    wall_s = time.monotonic() - started
+    rank_logs = _collect_rank_logs(workdir, log_dir)
+    left = tracker.alive()
+    command.update({"pids": sorted(tracker.seen), "returncode": returncode, "timed_out": timed_out,
+                    "wall_s": wall_s})
+    (workdir / "command.json").write_text(json.dumps(command, indent=1) + "\n")
+    extra = {"pids": sorted(tracker.seen), "returncode": returncode}
+    if left:
+        extra["pids_left"] = left
+    result = classify(workdir, returncode=returncode, timed_out=timed_out, timeout_s=timeout_s,
+                      torchrun_stderr=(workdir / "torchrun.stderr").read_text(errors="replace"),
+                      rank_logs=rank_logs, wall_s=wall_s, world_size=nproc, extra=extra)
+    result.write(workdir / "result.json")
+    return result
+
+
+__all__ = ["KILL_GRACE_S", "REPO_ROOT", "ProcessTracker", "probe_env", "run_local", "run_with_timeout", "stop_processes",
+           "torchrun_argv"]
