@@ -107,7 +107,7 @@ def _split(text: str | None, kind: type, flag: str) -> tuple | None:
 
 def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
     if args.cluster:
-        cluster = load_cluster(args.cluster, gpus=args.gpus)
+        cluster = load_cluster(args.cluster, gpus=args.gpus, nodes=args.nodes)
     else:
         if args.gpus is None and args.nodes is None:
             raise InputError("give --gpus N (or --nodes N, or --cluster FILE)")
@@ -303,14 +303,19 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     result = plan(model, cluster, training)
     elapsed = time.perf_counter() - t0
+    schedule = _schedule(model, cluster, training) if training.rampup and (
+        args.rampup_schedule or args.format == "table") else None
     if args.format == "table":
         print(render_table(result, args.top, elapsed))
+        if schedule:
+            print(render_schedule(schedule))
     elif args.format == "csv":
         print(_csv(result, args.top), end="")
     else:
-        print(_dump(result.to_dict(top=args.top), args.format))
-    if training.rampup and (args.rampup_schedule or args.format == "table"):
-        _print_schedule(model, cluster, training, args)
+        doc = result.to_dict(top=args.top)
+        if schedule is not None:
+            doc["rampup_schedule"] = [r.to_dict() for r in schedule]
+        print(_dump(doc, args.format))
     if args.emit:
         rank = args.pick or 1
         if rank > len(result.candidates):
@@ -321,23 +326,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_schedule(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, args: argparse.Namespace) -> None:
+def _schedule(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list:
     """Seed 003's NNODES / BS / MBS table, from the plan without the rampup constraint."""
-    from tabulate import tabulate
-
     from planner.rampup import rampup_schedule
 
     assert training.rampup is not None
     free = plan(model, cluster, replace(training, rampup=None), allow_empty=True)
-    rows = rampup_schedule(free, training.rampup)
-    if args.format != "table":
-        print(_dump({"rampup_schedule": [r.to_dict() for r in rows]}, args.format) if args.rampup_schedule else "",
-              end="")
-        return
-    print(f"\nRampup schedule if you relaunch as the batch grows (seed 003): each batch size's fastest layout")
-    print(tabulate([[f"{r.first_batch}-{r.last_batch}" if r.first_batch != r.last_batch else r.first_batch,
-                     r.nodes, r.gpus, r.tp, r.pp, r.dp, r.mbs, r.recompute, f"{r.samples_per_s:.2f}"] for r in rows],
-                   headers=["BS", "NNODES", "GPUs", "TP", "PP", "DP", "MBS", "recompute", "samples/s"]))
+    return rampup_schedule(free, training.rampup)
+
+
+def render_schedule(rows: list) -> str:
+    from tabulate import tabulate
+
+    return ("\nRampup schedule if you relaunch as the batch grows (seed 003): each batch size's fastest layout\n"
+            + tabulate([[f"{r.first_batch}-{r.last_batch}" if r.first_batch != r.last_batch else r.first_batch,
+                         r.nodes, r.gpus, r.tp, r.pp, r.dp, r.mbs, r.recompute, f"{r.samples_per_s:.2f}"]
+                        for r in rows],
+                       headers=["BS", "NNODES", "GPUs", "TP", "PP", "DP", "MBS", "recompute", "samples/s"]))
 
 
 def main(argv: list[str] | None = None) -> int:

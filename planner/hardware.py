@@ -210,7 +210,7 @@ def _read_yaml_mapping(path: str, what: str) -> dict:
 _CLUSTER_KEYS = {"name", "gpu", "gpus_per_node", "nodes", "inter_node_gbps", "intra_node_gbps", "notes", "source"}
 
 
-def load_cluster(path: str, *, gpus: int | None = None) -> ClusterSpec:
+def load_cluster(path: str, *, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
     """A cluster YAML: gpu, gpus_per_node, nodes, inter_node_gbps (per node), intra_node_gbps (per GPU)."""
     d = _read_yaml_mapping(path, "cluster")
     unknown = set(d) - _CLUSTER_KEYS
@@ -220,7 +220,8 @@ def load_cluster(path: str, *, gpus: int | None = None) -> ClusterSpec:
         raise InputError(f"cluster YAML {path}: missing key 'gpu' (one of {', '.join(CATALOG)})")
     try:
         gpn = int(d.get("gpus_per_node", 8))
-        nodes = int(d["nodes"]) if "nodes" in d and gpus is None else None
+        if nodes is None and gpus is None and "nodes" in d:
+            nodes = int(d["nodes"])
     except (TypeError, ValueError):
         raise InputError(f"cluster YAML {path}: gpus_per_node and nodes must be integers") from None
     return make_cluster(gpu=str(d["gpu"]), gpus=gpus, gpus_per_node=gpn, nodes=nodes,

@@ -174,20 +174,33 @@ def logits_bytes(model: ModelSpec, cand: Candidate) -> float:
     return 8.0 * model.seq_len * cand.mbs * model.vocab / cand.tp
 
 
+# NCCL keeps NCCL_BUFFSIZE (4 MiB default, NCCL environment-variable docs) per channel, per ring
+# neighbour and direction for every communicator; 8 channels is typical inside NVLink nodes.
+NCCL_BYTES_PER_COMMUNICATOR = 4 * 2**20 * 8 * 2 * 2
+
+
+def nccl_buffers_bytes(cand: Candidate) -> float:
+    """NCCL buffers: one communicator for the world, one per parallel group of size > 1, and under PP
+    the embedding-tying group besides the stage-to-stage p2p."""
+    comms = 1 + (cand.tp > 1) + (cand.dp > 1) + 2 * (cand.pp > 1)
+    return comms * NCCL_BYTES_PER_COMMUNICATOR
+
+
 def framework_buffers_bytes(params_on_gpu: int, cand: Candidate, training: TrainingSpec, pb: ParamBytes,
                             model: ModelSpec) -> float:
-    """Communication buffers the framework keeps besides the model states.
+    """Communication buffers besides the model states: NCCL's, plus the framework's own.
 
     DeepSpeed (megatron-deepspeed): reduce and all-gather buckets, 5e8 elements each by default
     (deepspeed/runtime/zero/config.py), 16-bit, never more than the parameters. FSDP: the
     unsharded parameters and gradients of ~2 layers in flight (prefetch), seed 002. Megatron-LM
     keeps its fp32 grad buffer, already counted as grads.
     """
+    nccl = nccl_buffers_bytes(cand)
     if training.framework == "megatron-deepspeed":
-        return 2 * min(5e8, params_on_gpu) * 2
+        return nccl + 2 * min(5e8, params_on_gpu) * 2
     if training.framework == "fsdp" and cand.zero >= 2:
-        return 2 * model.params_per_layer / cand.tp * (pb.weights + pb.grads)
-    return 0.0
+        return nccl + 2 * model.params_per_layer / cand.tp * (pb.weights + pb.grads)
+    return nccl
 
 
 def memory_breakdown(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,

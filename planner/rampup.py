@@ -52,6 +52,10 @@ def largest_dp_for(batch_size: int, mbs: int, max_dp: int) -> int:
     return 0
 
 
+STICKY = 0.97
+"""keep the running phase's layout while it trains at >= 97% of the best layout's speed"""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleRow:
     """Batch sizes ``first_batch``..``last_batch`` of the rampup run best with this layout."""
@@ -76,8 +80,9 @@ def rampup_schedule(plan: Plan, rampup: Rampup, *, layouts: int = 8) -> list[Sch
     """Seed 003's NNODES / BS / MBS table: for each rampup batch size, the layout and GPU count
     that train fastest, among the plan's best ``layouts`` distinct layouts (TP, PP, MBS, recompute,
     ZeRO). A phase may use fewer nodes than the cluster when the batch is too small to feed every
-    replica ("starting from 32 ... max 32/1 = 32 gpus"). Consecutive sizes with the same choice are
-    merged into one row.
+    replica ("starting from 32 ... max 32/1 = 32 gpus"). A relaunch costs time, so the previous
+    phase's layout is kept while it is within ``STICKY`` of the best; consecutive sizes with the same
+    choice are merged into one row.
     """
     from dataclasses import replace
 
@@ -100,6 +105,8 @@ def rampup_schedule(plan: Plan, rampup: Rampup, *, layouts: int = 8) -> list[Sch
     rows: list[ScheduleRow] = []
     for batch in rampup.batch_sizes(training.global_batch):
         best: ScheduleRow | None = None
+        previous: ScheduleRow | None = None
+        last = rows[-1] if rows else None
         for c in chosen:
             max_dp = cluster.world_size // (c.tp * c.pp)
             dp = largest_dp_for(batch, c.mbs, max_dp)
@@ -118,9 +125,13 @@ def rampup_schedule(plan: Plan, rampup: Rampup, *, layouts: int = 8) -> list[Sch
                               recompute=c.recompute, zero=c.zero, samples_per_s=batch / step)
             if best is None or (row.samples_per_s, -row.gpus) > (best.samples_per_s, -best.gpus):
                 best = row
+            if last and (last.tp, last.pp, last.mbs, last.recompute, last.zero) == (c.tp, c.pp, c.mbs, c.recompute,
+                                                                                     c.zero):
+                previous = row
         if best is None:
             continue
-        last = rows[-1] if rows else None
+        if previous is not None and previous.samples_per_s >= STICKY * best.samples_per_s:
+            best = previous
         if last and (last.gpus, last.tp, last.pp, last.dp, last.mbs, last.recompute, last.zero) == \
                 (best.gpus, best.tp, best.pp, best.dp, best.mbs, best.recompute, best.zero):
             rows[-1] = replace(last, last_batch=batch, samples_per_s=best.samples_per_s)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
@@ -143,8 +144,8 @@ def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand:
 def rank_key(e: Estimate) -> tuple:
     """Model TFLOPs first; ties (same to 0.1%) toward less memory, then fewer GPUs per replica."""
     assert e.throughput is not None and e.memory is not None
-    tf = e.throughput.model_tflops_per_gpu
-    return (-round(tf, 3 - len(str(int(tf)))), e.memory.total_bytes, e.candidate.tp * e.candidate.pp)
+    bucket = round(math.log(max(e.throughput.model_tflops_per_gpu, 1e-12)) / math.log(1.001))  # 0.1% buckets
+    return (-bucket, e.memory.total_bytes, e.candidate.tp * e.candidate.pp)
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,

@@ -1,0 +1,135 @@
+"""`plan` as a user runs it: a new process, its output contract, one-line errors with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CANDIDATE_KEYS = {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "memory_gb_per_gpu",
+                  "step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "rank"}
+
+
+def plan(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_table_for_bloom():
+    out = plan("--model", "176B", "--gpus", "384").stdout
+    assert "bloom-176b" in out and "Ruled out" in out and "TFLOPs" in out and "rampup_divisibility" in out
+
+
+def test_json_contract():
+    data = json.loads(plan("--model", "176B", "--gpus", "384", "--format", "json", "--top", "5").stdout)
+    assert len(data["candidates"]) == 5
+    for c in data["candidates"]:
+        assert CANDIDATE_KEYS <= set(c)
+    assert [c["rank"] for c in data["candidates"]] == [1, 2, 3, 4, 5]
+    assert data["pruned"] and all(isinstance(n, int) for n in data["pruned"].values())
+
+
+def test_yaml_and_csv_formats():
+    data = yaml.safe_load(plan("--model", "1B3", "--gpus", "8", "--gpus-per-node", "4", "--gpu", "V100-32GB",
+                               "--format", "yaml", "--top", "3").stdout)
+    assert len(data["candidates"]) == 3
+    lines = plan("--model", "1B3", "--gpus", "8", "--gpus_per_node", "4", "--gpu", "V100-32GB", "--format", "csv",
+                 "--top", "3").stdout.strip().splitlines()
+    assert len(lines) == 4 and lines[0].startswith("tp,pp,dp")
+
+
+def test_explain_json_fits_and_breakdown():
+    d = json.loads(plan("--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,mbs=2,recompute=full,zero=1",
+                        "--format", "json").stdout)
+    assert CANDIDATE_KEYS <= set(d) and d["fits"] is True and d["reasons"] == []
+    assert d["dp"] == 8 and d["gas"] == 128
+    assert d["memory_breakdown_gb"]["stage"] in ("first", "last") and d["time_breakdown_s"]["compute_s"] > 0
+
+
+def test_explain_json_lists_every_reason_when_ruled_out():
+    d = json.loads(plan("--model", "176B", "--gpus", "384", "--explain", "tp=3,pp=1,mbs=64,recompute=none,zero=2",
+                        "--format", "json").stdout)
+    assert d["fits"] is False
+    found = {r["reason"] for r in d["reasons"]}
+    assert {"tp_divides_heads", "framework_limit", "rampup_divisibility"} <= found
+    assert all(r["detail"] for r in d["reasons"])
+
+
+def test_explain_table():
+    out = plan("--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,mbs=2,recompute=full,zero=1").stdout
+    assert "fits" in out and "Memory per GPU" in out and "Step time" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "42B", "--gpus", "8"], "unknown model"),
+    (["--model", "176B", "--gpus", "8", "--gpu", "A200"], "unknown GPU"),
+    (["--model", "176B", "--gpus", "100"], "not a multiple of the node size"),
+    (["--model", "176B", "--gpus", "-8"], "must be > 0"),
+    (["--model", "176B", "--gpus", "0"], "must be > 0"),
+    (["--model", "176B", "--gpus", "384", "--global-batch", "0"], "must be > 0"),
+    (["--model", "176B", "--gpus", "8"], "needs about"),
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp"], "key=value"),
+    (["--model", "176B", "--gpus", "384", "--zero", "5"], "--zero"),
+    (["--model", "1B3", "--gpus", "8", "--gpu", "V100-32GB", "--precision", "bf16"], "no bf16"),
+    (["--gpus", "8"], "give --model"),
+])
+def test_bad_input_one_line_exit_2(args, needle):
+    proc = plan(*args, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("text", ["gpu: [A100\n", "- just\n- a list\n", "gpu: A100-80GB\nnodes: two\n",
+                                  "gpu: A100-80GB\nbogus: 1\n"])
+def test_malformed_cluster_yaml(tmp_path, text):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    proc = plan("--model", "1B3", "--cluster", str(path), check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_malformed_model_json(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("{not json")
+    proc = plan("--model", str(path), "--gpus", "8", check=False)
+    assert proc.returncode == 2 and "malformed" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_does_not_fit_names_the_gpus_needed():
+    proc = plan("--model", "405B", "--gpus", "64", "--framework", "megatron-lm", check=False)
+    assert proc.returncode == 2
+    assert "does not fit" in proc.stderr and "GPUs" in proc.stderr
+
+
+def test_cluster_yaml_examples_load():
+    for name in ("cluster-bigscience-48x8-a100.yaml", "cluster-2x4-v100-16gb.yaml", "cluster-2x4-v100-32gb.yaml",
+                 "cluster-h100-pod.yaml"):
+        assert plan("--model", "1B3", "--cluster", str(ROOT / "examples" / name), "--top", "1",
+                    "--precision", "fp16" if "v100" in name else "bf16").returncode == 0
+
+
+def test_rampup_schedule_seed003():
+    """Seed 003's 16GB tables: with rampup from 32, more nodes are usable only as the batch grows."""
+    out = plan("--model", "1B3", "--nodes", "16", "--gpus-per-node", "4", "--gpu", "V100-16GB", "--precision", "fp16",
+               "--recompute", "full", "--rampup", "32", "32", "2000000", "--format", "json",
+               "--rampup-schedule").stdout
+    rows = json.loads(out)["rampup_schedule"]
+    assert rows
+    assert rows[0]["first_batch"] == 32 and rows[0]["dp"] * rows[0]["mbs"] <= 32
+    assert rows[-1]["gpus"] >= rows[0]["gpus"]
+
+
+def test_planner_never_imports_torch():
+    code = "import sys, planner, planner.cli, planner.emit; planner.cli.main(['--model','1B3','--gpus','8','--top','1']); " \
+           "sys.exit(int('torch' in sys.modules or 'optuna' in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,94 @@
+"""Memory model: seed 001's bytes per parameter, ZeRO sharding, Korthikanti et al. 2022 activations."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from planner.hardware import make_cluster
+from planner.memory import (in_flight_microbatches, layer_activations, param_bytes, sharded_static_bytes,
+                            stage_memory)
+from planner.model import ModelSpec, get_preset
+from planner.space import Candidate, TrainingSpec
+
+
+@pytest.mark.parametrize("precision,optimizer,total", [
+    ("bf16", "adamw", 18),        # seed 001: "18 bytes per parameter"
+    ("fp32", "adamw", 16),        # 4 weights + 4 grads + 8 states
+    ("bf16", "adamw-bf16", 8),    # seed 001: AnyPrecisionAdamW "only 8 bytes per parameter"
+    ("bf16", "adamw-8bit", 12),   # 6 + 4 + 2 (bnb 8-bit states)
+    ("bf16", "sgd", 14), ("bf16", "lion", 14), ("bf16", "adafactor", 14),  # 4-byte optimizers
+])
+def test_bytes_per_param_seed001(precision, optimizer, total):
+    assert param_bytes(precision, optimizer).total == total
+
+
+def test_zero_stages_shard_what_the_zero_paper_says():
+    pb = param_bytes("bf16", "adamw")
+    n, dp = 1_000_000, 8
+    stages = {z: sum(sharded_static_bytes(n, pb, Candidate(tp=1, pp=1, dp=dp, mbs=1, gas=1, zero=z), dp))
+              for z in range(4)}
+    assert stages[0] == 18 * n
+    assert stages[1] == pytest.approx((2 + 4 + 12 / dp) * n)
+    assert stages[2] == pytest.approx((2 + 16 / dp) * n)
+    assert stages[3] == pytest.approx(18 / dp * n)
+
+
+GPT = ModelSpec(name="gpt", layers=24, hidden=2048, heads=16, kv_heads=16, ffn_hidden=8192, vocab=50304,
+                seq_len=2048)
+NOFLASH = TrainingSpec(global_batch=512, seq_len=2048, flash_attention=False)
+
+
+@pytest.mark.parametrize("tp,sp,recompute,per_sbh", [
+    (1, False, "none", lambda a, s, h, t: 34 + 5 * a * s / h),          # Korthikanti Eq. 1
+    (4, False, "none", lambda a, s, h, t: 10 + 24 / t + 5 * a * s / (h * t)),  # Eq. 2
+    (4, True, "none", lambda a, s, h, t: 34 / t + 5 * a * s / (h * t)),  # Eq. 4
+    (4, True, "selective", lambda a, s, h, t: 34 / t),                   # Table 2, selective + SP
+    (4, False, "selective", lambda a, s, h, t: 10 + 24 / t),
+    (4, False, "full", lambda a, s, h, t: 2),                            # Table 2, full recompute
+])
+def test_activations_per_layer_korthikanti_table2(tp, sp, recompute, per_sbh):
+    c = Candidate(tp=tp, pp=1, dp=1, mbs=2, gas=1, recompute=recompute, sp=sp)
+    s, b, h, a = GPT.seq_len, 2, GPT.hidden, GPT.heads
+    assert layer_activations(GPT, c, NOFLASH).stored_bytes == pytest.approx(s * b * h * per_sbh(a, s, h, tp))
+
+
+def test_flash_attention_drops_the_score_term():
+    c = Candidate(tp=1, pp=1, dp=1, mbs=1, gas=1)
+    flash = TrainingSpec(global_batch=512, seq_len=2048, flash_attention=True)
+    s, h = GPT.seq_len, GPT.hidden
+    assert layer_activations(GPT, c, flash).stored_bytes == pytest.approx(34 * s * h)
+
+
+def test_korthikanti_figure1_activation_memory(data_dir):
+    """First-stage activations of the paper's configurations (Figure 1, GiB per GPU), incl. the
+    interleaved-schedule factor 1 + (p-1)/(p·v) for the 175B and 530B runs."""
+    rows = [r for r in yaml.safe_load((data_dir / "published_public.yaml").read_text())
+            if "memory_breakdown_gib_per_gpu_fig1" in r["measured"]]
+    assert len(rows) == 4
+    for r in rows:
+        md, p, fig = r["model"], r["parallel"], r["measured"]["memory_breakdown_gib_per_gpu_fig1"]
+        m = ModelSpec(name=r["id"], layers=md["layers"], hidden=md["hidden"], heads=md["heads"], kv_heads=md["heads"],
+                      ffn_hidden=md["ffn_hidden"], vocab=md["vocab"], seq_len=md["seq_len"])
+        for recompute, sp, key in [("none", False, "activations_no_recompute_no_sp"),
+                                   ("selective", True, "activations_selective_plus_sp")]:
+            c = Candidate(tp=p["tp"], pp=p["pp"], dp=1, mbs=p["micro_batch"], gas=p["grad_accum"],
+                          recompute=recompute, sp=sp, vpp=p["virtual_pipeline"])
+            per_layer = layer_activations(m, c, NOFLASH).stored_bytes
+            first_stage = per_layer * (m.layers // p["pp"]) * in_flight_microbatches(c)
+            assert first_stage / 2**30 == pytest.approx(fig[key], rel=0.01), (r["id"], key)
+        cluster = make_cluster(gpu="A100-80GB", gpus=r["hardware"]["total_gpus"])
+        c = Candidate(tp=p["tp"], pp=p["pp"], dp=1, mbs=1, gas=p["grad_accum"])
+        static = stage_memory(m, c, cluster, TrainingSpec(global_batch=p["global_batch"], seq_len=2048))[0]
+        # "params_and_optimizer" (18 bytes/param of the first stage); within 10%
+        assert static.static_bytes / 2**30 == pytest.approx(fig["params_and_optimizer"], rel=0.10), r["id"]
+
+
+def test_first_stage_holds_pp_microbatches_and_last_the_logits():
+    m = get_preset("1B3")
+    cluster = make_cluster(gpu="V100-32GB", gpus=8, gpus_per_node=4)
+    t = TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", flash_attention=False)
+    first, last = stage_memory(m, Candidate(tp=1, pp=4, dp=2, mbs=1, gas=256), cluster, t)
+    assert (first.stage, last.stage) == ("first", "last")
+    assert first.logits_bytes == 0 and last.logits_bytes > 0
+    assert first.activations_bytes > 3 * last.activations_bytes  # 4 micro-batches in flight vs 1

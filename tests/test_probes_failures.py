@@ -1,0 +1,69 @@
+"""Failed probes are classified (oom, timeout, crash with its rank, invalid) and leave no process.
+
+    python -m pytest tests/test_probes_failures.py -q
+
+Faults are injected through probes.train's debug environment variables:
+PLANTUNE_PROBE_FAULT (hang | raise | exit on one rank) and PLANTUNE_PROBE_RLIMIT_AS_HEADROOM_BYTES
+(an address-space cap just above the rank's size before its first step).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest_probes import PROBE_TIMEOUT_S, no_process_left, tiny_spec
+from probes.launch import run_local
+from probes.result import ProbeResult
+
+pytest.importorskip("torch")
+pytest.importorskip("psutil")
+
+
+def test_invalid_config_is_refused_before_launch(tmp_path):
+    result = run_local(tiny_spec(pp=2, gas=1), nproc=2, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
+    assert result.status == "invalid"
+    assert "1F1B needs micro-batches (gas) 1 >= pipeline stages (pp) 2" in result.reason
+    assert not (tmp_path / "command.json").exists()          # nothing was started
+    assert ProbeResult.read(tmp_path / "result.json").status == "invalid"
+
+
+def test_world_size_mismatch_is_invalid(tmp_path):
+    result = run_local(tiny_spec(dp=2), nproc=3, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
+    assert result.status == "invalid" and "world size 3" in result.reason
+
+
+@pytest.mark.slow
+def test_memory_cap_is_oom(tmp_path):
+    spec = tiny_spec(dp=2, mbs=64, gas=1)
+    result = run_local(spec, nproc=2, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S,
+                       env={"PLANTUNE_PROBE_RLIMIT_AS_HEADROOM_BYTES": str(1 << 20)})
+    assert result.status == "oom", result.reason
+    assert "can't allocate memory" in result.reason and result.root_cause_rank in (0, 1)
+    assert not no_process_left(result)
+
+
+@pytest.mark.slow
+def test_hang_is_timeout_and_every_process_is_killed(tmp_path):
+    result = run_local(tiny_spec(dp=2, gas=1), nproc=2, workdir=tmp_path, timeout_s=12,
+                       env={"PLANTUNE_PROBE_FAULT": "hang:1"})
+    assert result.status == "timeout", result.reason
+    assert len(result.extra["pids"]) >= 3                      # torchrun + 2 workers
+    assert not no_process_left(result)
+    assert result.wall_s < 12 + 15
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault, message", [("raise:1", "RuntimeError: injected fault"),
+                                            ("exit:1:3", "exited with code 3")])
+def test_dying_rank_is_crash_naming_it(fault, message, tmp_path):
+    result = run_local(tiny_spec(tp=2, gas=2), nproc=2, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S,
+                       env={"PLANTUNE_PROBE_FAULT": fault})
+    assert result.status == "crash", result.reason
+    assert result.root_cause_rank == 1
+    assert result.reason.startswith("rank 1: ") and message in result.reason
+    assert not no_process_left(result)
+    command = json.loads((tmp_path / "command.json").read_text())
+    assert command["argv"][1:3] == ["-m", "torch.distributed.run"] and command["returncode"] != 0
+    assert (tmp_path / "rank1.stderr").is_file()
