@@ -20,10 +20,6 @@ from planner.model import ModelSpec
 from planner.space import Candidate, TrainingSpec
 from planner.topology import Topology, collective_time_s
 
-# Fraction of dense peak a large, well-shaped GEMM reaches: cuBLAS reaches ~80% of the tensor-core
-# peak on large fp16/bf16 GEMMs on V100/A100/H100 (NVIDIA "Matrix Multiplication Background" user
-# guide, Fig. 2-3). A calibration file's measured `matmul_efficiency` replaces it.
-DEFAULT_GEMM_EFFICIENCY = 0.8
 # Tile of the GEMM kernels cuBLAS picks for large shapes (128x128 thread-block tiles; ibid., "Tile
 # Quantization") and the inner size at which a GEMM is half as efficient as a long one.
 GEMM_TILE = 128
@@ -31,6 +27,10 @@ GEMM_K_HALF = 64
 # Fraction of HBM bandwidth element-wise kernels (norms, dropout, softmax, optimizer) sustain
 # (STREAM-like copies reach 80-90% of HBM peak; fused PyTorch kernels somewhat less).
 ELEMENTWISE_BW_EFFICIENCY = 0.7
+# Element-wise traffic relative to Megatron's fused kernels (fused layernorm, bias-GeLU, bias-dropout-
+# add, softmax): an eager PyTorch model under FSDP (seed 002: a Hugging Face Llama) runs RMSNorm,
+# RoPE and SwiGLU as several unfused kernels each, reading and writing the activations ~2x as often.
+UNFUSED_TRAFFIC = {"megatron-deepspeed": 1.0, "megatron-lm": 1.0, "fsdp": 2.0}
 # Share of the ZeRO-3/FSDP gathers hidden under compute by prefetching (seed 002: FSDP overlaps
 # all-gathers with the forward/backward).
 SHARDED_OVERLAP = 0.8
@@ -96,18 +96,21 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     d = model.head_dim
     core = _gemm_s(s, s, d, peak, sm, base, heads) + _gemm_s(s, d, s, peak, sm, base, heads)
     # element-wise traffic, bytes (16-bit): 2 norms r/w 8·Th, 2 bias-dropout-add 14·Th (both split by SP),
-    # activation r/w 4·T·f/t (6 with GLU), scale-mask-softmax + dropout on scores 9·b·a·s²/t without flash
+    # Q/K/V and context layout copies between [s,b,a,d] and [b·a,s,d] 16·Th/t, activation r/w 4·T·f/t
+    # (6 with GLU), scale-mask-softmax + dropout on scores 9·b·a·s²/t without flash
     th = tokens * h
-    elementwise = 22 * th / (t if cand.sp else 1) + (6 if model.glu else 4) * tokens * model.ffn_hidden / t
+    elementwise = (22 * th / (t if cand.sp else 1) + 16 * th / t
+                   + (6 if model.glu else 4) * tokens * model.ffn_hidden / t)
     if not training.flash_attention:
         elementwise += 9 * b * model.heads * s * s / t
+    elementwise *= UNFUSED_TRAFFIC[training.framework]
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
 
 def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   topology: Topology, params: CostParams = CostParams()) -> TimeBreakdown:
     acc = cluster.gpu
-    base = cluster.matmul_efficiency or DEFAULT_GEMM_EFFICIENCY
+    base = cluster.matmul_efficiency or acc.gemm_efficiency   # a calibration file's measurement wins
     peak, sm = acc.peak_flops(training.precision), acc.sm_count
     tokens = model.seq_len * cand.mbs
     half = 2 if training.precision in ("bf16", "fp16") else 4

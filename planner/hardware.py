@@ -22,6 +22,13 @@ GB = 1e9
 GiB = 2**30
 
 
+# gemm_efficiency, the sustained fraction of the dense peak for large bf16/fp16 GEMMs: ~0.8 on V100
+# and A100 (NVIDIA "Matrix Multiplication Background" user guide, Fig. 2-3); ~0.7 on H100/H200/B200,
+# whose datasheet peaks assume boost clocks a 700 W+ power cap does not hold under GEMM load
+# (~700 of 989 TFLOP/s in public cuBLAS benchmarks); ~0.6 MI250X and ~0.5 MI300X (hipBLASLt bf16
+# GEMMs reach ~650 of 1307 TFLOP/s in public MI300X-vs-H100 benchmarks, 2024).
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Accelerator:
     id: str
@@ -29,6 +36,8 @@ class Accelerator:
     """device memory; datasheet "GB" of HBM is binary (nvidia-smi shows 81920 MiB on A100-80GB)"""
     sm_count: int
     """streaming multiprocessors / compute units: the wave size of GEMM tiles"""
+    gemm_efficiency: float
+    """fraction of the dense peak a large, well-shaped GEMM sustains (clocks under the power cap)"""
     peak_bf16_flops: float | None
     """dense bf16 tensor-core peak; None where the chip has no bf16 (V100)"""
     peak_fp16_flops: float
@@ -61,16 +70,18 @@ def _acc(**kw: object) -> Accelerator:
 
 _V100 = dict(peak_bf16_flops=None, peak_fp16_flops=125 * TB, peak_tf32_flops=None, peak_fp32_flops=15.7 * TB,
              memory_bw_bytes_per_s=900 * GB, intra_node_bw_bytes_per_s=150 * GB, intra_node_link="NVLink2",
-             cuda_context_bytes=1113 * 2**20, sm_count=80,
+             cuda_context_bytes=1113 * 2**20, sm_count=80, gemm_efficiency=0.8,
              source="NVIDIA V100 datasheet (SXM2: 125 TFLOPS tensor, 15.7 FP32, 900 GB/s HBM2, NVLink 300 GB/s "
                     "bidirectional); context 1113 MiB measured in seed 003")
 _A100 = dict(peak_bf16_flops=312 * TB, peak_fp16_flops=312 * TB, peak_tf32_flops=156 * TB, peak_fp32_flops=19.5 * TB,
              intra_node_bw_bytes_per_s=300 * GB, intra_node_link="NVLink3", cuda_context_bytes=0.9 * 2**30, sm_count=108,
+             gemm_efficiency=0.8,
              source="NVIDIA A100 datasheet (312 TFLOPS bf16/fp16 dense, 156 TF32, 19.5 FP32, NVLink 600 GB/s "
                     "bidirectional); context 0.9 GiB with torch 1.13 per seed 001")
 _H100_SXM = dict(peak_bf16_flops=989 * TB, peak_fp16_flops=989 * TB, peak_tf32_flops=494.5 * TB,
                  peak_fp32_flops=67 * TB, memory_bytes=80 * GiB, memory_bw_bytes_per_s=3350 * GB,
-                 intra_node_bw_bytes_per_s=450 * GB, intra_node_link="NVLink4", cuda_context_bytes=0.9 * 2**30, sm_count=132)
+                 intra_node_bw_bytes_per_s=450 * GB, intra_node_link="NVLink4", cuda_context_bytes=0.9 * 2**30, sm_count=132,
+                 gemm_efficiency=0.7)
 
 CATALOG: dict[str, Accelerator] = {a.id: a for a in (
     _acc(id="V100-16GB", memory_bytes=16 * GiB, **_V100),
@@ -83,6 +94,7 @@ CATALOG: dict[str, Accelerator] = {a.id: a for a in (
     _acc(id="H100-PCIe", peak_bf16_flops=756 * TB, peak_fp16_flops=756 * TB, peak_tf32_flops=378 * TB,
          peak_fp32_flops=51 * TB, memory_bytes=80 * GiB, memory_bw_bytes_per_s=2000 * GB,
          intra_node_bw_bytes_per_s=64 * GB, intra_node_link="PCIe Gen5 x16", cuda_context_bytes=0.9 * 2**30, sm_count=114,
+         gemm_efficiency=0.7,
          source="NVIDIA H100 datasheet, PCIe (756 TFLOPS bf16 dense, 378 TF32, 51 FP32, 2.0 TB/s, "
                 "PCIe Gen5 128 GB/s bidirectional)"),
     _acc(id="H200", **{**_H100_SXM, "memory_bytes": 141 * GiB, "memory_bw_bytes_per_s": 4800 * GB},
@@ -90,23 +102,26 @@ CATALOG: dict[str, Accelerator] = {a.id: a for a in (
     _acc(id="B200", peak_bf16_flops=2250 * TB, peak_fp16_flops=2250 * TB, peak_tf32_flops=1100 * TB,
          peak_fp32_flops=80 * TB, memory_bytes=180 * GiB, memory_bw_bytes_per_s=7700 * GB,
          intra_node_bw_bytes_per_s=900 * GB, intra_node_link="NVLink5", cuda_context_bytes=1.0 * 2**30, sm_count=148,
+         gemm_efficiency=0.7,
          source="NVIDIA HGX B200 datasheet (2.25 PFLOPS bf16 dense, 1.1 PF TF32, 180 GB HBM3e 7.7 TB/s, "
                 "NVLink 1.8 TB/s bidirectional)"),
     _acc(id="MI250X", peak_bf16_flops=383 * TB, peak_fp16_flops=383 * TB, peak_tf32_flops=None,
          peak_fp32_flops=95.7 * TB, memory_bytes=128 * GiB, memory_bw_bytes_per_s=3277 * GB,
          intra_node_bw_bytes_per_s=200 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30, sm_count=220,
+         gemm_efficiency=0.6,
          source="AMD Instinct MI250X datasheet (383 TFLOPS bf16/fp16, 95.7 FP32 matrix, 128 GB HBM2e 3.2 TB/s, "
                 "8 Infinity Fabric links 400 GB/s aggregate peer); one OAM = two GCDs"),
     _acc(id="MI300X", peak_bf16_flops=1307.4 * TB, peak_fp16_flops=1307.4 * TB, peak_tf32_flops=653.7 * TB,
          peak_fp32_flops=163.4 * TB, memory_bytes=192 * GiB, memory_bw_bytes_per_s=5300 * GB,
          intra_node_bw_bytes_per_s=448 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30, sm_count=304,
+         gemm_efficiency=0.5,
          source="AMD Instinct MI300X datasheet (1307.4 TFLOPS bf16 dense, 653.7 TF32, 163.4 FP32, 192 GB HBM3 "
                 "5.3 TB/s, 7 Infinity Fabric links 896 GB/s bidirectional)"),
     # One CPU core as a "device": what CPU probes (gloo, one thread per rank) run on in tests.
     _acc(id="CPU", peak_bf16_flops=1.2 * TB, peak_fp16_flops=0.08 * TB, peak_tf32_flops=None,
          peak_fp32_flops=0.08 * TB, memory_bytes=8 * GiB, memory_bw_bytes_per_s=10 * GB,
          intra_node_bw_bytes_per_s=2 * GB, intra_node_link="shared memory (gloo)", cuda_context_bytes=0.3 * GiB,
-         sm_count=1,
+         sm_count=1, gemm_efficiency=0.8,
          source="measured on a 2-core CI machine (../shared/CPU_PROBES.md: fp32 matmul ~160 GFLOP/s for the "
                 "machine, bf16 AMX 1.1-1.3 TFLOP/s per thread); memory per rank and link are round figures"),
 )}

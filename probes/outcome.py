@@ -132,7 +132,7 @@ def classify(workdir: Path, *, returncode: int | None, timed_out: bool, timeout_
     rank_logs = rank_logs or {}
     common = {"wall_s": wall_s, "workdir": str(workdir), "world_size": world_size}
     result_path = workdir / "result.json"
-    if result_path.is_file() and not timed_out:
+    if result_path.is_file():                   # rank 0 finished measuring, even if teardown then hung
         try:
             found = ProbeResult.read(result_path)
         except (json.JSONDecodeError, TypeError, ValueError):
@@ -140,6 +140,8 @@ def classify(workdir: Path, *, returncode: int | None, timed_out: bool, timeout_
         if found is not None:
             d = found.to_dict()
             extra = {**d.get("extra", {}), **extra, "train_wall_s": d.get("wall_s")}
+            if timed_out:
+                extra["timed_out_after_result"] = True
             return ProbeResult.from_dict({**d, **common, "world_size": found.world_size or world_size,
                                           "extra": extra})
     fails = failures(workdir, torchrun_stderr, rank_logs)

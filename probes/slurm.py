@@ -1,0 +1,589 @@
+"""SLURM backend: each probe is an ``srun`` step on a disjoint slice of one allocation.
+
+    >>> from probes.slurm import SlurmBackend
+    >>> with SlurmBackend(reservation="bigscience", gpus_per_node=8, nodes=48) as backend:
+    ...     results = backend.run_many(specs, workdir=Path("runs"), timeout_s=900)
+
+Inside an allocation (``SLURM_JOB_ID`` set, e.g. from an sbatch script) its nodes are used;
+otherwise ``salloc --no-shell`` asks for ``nodes`` nodes (with ``--reservation``/``--partition``/
+``--account`` when given) and ``scancel`` gives them back when the backend is closed.
+
+A probe of W ranks takes a slice: W / gpus_per_node whole nodes, or, when W is smaller than a
+node, W slots of one node (``--exact`` with ``--gres=gpu:W`` or ``--cpus-per-task=W``). Each probe
+is ``srun --ntasks-per-node=1 --kill-on-bad-exit=1 --time=M`` of ``python -m probes.slurm task``
+on every node of its slice; that task execs ``python -u -m torch.distributed.run --nproc_per_node
+N --nnodes K --rdzv_endpoint FIRST_HOST:PORT --rdzv_backend c10d --max_restarts 0 --node_rank
+$SLURM_PROCID ...`` (BigScience's tr11-176B-ml.slurm launcher, without a shell). A probe past
+its wall-clock limit has its step cancelled (``scancel JOB.STEP``) and srun's process group
+killed; the slice goes back to the pool. A node that fails two probes is set aside and listed
+in ``backend.set_aside``. Commands are argument lists only; nothing goes through a shell.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from probes.backend import ProbeBackend
+from probes.launch import KILL_GRACE_S, REPO_ROOT, probe_env
+from probes.layout import LayoutError, resolve_layout
+from probes.outcome import classify
+from probes.result import ProbeResult, ProbeSpec
+
+SLURM_COMMAND_TIMEOUT_S = 60.0
+"""limit for one scontrol/squeue/scancel call"""
+FAILURES_TO_SET_ASIDE = 2
+NODE_FAILURE_STATUSES = ("crash", "timeout")
+"""outcomes that may be a node's fault (an OOM or an invalid layout is the configuration's)"""
+DEFAULT_PORT_BASE = 29600
+
+
+class SlurmError(RuntimeError):
+    """A SLURM command failed or an allocation could not be had; the message says which and why."""
+
+
+def _run(argv: list[str], *, timeout_s: float = SLURM_COMMAND_TIMEOUT_S, env: Mapping[str, str] | None = None
+         ) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False,
+                              env=None if env is None else dict(env))
+    except subprocess.TimeoutExpired as err:
+        raise SlurmError(f"{argv[0]} did not answer within {timeout_s:g} s ({' '.join(argv)})") from err
+    except FileNotFoundError as err:
+        raise SlurmError(f"{argv[0]} is not installed (SLURM client commands are needed)") from err
+
+
+def expand_nodelist(nodelist: str, *, env: Mapping[str, str] | None = None) -> list[str]:
+    """``node[01-03],gpu7`` -> ``["node01", "node02", "node03", "gpu7"]`` via ``scontrol show hostnames``."""
+    if not nodelist.strip():
+        return []
+    out = _run(["scontrol", "show", "hostnames", nodelist], env=env)
+    if out.returncode != 0:
+        raise SlurmError(f"scontrol show hostnames {nodelist}: {out.stderr.strip()}")
+    return out.stdout.split()
+
+
+# -- slices: pure functions of a node list ----------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slice:
+    """Where one probe runs: ``procs_per_node`` ranks on each of ``hosts`` (rendezvous on hosts[0])."""
+
+    hosts: tuple[str, ...]
+    procs_per_node: int
+    port: int = DEFAULT_PORT_BASE
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.hosts)
+
+    @property
+    def world(self) -> int:
+        return self.nnodes * self.procs_per_node
+
+    @property
+    def master(self) -> str:
+        return self.hosts[0]
+
+    def host_of_rank(self, rank: int) -> str:
+        return self.hosts[min(rank // self.procs_per_node, self.nnodes - 1)]
+
+
+def slice_shape(procs: int, gpus_per_node: int) -> tuple[int, int]:
+    """(nodes, procs per node) for a probe of ``procs`` ranks; ValueError when it cannot be laid out.
+
+    ``procs`` < a node: one node, ``procs`` slots of it. Otherwise whole nodes: ``procs`` must be a
+    multiple of ``gpus_per_node`` (torchrun starts the same count on every node).
+    """
+    if procs < 1 or gpus_per_node < 1:
+        raise ValueError(f"procs {procs} and gpus per node {gpus_per_node} must be >= 1")
+    if procs <= gpus_per_node:
+        return 1, procs
+    if procs % gpus_per_node:
+        raise ValueError(f"a probe of {procs} ranks is not a whole number of {gpus_per_node}-GPU nodes; "
+                         f"probe {procs // gpus_per_node * gpus_per_node} or "
+                         f"{(procs // gpus_per_node + 1) * gpus_per_node} ranks")
+    return procs // gpus_per_node, gpus_per_node
+
+
+def find_slice(free: Mapping[str, int], order: Sequence[str], *, procs: int, gpus_per_node: int,
+               port: int = DEFAULT_PORT_BASE) -> Slice | None:
+    """First fit of a ``procs``-rank probe in ``free`` (host -> free slots), hosts tried in ``order``.
+
+    Multi-node probes take wholly free nodes; a sub-node probe prefers a node already in use
+    (packs probes so whole nodes stay free for big ones). None when nothing fits now.
+    """
+    nnodes, per_node = slice_shape(procs, gpus_per_node)
+    if nnodes > 1 or per_node == gpus_per_node:
+        whole = [h for h in order if free.get(h, 0) >= gpus_per_node]
+        if len(whole) < nnodes:
+            return None
+        return Slice(hosts=tuple(whole[:nnodes]), procs_per_node=per_node, port=port)
+    fits = [h for h in order if free.get(h, 0) >= per_node]
+    if not fits:
+        return None
+    partial = [h for h in fits if free[h] < gpus_per_node]
+    return Slice(hosts=((partial or fits)[0],), procs_per_node=per_node, port=port)
+
+
+def plan_slices(nodes: Sequence[str], *, procs: int, gpus_per_node: int, port_base: int = DEFAULT_PORT_BASE
+                ) -> list[Slice]:
+    """Every disjoint slice a ``procs``-rank probe can have at once on ``nodes`` (48 nodes, 64 ranks of
+    8 GPUs: 6 slices of 8 nodes). Ports differ per slice so that slices sharing a host do not clash."""
+    free = {h: gpus_per_node for h in nodes}
+    out: list[Slice] = []
+    while (s := find_slice(free, list(nodes), procs=procs, gpus_per_node=gpus_per_node,
+                           port=port_base + len(out))) is not None:
+        out.append(s)
+        for h in s.hosts:
+            free[h] -= s.procs_per_node
+    return out
+
+
+class SlicePool:
+    """The allocation's nodes as free slots; hands out disjoint slices to concurrent probes.
+
+    Thread-safe. `acquire` blocks until a slice fits; it returns None at once when the probe can
+    never fit on the nodes still in service. Failures are counted per node; a node reaching
+    `FAILURES_TO_SET_ASIDE` is set aside (no new probe lands on it).
+    """
+
+    def __init__(self, nodes: Sequence[str], *, gpus_per_node: int, port_base: int = DEFAULT_PORT_BASE,
+                 failures_to_set_aside: int = FAILURES_TO_SET_ASIDE) -> None:
+        if not nodes:
+            raise ValueError("a slice pool needs at least one node")
+        self.order = list(dict.fromkeys(nodes))
+        self.gpus_per_node = gpus_per_node
+        self.free = {h: gpus_per_node for h in self.order}
+        self.failures: dict[str, int] = {h: 0 for h in self.order}
+        self.set_aside: dict[str, str] = {}
+        """host -> why it was set aside"""
+        self.failures_to_set_aside = failures_to_set_aside
+        self._ports: set[int] = set()
+        self._port_base = port_base
+        self._cond = threading.Condition()
+
+    def in_service(self) -> list[str]:
+        return [h for h in self.order if h not in self.set_aside]
+
+    def can_ever_fit(self, procs: int) -> bool:
+        return find_slice({h: self.gpus_per_node for h in self.in_service()}, self.in_service(), procs=procs,
+                          gpus_per_node=self.gpus_per_node) is not None
+
+    def acquire(self, procs: int, *, timeout_s: float | None = None) -> Slice | None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if not self.can_ever_fit(procs):
+                    return None
+                port = next(p for p in range(self._port_base, self._port_base + 10_000) if p not in self._ports)
+                free = {h: n for h, n in self.free.items() if h not in self.set_aside}
+                found = find_slice(free, self.order, procs=procs, gpus_per_node=self.gpus_per_node, port=port)
+                if found is not None:
+                    for h in found.hosts:
+                        self.free[h] -= found.procs_per_node
+                    self._ports.add(port)
+                    return found
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(timeout=remaining)
+
+    def release(self, s: Slice) -> None:
+        with self._cond:
+            for h in s.hosts:
+                self.free[h] += s.procs_per_node
+            self._ports.discard(s.port)
+            self._cond.notify_all()
+
+    def record(self, s: Slice, result: ProbeResult) -> list[str]:
+        """Count a failed probe against its node(s); the hosts newly set aside."""
+        if result.status not in NODE_FAILURE_STATUSES:
+            return []
+        blamed = [s.host_of_rank(result.root_cause_rank)] if result.root_cause_rank is not None else list(s.hosts)
+        newly = []
+        with self._cond:
+            for h in blamed:
+                self.failures[h] += 1
+                if self.failures[h] >= self.failures_to_set_aside and h not in self.set_aside:
+                    self.set_aside[h] = f"failed {self.failures[h]} probes (last: {result.status}: {result.reason})"
+                    newly.append(h)
+            self._cond.notify_all()
+        return newly
+
+
+# -- the per-node task: srun runs this once per node of a slice --------------------------------------
+
+def torchrun_task_argv(*, nproc_per_node: int, nnodes: int, master: str, port: int, node_rank: int | str,
+                       rdzv_id: str, worker: Sequence[str], log_dir: Path | None = None, tee: bool = False,
+                       python: str = sys.executable) -> list[str]:
+    """BigScience's per-node launcher line as an argument list; ``worker`` is ``-m module ...`` or ``script ...``."""
+    argv = [python, "-u", "-m", "torch.distributed.run", "--nproc_per_node", str(nproc_per_node),
+            "--nnodes", str(nnodes), "--rdzv_endpoint", f"{master}:{port}", "--rdzv_backend", "c10d",
+            "--rdzv_id", rdzv_id, "--max_restarts", "0", "--node_rank", str(node_rank)]
+    if log_dir is not None:
+        argv += ["--log_dir", str(log_dir)]
+    if tee:
+        argv += ["--tee", "3"]
+    elif log_dir is not None:
+        argv += ["--redirects", "3"]
+    return argv + list(worker)
+
+
+def _task_main(args: argparse.Namespace) -> int:
+    """Inside an srun task: fill in this node's rank and exec torchrun (no shell, no expansion)."""
+    node_rank = int(os.environ.get("SLURM_PROCID", "0"))
+    log_dir = Path(args.log_dir) / f"node{node_rank}" if args.log_dir else None
+    worker = list(args.worker)
+    if worker and worker[0] == "--":
+        worker = worker[1:]
+    argv = torchrun_task_argv(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, master=args.master,
+                              port=args.port, node_rank=node_rank, rdzv_id=args.rdzv_id, worker=worker,
+                              log_dir=log_dir, tee=args.tee)
+    os.execv(argv[0], argv)
+    return 127  # not reached
+
+
+# -- running one step -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepOutcome:
+    """How one srun step ended and what it printed."""
+
+    returncode: int | None
+    timed_out: bool
+    stdout: str
+    stderr: str
+    wall_s: float
+    hosts: tuple[str, ...]
+    world: int
+    job_id: str
+    step_name: str
+    rank_logs: dict[int, str] = field(default_factory=dict)
+
+
+def collect_rank_logs(workdir: Path, log_dir: Path, procs_per_node: int) -> dict[int, str]:
+    """torchrun's per-rank files of every node -> ``rank{r}.stdout|stderr`` in workdir; texts by rank.
+
+    Rank = node index * procs_per_node + local rank (the c10d rendezvous may number nodes in
+    join order; the error records the probe writes carry the true global rank).
+    """
+    texts: dict[int, str] = {}
+    for path in sorted(log_dir.glob("node*/*/attempt_*/*/std*.log")):
+        node = int(path.parents[3].name.removeprefix("node"))  # node{i}/<run>/attempt_0/<local rank>/
+        rank = node * procs_per_node + int(path.parent.name)
+        target = workdir / f"rank{rank}.{path.stem}"
+        target.write_bytes(path.read_bytes())
+        texts[rank] = texts.get(rank, "") + path.read_text(errors="replace")
+    return texts
+
+
+class SlurmBackend(ProbeBackend):
+    """Probes as srun steps on slices of a SLURM allocation (see the module docstring)."""
+
+    name = "slurm"
+
+    def __init__(self, reservation: str | None = None, partition: str | None = None, account: str | None = None, *,
+                 gpus_per_node: int = 8, nodes_per_probe: int | None = None, nodes: int | None = None,
+                 time_limit_s: float = 1800.0, gres: str | None = "gpu", nproc: int | None = None,
+                 env: Mapping[str, str] | None = None, port_base: int = DEFAULT_PORT_BASE,
+                 alloc_timeout_s: float = 600.0, overcommit: bool = False) -> None:
+        """``gres="gpu"`` asks steps for ``--gres=gpu:N``; ``gres=None`` counts CPUs (CPU probes).
+        ``nodes``: how many nodes to salloc when not already inside an allocation (default
+        ``nodes_per_probe`` or 1). ``nproc`` overrides the ranks a spec needs (default TP*PP*DP).
+        ``env`` holds extra environment for the probe processes (SLURM_CONF for a test cluster)."""
+        for name, value in (("reservation", reservation), ("partition", partition), ("account", account)):
+            if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
+                raise ValueError(f"{name} {value!r} is not a SLURM name (letters, digits, '.', '_', '-')")
+        self.reservation, self.partition, self.account = reservation, partition, account
+        self.gpus_per_node = gpus_per_node
+        self.nodes_per_probe = nodes_per_probe
+        self.nodes_wanted = nodes or nodes_per_probe or 1
+        self.time_limit_s = time_limit_s
+        self.gres = gres
+        self.nproc = nproc
+        self.env = dict(env or {})
+        self.port_base = port_base
+        self.alloc_timeout_s = alloc_timeout_s
+        self.overcommit = overcommit
+        self.job_id: str | None = None
+        self.owns_allocation = False
+        self._pool: SlicePool | None = None
+        self._lock = threading.Lock()
+
+    # -- allocation ---------------------------------------------------------------------------
+    def _client_env(self) -> dict[str, str]:
+        return {**os.environ, **self.env}
+
+    def _allocation_args(self) -> list[str]:
+        out = []
+        if self.reservation:
+            out.append(f"--reservation={self.reservation}")
+        if self.partition:
+            out.append(f"--partition={self.partition}")
+        if self.account:
+            out.append(f"--account={self.account}")
+        return out
+
+    def allocate(self) -> list[str]:
+        """The allocation's hosts: this job's (SLURM_JOB_ID) or a new ``salloc --no-shell`` one."""
+        with self._lock:
+            if self._pool is not None:
+                return self._pool.order
+            env = self._client_env()
+            if env.get("SLURM_JOB_ID") and env.get("SLURM_JOB_NODELIST"):
+                self.job_id = env["SLURM_JOB_ID"]
+                hosts = expand_nodelist(env["SLURM_JOB_NODELIST"], env=env)
+            else:
+                self.job_id, hosts = self._salloc(env)
+                self.owns_allocation = True
+            self._pool = SlicePool(hosts, gpus_per_node=self.gpus_per_node, port_base=self.port_base)
+            return hosts
+
+    def _salloc(self, env: dict[str, str]) -> tuple[str, list[str]]:
+        name = f"plantune-probes-{uuid.uuid4().hex[:8]}"
+        minutes = max(1, math.ceil(self.time_limit_s / 60))
+        argv = ["salloc", "--no-shell", f"--job-name={name}", f"--nodes={self.nodes_wanted}", "--exclusive",
+                f"--time={minutes}", *self._allocation_args()]
+        if self.gres:
+            argv.append(f"--gres={self.gres}:{self.gpus_per_node}")
+        try:
+            out = _run(argv, timeout_s=self.alloc_timeout_s, env=env)
+        except SlurmError:
+            _run(["scancel", f"--name={name}"], env=env)
+            raise SlurmError(f"no allocation within {self.alloc_timeout_s:g} s ({' '.join(argv)}); request cancelled")
+        granted = re.search(r"Granted job allocation (\d+)", out.stderr + out.stdout)
+        if out.returncode != 0 or not granted:
+            raise SlurmError(f"{' '.join(argv)} failed: {(out.stderr or out.stdout).strip()}")
+        job_id = granted.group(1)
+        listed = _run(["squeue", "-h", "-j", job_id, "-o", "%N"], env=env)
+        return job_id, expand_nodelist(listed.stdout.strip(), env=env)
+
+    def close(self) -> None:
+        """Give back an allocation this backend asked for (``scancel JOB``)."""
+        if self.owns_allocation and self.job_id:
+            _run(["scancel", self.job_id], env=self._client_env())
+            self.owns_allocation = False
+        self._pool = None
+
+    def __enter__(self) -> "SlurmBackend":
+        self.allocate()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def pool(self) -> SlicePool:
+        self.allocate()
+        assert self._pool is not None  # set by allocate()
+        return self._pool
+
+    @property
+    def set_aside(self) -> dict[str, str]:
+        """Nodes no longer used, host -> why."""
+        return dict(self._pool.set_aside) if self._pool else {}
+
+    # -- one step -----------------------------------------------------------------------------
+    def srun_argv(self, s: Slice, *, step_name: str, time_limit_s: float, task_argv: Sequence[str]) -> list[str]:
+        """``srun`` for one probe on slice ``s``: one task per node, killed whole if one fails."""
+        minutes = max(1, math.ceil(time_limit_s / 60))
+        argv = ["srun", f"--jobid={self.job_id}", f"--job-name={step_name}", f"--nodes={s.nnodes}",
+                f"--ntasks={s.nnodes}", "--ntasks-per-node=1", f"--nodelist={','.join(s.hosts)}", "--exact",
+                "--kill-on-bad-exit=1", "--wait=60", f"--time={minutes}"]
+        if self.gres:
+            argv.append(f"--gres={self.gres}:{s.procs_per_node}")
+        else:
+            argv.append(f"--cpus-per-task={s.procs_per_node}")
+        if self.overcommit:
+            argv.append("--overcommit")
+        return argv + list(task_argv)
+
+    def task_argv(self, s: Slice, *, worker: Sequence[str], rdzv_id: str, log_dir: Path | None, tee: bool) -> list[str]:
+        argv = [sys.executable, "-m", "probes.slurm", "task", "--nproc-per-node", str(s.procs_per_node),
+                "--nnodes", str(s.nnodes), "--master", s.master, "--port", str(s.port), "--rdzv-id", rdzv_id]
+        if log_dir is not None:
+            argv += ["--log-dir", str(log_dir)]
+        if tee:
+            argv.append("--tee")
+        return argv + ["--", *worker]
+
+    def _step_id(self, step_name: str, env: dict[str, str]) -> str | None:
+        try:
+            out = _run(["squeue", "-h", "-s", "-j", str(self.job_id), "-o", "%i %j"], env=env)
+        except SlurmError:
+            return None
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1] == step_name:
+                return parts[0]
+        return None
+
+    def _stop_step(self, proc: subprocess.Popen, step_name: str, env: dict[str, str]) -> str | None:
+        """scancel the step (its tasks on every node), then srun's process group by pid."""
+        step = self._step_id(step_name, env)
+        if step is not None:
+            try:
+                _run(["scancel", step], env=env)
+            except SlurmError:
+                pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=KILL_GRACE_S)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        return step
+
+    def run_step(self, s: Slice, worker: Sequence[str], *, workdir: Path, timeout_s: float,
+                 env: Mapping[str, str] | None = None, tee: bool = False, log_dir: Path | None = None) -> StepOutcome:
+        """Run ``worker`` under torchrun on every node of ``s``; kill it after ``timeout_s``."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        step_name = f"plantune-{uuid.uuid4().hex[:10]}"
+        overrides = probe_env({**self.env, **(env or {})})
+        full_env = {**os.environ, **overrides}
+        argv = self.srun_argv(s, step_name=step_name, time_limit_s=min(timeout_s, self.time_limit_s) + 60,
+                              task_argv=self.task_argv(s, worker=worker, rdzv_id=step_name, log_dir=log_dir, tee=tee))
+        command = {"argv": argv, "cwd": str(REPO_ROOT), "env": overrides, "timeout_s": timeout_s,
+                   "hosts": list(s.hosts), "procs_per_node": s.procs_per_node, "job_id": self.job_id,
+                   "step_name": step_name, "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        (workdir / "command.json").write_text(json.dumps(command, indent=1) + "\n")
+        started = time.monotonic()
+        timed_out, step = False, None
+        with open(workdir / "srun.stdout", "wb") as out, open(workdir / "srun.stderr", "wb") as err:
+            proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=full_env, stdout=out, stderr=err,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                step = self._stop_step(proc, step_name, full_env)
+            finally:
+                if proc.poll() is None:
+                    step = self._stop_step(proc, step_name, full_env)
+        wall_s = time.monotonic() - started
+        command.update({"returncode": proc.returncode, "timed_out": timed_out, "wall_s": wall_s,
+                        "cancelled_step": step})
+        (workdir / "command.json").write_text(json.dumps(command, indent=1) + "\n")
+        rank_logs = collect_rank_logs(workdir, log_dir, s.procs_per_node) if log_dir is not None else {}
+        return StepOutcome(returncode=proc.returncode, timed_out=timed_out,
+                           stdout=(workdir / "srun.stdout").read_text(errors="replace"),
+                           stderr=(workdir / "srun.stderr").read_text(errors="replace"), wall_s=wall_s,
+                           hosts=s.hosts, world=s.world, job_id=str(self.job_id), step_name=step_name,
+                           rank_logs=rank_logs)
+
+    def run_command(self, worker: Sequence[str], *, procs: int, workdir: Path, timeout_s: float,
+                    env: Mapping[str, str] | None = None, tee: bool = True) -> StepOutcome | None:
+        """Acquire a slice for ``procs`` ranks, run ``worker`` on it, release it. None when no slice
+        can ever fit (the nodes in service are too few)."""
+        s = self.pool.acquire(procs)
+        if s is None:
+            return None
+        try:
+            return self.run_step(s, worker, workdir=Path(workdir).resolve(), timeout_s=timeout_s, env=env, tee=tee,
+                                 log_dir=Path(workdir).resolve() / "logs")
+        finally:
+            self.pool.release(s)
+
+    def record(self, s: Slice | tuple[str, ...], result: ProbeResult) -> list[str]:
+        if not isinstance(s, Slice):
+            s = Slice(hosts=tuple(s), procs_per_node=max(1, result.world_size // max(1, len(s))))
+        return self.pool.record(s, result)
+
+    # -- ProbeBackend ---------------------------------------------------------------------------
+    def procs_for(self, spec: ProbeSpec) -> int:
+        if self.nproc is not None:
+            return self.nproc
+        c = spec.candidate
+        return int(c["tp"]) * int(c["pp"]) * int(c["dp"])
+
+    def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
+        """Run the torch probe (``probes.train``) for ``spec`` on a free slice; always a ProbeResult."""
+        workdir = Path(workdir).resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("pid-rank*"), *workdir.glob("rank*.std*"),
+                      workdir / "result.json"]:
+            stale.unlink(missing_ok=True)
+        spec_path = workdir / "spec.json"
+        spec_path.write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True) + "\n")
+        procs = self.procs_for(spec)
+
+        def invalid(reason: str) -> ProbeResult:
+            r = ProbeResult(status="invalid", reason=reason, world_size=procs, workdir=str(workdir), wall_s=0.0)
+            r.write(workdir / "result.json")
+            return r
+
+        try:
+            nnodes, per_node = slice_shape(procs, self.gpus_per_node)
+            resolve_layout(spec, world=procs, local_world=per_node)
+        except (LayoutError, ValueError) as err:
+            return invalid(str(err))
+        s = self.pool.acquire(procs)
+        if s is None:
+            return invalid(f"{procs} ranks do not fit on the {len(self.pool.in_service())} node(s) in service "
+                           f"x {self.gpus_per_node} (set aside: {sorted(self.pool.set_aside) or 'none'})")
+        try:
+            worker = ["-m", "probes.train", "--spec", str(spec_path), "--out", str(workdir)]
+            step = self.run_step(s, worker, workdir=workdir, timeout_s=timeout_s, log_dir=workdir / "logs")
+        finally:
+            self.pool.release(s)
+        extra = {"hosts": list(step.hosts), "job_id": step.job_id, "step_name": step.step_name,
+                 "returncode": step.returncode}
+        result = classify(workdir, returncode=step.returncode, timed_out=step.timed_out, timeout_s=timeout_s,
+                          torchrun_stderr=step.stderr, rank_logs=step.rank_logs, wall_s=step.wall_s,
+                          world_size=step.world, extra=extra)
+        newly = self.pool.record(s, result)
+        if newly:
+            result = ProbeResult.from_dict({**result.to_dict(), "extra": {**result.extra, "set_aside": newly}})
+        result.write(workdir / "result.json")
+        return result
+
+    def run_many(self, specs: Sequence[ProbeSpec], *, workdir: Path, timeout_s: float) -> list[ProbeResult]:
+        """Run ``specs`` concurrently on disjoint slices (``workdir/probe-0000`` ...); results in order."""
+        workdir = Path(workdir)
+        if not specs:
+            return []
+        capacity = max(1, min(len(specs), sum(self.gpus_per_node for _ in self.pool.in_service())))
+        with ThreadPoolExecutor(max_workers=capacity, thread_name_prefix="slurm-probe") as pool:
+            futures = [pool.submit(self.run, spec, workdir=workdir / f"probe-{i:04d}", timeout_s=timeout_s)
+                       for i, spec in enumerate(specs)]
+            return [f.result() for f in futures]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m probes.slurm",
+                                     description="internal: the per-node task srun starts for a probe")
+    sub = parser.add_subparsers(dest="command", required=True)
+    task = sub.add_parser("task", help="exec torchrun for this node of a slice (run by srun)")
+    task.add_argument("--nproc-per-node", type=int, required=True)
+    task.add_argument("--nnodes", type=int, required=True)
+    task.add_argument("--master", required=True)
+    task.add_argument("--port", type=int, required=True)
+    task.add_argument("--rdzv-id", required=True)
+    task.add_argument("--log-dir", default=None)
+    task.add_argument("--tee", action="store_true")
+    task.add_argument("worker", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    return _task_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

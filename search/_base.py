@@ -1,0 +1,36 @@
+"""What every part of `search` shares: the error type, trial outcomes, and the attribute names
+under which a trial records its configuration and result in the Optuna storage.
+
+Trial user attributes are the study's record (``tune report`` reads nothing else):
+
+- ``config``: the candidate's label (``tp=1,pp=2,dp=4,mbs=4,gas=32,recompute=full,zero=1``),
+  the key that duplicate detection and resume compare;
+- ``slot``: ``config`` for a search probe, ``config#confirmN`` for the N-th confirmation repeat;
+- ``outcome`` (one of `OUTCOMES`) and ``reason`` (one line, the root cause for a failure);
+- ``phase``: ``analytic`` (enqueued top-k), ``sampler``, ``retry``, ``confirm``;
+- measured and predicted numbers (``measured_tflops``, ``measured_step_s``, ``pred_*``).
+"""
+
+from __future__ import annotations
+
+from planner.errors import InputError
+
+PROBED = ("ok", "oom", "timeout", "crash", "invalid")
+"""outcomes of a probe that ran (or was refused by the probe's own layout check): final for the configuration"""
+DERIVED = ("implied_oom", "not_measured", "ruled_out", "duplicate")
+"""outcomes recorded without probing: final too (a duplicate carries the stored result of the original)"""
+NOT_FINAL = ("interrupted",)
+"""outcomes that leave the configuration to be probed again by the next run"""
+OUTCOMES = PROBED + DERIVED + NOT_FINAL
+
+PHASES = ("analytic", "sampler", "retry", "confirm")
+
+RECOMPUTE_MEMORY_ORDER = {"full": 0, "selective": 1, "none": 2}
+"""activation memory needed, least to most: full recompute keeps only layer inputs, none keeps everything"""
+
+
+class TuneError(InputError):
+    """A problem with the tune command's input that the user can fix (one line, exit 2)."""
+
+
+__all__ = ["DERIVED", "NOT_FINAL", "OUTCOMES", "PHASES", "PROBED", "RECOMPUTE_MEMORY_ORDER", "TuneError"]

@@ -1,0 +1,60 @@
+"""The hardware catalog: one entry per accelerator, every figure positive and sourced."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import InputError
+from planner.hardware import CATALOG, apply_calibration, get_accelerator, load_cluster, make_cluster
+
+REQUIRED = {"V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200", "MI250X",
+            "MI300X"}
+
+
+def test_catalog_has_the_required_accelerators():
+    assert REQUIRED <= set(CATALOG)
+
+
+@pytest.mark.parametrize("acc", list(CATALOG.values()), ids=list(CATALOG))
+def test_every_entry_is_complete_and_sourced(acc):
+    assert acc.source and len(acc.source) > 20
+    for name in ("memory_bytes", "peak_fp16_flops", "peak_fp32_flops", "memory_bw_bytes_per_s",
+                 "intra_node_bw_bytes_per_s", "cuda_context_bytes", "sm_count"):
+        assert getattr(acc, name) > 0, name
+    assert 0 < acc.gemm_efficiency <= 1
+    assert acc.peak_flops("fp16") >= acc.peak_flops("fp32")
+    if acc.peak_bf16_flops is None:
+        with pytest.raises(InputError):
+            acc.peak_flops("bf16")
+
+
+@pytest.mark.parametrize("gpu,bf16_tflops,mem_gib", [("A100-80GB", 312, 80), ("H100-SXM", 989, 80), ("H200", 989, 141),
+                                                     ("V100-32GB", None, 32), ("MI300X", 1307.4, 192)])
+def test_datasheet_figures(gpu, bf16_tflops, mem_gib):
+    acc = get_accelerator(gpu)
+    assert (acc.peak_bf16_flops / 1e12 if acc.peak_bf16_flops else None) == bf16_tflops
+    assert acc.memory_bytes == mem_gib * 2**30
+
+
+def test_unknown_gpu_lists_the_catalog():
+    with pytest.raises(InputError) as err:
+        get_accelerator("A200")
+    assert "H100-SXM" in str(err.value)
+
+
+def test_gpus_not_multiple_of_node_size():
+    with pytest.raises(InputError) as err:
+        make_cluster(gpu="A100-80GB", gpus=100)
+    assert "96 or 104" in str(err.value)
+
+
+def test_cluster_yaml_and_calibration(tmp_path):
+    c = tmp_path / "c.yaml"
+    c.write_text("gpu: H100-SXM\ngpus_per_node: 8\nnodes: 4\ninter_node_gbps: 3200\n")
+    cluster = load_cluster(str(c))
+    assert cluster.world_size == 32 and cluster.inter_node_bw_bytes_per_s == 400e9
+    cal = tmp_path / "cal.yaml"
+    cal.write_text("matmul_efficiency: 0.65\nintra_node_busbw_gbps: 2000\ncuda_context_bytes: 1000000000\n")
+    calibrated = apply_calibration(cluster, str(cal))
+    assert calibrated.matmul_efficiency == 0.65 and calibrated.intra_node_bw_bytes_per_s == 250e9
+    assert calibrated.context_bytes == 1e9
