@@ -3,7 +3,7 @@
     python -m probes.calibrate --nproc-per-node 2 --out calibration.yaml
     python -c "from probes.launch import run_local; ..."   # see probes/launch.py
 
-Only ``probes.train``, ``probes.gpt``, ``probes.parallel`` and ``probes.calibrate`` import torch,
-and only when they run; ``probes.result``, ``probes.layout``, ``probes.launch`` and
-``probes.backend`` stay torch-free so that ``search`` can import them cheaply.
+Only ``probes.train``, ``probes.gpt`` and ``probes.parallel`` import torch (``probes.calibrate``
+only in its workers); ``probes.result``, ``probes.layout``, ``probes.outcome``, ``probes.launch``
+and ``probes.backend`` stay torch-free so that ``search`` can import them cheaply.
 """

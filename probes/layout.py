@@ -120,6 +120,10 @@ def resolve_layout(spec: ProbeSpec, *, world: int, local_world: int | None = Non
     for name in ("tp", "pp", "dp", "mbs", "gas", "vpp"):
         if getattr(c, name) < 1:
             errors.append(f"{name} must be >= 1, got {getattr(c, name)}")
+    if spec.steps < 1 or spec.warmup_steps < 0:
+        errors.append(f"steps {spec.steps} must be >= 1 and warmup_steps {spec.warmup_steps} >= 0")
+    if not spec.max_cv > 0:
+        errors.append(f"max_cv {spec.max_cv} must be > 0")
     if errors:
         raise LayoutError("; ".join(errors))
 

@@ -14,6 +14,10 @@ sync on both sides of the timer; a step's time is the slowest rank's. While the 
 coefficient of variation is above ``max_cv`` another window is measured, at most
 `MAX_MEASURE_ROUNDS` in all. FLOPs come from `planner.flops` for the model actually run.
 
+Precision: bf16/fp16 run under ``torch.autocast`` (and FSDP2's MixedPrecisionPolicy: bf16/fp16
+parameters, fp32 gradient reduction); fp16 has no loss scaler -- the timing is faithful, the
+recipe is not. fp32 runs plain.
+
 Debug environment variables (tests): ``PLANTUNE_PROBE_FAULT`` = ``hang:R`` | ``raise:R`` |
 ``exit:R:CODE`` makes rank R misbehave after its first step; ``PLANTUNE_PROBE_RLIMIT_AS_HEADROOM_BYTES``
 caps each CPU rank's address space at its size before the first step plus that many bytes.
