@@ -246,9 +246,9 @@ def _csv(p: Plan, top: int) -> str:
 
 
 # -- commands ------------------------------------------------------------------------------------------------
-def _emit(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-          est: Estimate, flavor: str | None = None) -> list[Path]:
-    from planner.emit import Prediction, RunSetup, emit
+def _setup(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, est: Estimate):
+    """The emitter's RunSetup for an estimate, with the prediction it was chosen on."""
+    from planner.emit import Prediction, RunSetup
 
     t = est.throughput
     prediction = None
@@ -257,9 +257,15 @@ def _emit(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, trai
                                 step_time_s=round(est.time.step_time_s, 3),
                                 model_tflops_per_gpu=round(t.model_tflops_per_gpu, 3),
                                 hardware_tflops_per_gpu=round(t.hardware_tflops_per_gpu, 3), mfu=round(t.mfu, 4))
-    setup = RunSetup(model=model, cluster=cluster, training=training, candidate=est.candidate, prediction=prediction)
-    return emit(setup, args.emit, Path(args.out or "run"), flavor=flavor or args.emit_flavor,
-                reservation=args.reservation)
+    return RunSetup(model=model, cluster=cluster, training=training, candidate=est.candidate, prediction=prediction)
+
+
+def _emit(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+          est: Estimate, flavor: str | None = None) -> list[Path]:
+    from planner.emit import emit
+
+    return emit(_setup(model, cluster, training, est), args.emit, Path(args.out or "run"),
+                flavor=flavor or args.emit_flavor, reservation=args.reservation)
 
 
 def _from_yaml(args: argparse.Namespace) -> int:
@@ -303,6 +309,17 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     result = plan(model, cluster, training)
     elapsed = time.perf_counter() - t0
+    chosen = None
+    if args.emit:
+        from planner.emit import render
+
+        rank = args.pick or 1
+        if rank > len(result.candidates):
+            raise InputError(f"--pick {rank}: only {len(result.candidates)} configurations fit")
+        chosen = result.candidates[rank - 1]
+        # refuse before printing anything: render() checks every rule and writes nothing
+        render(_setup(model, cluster, training, chosen), args.emit, flavor=args.emit_flavor,
+               reservation=args.reservation)
     schedule = _schedule(model, cluster, training) if training.rampup and (
         args.rampup_schedule or args.format == "table") else None
     if args.format == "table":
@@ -316,11 +333,8 @@ def run(args: argparse.Namespace) -> int:
         if schedule is not None:
             doc["rampup_schedule"] = [r.to_dict() for r in schedule]
         print(_dump(doc, args.format))
-    if args.emit:
-        rank = args.pick or 1
-        if rank > len(result.candidates):
-            raise InputError(f"--pick {rank}: only {len(result.candidates)} configurations fit")
-        written = _emit(args, model, cluster, training, result.candidates[rank - 1])
+    if chosen is not None:
+        written = _emit(args, model, cluster, training, chosen)
         print(f"\nwrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}",
               file=sys.stderr if args.format != "table" else sys.stdout)
     return 0

@@ -120,7 +120,7 @@ def _megatron_deepspeed_problems(s: RunSetup, flavor: str) -> list[str]:
     if flavor == "bigscience":
         if c.zero in (2, 3):
             out.append(f"ZeRO-{c.zero} is refused by DeepSpeed's pipeline engine, which the bigscience fork always "
-                       "uses; use ZeRO 0 or 1 (or --flavor microsoft with PP=1)")
+                       "uses; use ZeRO 0 or 1 (or --emit-flavor microsoft with PP=1)")
         cannot = [(c.recompute == "selective", "selective recompute (use recompute=full: --checkpoint-activations)"),
                   (c.sp, "sequence parallelism"),
                   (m.kv_heads != m.heads, f"grouped-query attention ({m.kv_heads} kv heads)"),
@@ -128,14 +128,14 @@ def _megatron_deepspeed_problems(s: RunSetup, flavor: str) -> list[str]:
                   (m.norm == "rmsnorm", "RMSNorm"),
                   (not m.tied_embeddings, "untied input/output embeddings"),
                   (not m.bias, "linear layers without biases")]
-        out += [f"the bigscience fork cannot express {what}; use --flavor microsoft or change the plan"
+        out += [f"the bigscience fork cannot express {what}; use --emit-flavor microsoft or change the plan"
                 for bad, what in cannot if bad]
     else:
         if c.zero in (2, 3) and c.pp > 1:
             out.append(f"ZeRO-{c.zero} with PP={c.pp} is refused by DeepSpeed's pipeline engine "
                        "('incompatible with pipeline parallelism'); use ZeRO 0/1 or PP=1 (--no-pipeline-parallel)")
-        cannot = [(m.position == "alibi", "ALiBi positions (use --flavor bigscience)"),
-                  (m.embedding_norm, "a layernorm after the word embedding (use --flavor bigscience)")]
+        cannot = [(m.position == "alibi", "ALiBi positions (use --emit-flavor bigscience)"),
+                  (m.embedding_norm, "a layernorm after the word embedding (use --emit-flavor bigscience)")]
         out += [f"the microsoft fork cannot express {what}" for bad, what in cannot if bad]
     return out
 
