@@ -454,7 +454,8 @@ class SlurmBackend(ProbeBackend):
         return step
 
     def run_step(self, s: Slice, worker: Sequence[str], *, workdir: Path, timeout_s: float,
-                 env: Mapping[str, str] | None = None, tee: bool = False, log_dir: Path | None = None) -> StepOutcome:
+                 env: Mapping[str, str] | None = None, tee: bool = False, log_dir: Path | None = None,
+                 cwd: Path | None = None) -> StepOutcome:
         """Run ``worker`` under torchrun on every node of ``s``; kill it after ``timeout_s``."""
         workdir.mkdir(parents=True, exist_ok=True)
         step_name = f"plantune-{uuid.uuid4().hex[:10]}"
@@ -462,14 +463,15 @@ class SlurmBackend(ProbeBackend):
         full_env = {**os.environ, **overrides}
         argv = self.srun_argv(s, step_name=step_name, time_limit_s=min(timeout_s, self.time_limit_s) + 60,
                               task_argv=self.task_argv(s, worker=worker, rdzv_id=step_name, log_dir=log_dir, tee=tee))
-        command = {"argv": argv, "cwd": str(REPO_ROOT), "env": overrides, "timeout_s": timeout_s,
+        cwd = Path(cwd or REPO_ROOT)
+        command = {"argv": argv, "cwd": str(cwd), "env": overrides, "timeout_s": timeout_s,
                    "hosts": list(s.hosts), "procs_per_node": s.procs_per_node, "job_id": self.job_id,
                    "step_name": step_name, "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         (workdir / "command.json").write_text(json.dumps(command, indent=1) + "\n")
         started = time.monotonic()
         timed_out, step = False, None
         with open(workdir / "srun.stdout", "wb") as out, open(workdir / "srun.stderr", "wb") as err:
-            proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=full_env, stdout=out, stderr=err,
+            proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=out, stderr=err,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             try:
                 proc.wait(timeout=timeout_s)
@@ -491,7 +493,8 @@ class SlurmBackend(ProbeBackend):
                            rank_logs=rank_logs)
 
     def run_command(self, worker: Sequence[str], *, procs: int, workdir: Path, timeout_s: float,
-                    env: Mapping[str, str] | None = None, tee: bool = True) -> StepOutcome | None:
+                    env: Mapping[str, str] | None = None, tee: bool = True, cwd: Path | None = None
+                    ) -> StepOutcome | None:
         """Acquire a slice for ``procs`` ranks, run ``worker`` on it, release it. None when no slice
         can ever fit (the nodes in service are too few)."""
         s = self.pool.acquire(procs)
@@ -499,7 +502,7 @@ class SlurmBackend(ProbeBackend):
             return None
         try:
             return self.run_step(s, worker, workdir=Path(workdir).resolve(), timeout_s=timeout_s, env=env, tee=tee,
-                                 log_dir=Path(workdir).resolve() / "logs")
+                                 log_dir=Path(workdir).resolve() / "logs", cwd=cwd)
         finally:
             self.pool.release(s)
 

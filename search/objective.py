@@ -1,0 +1,351 @@
+"""One trial: candidate -> (duplicate? implied OOM?) -> probe -> measured TFLOPs, every outcome recorded.
+
+    >>> objective = Objective(space=space, backend=backend, settings=ProbeSettings(steps=5))
+    >>> study.optimize(objective, catch=(ProbeFailed,))
+
+The value of a trial is the measured model TFLOPs per GPU of the full configuration (FLOPs of
+`planner.flops.model_flops_per_iteration`, no recompute: the planner's ``model_tflops_per_gpu``,
+so measured and predicted compare directly). A probe that does not measure raises `ProbeFailed`:
+Optuna records the trial FAIL and the study goes on; ``outcome`` and ``reason`` say why.
+
+Before probing, the trial's slot (configuration, or configuration + confirmation repeat) is
+checked against every earlier trial (lower number): a finished one answers the trial from its
+stored result (``outcome=duplicate``, no probe); a running one (another worker) is waited for.
+A configuration an earlier OOM implies out of memory (`search.space.needs_more_memory`) is
+failed with ``implied_oom`` without a probe. Ctrl-C during a probe stops it (the launcher kills
+the process group), records ``outcome=interrupted`` and re-raises: the trial is FAIL and the next
+run probes the configuration again.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import optuna
+from optuna.distributions import CategoricalDistribution, IntDistribution
+from optuna.trial import FrozenTrial, TrialState
+
+from planner import Candidate, CostParams, estimate
+from planner.flops import model_flops_per_iteration, tflops_per_gpu
+from probes.backend import ProbeBackend
+from probes.result import ProbeResult, ProbeSpec
+
+from search._base import DERIVED, PROBED
+from search.calibration import Measurement, refit
+from search.space import SearchSpace, config_key
+
+FINAL = PROBED + DERIVED
+WAIT_POLL_S = 1.0
+PARAMS_WAIT_S = 10.0
+"""how long to wait for an earlier running trial (another worker) to record its parameters"""
+
+
+def trial_phase(user_attrs: dict, system_attrs: dict) -> str:
+    """analytic | sampler | confirm as enqueued; a copy made by the heartbeat retry callback is ``retry``."""
+    phase = user_attrs.get("phase") or "sampler"
+    if "failed_trial" in system_attrs and phase != "confirm":
+        return "retry"
+    return phase
+
+
+class ProbeFailed(Exception):
+    """A trial's probe did not measure (oom, timeout, crash, ...); Optuna records it FAIL and goes on."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeSettings:
+    steps: int = 5
+    warmup_steps: int = 2
+    layers: int | None = None
+    """--probe-layers: run a reduced model of this many layers (rounded up to a multiple of PP)"""
+    timeout_s: float = 600.0
+    device: str = "auto"
+    max_cv: float = 0.15
+    workdir: Path | None = None
+    """probe folders go to workdir/trial-NNNN (None: a backend that needs none, e.g. replay)"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialRecord:
+    """What one stored trial says (read back from its state, params and user attributes)."""
+
+    number: int
+    state: str
+    params: dict
+    config: str | None
+    slot: str | None
+    phase: str
+    outcome: str | None
+    reason: str
+    value: float | None
+    attrs: dict = field(default_factory=dict)
+    fixed: dict = field(default_factory=dict)
+    """parameters a WAITING trial was enqueued with"""
+
+    @classmethod
+    def from_trial(cls, t: FrozenTrial) -> "TrialRecord":
+        ua = t.user_attrs
+        return cls(number=t.number, state=t.state.name, params=dict(t.params), config=ua.get("config"),
+                   slot=ua.get("slot"), phase=trial_phase(ua, t.system_attrs), outcome=ua.get("outcome"),
+                   reason=ua.get("reason", ""), value=t.value if t.state == TrialState.COMPLETE else None,
+                   attrs=dict(ua), fixed=dict(t.system_attrs.get("fixed_params") or {}))
+
+    @property
+    def final(self) -> bool:
+        return self.state in ("COMPLETE", "FAIL") and self.outcome in FINAL
+
+    @property
+    def measured(self) -> bool:
+        """A probe of its own that measured (not a duplicate's copy)."""
+        return self.state == "COMPLETE" and self.outcome == "ok" and "duplicate_of" not in self.attrs
+
+    @property
+    def candidate(self) -> Candidate | None:
+        d = self.attrs.get("candidate")
+        return Candidate(**d) if d else None
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    """Every trial of a study, read once, and what they imply for the next proposal."""
+
+    records: list[TrialRecord]
+
+    @classmethod
+    def of(cls, study: optuna.Study, *, exclude: int | None = None) -> "Ledger":
+        trials = study.get_trials(deepcopy=False)
+        return cls([TrialRecord.from_trial(t) for t in trials if t.number != exclude])
+
+    def final_by_slot(self) -> dict[str, TrialRecord]:
+        out: dict[str, TrialRecord] = {}
+        for r in sorted(self.records, key=lambda r: r.number):
+            if r.final and r.slot and r.slot not in out:
+                out[r.slot] = r
+        return out
+
+    def ooms(self) -> list[Candidate]:
+        return [r.candidate for r in self.records if r.outcome == "oom" and r.candidate is not None]
+
+    def measurements(self) -> list[Measurement]:
+        out = []
+        for r in self.records:
+            step = r.attrs.get("measured_step_s")
+            if r.measured and r.candidate is not None and step:
+                out.append(Measurement(candidate=r.candidate, step_time_s=float(step)))
+        return out
+
+    def running_keys(self, space: SearchSpace) -> set[str]:
+        keys = set()
+        for r in self.records:
+            if r.state == "RUNNING" and r.phase != "confirm":
+                est = space.lookup(r.params) if r.params else None
+                if est is not None:
+                    keys.add(config_key(est.candidate))
+                elif r.config:
+                    keys.add(r.config)
+        return keys
+
+    def waiting_keys(self, space: SearchSpace) -> set[str]:
+        """Configurations already queued (enqueued top-k, retries) and not yet started."""
+        keys = set()
+        for r in self.records:
+            if r.state == "WAITING":
+                fixed = r.params or r.fixed
+                est = space.lookup(fixed) if fixed else None
+                if est is not None:
+                    keys.add(config_key(est.candidate))
+        return keys
+
+    def done_keys(self, space: SearchSpace) -> set[str]:
+        """Configurations that need no probe: finished, or implied out of memory by a finished OOM."""
+        done = {slot for slot in self.final_by_slot() if "#" not in slot}
+        ooms = self.ooms()
+        done |= {config_key(e.candidate) for e in space.survivors if space.implied_oom(e.candidate, ooms)}
+        return done
+
+
+def suggest(trial: optuna.Trial, distributions: dict) -> dict:
+    """Ask the trial for every parameter of the space (fixed, relative or independent, as Optuna decides)."""
+    params = {}
+    for name, dist in distributions.items():
+        if isinstance(dist, CategoricalDistribution):
+            params[name] = trial.suggest_categorical(name, dist.choices)
+        elif isinstance(dist, IntDistribution):
+            params[name] = trial.suggest_int(name, dist.low, dist.high, log=dist.log)
+        else:
+            raise TypeError(f"unsupported distribution {dist!r}")
+    return params
+
+
+def probe_layers(layers: int | None, candidate: Candidate, model_layers: int) -> int | None:
+    """--probe-layers rounded up to a multiple of PP*VPP (each stage needs whole layers), at most the model's."""
+    if layers is None:
+        return None
+    unit = candidate.pp * candidate.vpp
+    run = max(unit, math.ceil(layers / unit) * unit)
+    return None if run >= model_layers else run
+
+
+class Objective:
+    """Callable for `optuna.Study.optimize`; holds the space, the backend and how to probe."""
+
+    def __init__(self, *, space: SearchSpace, backend: ProbeBackend, settings: ProbeSettings,
+                 on_probe: Callable[[int, str], None] | None = None) -> None:
+        self.space = space
+        self.backend = backend
+        self.settings = settings
+        self.on_probe = on_probe
+        self.distributions = space.distributions()
+        plan = space.plan
+        self.model, self.cluster, self.training = plan.model, plan.cluster, plan.training
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def measured_tflops(self, candidate: Candidate, step_s: float) -> float:
+        return tflops_per_gpu(model_flops_per_iteration(self.model, candidate.global_batch), step_s, candidate.world)
+
+    def predict(self, candidate: Candidate, params: CostParams) -> tuple[float | None, float | None]:
+        est = estimate(self.model, self.cluster, self.training, candidate, params=params)
+        return est.model_tflops_per_gpu, est.step_time_s
+
+    def _calibration(self, ledger: Ledger, extra: list[Measurement] = ()) -> CostParams:
+        return refit(self.model, self.cluster, self.training, ledger.measurements() + list(extra))
+
+    def _ruled_out_reason(self, params: dict) -> str:
+        tp, pp, mbs = int(params.get("tp", 1)), int(params.get("pp", 1)), int(params.get("mbs", 1))
+        dp = max(self.cluster.world_size // max(tp * pp, 1), 1)
+        cand = Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=max(self.training.global_batch // (mbs * dp), 1),
+                         recompute=params.get("recompute", "none"), zero=int(params.get("zero", 0)),
+                         sp=bool(params.get("sp", False)), vpp=int(params.get("vpp", 1)),
+                         hybrid=bool(params.get("hybrid", False)))
+        est = estimate(self.model, self.cluster, self.training, cand)
+        why = "; ".join(v.detail for v in est.reasons) or "outside the restricted space"
+        return f"{cand.label()} is not a survivor of the plan ({why}); never probed"
+
+    def _earlier_claim(self, trial: optuna.Trial, slot: str) -> TrialRecord | None:
+        """The earliest other trial holding ``slot``, once it is final; None when this trial should probe."""
+        study = trial.study
+        deadline = time.monotonic() + PARAMS_WAIT_S
+        while True:
+            ledger = Ledger.of(study, exclude=trial.number)
+            earlier = [r for r in ledger.records if r.number < trial.number]
+            unknown = [r for r in earlier if r.state == "RUNNING" and not r.slot]
+            holders = [r for r in earlier if r.slot == slot and (r.final or r.state == "RUNNING")]
+            final = [r for r in holders if r.final]
+            if final:
+                return min(final, key=lambda r: r.number)
+            if holders:                                    # another worker probes it right now: wait
+                deadline = time.monotonic() + self.settings.timeout_s + 120.0
+            elif not unknown or time.monotonic() > deadline:
+                return None
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(WAIT_POLL_S)
+
+    # -- the trial -------------------------------------------------------------------------------
+    def __call__(self, trial: optuna.Trial) -> float:
+        try:
+            return self._run(trial)
+        except KeyboardInterrupt:
+            trial.set_user_attr("outcome", "interrupted")
+            trial.set_user_attr("reason", "interrupted by Ctrl-C; the next run of the same command probes it again")
+            raise
+
+    def _run(self, trial: optuna.Trial) -> float:
+        params = suggest(trial, self.distributions)
+        ua = trial.user_attrs
+        frozen = next(t for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                      if t.number == trial.number)
+        phase = trial_phase(ua, frozen.system_attrs)
+        est = self.space.lookup(params)
+        if est is None:
+            reason = self._ruled_out_reason(params)
+            self._set(trial, phase=phase, outcome="ruled_out", reason=reason)
+            raise ProbeFailed(reason)
+        cand = est.candidate
+        key = config_key(cand)
+        slot = key if phase != "confirm" else f"{key}#confirm{ua.get('repeat', 1)}"
+        self._set(trial, config=key, slot=slot, phase=phase, candidate=cand.to_dict(),
+                  pred_analytic_tflops=est.model_tflops_per_gpu, pred_analytic_step_s=est.step_time_s,
+                  pred_memory_gb=est.memory_gb_per_gpu)
+
+        earlier = self._earlier_claim(trial, slot)
+        if earlier is not None:
+            return self._copy(trial, earlier)
+        ledger = Ledger.of(trial.study, exclude=trial.number)
+        if phase != "confirm":
+            oom = self.space.implied_oom(cand, ledger.ooms())
+            if oom is not None:
+                reason = (f"implied out of memory: needs at least the memory of {oom.label()}, which ran out of "
+                          "memory (same layout, no smaller MBS, no more recompute or sharding); never probed")
+                self._set(trial, outcome="implied_oom", reason=reason, implied_by=oom.label())
+                raise ProbeFailed(reason)
+
+        before = self._calibration(ledger)
+        tf_before, step_before = self.predict(cand, before)
+        self._set(trial, pred_before_tflops=tf_before, pred_before_step_s=step_before,
+                  calibration_before={"compute_scale": before.compute_scale, "comm_scale": before.comm_scale})
+        result = self._probe(trial, cand)
+        return self._record(trial, cand, result, ledger)
+
+    def _probe(self, trial: optuna.Trial, cand: Candidate) -> ProbeResult:
+        s = self.settings
+        spec = ProbeSpec(model=self.model.to_dict(), candidate=cand.to_dict(), precision=self.training.precision,
+                         warmup_steps=s.warmup_steps, steps=s.steps,
+                         layers_run=probe_layers(s.layers, cand, self.model.layers), device=s.device, max_cv=s.max_cv)
+        study_dir = s.workdir or Path(".")
+        workdir = study_dir / f"trial-{trial.number:04d}"
+        if self.on_probe is not None:
+            self.on_probe(trial.number, cand.label())
+        started = time.monotonic()
+        result = self.backend.run(spec, workdir=workdir, timeout_s=s.timeout_s)
+        self._set(trial, probe_wall_s=round(time.monotonic() - started, 3), device=result.device,
+                  workdir=result.workdir or (str(workdir) if s.workdir else ""), layers_run=spec.layers_run)
+        return result
+
+    def _record(self, trial: optuna.Trial, cand: Candidate, result: ProbeResult, ledger: Ledger) -> float:
+        memory = max(result.peak_memory_bytes_per_rank) / 1e9 if result.peak_memory_bytes_per_rank else None
+        if not result.ok:
+            outcome = "not_measured" if result.extra.get("not_measured") else result.status
+            reason = result.reason or f"probe ended {result.status}"
+            self._set(trial, outcome=outcome, reason=reason, measured_memory_gb=memory,
+                      root_cause_rank=result.root_cause_rank)
+            raise ProbeFailed(f"{outcome}: {reason}")
+        step = (result.projected or {}).get("step_time_s") if result.reduced else result.step_time_median_s
+        if not step or step <= 0:
+            reason = "the probe reported no step time"
+            self._set(trial, outcome="crash", reason=reason)
+            raise ProbeFailed(reason)
+        tflops = self.measured_tflops(cand, step)
+        after = self._calibration(ledger, [Measurement(candidate=cand, step_time_s=step)])
+        tf_after, step_after = self.predict(cand, after)
+        times = result.step_times_s or [step]
+        self._set(trial, outcome="ok", reason="", measured_tflops=tflops, measured_step_s=step,
+                  measured_memory_gb=memory, memory_kind=result.memory_kind, step_cv=result.step_time_cv,
+                  step_spread=(max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0,
+                  reduced=result.reduced, pred_after_tflops=tf_after, pred_after_step_s=step_after,
+                  calibration_after={"compute_scale": after.compute_scale, "comm_scale": after.comm_scale})
+        trial.study.set_user_attr("calibration", {"compute_scale": after.compute_scale,
+                                                  "comm_scale": after.comm_scale, "trial": trial.number})
+        return tflops
+
+    def _copy(self, trial: optuna.Trial, earlier: TrialRecord) -> float:
+        """Answer the trial from an earlier trial's stored result (no probe)."""
+        keep = ("measured_tflops", "measured_step_s", "measured_memory_gb", "device", "reason")
+        self._set(trial, outcome="duplicate", duplicate_of=earlier.number, original_outcome=earlier.outcome,
+                  **{k: earlier.attrs[k] for k in keep if k in earlier.attrs})
+        if earlier.state == "COMPLETE" and earlier.value is not None:
+            return earlier.value
+        raise ProbeFailed(f"duplicate of trial {earlier.number} ({earlier.outcome}: {earlier.reason})")
+
+    @staticmethod
+    def _set(trial: optuna.Trial, **attrs: object) -> None:
+        for k, v in attrs.items():
+            trial.set_user_attr(k, v)
+
+
+__all__ = ["Ledger", "Objective", "ProbeFailed", "ProbeSettings", "TrialRecord", "probe_layers", "suggest"]
