@@ -169,11 +169,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- output --------------------------------------------------------------------------------------------------
-def _row(e: Estimate, cluster: ClusterSpec) -> dict:
+def _row(e: Estimate, cluster: ClusterSpec, framework: str) -> dict:
     d = e.to_dict()
     mem = d["memory_gb_per_gpu"]
     d["headroom"] = f"{1 - mem * 1e9 / cluster.gpu.memory_bytes:.0%}" if mem is not None else "N/A"
     d["sp"] = int(d["sp"])
+    if framework == "fsdp":
+        d["zero"] = e.candidate.fsdp_strategy
     return d
 
 
@@ -189,14 +191,12 @@ def render_table(p: Plan, top: int, elapsed_s: float) -> str:
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
-    rows = [[_row(e, cl)[c] for c in TABLE_COLUMNS] for e in p.candidates[:top]]
-    headers = ["#", "TP", "PP", "DP", "MBS", "GAS", "recompute", "ZeRO" if t.framework != "fsdp" else "FSDP*", "SP",
+    rows = [[_row(e, cl, t.framework)[c] for c in TABLE_COLUMNS] for e in p.candidates[:top]]
+    headers = ["#", "TP", "PP", "DP", "MBS", "GAS", "recompute", "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s"]
     lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it)")
     lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * 10 + (".1f", "", ".2f", ".1f", ".1f", ".3f",
                                                                             ".0f")))
-    if t.framework == "fsdp":
-        lines.append("* FSDP: 0 NO_SHARD, 2 SHARD_GRAD_OP, 3 FULL_SHARD")
     best = p.candidates[0]
     if best.throughput and best.throughput.days_to_train:
         lines.append(f"\nBest: {best.throughput.days_to_train:.1f} days / "

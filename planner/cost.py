@@ -160,8 +160,9 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     dp_s = 0.0
     if cand.dp > 1:
         if cand.zero >= 3:
-            gather = collective_time_s(dp_link, kind="all_gather", message_bytes=grad_bytes, group=shard)
-            scatter = collective_time_s(dp_link, kind="reduce_scatter", message_bytes=grad_bytes, group=shard)
+            shard_link = topology.dp_link(cand.tp, shard)   # HYBRID_SHARD: the shard group stays inside a node
+            gather = collective_time_s(shard_link, kind="all_gather", message_bytes=grad_bytes, group=shard)
+            scatter = collective_time_s(shard_link, kind="reduce_scatter", message_bytes=grad_bytes, group=shard)
             comm = cand.gas * (2 * gather + scatter)
             if cand.hybrid and cand.dp > shard:
                 inter = topology.dp_link(cand.tp * shard, cand.dp // shard)

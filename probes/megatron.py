@@ -16,7 +16,7 @@ goes through a shell. The command must start with a Python interpreter: the scri
 
 The log is parsed in the three formats MEGATRON_DEEPSPEED.md lists (bigscience: seconds;
 microsoft: ``(ms)`` and ``tgs``; Megatron-LM: ``(ms)`` and ``throughput per GPU``), with or
-without torchrun's ``[defaultN]:`` prefix. The first ``warmup_iters`` iterations are skipped;
+without torchrun's ``[defaultN]:`` prefix. The first ``warmup_iters`` logged iterations are skipped;
 TFLOPs are model FLOPs from `planner.flops` (the forks' own figure counts recompute and is kept
 only in ``extra["reported_tflops"]``). Peak memory is the ``max allocated`` of the ``[Rank R]
 (after N iterations) memory (MB)`` report; "CUDA out of memory" / ``OutOfMemoryError`` -> oom.
@@ -291,7 +291,7 @@ def run_local_command(worker: Sequence[str], *, procs: int, workdir: Path, timeo
 def summarize(log: MegatronLog, *, model: ModelSpec, candidate: Candidate, global_batch: int, world: int,
               warmup_iters: int) -> dict:
     """ProbeResult fields from the parsed log (empty when no iteration after warm-up was logged)."""
-    steady = [it for it in log.iterations if it.iteration > warmup_iters]
+    steady = log.iterations[warmup_iters:]  # the first logged ones are warm-up (a resumed run starts past 1)
     if not steady:
         return {}
     times = [it.step_time_s for it in steady]

@@ -1,0 +1,372 @@
+"""The Optuna study over the planner's survivors: storage, sampler, analytic top-k, search, confirmation.
+
+    >>> from search.study import TuneSettings, open_study, run
+    >>> study = open_study(settings, space, inputs)
+    >>> run(study, objective, space, settings)          # search, then confirm the best few
+
+Sampler design (`SurvivorSampler`): Optuna's TPE proposes a point of the structured space
+(log2 tp, pp, mbs, vpp; ZeRO stage; recompute; flags) from every completed measurement; the
+proposal is then mapped to the nearest survivor that is not measured, not running, not queued and
+not implied out of memory (`SearchSpace.nearest`, ties to the better calibrated prediction). The
+mapped survivor, never the raw proposal, becomes the trial's parameters, so a configuration the
+planner ruled out is never probed and TPE learns from what was really run. ``--sampler random``
+picks uniformly among the unprobed survivors; ``grid`` walks them in (tp, pp, dp, mbs, ...) order;
+``analytic`` walks them in the calibrated planner's order (no learning).
+
+Storage: any Optuna RDB URL (``sqlite:///tune.db`` by default; ``postgresql://...`` for many
+workers) with a heartbeat, so a trial left RUNNING by a killed tuner is failed after the grace
+period and re-queued by `optuna.storages.RetryFailedTrialCallback` on the next run.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+import optuna
+from optuna.samplers import BaseSampler, RandomSampler, TPESampler
+from optuna.trial import TrialState
+
+from planner import CostParams, plan
+from planner.space import RECOMPUTE
+
+from search._base import TuneError
+from search.objective import Ledger, Objective, ProbeFailed, TrialRecord
+from search.space import PARAMS, SearchSpace, config_key, params_of
+
+SAMPLERS = ("tpe", "random", "grid", "analytic")
+INPUTS_ATTR = "plantune_inputs"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TuneSettings:
+    study_name: str
+    storage_url: str = "sqlite:///tune.db"
+    budget_s: float | None = None
+    max_probes: int | None = None
+    """search-phase probes in the study, all runs together (None: until the space is exhausted)"""
+    top_k: int = 3
+    sampler: str = "tpe"
+    seed: int | None = None
+    startup_trials: int = 4
+    """measurements before TPE models the space (the analytic top-k count); random survivors until then"""
+    confirm_top: int = 3
+    repeats: int = 2
+    heartbeat_s: int = 60
+    grace_s: int = 120
+    max_retry: int = 3
+
+
+# -- the sampler --------------------------------------------------------------------------------
+
+def grid_order(space: SearchSpace) -> list[str]:
+    def key(e):
+        c = e.candidate
+        return (c.tp, c.pp, c.dp, c.mbs, RECOMPUTE.index(c.recompute), c.zero, c.sp, c.vpp, c.hybrid)
+    return [config_key(e.candidate) for e in sorted(space.survivors, key=key)]
+
+
+class SurvivorSampler(BaseSampler):
+    """Proposes only survivors that still need a probe (see the module docstring)."""
+
+    def __init__(self, space: SearchSpace, *, strategy: str = "tpe", seed: int | None = None,
+                 startup_trials: int = 4) -> None:
+        if strategy not in SAMPLERS:
+            raise TuneError(f"--sampler {strategy!r}: use one of {', '.join(SAMPLERS)}")
+        self.space = space
+        self.strategy = strategy
+        self._rng = random.Random(seed)
+        self._inner = TPESampler(seed=seed, multivariate=True, n_startup_trials=startup_trials,
+                                 constant_liar=False) if strategy == "tpe" else RandomSampler(seed=seed)
+        self._distributions = space.distributions()
+        self._grid = grid_order(space)
+        self._orders: dict[tuple[float, float], dict[str, int]] = {}
+
+    def order(self, study: optuna.Study) -> dict[str, int]:
+        """Survivor -> rank under the study's latest calibration (planner.plan with refit CostParams)."""
+        cal = study.user_attrs.get("calibration") or {}
+        params = CostParams(compute_scale=float(cal.get("compute_scale", 1.0)),
+                            comm_scale=float(cal.get("comm_scale", 1.0)))
+        key = (round(params.compute_scale, 4), round(params.comm_scale, 4))
+        if key not in self._orders:
+            p = self.space.plan
+            ranked = plan(p.model, p.cluster, p.training, params=params, allow_empty=True)
+            wanted = set(self.space.keys)
+            keys = [config_key(e.candidate) for e in ranked.candidates if config_key(e.candidate) in wanted]
+            self._orders[key] = {k: i for i, k in enumerate(keys)}
+        return self._orders[key]
+
+    def infer_relative_search_space(self, study, trial) -> dict:
+        return {n: d for n, d in self._distributions.items() if not d.single()}
+
+    def sample_relative(self, study, trial, search_space) -> dict:
+        if not search_space:
+            return {}
+        ledger = Ledger.of(study, exclude=trial.number)
+        exclude = ledger.done_keys(self.space) | ledger.running_keys(self.space) | ledger.waiting_keys(self.space)
+        remaining = [k for k in self.space.keys if k not in exclude]
+        if not remaining:       # all taken (another worker raced us): any survivor, answered from storage
+            remaining = self.space.keys
+            exclude = set()
+        order = self.order(study)
+        if self.strategy == "grid":
+            pick = next(k for k in self._grid if k in set(remaining))
+        elif self.strategy == "analytic":
+            pick = min(remaining, key=lambda k: order.get(k, len(order)))
+        elif self.strategy == "random":
+            pick = self._rng.choice(remaining)
+        else:
+            proposal = self._inner.sample_relative(study, trial, search_space)
+            if proposal:
+                pick = config_key(self.space.nearest(proposal, exclude=exclude, order=order).candidate)
+            else:
+                pick = self._rng.choice(remaining)
+        params = params_of(self.space.by_key(pick).candidate)
+        return {n: params[n] for n in search_space}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        # Reached only for parameters outside the relative space: constants of the space.
+        return self._inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study, trial) -> None:
+        self._inner.before_trial(study, trial)
+
+    def after_trial(self, study, trial, state, values) -> None:
+        self._inner.after_trial(study, trial, state, values)
+
+
+# -- storage and study ----------------------------------------------------------------------------
+
+def open_storage(settings: TuneSettings):
+    """An RDBStorage with heartbeat and retry of stale trials (SQLite or any SQLAlchemy URL)."""
+    url = settings.storage_url
+    if "://" not in url:
+        raise TuneError(f"--storage {url!r} is not a database URL; e.g. sqlite:///tune.db or "
+                        "postgresql://user@host/db")
+    storages = optuna.storages
+    retry_cls = getattr(storages, "RetryHeartbeatStaleTrialCallback", None)
+    kwargs = {"heartbeat_interval": settings.heartbeat_s, "grace_period": settings.grace_s}
+    if retry_cls is not None:
+        kwargs["heartbeat_stale_trial_callback"] = retry_cls(max_retry=settings.max_retry)
+    else:
+        kwargs["failed_trial_callback"] = storages.RetryFailedTrialCallback(max_retry=settings.max_retry)
+    engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    try:
+        return storages.RDBStorage(url, engine_kwargs=engine, **kwargs)
+    except (ImportError, ValueError) as err:
+        raise TuneError(f"--storage {url}: {str(err).splitlines()[0]}") from None
+    except Exception as err:  # noqa: BLE001 -- SQLAlchemy's connection errors have no common import-free base
+        if type(err).__module__.startswith("sqlalchemy"):
+            raise TuneError(f"--storage {url}: cannot open the database: {str(err).splitlines()[0]}") from None
+        raise
+
+
+def open_study(settings: TuneSettings, space: SearchSpace, inputs: dict) -> optuna.Study:
+    """Create the study, or load it by name; refuse to continue a study made for other inputs."""
+    sampler = SurvivorSampler(space, strategy=settings.sampler, seed=settings.seed,
+                              startup_trials=settings.startup_trials)
+    study = optuna.create_study(study_name=settings.study_name, storage=open_storage(settings), sampler=sampler,
+                                direction="maximize", load_if_exists=True)
+    stored = study.user_attrs.get(INPUTS_ATTR)
+    if stored is None:
+        study.set_user_attr(INPUTS_ATTR, inputs)
+    elif stored != inputs:
+        diff = sorted(k for k in set(stored) | set(inputs) if stored.get(k) != inputs.get(k))
+        raise TuneError(f"study {settings.study_name!r} in {settings.storage_url} was made for other inputs "
+                        f"({', '.join(diff)} differ); rerun with the same flags, or pick a new --study name")
+    return study
+
+
+def recover(study: optuna.Study, space: SearchSpace, top_k: int) -> dict[str, int]:
+    """Before searching: fail stale RUNNING trials (re-queued by the retry callback), re-queue Ctrl-C'd
+    ones, queue the analytic top-k. Returns counts of what was queued."""
+    optuna.storages.fail_stale_trials(study)
+    ledger = Ledger.of(study)
+    taken = ledger.done_keys(space) | ledger.running_keys(space) | ledger.waiting_keys(space)
+    interrupted = []
+    for r in ledger.records:
+        if r.outcome == "interrupted" and r.config and r.phase != "confirm" and r.config not in taken:
+            est = space.by_key(r.config)
+            if est is not None:
+                interrupted.append(est)
+                taken.add(r.config)
+    for est in interrupted:
+        study.enqueue_trial(params_of(est.candidate), user_attrs={"phase": "retry"})
+    analytic = 0
+    for est in space.survivors[:top_k]:
+        key = config_key(est.candidate)
+        if key not in taken:
+            study.enqueue_trial(params_of(est.candidate), user_attrs={"phase": "analytic"})
+            taken.add(key)
+            analytic += 1
+    return {"interrupted": len(interrupted), "analytic": analytic}
+
+
+# -- progress -------------------------------------------------------------------------------------
+
+def _hms(seconds: float) -> str:
+    s = max(0, int(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class Progress:
+    """One live line on stderr: configurations done/total, best measured, elapsed and remaining budget."""
+
+    def __init__(self, *, total: int, budget_s: float | None, stream: TextIO | None = None,
+                 enabled: bool = True) -> None:
+        self.total = total
+        self.budget_s = budget_s
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self.started = time.monotonic()
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.done = 0
+        self.best = ""
+        self.now = ""
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining_s(self) -> float | None:
+        return None if self.budget_s is None else self.budget_s - self.elapsed_s
+
+    def update(self, ledger: Ledger, space: SearchSpace) -> None:
+        self.done = len(ledger.done_keys(space) & set(space.keys))
+        ok = [r for r in ledger.records if r.measured]
+        if ok:
+            top = max(ok, key=lambda r: r.value or 0.0)
+            self.best = f"best {top.value:.3g} TFLOPs/GPU ({_short(top.config)})"
+        self.now = ""
+        self.show()
+
+    def probing(self, number: int, label: str) -> None:
+        self.now = f"probing trial {number}: {_short(label)}"
+        self.show()
+
+    def show(self) -> None:
+        if not self.enabled:
+            return
+        left = self.remaining_s()
+        parts = [f"[tune] {self.done}/{self.total} configs", self.best or "no measurement yet",
+                 f"{_hms(self.elapsed_s)} elapsed" + (f", {_hms(left)} left" if left is not None else "")]
+        if self.now:
+            parts.append(self.now)
+        line = " | ".join(parts)
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _short(label: str | None) -> str:
+    """tp=1,pp=2,mbs=4,recompute=full,zero=1 (dp and gas follow from them)."""
+    if not label:
+        return "?"
+    return ",".join(p for p in label.split(",") if not p.startswith(("dp=", "gas=")))
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+class _Stopper:
+    """Optuna callback: stop when the space is exhausted, the probe limit is hit, or the budget needs the rest."""
+
+    def __init__(self, space: SearchSpace, settings: TuneSettings, progress: Progress, reserve_probes: int) -> None:
+        self.space, self.settings, self.progress, self.reserve_probes = space, settings, progress, reserve_probes
+
+    def __call__(self, study: optuna.Study, trial) -> None:
+        ledger = Ledger.of(study)
+        self.progress.update(ledger, self.space)
+        taken = ledger.done_keys(self.space) | ledger.running_keys(self.space)
+        if not [k for k in self.space.keys if k not in taken]:
+            study.stop()
+            return
+        probes = [r for r in ledger.records if r.outcome in ("ok", "oom", "timeout", "crash", "invalid")
+                  and r.phase != "confirm" and "duplicate_of" not in r.attrs]
+        if self.settings.max_probes is not None and len(probes) >= self.settings.max_probes:
+            study.stop()
+            return
+        left = self.progress.remaining_s()
+        if left is not None:
+            walls = [float(r.attrs.get("probe_wall_s") or 0.0) for r in probes]
+            mean = sum(walls) / len(walls) if walls else 0.0
+            if left <= mean * (1 + self.reserve_probes):
+                study.stop()
+
+
+def search(study: optuna.Study, objective: Objective, space: SearchSpace, settings: TuneSettings,
+           progress: Progress) -> None:
+    """Probe until the space is exhausted, --max-probes, or the budget (keeping time for confirmation)."""
+    ledger = Ledger.of(study)
+    progress.update(ledger, space)
+    taken = ledger.done_keys(space) | ledger.running_keys(space)
+    if not [k for k in space.keys if k not in taken] and not ledger.waiting_keys(space):
+        return
+    reserve = settings.confirm_top * settings.repeats
+    timeout = progress.remaining_s()
+    if timeout is not None and timeout <= 0:
+        return
+    study.optimize(objective, timeout=timeout, catch=(ProbeFailed,),
+                   callbacks=[_Stopper(space, settings, progress, reserve)], gc_after_trial=False)
+
+
+def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int) -> list[tuple[str, int]]:
+    """(config, repeat) still to probe: the ``confirm_top`` best measured configurations, ``repeats`` each."""
+    if confirm_top <= 0 or repeats <= 0:
+        return []
+    first = {}
+    for r in sorted(ledger.records, key=lambda r: r.number):
+        if r.measured and r.phase != "confirm" and r.config not in first:
+            first[r.config] = r.value or 0.0
+    top = sorted(first, key=lambda k: -first[k])[:confirm_top]
+    present = {r.slot for r in ledger.records if r.phase == "confirm" and r.slot
+               and (r.final or r.state in ("RUNNING", "WAITING"))}
+    return [(k, i) for k in top for i in range(1, repeats + 1) if f"{k}#confirm{i}" not in present]
+
+
+def confirm(study: optuna.Study, objective: Objective, space: SearchSpace, settings: TuneSettings,
+            progress: Progress) -> int:
+    """Re-probe the best few; returns how many confirmation trials this run queued."""
+    slots = confirmation_slots(Ledger.of(study), settings.confirm_top, settings.repeats)
+    slots = [(k, i) for k, i in slots if space.by_key(k) is not None]
+    if not slots:
+        return 0
+    timeout = progress.remaining_s()
+    if timeout is not None and timeout <= 0:
+        return 0
+    for key, i in slots:
+        study.enqueue_trial(params_of(space.by_key(key).candidate),
+                            user_attrs={"phase": "confirm", "repeat": i, "slot": f"{key}#confirm{i}"})
+    study.optimize(objective, n_trials=len(slots), timeout=timeout, catch=(ProbeFailed,),
+                   callbacks=[lambda s, t: progress.update(Ledger.of(s), space)], gc_after_trial=False)
+    return len(slots)
+
+
+def run(study: optuna.Study, objective: Objective, space: SearchSpace, settings: TuneSettings,
+        progress: Progress) -> list[TrialRecord]:
+    """Recover, search, confirm; the study's trials as records at the end."""
+    recover(study, space, settings.top_k)
+    try:
+        search(study, objective, space, settings, progress)
+        confirm(study, objective, space, settings, progress)
+    finally:
+        progress.close()
+    return Ledger.of(study).records
+
+
+__all__ = ["INPUTS_ATTR", "Progress", "SAMPLERS", "SurvivorSampler", "TuneSettings", "confirm", "confirmation_slots",
+           "grid_order", "open_storage", "open_study", "recover", "run", "search"]
+
+
+def _unused() -> None:  # pragma: no cover - keeps linters quiet about names used only in annotations
+    _ = (math, PARAMS, TrialState)
