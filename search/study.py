@@ -20,7 +20,6 @@ period and re-queued by `optuna.storages.RetryFailedTrialCallback` on the next r
 
 from __future__ import annotations
 
-import math
 import random
 import sys
 import time
@@ -29,14 +28,13 @@ from typing import TextIO
 
 import optuna
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
-from optuna.trial import TrialState
 
 from planner import CostParams, plan
 from planner.space import RECOMPUTE
 
 from search._base import TuneError
 from search.objective import Ledger, Objective, ProbeFailed, TrialRecord
-from search.space import PARAMS, SearchSpace, config_key, params_of
+from search.space import SearchSpace, config_key, params_of
 
 SAMPLERS = ("tpe", "random", "grid", "analytic")
 INPUTS_ATTR = "plantune_inputs"
@@ -337,18 +335,18 @@ def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int) -> list[t
 def confirm(study: optuna.Study, objective: Objective, space: SearchSpace, settings: TuneSettings,
             progress: Progress) -> int:
     """Re-probe the best few; returns how many confirmation trials this run queued."""
-    slots = confirmation_slots(Ledger.of(study), settings.confirm_top, settings.repeats)
-    slots = [(k, i) for k, i in slots if space.by_key(k) is not None]
-    if not slots:
-        return 0
     timeout = progress.remaining_s()
     if timeout is not None and timeout <= 0:
         return 0
+    slots = confirmation_slots(Ledger.of(study), settings.confirm_top, settings.repeats)
+    slots = [(k, i) for k, i in slots if space.by_key(k) is not None]
     for key, i in slots:
         study.enqueue_trial(params_of(space.by_key(key).candidate),
                             user_attrs={"phase": "confirm", "repeat": i, "slot": f"{key}#confirm{i}"})
-    study.optimize(objective, n_trials=len(slots), timeout=timeout, catch=(ProbeFailed,),
-                   callbacks=[lambda s, t: progress.update(Ledger.of(s), space)], gc_after_trial=False)
+    waiting = [r for r in Ledger.of(study).records if r.state == "WAITING" and r.phase == "confirm"]
+    if waiting:
+        study.optimize(objective, n_trials=len(waiting), timeout=timeout, catch=(ProbeFailed,),
+                       callbacks=[lambda s, t: progress.update(Ledger.of(s), space)], gc_after_trial=False)
     return len(slots)
 
 
@@ -366,7 +364,3 @@ def run(study: optuna.Study, objective: Objective, space: SearchSpace, settings:
 
 __all__ = ["INPUTS_ATTR", "Progress", "SAMPLERS", "SurvivorSampler", "TuneSettings", "confirm", "confirmation_slots",
            "grid_order", "open_storage", "open_study", "recover", "run", "search"]
-
-
-def _unused() -> None:  # pragma: no cover - keeps linters quiet about names used only in annotations
-    _ = (math, PARAMS, TrialState)

@@ -14,39 +14,26 @@ planner uses, halves most of it.
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import pytest
+from published import SEED003_TRAINING as TRAINING
+from published import seed003_case, seed003_rows
 
-from planner.hardware import load_cluster
 from planner.memory import stage_memory
 from planner.model import get_preset
 from planner.rank import estimate
-from planner.space import Candidate, TrainingSpec
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-TRAINING = TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", framework="megatron-deepspeed",
-                        flash_attention=False)
 KNOWN_MEMORY_GAP = {("v100-32gb-no-recompute", 2, 1, 1)}   # (table, tp, pp, mbs)
 
 
-def _rows(data_dir: Path) -> list[dict]:
-    return list(csv.DictReader((data_dir / "bigscience_1b3_v100.csv").open()))
-
-
 def _case(row: dict):
-    cluster = load_cluster(str(EXAMPLES / f"cluster-2x4-v100-{row['gpu_mem_gb']}gb.yaml"))
-    tp, pp, dp, mbs = (int(row[k]) for k in ("tp", "pp", "dp", "micro_batch"))
-    cand = Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=512 // (mbs * dp), recompute=row["activation_recompute"],
-                     zero=1 if dp > 1 else 0)
+    _, cluster, _, cand = seed003_case(row)
     return cluster, cand
 
 
-def test_predicted_memory_within_20_percent(data_dir):
+def test_predicted_memory_within_20_percent():
     model = get_preset("1B3")
     checked = 0
-    for row in _rows(data_dir):
+    for row in seed003_rows():
         if row["status"] != "ok":
             continue
         cluster, cand = _case(row)
@@ -62,9 +49,9 @@ def test_predicted_memory_within_20_percent(data_dir):
     assert checked == 22
 
 
-def test_oom_rows_predicted_not_to_fit(data_dir):
+def test_oom_rows_predicted_not_to_fit():
     model = get_preset("1B3")
-    ooms = [r for r in _rows(data_dir) if r["status"] == "oom"]
+    ooms = [r for r in seed003_rows() if r["status"] == "oom"]
     assert len(ooms) == 4
     for row in ooms:
         cluster, cand = _case(row)
@@ -73,18 +60,18 @@ def test_oom_rows_predicted_not_to_fit(data_dir):
         assert not est.fits or est.memory.total_bytes >= 0.95 * usable, f"{row['table']} {cand.label()}"
 
 
-def test_ok_rows_predicted_to_fit(data_dir):
+def test_ok_rows_predicted_to_fit():
     model = get_preset("1B3")
-    for row in _rows(data_dir):
+    for row in seed003_rows():
         if row["status"] == "ok" and (row["table"], int(row["tp"]), int(row["pp"]), int(row["micro_batch"])) \
                 not in KNOWN_MEMORY_GAP:
             cluster, cand = _case(row)
             assert estimate(model, cluster, TRAINING, cand).fits, f"{row['table']} {cand.label()}"
 
 
-def test_predicted_tflops_within_20_percent(data_dir):
+def test_predicted_tflops_within_20_percent():
     model = get_preset("1B3")
-    for row in _rows(data_dir):
+    for row in seed003_rows():
         if row["status"] != "ok":
             continue
         cluster, cand = _case(row)
@@ -98,11 +85,11 @@ def test_predicted_tflops_within_20_percent(data_dir):
 
 @pytest.mark.parametrize("table,best", [("v100-32gb-recompute", {(1, 1, 4), (1, 1, 8)}),
                                         ("v100-32gb-no-recompute", {(1, 1, 1), (1, 2, 1)})])
-def test_measured_fastest_ranked_first(data_dir, table, best):
+def test_measured_fastest_ranked_first(table, best):
     """Among a table's configurations that the planner lets through, its top pick is a measured-fastest one."""
     model = get_preset("1B3")
     scored = []
-    for row in _rows(data_dir):
+    for row in seed003_rows():
         if row["table"] != table or row["status"] != "ok":
             continue
         cluster, cand = _case(row)
@@ -112,7 +99,7 @@ def test_measured_fastest_ranked_first(data_dir, table, best):
     assert min(scored)[1] in best
 
 
-def test_16gb_table_conclusion_pp2_mbs4(data_dir):
+def test_16gb_table_conclusion_pp2_mbs4():
     """Seed 003's 16GB conclusion is PP=2, MBS=4 (28 s), against PP=1, MBS=1 at 29 s ("borderline OOM").
 
     The planner ranks PP=2 MBS=4 first among the configurations with room to spare, and within 5%
@@ -120,7 +107,7 @@ def test_16gb_table_conclusion_pp2_mbs4(data_dir):
     """
     model = get_preset("1B3")
     scored = {}
-    for row in _rows(data_dir):
+    for row in seed003_rows():
         if row["table"] != "v100-16gb-recompute" or row["status"] != "ok":
             continue
         cluster, cand = _case(row)

@@ -1,0 +1,55 @@
+"""Turn the rows of tests/data (seed 003's V100 tables, published_public.yaml) into planner inputs.
+
+Shared by the validation tests and tests/bench/validate.py.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import yaml
+
+from planner.hardware import ClusterSpec, load_cluster, make_cluster
+from planner.model import ModelSpec, get_preset
+from planner.space import Candidate, TrainingSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "tests" / "data"
+
+# BigScience tr3m-1B3 as benchmarked in seed 003: fp16, Megatron-DeepSpeed (ZeRO-1 where DP > 1),
+# GBS 512, seq 2048, no FlashAttention, on examples/cluster-2x4-v100-{16,32}gb.yaml.
+SEED003_TRAINING = TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", framework="megatron-deepspeed",
+                                flash_attention=False)
+
+
+def seed003_rows() -> list[dict]:
+    return list(csv.DictReader((DATA / "bigscience_1b3_v100.csv").open()))
+
+
+def seed003_case(row: dict) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Candidate]:
+    cluster = load_cluster(str(ROOT / "examples" / f"cluster-2x4-v100-{row['gpu_mem_gb']}gb.yaml"))
+    tp, pp, dp, mbs = (int(row[k]) for k in ("tp", "pp", "dp", "micro_batch"))
+    cand = Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=512 // (mbs * dp), recompute=row["activation_recompute"],
+                     zero=1 if dp > 1 else 0)
+    return get_preset("1B3"), cluster, SEED003_TRAINING, cand
+
+
+def published_runs() -> list[dict]:
+    return yaml.safe_load((DATA / "published_public.yaml").read_text())
+
+
+def published_case(run: dict) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Candidate]:
+    """A published A100 run as Megatron-LM ran it (fp16, no FlashAttention, its recompute/SP/VPP)."""
+    md, p = run["model"], run["parallel"]
+    model = ModelSpec(name=run["id"], layers=md["layers"], hidden=md["hidden"], heads=md["heads"],
+                      kv_heads=md["heads"], ffn_hidden=md["ffn_hidden"], vocab=md["vocab"], seq_len=md["seq_len"])
+    cluster = make_cluster(gpu="A100-80GB", gpus=run["hardware"]["total_gpus"], gpus_per_node=8)
+    ac = p["activation_recompute"]
+    recompute = "selective" if "selective" in ac else ("full" if "full" in ac else "none")
+    training = TrainingSpec(global_batch=p["global_batch"], seq_len=md["seq_len"], precision="fp16",
+                            framework="megatron-lm", flash_attention=False)
+    cand = Candidate(tp=p["tp"], pp=p["pp"], dp=p["dp"], mbs=p["micro_batch"],
+                     gas=p["global_batch"] // (p["micro_batch"] * p["dp"]), recompute=recompute,
+                     sp=bool(p.get("sequence_parallel")), vpp=p.get("virtual_pipeline") or 1)
+    return model, cluster, training, cand
