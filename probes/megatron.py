@@ -95,7 +95,7 @@ class MegatronLog:
     memory: list[MemoryLine] = field(default_factory=list)
     oom_line: str | None = None
     error_line: str | None = None
-    """the last ``...Error: ...`` line, for a crash's reason"""
+    """the first ``...Error: ...`` line of a worker, for a crash's reason"""
 
 
 _LAUNCHER_PREFIX = re.compile(r"^\s*(?:\[default\d+\]:|\d+:)\s?")
@@ -183,8 +183,8 @@ def parse_log(text: str) -> MegatronLog:
         line = strip_prefix(raw).strip()
         if oom is None and any(marker in line for marker in OOM_MARKERS):
             oom = line[:500]
-        if _ERROR.match(line):
-            error = line[:500]
+        if error is None and _ERROR.match(line) and "torch.distributed.elastic" not in line:
+            error = line[:500]  # the first worker error; torchrun's ChildFailedError only follows it
     return MegatronLog(iterations=[iterations[k] for k in sorted(iterations)],
                        memory=[memory[k] for k in sorted(memory)], oom_line=oom, error_line=error)
 

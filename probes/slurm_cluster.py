@@ -62,6 +62,8 @@ class LocalSlurmCluster:
     root: Path
     hostname: str
     cpus: int
+    gpus: int = 0
+    """count-only gpu GRES declared on the node (no devices)"""
     partition: str = PARTITION
 
     @property
@@ -86,8 +88,10 @@ class LocalSlurmCluster:
 
 
 def slurm_conf_text(*, root: Path, hostname: str, cpus: int, ctld_port: int, slurmd_port: int,
-                    partition: str = PARTITION) -> str:
-    """The slurm.conf of the one-node cluster (CPU_PROBES.md's recipe)."""
+                    partition: str = PARTITION, gpus: int = 0) -> str:
+    """The slurm.conf of the one-node cluster (CPU_PROBES.md's recipe); ``gpus`` > 0 declares that many
+    count-only ``gpu`` GRES (no device files) so that ``--gres=gpu:N`` scripts are accepted."""
+    gres = f" Gres=gpu:{gpus}" if gpus else ""
     lines = [
         "ClusterName=plantune",
         f"SlurmctldHost={hostname}(127.0.0.1)",
@@ -120,7 +124,8 @@ def slurm_conf_text(*, root: Path, hostname: str, cpus: int, ctld_port: int, slu
         f"SlurmdLogFile={root / 'log' / 'slurmd.log'}",
         "SlurmctldDebug=info",
         "SlurmdDebug=info",
-        f"NodeName={hostname} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
+        *(["GresTypes=gpu"] if gpus else []),
+        f"NodeName={hostname} NodeAddr=127.0.0.1 CPUs={cpus}{gres} State=UNKNOWN",
         f"PartitionName={partition} Nodes={hostname} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
     ]
     return "\n".join(lines) + "\n"
@@ -173,7 +178,8 @@ def node_state(cluster: LocalSlurmCluster) -> str:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
 
 
-def start_local_cluster(root: str | Path, *, cpus: int | None = None, timeout_s: float = 30) -> LocalSlurmCluster:
+def start_local_cluster(root: str | Path, *, cpus: int | None = None, gpus: int = 0,
+                        timeout_s: float = 30) -> LocalSlurmCluster:
     """Start munged, slurmctld and slurmd under ``root``; return once the node is idle.
 
     ``root`` must be traversable by the munge user (it is chmod 0755 here): use a folder directly
@@ -191,9 +197,11 @@ def start_local_cluster(root: str | Path, *, cpus: int | None = None, timeout_s:
     for sub in ("state", "spool", "run", "log"):
         (root / sub).mkdir(exist_ok=True)
     cluster = LocalSlurmCluster(root=root, hostname=socket.gethostname().split(".")[0],
-                                cpus=cpus or os.cpu_count() or 1)
+                                cpus=cpus or os.cpu_count() or 1, gpus=gpus)
     cluster.conf_path.write_text(slurm_conf_text(root=root, hostname=cluster.hostname, cpus=cluster.cpus,
-                                                 ctld_port=_free_port(), slurmd_port=_free_port()))
+                                                 ctld_port=_free_port(), slurmd_port=_free_port(), gpus=gpus))
+    if gpus:
+        (root / "gres.conf").write_text(f"NodeName={cluster.hostname} Name=gpu Count={gpus}\n")
     try:
         _start_munged(root)
         _wait_for(cluster.munge_socket.exists, timeout_s=timeout_s, what="munged socket",
@@ -245,12 +253,13 @@ def cluster_at(root: str | Path) -> LocalSlurmCluster:
     """The cluster description of an already started ``root`` (read back from its slurm.conf)."""
     root = Path(root).resolve()
     text = (root / "slurm.conf").read_text()
-    hostname, cpus = socket.gethostname().split(".")[0], 1
+    hostname, cpus, gpus = socket.gethostname().split(".")[0], 1, 0
     for line in text.splitlines():
         if line.startswith("NodeName="):
             fields = dict(part.split("=", 1) for part in line.split())
             hostname, cpus = fields["NodeName"], int(fields["CPUs"])
-    return LocalSlurmCluster(root=root, hostname=hostname, cpus=cpus)
+            gpus = int(fields.get("Gres", "gpu:0").split(":")[-1])
+    return LocalSlurmCluster(root=root, hostname=hostname, cpus=cpus, gpus=gpus)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,10 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("start", "stop", "status"))
     parser.add_argument("root", help="folder for conf, state, logs (directly under /tmp)")
     parser.add_argument("--cpus", type=int, default=None)
+    parser.add_argument("--gpus", type=int, default=0, help="count-only gpu GRES to declare (no devices)")
     args = parser.parse_args(argv)
     try:
         if args.action == "start":
-            cluster = start_local_cluster(args.root, cpus=args.cpus)
+            cluster = start_local_cluster(args.root, cpus=args.cpus, gpus=args.gpus)
             print(f"export SLURM_CONF={cluster.conf_path}")
         elif args.action == "stop":
             stop_local_cluster(cluster_at(args.root))

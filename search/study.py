@@ -212,7 +212,8 @@ def _hms(seconds: float) -> str:
 
 
 class Progress:
-    """One live line on stderr: configurations done/total, best measured, elapsed and remaining budget."""
+    """Progress on stderr: a line per finished trial, and on a terminal one live line while probing
+    (configurations done/total, best measured TFLOPs, elapsed and remaining budget)."""
 
     def __init__(self, *, total: int, budget_s: float | None, stream: TextIO | None = None,
                  enabled: bool = True) -> None:
@@ -224,7 +225,7 @@ class Progress:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.done = 0
         self.best = ""
-        self.now = ""
+        self._live = False
 
     @property
     def elapsed_s(self) -> float:
@@ -233,38 +234,41 @@ class Progress:
     def remaining_s(self) -> float | None:
         return None if self.budget_s is None else self.budget_s - self.elapsed_s
 
-    def update(self, ledger: Ledger, space: SearchSpace) -> None:
+    def status(self) -> str:
+        left = self.remaining_s()
+        return " | ".join([f"{self.done}/{self.total} configs", self.best or "no measurement yet",
+                           f"{_hms(self.elapsed_s)} elapsed" + (f", {_hms(left)} left" if left is not None else "")])
+
+    def update(self, ledger: Ledger, space: SearchSpace, last: TrialRecord | None = None) -> None:
         self.done = len(ledger.done_keys(space) & set(space.keys))
         ok = [r for r in ledger.records if r.measured]
         if ok:
             top = max(ok, key=lambda r: r.value or 0.0)
-            self.best = f"best {top.value:.3g} TFLOPs/GPU ({_short(top.config)})"
-        self.now = ""
-        self.show()
+            self.best = f"best {top.value:.4g} TFLOPs/GPU ({_short(top.config)})"
+        if last is not None:
+            what = f"{last.value:.4g} TFLOPs/GPU" if last.state == "COMPLETE" and last.value is not None else \
+                (last.reason[:120] or last.state)
+            self._write(f"[tune] trial {last.number} {last.phase} {_short(last.config)}: {last.outcome or last.state}"
+                        f" {what} | {self.status()}", live=False)
 
     def probing(self, number: int, label: str) -> None:
-        self.now = f"probing trial {number}: {_short(label)}"
-        self.show()
+        if self.tty:
+            self._write(f"[tune] {self.status()} | probing trial {number}: {_short(label)}", live=True)
 
-    def show(self) -> None:
+    def _write(self, line: str, *, live: bool) -> None:
         if not self.enabled:
             return
-        left = self.remaining_s()
-        parts = [f"[tune] {self.done}/{self.total} configs", self.best or "no measurement yet",
-                 f"{_hms(self.elapsed_s)} elapsed" + (f", {_hms(left)} left" if left is not None else "")]
-        if self.now:
-            parts.append(self.now)
-        line = " | ".join(parts)
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + line)
-        else:
-            self.stream.write(line + "\n")
+        if self._live:
+            self.stream.write("\r\x1b[2K")
+        self.stream.write(line if live else line + "\n")
+        self._live = live
         self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled and self.tty:
+        if self.enabled and self._live:
             self.stream.write("\n")
             self.stream.flush()
+            self._live = False
 
 
 def _short(label: str | None) -> str:
@@ -284,7 +288,7 @@ class _Stopper:
 
     def __call__(self, study: optuna.Study, trial) -> None:
         ledger = Ledger.of(study)
-        self.progress.update(ledger, self.space)
+        self.progress.update(ledger, self.space, TrialRecord.from_trial(trial))
         taken = ledger.done_keys(self.space) | ledger.running_keys(self.space)
         if not [k for k in self.space.keys if k not in taken]:
             study.stop()
@@ -346,7 +350,7 @@ def confirm(study: optuna.Study, objective: Objective, space: SearchSpace, setti
     waiting = [r for r in Ledger.of(study).records if r.state == "WAITING" and r.phase == "confirm"]
     if waiting:
         study.optimize(objective, n_trials=len(waiting), timeout=timeout, catch=(ProbeFailed,),
-                       callbacks=[lambda s, t: progress.update(Ledger.of(s), space)], gc_after_trial=False)
+                       callbacks=[lambda s, t: progress.update(Ledger.of(s), space, TrialRecord.from_trial(t))], gc_after_trial=False)
     return len(slots)
 
 

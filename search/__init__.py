@@ -1,0 +1,15 @@
+"""`tune`: search the planner's surviving configurations with measured probes (Optuna).
+
+    tune --model 176B --gpus 384 --study bloom --storage sqlite:///tune.db --budget 2h
+
+Modules: `search.space` (survivors as structured parameters, the OOM implication rule),
+`search.objective` (one trial: probe, record, refit), `search.study` (storage, sampler, search,
+confirmation), `search.calibration` (refit CostParams), `search.replay` (probes answered from a
+table), `search.report` (tables and plots), `search.cli` (the ``tune`` command).
+
+Importing `search` imports neither optuna nor torch; `search.study` and `search.objective` import optuna.
+"""
+
+from search._base import OUTCOMES, TuneError
+
+__all__ = ["OUTCOMES", "TuneError"]
