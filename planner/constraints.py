@@ -67,16 +67,19 @@ def structural_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec,
         out.append(Violation(Reason.TP_FFN, f"ffn_hidden {model.ffn_hidden} % TP {c.tp} != 0"))
     if c.pp > model.layers:
         out.append(Violation(Reason.PP_EXCEEDS_LAYERS, f"PP {c.pp} > {model.layers} layers"))
-    elif model.layers % c.pp and (fw == "fsdp" or c.vpp > 1):
-        out.append(Violation(Reason.PP_LAYERS, f"layers {model.layers} % PP {c.pp} != 0 ({fw} needs equal stages "
-                                               "here; DeepSpeed's pipeline engine and Megatron-LM's "
-                                               "--decoder-first/last-pipeline-num-layers split unevenly without VPP)"))
+    elif model.layers % c.pp and fw == "fsdp":
+        out.append(Violation(Reason.PP_LAYERS, f"layers {model.layers} % PP {c.pp} != 0 ({fw} needs equal stages; "
+                                               "DeepSpeed's pipeline engine and Megatron-LM's "
+                                               "--decoder-first/last-pipeline-num-layers split unevenly)"))
     if c.vpp > 1:
         if fw != "megatron-lm":
             out.append(Violation(Reason.VIRTUAL_PIPELINE, f"virtual pipeline stages need megatron-lm, not {fw}"))
-        elif c.pp <= 2 or model.layers % (c.pp * c.vpp) or c.gas % c.pp:
-            out.append(Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs PP > 2, layers {model.layers} % "
-                                                          f"(PP*VPP = {c.pp * c.vpp}) == 0 and micro-batches {c.gas} % PP == 0"))
+        elif c.pp <= 2 or -(-model.layers // c.pp) % c.vpp or c.gas % c.pp:
+            # Megatron-Core: each rank's layers split into VPP equal chunks; uneven first/last stages
+            # (--decoder-first/last-pipeline-num-layers) absorb a remainder of layers % PP
+            out.append(Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs PP > 2, the {-(-model.layers // c.pp)} "
+                                                          f"layers per stage divisible by VPP {c.vpp}, and micro-batches "
+                                                          f"{c.gas} % PP == 0"))
     if c.mbs * c.dp * c.gas != training.global_batch:
         out.append(Violation(Reason.BATCH_DIVISIBILITY, f"GBS {training.global_batch} != MBS({c.mbs}) * DP({c.dp}) "
                                                         f"* GAS({c.gas}) = {c.mbs * c.dp * c.gas}"))

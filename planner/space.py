@@ -187,7 +187,7 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int,
             dp = world // (tp * pp)
             vpps = [1]
             if fw == "megatron-lm" and pp > 2:
-                vpps += [v for v in (2, 3, 4, 6, 8) if model.layers % (pp * v) == 0]
+                vpps += [v for v in (2, 3, 4, 6, 8) if -(-model.layers // pp) % v == 0]
             sps = (False, True) if fw == "megatron-lm" and tp > 1 else (False,)
             for mbs in _powers_of_two_upto(training.max_mbs):
                 gas = max(training.global_batch // (mbs * dp), 1)
