@@ -42,7 +42,7 @@ from planner.flops import hardware_flops_per_iteration, model_flops_per_iteratio
 from planner.hardware import ClusterSpec, make_cluster
 from planner.model import ModelSpec
 from planner.space import Candidate, TrainingSpec
-from probes.backend import LocalBackend, ProbeBackend
+from probes.backend import ProbeBackend
 from probes.launch import ProcessTracker, probe_env, stop_processes
 from probes.layout import model_spec
 from probes.outcome import OOM_MARKERS
@@ -285,11 +285,11 @@ def run_local_command(worker: Sequence[str], *, procs: int, workdir: Path, timeo
                        stdout=(workdir / "torchrun.stdout").read_text(errors="replace"),
                        stderr=(workdir / "torchrun.stderr").read_text(errors="replace"),
                        wall_s=time.monotonic() - started, hosts=("localhost",), world=procs, job_id="",
-                       step_name="")
+                       step_name="", pids=tuple(sorted(tracker.seen)))
 
 
 def summarize(log: MegatronLog, *, model: ModelSpec, candidate: Candidate, global_batch: int, world: int,
-              warmup_iters: int) -> dict:
+              warmup_iters: int, max_cv: float = 0.15) -> dict:
     """ProbeResult fields from the parsed log (empty when no iteration after warm-up was logged)."""
     steady = log.iterations[warmup_iters:]  # the first logged ones are warm-up (a resumed run starts past 1)
     if not steady:
@@ -301,7 +301,7 @@ def summarize(log: MegatronLog, *, model: ModelSpec, candidate: Candidate, globa
     samples_per_s = gbs / median_s
     reported = [it.reported_tflops for it in steady if it.reported_tflops is not None]
     out = {
-        "step_times_s": times, "step_time_median_s": median_s, "step_time_cv": cv,
+        "step_times_s": times, "step_time_median_s": median_s, "step_time_cv": cv, "stable": cv <= max_cv,
         "samples_per_s": samples_per_s, "tokens_per_s": samples_per_s * model.seq_len,
         "model_tflops_per_device": tflops_per_gpu(model_flops_per_iteration(model, gbs), median_s, world),
         "hardware_tflops_per_device": tflops_per_gpu(
@@ -326,24 +326,40 @@ class MegatronProbe(ProbeBackend):
 
     def __init__(self, command_template: str, backend: ProbeBackend, flavor: str = "bigscience", *,
                  cluster: ClusterSpec | None = None, optimizer: str = "adamw", flash_attention: bool | None = None,
-                 cwd: Path | None = None, env: Mapping[str, str] | None = None) -> None:
+                 cwd: Path | None = None, env: Mapping[str, str] | None = None,
+                 max_local_procs: int | None = None) -> None:
         """``cluster`` names the GPU (bf16 support, the plan's cluster); its size is replaced by the
-        probe's. ``cwd``: where the command's relative paths resolve (default: the current folder)."""
+        probe's. ``cwd``: where the command's relative paths resolve (default: the current folder).
+        ``backend``: SlurmBackend (or anything with ``run_command``) runs on its slices; any other
+        backend means this machine, with ``max_local_procs`` processes at most (one DP replica
+        when the candidate needs more)."""
         self.tokens = split_template(command_template)
-        worker_argv(self.tokens)  # refuse a non-Python command now, not at the first probe
+        # refuse an unknown placeholder or a non-Python command now, not at the first probe
+        worker_argv(render_command(self.tokens, {p: [] if p == "args" else p for p in PLACEHOLDERS}))
         self.backend = backend
         self.flavor = flavor
         self.cluster = cluster
         self.optimizer = optimizer
-        self.flash_attention = flash_attention if flash_attention is not None else flavor != "bigscience"
+        # The bigscience fork has no FlashAttention: its probes run without, whatever the plan assumed.
+        self.flash_attention = flavor != "bigscience" and (flash_attention is None or flash_attention)
         self.cwd = Path(cwd or Path.cwd()).resolve()
         self.env = dict(env or {})
+        self.max_local_procs = max_local_procs
 
     # -- what runs --------------------------------------------------------------------------------
     def procs_for(self, candidate: Candidate) -> int:
-        """Ranks the probe gets: the backend's fixed count, else the candidate's TP*PP*DP."""
+        """Ranks the probe gets: as the backend decides (SlurmBackend: ``nodes_per_probe``), else its
+        fixed ``nproc``, else the candidate's TP*PP*DP, or one DP replica (TP*PP) when that exceeds
+        ``max_local_procs``."""
+        decide = getattr(self.backend, "procs_for_candidate", None)
+        if decide is not None:
+            return int(decide(candidate.to_dict()))
         nproc = getattr(self.backend, "nproc", None)
-        return int(nproc) if nproc else candidate.world
+        if nproc:
+            return int(nproc)
+        if self.max_local_procs is not None and candidate.world > self.max_local_procs:
+            return candidate.tp * candidate.pp
+        return candidate.world
 
     def _gpus_per_node(self, procs: int) -> int:
         return int(getattr(self.backend, "gpus_per_node", procs) or procs)
@@ -380,10 +396,11 @@ class MegatronProbe(ProbeBackend):
         model = model_spec(spec)
         candidate = Candidate(**spec.candidate)
         return self.run_candidate(model, candidate, precision=spec.precision, workdir=workdir, timeout_s=timeout_s,
-                                  warmup_iters=spec.warmup_steps, measure_iters=spec.steps)
+                                  warmup_iters=spec.warmup_steps, measure_iters=spec.steps, max_cv=spec.max_cv)
 
     def run_candidate(self, model: ModelSpec, candidate: Candidate, *, precision: str, workdir: Path,
-                      timeout_s: float, warmup_iters: int = 2, measure_iters: int = 5) -> ProbeResult:
+                      timeout_s: float, warmup_iters: int = 2, measure_iters: int = 5,
+                      max_cv: float = 0.15) -> ProbeResult:
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "result.json").unlink(missing_ok=True)
@@ -411,32 +428,34 @@ class MegatronProbe(ProbeBackend):
             if step is None:
                 return finish(ProbeResult(status="invalid", reason=f"{world} ranks do not fit on the backend's nodes",
                                           world_size=world, workdir=str(workdir)))
-        elif isinstance(self.backend, LocalBackend):
+        else:  # any other backend (LocalBackend, a wrapper of it) means this machine
+            local_env = {**getattr(self.backend, "env", {}), **self.env}
             step = run_local_command(worker, procs=world, workdir=workdir, timeout_s=timeout_s, cwd=self.cwd,
-                                     env={**self.backend.env, **self.env})
-        else:
-            raise TypeError(f"MegatronProbe cannot launch through {type(self.backend).__name__}: it needs "
-                            "LocalBackend or a backend with run_command (SlurmBackend)")
+                                     env=local_env)
         result = self._result(step, setup, workdir=workdir, timeout_s=timeout_s, warmup_iters=warmup_iters,
-                              reduced=setup.candidate.dp != candidate.dp)
+                              reduced=setup.candidate.dp != candidate.dp, max_cv=max_cv)
         record = getattr(self.backend, "record", None)
         if record is not None and step.hosts:
             record(step.hosts, result)
         return finish(result)
 
     def _result(self, step: StepOutcome, setup: RunSetup, *, workdir: Path, timeout_s: float, warmup_iters: int,
-                reduced: bool) -> ProbeResult:
+                reduced: bool, max_cv: float) -> ProbeResult:
         text = step.stdout + "\n" + step.stderr + "\n" + "\n".join(step.rank_logs.values())
         log = parse_log(text)
         c = setup.candidate
         fields = summarize(log, model=setup.model, candidate=c, global_batch=setup.training.global_batch,
-                           world=step.world, warmup_iters=warmup_iters)
+                           world=step.world, warmup_iters=warmup_iters, max_cv=max_cv)
         common = {"world_size": step.world, "wall_s": step.wall_s, "workdir": str(workdir), "reduced": reduced,
                   "device": f"{setup.cluster.gpu.id} x {step.world}"}
         extra = {**fields.pop("extra", {}), "hosts": list(step.hosts), "returncode": step.returncode,
-                 "flavor": self.flavor, "layout": c.label()}
+                 "flavor": self.flavor, "layout": c.label(), "flash_attention": setup.training.flash_attention}
         if step.job_id:
             extra |= {"job_id": step.job_id, "step_name": step.step_name}
+        if step.pids:
+            extra["pids"] = list(step.pids)
+        if step.cancelled_step:
+            extra["cancelled_step"] = step.cancelled_step
         if log.oom_line is not None:
             return ProbeResult(status="oom", reason=log.oom_line, extra=extra, **common, **fields)
         if fields and (step.returncode == 0 or step.timed_out):
@@ -455,6 +474,6 @@ class MegatronProbe(ProbeBackend):
                            extra=extra, **common, **fields)
 
 
-__all__ = ["FORMATS", "IterationLine", "MegatronLog", "MegatronProbe", "MemoryLine", "PLACEHOLDERS", "parse_iteration_line",
-           "parse_log", "parse_memory_line", "probe_args", "render_command", "run_local_command", "split_template",
-           "summarize", "worker_argv"]
+__all__ = ["FORMATS", "IterationLine", "MegatronLog", "MegatronProbe", "MemoryLine", "PLACEHOLDERS",
+           "parse_iteration_line", "parse_log", "parse_memory_line", "probe_args", "render_command",
+           "run_local_command", "split_template", "summarize", "worker_argv"]

@@ -8,8 +8,9 @@ Inside an allocation (``SLURM_JOB_ID`` set, e.g. from an sbatch script) its node
 otherwise ``salloc --no-shell`` asks for ``nodes`` nodes (with ``--reservation``/``--partition``/
 ``--account`` when given) and ``scancel`` gives them back when the backend is closed.
 
-A probe of W ranks takes a slice: W / gpus_per_node whole nodes, or, when W is smaller than a
-node, W slots of one node (``--exact`` with ``--gres=gpu:W`` or ``--cpus-per-task=W``). Each probe
+A probe of W ranks takes a slice: W / gpus_per_node whole nodes (the step gets all of each node),
+or, when W is smaller than a node, W slots of one node (``--exact --gres=gpu:W`` and W/gpus_per_node
+of the node's CPUs; with ``gres=None`` slots are CPUs: ``--exact --cpus-per-task=W``). Each probe
 is ``srun --ntasks-per-node=1 --kill-on-bad-exit=1 --time=M`` of ``python -m probes.slurm task``
 on every node of its slice; that task execs ``python -u -m torch.distributed.run --nproc_per_node
 N --nnodes K --rdzv_endpoint FIRST_HOST:PORT --rdzv_backend c10d --max_restarts 0 --node_rank
@@ -17,6 +18,8 @@ $SLURM_PROCID ...`` (BigScience's tr11-176B-ml.slurm launcher, without a shell).
 its wall-clock limit has its step cancelled (``scancel JOB.STEP``) and srun's process group
 killed; the slice goes back to the pool. A node that fails two probes is set aside and listed
 in ``backend.set_aside``. Commands are argument lists only; nothing goes through a shell.
+As with any srun, this Python and the repository must be at the same paths on every node
+(a shared filesystem); probe folders must be shared too (each node writes its rank logs there).
 """
 
 from __future__ import annotations
@@ -274,6 +277,10 @@ class StepOutcome:
     job_id: str
     step_name: str
     rank_logs: dict[int, str] = field(default_factory=dict)
+    cancelled_step: str | None = None
+    """``JOB.STEP`` that was scancel'ed after the timeout"""
+    pids: tuple[int, ...] = ()
+    """local processes the launch started (torchrun and its workers on this machine)"""
 
 
 def collect_rank_logs(workdir: Path, log_dir: Path, procs_per_node: int) -> dict[int, str]:
@@ -301,11 +308,14 @@ class SlurmBackend(ProbeBackend):
                  gpus_per_node: int = 8, nodes_per_probe: int | None = None, nodes: int | None = None,
                  time_limit_s: float = 1800.0, gres: str | None = "gpu", nproc: int | None = None,
                  env: Mapping[str, str] | None = None, port_base: int = DEFAULT_PORT_BASE,
-                 alloc_timeout_s: float = 600.0, overcommit: bool = False) -> None:
+                 alloc_timeout_s: float = 600.0, overcommit: bool = False,
+                 inside_allocation: bool | None = None) -> None:
         """``gres="gpu"`` asks steps for ``--gres=gpu:N``; ``gres=None`` counts CPUs (CPU probes).
         ``nodes``: how many nodes to salloc when not already inside an allocation (default
-        ``nodes_per_probe`` or 1). ``nproc`` overrides the ranks a spec needs (default TP*PP*DP).
-        ``env`` holds extra environment for the probe processes (SLURM_CONF for a test cluster)."""
+        ``nodes_per_probe`` or 1). A probe gets the candidate's TP*PP*DP ranks, or one DP replica
+        (TP*PP, reported reduced) when that exceeds ``nodes_per_probe`` nodes, or exactly ``nproc``.
+        ``inside_allocation``: None detects SLURM_JOB_ID; False always sallocs. ``env`` holds extra
+        environment for SLURM commands and probe processes (SLURM_CONF for a test cluster)."""
         for name, value in (("reservation", reservation), ("partition", partition), ("account", account)):
             if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
                 raise ValueError(f"{name} {value!r} is not a SLURM name (letters, digits, '.', '_', '-')")
@@ -320,7 +330,10 @@ class SlurmBackend(ProbeBackend):
         self.port_base = port_base
         self.alloc_timeout_s = alloc_timeout_s
         self.overcommit = overcommit
+        self.inside_allocation = inside_allocation
         self.job_id: str | None = None
+        self.cpus_per_node: int | None = None
+        """CPUs the allocation holds on each node (from squeue %C), to share among sub-node slices"""
         self.owns_allocation = False
         self._pool: SlicePool | None = None
         self._lock = threading.Lock()
@@ -345,14 +358,26 @@ class SlurmBackend(ProbeBackend):
             if self._pool is not None:
                 return self._pool.order
             env = self._client_env()
-            if env.get("SLURM_JOB_ID") and env.get("SLURM_JOB_NODELIST"):
+            inside = self.inside_allocation
+            if inside is None:
+                inside = bool(env.get("SLURM_JOB_ID") and env.get("SLURM_JOB_NODELIST"))
+            if inside:
                 self.job_id = env["SLURM_JOB_ID"]
                 hosts = expand_nodelist(env["SLURM_JOB_NODELIST"], env=env)
             else:
                 self.job_id, hosts = self._salloc(env)
                 self.owns_allocation = True
+            self.cpus_per_node = self._allocated_cpus_per_node(len(hosts), env)
             self._pool = SlicePool(hosts, gpus_per_node=self.gpus_per_node, port_base=self.port_base)
             return hosts
+
+    def _allocated_cpus_per_node(self, nnodes: int, env: dict[str, str]) -> int | None:
+        try:
+            out = _run(["squeue", "-h", "-j", str(self.job_id), "-o", "%C"], env=env)
+        except SlurmError:
+            return None
+        text = out.stdout.strip()
+        return int(text) // max(1, nnodes) if out.returncode == 0 and text.isdigit() else None
 
     def _salloc(self, env: dict[str, str]) -> tuple[str, list[str]]:
         name = f"plantune-probes-{uuid.uuid4().hex[:8]}"
@@ -390,7 +415,8 @@ class SlurmBackend(ProbeBackend):
     @property
     def pool(self) -> SlicePool:
         self.allocate()
-        assert self._pool is not None  # set by allocate()
+        if self._pool is None:
+            raise SlurmError("the allocation was closed; use the backend inside its `with` block")
         return self._pool
 
     @property
@@ -403,12 +429,15 @@ class SlurmBackend(ProbeBackend):
         """``srun`` for one probe on slice ``s``: one task per node, killed whole if one fails."""
         minutes = max(1, math.ceil(time_limit_s / 60))
         argv = ["srun", f"--jobid={self.job_id}", f"--job-name={step_name}", f"--nodes={s.nnodes}",
-                f"--ntasks={s.nnodes}", "--ntasks-per-node=1", f"--nodelist={','.join(s.hosts)}", "--exact",
+                f"--ntasks={s.nnodes}", "--ntasks-per-node=1", f"--nodelist={','.join(s.hosts)}",
                 "--kill-on-bad-exit=1", "--wait=60", f"--time={minutes}"]
         if self.gres:
             argv.append(f"--gres={self.gres}:{s.procs_per_node}")
-        else:
-            argv.append(f"--cpus-per-task={s.procs_per_node}")
+        if s.procs_per_node < self.gpus_per_node:  # a share of the node: only its slots, so others fit beside
+            cpus = s.procs_per_node
+            if self.gres and self.cpus_per_node:
+                cpus = max(1, self.cpus_per_node // self.gpus_per_node) * s.procs_per_node
+            argv += ["--exact", f"--cpus-per-task={cpus}"]
         if self.overcommit:
             argv.append("--overcommit")
         return argv + list(task_argv)
@@ -490,7 +519,7 @@ class SlurmBackend(ProbeBackend):
                            stdout=(workdir / "srun.stdout").read_text(errors="replace"),
                            stderr=(workdir / "srun.stderr").read_text(errors="replace"), wall_s=wall_s,
                            hosts=s.hosts, world=s.world, job_id=str(self.job_id), step_name=step_name,
-                           rank_logs=rank_logs)
+                           rank_logs=rank_logs, cancelled_step=step)
 
     def run_command(self, worker: Sequence[str], *, procs: int, workdir: Path, timeout_s: float,
                     env: Mapping[str, str] | None = None, tee: bool = True, cwd: Path | None = None
@@ -512,11 +541,20 @@ class SlurmBackend(ProbeBackend):
         return self.pool.record(s, result)
 
     # -- ProbeBackend ---------------------------------------------------------------------------
-    def procs_for(self, spec: ProbeSpec) -> int:
+    def procs_for_candidate(self, candidate: Mapping[str, object]) -> int:
+        """Ranks a probe of ``candidate`` (a Candidate dict) runs: ``nproc``, else TP*PP*DP, or one DP
+        replica (TP*PP, a reduced probe) when the full layout exceeds ``nodes_per_probe`` nodes."""
         if self.nproc is not None:
             return self.nproc
-        c = spec.candidate
-        return int(c["tp"]) * int(c["pp"]) * int(c["dp"])
+        tp_pp = int(candidate["tp"]) * int(candidate["pp"])
+        procs = tp_pp * int(candidate["dp"])
+        if self.nodes_per_probe:
+            cap = self.nodes_per_probe * self.gpus_per_node
+            procs = procs if procs <= cap else tp_pp
+        return procs
+
+    def procs_for(self, spec: ProbeSpec) -> int:
+        return self.procs_for_candidate(spec.candidate)
 
     def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
         """Run the torch probe (``probes.train``) for ``spec`` on a free slice; always a ProbeResult."""
@@ -550,10 +588,15 @@ class SlurmBackend(ProbeBackend):
             self.pool.release(s)
         extra = {"hosts": list(step.hosts), "job_id": step.job_id, "step_name": step.step_name,
                  "returncode": step.returncode}
+        if step.cancelled_step:
+            extra["cancelled_step"] = step.cancelled_step
         result = classify(workdir, returncode=step.returncode, timed_out=step.timed_out, timeout_s=timeout_s,
                           torchrun_stderr=step.stderr, rank_logs=step.rank_logs, wall_s=step.wall_s,
                           world_size=step.world, extra=extra)
-        newly = self.pool.record(s, result)
+        launcher_error = not step.rank_logs and "srun: error" in step.stderr
+        if launcher_error:  # the step never started: SLURM refused it, no node is to blame
+            result = ProbeResult.from_dict({**result.to_dict(), "extra": {**result.extra, "launcher_error": True}})
+        newly = [] if launcher_error else self.pool.record(s, result)
         if newly:
             result = ProbeResult.from_dict({**result.to_dict(), "extra": {**result.extra, "set_aside": newly}})
         result.write(workdir / "result.json")

@@ -1,13 +1,15 @@
 """A throw-away one-node SLURM cluster (munged + slurmctld + slurmd on localhost) for tests.
 
-    python -m probes.slurm_cluster start /tmp/plantune-slurm     # prints: export SLURM_CONF=...
+    python -m probes.slurm_cluster start /tmp/plantune-slurm --gpus 2   # prints: export SLURM_CONF=...
     SLURM_CONF=/tmp/plantune-slurm/slurm.conf sinfo
     python -m probes.slurm_cluster stop /tmp/plantune-slurm
 
-Needs root and Debian's ``slurm-wlm`` + ``munge`` packages (slurmctld, slurmd, munged, mungekey).
-Everything lives under the given folder: a private munge key and socket (so a system munged, if
-any, is left alone), slurm.conf, state, spool, pid and log files. Ports are picked free at start.
-The shape follows /work/shared/CPU_PROBES.md: the node is the short hostname at 127.0.0.1,
+Needs root and Debian's ``slurm-wlm`` + ``munge`` packages (slurmctld, slurmd, munged, mungekey;
+runuser from util-linux). Everything lives under the given folder: a private munge key and socket
+(so a system munged, if any, is left alone), slurm.conf, state, spool, pid and log files. Ports
+are picked free at start. ``--gpus N`` declares N count-only ``gpu`` GRES backed by empty files, so
+that ``--gres=gpu:N`` (emitted sbatch scripts, SlurmBackend's steps) is accepted on a CPU machine.
+The shape follows the team's CPU_PROBES.md: the node is the short hostname at 127.0.0.1,
 proctrack/linuxproc, task/none, select/cons_tres with CR_CPU, no accounting, one default
 partition with OverSubscribe=FORCE:4. Daemons are stopped by the pids in their pid files.
 """
@@ -26,8 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "scontrol", "sinfo",
-            "scancel", "squeue")
+BINARIES = ("munged", "mungekey", "runuser", "slurmctld", "slurmd", "srun", "sbatch", "salloc", "scontrol",
+            "sinfo", "scancel", "squeue")
 PARTITION = "debug"
 _SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
@@ -148,7 +150,7 @@ def _start_munged(root: Path) -> None:
     for path in (munge_dir, key):
         os.chown(path, user.pw_uid, user.pw_gid)
     key.chmod(0o600)
-    argv = ["runuser", "-u", "munge", "--", which("munged") or "munged", "--force",
+    argv = [which("runuser") or "runuser", "-u", "munge", "--", which("munged") or "munged", "--force",
             f"--socket={munge_dir / 'munge.socket'}", f"--key-file={key}",
             f"--pid-file={munge_dir / 'munged.pid'}", f"--log-file={munge_dir / 'munged.log'}",
             f"--seed-file={munge_dir / 'munged.seed'}"]
@@ -201,7 +203,13 @@ def start_local_cluster(root: str | Path, *, cpus: int | None = None, gpus: int 
     cluster.conf_path.write_text(slurm_conf_text(root=root, hostname=cluster.hostname, cpus=cluster.cpus,
                                                  ctld_port=_free_port(), slurmd_port=_free_port(), gpus=gpus))
     if gpus:
-        (root / "gres.conf").write_text(f"NodeName={cluster.hostname} Name=gpu Count={gpus}\n")
+        # slurmd counts a gpu GRES only with device files; empty regular files stand in (task/none never
+        # constrains devices, and nothing opens them)
+        (root / "dev").mkdir(exist_ok=True)
+        for i in range(gpus):
+            (root / "dev" / f"fakegpu{i}").touch()
+        files = f"{root / 'dev'}/fakegpu[0-{gpus - 1}]"
+        (root / "gres.conf").write_text(f"NodeName={cluster.hostname} Name=gpu File={files}\n")
     try:
         _start_munged(root)
         _wait_for(cluster.munge_socket.exists, timeout_s=timeout_s, what="munged socket",

@@ -14,12 +14,12 @@ import pytest
 from planner.flops import model_flops_per_iteration, tflops_per_gpu
 from planner.model import get_preset
 from planner.space import Candidate
-from probes.backend import LocalBackend
+from probes.backend import LocalBackend, ProbeBackend
 from probes.megatron import (MegatronProbe, parse_iteration_line, parse_log, parse_memory_line, probe_args,
                              render_command, split_template, summarize, worker_argv)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest_probes import tiny_model, tiny_spec  # noqa: E402
+from conftest_probes import no_process_left, tiny_model, tiny_spec  # noqa: E402
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "megatron_logs"
 FAKE = Path(__file__).resolve().parent / "fake_megatron.py"
@@ -135,12 +135,18 @@ def test_template_errors():
         render_command(["--x={args}"], {"args": ["a", "b"]})
     with pytest.raises(ValueError, match="Python interpreter"):
         worker_argv(["bash", "run.sh"])
+    with pytest.raises(ValueError, match="unknown placeholder"):  # at construction, before any probe
+        MegatronProbe("python p.py {args} --x {data}", LocalBackend(nproc=1))
+    with pytest.raises(ValueError, match="Python interpreter"):
+        MegatronProbe("deepspeed pretrain_gpt.py {args}", LocalBackend(nproc=1))
     assert worker_argv(["/usr/bin/python3.11", "-u", "pretrain_gpt.py", "--x"]) == ["pretrain_gpt.py", "--x"]
     assert worker_argv(["python", "-m", "megatron.train", "--x"]) == ["-m", "megatron.train", "--x"]
 
 
 def _bloom_like_probe(flavor: str = "bigscience") -> MegatronProbe:
-    return MegatronProbe(f"python {FAKE} {{args}} --data-path /nonexistent", LocalBackend(nproc=2), flavor)
+    # tune passes the plan's flash_attention (True by default); the bigscience fork has none
+    return MegatronProbe(f"python {FAKE} {{args}} --data-path /nonexistent", LocalBackend(nproc=2), flavor,
+                         flash_attention=True)
 
 
 def test_probe_args_are_the_emitters_probe_variant(tmp_path):
@@ -157,6 +163,10 @@ def test_probe_args_are_the_emitters_probe_variant(tmp_path):
     assert flat["--global-batch-size"] == ("8",)
     assert "--checkpoint-activations" in flat
     assert not {"--rampup-batch-size", "--train-samples", "--save"} & set(flat)
+    assert setup.training.flash_attention is False
+    ms = MegatronProbe(f"python {FAKE} {{args}}", LocalBackend(nproc=2), "microsoft")
+    ms_setup = ms.probe_setup(model, cand, precision="bf16", procs=2)
+    assert ("--use-flash-attn-v2",) in probe_args(ms_setup, "microsoft", train_iters=7, ds_config_path=tmp_path)
 
 
 def test_probe_setup_keeps_one_replica_when_the_backend_is_smaller():
@@ -187,8 +197,10 @@ def test_end_to_end_local(tmp_path, fmt, flavor):
     assert result.model_tflops_per_device == pytest.approx(
         tflops_per_gpu(model_flops_per_iteration(model, 4), result.step_time_median_s, 2))
     assert result.peak_memory_bytes_per_rank and result.memory_kind == "cuda_max_allocated"
+    assert result.stable is True and result.step_time_cv < 0.05
     ds = json.loads((tmp_path / "ds_config.json").read_text())
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (4, 2, 2)
+    batch = (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])
+    assert batch == (4, 2, 2)
     assert json.loads((tmp_path / "result.json").read_text())["status"] == "ok"
 
 
@@ -206,6 +218,7 @@ def test_oom_and_crash_and_timeout_local(tmp_path):
     assert crash.status == "crash" and "crash requested" in crash.reason
     hang = run("--fake-hang-at 1", "hang", timeout_s=8)
     assert hang.status == "timeout"
+    assert hang.extra["pids"] and no_process_left(hang) == []
 
 
 @pytest.mark.slow
@@ -216,6 +229,19 @@ def test_layout_the_fork_refuses_is_a_crash_with_its_message(tmp_path):
     result = probe.run(spec, workdir=tmp_path, timeout_s=60)
     assert result.status == "crash"
     assert "AssertionError" in result.reason
+
+
+@pytest.mark.slow
+def test_any_backend_without_run_command_runs_here_one_replica_when_too_big(tmp_path):
+    class Wrapper(ProbeBackend):  # e.g. tune's one-node wrapper around LocalBackend
+        name = "wrapper"
+
+    probe = MegatronProbe(f"python {FAKE} {{args}} --fake-step-ms 50", Wrapper(), max_local_procs=2)
+    spec = tiny_spec(model=tiny_model(tied_embeddings=True), tp=1, pp=2, dp=4, mbs=1, gas=2, precision="bf16")
+    result = probe.run(spec, workdir=tmp_path, timeout_s=60)
+    assert result.status == "ok", result.reason
+    assert result.world_size == 2 and result.reduced  # one DP replica of the 8-rank candidate
+    assert result.extra["global_batch"] == 2  # MBS 1 x DP 1 x GAS 2
 
 
 def test_invalid_candidate_is_refused_before_running(tmp_path):

@@ -1,0 +1,315 @@
+"""The SLURM backend: slice logic on fake node lists, then real probes on a one-node SLURM cluster.
+
+    python -m pytest tests/test_slurm.py -q            # the real-cluster tests need root + slurm-wlm + munge
+
+The session fixture starts munged, slurmctld and slurmd under a fresh /tmp folder
+(probes/slurm_cluster.py), waits for the node to be idle, creates reservation ``plantune_test``
+and stops the daemons by their pid files at the end. Tests skip, saying why, only when the
+programs are missing or the user is not root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from planner.hardware import make_cluster
+from planner.space import Candidate, TrainingSpec
+from probes.result import ProbeResult
+from probes.slurm import (SlicePool, Slice, SlurmBackend, SlurmError, expand_nodelist, find_slice, plan_slices,
+                          slice_shape, torchrun_task_argv)
+from probes.slurm_cluster import LocalSlurmCluster, missing_binaries, start_local_cluster, stop_local_cluster
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest_probes import tiny_model, tiny_spec  # noqa: E402
+
+FAKE = Path(__file__).resolve().parent / "fake_megatron.py"
+RESERVATION = "plantune_test"
+
+
+# -- slices on fake node lists (no SLURM needed) --------------------------------------------------------
+
+def _nodes(n: int) -> list[str]:
+    return [f"node{i:03d}" for i in range(n)]
+
+
+def test_48_nodes_give_6_one_replica_slices_of_8_nodes():
+    slices = plan_slices(_nodes(48), procs=64, gpus_per_node=8)
+    assert len(slices) == 6
+    assert all(s.nnodes == 8 and s.procs_per_node == 8 and s.world == 64 for s in slices)
+    used = [h for s in slices for h in s.hosts]
+    assert len(used) == len(set(used)) == 48
+    assert slices[1].master == "node008"
+    assert len({s.port for s in slices}) == 6
+
+
+def test_sub_node_probes_pack_a_node_with_distinct_ports():
+    slices = plan_slices(_nodes(2), procs=2, gpus_per_node=8)
+    assert len(slices) == 8
+    assert [s.hosts for s in slices[:4]] == [("node000",)] * 4  # packs node000 before touching node001
+    assert len({s.port for s in slices}) == 8
+
+
+def test_slice_shape_refuses_ragged_multi_node():
+    assert slice_shape(16, 8) == (2, 8)
+    assert slice_shape(3, 8) == (1, 3)
+    with pytest.raises(ValueError, match="whole number"):
+        slice_shape(12, 8)
+
+
+def test_find_slice_needs_wholly_free_nodes_for_multi_node():
+    free = {"a": 8, "b": 4, "c": 8}
+    s = find_slice(free, ["a", "b", "c"], procs=16, gpus_per_node=8)
+    assert s is not None and s.hosts == ("a", "c")
+    assert find_slice({"a": 8, "b": 4}, ["a", "b"], procs=16, gpus_per_node=8) is None
+    partial = find_slice(free, ["a", "b", "c"], procs=4, gpus_per_node=8)
+    assert partial is not None and partial.hosts == ("b",)
+
+
+def test_pool_blocks_until_release_and_sets_failing_nodes_aside():
+    pool = SlicePool(_nodes(2), gpus_per_node=8)
+    a = pool.acquire(8)
+    b = pool.acquire(8)
+    assert a is not None and b is not None and a.hosts != b.hosts
+    assert pool.acquire(8, timeout_s=0.05) is None  # everything busy
+    pool.release(a)
+    again = pool.acquire(8, timeout_s=1)
+    assert again is not None and again.hosts == a.hosts
+    pool.release(again)
+    pool.release(b)
+    crash = ProbeResult(status="crash", reason="rank 9: killed by SIGBUS", root_cause_rank=9)
+    two_nodes = Slice(hosts=("node000", "node001"), procs_per_node=8)
+    assert pool.record(two_nodes, crash) == []
+    assert pool.record(two_nodes, crash) == ["node001"]  # rank 9 is on the second node
+    assert "node001" in pool.set_aside and "SIGBUS" in pool.set_aside["node001"]
+    assert pool.acquire(16) is None  # can never fit on the one node left
+    assert pool.record(two_nodes, ProbeResult(status="oom", reason="CUDA out of memory")) == []
+
+
+def test_step_and_task_commands_are_argument_lists():
+    backend = SlurmBackend(reservation="bigscience", gpus_per_node=8, time_limit_s=600)
+    backend.job_id = "4242"
+    s = Slice(hosts=("jean-zay-iam01", "jean-zay-iam02"), procs_per_node=8, port=29601)
+    task = backend.task_argv(s, worker=["-m", "probes.train", "--spec", "a b.json"], rdzv_id="x", log_dir=None,
+                             tee=True)
+    argv = backend.srun_argv(s, step_name="plantune-x", time_limit_s=600, task_argv=task)
+    assert argv[:2] == ["srun", "--jobid=4242"]
+    for flag in ("--nodes=2", "--ntasks-per-node=1", "--nodelist=jean-zay-iam01,jean-zay-iam02",
+                 "--kill-on-bad-exit=1", "--time=10", "--gres=gpu:8"):
+        assert flag in argv
+    assert "--exact" not in argv  # whole nodes: the step gets every CPU of them
+    backend.cpus_per_node = 64
+    quarter = backend.srun_argv(Slice(hosts=("n1",), procs_per_node=2), step_name="s", time_limit_s=60, task_argv=[])
+    assert {"--exact", "--gres=gpu:2", "--cpus-per-task=16"} <= set(quarter)  # 2 of 8 GPUs, 16 of 64 CPUs
+    assert argv[-1] == "a b.json"  # one argument, spaces and all
+    node = torchrun_task_argv(nproc_per_node=8, nnodes=2, master="jean-zay-iam01", port=6000, node_rank=1,
+                              rdzv_id="x", worker=["pretrain_gpt.py", "--bf16"], tee=True)
+    joined = " ".join(node)
+    assert "-u -m torch.distributed.run --nproc_per_node 8 --nnodes 2 --rdzv_endpoint jean-zay-iam01:6000" in joined
+    assert "--rdzv_backend c10d" in joined and "--max_restarts 0" in joined and "--node_rank 1" in joined
+    assert node[-2:] == ["pretrain_gpt.py", "--bf16"]
+
+
+def test_nodes_per_probe_cuts_dp_to_whole_replicas():
+    backend = SlurmBackend(gpus_per_node=8, nodes_per_probe=8)
+    full = Candidate(tp=4, pp=12, dp=8, mbs=2, gas=128).to_dict()  # BLOOM-176B's layout on 384 GPUs
+    assert backend.procs_for_candidate(full) == 48  # one replica (TP*PP): 6 nodes
+    small = Candidate(tp=2, pp=2, dp=2, mbs=1, gas=8).to_dict()
+    assert backend.procs_for_candidate(small) == 8  # the full layout fits: not reduced
+    assert SlurmBackend(gpus_per_node=8).procs_for_candidate(full) == 384
+
+
+def test_reservation_names_are_checked():
+    with pytest.raises(ValueError, match="not a SLURM name"):
+        SlurmBackend(reservation="x; rm -rf /")
+
+
+# -- a real one-node SLURM cluster ---------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"SLURM/munge not installed ({', '.join(missing)}); apt-get install slurm-wlm munge")
+    if os.geteuid() != 0:
+        pytest.skip("a local SLURM cluster needs root (slurmd, munged as the munge user)")
+    root = Path(tempfile.mkdtemp(prefix="plantune-slurm-", dir="/tmp"))
+    cluster = start_local_cluster(root, cpus=2, gpus=2)
+    try:
+        made = subprocess.run(["scontrol", "create", "reservation", f"ReservationName={RESERVATION}",
+                               f"Nodes={cluster.hostname}", "Users=root", "StartTime=now", "Duration=120"],
+                              env=cluster.env(), capture_output=True, text=True, timeout=30, check=False)
+        assert made.returncode == 0, made.stderr
+        yield cluster
+    finally:
+        subprocess.run(["scancel", "--user=root"], env=cluster.env(), capture_output=True, timeout=30, check=False)
+        stop_local_cluster(cluster)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _backend(cluster: LocalSlurmCluster, **kw: object) -> SlurmBackend:
+    """A backend that sallocs the test node on the reservation: 2 (fake) GPUs per node unless told."""
+    settings = {"gpus_per_node": 2, "time_limit_s": 300, "alloc_timeout_s": 60, "inside_allocation": False, **kw}
+    return SlurmBackend(reservation=RESERVATION, env={"SLURM_CONF": str(cluster.conf_path)}, **settings)
+
+
+def _squeue(cluster: LocalSlurmCluster, *args: str) -> str:
+    return subprocess.run(["squeue", "-h", *args], env=cluster.env(), capture_output=True, text=True, timeout=30,
+                          check=False).stdout
+
+
+def _leaves_queue(cluster: LocalSlurmCluster, job: str, timeout_s: float = 20) -> bool:
+    """Wait until ``job`` is no longer listed (a cancelled job shows as COMPLETING for a moment)."""
+    deadline = time.monotonic() + timeout_s
+    while job in _squeue(cluster, "-o", "%i").split():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+@pytest.mark.slow
+def test_probe_on_the_reservation(slurm_cluster, tmp_path):
+    with _backend(slurm_cluster) as backend:
+        job = backend.job_id
+        shown = subprocess.run(["scontrol", "show", "job", str(job)], env=slurm_cluster.env(), capture_output=True,
+                               text=True, timeout=30, check=False).stdout
+        assert f"Reservation={RESERVATION}" in shown
+        result = backend.run(tiny_spec(dp=2), workdir=tmp_path, timeout_s=90)
+        assert result.status == "ok", result.reason
+        assert result.world_size == 2 and result.step_time_median_s > 0
+        assert result.extra["hosts"] == [slurm_cluster.hostname]
+        assert (tmp_path / "rank0.stdout").exists() and (tmp_path / "rank1.stdout").exists()
+    assert _leaves_queue(slurm_cluster, str(job))  # the allocation was given back
+
+
+@pytest.mark.slow
+def test_inside_an_existing_allocation(slurm_cluster, tmp_path):
+    """As under an sbatch script: SLURM_JOB_ID/SLURM_JOB_NODELIST given, the job is used, not cancelled."""
+    env = slurm_cluster.env()
+    granted = subprocess.run(["salloc", "--no-shell", "--nodes=1", "--exclusive", "--time=5",
+                              f"--reservation={RESERVATION}"], env=env, capture_output=True, text=True, timeout=60,
+                             check=False)
+    job = granted.stderr.split("Granted job allocation")[-1].split()[0]
+    try:
+        nodelist = _squeue(slurm_cluster, "-j", job, "-o", "%N").strip()
+        assert expand_nodelist("jean-zay-iam[01-03],gpu7", env=env) == [
+            "jean-zay-iam01", "jean-zay-iam02", "jean-zay-iam03", "gpu7"]
+        backend = SlurmBackend(gpus_per_node=2, env={"SLURM_CONF": str(slurm_cluster.conf_path),
+                                                     "SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": nodelist})
+        with backend:
+            assert backend.job_id == job and not backend.owns_allocation
+            assert backend.pool.order == [slurm_cluster.hostname]
+            result = backend.run(tiny_spec(), workdir=tmp_path, timeout_s=90)
+        assert result.status == "ok", result.reason
+        assert job in _squeue(slurm_cluster, "-o", "%i").split()  # not ours to give back
+    finally:
+        subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30, check=False)
+
+
+@pytest.mark.slow
+def test_run_many_runs_probes_side_by_side(slurm_cluster, tmp_path):
+    with _backend(slurm_cluster, gres=None) as backend:  # CPU slots: steps ask --cpus-per-task, not GPUs
+        started = time.monotonic()
+        results = backend.run_many([tiny_spec(), tiny_spec(mbs=1, gas=4)], workdir=tmp_path, timeout_s=90)
+        wall = time.monotonic() - started
+    assert [r.status for r in results] == ["ok", "ok"], [r.reason for r in results]
+    assert all(r.world_size == 1 for r in results)
+    assert wall < 0.8 * sum(r.wall_s for r in results)  # the two 1-rank probes overlapped
+
+
+@pytest.mark.slow
+def test_cpu_slots_overcommitted_like_srun_n4_on_2_cpus(slurm_cluster, tmp_path):
+    """4 slots on the 2-CPU node (CPU_PROBES.md: srun -n4 on 2 CPUs needs --overcommit): two 2-rank probes."""
+    with _backend(slurm_cluster, gres=None, overcommit=True, gpus_per_node=4) as backend:
+        results = backend.run_many([tiny_spec(dp=2), tiny_spec(dp=2, mbs=1, gas=4)], workdir=tmp_path, timeout_s=90)
+    assert [r.status for r in results] == ["ok", "ok"], [r.reason for r in results]
+    argv = (tmp_path / "probe-0000" / "command.json").read_text()
+    assert "--overcommit" in argv and "--cpus-per-task=2" in argv
+
+
+@pytest.mark.slow
+def test_hung_probe_is_cancelled_and_its_slice_reused(slurm_cluster, tmp_path):
+    with _backend(slurm_cluster) as backend:
+        backend.env["PLANTUNE_PROBE_FAULT"] = "hang:1"
+        hung = backend.run(tiny_spec(dp=2), workdir=tmp_path / "hung", timeout_s=8)
+        assert hung.status == "timeout", hung.reason
+        assert hung.extra["cancelled_step"].startswith(f"{backend.job_id}.")
+        assert hung.extra["step_name"] not in _squeue(slurm_cluster, "-s", "-o", "%j").split()  # scancel'ed
+        del backend.env["PLANTUNE_PROBE_FAULT"]
+        again = backend.run(tiny_spec(dp=2), workdir=tmp_path / "again", timeout_s=90)
+        assert again.status == "ok", again.reason
+        assert backend.set_aside == {}  # one timeout is not enough to set a node aside
+
+
+@pytest.mark.slow
+def test_node_failing_twice_is_set_aside(slurm_cluster, tmp_path):
+    with _backend(slurm_cluster) as backend:
+        backend.env["PLANTUNE_PROBE_FAULT"] = "exit:0:3"
+        first = backend.run(tiny_spec(dp=2), workdir=tmp_path / "1", timeout_s=60)
+        second = backend.run(tiny_spec(dp=2), workdir=tmp_path / "2", timeout_s=60)
+        assert (first.status, second.status) == ("crash", "crash"), (first.reason, second.reason)
+        assert list(backend.set_aside) == [slurm_cluster.hostname]
+        assert second.extra["set_aside"] == [slurm_cluster.hostname]
+        third = backend.run(tiny_spec(), workdir=tmp_path / "3", timeout_s=60)
+        assert third.status == "invalid" and "set aside" in third.reason
+
+
+@pytest.mark.slow
+def test_allocation_slurm_refuses_is_an_error_naming_the_command(slurm_cluster):
+    backend = _backend(slurm_cluster, gpus_per_node=4)  # the node has 2 GPUs: salloc --gres=gpu:4 is refused
+    with pytest.raises(SlurmError, match="salloc"):
+        backend.allocate()
+
+
+@pytest.mark.slow
+def test_megatron_probe_through_slurm(slurm_cluster, tmp_path):
+    from probes.megatron import MegatronProbe
+
+    with _backend(slurm_cluster) as backend:
+        probe = MegatronProbe(f"python -u {FAKE} {{args}} --data-path /nonexistent --fake-format microsoft "
+                              "--fake-step-ms 100", backend, "microsoft")
+        spec = tiny_spec(model=tiny_model(tied_embeddings=True), tp=1, pp=2, dp=1, mbs=2, gas=2, precision="bf16",
+                         warmup_steps=1, steps=3)
+        result = probe.run(spec, workdir=tmp_path, timeout_s=60)
+    assert result.status == "ok", result.reason
+    assert result.extra["log_format"] == "microsoft" and result.extra["hosts"] == [slurm_cluster.hostname]
+    assert len(result.step_times_s) == 3 and result.step_time_median_s == pytest.approx(0.1, rel=0.05)
+
+
+@pytest.mark.slow
+def test_emitted_sbatch_script_runs_under_slurm(slurm_cluster, tmp_path):
+    from planner.emit import RunSetup, emit
+    from probes.megatron import parse_log
+
+    model = tiny_model(tied_embeddings=True)
+    setup = RunSetup(model=model, cluster=make_cluster(gpu="CPU", gpus_per_node=2, nodes=1),
+                     training=TrainingSpec(global_batch=4, seq_len=model.seq_len, precision="bf16",
+                                           flash_attention=False, train_tokens=12 * model.seq_len),
+                     candidate=Candidate(tp=1, pp=2, dp=1, mbs=2, gas=2))
+    emit(setup, "megatron-deepspeed", tmp_path, flavor="bigscience", reservation=RESERVATION)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**slurm_cluster.env(), "DATA_PATH": "/nonexistent/data", "TOKENIZER": "gpt2",
+           "CHECKPOINT_PATH": str(tmp_path / "ckpt"), "PRETRAIN_SCRIPT": str(FAKE), "PYTHON": sys.executable,
+           "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "FAKE_MEGATRON_MAX_ITERS": "3"}
+    submitted = subprocess.run(["sbatch", "--parsable", "--time=5", "launch.sbatch"], cwd=tmp_path, env=env,
+                               capture_output=True, text=True, timeout=60, check=False)
+    assert submitted.returncode == 0, submitted.stderr
+    job = submitted.stdout.strip().split(";")[0]
+    assert _leaves_queue(slurm_cluster, job, timeout_s=120)  # sbatch --wait polls every few seconds; quicker
+    shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True, timeout=30,
+                           check=False).stdout
+    outputs = list(tmp_path.glob("plantune-*.out"))
+    text = outputs[0].read_text() if outputs else ""
+    assert "JobState=COMPLETED" in shown and "ExitCode=0:0" in shown, shown + text
+    log = parse_log(text)
+    assert [it.iteration for it in log.iterations] == [1, 2, 3], text
+    assert all(it.format == "bigscience" and it.global_batch == 4 for it in log.iterations)
+    assert "[default1]:" in text  # torchrun --tee 3 from the script's srun line
