@@ -7,7 +7,7 @@ Trial user attributes are the study's record (``tune report`` reads nothing else
   the key that duplicate detection and resume compare;
 - ``slot``: ``config`` for a search probe, ``config#confirmN`` for the N-th confirmation repeat;
 - ``outcome`` (one of `OUTCOMES`) and ``reason`` (one line, the root cause for a failure);
-- ``phase``: ``analytic`` (enqueued top-k), ``sampler``, ``retry``, ``confirm``;
+- ``phase``: ``analytic`` (enqueued top-k), ``sampler``, ``retry``, ``confirm``, ``implied``;
 - measured and predicted numbers (``measured_tflops``, ``measured_step_s``, ``pred_*``).
 """
 
@@ -19,11 +19,13 @@ PROBED = ("ok", "oom", "timeout", "crash", "invalid")
 """outcomes of a probe that ran (or was refused by the probe's own layout check): final for the configuration"""
 DERIVED = ("implied_oom", "not_measured", "ruled_out", "duplicate")
 """outcomes recorded without probing: final too (a duplicate carries the stored result of the original)"""
-NOT_FINAL = ("interrupted",)
-"""outcomes that leave the configuration to be probed again by the next run"""
+NOT_FINAL = ("interrupted", "backend_error")
+"""outcomes that leave the configuration to be probed again by the next run (Ctrl-C; the backend itself
+failed, e.g. no SLURM allocation: that says nothing about the configuration)"""
 OUTCOMES = PROBED + DERIVED + NOT_FINAL
 
-PHASES = ("analytic", "sampler", "retry", "confirm")
+PHASES = ("analytic", "sampler", "retry", "confirm", "implied")
+"""how a trial came to be; ``implied`` trials are recorded without a probe by an OOM's implication"""
 
 RECOMPUTE_MEMORY_ORDER = {"full": 0, "selective": 1, "none": 2}
 """activation memory needed, least to most: full recompute keeps only layer inputs, none keeps everything"""
@@ -33,4 +35,9 @@ class TuneError(InputError):
     """A problem with the tune command's input that the user can fix (one line, exit 2)."""
 
 
-__all__ = ["DERIVED", "NOT_FINAL", "OUTCOMES", "PHASES", "PROBED", "RECOMPUTE_MEMORY_ORDER", "TuneError"]
+class BackendError(RuntimeError):
+    """The probe backend itself failed (not the configuration): the study stops, the trial is retried later."""
+
+
+__all__ = ["BackendError", "DERIVED", "NOT_FINAL", "OUTCOMES", "PHASES", "PROBED", "RECOMPUTE_MEMORY_ORDER",
+           "TuneError"]

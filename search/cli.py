@@ -27,7 +27,7 @@ from pathlib import Path
 from planner.cli import add_setup_arguments, setup_from_args
 from planner.errors import PlantuneError
 
-from search._base import TuneError
+from search._base import BackendError, TuneError
 
 DEFAULT_STORAGE = "sqlite:///tune.db"
 BACKENDS = ("local", "replay", "slurm")
@@ -55,6 +55,16 @@ def parse_duration(text: str) -> float:
         value = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
     return value
 
 
@@ -110,7 +120,13 @@ def build_run_parser() -> argparse.ArgumentParser:
     b.add_argument("--backend", choices=BACKENDS, default="local")
     b.add_argument("--results", help="--backend replay: CSV of earlier measurements")
     b.add_argument("--results-table", help="--backend replay: the table column's value to replay")
-    b.add_argument("--replay-noise", type=float, default=0.0, help="--backend replay: log-normal sigma on step times")
+    b.add_argument("--replay-noise", type=_nonneg_float, default=0.0,
+                   help="--backend replay: log-normal sigma on step times")
+    b.add_argument("--replay-delay", type=_nonneg_float, default=0.0,
+                   help="--backend replay: seconds each probe takes (tests of concurrency and interruption)")
+    b.add_argument("--local-procs", type=_pos_int, default=None,
+                   help="--backend local: processes this node can run (default --gpus-per-node); a candidate "
+                        "needing more runs one DP replica (TP*PP processes), projected to the full DP")
     b.add_argument("--reservation", help="SLURM reservation (--backend slurm; also written into launch.sbatch)")
     b.add_argument("--partition", help="SLURM partition (--backend slurm)")
     b.add_argument("--account", help="SLURM account (--backend slurm)")
@@ -141,6 +157,7 @@ def build_report_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", default=DEFAULT_STORAGE)
     p.add_argument("--plots", default=None, help="folder for the PNG plots (default tune-report-STUDY)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--trials", action="store_true", help="also one row per trial (predicted before/after, measured)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--debug", action="store_true")
     return p
@@ -166,7 +183,7 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
             raise TuneError("--backend replay needs --results FILE.csv (a table of earlier measurements)")
         table = ReplayTable.read(args.results, args.results_table)
         table.check(global_batch=training.global_batch, seq_len=training.seq_len)
-        return ReplayBackend(table, noise=args.replay_noise, seed=args.seed or 0), table
+        return ReplayBackend(table, noise=args.replay_noise, seed=args.seed or 0, delay_s=args.replay_delay), table
     if args.backend == "slurm":
         try:
             from probes.slurm import SlurmBackend
@@ -179,27 +196,68 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
         except ValueError as err:
             raise TuneError(str(err)) from None
         stack.callback(backend.close)
+        if args.probe != "megatron":
+            return backend, None
+    elif args.probe != "megatron":
+        return _local_backend(args.local_procs or cluster.gpus_per_node), None
     else:
         from probes.backend import LocalBackend
 
         backend = LocalBackend()
-    if args.probe == "megatron":
-        if not args.command:
-            raise TuneError("--probe megatron needs --command \"python pretrain_gpt.py {args} ...\"")
-        try:
-            from probes.megatron import MegatronProbe
-        except ImportError as err:
-            raise TuneError(f"--probe megatron is not available here ({err})") from None
-        try:
-            backend = MegatronProbe(args.command, backend, flavor=args.emit_flavor, cluster=cluster,
-                                    optimizer=training.optimizer, flash_attention=training.flash_attention)
-        except ValueError as err:
-            raise TuneError(f"--command: {err}") from None
-    return backend, None
+    if not args.command:
+        raise TuneError("--probe megatron needs --command \"python pretrain_gpt.py {args} ...\"")
+    try:
+        from probes.megatron import MegatronProbe
+    except ImportError as err:
+        raise TuneError(f"--probe megatron is not available here ({err})") from None
+    local = None if args.backend == "slurm" else (args.local_procs or cluster.gpus_per_node)
+    try:
+        return MegatronProbe(args.command, backend, flavor=args.emit_flavor, cluster=cluster,
+                             optimizer=training.optimizer, flash_attention=training.flash_attention,
+                             max_local_procs=local), None
+    except ValueError as err:
+        raise TuneError(f"--command: {err}") from None
+
+
+def _local_backend(capacity: int):
+    """LocalBackend with as many processes as the candidate needs when this node has them, one DP
+    replica (TP*PP processes, reported as reduced and projected by the probe) when only that fits."""
+    from probes.backend import LocalBackend, ProbeBackend
+    from probes.result import ProbeResult
+
+    class OneNode(ProbeBackend):
+        name = "local"
+
+        def run(self, spec, *, workdir, timeout_s):
+            c = spec.candidate
+            world, model_parallel = c["tp"] * c["pp"] * c["dp"], c["tp"] * c["pp"]
+            if world <= capacity:
+                return LocalBackend(nproc=world).run(spec, workdir=workdir, timeout_s=timeout_s)
+            if model_parallel <= capacity:
+                return LocalBackend(nproc=model_parallel).run(spec, workdir=workdir, timeout_s=timeout_s)
+            return ProbeResult(status="invalid", wall_s=0.0, reason=(
+                f"needs TP*PP = {model_parallel} processes, this node runs {capacity} (--local-procs); "
+                "probe it with --backend slurm"))
+
+    return OneNode()
 
 
 def _command_line(argv: list[str]) -> str:
     return shlex.join(["tune", *argv])
+
+
+def _check_emittable(args: argparse.Namespace, model, cluster, training, space) -> None:
+    """Refuse before probing when no configuration of the space could be emitted as --emit asks."""
+    from planner.emit import RunSetup, setup_problems
+
+    problems = []
+    for est in space.survivors:
+        problems = setup_problems(RunSetup(model=model, cluster=cluster, training=training, candidate=est.candidate),
+                                  args.emit, args.emit_flavor)
+        if not problems:
+            return
+    raise TuneError(f"--emit {args.emit} ({args.emit_flavor}) cannot write any configuration of this space: "
+                    + "; ".join(problems))
 
 
 def _emit_best(args: argparse.Namespace, model, cluster, training, best_summary, calibration) -> list[Path]:
@@ -249,6 +307,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         if not len(space):
             raise TuneError(f"no survivor of the plan is in the space ({restriction or 'empty'}); "
                             "check --results-table and the model/cluster flags")
+        if args.emit:
+            _check_emittable(args, model, cluster, training, space)
         settings = TuneSettings(study_name=args.study, storage_url=args.storage, budget_s=args.budget,
                                 max_probes=args.max_probes, top_k=args.top_k, sampler=args.sampler, seed=args.seed,
                                 startup_trials=args.startup_trials, confirm_top=args.confirm_top,
@@ -267,6 +327,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         objective = Objective(space=space, backend=backend, settings=probe, on_probe=progress.probing)
         try:
             records = run_study(study, objective, space, settings, progress)
+        except BackendError as err:
+            progress.close()
+            print(f"tune: error: {err}; the study stops (finished trials are kept in {args.storage}); fix it and "
+                  f"resume with: {_command_line(argv)}", file=sys.stderr)
+            return 1
         except KeyboardInterrupt:
             progress.close()
             print(f"tune: interrupted; finished trials are stored in {args.storage} (study {args.study!r}) and the "
@@ -307,7 +372,7 @@ def report(args: argparse.Namespace) -> int:
     import optuna
 
     from search.objective import TrialRecord
-    from search.report import format_table, report_dict, summarize, write_plots
+    from search.report import format_table, format_trials, report_dict, summarize, write_plots
     from search.study import open_storage, TuneSettings
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -322,6 +387,9 @@ def report(args: argparse.Namespace) -> int:
         print(json.dumps(report_dict(records, study=args.study, storage=args.storage), indent=1))
     else:
         print(format_table(summarize(records), title=f"tune: study {args.study!r}, {len(records)} trials"))
+        if args.trials:
+            print()
+            print(format_trials(records))
     if not args.no_plots:
         paths = write_plots(records, Path(args.plots or f"tune-report-{args.study}"), study=args.study)
         print(f"tune: wrote plots {', '.join(str(p) for p in paths)}", file=sys.stderr)
@@ -336,14 +404,20 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "calibrate":
         from probes.calibrate import main as calibrate_main
 
-        return int(calibrate_main(argv[1:]) or 0)
-    if argv and argv[0] == "report":
-        args = build_report_parser().parse_args(argv[1:])
-        command = report
-    else:
-        rest = argv[1:] if argv and argv[0] == "run" else argv
-        args = build_run_parser().parse_args(rest)
-        command = lambda a: run(a, argv)  # noqa: E731
+        try:
+            return int(calibrate_main(argv[1:]) or 0)
+        except SystemExit as exit_:          # its argparse: --help (0) or a usage error (2)
+            return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+    try:                                     # argparse exits (one line, 2) on bad flags, 0 after --help
+        if argv and argv[0] == "report":
+            args = build_report_parser().parse_args(argv[1:])
+            command = report
+        else:
+            rest = argv[1:] if argv and argv[0] == "run" else argv
+            args = build_run_parser().parse_args(rest)
+            command = lambda a: run(a, argv)  # noqa: E731
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 0
     try:
         return command(args)
     except PlantuneError as err:

@@ -20,8 +20,11 @@ run probes the configuration again.
 from __future__ import annotations
 
 import math
+import os
+import socket
 import statistics
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -35,14 +38,18 @@ from planner.flops import model_flops_per_iteration, tflops_per_gpu
 from probes.backend import ProbeBackend
 from probes.result import ProbeResult, ProbeSpec
 
-from search._base import DERIVED, PROBED
+from search._base import DERIVED, PROBED, BackendError
 from search.calibration import Measurement, refit
-from search.space import SearchSpace, config_key
+from search.space import SearchSpace, config_key, params_of
 
 FINAL = PROBED + DERIVED
+WORKER = f"{socket.gethostname()}:{os.getpid()}"
+"""which tuner process ran a trial (several workers may share one study)"""
 WAIT_POLL_S = 1.0
 PARAMS_WAIT_S = 10.0
 """how long to wait for an earlier running trial (another worker) to record its parameters"""
+HOLDER_MARGIN_S = 120.0
+"""waiting for another worker's probe of the same slot: its probe timeout plus this"""
 
 
 def trial_phase(user_attrs: dict, system_attrs: dict) -> str:
@@ -215,7 +222,8 @@ class Objective:
     def _calibration(self, ledger: Ledger, extra: list[Measurement] = ()) -> CostParams:
         return refit(self.model, self.cluster, self.training, ledger.measurements() + list(extra))
 
-    def _ruled_out_reason(self, params: dict) -> str:
+    def _ruled_out_reason(self, params: dict) -> tuple[str, str]:
+        """(label, reason) of parameters that name no survivor."""
         tp, pp, mbs = int(params.get("tp", 1)), int(params.get("pp", 1)), int(params.get("mbs", 1))
         dp = max(self.cluster.world_size // max(tp * pp, 1), 1)
         cand = Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=max(self.training.global_batch // (mbs * dp), 1),
@@ -224,27 +232,37 @@ class Objective:
                          hybrid=bool(params.get("hybrid", False)))
         est = estimate(self.model, self.cluster, self.training, cand)
         why = "; ".join(v.detail for v in est.reasons) or "outside the restricted space"
-        return f"{cand.label()} is not a survivor of the plan ({why}); never probed"
+        return cand.label(), f"{cand.label()} is not a survivor of the plan ({why}); never probed"
 
     def _earlier_claim(self, trial: optuna.Trial, slot: str) -> TrialRecord | None:
-        """The earliest other trial holding ``slot``, once it is final; None when this trial should probe."""
+        """The earliest other trial holding ``slot``, once it is final; None when this trial should probe.
+
+        Lower trial numbers win: a running holder (another worker) is waited for, up to a probe
+        timeout and a margin, failing stale ones on the way (a killed worker's trial then stops
+        holding the slot); a running trial that has not recorded its slot yet is waited for briefly.
+        """
         study = trial.study
-        deadline = time.monotonic() + PARAMS_WAIT_S
+        params_deadline = time.monotonic() + PARAMS_WAIT_S
+        holder_deadline = None
         while True:
             ledger = Ledger.of(study, exclude=trial.number)
             earlier = [r for r in ledger.records if r.number < trial.number]
-            unknown = [r for r in earlier if r.state == "RUNNING" and not r.slot]
-            holders = [r for r in earlier if r.slot == slot and (r.final or r.state == "RUNNING")]
-            final = [r for r in holders if r.final]
+            final = [r for r in earlier if r.slot == slot and r.final]
             if final:
                 return min(final, key=lambda r: r.number)
-            if holders:                                    # another worker probes it right now: wait
-                deadline = time.monotonic() + self.settings.timeout_s + 120.0
-            elif not unknown or time.monotonic() > deadline:
-                return None
-            if time.monotonic() > deadline:
+            holders = [r for r in earlier if r.slot == slot and r.state == "RUNNING"]
+            unknown = [r for r in earlier if r.state == "RUNNING" and not r.slot]
+            now = time.monotonic()
+            if holders:
+                holder_deadline = holder_deadline or now + self.settings.timeout_s + HOLDER_MARGIN_S
+                if now > holder_deadline:
+                    return None
+            elif not unknown or now > params_deadline:
                 return None
             time.sleep(WAIT_POLL_S)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                optuna.storages.fail_stale_trials(study)
 
     # -- the trial -------------------------------------------------------------------------------
     def __call__(self, trial: optuna.Trial) -> float:
@@ -256,20 +274,22 @@ class Objective:
             raise
 
     def _run(self, trial: optuna.Trial) -> float:
-        params = suggest(trial, self.distributions)
         ua = trial.user_attrs
         frozen = next(t for t in trial.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
                       if t.number == trial.number)
         phase = trial_phase(ua, frozen.system_attrs)
+        # enqueued or retried parameters from an older space may lie outside this one's distributions
+        given = {**(frozen.system_attrs.get("fixed_params") or {}), **frozen.params}
+        params = given if given and self.space.lookup(given) is None else suggest(trial, self.distributions)
         est = self.space.lookup(params)
         if est is None:
-            reason = self._ruled_out_reason(params)
-            self._set(trial, phase=phase, outcome="ruled_out", reason=reason)
+            label, reason = self._ruled_out_reason(params)
+            self._set(trial, config=label, phase=phase, outcome="ruled_out", reason=reason)
             raise ProbeFailed(reason)
         cand = est.candidate
         key = config_key(cand)
         slot = key if phase != "confirm" else f"{key}#confirm{ua.get('repeat', 1)}"
-        self._set(trial, config=key, slot=slot, phase=phase, candidate=cand.to_dict(),
+        self._set(trial, config=key, slot=slot, phase=phase, candidate=cand.to_dict(), worker=WORKER,
                   pred_analytic_tflops=est.model_tflops_per_gpu, pred_analytic_step_s=est.step_time_s,
                   pred_memory_gb=est.memory_gb_per_gpu)
 
@@ -280,8 +300,8 @@ class Objective:
         if phase != "confirm":
             oom = self.space.implied_oom(cand, ledger.ooms())
             if oom is not None:
-                reason = (f"implied out of memory: needs at least the memory of {oom.label()}, which ran out of "
-                          "memory (same layout, no smaller MBS, no more recompute or sharding); never probed")
+                reason = (f"implied out of memory: {oom.label()} ran out of memory and this needs at least as much "
+                          "(same layout, no smaller MBS, no more recompute or sharding); never probed")
                 self._set(trial, outcome="implied_oom", reason=reason, implied_by=oom.label())
                 raise ProbeFailed(reason)
 
@@ -302,7 +322,13 @@ class Objective:
         if self.on_probe is not None:
             self.on_probe(trial.number, cand.label())
         started = time.monotonic()
-        result = self.backend.run(spec, workdir=workdir, timeout_s=s.timeout_s)
+        try:
+            result = self.backend.run(spec, workdir=workdir, timeout_s=s.timeout_s)
+        except Exception as err:  # noqa: BLE001 -- any backend failure is recorded, then stops the study
+            first = (str(err).splitlines() or [""])[0][:300]
+            reason = f"{getattr(self.backend, 'name', 'probe')} backend failed: {type(err).__name__}: {first}"
+            self._set(trial, outcome="backend_error", reason=reason + "; the next run probes it again")
+            raise BackendError(reason) from err
         self._set(trial, probe_wall_s=round(time.monotonic() - started, 3), device=result.device,
                   workdir=result.workdir or (str(workdir) if s.workdir else ""), layers_run=spec.layers_run)
         return result
@@ -314,6 +340,8 @@ class Objective:
             reason = result.reason or f"probe ended {result.status}"
             self._set(trial, outcome=outcome, reason=reason, measured_memory_gb=memory,
                       root_cause_rank=result.root_cause_rank)
+            if outcome == "oom":
+                self._record_implied(trial, cand)
             raise ProbeFailed(f"{outcome}: {reason}")
         step = (result.projected or {}).get("step_time_s") if result.reduced else result.step_time_median_s
         if not step or step <= 0:
@@ -332,6 +360,24 @@ class Objective:
         trial.study.set_user_attr("calibration", {"compute_scale": after.compute_scale,
                                                   "comm_scale": after.comm_scale, "trial": trial.number})
         return tflops
+
+    def _record_implied(self, trial: optuna.Trial, oom: Candidate) -> None:
+        """Add a FAIL trial (no probe) for every configuration this OOM rules out, so reports list them."""
+        ledger = Ledger.of(trial.study, exclude=trial.number)
+        taken = set(ledger.final_by_slot()) | ledger.running_keys(self.space) | ledger.waiting_keys(self.space)
+        for est in self.space.survivors:
+            c = est.candidate
+            key = config_key(c)
+            if key in taken or not self.space.implied_oom(c, [oom]):
+                continue
+            reason = (f"implied out of memory by trial {trial.number} ({oom.label()} ran out of memory): same "
+                      "layout, no smaller MBS, no more recompute or sharding; never probed")
+            params = {n: v for n, v in params_of(c).items() if n in self.distributions}
+            trial.study.add_trial(optuna.trial.create_trial(
+                state=TrialState.FAIL, params=params, distributions=self.distributions,
+                user_attrs={"config": key, "slot": key, "phase": "implied", "candidate": c.to_dict(),
+                            "outcome": "implied_oom", "reason": reason, "implied_by": oom.label(),
+                            "pred_analytic_tflops": est.model_tflops_per_gpu}))
 
     def _copy(self, trial: optuna.Trial, earlier: TrialRecord) -> float:
         """Answer the trial from an earlier trial's stored result (no probe)."""

@@ -17,7 +17,9 @@ the table (possible only without the restriction) is answered ``invalid`` with `
 from __future__ import annotations
 
 import csv
+import math
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,18 +131,22 @@ class ReplayBackend(ProbeBackend):
 
     ``noise`` > 0 multiplies each answered step time by exp(N(0, noise)) (seeded by ``seed`` and
     the configuration), to exercise confirmation; 0 answers the table's numbers exactly.
+    ``delay_s`` makes each probe take that long (wall clock), like a real one.
     """
 
     name = "replay"
 
-    def __init__(self, table: ReplayTable, *, noise: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, table: ReplayTable, *, noise: float = 0.0, seed: int = 0, delay_s: float = 0.0) -> None:
         self.table = table
         self.noise = noise
         self.seed = seed
+        self.delay_s = delay_s
         self.calls = 0
 
     def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
         self.calls += 1
+        if self.delay_s > 0:        # a probe that takes time (tests of concurrency, kills and Ctrl-C)
+            time.sleep(min(self.delay_s, timeout_s))
         c = Candidate(**spec.candidate)
         row = self.table.find(c)
         where = f"{self.table.path}" + (f" table {self.table.table}" if self.table.table else "")
@@ -158,7 +164,7 @@ class ReplayBackend(ProbeBackend):
         step = row.step_time_s
         if self.noise > 0:
             rng = random.Random(f"{self.seed}:{c.label()}:{self.calls}")
-            step *= pow(2.718281828459045, rng.gauss(0.0, self.noise))
+            step *= math.exp(rng.gauss(0.0, self.noise))
         gbs = c.mbs * c.dp * c.gas
         return ProbeResult(status="ok", step_times_s=[step], step_time_median_s=step, step_time_cv=0.0, stable=True,
                            samples_per_s=gbs / step, peak_memory_bytes_per_rank=memory,

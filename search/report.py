@@ -15,9 +15,12 @@ import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from tabulate import tabulate
 
-from search.objective import TrialRecord
+if TYPE_CHECKING:                      # search.objective imports optuna; reports need only its records
+    from search.objective import TrialRecord
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,8 +91,9 @@ def best(summaries: list[ConfigSummary]) -> ConfigSummary | None:
     return max(pool, key=lambda s: s.median_tflops or 0.0) if pool else None
 
 
-def _f(x: float | None, nd: int = 1) -> str:
-    return "N/A" if x is None else f"{x:.{nd}f}"
+def _f(x: float | None, digits: int = 4) -> str:
+    """``digits`` significant digits (CPU probes measure 0.01 TFLOPs, GPUs 150)."""
+    return "N/A" if x is None else f"{x:.{digits}g}"
 
 
 def short(config: str) -> str:
@@ -106,8 +110,8 @@ def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
         n = len(s.tflops)
         spread = f"±{100 * (s.spread or 0) / 2:.1f}% (n={n})" if n > 1 else ("n=1" if n else "")
         rows.append([rank if s.tflops else "-", short(s.config), s.outcome + (" ✓" if s.confirmed else ""),
-                     _f(s.median_tflops, 2), spread, _f(s.step_s, 3), _f(s.memory_gb, 2),
-                     _f(s.pred_analytic_tflops, 2), _f(s.pred_before_tflops, 2), _f(s.pred_after_tflops, 2),
+                     _f(s.median_tflops), spread, _f(s.step_s), _f(s.memory_gb, 3),
+                     _f(s.pred_analytic_tflops), _f(s.pred_before_tflops), _f(s.pred_after_tflops),
                      (s.reason[:70] + "…") if len(s.reason) > 71 else s.reason])
     headers = ["#", "configuration", "outcome", "measured TFLOPs", "spread", "step s", "mem GB",
                "pred analytic", "pred before", "pred after", "reason"]
@@ -116,6 +120,19 @@ def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
             "pred before/after: calibrated prediction before and after that probe's measurement; "
             "mem GB = 1e9 bytes, peak per rank")
     return "\n".join(x for x in (title, table, note) if x)
+
+
+def format_trials(records: list[TrialRecord]) -> str:
+    """One row per trial: what each probe predicted before, after its refit, and measured."""
+    rows = []
+    for r in sorted(records, key=lambda r: r.number):
+        a = r.attrs
+        rows.append([r.number, r.phase, short(r.config or "?"), r.outcome or r.state,
+                     _f(r.value if r.state == "COMPLETE" else None), _f(a.get("pred_before_tflops")),
+                     _f(a.get("pred_after_tflops")), _f(a.get("probe_wall_s"), 3),
+                     (r.reason[:60] + "…") if len(r.reason) > 61 else r.reason])
+    return tabulate(rows, headers=["trial", "phase", "configuration", "outcome", "measured TFLOPs", "pred before",
+                                   "pred after", "probe s", "reason"], tablefmt="simple", disable_numparse=True)
 
 
 def report_dict(records: list[TrialRecord], *, study: str, storage: str) -> dict:
@@ -209,4 +226,4 @@ def write_plots(records: list[TrialRecord], out_dir: Path, *, study: str = "") -
     return paths
 
 
-__all__ = ["ConfigSummary", "best", "format_table", "report_dict", "short", "summarize", "write_plots"]
+__all__ = ["ConfigSummary", "best", "format_table", "format_trials", "report_dict", "short", "summarize", "write_plots"]

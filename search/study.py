@@ -1,8 +1,8 @@
 """The Optuna study over the planner's survivors: storage, sampler, analytic top-k, search, confirmation.
 
-    >>> from search.study import TuneSettings, open_study, run
+    >>> from search.study import Progress, TuneSettings, open_study, run
     >>> study = open_study(settings, space, inputs)
-    >>> run(study, objective, space, settings)          # search, then confirm the best few
+    >>> run(study, objective, space, settings, Progress(total=len(space), budget_s=7200))   # search, confirm
 
 Sampler design (`SurvivorSampler`): Optuna's TPE proposes a point of the structured space
 (log2 tp, pp, mbs, vpp; ZeRO stage; recompute; flags) from every completed measurement; the
@@ -15,7 +15,14 @@ picks uniformly among the unprobed survivors; ``grid`` walks them in (tp, pp, dp
 
 Storage: any Optuna RDB URL (``sqlite:///tune.db`` by default; ``postgresql://...`` for many
 workers) with a heartbeat, so a trial left RUNNING by a killed tuner is failed after the grace
-period and re-queued by `optuna.storages.RetryFailedTrialCallback` on the next run.
+period and re-queued by ``RetryHeartbeatStaleTrialCallback`` (``RetryFailedTrialCallback``
+before Optuna 4.9) on the next run. Several workers share a study safely: the sampler skips
+configurations other workers run or queued, and of two trials that still race to the same
+configuration the lower-numbered one probes while the other is answered from its result.
+
+Budget: no trial starts once the budget is spent, and the search phase stops early enough to leave
+the confirmation probes their (mean probe wall time) share; a running probe is bounded by
+``--probe-timeout``, not by the budget.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import random
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -32,12 +40,13 @@ from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 from planner import CostParams, plan
 from planner.space import RECOMPUTE
 
-from search._base import TuneError
+from search._base import NOT_FINAL, PROBED, TuneError
 from search.objective import Ledger, Objective, ProbeFailed, TrialRecord
 from search.space import SearchSpace, config_key, params_of
 
 SAMPLERS = ("tpe", "random", "grid", "analytic")
 INPUTS_ATTR = "plantune_inputs"
+OPEN_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,19 +157,29 @@ def open_storage(settings: TuneSettings):
     storages = optuna.storages
     retry_cls = getattr(storages, "RetryHeartbeatStaleTrialCallback", None)
     kwargs = {"heartbeat_interval": settings.heartbeat_s, "grace_period": settings.grace_s}
-    if retry_cls is not None:
-        kwargs["heartbeat_stale_trial_callback"] = retry_cls(max_retry=settings.max_retry)
-    else:
-        kwargs["failed_trial_callback"] = storages.RetryFailedTrialCallback(max_retry=settings.max_retry)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if retry_cls is not None:
+            kwargs["heartbeat_stale_trial_callback"] = retry_cls(max_retry=settings.max_retry)
+        else:
+            kwargs["failed_trial_callback"] = storages.RetryFailedTrialCallback(max_retry=settings.max_retry)
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    try:
-        return storages.RDBStorage(url, engine_kwargs=engine, **kwargs)
-    except (ImportError, ValueError) as err:
-        raise TuneError(f"--storage {url}: {str(err).splitlines()[0]}") from None
-    except Exception as err:  # noqa: BLE001 -- SQLAlchemy's connection errors have no common import-free base
-        if type(err).__module__.startswith("sqlalchemy"):
-            raise TuneError(f"--storage {url}: cannot open the database: {str(err).splitlines()[0]}") from None
-        raise
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return storages.RDBStorage(url, engine_kwargs=engine, **kwargs)
+        except (ImportError, ValueError) as err:
+            raise TuneError(f"--storage {url}: {str(err).splitlines()[0]}") from None
+        except Exception as err:  # noqa: BLE001 -- SQLAlchemy's errors, without importing SQLAlchemy here
+            if not type(err).__module__.startswith("sqlalchemy"):
+                raise
+            # Workers starting together race to create Optuna's tables (a unique-key violation on
+            # PostgreSQL's catalog): the loser retries and finds them created.
+            if attempt == OPEN_ATTEMPTS - 1 or "connect" in str(err).lower() and "refused" in str(err).lower():
+                raise TuneError(f"--storage {url}: cannot open the database: {str(err).splitlines()[0]}") from None
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def open_study(settings: TuneSettings, space: SearchSpace, inputs: dict) -> optuna.Study:
@@ -180,14 +199,16 @@ def open_study(settings: TuneSettings, space: SearchSpace, inputs: dict) -> optu
 
 
 def recover(study: optuna.Study, space: SearchSpace, top_k: int) -> dict[str, int]:
-    """Before searching: fail stale RUNNING trials (re-queued by the retry callback), re-queue Ctrl-C'd
-    ones, queue the analytic top-k. Returns counts of what was queued."""
-    optuna.storages.fail_stale_trials(study)
+    """Before searching: fail stale RUNNING trials (re-queued by the retry callback), re-queue
+    Ctrl-C'd and backend-failed ones, queue the analytic top-k. Returns counts of what was queued."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
     ledger = Ledger.of(study)
     taken = ledger.done_keys(space) | ledger.running_keys(space) | ledger.waiting_keys(space)
     interrupted = []
     for r in ledger.records:
-        if r.outcome == "interrupted" and r.config and r.phase != "confirm" and r.config not in taken:
+        if r.outcome in NOT_FINAL and r.config and r.phase != "confirm" and r.config not in taken:
             est = space.by_key(r.config)
             if est is not None:
                 interrupted.append(est)
@@ -280,30 +301,35 @@ def _short(label: str | None) -> str:
 
 # -- the run --------------------------------------------------------------------------------------
 
-class _Stopper:
-    """Optuna callback: stop when the space is exhausted, the probe limit is hit, or the budget needs the rest."""
+def _search_done(ledger: Ledger, space: SearchSpace, settings: TuneSettings, progress: Progress) -> bool:
+    """The space is exhausted, the probe limit is hit, or the budget needs the rest (for confirmation)."""
+    taken = ledger.done_keys(space) | ledger.running_keys(space)
+    if not [k for k in space.keys if k not in taken]:
+        return True
+    probes = [r for r in ledger.records if r.outcome in PROBED and r.phase != "confirm"
+              and "duplicate_of" not in r.attrs]
+    if settings.max_probes is not None and len(probes) >= settings.max_probes:
+        return True
+    left = progress.remaining_s()
+    if left is not None:
+        walls = [float(r.attrs.get("probe_wall_s") or 0.0) for r in probes]
+        mean = sum(walls) / len(walls) if walls else 0.0
+        if left <= mean * (1 + settings.confirm_top * settings.repeats):
+            return True
+    return False
 
-    def __init__(self, space: SearchSpace, settings: TuneSettings, progress: Progress, reserve_probes: int) -> None:
-        self.space, self.settings, self.progress, self.reserve_probes = space, settings, progress, reserve_probes
+
+class _Stopper:
+    """Optuna callback: progress line, then `study.stop()` when `_search_done`."""
+
+    def __init__(self, space: SearchSpace, settings: TuneSettings, progress: Progress) -> None:
+        self.space, self.settings, self.progress = space, settings, progress
 
     def __call__(self, study: optuna.Study, trial) -> None:
         ledger = Ledger.of(study)
         self.progress.update(ledger, self.space, TrialRecord.from_trial(trial))
-        taken = ledger.done_keys(self.space) | ledger.running_keys(self.space)
-        if not [k for k in self.space.keys if k not in taken]:
+        if _search_done(ledger, self.space, self.settings, self.progress):
             study.stop()
-            return
-        probes = [r for r in ledger.records if r.outcome in ("ok", "oom", "timeout", "crash", "invalid")
-                  and r.phase != "confirm" and "duplicate_of" not in r.attrs]
-        if self.settings.max_probes is not None and len(probes) >= self.settings.max_probes:
-            study.stop()
-            return
-        left = self.progress.remaining_s()
-        if left is not None:
-            walls = [float(r.attrs.get("probe_wall_s") or 0.0) for r in probes]
-            mean = sum(walls) / len(walls) if walls else 0.0
-            if left <= mean * (1 + self.reserve_probes):
-                study.stop()
 
 
 def search(study: optuna.Study, objective: Objective, space: SearchSpace, settings: TuneSettings,
@@ -311,15 +337,11 @@ def search(study: optuna.Study, objective: Objective, space: SearchSpace, settin
     """Probe until the space is exhausted, --max-probes, or the budget (keeping time for confirmation)."""
     ledger = Ledger.of(study)
     progress.update(ledger, space)
-    taken = ledger.done_keys(space) | ledger.running_keys(space)
-    if not [k for k in space.keys if k not in taken] and not ledger.waiting_keys(space):
+    if _search_done(ledger, space, settings, progress):
         return
-    reserve = settings.confirm_top * settings.repeats
     timeout = progress.remaining_s()
-    if timeout is not None and timeout <= 0:
-        return
-    study.optimize(objective, timeout=timeout, catch=(ProbeFailed,),
-                   callbacks=[_Stopper(space, settings, progress, reserve)], gc_after_trial=False)
+    study.optimize(objective, timeout=timeout, catch=(ProbeFailed,), callbacks=[_Stopper(space, settings, progress)],
+                   gc_after_trial=False)
 
 
 def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int) -> list[tuple[str, int]]:
@@ -350,7 +372,8 @@ def confirm(study: optuna.Study, objective: Objective, space: SearchSpace, setti
     waiting = [r for r in Ledger.of(study).records if r.state == "WAITING" and r.phase == "confirm"]
     if waiting:
         study.optimize(objective, n_trials=len(waiting), timeout=timeout, catch=(ProbeFailed,),
-                       callbacks=[lambda s, t: progress.update(Ledger.of(s), space, TrialRecord.from_trial(t))], gc_after_trial=False)
+                       callbacks=[lambda s, t: progress.update(Ledger.of(s), space, TrialRecord.from_trial(t))],
+                       gc_after_trial=False)
     return len(slots)
 
 

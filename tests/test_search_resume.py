@@ -1,0 +1,136 @@
+"""Resume, duplicate detection and Ctrl-C at the library level (fast; replay-like fake backends, SQLite).
+
+    python -m pytest tests/test_search_resume.py -q
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from planner import TrainingSpec, load_model, make_cluster, plan
+from probes.backend import ProbeBackend
+from probes.result import ProbeResult
+from search._base import BackendError
+from search.objective import Ledger, Objective, ProbeFailed, ProbeSettings
+from search.space import SearchSpace, config_key, params_of
+from search.study import Progress, SurvivorSampler, TuneSettings, confirmation_slots, open_study, run
+
+INPUTS = {"test": 1}
+
+
+class Fake(ProbeBackend):
+    """Step time = 10 s x (1 + tp + pp) / mbs^0.1; counts calls; optional Ctrl-C at call N."""
+
+    name = "fake"
+
+    def __init__(self, interrupt_at: int | None = None, error_at: int | None = None) -> None:
+        self.calls: list[str] = []
+        self.interrupt_at = interrupt_at
+        self.error_at = error_at
+
+    def run(self, spec, *, workdir: Path, timeout_s: float) -> ProbeResult:
+        c = spec.candidate
+        self.calls.append(f"tp={c['tp']},pp={c['pp']},mbs={c['mbs']},{c['recompute']}")
+        if self.interrupt_at is not None and len(self.calls) == self.interrupt_at:
+            raise KeyboardInterrupt
+        if self.error_at is not None and len(self.calls) == self.error_at:
+            raise RuntimeError("salloc: error: no allocation")
+        step = 10.0 * (1 + c["tp"] + c["pp"]) / c["mbs"] ** 0.1
+        return ProbeResult(status="ok", step_time_median_s=step, step_times_s=[step], device="fake")
+
+
+@pytest.fixture(scope="module")
+def space() -> SearchSpace:
+    p = plan(load_model("1B3"), make_cluster(gpu="V100-32GB", gpus=8, gpus_per_node=4),
+             TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", recompute_options=("full",),
+                          zero_options=(1,), flash_attention=False, max_mbs=8))
+    return SearchSpace.from_plan(p)
+
+
+def go(space, backend, storage, **kw) -> list:
+    settings = TuneSettings(study_name="s", storage_url=storage, seed=0, **kw)
+    study = open_study(settings, space, INPUTS)
+    objective = Objective(space=space, backend=backend, settings=ProbeSettings())
+    return run(study, objective, space, settings, Progress(total=len(space), budget_s=None, enabled=False))
+
+
+def test_whole_space_once_then_nothing(space, tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    fake = Fake()
+    records = go(space, fake, storage, confirm_top=0)
+    search_calls = list(fake.calls)
+    assert sorted(search_calls) == sorted(set(search_calls)) and len(search_calls) == len(space)
+    assert all(r.state == "COMPLETE" for r in records)
+    again = Fake()
+    assert len(go(space, again, storage, confirm_top=0)) == len(records) and again.calls == []
+
+
+def test_confirmation_repeats_the_best_and_is_not_redone(space, tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    fake = Fake()
+    records = go(space, fake, storage, max_probes=5, confirm_top=2, repeats=2)
+    confirms = [r for r in records if r.phase == "confirm"]
+    assert len(confirms) == 4 and len({r.config for r in confirms}) == 2
+    assert confirmation_slots(Ledger(records), 2, 2) == []
+    again = Fake()
+    go(space, again, storage, max_probes=5, confirm_top=2, repeats=2)
+    assert again.calls == []
+
+
+def test_ctrl_c_records_interrupted_and_the_next_run_probes_it_first(space, tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    with pytest.raises(KeyboardInterrupt):
+        go(space, Fake(interrupt_at=3), storage, confirm_top=0)
+    study = optuna.load_study(study_name="s", storage=storage)
+    failed = [t for t in study.trials if t.state.name == "FAIL"]
+    assert len(failed) == 1 and failed[0].user_attrs["outcome"] == "interrupted"
+    assert len([t for t in study.trials if t.state.name == "COMPLETE"]) == 2
+    fake = Fake()
+    records = go(space, fake, storage, confirm_top=0)
+    retried = [r for r in records if r.phase == "retry"]
+    assert len(retried) == 1 and retried[0].config == failed[0].user_attrs["config"]
+    first_new = min((r for r in records if r.number > failed[0].number), key=lambda r: r.number)
+    assert first_new.config == failed[0].user_attrs["config"]
+    measured = [r.config for r in records if r.measured]
+    assert len(measured) == len(set(measured)) == len(space)
+
+
+def test_backend_failure_stops_the_study_and_is_retried(space, tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    with pytest.raises(BackendError, match="no allocation"):
+        go(space, Fake(error_at=2), storage, confirm_top=0)
+    study = optuna.load_study(study_name="s", storage=storage)
+    failed = [t for t in study.trials if t.state.name == "FAIL"]
+    assert len(failed) == 1 and failed[0].user_attrs["outcome"] == "backend_error"
+    records = go(space, Fake(), storage, confirm_top=0)
+    retried = [r for r in records if r.phase == "retry"]
+    assert len(retried) == 1 and retried[0].config == failed[0].user_attrs["config"] and retried[0].measured
+
+
+def test_enqueued_ruled_out_configuration_is_never_probed(space, tmp_path):
+    keep = set(space.keys[:4])
+    small = SearchSpace.from_plan(space.plan, keep=keep)
+    outside = next(e for e in space.survivors if config_key(e.candidate) not in keep)
+    study = optuna.create_study(direction="maximize", sampler=SurvivorSampler(small, seed=0))
+    study.enqueue_trial(params_of(outside.candidate))
+    fake = Fake()
+    study.optimize(Objective(space=small, backend=fake, settings=ProbeSettings()), n_trials=1,
+                   catch=(ProbeFailed,))
+    trial = study.trials[0]
+    assert trial.state.name == "FAIL" and trial.user_attrs["outcome"] == "ruled_out" and fake.calls == []
+    assert "not a survivor" in trial.user_attrs["reason"]
+
+
+def test_sampler_never_proposes_outside_the_space(space, tmp_path):
+    keep = set(space.keys[::3])
+    small = SearchSpace.from_plan(space.plan, keep=keep)
+    sampler = SurvivorSampler(small, strategy="tpe", seed=3, startup_trials=2)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    objective = Objective(space=small, backend=Fake(), settings=ProbeSettings())
+    study.optimize(objective, n_trials=len(small), catch=())
+    probed = [t.user_attrs["config"] for t in study.trials]
+    assert set(probed) == keep and len(probed) == len(set(probed))
+    assert all(config_key(e.candidate) in keep for e in small.survivors)

@@ -1,0 +1,147 @@
+"""`tune` end to end on CPU: real probes (torchrun, 2 gloo processes, a tiny GPT), resume, Ctrl-C.
+
+    python -m pytest tests/test_tune_local.py -q          # ~2 minutes on 2 cores
+
+Plans with the catalog's ``CPU`` accelerator (one core as a "device") and probes with
+``--probe-device cpu``; the 9 configurations are TP/PP/DP layouts of 2 processes x MBS 1/2/4.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_YAML = """name: tiny
+layers: 4
+hidden: 64
+heads: 4
+kv_heads: 4
+ffn_hidden: 256
+vocab: 128
+seq_len: 32
+tied_embeddings: false
+"""
+
+
+def tiny_argv(tmp: Path, *extra: str) -> list[str]:
+    model = tmp / "tiny.yaml"
+    model.write_text(TINY_YAML)
+    return [sys.executable, "-m", "search.cli", "--model", str(model), "--gpu", "CPU", "--gpus", "2",
+            "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "32", "--precision", "fp32",
+            "--recompute", "none", "--zero", "0", "--max-mbs", "4", "--no-rampup", "--probe-device", "cpu",
+            "--probe-steps", "2", "--probe-warmup", "1", "--probe-timeout", "120", "--study", "cpu",
+            "--storage", f"sqlite:///{tmp}/tune.db", "--workdir", str(tmp / "runs"), "--seed", "0", *extra]
+
+
+def probed(trials) -> list:
+    return [t for t in trials if "probe_wall_s" in t.user_attrs]
+
+
+@pytest.mark.slow
+def test_end_to_end_on_cpu_then_rerun_adds_no_probe(tmp_path):
+    argv = tiny_argv(tmp_path, "--confirm-top", "2", "--repeats", "1", "--emit", "megatron-deepspeed",
+                     "--emit-flavor", "microsoft", "--out", str(tmp_path / "run"), "--format", "json")
+    first = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = json.loads(first.stdout)
+    trials = optuna.load_study(study_name="cpu", storage=f"sqlite:///{tmp_path}/tune.db").trials
+    assert len({t.user_attrs["config"] for t in trials}) >= 6
+    for t in trials:
+        assert t.state.name in ("COMPLETE", "FAIL")
+        if t.state.name == "FAIL":
+            assert t.user_attrs.get("reason"), t.user_attrs
+    ok = [t for t in trials if t.state.name == "COMPLETE"]
+    assert ok and all("cpu" in t.user_attrs["device"] for t in ok)
+    best = out["best"]
+    assert best["n_measurements"] == 2
+    written = {p.name for p in (tmp_path / "run").iterdir()}
+    assert {"plan.yaml", "ds_config.json", "args.txt", "launch.sbatch", "tune_measured.json"} <= written
+    plan_yaml = (tmp_path / "run" / "plan.yaml").read_text()
+    assert f"micro_batch_size: {best['candidate']['mbs']}" in plan_yaml
+    assert f"pipeline_model_parallel_size: {best['candidate']['pp']}" in plan_yaml
+
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    after = optuna.load_study(study_name="cpu", storage=f"sqlite:///{tmp_path}/tune.db").trials
+    assert len(after) == len(trials) and len(probed(after)) == len(probed(trials))
+
+
+def _kill_probe(worker_pids: list[int]) -> None:
+    """After a failure: the probe's workers and their torchrun, by pid (a killed tuner leaves them running)."""
+    for pid in worker_pids:
+        try:
+            proc = psutil.Process(pid)
+            parent = proc.parent()
+            proc.kill()
+            if parent is not None and "torch.distributed.run" in " ".join(parent.cmdline()):
+                parent.kill()
+        except psutil.Error:
+            continue
+
+
+def _wait_for_probe(tmp: Path, storage: str, timeout_s: float = 120) -> optuna.trial.FrozenTrial:
+    """The first RUNNING trial once its probe's worker processes have started."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            trials = optuna.load_study(study_name="cpu", storage=storage).trials
+        except (KeyError, ValueError):
+            trials = []
+        for t in trials:
+            if t.state.name == "RUNNING" and list((tmp / "runs" / "cpu" / f"trial-{t.number:04d}").glob("pid-rank*")):
+                return t
+        time.sleep(0.3)
+    raise AssertionError("no probe started")
+
+
+@pytest.mark.slow
+def test_ctrl_c_records_interrupted_leaves_no_process_and_resumes(tmp_path):
+    storage = f"sqlite:///{tmp_path}/tune.db"
+    argv = tiny_argv(tmp_path, "--confirm-top", "0", "--max-probes", "2", "--top-k", "2")
+    # still probing when Ctrl-C comes; and Ctrl-C restored: a shell starts background jobs (a CI script's
+    # `cmd &`) with SIGINT ignored, which every child, this tuner included, would inherit
+    restore = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "sys.argv = ['tune', *sys.argv[1:]]; runpy.run_module('search.cli', run_name='__main__')")
+    long_probe = [sys.executable, "-c", restore, *argv[3:], "--probe-steps", "100000"]
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}            # SIGABRT below dumps every thread's stack
+    proc = subprocess.Popen(long_probe, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    pids: list[int] = []
+    try:
+        running = _wait_for_probe(tmp_path, storage)
+        folder = tmp_path / "runs" / "cpu" / f"trial-{running.number:04d}"
+        pids = [int(p.read_text()) for p in folder.glob("pid-rank*")]
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"tune did not stop after SIGINT; its threads:\n{err[-8000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        _kill_probe(pids)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Resume with:" in err and "tune --model" in err
+    time.sleep(0.5)
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    trial = optuna.load_study(study_name="cpu", storage=storage).trials[running.number]
+    assert trial.state.name == "FAIL" and trial.user_attrs["outcome"] == "interrupted"
+
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = optuna.load_study(study_name="cpu", storage=storage).trials
+    config = trial.user_attrs["config"]
+    retry = [t for t in trials if t.number > running.number and t.user_attrs.get("config") == config]
+    assert retry and retry[0].state.name == "COMPLETE" and retry[0].user_attrs["phase"] == "retry"
