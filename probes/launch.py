@@ -178,6 +178,24 @@ def stop_processes(proc: subprocess.Popen, tracker: ProcessTracker) -> None:
         pass
 
 
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG).
+
+    The launcher starts torchrun in its own session (so a timeout can kill the whole group), which
+    also means a SIGKILLed tuner would leave torchrun and its workers running on the GPUs. With this
+    in torchrun (preexec) and in every probe worker, the chain tuner -> torchrun -> workers dies
+    together. A no-op where prctl is unavailable.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
 def run_with_timeout(argv: list[str], *, env: dict[str, str], timeout_s: float, workdir: Path,
                      stdout: object = None, stderr: object = None) -> tuple[int | None, bool, ProcessTracker]:
     """Run ``argv`` in a new session; kill everything it started on timeout or when it ends.
@@ -185,7 +203,7 @@ def run_with_timeout(argv: list[str], *, env: dict[str, str], timeout_s: float, 
     Returns (returncode, timed_out, tracker); ``tracker.seen`` holds every pid observed.
     """
     proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=die_with_parent)
     tracker = ProcessTracker(proc.pid, workdir)
     deadline = time.monotonic() + timeout_s
     timed_out = False

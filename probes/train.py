@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, tflops_per_gpu
 from probes.gpt import lm_loss
+from probes.launch import die_with_parent
 from probes.layout import LayoutError, ProbeLayout, model_run, model_spec, resolve_layout
 from probes.outcome import OOM_MARKERS
 from probes.parallel import DTYPES, build_mesh, build_schedule, build_stages, rank_position
@@ -310,6 +311,7 @@ def _finish(code: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.time()
+    die_with_parent()   # a killed torchrun (or tuner) takes its workers with it
     parser = argparse.ArgumentParser(prog="python -m probes.train", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="ProbeSpec JSON file")
     parser.add_argument("--out", required=True, help="probe folder (result.json, error and pid files)")

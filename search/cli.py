@@ -191,6 +191,7 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
             raise TuneError(f"--backend slurm is not available here ({err})") from None
         try:
             backend = SlurmBackend(args.reservation, args.partition, args.account, gpus_per_node=cluster.gpus_per_node,
+                                   nodes=cluster.nodes,   # salloc'ed when not already inside an allocation
                                    time_limit_s=max(args.probe_timeout * 1.5, 300.0),
                                    gres=None if args.probe_device == "cpu" else "gpu")
         except ValueError as err:

@@ -10,6 +10,7 @@ PLANTUNE_PROBE_FAULT (hang | raise | exit on one rank) and PLANTUNE_PROBE_RLIMIT
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,45 @@ def test_dying_rank_is_crash_naming_it(fault, message, tmp_path):
     command = json.loads((tmp_path / "command.json").read_text())
     assert command["argv"][1:3] == ["-m", "torch.distributed.run"] and command["returncode"] != 0
     assert (tmp_path / "rank1.stderr").is_file()
+
+
+@pytest.mark.slow
+def test_killed_launcher_takes_torchrun_and_workers_with_it(tmp_path):
+    """SIGKILL the process that launched a probe (a tuner): torchrun and every worker die too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(tiny_spec(dp=2, gas=1).to_dict()))
+    code = ("import json, sys; from pathlib import Path; from probes.launch import run_local; "
+            "from probes.result import ProbeSpec; "
+            "run_local(ProbeSpec.from_dict(json.loads(Path(sys.argv[1]).read_text())), nproc=2, "
+            "workdir=Path(sys.argv[2]), timeout_s=300)")
+    env = {**os.environ, "PLANTUNE_PROBE_FAULT": "hang:1"}
+    launcher = subprocess.Popen([sys.executable, "-c", code, str(spec_path), str(tmp_path / "probe")],
+                                cwd=str(Path(__file__).resolve().parents[1]), env=env)
+    probe = tmp_path / "probe"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(probe.glob("pid-rank*"))) < 2:
+        time.sleep(0.5)
+    workers = [int(p.read_text()) for p in probe.glob("pid-rank*")]
+    assert len(workers) == 2, "the probe did not start"
+    torchrun = [c.pid for c in psutil.Process(launcher.pid).children()]
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=30)
+    left = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        left = [pid for pid in workers + torchrun if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.5)
+    for pid in left:     # never leave them behind, even when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running after the launcher died: {left}"
