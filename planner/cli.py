@@ -19,6 +19,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -33,31 +34,30 @@ TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "s
                  "headroom", "step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "tokens_per_s")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line and exit status 2."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit status 2 (shared by `plan` and `tune`)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
+def number(kind: type, *, allow_zero: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: a positive (or, with ``allow_zero``, non-negative) int or float."""
+    noun = "an integer" if kind is int else "a number"
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(f"{value} must be {'>= 0' if allow_zero else '> 0'}")
+        return value
+    return parse
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
+_positive_int = number(int)
+_positive_float = number(float)
 
 
 def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = True) -> None:
@@ -147,7 +147,7 @@ def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, T
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="plan", description="Rank the parallel layouts of a training run: TP, PP, DP, MBS, GAS, "
+    p = OneLineParser(prog="plan", description="Rank the parallel layouts of a training run: TP, PP, DP, MBS, GAS, "
                                          "recompute, ZeRO/FSDP, with predicted memory and TFLOPs per GPU.")
     add_setup_arguments(p, model_required=False)
     p.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")

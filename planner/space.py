@@ -192,7 +192,7 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int,
             for mbs in _powers_of_two_upto(training.max_mbs):
                 gas = max(training.global_batch // (mbs * dp), 1)
                 for recompute in training.recompute_options:
-                    for zero in zeros:
+                    for zero in (zeros if dp > 1 else (0,)):   # with DP=1 every stage is ZeRO-0
                         hybrids = (False, True) if fw == "fsdp" and zero == 3 and dp > gpus_per_node else (False,)
                         for sp in sps:
                             for vpp in vpps:

@@ -197,12 +197,13 @@ def die_with_parent() -> None:
 
 
 def run_with_timeout(argv: list[str], *, env: dict[str, str], timeout_s: float, workdir: Path,
-                     stdout: object = None, stderr: object = None) -> tuple[int | None, bool, ProcessTracker]:
+                     stdout: object = None, stderr: object = None,
+                     cwd: Path = REPO_ROOT) -> tuple[int | None, bool, ProcessTracker]:
     """Run ``argv`` in a new session; kill everything it started on timeout or when it ends.
 
     Returns (returncode, timed_out, tracker); ``tracker.seen`` holds every pid observed.
     """
-    proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=die_with_parent)
     tracker = ProcessTracker(proc.pid, workdir)
     deadline = time.monotonic() + timeout_s

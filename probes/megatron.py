@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -43,7 +42,7 @@ from planner.hardware import ClusterSpec, make_cluster
 from planner.model import ModelSpec
 from planner.space import Candidate, TrainingSpec
 from probes.backend import ProbeBackend
-from probes.launch import ProcessTracker, probe_env, stop_processes
+from probes.launch import probe_env, run_with_timeout
 from probes.layout import model_spec
 from probes.outcome import OOM_MARKERS
 from probes.result import ProbeResult, ProbeSpec
@@ -263,25 +262,10 @@ def run_local_command(worker: Sequence[str], *, procs: int, workdir: Path, timeo
     (workdir / "command.json").write_text(json.dumps({"argv": argv, "cwd": str(cwd), "env": overrides,
                                                       "timeout_s": timeout_s}, indent=1) + "\n")
     started = time.monotonic()
-    timed_out = False
     with open(workdir / "torchrun.stdout", "wb") as out, open(workdir / "torchrun.stderr", "wb") as err:
-        proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **overrides}, stdout=out, stderr=err,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        tracker = ProcessTracker(proc.pid, workdir)
-        deadline = time.monotonic() + timeout_s
-        try:
-            while True:
-                try:
-                    proc.wait(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
-                    break
-                except subprocess.TimeoutExpired:
-                    tracker.snapshot()
-                    if time.monotonic() >= deadline:
-                        timed_out = True
-                        break
-        finally:
-            stop_processes(proc, tracker)
-    return StepOutcome(returncode=proc.returncode, timed_out=timed_out,
+        returncode, timed_out, tracker = run_with_timeout(argv, env={**os.environ, **overrides}, timeout_s=timeout_s,
+                                                          workdir=workdir, stdout=out, stderr=err, cwd=cwd)
+    return StepOutcome(returncode=returncode, timed_out=timed_out,
                        stdout=(workdir / "torchrun.stdout").read_text(errors="replace"),
                        stderr=(workdir / "torchrun.stderr").read_text(errors="replace"),
                        wall_s=time.monotonic() - started, hosts=("localhost",), world=procs, job_id="",

@@ -24,7 +24,7 @@ import warnings
 from contextlib import ExitStack
 from pathlib import Path
 
-from planner.cli import add_setup_arguments, setup_from_args
+from planner.cli import OneLineParser, add_setup_arguments, number, setup_from_args
 from planner.errors import PlantuneError
 
 from search._base import BackendError, TuneError
@@ -34,13 +34,6 @@ BACKENDS = ("local", "replay", "slurm")
 PROBES = ("train", "megatron")
 EMIT_KINDS = ("megatron-deepspeed", "megatron-lm", "fsdp")
 EXIT_INTERRUPTED = 130
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse whose errors are one line and exit status 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def parse_duration(text: str) -> float:
@@ -58,46 +51,15 @@ def parse_duration(text: str) -> float:
     return value
 
 
-def _nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
-
-
-def _pos_int(text: str) -> int:
-    value = _nonneg_int(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return value
-
-
-def _pos_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be > 0")
-    return value
+_nonneg_float = number(float, allow_zero=True)
+_nonneg_int = number(int, allow_zero=True)
+_pos_int = number(int)
+_pos_float = number(float)
 
 
 def build_run_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tune", description="Probe the planner's surviving configurations, best predicted first, "
-                                         "then as a sampler learning from every measurement directs.")
+    p = OneLineParser(prog="tune", description="Probe the planner's surviving configurations, best predicted "
+                                               "first, then as a sampler learning from every measurement directs.")
     add_setup_arguments(p)
     s = p.add_argument_group("study")
     s.add_argument("--study", "--study-name", dest="study", default="plantune", help="study name (resume key)")
@@ -151,8 +113,8 @@ def build_run_parser() -> argparse.ArgumentParser:
 
 
 def build_report_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tune report", description="A study's ranked table again, plots, and how to open it in "
-                                                "optuna-dashboard.")
+    p = OneLineParser(prog="tune report", description="A study's ranked table again, plots, and how to open it "
+                                                      "in optuna-dashboard.")
     p.add_argument("--study", "--study-name", dest="study", required=True)
     p.add_argument("--storage", default=DEFAULT_STORAGE)
     p.add_argument("--plots", default=None, help="folder for the PNG plots (default tune-report-STUDY)")
