@@ -27,7 +27,7 @@ from planner.errors import InputError, PlantuneError
 from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
 from planner.model import ModelSpec, Rampup, load_model
 from planner.rank import Estimate, Plan, estimate, plan
-from planner.space import FRAMEWORKS, OPTIMIZERS, PRECISIONS, RECOMPUTE, Candidate, TrainingSpec, parse_explain
+from planner.space import FRAMEWORKS, OPTIMIZERS, PRECISIONS, RECOMPUTE, TrainingSpec, parse_explain
 
 FORMATS = ("table", "json", "yaml", "csv")
 TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "memory_gb_per_gpu",
@@ -370,10 +370,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
-
-
-def _candidate_arg(text: str) -> Candidate:  # for tools that want the --explain syntax without a cluster
-    return parse_explain(text, world=1, global_batch=1)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ rule lives in `planner.constraints` so that a ruled-out candidate can say why.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Iterator
 
 from planner.errors import InputError
@@ -200,6 +200,3 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int,
                                     yield Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute,
                                                     zero=zero, sp=sp, vpp=vpp, hybrid=hybrid)
 
-
-def with_dp(candidate: Candidate, dp: int, global_batch: int) -> Candidate:
-    return replace(candidate, dp=dp, gas=max(global_batch // (candidate.mbs * dp), 1))
