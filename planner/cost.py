@@ -20,8 +20,9 @@ from planner.model import ModelSpec
 from planner.space import Candidate, TrainingSpec
 from planner.topology import Topology, collective_time_s
 
-# Tile of the GEMM kernels cuBLAS picks for large shapes (128x128 thread-block tiles; ibid., "Tile
-# Quantization") and the inner size at which a GEMM is half as efficient as a long one.
+# Tile of the GEMM kernels cuBLAS picks for large shapes (128x128 thread-block tiles; NVIDIA "Matrix
+# Multiplication Background" user guide, "Tile Quantization") and the inner size at which a GEMM is
+# half as efficient as a long one. The large-GEMM ceiling is the accelerator's `gemm_efficiency`.
 GEMM_TILE = 128
 GEMM_K_HALF = 64
 # Fraction of HBM bandwidth element-wise kernels (norms, dropout, softmax, optimizer) sustain
@@ -127,6 +128,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                                              group=cand.tp) * params.comm_scale
 
     lps = layers_per_stage(model, cand.pp)
+    # LM head GEMM (forward + 2x backward) and the cross-entropy over the logits: ~6 bytes per logit
+    # read and written (16-bit logits, fp32 softmax), forward and backward (Megatron's vocab-parallel loss)
     logits_s = 3 * _gemm_s(tokens, model.vocab // cand.tp, model.hidden, peak, sm, base)
     logits_s += 3 * 6 * tokens * model.vocab / cand.tp / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
     first_stage = lps * layer_s
