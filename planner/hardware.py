@@ -11,11 +11,10 @@ names, SI throughout (FLOP/s, bytes, bytes/s). Link bandwidths are per GPU, one 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-import yaml
 
 from planner.errors import InputError
+from planner.files import read_mapping
 
 TB = 1e12
 GB = 1e9
@@ -209,25 +208,12 @@ def make_cluster(*, gpu: str, gpus: int | None = None, gpus_per_node: int = 8, n
                        nodes=nodes, inter_node_bw_bytes_per_s=inter, intra_node_bw_bytes_per_s=intra)
 
 
-def _read_yaml_mapping(path: str, what: str) -> dict:
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{what} file {path} does not exist")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as err:
-        raise InputError(f"malformed {what} YAML {path}: {str(err).splitlines()[0]}; fix the syntax") from None
-    if not isinstance(data, dict):
-        raise InputError(f"malformed {what} YAML {path}: expected a mapping of keys")
-    return data
-
-
 _CLUSTER_KEYS = {"name", "gpu", "gpus_per_node", "nodes", "inter_node_gbps", "intra_node_gbps", "notes", "source"}
 
 
 def load_cluster(path: str, *, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
     """A cluster YAML: gpu, gpus_per_node, nodes, inter_node_gbps (per node), intra_node_gbps (per GPU)."""
-    d = _read_yaml_mapping(path, "cluster")
+    d = read_mapping(path, "cluster file")
     unknown = set(d) - _CLUSTER_KEYS
     if unknown:
         raise InputError(f"cluster YAML {path}: unknown keys {sorted(unknown)}; known: {sorted(_CLUSTER_KEYS)}")
@@ -251,7 +237,7 @@ def apply_calibration(cluster: ClusterSpec, path: str) -> ClusterSpec:
     ``inter_node_busbw_gbps`` (measured all-reduce bus bandwidth per GPU, Gbit/s),
     ``cuda_context_bytes``.
     """
-    d = _read_yaml_mapping(path, "calibration")
+    d = read_mapping(path, "calibration file")
     changes: dict = {}
     if "matmul_efficiency" in d:
         changes["matmul_efficiency"] = float(d["matmul_efficiency"])

@@ -11,13 +11,12 @@ published counts.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import yaml
 
 from planner.errors import InputError
+from planner.files import read_mapping
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -276,17 +275,8 @@ def load_model(arg: str) -> ModelSpec:
     """A preset name or shorthand, a HF config.json, or a plantune model YAML."""
     path = Path(arg)
     if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file():
-        if not path.is_file():
-            raise InputError(f"model file {arg} does not exist; give a preset ({', '.join(preset_names())}) "
-                             "or an existing config.json / model YAML")
-        text = path.read_text()
-        try:
-            data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as err:
-            first = str(err).splitlines()[0]
-            raise InputError(f"malformed model file {arg}: {first}; fix the syntax") from None
-        if not isinstance(data, dict):
-            raise InputError(f"malformed model file {arg}: expected a mapping of keys")
+        data = read_mapping(path, "model file", missing_hint=f"; give a preset ({', '.join(preset_names())}) "
+                                                             "or an existing config.json / model YAML")
         return _from_hf(data, arg) if path.suffix.lower() == ".json" else _from_yaml(data, arg)
     return get_preset(arg)
 

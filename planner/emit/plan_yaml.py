@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from planner.errors import InputError, PlantuneError
+from planner.files import read_mapping
 from planner.hardware import make_cluster
 from planner.model import ModelSpec, Rampup, model_to_yaml_dict
 from planner.space import Candidate, TrainingSpec
@@ -124,14 +125,7 @@ def _need(d: dict, key: str, where: str, typ: type | tuple[type, ...], path: Pat
 def load_plan_yaml(path: Path) -> RunSetup:
     """plan.yaml -> RunSetup (yaml.safe_load only); InputError naming the key when malformed or incomplete."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"plan file {path} does not exist; write one with `plan ... --emit DIR`")
-    try:
-        d = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise InputError(f"malformed plan file {path}: {str(err).splitlines()[0]}; fix the YAML syntax") from None
-    if not isinstance(d, dict):
-        raise InputError(f"malformed plan file {path}: expected a mapping of Megatron argument names")
+    d = read_mapping(path, "plan file", missing_hint="; write one with `plan ... --emit DIR`")
     num = (int, float)
     p = _need(d, "plantune", "", dict, path)
     pm = _need(p, "model", "plantune.", dict, path)
@@ -200,8 +194,7 @@ def load_plan_yaml(path: Path) -> RunSetup:
 
 def plan_target(path: Path) -> tuple[str, str | None]:
     """(kind, flavor) a plan.yaml was emitted for."""
-    d = yaml.safe_load(Path(path).read_text())
-    p = d.get("plantune") if isinstance(d, dict) else None
+    p = read_mapping(path, "plan file").get("plantune")
     if not isinstance(p, dict) or "kind" not in p:
         raise InputError(f"plan file {path}: missing plantune.kind; regenerate it with `plan --emit`")
     return p["kind"], p.get("flavor")
