@@ -18,3 +18,35 @@ DATA = Path(__file__).resolve().parent / "data"
 def data_dir() -> Path:
     """tests/data: copies of ../shared/data (seed 003's V100 tables, published runs)."""
     return DATA
+
+
+SLURM_RESERVATION = "plantune_test"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real one-node SLURM cluster (probes/slurm_cluster.py) with reservation SLURM_RESERVATION, for the session."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from probes.slurm_cluster import missing_binaries, start_local_cluster, stop_local_cluster
+
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"SLURM/munge not installed ({', '.join(missing)}); apt-get install slurm-wlm munge")
+    if os.geteuid() != 0:
+        pytest.skip("a local SLURM cluster needs root (slurmd, munged as the munge user)")
+    root = Path(tempfile.mkdtemp(prefix="plantune-slurm-", dir="/tmp"))
+    cluster = start_local_cluster(root, cpus=2, gpus=2)
+    try:
+        made = subprocess.run(["scontrol", "create", "reservation", f"ReservationName={SLURM_RESERVATION}",
+                               f"Nodes={cluster.hostname}", "Users=root", "StartTime=now", "Duration=120"],
+                              env=cluster.env(), capture_output=True, text=True, timeout=30, check=False)
+        assert made.returncode == 0, made.stderr
+        yield cluster
+    finally:
+        subprocess.run(["scancel", "--user=root"], env=cluster.env(), capture_output=True, timeout=30, check=False)
+        stop_local_cluster(cluster)
+        shutil.rmtree(root, ignore_errors=True)

@@ -10,11 +10,8 @@ programs are missing or the user is not root.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,13 +22,13 @@ from planner.space import Candidate, TrainingSpec
 from probes.result import ProbeResult
 from probes.slurm import (SlicePool, Slice, SlurmBackend, SlurmError, expand_nodelist, find_slice, plan_slices,
                           slice_shape, torchrun_task_argv)
-from probes.slurm_cluster import LocalSlurmCluster, missing_binaries, start_local_cluster, stop_local_cluster
+from probes.slurm_cluster import LocalSlurmCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest_probes import tiny_model, tiny_spec  # noqa: E402
 
 FAKE = Path(__file__).resolve().parent / "fake_megatron.py"
-RESERVATION = "plantune_test"
+from conftest import SLURM_RESERVATION as RESERVATION  # noqa: E402
 
 
 # -- slices on fake node lists (no SLURM needed) --------------------------------------------------------
@@ -132,27 +129,6 @@ def test_reservation_names_are_checked():
 
 
 # -- a real one-node SLURM cluster ---------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    missing = missing_binaries()
-    if missing:
-        pytest.skip(f"SLURM/munge not installed ({', '.join(missing)}); apt-get install slurm-wlm munge")
-    if os.geteuid() != 0:
-        pytest.skip("a local SLURM cluster needs root (slurmd, munged as the munge user)")
-    root = Path(tempfile.mkdtemp(prefix="plantune-slurm-", dir="/tmp"))
-    cluster = start_local_cluster(root, cpus=2, gpus=2)
-    try:
-        made = subprocess.run(["scontrol", "create", "reservation", f"ReservationName={RESERVATION}",
-                               f"Nodes={cluster.hostname}", "Users=root", "StartTime=now", "Duration=120"],
-                              env=cluster.env(), capture_output=True, text=True, timeout=30, check=False)
-        assert made.returncode == 0, made.stderr
-        yield cluster
-    finally:
-        subprocess.run(["scancel", "--user=root"], env=cluster.env(), capture_output=True, timeout=30, check=False)
-        stop_local_cluster(cluster)
-        shutil.rmtree(root, ignore_errors=True)
-
 
 def _backend(cluster: LocalSlurmCluster, **kw: object) -> SlurmBackend:
     """A backend that sallocs the test node on the reservation: 2 (fake) GPUs per node unless told."""
