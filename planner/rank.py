@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from planner.constraints import Reason, Violation, memory_violations, structural_violations
 from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, throughput
 from planner.errors import DoesNotFitError
-from planner.hardware import ClusterSpec
+from planner.hardware import ClusterSpec, make_cluster
 from planner.memory import MemoryBreakdown, memory_breakdown
 from planner.model import ModelSpec
 from planner.space import Candidate, TrainingSpec, enumerate_candidates
@@ -176,8 +176,6 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
 
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> int | None:
     """Smallest whole number of nodes on which some configuration fits (by doubling, then bisection)."""
-    from planner.hardware import make_cluster
-
     def fits(nodes: int) -> bool:
         c = make_cluster(gpu=cluster.gpu.id, nodes=nodes, gpus_per_node=cluster.gpus_per_node,
                          inter_node_gbps=cluster.inter_node_bw_bytes_per_s * 8 / 1e9,
