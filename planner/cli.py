@@ -5,6 +5,11 @@
     plan --model 176B --gpus 384 --explain "tp=4,pp=12,mbs=2,recompute=full,zero=1" --format json
     plan --model 176B --gpus 384 --emit megatron-deepspeed --out run/
     plan --from run/plan.yaml --explain
+    plan --model llama3-405b --gpus 2048 --gpu H100-SXM --tp 8 --pp 16 --emit megatron-lm
+
+Every layout is judged by `planner.rules` for the target it will run on: the framework (default per
+model: the BigScience fork where it can express the model, else Megatron-LM; the output says which),
+the fork flavour (--emit-flavor) and, with --emit, the emitter's kind.
 
 Bad input prints one line and exits 2; `--debug` shows the traceback instead.
 """
@@ -27,11 +32,12 @@ from planner.errors import InputError, PlantuneError
 from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
 from planner.model import ModelSpec, Rampup, load_model
 from planner.rank import Estimate, Plan, estimate, plan
-from planner.space import FRAMEWORKS, OPTIMIZERS, PRECISIONS, RECOMPUTE, TrainingSpec, parse_explain
+from planner.rules import Target, model_violations
+from planner.space import FRAMEWORKS, OPTIMIZERS, PINNABLE, PRECISIONS, RECOMPUTE, TrainingSpec, parse_explain
 
 FORMATS = ("table", "json", "yaml", "csv")
 TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "memory_gb_per_gpu",
-                 "headroom", "step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "tokens_per_s")
+                 "headroom", "step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "tokens_per_s", "note")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -76,7 +82,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--calibration", help="calibration YAML from `tune calibrate`, overrides catalog figures")
     add("--inter-node-gbps", type=_positive_float, help="inter-node bandwidth per node, Gbit/s")
     add("--intra-node-gbps", type=_positive_float, help="intra-node bandwidth per GPU and direction, Gbit/s")
-    add("--framework", choices=FRAMEWORKS, default="megatron-deepspeed")
+    add("--framework", choices=FRAMEWORKS, default=None,
+        help="framework whose rules and costs apply (default: the --emit kind, else per model: megatron-deepspeed "
+             "(bigscience fork) when it can express the model, else megatron-lm; the output says which)")
     add("--global-batch", type=_positive_int, help="global batch in sequences (default: the model's)")
     add("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
     add("--precision", choices=PRECISIONS, default=None, help="bf16 (default; fp16 on GPUs without bf16) | fp16 | fp32")
@@ -86,9 +94,14 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--no-rampup", action="store_true", help="ignore the model's default rampup")
     add("--recompute", help=f"comma list of recompute modes to consider ({','.join(RECOMPUTE)})")
     add("--zero", help="comma list of ZeRO stages / FSDP strategies to consider (0,1,2,3)")
-    add("--max-mbs", type=_positive_int, default=16, help="largest micro-batch to try (powers of two)")
+    add("--max-mbs", type=_positive_int, default=16,
+        help="largest micro-batch to try (every value dividing the per-replica batch)")
+    for name in PINNABLE:
+        add(f"--{name}", type=_positive_int, default=None, dest=f"pin_{name}",
+            help=f"pin {name.upper()} (like --gpus): only layouts with this {name.upper()} are considered")
     add("--memory-fraction", type=_positive_float, default=0.75,
-        help="seed 004's rule: model states may use this fraction of GPU memory (default 0.75)")
+        help="seed 004's first guess: layouts whose model states exceed this fraction of GPU memory are marked "
+             "(advisory, default 0.75); only the predicted total against memory minus headroom rules out")
     add("--memory-headroom", type=float, default=0.05, help="fraction of GPU memory kept free (default 0.05)")
     p.add_argument("--flash-attention", dest="flash_attention", action="store_true", default=None,
                    help="attention without the s^2 matrices (default: on except for megatron-deepspeed)")
@@ -119,6 +132,53 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
     return cluster
 
 
+DEFAULT_TARGETS = (Target("megatron-deepspeed", "bigscience"), Target("megatron-lm"))
+"""per-model default framework: the first of these that can express the model"""
+
+
+def choose_framework(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> tuple[str, str]:
+    """(framework, why): --framework, else the --emit kind, else the first default target that expresses the model."""
+    if args.framework:
+        return args.framework, "--framework"
+    emit = getattr(args, "emit", None)
+    if emit:
+        return emit, f"--emit {emit}"
+    flavor = getattr(args, "emit_flavor", None) or "bigscience"
+    refused = []
+    for target in DEFAULT_TARGETS:
+        if target.framework == "megatron-deepspeed":
+            target = Target("megatron-deepspeed", flavor)
+        probe = TrainingSpec(global_batch=1, seq_len=1, framework=target.framework, flavor=target.flavor or "bigscience",
+                             flash_attention=_flash_default(args, target.framework, flavor))
+        problems = [v for v in model_violations(model, probe, cluster, target) if v.reason.value == "model_feature"]
+        if not problems:
+            why = "default for this model" + (f" ({refused[0]})" if refused else "")
+            return target.framework, why
+        refused.append(problems[0].detail.split(";")[0])
+    return "fsdp", f"default for this model ({'; '.join(refused)})"
+
+
+def _flash_default(args: argparse.Namespace, framework: str, flavor: str) -> bool:
+    if args.flash_attention is not None:
+        return args.flash_attention
+    return not (framework == "megatron-deepspeed" and flavor == "bigscience")  # the BigScience fork has no flash
+
+
+def _pins(args: argparse.Namespace, cluster: ClusterSpec) -> tuple[tuple[str, int], ...]:
+    pins = tuple((name, getattr(args, f"pin_{name}")) for name in PINNABLE
+                 if getattr(args, f"pin_{name}", None) is not None)
+    d, world = dict(pins), cluster.world_size
+    for name in ("tp", "pp", "dp"):
+        if name in d and world % d[name]:
+            raise InputError(f"--{name} {d[name]} does not divide the {world} GPUs; pin a divisor of {world}")
+    if all(k in d for k in ("tp", "pp", "dp")) and d["tp"] * d["pp"] * d["dp"] != world:
+        raise InputError(f"--tp {d['tp']} x --pp {d['pp']} x --dp {d['dp']} = {d['tp'] * d['pp'] * d['dp']} != "
+                         f"{world} GPUs; leave one of them out")
+    if "mbs" in d and d["mbs"] > args.max_mbs:
+        args.max_mbs = d["mbs"]
+    return pins
+
+
 def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> TrainingSpec:
     precision = args.precision or ("bf16" if cluster.gpu.peak_bf16_flops else "fp16")
     rampup = None
@@ -126,12 +186,15 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
         rampup = Rampup(start=args.rampup[0], increment=args.rampup[1], samples=args.rampup[2])
     elif not args.no_rampup:
         rampup = model.rampup
-    flash = args.flash_attention if args.flash_attention is not None else args.framework != "megatron-deepspeed"
+    framework, _ = choose_framework(args, model, cluster)
+    flavor = getattr(args, "emit_flavor", None) or "bigscience"
+    flash = _flash_default(args, framework, flavor)
+    pins = _pins(args, cluster)
     gbs = args.global_batch or model.global_batch
     if gbs is None:
         raise InputError(f"model {model.name} has no default global batch; give --global-batch N")
     return TrainingSpec(global_batch=gbs, seq_len=args.seq_len or model.seq_len, precision=precision,
-                        optimizer=args.optimizer, framework=args.framework, rampup=rampup,
+                        optimizer=args.optimizer, framework=framework, flavor=flavor, rampup=rampup, pins=pins,
                         memory_fraction=args.memory_fraction, memory_headroom=args.memory_headroom,
                         flash_attention=flash, train_tokens=args.train_tokens or model.train_tokens,
                         max_mbs=args.max_mbs,
@@ -158,7 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pick", type=_positive_int, help="with --emit: emit the configuration of this rank")
     p.add_argument("--emit", choices=("megatron-deepspeed", "megatron-lm", "fsdp"),
                    help="write a ready-to-run setup of the chosen configuration into --out")
-    p.add_argument("--emit-flavor", "--emit_flavor", choices=("bigscience", "microsoft"), default="bigscience")
+    p.add_argument("--emit-flavor", "--emit_flavor", choices=("bigscience", "microsoft"), default=None,
+                   help="Megatron-DeepSpeed fork whose rules plan and emit follow: bigscience (default; "
+                        "bigscience-workshop/Megatron-DeepSpeed) or microsoft (deepspeedai/Megatron-DeepSpeed: "
+                        "GQA, RMSNorm, FlashAttention, ZeRO-2/3 without PP, selective recompute, SP); with --from: "
+                        "the file's fork unless given")
     p.add_argument("--out", help="folder for --emit (default run/)")
     p.add_argument("--reservation", help="SLURM reservation for launch.sbatch")
     p.add_argument("--from", dest="from_yaml", help="plantune plan.yaml to read back (and re-render with --emit)")
@@ -174,29 +241,43 @@ def _row(e: Estimate, cluster: ClusterSpec, framework: str) -> dict:
     mem = d["memory_gb_per_gpu"]
     d["headroom"] = f"{1 - mem * 1e9 / cluster.gpu.memory_bytes:.0%}" if mem is not None else "N/A"
     d["sp"] = int(d["sp"])
+    d["note"] = "states>{:.0%}".format(p_fraction) if (p_fraction := _advice_fraction(e)) else ""
     if framework == "fsdp":
         d["zero"] = e.candidate.fsdp_strategy
     return d
 
 
-def render_table(p: Plan, top: int, elapsed_s: float) -> str:
+def _advice_fraction(e: Estimate) -> float | None:
+    """seed 004's fraction when its advisory mark is on this estimate (for the table's note column)."""
+    for v in e.advice:
+        if v.reason.value == "memory_static_rule":
+            return float(v.detail.split("> ")[1].split("%")[0]) / 100
+    return None
+
+
+def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -> str:
     from tabulate import tabulate
 
     m, cl, t = p.model, p.cluster, p.training
     lines = [f"{m.name}: {m.params / 1e9:.1f}B params, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
              f"{f' (kv {m.kv_heads})' if m.kv_heads != m.heads else ''}, seq {t.seq_len}",
              f"cluster: {cl.nodes} nodes x {cl.gpus_per_node} {cl.gpu.id} = {cl.world_size} GPUs "
-             f"({cl.gpu.memory_bytes / 2**30:.0f} GiB each); framework {t.framework}, {t.precision}, "
+             f"({cl.gpu.memory_bytes / 2**30:.0f} GiB each); framework {t.framework}"
+             + (f" ({t.flavor} fork)" if t.framework == "megatron-deepspeed" else "")
+             + (f" [{framework_why}]" if framework_why else "") + f", {t.precision}, "
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
     rows = [[_row(e, cl, t.framework)[c] for c in TABLE_COLUMNS] for e in p.candidates[:top]]
     headers = ["#", "TP", "PP", "DP", "MBS", "GAS", "recompute", "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
-               "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s"]
+               "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s", "note"]
     lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it)")
     lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * 10 + (".1f", "", ".2f", ".1f", ".1f", ".3f",
-                                                                            ".0f")))
+                                                                            ".0f", "")))
+    if any(e.advice for e in p.candidates[:top]):
+        lines.append(f"note states>{t.memory_fraction:.0%}: weights+grads+optimizer above {t.memory_fraction:.0%} of "
+                     "GPU memory, seed 004's first guess (advisory: only the predicted total rules out)")
     best = p.candidates[0]
     if best.throughput and best.throughput.days_to_train:
         lines.append(f"\nBest: {best.throughput.days_to_train:.1f} days / "
@@ -215,6 +296,8 @@ def render_explain(e: Estimate, cluster: ClusterSpec) -> str:
     out = [f"{e.candidate.label()}: {'fits' if e.fits else 'RULED OUT'}"]
     for v in e.reasons:
         out.append(f"  - {v.reason.value}: {v.detail}")
+    for v in e.advice:
+        out.append(f"  (advice) {v.reason.value}: {v.detail}")
     if e.memory:
         mb = d["memory_breakdown_gb"]
         out.append(f"\nMemory per GPU ({mb['stage']} stage, GB = 1e9 bytes; {cluster.gpu.id} has "
@@ -265,18 +348,46 @@ def _emit(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, trai
     from planner.emit import emit
 
     return emit(_setup(model, cluster, training, est), args.emit, Path(args.out or "run"),
-                flavor=flavor or args.emit_flavor, reservation=args.reservation)
+                flavor=flavor or training.flavor, reservation=args.reservation)
+
+
+def targets_for(training: TrainingSpec, emit: str | None) -> tuple[Target, ...]:
+    """What every layout must run on: the training's framework (and fork), and the --emit kind if another."""
+    own = Target(training.framework, training.flavor)
+    if not emit:
+        return (own,)
+    target = Target(emit, training.flavor)
+    return (own,) if target == own else (own, target)
+
+
+def check_expressible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                      targets: tuple[Target, ...]) -> None:
+    """One line naming what a target cannot express at all (checked before enumerating anything)."""
+    problems = [v.detail for t in targets for v in model_violations(model, training, cluster, t)]
+    if problems:
+        raise InputError("; ".join(dict.fromkeys(problems)))
+
+
+def _refuse_unfit(est: Estimate) -> None:
+    if not est.fits:
+        raise InputError(f"{est.candidate.label()} is ruled out ({est.reasons[0].reason.value}: "
+                         f"{est.reasons[0].detail}); pick a configuration that fits")
 
 
 def _from_yaml(args: argparse.Namespace) -> int:
+    """A plan file, checked by the same rules and memory model as `plan`; --emit re-renders it."""
     from planner.emit import load_plan_yaml, plan_target
 
     setup = load_plan_yaml(Path(args.from_yaml))
-    est = estimate(setup.model, setup.cluster, setup.training, setup.candidate)
+    kind, file_flavor = plan_target(Path(args.from_yaml))
+    flavor = args.emit_flavor or file_flavor or "bigscience"
+    training = replace(setup.training, flavor=flavor)
+    target = Target(args.emit or kind, flavor)
+    est = estimate(setup.model, setup.cluster, training, setup.candidate, targets=(target,))
     if args.emit:
-        kind, flavor = plan_target(Path(args.from_yaml))
-        written = _emit(args, setup.model, setup.cluster, setup.training, est,
-                        flavor=args.emit_flavor if args.emit_flavor != "bigscience" else (flavor or "bigscience"))
+        check_expressible(setup.model, setup.cluster, training, (target,))
+        _refuse_unfit(est)
+        written = _emit(args, setup.model, setup.cluster, training, est, flavor=flavor)
         print(f"wrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}")
     if args.explain is not None or not args.emit:
         print(_dump(est.to_dict(detail=True), args.format) if args.format in ("json", "yaml")
@@ -290,13 +401,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         raise InputError("give --model (a preset such as 176B, a config.json or a model YAML), or --from plan.yaml")
     model, cluster, training = setup_from_args(args)
+    _, why = choose_framework(args, model, cluster)
+    targets = targets_for(training, args.emit)
+    check_expressible(model, cluster, training, targets)
     if args.explain:
         cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)
-        est = estimate(model, cluster, training, cand)
+        est = estimate(model, cluster, training, cand, targets=targets)
         if args.emit:
-            if not est.fits:
-                raise InputError(f"{cand.label()} is ruled out ({est.reasons[0].reason.value}: "
-                                 f"{est.reasons[0].detail}); pick a configuration that fits")
+            _refuse_unfit(est)
             written = _emit(args, model, cluster, training, est)
             print(f"wrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}")
         if args.format in ("json", "yaml"):
@@ -307,7 +419,7 @@ def run(args: argparse.Namespace) -> int:
     if args.explain == "":
         raise InputError('--explain needs a configuration, e.g. --explain "tp=4,pp=12,mbs=2,recompute=full,zero=1"')
     t0 = time.perf_counter()
-    result = plan(model, cluster, training)
+    result = plan(model, cluster, training, targets=targets)
     elapsed = time.perf_counter() - t0
     chosen = None
     if args.emit:
@@ -318,18 +430,19 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--pick {rank}: only {len(result.candidates)} configurations fit")
         chosen = result.candidates[rank - 1]
         # refuse before printing anything: render() checks every rule and writes nothing
-        render(_setup(model, cluster, training, chosen), args.emit, flavor=args.emit_flavor,
+        render(_setup(model, cluster, training, chosen), args.emit, flavor=training.flavor,
                reservation=args.reservation)
     schedule = _schedule(model, cluster, training) if training.rampup and (
         args.rampup_schedule or args.format == "table") else None
     if args.format == "table":
-        print(render_table(result, args.top, elapsed))
+        print(render_table(result, args.top, elapsed, framework_why=why))
         if schedule:
             print(render_schedule(schedule))
     elif args.format == "csv":
         print(_csv(result, args.top), end="")
     else:
         doc = result.to_dict(top=args.top)
+        doc["framework_choice"] = why
         if schedule is not None:
             doc["rampup_schedule"] = [r.to_dict() for r in schedule]
         print(_dump(doc, args.format))

@@ -13,12 +13,13 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from planner.constraints import Reason, Violation, memory_violations, structural_violations
 from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, throughput
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
 from planner.memory import MemoryBreakdown, memory_breakdown
 from planner.model import ModelSpec
+from planner.rules import (Reason, Target, Violation, iter_violations, knob_values, memory_advice, memory_violations,
+                           target_of)
 from planner.space import Candidate, TrainingSpec, enumerate_candidates
 from planner.topology import Topology
 
@@ -32,6 +33,8 @@ class Estimate:
     time: TimeBreakdown | None = None
     throughput: Throughput | None = None
     reasons: tuple[Violation, ...] = ()
+    advice: tuple[Violation, ...] = ()
+    """marks that do not rule the candidate out (seed 004's 75% model-states guess)"""
     rank: int | None = None
 
     @property
@@ -59,13 +62,15 @@ class Estimate:
              "step_time_s": _r(self.time.step_time_s if self.time else None),
              "model_tflops_per_gpu": _r(t.model_tflops_per_gpu if t else None),
              "hardware_tflops_per_gpu": _r(t.hardware_tflops_per_gpu if t else None),
-             "mfu": _r(t.mfu if t else None, 4), "rank": self.rank}
+             "mfu": _r(t.mfu if t else None, 4), "rank": self.rank,
+             "advice": [v.reason.value for v in self.advice]}
         if t:
             d.update(samples_per_s=_r(t.samples_per_s), tokens_per_s=_r(t.tokens_per_s, 1),
                      days_to_train=_r(t.days_to_train), gpu_hours_to_train=_r(t.gpu_hours_to_train, 0))
         if detail:
             d["fits"] = self.fits
             d["reasons"] = [v.to_dict() for v in self.reasons]
+            d["advice"] = [v.to_dict() for v in self.advice]
             if m:
                 d["memory_breakdown_gb"] = {k: _r(getattr(m, k) / 1e9) for k in (
                     "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
@@ -87,6 +92,8 @@ class Plan:
     training: TrainingSpec
     candidates: list[Estimate]
     """survivors, ranked best first"""
+    targets: tuple[Target, ...] = ()
+    """what the survivors were checked for (framework and flavour, the probe, an --emit target)"""
     pruned: dict[Reason, int]
     """ruled-out candidates counted by their first reason"""
     examples: dict[Reason, tuple[Candidate, Violation]] = field(default_factory=dict)
@@ -100,6 +107,7 @@ class Plan:
         cands = self.candidates if top is None else self.candidates[:top]
         return {"model": self.model.name, "cluster": self.cluster.to_dict(), "global_batch": self.training.global_batch,
                 "seq_len": self.training.seq_len, "framework": self.training.framework,
+                "targets": [str(t) for t in self.targets],
                 "precision": self.training.precision, "enumerated": self.total, "survivors": len(self.candidates),
                 "candidates": [e.to_dict() for e in cands],
                 "pruned": {r.value: n for r, n in self.pruned.items()},
@@ -113,32 +121,37 @@ def prepare(model: ModelSpec, training: TrainingSpec) -> ModelSpec:
 
 
 def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, candidate: Candidate, *,
-             params: CostParams = CostParams(), topology: Topology | None = None) -> Estimate:
-    """Memory, time and every rule for one candidate, computed even when a rule is broken."""
+             params: CostParams = CostParams(), topology: Topology | None = None,
+             targets: Target | tuple[Target, ...] | None = None) -> Estimate:
+    """Memory, time and every rule of the targets (default: the training's) for one candidate, computed
+    even when a rule is broken."""
     model = prepare(model, training)
     topology = topology or Topology(cluster)
-    reasons = structural_violations(model, candidate, cluster, training)
-    if candidate.tp * candidate.pp > cluster.world_size or candidate.world <= 0:
+    reasons = list(iter_violations(model, candidate, cluster, training, targets))
+    if any(r.reason is Reason.INVALID for r in reasons) or candidate.tp * candidate.pp > cluster.world_size \
+            or candidate.world <= 0:
         return Estimate(candidate=candidate, reasons=tuple(reasons))
     mem = memory_breakdown(model, candidate, cluster, training)
     reasons += memory_violations(mem, cluster, training)
     time = estimate_time(model, candidate, cluster, training, topology, params)
     return Estimate(candidate=candidate, memory=mem, time=time,
-                    throughput=throughput(model, candidate, cluster, training, time), reasons=tuple(reasons))
+                    throughput=throughput(model, candidate, cluster, training, time), reasons=tuple(reasons),
+                    advice=tuple(memory_advice(mem, cluster, training)))
 
 
 def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand: Candidate, topology: Topology,
-           params: CostParams) -> Estimate:
-    """Like estimate() but stops at the first failing group of rules (the fast path of plan())."""
-    reasons = structural_violations(model, cand, cluster, training)
-    if reasons:
-        return Estimate(candidate=cand, reasons=tuple(reasons))
+           params: CostParams, targets: tuple[Target, ...]) -> Estimate:
+    """Like estimate() but stops at the first broken rule (the fast path of plan())."""
+    first = next(iter_violations(model, cand, cluster, training, targets), None)
+    if first is not None:
+        return Estimate(candidate=cand, reasons=(first,))
     mem = memory_breakdown(model, cand, cluster, training)
     reasons = memory_violations(mem, cluster, training)
     if reasons:
         return Estimate(candidate=cand, memory=mem, reasons=tuple(reasons))
     time = estimate_time(model, cand, cluster, training, topology, params)
-    return Estimate(candidate=cand, memory=mem, time=time, throughput=throughput(model, cand, cluster, training, time))
+    return Estimate(candidate=cand, memory=mem, time=time, throughput=throughput(model, cand, cluster, training, time),
+                    advice=tuple(memory_advice(mem, cluster, training)))
 
 
 def rank_key(e: Estimate) -> tuple:
@@ -149,17 +162,25 @@ def rank_key(e: Estimate) -> tuple:
 
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
-         params: CostParams = CostParams(), allow_empty: bool = False) -> Plan:
-    """Enumerate, prune with reasons, score and rank. Raises DoesNotFitError when nothing fits."""
+         params: CostParams = CostParams(), allow_empty: bool = False,
+         targets: Target | tuple[Target, ...] | None = None) -> Plan:
+    """Enumerate, prune with reasons, score and rank. Raises DoesNotFitError when nothing fits.
+
+    ``targets``: what every survivor must run on (default: the training's framework and flavour);
+    `tune` adds the torch-native probe and an ``--emit`` target, so that nothing it measures is unemittable.
+    """
     model = prepare(model, training)
+    targets = (target_of(training),) if targets is None else (targets,) if isinstance(targets, Target) \
+        else tuple(targets)
     topology = Topology(cluster)
     pruned: Counter[Reason] = Counter()
     examples: dict[Reason, tuple[Candidate, Violation]] = {}
     survivors: list[Estimate] = []
     total = 0
-    for cand in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training):
+    knobs = knob_values(targets[0], training)
+    for cand in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
         total += 1
-        est = _score(model, cluster, training, cand, topology, params)
+        est = _score(model, cluster, training, cand, topology, params, targets)
         if est.fits:
             survivors.append(est)
         else:
@@ -169,19 +190,20 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     survivors.sort(key=rank_key)
     ranked = [replace(e, rank=i + 1) for i, e in enumerate(survivors)]
     if not ranked and not allow_empty:
-        raise DoesNotFitError(_no_fit_message(model, cluster, training, pruned))
+        raise DoesNotFitError(_no_fit_message(model, cluster, training, pruned, targets))
     return Plan(model=model, cluster=cluster, training=training, candidates=ranked, pruned=dict(pruned),
-                examples=examples, total=total)
+                examples=examples, total=total, targets=targets)
 
 
-def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> int | None:
+def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                    targets: tuple[Target, ...] | None = None) -> int | None:
     """Smallest whole number of nodes on which some configuration fits (by doubling, then bisection)."""
     def fits(nodes: int) -> bool:
         c = make_cluster(gpu=cluster.gpu.id, nodes=nodes, gpus_per_node=cluster.gpus_per_node,
                          inter_node_gbps=cluster.inter_node_bw_bytes_per_s * 8 / 1e9,
                          intra_node_gbps=cluster.intra_node_bw_bytes_per_s * 8 / 1e9)
-        t = replace(training, rampup=None, recompute_options=("full",), max_mbs=1)
-        probe = plan(model, c, t, allow_empty=True)
+        t = replace(training, rampup=None, recompute_options=("full",), max_mbs=1, pins=())
+        probe = plan(model, c, t, allow_empty=True, targets=targets)
         return bool(probe.candidates)
 
     nodes = cluster.nodes * 2
@@ -199,10 +221,11 @@ def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     return hi * cluster.gpus_per_node
 
 
-def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pruned: Counter) -> str:
-    memory = pruned.get(Reason.MEMORY_STATIC, 0) + pruned.get(Reason.MEMORY_TOTAL, 0)
+def _no_fit_message(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, pruned: Counter,
+                    targets: tuple[Target, ...]) -> str:
+    memory = pruned.get(Reason.MEMORY_TOTAL, 0)
     if memory:
-        need = min_gpus_to_fit(model, cluster, training)
+        need = min_gpus_to_fit(model, cluster, training, targets)
         more = f"it needs about {need} {cluster.gpu.id} GPUs" if need else "no cluster size up to 8192 nodes fits it"
         return (f"{model.name} ({model.params / 1e9:.1f}B params) does not fit on {cluster.world_size} "
                 f"{cluster.gpu.id}: {more}; add GPUs, use a larger GPU, or allow more sharding/recompute")

@@ -1,7 +1,8 @@
 """The search space: `TrainingSpec` (what is fixed), `Candidate` (one choice), enumeration.
 
-Enumeration is deliberately dumb: it yields the Cartesian product of divisors and flags; every
-rule lives in `planner.constraints` so that a ruled-out candidate can say why.
+Enumeration is deliberately dumb: it yields the Cartesian product of divisors and the knobs the
+target has (`planner.rules.knob_values`); every rule lives in `planner.rules` so that a ruled-out
+candidate can say why.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ FRAMEWORKS = ("megatron-deepspeed", "megatron-lm", "fsdp")
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
 FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
+FLAVORS = ("bigscience", "microsoft")
+"""Megatron-DeepSpeed forks (planner.rules.FLAVORS)"""
+PINNABLE = ("tp", "pp", "dp", "mbs", "gas", "vpp")
+"""degrees a user may pin (--tp 8 --pp 4 ...), like --gpus"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,9 +33,12 @@ class TrainingSpec:
     precision: str = "bf16"
     optimizer: str = "adamw"
     framework: str = "megatron-deepspeed"
+    flavor: str = "bigscience"
+    """Megatron-DeepSpeed fork (bigscience | microsoft); ignored by the other frameworks"""
     rampup: Rampup | None = None
     memory_fraction: float = 0.75
-    """seed 004's rule: model states (weights, grads, optimizer) use at most this fraction of GPU memory"""
+    """seed 004's first guess: model states (weights, grads, optimizer) above this fraction of GPU memory
+    are marked in the table (advisory; only the predicted total against memory minus headroom prunes)"""
     memory_headroom: float = 0.05
     """fraction of GPU memory kept free of the predicted total (allocator spikes, NCCL buffers)"""
     flash_attention: bool = True
@@ -41,6 +49,8 @@ class TrainingSpec:
     """which recompute modes to enumerate (--recompute none,full)"""
     zero_options: tuple[int, ...] = (0, 1, 2, 3)
     """which ZeRO stages / FSDP strategies to enumerate (--zero 0,1)"""
+    pins: tuple[tuple[str, int], ...] = ()
+    """degrees the user fixed, sorted (name, value) pairs of PINNABLE (--tp 8 --pp 4)"""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -57,6 +67,11 @@ class TrainingSpec:
             raise InputError(f"--memory-fraction must be in (0, 1], got {self.memory_fraction}")
         if not 0 <= self.memory_headroom < 1:
             raise InputError(f"--memory-headroom must be in [0, 1), got {self.memory_headroom}")
+        if self.flavor not in FLAVORS:
+            raise InputError(f"unknown Megatron-DeepSpeed flavor {self.flavor!r}; use one of {', '.join(FLAVORS)}")
+        bad_pins = [f"{k}={v}" for k, v in self.pins if k not in PINNABLE or not isinstance(v, int) or v < 1]
+        if bad_pins:
+            raise InputError(f"pins {', '.join(bad_pins)}: pin {', '.join(PINNABLE)} to positive integers")
         if self.max_mbs <= 0:
             raise InputError(f"--max-mbs must be > 0, got {self.max_mbs}")
         bad = [r for r in self.recompute_options if r not in RECOMPUTE]
@@ -123,14 +138,6 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _powers_of_two_upto(n: int) -> list[int]:
-    out, v = [], 1
-    while v <= n:
-        out.append(v)
-        v *= 2
-    return out
-
-
 def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
     """``"tp=4,pp=12,mbs=2,recompute=full,zero=1"`` -> Candidate; dp and gas are derived when absent."""
     fields: dict[str, str] = {}
@@ -168,35 +175,49 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
                      sp=fields.get("sp", "0") in truthy, vpp=num("vpp", 1), hybrid=fields.get("hybrid", "0") in truthy)
 
 
-def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int,
-                         training: TrainingSpec) -> Iterator[Candidate]:
-    """Every (TP, PP, MBS, recompute, ZeRO, SP, VPP) with TP·PP dividing the world size.
+def mbs_values(per_replica: int, max_mbs: int) -> list[int]:
+    """Every micro-batch up to ``max_mbs`` that divides the per-replica batch (tables measured MBS 6)."""
+    return [m for m in range(1, max_mbs + 1) if per_replica % m == 0] or [1]
+
+
+def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int, training: TrainingSpec,
+                         knobs: dict[str, tuple] | None = None) -> Iterator[Candidate]:
+    """The plain product of TP, PP, MBS and the target's knobs, with TP*PP dividing the world size.
 
     TP runs over divisors of the world up to 2x the node (so "TP inside a node" is a visible
-    reason, not a silent omission); PP over divisors of world/TP up to the layer count; MBS over
-    powers of two up to ``max_mbs``. GAS follows from GBS / (MBS·DP) and may be fractional-invalid:
-    the constraints say so.
+    reason, not a silent omission); PP over divisors of world/TP up to the layer count + 1 (one
+    "PP exceeds layers" example); MBS over every value up to ``max_mbs`` dividing GBS/DP (GBS/DP not
+    an integer gives MBS 1, which the batch rule then explains). ``knobs`` (recompute, zero, sp, vpp,
+    hybrid value tuples) come from `planner.rules.knob_values`; pinned degrees replace their axis.
+    Every rule is applied afterwards, by `planner.rules`.
     """
-    fw = training.framework
-    tps = [t for t in divisors(world) if t <= 2 * gpus_per_node]
-    zeros = tuple(z for z in training.zero_options if not (fw == "fsdp" and z == 1))
+    if knobs is None:
+        from planner.rules import knob_values, target_of
+
+        knobs = knob_values(target_of(training), training)
+    pins = dict(training.pins)
+    tps = [pins["tp"]] if "tp" in pins else [t for t in divisors(world) if t <= 2 * gpus_per_node]
     for tp in tps:
-        for pp in divisors(world // tp):
-            if pp > model.layers + 1:
-                break
+        if world % tp:
+            continue
+        pps = [pins["pp"]] if "pp" in pins else [p for p in divisors(world // tp) if p <= model.layers + 1]
+        for pp in pps:
+            if world % (tp * pp):
+                continue
             dp = world // (tp * pp)
-            vpps = [1]
-            if fw == "megatron-lm" and pp > 2:
-                vpps += [v for v in (2, 3, 4, 6, 8) if -(-model.layers // pp) % v == 0]
-            sps = (False, True) if fw == "megatron-lm" and tp > 1 else (False,)
-            for mbs in _powers_of_two_upto(training.max_mbs):
+            if "dp" in pins and dp != pins["dp"]:
+                continue
+            per_replica = training.global_batch // dp if training.global_batch % dp == 0 else 0
+            mbss = [pins["mbs"]] if "mbs" in pins else mbs_values(per_replica, training.max_mbs)
+            vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"]
+            for mbs in mbss:
                 gas = max(training.global_batch // (mbs * dp), 1)
-                for recompute in training.recompute_options:
-                    for zero in (zeros if dp > 1 else (0,)):   # with DP=1 every stage is ZeRO-0
-                        hybrids = (False, True) if fw == "fsdp" and zero == 3 and dp > gpus_per_node else (False,)
-                        for sp in sps:
+                if "gas" in pins and gas != pins["gas"]:
+                    continue
+                for recompute in knobs["recompute"]:
+                    for zero in knobs["zero"]:
+                        for sp in knobs["sp"]:
                             for vpp in vpps:
-                                for hybrid in hybrids:
+                                for hybrid in knobs["hybrid"]:
                                     yield Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute,
                                                     zero=zero, sp=sp, vpp=vpp, hybrid=hybrid)
-

@@ -5,7 +5,8 @@
 
 `resolve_layout` turns a `ProbeSpec` and the number of processes into a `ProbeLayout`: the
 degrees, the pipeline schedule, the data-parallel implementation, and whether the probe is
-reduced (fewer layers, or one DP replica of a larger candidate). Every refusal is a
+reduced (fewer layers, or one DP replica of a larger candidate). The layout rules are
+`planner.rules.probe_layout_violations` (the one rulebook `tune` plans with). Every refusal is a
 `LayoutError` whose message names the numbers and the rule, so that the launcher can report
 ``status="invalid"`` without starting a process.
 """
@@ -15,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.model import ModelSpec, Rampup
+from planner.rules import PP_SCHEDULES, probe_layout_violations
 from planner.space import RECOMPUTE, Candidate
 from probes.result import ProbeSpec
 
 PRECISIONS = ("bf16", "fp16", "fp32")
-PP_SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 
 
 class LayoutError(ValueError):
@@ -96,11 +97,6 @@ def model_run(spec: ProbeSpec, layout: ProbeLayout) -> ModelSpec:
     return replace(model_spec(spec), layers=layout.layers_run, tied_embeddings=layout.tied_embeddings)
 
 
-def _divides(errors: list[str], what: str, value: int, by: str, degree: int) -> None:
-    if degree > 1 and value % degree:
-        errors.append(f"{what} {value} is not divisible by {by} {degree}")
-
-
 def resolve_layout(spec: ProbeSpec, *, world: int, local_world: int | None = None) -> ProbeLayout:
     """Check ``spec`` against ``world`` processes; the layout, or `LayoutError` with every reason.
 
@@ -140,39 +136,11 @@ def resolve_layout(spec: ProbeSpec, *, world: int, local_world: int | None = Non
                       f"(or tp * pp = {c.tp * c.pp} for one DP replica)")
         dp_run = 1
 
-    _divides(errors, "heads", m.heads, "tp", c.tp)
-    _divides(errors, "kv_heads", m.kv_heads, "tp", c.tp)
-    _divides(errors, "ffn_hidden", m.ffn_hidden, "tp", c.tp)
-    _divides(errors, "vocab", m.vocab, "tp", c.tp)
-    if c.sp:
-        if c.tp == 1:
-            errors.append("sequence parallel needs tp > 1")
-        _divides(errors, "seq_len", m.seq_len, "tp (sequence parallel)", c.tp)
-
-    schedule = ""
-    vpp = 1
+    errors += [v.detail for v in probe_layout_violations(m, c, layers_run=layers_run, schedule=spec.pp_schedule)]
+    schedule, vpp = "", 1
     if c.pp > 1:
-        schedule = spec.pp_schedule
-        if schedule not in PP_SCHEDULES:
-            errors.append(f"pp_schedule {schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
-        if c.vpp > 1 and schedule == "1F1B":
-            schedule = "Interleaved1F1B"
-        if schedule == "Interleaved1F1B":
-            vpp = c.vpp
-            if vpp < 2:
-                errors.append("Interleaved1F1B needs vpp >= 2 model chunks per pipeline rank")
-            rounds = max(1, c.gas // c.pp)
-            if c.gas % rounds:
-                errors.append(f"Interleaved1F1B needs gas (micro-batches) {c.gas} to be a multiple of "
-                              f"max(1, gas // pp) = {rounds}")
-        elif c.vpp > 1:
-            errors.append(f"vpp {c.vpp} > 1 needs pp_schedule Interleaved1F1B, not {schedule}")
-        if schedule in ("1F1B", "Interleaved1F1B") and c.gas < c.pp:
-            errors.append(f"{schedule} needs micro-batches (gas) {c.gas} >= pipeline stages (pp) {c.pp}")
-        if layers_run % (c.pp * vpp):
-            errors.append(f"layers {layers_run} are not divisible by pp {c.pp} * vpp {vpp}")
-    elif c.vpp > 1:
-        errors.append(f"vpp {c.vpp} > 1 needs pp > 1")
+        schedule = "Interleaved1F1B" if c.vpp > 1 and spec.pp_schedule == "1F1B" else spec.pp_schedule
+        vpp = c.vpp if schedule == "Interleaved1F1B" else 1
 
     dp_replicate, dp_shard, dp_impl = 1, dp_run, "none"
     if dp_run > 1:

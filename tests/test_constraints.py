@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.constraints import Reason, structural_violations
+from planner.rules import Reason, structural_violations
 from planner.hardware import make_cluster
 from planner.model import Rampup, get_preset
 from planner.rank import estimate, plan
@@ -84,7 +84,8 @@ def test_rampup_rules_megatron_microbatches():
 def test_memory_rules_and_the_pruning_summary():
     p = plan(BLOOM, CLUSTER, BS)
     assert p.total == sum(p.pruned.values()) + len(p.candidates)
-    for reason in (Reason.MEMORY_TOTAL, Reason.MEMORY_STATIC, Reason.RAMPUP, Reason.TP_HEADS):
+    assert Reason.MEMORY_STATIC not in p.pruned   # seed 004's 75% is a first guess, a mark, not a wall
+    for reason in (Reason.MEMORY_TOTAL, Reason.RAMPUP, Reason.TP_HEADS):
         assert p.pruned[reason] > 0
         cand, violation = p.examples[reason]
         assert violation.reason is reason and violation.detail

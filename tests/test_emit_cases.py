@@ -60,6 +60,11 @@ class Case:
     kind: str
     flavor: str = "bigscience"
 
+    def __post_init__(self) -> None:  # the training names the fork it is planned for (plan.yaml's plantune.flavor)
+        if self.kind == "megatron-deepspeed":
+            object.__setattr__(self, "setup", replace(self.setup, training=replace(self.setup.training,
+                                                                                   flavor=self.flavor)))
+
 
 VALID_CASES = [
     Case("bloom-bigscience", bloom(), "megatron-deepspeed"),
@@ -77,9 +82,10 @@ VALID_CASES = [
     Case("gpt3-megatron-lm", gpt3(), "megatron-lm"),
     Case("llama7b-fsdp-hybrid", llama("llama2-7b", gpus=32, tp=1, pp=1, dp=32, gas=32, zero=3, hybrid=True,
                                       recompute="full", sp=False), "fsdp"),
-    Case("llama7b-fsdp-grad-op", llama("llama2-7b", gpus=32, tp=2, pp=1, dp=16, gas=64, zero=2, recompute="none",
+    Case("llama7b-fsdp-grad-op", llama("llama2-7b", gpus=32, tp=1, pp=1, dp=32, gas=32, zero=2, recompute="none",
                                        sp=False), "fsdp"),
-    Case("gpt3-fsdp-noshard", gpt3(zero=0), "fsdp"),
+    Case("gpt3-fsdp-noshard", replace(gpt3(tp=1, pp=1, dp=128, gas=12, zero=0),
+                                      training=replace(gpt3().training, rampup=None)), "fsdp"),
 ]
 
 GPT3_NO_RAMPUP = replace(gpt3(), training=replace(gpt3().training, rampup=None))
@@ -109,7 +115,7 @@ REFUSED_CASES = [
     ("vpp-deepspeed", gpt3(vpp=2), "megatron-deepspeed", "microsoft", "virtual pipeline (vpp=2)"),
     ("hybrid-megatron", gpt3(hybrid=True), "megatron-deepspeed", "microsoft", "hybrid sharding is an FSDP"),
     ("layers-pp-megatron-lm", llama(pp=32, dp=1, gas=1024), "megatron-lm", "bigscience",
-     "80 layers are not divisible by PP 32"),
+     "80 layers cannot be split over PP 32"),
     ("zero3-megatron-lm", gpt3(zero=3), "megatron-lm", "bigscience", "Megatron-LM has no ZeRO-3"),
     ("zero1-fsdp", gpt3(zero=1), "fsdp", "bigscience", "FSDP has no ZeRO-1"),
     ("bf16-v100", replace(GPT3_NO_RAMPUP, cluster=make_cluster(gpu="V100-32GB", gpus=128)), "megatron-deepspeed",

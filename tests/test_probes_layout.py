@@ -20,11 +20,11 @@ from probes.outcome import RankFailure, classify, parse_torchrun_failures, root_
 
 
 @pytest.mark.parametrize("candidate, world, needle", [
-    (dict(tp=3), 3, "heads 4 is not divisible by tp 3"),
+    (dict(tp=3), 3, "attention heads 4 are not divisible by TP 3"),
     (dict(pp=3, gas=3), 3, "layers 4 are not divisible by pp 3"),
     (dict(dp=2), 3, "world size 3 != tp(1) * pp(1) * dp(2) = 2"),
     (dict(pp=2, gas=1), 2, "1F1B needs micro-batches (gas) 1 >= pipeline stages (pp) 2"),
-    (dict(sp=True), 1, "sequence parallel needs tp > 1"),
+    (dict(sp=True), 1, "sequence parallelism needs TP > 1"),
     (dict(recompute="some"), 1, "recompute 'some' is not one of none, selective, full"),
     (dict(vpp=2), 1, "vpp 2 > 1 needs pp > 1"),
 ])
@@ -34,7 +34,7 @@ def test_invalid_layouts_say_why(candidate, world, needle):
 
 
 def test_gqa_kv_heads_must_divide_tp():
-    with pytest.raises(LayoutError, match="kv_heads 1 is not divisible by tp 2"):
+    with pytest.raises(LayoutError, match="key/value heads 1 are not divisible by TP 2"):
         resolve_layout(tiny_spec(model=tiny_model(kv_heads=1), tp=2), world=2)
 
 

@@ -29,7 +29,9 @@ _SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attenti
           "kv_heads": "num_key_value_heads", "ffn_hidden": "ffn_hidden_size", "seq_len": "max_position_embeddings"}
 # TrainingSpec fields written at the top level; every other field goes to plantune.training (tuples as lists).
 _TRAINING_TOP = {"global_batch", "seq_len", "precision", "rampup", "flash_attention"}
-_TRAINING_EXTRA = tuple(f.name for f in fields(TrainingSpec) if f.name not in _TRAINING_TOP)
+# flavor is plantune.flavor; pins only narrow the search and mean nothing once a layout is chosen
+_TRAINING_NOT_WRITTEN = {"flavor", "pins"}
+_TRAINING_EXTRA = tuple(f.name for f in fields(TrainingSpec) if f.name not in _TRAINING_TOP | _TRAINING_NOT_WRITTEN)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -149,8 +151,12 @@ def load_plan_yaml(path: Path) -> RunSetup:
         bf16, fp16 = _need(d, "bf16", "", bool, path), _need(d, "fp16", "", bool, path)
         if bf16 and fp16:
             raise InputError(f"plan file {path}: bf16 and fp16 are both true; keep one")
+        flavor = p.get("flavor") or "bigscience"
+        if p.get("kind") == "megatron-deepspeed" and flavor not in ("bigscience", "microsoft"):
+            raise InputError(f"plan file {path}: plantune.flavor {flavor!r} is not bigscience or microsoft")
         training = TrainingSpec(
             global_batch=_need(d, "global_batch_size", "", int, path), seq_len=_need(d, "seq_length", "", int, path),
+            flavor=flavor if p.get("kind") == "megatron-deepspeed" else "bigscience",
             precision="bf16" if bf16 else "fp16" if fp16 else "fp32", rampup=rampup,
             flash_attention=_need(d, "use_flash_attn", "", bool, path),
             **{k: tuple(v) if isinstance(v, list) else v for k in _TRAINING_EXTRA

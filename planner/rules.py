@@ -1,0 +1,444 @@
+"""The one rulebook: whether a layout is legal for a target, every rule a named Reason with a detail.
+
+A *target* is what will run the layout: a framework and, for Megatron-DeepSpeed, the fork flavour
+(``plan``, ``--emit``, ``tune --probe megatron``), or the torch-native probe (``tune``). Enumeration
+(`planner.space`) is a plain product; `plan` ranks what passes here, the emitters (`planner.emit`)
+and the probe layout (`probes.layout`) refuse what fails here, so every survivor can be emitted,
+probed and launched as ranked.
+
+- `layout_violations`: the per-candidate rules of one target (cheap, no memory model);
+- `model_violations`: what a target cannot express at all (a fork without GQA, an optimizer with no flag);
+- `memory_violations` / `memory_advice`: the predicted total against the GPU (prunes) and seed 004's
+  75% model-states rule (an advisory mark, not a wall);
+- `setup_violations`: all of the above for one emitted setup.
+
+Facts: ../shared/MEGATRON_DEEPSPEED.md (the forks' megatron/arguments.py, microbatches.py, DeepSpeed's
+pipeline engine), NVIDIA/Megatron-LM megatron/training/arguments.py validate_args and
+megatron/core/transformer/transformer_config.py (uneven pipeline stages), seeds 002-004.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Iterator, Sequence
+
+from planner.hardware import ClusterSpec
+from planner.memory import MemoryBreakdown
+from planner.model import ModelSpec
+from planner.rampup import rampup_problems
+from planner.space import FRAMEWORKS, RECOMPUTE, Candidate, TrainingSpec
+
+FLAVORS = ("bigscience", "microsoft")
+"""Megatron-DeepSpeed forks: bigscience-workshop/Megatron-DeepSpeed, microsoft (now deepspeedai)/Megatron-DeepSpeed"""
+PROBE = "probe"
+"""the torch-native probe `tune` runs (probes/train.py)"""
+TARGET_FRAMEWORKS = (*FRAMEWORKS, PROBE)
+PP_SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
+"""the torch-native probe's pipeline schedules (torch.distributed.pipelining)"""
+MEGATRON_OPTIMIZERS = {"adamw": "adam", "sgd": "sgd"}
+"""plantune optimizer -> Megatron's --optimizer (Megatron's adam is AdamW: decoupled weight decay)"""
+VPP_OPTIONS = (1, 2, 3, 4, 6, 8)
+"""virtual pipeline stages enumerated for Megatron-LM (interleaved 1F1B)"""
+
+
+class Reason(str, Enum):
+    WORLD_SIZE = "world_size"
+    INVALID = "invalid_value"
+    TP_EXCEEDS_NODE = "tp_exceeds_node"
+    TP_HEADS = "tp_divides_heads"
+    TP_KV_HEADS = "tp_divides_kv_heads"
+    TP_FFN = "tp_divides_ffn"
+    TP_VOCAB = "tp_divides_vocab"
+    SP_SEQ = "tp_divides_seq"
+    PP_LAYERS = "pp_divides_layers"
+    PP_EXCEEDS_LAYERS = "pp_exceeds_layers"
+    VIRTUAL_PIPELINE = "virtual_pipeline"
+    PIPELINE_SCHEDULE = "pipeline_schedule"
+    BATCH_DIVISIBILITY = "gbs_eq_mbs_dp_gas"
+    MICROBATCHES_LT_STAGES = "microbatches_lt_stages"
+    RAMPUP = "rampup_divisibility"
+    FRAMEWORK_LIMIT = "framework_limit"
+    MODEL_FEATURE = "model_feature"
+    PRECISION = "precision"
+    SEQ_LEN = "seq_len"
+    REDUNDANT = "redundant"
+    MEMORY_STATIC = "memory_static_rule"
+    MEMORY_TOTAL = "memory_total"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    reason: Reason
+    detail: str
+
+    def to_dict(self) -> dict:
+        return {"reason": self.reason.value, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What runs the layout: a framework (and fork flavour for megatron-deepspeed), or the probe."""
+
+    framework: str
+    flavor: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.framework not in TARGET_FRAMEWORKS:
+            raise ValueError(f"unknown target {self.framework!r}; use one of {', '.join(TARGET_FRAMEWORKS)}")
+        if self.framework == "megatron-deepspeed":
+            if self.flavor is None:
+                object.__setattr__(self, "flavor", "bigscience")
+            elif self.flavor not in FLAVORS:
+                raise ValueError(f"unknown Megatron-DeepSpeed flavor {self.flavor!r}; use one of {', '.join(FLAVORS)}")
+        else:
+            object.__setattr__(self, "flavor", None)
+
+    def __str__(self) -> str:
+        if self.framework == "megatron-deepspeed":
+            return f"megatron-deepspeed ({self.flavor} fork)"
+        return "the torch-native probe" if self.framework == PROBE else self.framework
+
+
+def target_of(training: TrainingSpec) -> Target:
+    """The target `plan` ranks for: the training's framework and fork flavour."""
+    return Target(training.framework, training.flavor)
+
+
+def _targets(training: TrainingSpec, targets: Target | Sequence[Target] | None) -> tuple[Target, ...]:
+    if targets is None:
+        return (target_of(training),)
+    return (targets,) if isinstance(targets, Target) else tuple(targets)
+
+
+# -- what a target can enumerate --------------------------------------------------------------------------
+
+def knob_values(target: Target, training: TrainingSpec) -> dict[str, tuple]:
+    """The values each knob takes for ``target`` (a knob the target does not have stays at its default).
+
+    Which knobs exist is a property of the framework (sequence parallelism and VPP are Megatron's,
+    hybrid sharding is FSDP's); every combination of them is then judged by the rules below.
+    """
+    fw = target.framework
+    zeros = tuple(training.zero_options)
+    return {
+        "recompute": tuple(training.recompute_options),
+        "zero": zeros,
+        "sp": (False, True) if fw == "megatron-lm" or target.flavor == "microsoft" else (False,),
+        "vpp": VPP_OPTIONS if fw == "megatron-lm" else (1,),
+        "hybrid": (False, True) if fw == "fsdp" and 3 in zeros else (False,),
+    }
+
+
+# -- pipeline stages ---------------------------------------------------------------------------------------
+
+def megatron_lm_stages(layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
+    """Layers on (first, each middle, last) pipeline stage as Megatron-LM runs them, or None when impossible.
+
+    Even split when PP*VPP divides the layers; otherwise the first and last stages take fewer
+    (``--decoder-first/last-pipeline-num-layers``), each a multiple of VPP, the middle stages an equal
+    multiple of VPP (transformer_config.py "Uneven PP"). Llama 3 405B, 126 layers on PP=16: 7, 8, 7.
+    """
+    if pp < 1 or vpp < 1 or layers < pp:
+        return None
+    if layers % (pp * vpp) == 0:
+        n = layers // pp
+        return n, n, n
+    if pp == 1:
+        return None
+    if pp == 2:  # first + last = layers, as equal as VPP allows
+        for first in range(layers // 2, 0, -1):
+            last = layers - first
+            if first % vpp == 0 and last % vpp == 0 and last >= first:
+                return first, 0, last
+        return None
+    # 2*edge + (pp-2)*middle = layers; edges at most the middle (they also carry embedding and loss)
+    best = None
+    for middle in range(vpp, layers // (pp - 2) + 1, vpp):
+        rest = layers - (pp - 2) * middle
+        if rest <= 0 or rest % 2:
+            continue
+        edge = rest // 2
+        if edge % vpp or edge > middle:
+            continue
+        if best is None or middle - edge < best[1] - best[0]:
+            best = (edge, middle, edge)
+    return best
+
+
+# -- the rules ---------------------------------------------------------------------------------------------
+
+def _bad_sizes(c: Candidate) -> str | None:
+    sizes = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "mbs": c.mbs, "gas": c.gas, "vpp": c.vpp}
+    bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
+    if c.zero not in (0, 1, 2, 3):
+        bad.append(f"zero={c.zero} (ZeRO stages are 0-3)")
+    if c.recompute not in RECOMPUTE:
+        bad.append(f"recompute={c.recompute!r} (one of {', '.join(RECOMPUTE)})")
+    return ", ".join(bad) if bad else None
+
+
+def _tp_divides(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
+    if model.heads % c.tp:
+        yield Violation(Reason.TP_HEADS, f"attention heads {model.heads} are not divisible by TP {c.tp} "
+                                         f"(megatron/arguments.py); use a TP that divides {model.heads}")
+    if model.kv_heads % c.tp:
+        # Megatron: num_query_groups % tensor_model_parallel_size == 0; the probe shards KV heads the same way
+        yield Violation(Reason.TP_KV_HEADS, f"key/value heads {model.kv_heads} are not divisible by TP {c.tp}; "
+                                            f"use a TP that divides {model.kv_heads}")
+    if model.ffn_hidden % c.tp:
+        yield Violation(Reason.TP_FFN, f"ffn_hidden {model.ffn_hidden} % TP {c.tp} != 0")
+
+
+def _common(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> Iterator[Violation]:
+    world = cluster.world_size
+    if c.tp * c.pp * c.dp != world:
+        yield Violation(Reason.WORLD_SIZE, f"TP({c.tp})*PP({c.pp})*DP({c.dp}) = {c.tp * c.pp * c.dp} "
+                                           f"!= world size {world} ({cluster.nodes} nodes x {cluster.gpus_per_node} "
+                                           "GPUs); pick DP = world / (TP*PP)")
+    if c.tp > cluster.gpus_per_node:
+        yield Violation(Reason.TP_EXCEEDS_NODE, f"TP {c.tp} > {cluster.gpus_per_node} GPUs per node: TP all-reduces "
+                                                "every layer and must stay on the intra-node link (seed 004)")
+    yield from _tp_divides(model, c)
+    if c.pp > model.layers:
+        yield Violation(Reason.PP_EXCEEDS_LAYERS, f"PP {c.pp} > {model.layers} layers")
+    if c.mbs * c.dp * c.gas != training.global_batch:
+        unit = c.mbs * c.dp
+        fix = (f"use GAS = {training.global_batch // unit}" if training.global_batch % unit == 0
+               else f"the global batch must be a multiple of MBS*DP = {unit}")
+        yield Violation(Reason.BATCH_DIVISIBILITY, f"MBS({c.mbs})*DP({c.dp})*GAS({c.gas}) = {c.mbs * c.dp * c.gas} "
+                                                   f"!= global batch {training.global_batch}; {fix}")
+    if c.pp > 1 and c.gas < c.pp:
+        yield Violation(Reason.MICROBATCHES_LT_STAGES, f"{c.gas} micro-batches < {c.pp} pipeline stages: "
+                                                       "1F1B cannot fill the pipeline")
+    if training.rampup is not None:
+        for problem in rampup_problems(training.rampup, training.global_batch, c.mbs, c.dp):
+            yield Violation(Reason.RAMPUP, f"rampup {' '.join(map(str, training.rampup.as_list()))}: {problem}")
+    if c.zero > 0 and c.dp == 1:
+        yield Violation(Reason.REDUNDANT, f"ZeRO-{c.zero} with DP=1 shards nothing: same as ZeRO-0")
+    if c.sp and c.tp == 1:
+        yield Violation(Reason.REDUNDANT, "sequence parallelism needs TP > 1 (Megatron silently turns it off "
+                                          "at TP=1); set sp=0")
+
+
+def _megatron_deepspeed(model: ModelSpec, c: Candidate, flavor: str) -> Iterator[Violation]:
+    if c.hybrid:
+        yield Violation(Reason.FRAMEWORK_LIMIT, "hybrid sharding is an FSDP strategy; Megatron-DeepSpeed has no "
+                                                "HYBRID_SHARD (set hybrid=0)")
+    if c.vpp > 1:
+        yield Violation(Reason.VIRTUAL_PIPELINE, f"virtual pipeline (vpp={c.vpp}) is not in DeepSpeed's pipeline "
+                                                 "engine; use --framework megatron-lm or vpp=1")
+    if flavor == "bigscience":
+        if c.zero >= 2:
+            yield Violation(Reason.FRAMEWORK_LIMIT, f"ZeRO-{c.zero} is refused by DeepSpeed's pipeline engine, which "
+                                                    "the bigscience fork always uses; use ZeRO 0 or 1 "
+                                                    "(or --emit-flavor microsoft with PP=1)")
+        if c.recompute == "selective":
+            yield Violation(Reason.FRAMEWORK_LIMIT, "the bigscience fork cannot express selective recompute (use "
+                                                    "recompute=full: --checkpoint-activations, or --emit-flavor "
+                                                    "microsoft)")
+        if c.sp:
+            yield Violation(Reason.FRAMEWORK_LIMIT, "the bigscience fork cannot express sequence parallelism (use "
+                                                    "--emit-flavor microsoft or --framework megatron-lm)")
+    elif c.zero >= 2 and c.pp > 1:
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"ZeRO-{c.zero} with PP={c.pp} is refused by DeepSpeed's pipeline "
+                                                "engine ('incompatible with pipeline parallelism'); use ZeRO 0/1 or "
+                                                "PP=1 (--no-pipeline-parallel)")
+
+
+def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
+    if c.hybrid:
+        yield Violation(Reason.FRAMEWORK_LIMIT, "hybrid sharding is an FSDP strategy; Megatron-LM has no "
+                                                "HYBRID_SHARD (set hybrid=0)")
+    if c.zero >= 2:
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"Megatron-LM has no ZeRO-{c.zero}: it shards only optimizer "
+                                                "states (--use-distributed-optimizer = ZeRO-1); use zero=0 or 1")
+    if c.pp <= model.layers and megatron_lm_stages(model.layers, c.pp, c.vpp) is None:
+        yield Violation(Reason.PP_LAYERS, f"{model.layers} layers cannot be split over PP {c.pp} x VPP {c.vpp}: "
+                                          "Megatron-LM needs equal stages or equal middle stages with smaller "
+                                          "first/last ones, every stage a multiple of VPP")
+    if c.vpp > 1:
+        # validate_args: interleaving needs PP > 2 (p2p overlap off); schedules.py: micro-batches % PP == 0
+        if c.pp <= 2:
+            yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs PP > 2, got PP={c.pp}; set vpp=1")
+        elif c.gas % c.pp:
+            yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs micro-batches {c.gas} % PP {c.pp} == 0")
+
+
+def _fsdp(model: ModelSpec, c: Candidate, cluster: ClusterSpec) -> Iterator[Violation]:
+    if c.tp > 1 or c.pp > 1:
+        yield Violation(Reason.FRAMEWORK_LIMIT, "plain FSDP (seed 002) has no tensor or pipeline parallelism")
+    if c.zero == 1:
+        yield Violation(Reason.FRAMEWORK_LIMIT, "FSDP has no ZeRO-1 strategy: use 0 (NO_SHARD), 2 (SHARD_GRAD_OP) "
+                                                "or 3 (FULL_SHARD)")
+    if c.vpp > 1:
+        yield Violation(Reason.VIRTUAL_PIPELINE, "virtual pipeline stages need --framework megatron-lm")
+    if c.hybrid:
+        if c.zero != 3:
+            yield Violation(Reason.FRAMEWORK_LIMIT, f"hybrid sharding is HYBRID_SHARD (FULL_SHARD inside a node); "
+                                                    f"set zero=3, got zero={c.zero}")
+        elif c.dp <= cluster.gpus_per_node:
+            yield Violation(Reason.REDUNDANT, f"HYBRID_SHARD with DP {c.dp} <= {cluster.gpus_per_node} GPUs per node "
+                                              "is FULL_SHARD")
+
+
+def probe_layout_violations(model: ModelSpec, c: Candidate, *, layers_run: int | None = None,
+                            schedule: str = "1F1B") -> Iterator[Violation]:
+    """The torch-native probe's rules (probes/parallel.py): what its TP, PP and schedule can build.
+    `probes.layout.resolve_layout` asks exactly these."""
+    layers = model.layers if layers_run is None else layers_run
+    yield from _tp_divides(model, c)
+    if c.tp > 1 and model.vocab % c.tp:
+        yield Violation(Reason.TP_VOCAB, f"vocab {model.vocab} % TP {c.tp} != 0 (the probe does not pad the "
+                                         "vocabulary)")
+    if c.sp and c.tp == 1:
+        yield Violation(Reason.REDUNDANT, "sequence parallelism needs TP > 1; set sp=0")
+    if c.sp and c.tp > 1 and model.seq_len % c.tp:
+        yield Violation(Reason.SP_SEQ, f"seq_len {model.seq_len} % TP {c.tp} != 0 (sequence parallel)")
+    if c.hybrid and c.zero != 3:
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"hybrid sharding needs zero=3, got zero={c.zero}")
+    if c.pp == 1:
+        if c.vpp > 1:
+            yield Violation(Reason.VIRTUAL_PIPELINE, f"vpp {c.vpp} > 1 needs pp > 1")
+        return
+    if schedule not in PP_SCHEDULES:
+        yield Violation(Reason.PIPELINE_SCHEDULE, f"pp_schedule {schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
+        return
+    if c.vpp > 1 and schedule == "1F1B":
+        schedule = "Interleaved1F1B"
+    vpp = 1
+    if schedule == "Interleaved1F1B":
+        vpp = c.vpp
+        if vpp < 2:
+            yield Violation(Reason.VIRTUAL_PIPELINE, "Interleaved1F1B needs vpp >= 2 model chunks per pipeline rank")
+        rounds = max(1, c.gas // c.pp)
+        if c.gas % rounds:
+            yield Violation(Reason.PIPELINE_SCHEDULE, f"Interleaved1F1B needs gas (micro-batches) {c.gas} to be a "
+                                                      f"multiple of max(1, gas // pp) = {rounds}")
+    elif c.vpp > 1:
+        yield Violation(Reason.VIRTUAL_PIPELINE, f"vpp {c.vpp} > 1 needs pp_schedule Interleaved1F1B, not {schedule}")
+    if schedule in ("1F1B", "Interleaved1F1B") and c.gas < c.pp:
+        yield Violation(Reason.MICROBATCHES_LT_STAGES, f"{schedule} needs micro-batches (gas) {c.gas} >= pipeline "
+                                                       f"stages (pp) {c.pp}")
+    if layers % (c.pp * vpp):
+        yield Violation(Reason.PP_LAYERS, f"layers {layers} are not divisible by pp {c.pp} * vpp {vpp} (the probe "
+                                          "splits layers into equal stages)")
+
+
+def _probe(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
+    yield from (v for v in probe_layout_violations(model, c) if v.reason not in _TP_REASONS)  # _common said those
+
+
+_TP_REASONS = (Reason.TP_HEADS, Reason.TP_KV_HEADS, Reason.TP_FFN, Reason.MICROBATCHES_LT_STAGES, Reason.REDUNDANT)
+
+
+def iter_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                    targets: Target | Sequence[Target] | None = None) -> Iterator[Violation]:
+    """Every layout rule, lazily (the first one is what `plan` counts)."""
+    bad = _bad_sizes(c)
+    if bad:  # nothing else can be checked (or divided by)
+        yield Violation(Reason.INVALID, f"layout sizes must be positive integers, got {bad}")
+        return
+    yield from _common(model, c, cluster, training)
+    for target in _targets(training, targets):
+        fw = target.framework
+        if fw == "megatron-deepspeed":
+            yield from _megatron_deepspeed(model, c, target.flavor or "bigscience")
+        elif fw == "megatron-lm":
+            yield from _megatron_lm(model, c)
+        elif fw == "fsdp":
+            yield from _fsdp(model, c, cluster)
+        else:
+            yield from _probe(model, c)
+
+
+def structural_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                          targets: Target | Sequence[Target] | None = None) -> list[Violation]:
+    """All non-memory rules of the targets (default: the training's framework and flavour)."""
+    return list(iter_violations(model, c, cluster, training, targets))
+
+
+def layout_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                      target: Target) -> list[Violation]:
+    return list(iter_violations(model, c, cluster, training, (target,)))
+
+
+def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                     target: Target) -> list[Violation]:
+    """What ``target`` cannot express whatever the layout: checked once, before enumerating."""
+    out: list[Violation] = []
+    fw, flavor = target.framework, target.flavor
+    if training.precision == "bf16" and cluster.gpu.peak_bf16_flops is None:
+        out.append(Violation(Reason.PRECISION, f"{cluster.gpu.id} has no bf16; use --precision fp16"))
+    if fw in ("megatron-deepspeed", "megatron-lm") and training.optimizer not in MEGATRON_OPTIMIZERS:
+        out.append(Violation(Reason.FRAMEWORK_LIMIT, f"optimizer {training.optimizer!r} has no Megatron flag; plan "
+                                                     f"with one of {', '.join(MEGATRON_OPTIMIZERS)}"))
+    cannot: list[tuple[bool, str]] = []
+    if fw == "megatron-deepspeed" and flavor == "bigscience":
+        cannot = [(model.kv_heads != model.heads, f"grouped-query attention ({model.kv_heads} kv heads)"),
+                  (training.flash_attention, "FlashAttention (plan with --no-flash-attention)"),
+                  (model.norm == "rmsnorm", "RMSNorm"),
+                  (not model.tied_embeddings, "untied input/output embeddings"),
+                  (not model.bias, "linear layers without biases")]
+        fix = "use --emit-flavor microsoft or --framework megatron-lm"
+    elif fw == "megatron-deepspeed":
+        cannot = [(model.position == "alibi", "ALiBi positions"),
+                  (model.embedding_norm, "a layernorm after the word embedding")]
+        fix = "use --emit-flavor bigscience"
+    elif fw == "megatron-lm":
+        cannot = [(model.position == "alibi", "ALiBi positions"),
+                  (model.embedding_norm, "a layernorm after the word embedding")]
+        fix = "use --framework megatron-deepspeed (bigscience fork)"
+    for bad, what in cannot:
+        if bad:
+            out.append(Violation(Reason.MODEL_FEATURE, f"{target} cannot express {what}; {fix}"))
+    return out
+
+
+def setup_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                     target: Target) -> list[Violation]:
+    """Every rule an emitted setup must obey: the model, the layout, and the sequence length."""
+    out = model_violations(model, training, cluster, target)
+    if training.seq_len > model.seq_len:
+        out.append(Violation(Reason.SEQ_LEN, f"sequence length {training.seq_len} exceeds the model's "
+                                             f"{model.seq_len} positions; use --seq-len <= {model.seq_len} or raise "
+                                             "the model's seq_len"))
+    return out + layout_violations(model, c, cluster, training, target)
+
+
+# -- memory ------------------------------------------------------------------------------------------------
+
+def memory_violations(mem: MemoryBreakdown, cluster: ClusterSpec, training: TrainingSpec) -> list[Violation]:
+    """The predicted total against the GPU minus headroom: the only memory rule that prunes."""
+    capacity = cluster.gpu.memory_bytes
+    usable = (1 - training.memory_headroom) * capacity
+    if mem.total_bytes <= usable:
+        return []
+    return [Violation(Reason.MEMORY_TOTAL,
+                      f"predicted {mem.total_bytes / 1e9:.1f} GB on the {mem.stage} stage > {usable / 1e9:.1f} GB "
+                      f"({1 - training.memory_headroom:.0%} of {capacity / 1e9:.1f} GB) "
+                      f"(activations {mem.activations_bytes / 1e9:.1f}, logits {mem.logits_bytes / 1e9:.1f}, "
+                      f"model states {mem.static_bytes / 1e9:.1f})")]
+
+
+def memory_advice(mem: MemoryBreakdown, cluster: ClusterSpec, training: TrainingSpec) -> list[Violation]:
+    """Seed 004's first guess (model states <= 75% of the GPU), shown as a mark, never a reason to prune."""
+    capacity = cluster.gpu.memory_bytes
+    if mem.static_bytes <= training.memory_fraction * capacity:
+        return []
+    return [Violation(Reason.MEMORY_STATIC,
+                      f"weights+grads+optimizer {mem.static_bytes / 1e9:.1f} GB > {training.memory_fraction:.0%} "
+                      f"of {capacity / 1e9:.1f} GB (seed 004's first guess; the total decides)")]
+
+
+def first(violations: Iterable[Violation]) -> Violation | None:
+    return next(iter(violations), None)
+
+
+__all__ = ["FLAVORS", "MEGATRON_OPTIMIZERS", "PP_SCHEDULES", "PROBE", "Reason", "TARGET_FRAMEWORKS", "Target",
+           "VPP_OPTIONS", "Violation", "iter_violations", "knob_values", "layout_violations", "megatron_lm_stages",
+           "memory_advice", "memory_violations", "model_violations", "probe_layout_violations", "setup_violations",
+           "structural_violations", "target_of"]
