@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the file's fork unless given")
     p.add_argument("--out", help="folder for --emit (default run/)")
     p.add_argument("--reservation", help="SLURM reservation for launch.sbatch")
+    p.add_argument("--time-limit", "--time_limit", type=_positive_int, default=20, metavar="HOURS",
+                   help="launch.sbatch --time in hours (default 20); Megatron exits 10 minutes before it")
     p.add_argument("--from", dest="from_yaml", help="plantune plan.yaml to read back (and re-render with --emit)")
     p.add_argument("--rampup-schedule", action="store_true",
                    help="print the schedule for the rampup (nodes and MBS per batch size, seed 003)")
@@ -348,7 +350,7 @@ def _emit(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, trai
     from planner.emit import emit
 
     return emit(_setup(model, cluster, training, est), args.emit, Path(args.out or "run"),
-                flavor=flavor or training.flavor, reservation=args.reservation)
+                flavor=flavor or training.flavor, reservation=args.reservation, time_hours=args.time_limit)
 
 
 def targets_for(training: TrainingSpec, emit: str | None) -> tuple[Target, ...]:
@@ -361,9 +363,10 @@ def targets_for(training: TrainingSpec, emit: str | None) -> tuple[Target, ...]:
 
 
 def check_expressible(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                      targets: tuple[Target, ...]) -> None:
+                      targets: tuple[Target, ...], emit: str | None) -> None:
     """One line naming what a target cannot express at all (checked before enumerating anything)."""
-    problems = [v.detail for t in targets for v in model_violations(model, training, cluster, t)]
+    problems = [v.detail for t in targets
+                for v in model_violations(model, training, cluster, t, emit=t.framework == emit)]
     if problems:
         raise InputError("; ".join(dict.fromkeys(problems)))
 
@@ -385,7 +388,7 @@ def _from_yaml(args: argparse.Namespace) -> int:
     target = Target(args.emit or kind, flavor)
     est = estimate(setup.model, setup.cluster, training, setup.candidate, targets=(target,))
     if args.emit:
-        check_expressible(setup.model, setup.cluster, training, (target,))
+        check_expressible(setup.model, setup.cluster, training, (target,), target.framework)
         _refuse_unfit(est)
         written = _emit(args, setup.model, setup.cluster, training, est, flavor=flavor)
         print(f"wrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}")
@@ -403,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
     model, cluster, training = setup_from_args(args)
     _, why = choose_framework(args, model, cluster)
     targets = targets_for(training, args.emit)
-    check_expressible(model, cluster, training, targets)
+    check_expressible(model, cluster, training, targets, args.emit)
     if args.explain:
         cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)
         est = estimate(model, cluster, training, cand, targets=targets)
@@ -431,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
         chosen = result.candidates[rank - 1]
         # refuse before printing anything: render() checks every rule and writes nothing
         render(_setup(model, cluster, training, chosen), args.emit, flavor=training.flavor,
-               reservation=args.reservation)
+               reservation=args.reservation, time_hours=args.time_limit)
     schedule = _schedule(model, cluster, training) if training.rampup and (
         args.rampup_schedule or args.format == "table") else None
     if args.format == "table":

@@ -367,8 +367,14 @@ def layout_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, trai
 
 
 def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
-                     target: Target) -> list[Violation]:
-    """What ``target`` cannot express whatever the layout: checked once, before enumerating."""
+                     target: Target, *, emit: bool = True) -> list[Violation]:
+    """What ``target`` cannot express whatever the layout: checked once, before enumerating.
+
+    ``emit``: also what its emitter cannot write (FSDP is emitted as a torchtitan job, whose one dense model
+    is Llama's; plain PyTorch FSDP, which `plan --framework fsdp` costs, runs any model).
+    """
+    from planner.emit.facts import DEFAULT_ROPE_THETA, rope_theta
+
     out: list[Violation] = []
     fw, flavor = target.framework, target.flavor
     if training.precision == "bf16" and cluster.gpu.peak_bf16_flops is None:
@@ -382,7 +388,9 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                   (training.flash_attention, "FlashAttention (plan with --no-flash-attention)"),
                   (model.norm == "rmsnorm", "RMSNorm"),
                   (not model.tied_embeddings, "untied input/output embeddings"),
-                  (not model.bias, "linear layers without biases")]
+                  (not model.bias, "linear layers without biases"),
+                  (model.position == "rope" and rope_theta(model) != DEFAULT_ROPE_THETA,
+                   f"RoPE base {rope_theta(model):g} (its rotary base is fixed at 10000)")]
         fix = "use --emit-flavor microsoft or --framework megatron-lm"
     elif fw == "megatron-deepspeed":
         cannot = [(model.position == "alibi", "ALiBi positions"),
@@ -392,9 +400,19 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
         cannot = [(model.position == "alibi", "ALiBi positions"),
                   (model.embedding_norm, "a layernorm after the word embedding")]
         fix = "use --framework megatron-deepspeed (bigscience fork)"
+    elif fw == "fsdp" and emit:
+        # torchtitan 0.2.2: one dense model (Llama's), bf16/fp32 mixed precision, Adam/AdamW, no batch rampup
+        cannot = [(not model.glu or model.norm != "rmsnorm" or model.position != "rope" or model.bias
+                   or model.tied_embeddings, "this architecture (its dense model is Llama's: RoPE, RMSNorm, SwiGLU, "
+                                              "no biases, untied embeddings)"),
+                  (training.precision == "fp16", "fp16 mixed precision (bf16 or fp32 only)"),
+                  (training.optimizer != "adamw", f"optimizer {training.optimizer!r} (AdamW)"),
+                  (training.rampup is not None, "a batch-size rampup (use --no-rampup)")]
+        fix = "plan without --emit fsdp, or use --framework megatron-lm"
     for bad, what in cannot:
         if bad:
-            out.append(Violation(Reason.MODEL_FEATURE, f"{target} cannot express {what}; {fix}"))
+            where = "torchtitan (--emit fsdp)" if fw == "fsdp" else str(target)
+            out.append(Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}"))
     return out
 
 

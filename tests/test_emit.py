@@ -18,13 +18,13 @@ import yaml
 from planner.emit import Prediction, emit, load_plan_yaml, plan_target, plan_yaml_dict, render
 from planner.errors import InputError
 from planner.space import Candidate, TrainingSpec
-from test_emit_cases import REFUSED_CASES, VALID_CASES, bloom
+from test_emit_cases import REFUSED_CASES, VALID_CASES, bloom, llama
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = REPO / "examples" / "bloom-176b-48x8-a100"
 FILES = {"megatron-deepspeed": {"plan.yaml", "ds_config.json", "args.txt", "megatron_args.sh", "launch.sbatch"},
-         "megatron-lm": {"plan.yaml", "megatron_lm.yaml"},
-         "fsdp": {"plan.yaml", "fsdp.yaml"}}
+         "megatron-lm": {"plan.yaml", "args.txt", "megatron_args.sh", "launch.sbatch"},
+         "fsdp": {"plan.yaml", "torchtitan.toml"}}
 
 
 def _ids(case) -> str:
@@ -258,39 +258,55 @@ def test_launch_sbatch_asks_for_train_samples_when_unknown(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("case", [c for c in VALID_CASES if c.kind == "megatron-lm"], ids=_ids)
-def test_megatron_lm_yaml(case, tmp_path) -> None:
+def test_megatron_lm_args(case, tmp_path) -> None:
     emit(case.setup, case.kind, tmp_path)
-    d = yaml.safe_load((tmp_path / "megatron_lm.yaml").read_text())
-    c, t, m = case.setup.candidate, case.setup.training, case.setup.model
-    lm, mp = d["language_model"], d["model_parallel"]
-    assert (lm["num_layers"], lm["hidden_size"], lm["num_attention_heads"], lm["ffn_hidden_size"]) == \
-        (m.layers, m.hidden, m.heads, m.ffn_hidden)
-    assert mp["tensor_model_parallel_size"] * mp["pipeline_model_parallel_size"] * c.dp == \
+    args = _args((tmp_path / "args.txt").read_text())
+    m, c, t = case.setup.model, case.setup.candidate, case.setup.training
+    assert [args[f][0] for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size")] == \
+        [str(m.layers), str(m.hidden), str(m.heads), str(m.ffn_hidden)]
+    assert int(args["--tensor-model-parallel-size"][0]) * int(args["--pipeline-model-parallel-size"][0]) * c.dp == \
         case.setup.cluster.world_size
-    assert d["global_batch_size"] == d["micro_batch_size"] * c.dp * c.gas == t.global_batch
-    assert mp["bf16"] == (t.precision == "bf16") and mp["sequence_parallel"] == c.sp
-    assert lm["recompute_granularity"] == (None if c.recompute == "none" else c.recompute)
-    assert lm["activation_func"] in ("swiglu", "gelu")  # yaml_arguments.py accepts swiglu|squaredrelu|gelu
-    if c.vpp > 1:
-        assert d["num_layers_per_virtual_pipeline_stage"] * mp["pipeline_model_parallel_size"] * c.vpp == m.layers
-    assert d["use_distributed_optimizer"] == (c.zero == 1)
-    assert d["group_query_attention"] == (lm["num_query_groups"] is not None)
+    assert int(args["--global-batch-size"][0]) == int(args["--micro-batch-size"][0]) * c.dp * c.gas == t.global_batch
+    assert ("--sequence-parallel" in args) == c.sp and ("--use-distributed-optimizer" in args) == (c.zero == 1)
+    assert args.get("--recompute-granularity", [None])[0] == (None if c.recompute == "none" else c.recompute)
+    assert args.get("--num-virtual-stages-per-pipeline-rank", ["1"])[0] == str(c.vpp)
+    assert ("--num-query-groups" in args) == (m.kv_heads != m.heads)
+    if m.position == "rope":   # the whole head rotates (Megatron's examples/gpt3 YAML had rotary_percent 0.5)
+        assert args["--rotary-percent"] == ["1.0"] and "--rotary-base" in args
+    sbatch = (tmp_path / "launch.sbatch").read_text()
+    assert "NVIDIA/Megatron-LM" in sbatch and "ds_config" not in sbatch and "--deepspeed" not in sbatch
+    assert "--tokenizer-type HuggingFaceTokenizer" in sbatch
+    assert _bash('bash -n "$1"', str(tmp_path / "launch.sbatch")).returncode == 0
+
+
+def test_megatron_lm_uneven_pipeline_stages(tmp_path) -> None:
+    """Llama 3 405B: 126 layers on PP=16 run as 7 + 14 x 8 + 7 (--decoder-first/last-pipeline-num-layers)."""
+    setup = llama("llama3-405b", gpus=2048, tp=8, pp=16, dp=16, gas=64, recompute="full")
+    emit(setup, "megatron-lm", tmp_path)
+    args = _args((tmp_path / "args.txt").read_text())
+    assert args["--decoder-first-pipeline-num-layers"] == ["7"] and args["--decoder-last-pipeline-num-layers"] == ["7"]
+    assert args["--rotary-base"] == ["500000"]          # Llama 3's RoPE theta
+    assert args["--hidden-dropout"] == args["--attention-dropout"] == ["0"]
 
 
 @pytest.mark.parametrize("case", [c for c in VALID_CASES if c.kind == "fsdp"], ids=_ids)
-def test_fsdp_yaml(case, tmp_path) -> None:
+def test_torchtitan_toml(case, tmp_path) -> None:
+    import tomllib
+
     emit(case.setup, case.kind, tmp_path)
-    d = yaml.safe_load((tmp_path / "fsdp.yaml").read_text())
-    c = case.setup.candidate
-    expected = "HYBRID_SHARD" if c.hybrid else {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[c.zero]
-    assert d["sharding_strategy"] == expected
-    assert d["activation_checkpointing"] == c.recompute
-    assert d["global_batch_size"] == d["micro_batch_size_per_gpu"] * d["gradient_accumulation_steps"] * \
-        d["data_parallel_size"]
-    assert d["world_size"] == d["data_parallel_size"] * d["tensor_parallel_size"] * d["pipeline_parallel_size"] == \
-        d["nodes"] * d["gpus_per_node"]
-    assert d["mixed_precision"]["param_dtype"] == {"bf16": "bfloat16", "fp16": "float16",
-                                                   "fp32": "float32"}[case.setup.training.precision]
+    d = tomllib.loads((tmp_path / "torchtitan.toml").read_text())
+    c, cl = case.setup.candidate, case.setup.cluster
+    par, tr = d["parallelism"], d["training"]
+    assert par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"] == c.dp
+    assert par["tensor_parallel_degree"] * par["pipeline_parallel_degree"] * c.dp == cl.world_size
+    if c.hybrid:
+        assert par["data_parallel_shard_degree"] == cl.gpus_per_node and par["data_parallel_replicate_degree"] > 1
+    else:
+        assert par["fsdp_reshard_after_forward"] == {0: "default", 2: "never", 3: "always"}[c.zero]
+        assert (par["data_parallel_shard_degree"] == 1) == (c.zero == 0)
+    assert tr["global_batch_size"] == tr["local_batch_size"] * c.dp * c.gas
+    assert d["activation_checkpoint"]["mode"] == c.recompute
+    assert tr["mixed_precision_param"] == {"bf16": "bfloat16", "fp32": "float32"}[case.setup.training.precision]
 
 
 @pytest.mark.parametrize("case_id,setup,kind,flavor,message", REFUSED_CASES, ids=[r[0] for r in REFUSED_CASES])

@@ -2,10 +2,16 @@
 
 The lists are transcribed (names only) from:
 - BS: bigscience-workshop/Megatron-DeepSpeed, megatron/arguments.py at commit
-  007719ad5cb7d8a0e3fe979ee321c6c1c34fbd1f (its PositionEmbeddingType: absolute | rotary | alibi;
+  007719ad5cb7d8a0e3fe979ee321c6c1c34fbd1f, re-checked at 8387ae17c4704f6579f88a84500b535d19d7fbbf (which adds
+  ``--pad-vocab-size-to``, as tr11-176B-ml.slurm uses) (its PositionEmbeddingType: absolute | rotary | alibi;
   megatron/model/glu_activations.py GLU_ACTIVATIONS: geglu, liglu, reglu, swiglu);
 - MS: deepspeedai/Megatron-DeepSpeed (formerly microsoft/Megatron-DeepSpeed), megatron/arguments.py
-  at commit 207b2d5aad1eea98464c37e0b991be6f8937226f;
+  at commit 207b2d5aad1eea98464c37e0b991be6f8937226f, re-checked at f4157bea69f3df8c6cb66f2ebcda66ba03d1288e;
+- Megatron-LM: NVIDIA/Megatron-LM at d98e8a64ddf34856e74b24714e3bedb2f5a39553, megatron/training/arguments.py
+  literals and the config dataclasses it builds flags from (TransformerConfig, ModelParallelConfig,
+  TrainingConfig via argument_utils.ArgumentGroupFactory), as its examples/llama/train_llama3_8b_h100_fp8.sh
+  spells them;
+- torchtitan: pytorch/torchtitan v0.2.2 (73a0e6979dd10b6b1904098eb3c8f62c18ab87ce) torchtitan/config/job_config.py;
 - both: DeepSpeed's deepspeed/__init__.py ``_add_core_arguments`` (``--deepspeed``, ``--deepspeed_config``),
   which both forks add through ``deepspeed.add_config_arguments(parser)``.
 """
@@ -49,7 +55,7 @@ BIGSCIENCE = DEEPSPEED_CORE | {
     "--warmup", "--min-lr", "--override-lr-scheduler", "--use-checkpoint-lr-scheduler",
     # checkpointing, mixed precision
     "--save", "--save-interval", "--no-save-optim", "--no-save-rng", "--load", "--no-load-optim", "--no-load-rng",
-    "--finetune", "--fp16", "--bf16", "--loss-scale", "--initial-loss-scale", "--min-loss-scale",
+    "--finetune", "--fp16", "--bf16", "--pad-vocab-size-to", "--loss-scale", "--initial-loss-scale", "--min-loss-scale",
     "--loss-scale-window", "--hysteresis", "--fp32-residual-connection", "--no-query-key-layer-scaling",
     "--attention-softmax-in-fp32", "--accumulate-allreduce-grads-in-fp32", "--fp16-lm-cross-entropy",
     # distributed, validation
@@ -129,6 +135,49 @@ MICROSOFT = DEEPSPEED_CORE | {
     "--profile-backward",
 }
 
+MEGATRON_LM = {
+    # network (TransformerConfig fields and arguments.py literals)
+    "--use-mcore-models", "--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+    "--group-query-attention", "--num-query-groups", "--kv-channels", "--seq-length", "--max-position-embeddings",
+    "--position-embedding-type", "--rotary-base", "--rotary-percent", "--attention-dropout", "--hidden-dropout",
+    "--swiglu", "--normalization", "--init-method-std", "--make-vocab-size-divisible-by",
+    "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--attention-backend",
+    # parallelism (ModelParallelConfig fields, arguments.py literals)
+    "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers",
+    "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank", "--sequence-parallel",
+    "--use-distributed-optimizer",
+    # training (TrainingConfig fields, arguments.py literals)
+    "--micro-batch-size", "--global-batch-size", "--rampup-batch-size", "--train-samples", "--train-iters",
+    "--optimizer", "--clip-grad", "--lr", "--min-lr", "--lr-decay-style", "--lr-warmup-samples",
+    "--lr-warmup-fraction", "--lr-decay-samples", "--weight-decay", "--adam-beta1", "--adam-beta2", "--adam-eps",
+    "--bf16", "--fp16", "--recompute-granularity", "--recompute-method", "--recompute-num-layers",
+    "--exit-duration-in-mins",
+    # data, checkpoints, logging
+    "--data-path", "--split", "--tokenizer-type", "--tokenizer-model", "--save", "--load", "--tensorboard-dir",
+    "--log-interval", "--save-interval", "--eval-interval", "--eval-iters",
+}
+MEGATRON_LM_CHOICES = {"--position-embedding-type": {"learned_absolute", "rope", "yarn", "mrope", "relative", "none"},
+                       "--normalization": {"LayerNorm", "RMSNorm"},
+                       "--attention-backend": {"flash", "fused", "unfused", "local", "auto"},   # AttnBackend enum
+                       "--recompute-granularity": {"full", "selective"}, "--recompute-method": {"uniform", "block"},
+                       "--optimizer": {"adam", "sgd"}, "--tokenizer-type": {"HuggingFaceTokenizer",
+                                                                            "NullTokenizer", "GPT2BPETokenizer"}}
+TORCHTITAN = {
+    "job": {"dump_folder", "description"}, "metrics": {"log_freq", "enable_tensorboard", "save_tb_folder"},
+    "model": {"name", "flavor", "hf_assets_path"}, "optimizer": {"name", "lr", "eps", "weight_decay"},
+    "lr_scheduler": {"warmup_steps", "decay_type", "min_lr_factor"},
+    "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "mixed_precision_param",
+                 "mixed_precision_reduce"},
+    "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+                    "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"},
+    "checkpoint": {"enable", "folder", "interval"}, "activation_checkpoint": {"mode", "selective_ac_option"},
+    "compile": {"enable"},
+}
+TORCHTITAN_CHOICES = {("activation_checkpoint", "mode"): {"selective", "full", "memory_budget", "none"},
+                      ("parallelism", "fsdp_reshard_after_forward"): {"default", "always", "never"},
+                      ("lr_scheduler", "decay_type"): {"linear", "sqrt", "cosine"},
+                      ("training", "mixed_precision_param"): {"bfloat16", "float32"}}
+
 FORK_ARGS = {"bigscience": BIGSCIENCE, "microsoft": MICROSOFT}
 # Choice values the emitter writes, from the same files.
 FORK_CHOICES = {
@@ -193,3 +242,41 @@ def test_launcher_flags_are_torchrun_and_srun(case) -> None:
     flags = set(re.findall(r"(--[A-Za-z_-]+)", launch))
     assert flags <= TORCHRUN | SRUN
     assert flags == TORCHRUN | SRUN
+
+
+@pytest.mark.parametrize("case", [c for c in VALID_CASES if c.kind == "megatron-lm"] + [
+    pytest.param(None, id="llama3-405b-uneven-pp")], ids=lambda c: getattr(c, "id", "case"))
+def test_every_megatron_lm_flag_is_megatron_lms(case) -> None:
+    from planner.emit.megatron_lm import megatron_lm_args
+    from test_emit_cases import llama
+
+    setup = case.setup if case else llama("llama3-405b", gpus=2048, tp=8, pp=16, dp=16, gas=64, recompute="full")
+    files = render(setup, "megatron-lm")
+    written = list(megatron_lm_args(setup)) + [tuple(a) for a in _sbatch_site_args(files["launch.sbatch"])]
+    assert [a[0] for a in written if a[0] not in MEGATRON_LM] == []
+    for flag, *values in written:
+        if flag in MEGATRON_LM_CHOICES:
+            assert values[0] in MEGATRON_LM_CHOICES[flag], (flag, values)
+
+
+@pytest.mark.parametrize("case", [c for c in VALID_CASES if c.kind == "fsdp"], ids=lambda c: c.id)
+def test_every_torchtitan_field_is_torchtitans(case) -> None:
+    import tomllib
+
+    d = tomllib.loads(render(case.setup, "fsdp")["torchtitan.toml"])
+    assert {k: set(v) - TORCHTITAN.get(k, set()) for k, v in d.items() if set(v) - TORCHTITAN.get(k, set())} == {}
+    for (section, key), allowed in TORCHTITAN_CHOICES.items():
+        assert d[section][key] in allowed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in VALID_CASES if c.kind == "megatron-lm"], ids=lambda c: c.id)
+def test_megatron_lm_parser_accepts_the_args(case, monkeypatch) -> None:
+    """With Megatron-LM installed (never fetched at test time), its own parser reads args.txt."""
+    arguments = pytest.importorskip("megatron.training.arguments")
+    from planner.emit.megatron_lm import megatron_lm_args
+
+    argv = [v for a in megatron_lm_args(case.setup) for v in a]
+    monkeypatch.setattr("sys.argv", ["pretrain_gpt.py", *argv])
+    args = arguments.parse_args()
+    assert args.tensor_model_parallel_size == case.setup.candidate.tp

@@ -84,8 +84,8 @@ VALID_CASES = [
                                       recompute="full", sp=False), "fsdp"),
     Case("llama7b-fsdp-grad-op", llama("llama2-7b", gpus=32, tp=1, pp=1, dp=32, gas=32, zero=2, recompute="none",
                                        sp=False), "fsdp"),
-    Case("gpt3-fsdp-noshard", replace(gpt3(tp=1, pp=1, dp=128, gas=12, zero=0),
-                                      training=replace(gpt3().training, rampup=None)), "fsdp"),
+    Case("llama7b-fsdp-noshard", llama("llama2-7b", gpus=16, tp=1, pp=1, dp=16, gas=64, zero=0, recompute="full",
+                                       sp=False), "fsdp"),
 ]
 
 GPT3_NO_RAMPUP = replace(gpt3(), training=replace(gpt3().training, rampup=None))
@@ -117,7 +117,10 @@ REFUSED_CASES = [
     ("layers-pp-megatron-lm", llama(pp=32, dp=1, gas=1024), "megatron-lm", "bigscience",
      "80 layers cannot be split over PP 32"),
     ("zero3-megatron-lm", gpt3(zero=3), "megatron-lm", "bigscience", "Megatron-LM has no ZeRO-3"),
-    ("zero1-fsdp", gpt3(zero=1), "fsdp", "bigscience", "FSDP has no ZeRO-1"),
+    ("zero1-fsdp", llama("llama2-7b", gpus=16, tp=1, pp=1, dp=16, gas=64, zero=1, sp=False), "fsdp", "bigscience",
+     "FSDP has no ZeRO-1"),
+    ("gpt-torchtitan", replace(gpt3(tp=1, pp=1, dp=128, gas=12, zero=3), training=replace(
+        gpt3().training, rampup=None)), "fsdp", "bigscience", "torchtitan (--emit fsdp) cannot express this architecture"),
     ("bf16-v100", replace(GPT3_NO_RAMPUP, cluster=make_cluster(gpu="V100-32GB", gpus=128)), "megatron-deepspeed",
      "bigscience", "V100-32GB has no bf16"),
     ("optimizer", replace(gpt3(), training=replace(gpt3().training, optimizer="lion")), "megatron-deepspeed",

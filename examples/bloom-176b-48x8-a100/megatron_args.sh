@@ -9,6 +9,8 @@ MEGATRON_ARGS=(
     --num-attention-heads 112
     --seq-length 2048
     --max-position-embeddings 2048
+    --init-method-std 0.004822
+    --pad-vocab-size-to 250880
     --position-embedding-type alibi
     --embed-layernorm
     --tensor-model-parallel-size 4
@@ -19,6 +21,10 @@ MEGATRON_ARGS=(
     --train-samples 178710938
     --optimizer adam
     --clip-grad 1.0
+    --lr 6e-05
+    --min-lr 6e-06
+    --lr-decay-style cosine
+    --lr-warmup-samples 183106
     --bf16
     --checkpoint-activations
     --deepspeed

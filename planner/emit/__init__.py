@@ -4,10 +4,11 @@
 
 - ``megatron-deepspeed``: plan.yaml, ds_config.json, args.txt, megatron_args.sh, launch.sbatch
   (``flavor`` "bigscience" or "microsoft" picks the fork's spelling);
-- ``megatron-lm``: plan.yaml, megatron_lm.yaml (``--yaml-cfg``);
-- ``fsdp``: plan.yaml, fsdp.yaml.
+- ``megatron-lm``: plan.yaml, args.txt, megatron_args.sh, launch.sbatch (NVIDIA/Megatron-LM's pretrain_gpt.py);
+- ``fsdp``: plan.yaml, torchtitan.toml (a torchtitan job config).
 
-Rules live in :mod:`planner.emit.setup`; a setup that breaks one is refused before anything is written.
+Rules live in :mod:`planner.rules` (asked through `setup_problems`); a setup that breaks one is refused
+before anything is written.
 """
 
 from planner.emit.plan_yaml import load_plan_yaml, plan_target, plan_yaml_dict

@@ -1,48 +1,97 @@
-"""A plain YAML for PyTorch FSDP: sharding strategy, activation checkpointing, mixed precision, batches.
+"""FSDP: a torchtitan job TOML (``torchrun ... -m torchtitan.train --job.config_file torchtitan.toml``).
 
-Strategy names are torch.distributed.fsdp.ShardingStrategy's: ZeRO 0 -> NO_SHARD, 2 -> SHARD_GRAD_OP,
-3 -> FULL_SHARD, hybrid -> HYBRID_SHARD (FULL_SHARD inside a node, replicas across nodes).
+Section and field names are pytorch/torchtitan v0.2.2's torchtitan/config/job_config.py (the last release
+configured by TOML; its torchtitan/models/llama3/train_configs/llama3_70b.toml has the same shape);
+tests/test_emit_argnames.py pins them. plantune's ZeRO stage maps onto FSDP2's mesh:
+ZeRO-0 (NO_SHARD) -> data_parallel_replicate_degree = DP (DDP); ZeRO-2 (SHARD_GRAD_OP) -> shard over DP,
+fsdp_reshard_after_forward = "never"; ZeRO-3 (FULL_SHARD) -> "always"; hybrid (HYBRID_SHARD) -> shard inside
+a node, replicate across nodes (HSDP). GAS follows from global_batch_size / (local_batch_size * DP).
 """
 
 from __future__ import annotations
 
-from planner.emit.plan_yaml import dump_yaml
+import math
+
+from planner.emit import facts
 from planner.emit.setup import RunSetup, one_line, train_samples
 
-FILE_NAME = "fsdp.yaml"
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+FILE_NAME = "torchtitan.toml"
+TORCHTITAN_VERSION = "0.2.2"
+LLAMA3_FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
+"""plantune presets that are torchtitan's own llama3 flavors (torchtitan/models/llama3/__init__.py)"""
+_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 
 
-def fsdp_dict(setup: RunSetup) -> dict:
-    c, t, cl = setup.candidate, setup.training, setup.cluster
+def _mesh(setup: RunSetup) -> dict:
+    c, cl = setup.candidate, setup.cluster
+    if c.hybrid:
+        shard = min(c.dp, cl.gpus_per_node)
+        return {"data_parallel_replicate_degree": c.dp // shard, "data_parallel_shard_degree": shard,
+                "fsdp_reshard_after_forward": "always"}
+    if c.zero == 0:
+        return {"data_parallel_replicate_degree": c.dp, "data_parallel_shard_degree": 1,
+                "fsdp_reshard_after_forward": "default"}
+    return {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": c.dp,
+            "fsdp_reshard_after_forward": "always" if c.zero == 3 else "never"}
+
+
+def torchtitan_dict(setup: RunSetup) -> dict[str, dict]:
+    m, c, t = setup.model, setup.candidate, setup.training
+    samples = train_samples(t)
+    steps = math.ceil(samples / t.global_batch) if samples is not None else None
+    warm = facts.warmup_samples(t)
+    lr = facts.peak_lr(m)
     return {
-        "sharding_strategy": c.fsdp_strategy,
-        "activation_checkpointing": c.recompute,
-        "mixed_precision": {"param_dtype": _DTYPES[t.precision], "reduce_dtype": "float32",
-                            "buffer_dtype": _DTYPES[t.precision]},
-        "micro_batch_size_per_gpu": c.mbs,
-        "gradient_accumulation_steps": c.gas,
-        "global_batch_size": t.global_batch,
-        "rampup_batch_size": t.rampup.as_list() if t.rampup else None,
-        "seq_length": t.seq_len,
-        "train_samples": train_samples(t),
-        "world_size": cl.world_size,
-        "nodes": cl.nodes,
-        "gpus_per_node": cl.gpus_per_node,
-        "data_parallel_size": c.dp,
-        "tensor_parallel_size": c.tp,
-        "pipeline_parallel_size": c.pp,
-        "virtual_pipeline_stages": c.vpp,
-        "sequence_parallel": c.sp,
-        "optimizer": t.optimizer,
-        "flash_attention": t.flash_attention,
+        "job": {"dump_folder": "./outputs", "description": f"{one_line(m.name)}, written by plantune"},
+        "metrics": {"log_freq": 1, "enable_tensorboard": True, "save_tb_folder": "tb"},
+        "model": {"name": "llama3", "flavor": LLAMA3_FLAVORS.get(m.name, m.name),
+                  "hf_assets_path": f"./assets/hf/{one_line(m.name)}"},
+        "optimizer": {"name": "AdamW", "lr": lr, "eps": 1e-8, "weight_decay": 0.1},
+        "lr_scheduler": {"warmup_steps": max(1, math.ceil(warm / t.global_batch)) if warm else 200,
+                         "decay_type": "cosine", "min_lr_factor": facts.MIN_LR_RATIO},
+        "training": {"local_batch_size": c.mbs, "global_batch_size": t.global_batch, "seq_len": t.seq_len,
+                     "max_norm": 1.0, "steps": steps if steps is not None else 10000,
+                     "mixed_precision_param": _DTYPES[t.precision], "mixed_precision_reduce": "float32"},
+        "parallelism": {**_mesh(setup), "tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
+                        "context_parallel_degree": 1},
+        "checkpoint": {"enable": True, "folder": "checkpoint", "interval": 500},
+        "activation_checkpoint": ({"mode": c.recompute, "selective_ac_option": "op"} if c.recompute == "selective"
+                                  else {"mode": c.recompute}),
+        "compile": {"enable": False},
     }
 
 
-def fsdp_text(setup: RunSetup) -> str:
-    head = (f"# FSDP plan for {one_line(setup.model.name)}, written by plantune. sharding_strategy is a\n"
-            "# torch.distributed.fsdp.ShardingStrategy name; activation_checkpointing none|selective|full.\n")
-    return head + dump_yaml(fsdp_dict(setup))
+def _value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-__all__ = ["FILE_NAME", "fsdp_dict", "fsdp_text"]
+def toml_text(d: dict[str, dict]) -> str:
+    """Flat tables of scalars, as torchtitan's train_configs are (read back by tomllib)."""
+    return "\n".join(f"[{section}]\n" + "".join(f"{k} = {_value(v)}\n" for k, v in body.items())
+                     for section, body in d.items())
+
+
+def torchtitan_text(setup: RunSetup) -> str:
+    m, c, cl, t = setup.model, setup.candidate, setup.cluster, setup.training
+    d = torchtitan_dict(setup)
+    head = [f"torchtitan {TORCHTITAN_VERSION} job config for {one_line(m.name)}, written by plantune: "
+            f"FSDP {c.fsdp_strategy}, DP={c.dp}, MBS={c.mbs}, GAS={c.gas}, recompute {c.recompute}.",
+            f"Run on each of the {cl.nodes} node(s): torchrun --nnodes {cl.nodes} --nproc_per_node {cl.gpus_per_node} "
+            "--rdzv_backend c10d --rdzv_endpoint $MASTER_ADDR:29500 -m torchtitan.train --job.config_file "
+            f"{FILE_NAME}",
+            "Set [model].hf_assets_path to the tokenizer folder, and [training].dataset / dataset_path to your data."]
+    if m.name not in LLAMA3_FLAVORS:
+        head.append(f"torchtitan has no flavor {one_line(m.name)!r}: register it in torchtitan/models/llama3/"
+                    f"__init__.py as TransformerModelArgs(dim={m.hidden}, n_layers={m.layers}, n_heads={m.heads}, "
+                    f"n_kv_heads={m.kv_heads}, vocab_size={m.vocab}, rope_theta={facts.rope_theta(m):g}) with "
+                    f"hidden dim {m.ffn_hidden}.")
+    if train_samples(t) is None:
+        head.append("No token budget was given: set [training].steps.")
+    return "".join(f"# {line}\n" for line in head) + "\n" + toml_text(d)
+
+
+__all__ = ["FILE_NAME", "LLAMA3_FLAVORS", "TORCHTITAN_VERSION", "toml_text", "torchtitan_dict", "torchtitan_text"]

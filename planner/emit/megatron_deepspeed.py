@@ -3,7 +3,8 @@
 Flag spellings are the forks' own (bigscience-workshop/Megatron-DeepSpeed and microsoft, now
 deepspeedai/Megatron-DeepSpeed, megatron/arguments.py; ``--deepspeed``/``--deepspeed_config`` from
 DeepSpeed's deepspeed/__init__.py); tests/test_emit_argnames.py pins every one of them.
-Only what plantune decides is here; data, tokenizer, checkpoints and learning rate live in launch.sbatch.
+Only what plantune decides is here (the layout, the model's facts, the learning-rate schedule for the token
+budget: planner.emit.facts); data, tokenizer, checkpoints and logging live in launch.sbatch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from planner.emit import facts
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
 
 DS_CONFIG_NAME = "ds_config.json"
@@ -39,7 +41,13 @@ def _shape_args(setup: RunSetup, flavor: str) -> list[Arg]:
     # The bigscience fork asserts max_position_embeddings is None with rotary positions.
     if not (flavor == "bigscience" and m.position == "rope"):
         args.append(("--max-position-embeddings", str(m.seq_len)))
+    drop = facts.dropout(m)
+    if drop is not None:
+        args += [("--attention-dropout", f"{drop:g}"), ("--hidden-dropout", f"{drop:g}")]
+    args.append(("--init-method-std", f"{facts.init_std(m):g}"))
     if flavor == "bigscience":
+        # the model's vocabulary at every TP (tr11-176B-ml.slurm: --pad-vocab-size-to 250880)
+        args.append(("--pad-vocab-size-to", str(m.vocab)))
         position = {"learned": None, "alibi": "alibi", "rope": "rotary"}[m.position]
         if position:
             args.append(("--position-embedding-type", position))
@@ -48,8 +56,10 @@ def _shape_args(setup: RunSetup, flavor: str) -> list[Arg]:
         if m.glu:  # the fork raises unless bias-gelu fusion is off with a GLU activation
             args += [("--glu-activation", "swiglu"), ("--no-bias-gelu-fusion",)]
     else:
+        args.append(("--make-vocab-size-divisible-by", str(facts.vocab_divisor(m, setup.candidate.tp))))
         if m.position == "rope":
-            args.append(("--use-rotary-position-embeddings",))
+            args += [("--use-rotary-position-embeddings",),
+                     ("--rotary-position-embeddings-theta", str(int(facts.rope_theta(m))))]
         if m.glu:
             args.append(("--swiglu",))
         if m.norm == "rmsnorm":
@@ -77,6 +87,7 @@ def megatron_args(setup: RunSetup, flavor: str) -> list[Arg]:
     if samples is not None:
         args.append(("--train-samples", str(samples)))
     args += [("--optimizer", MEGATRON_OPTIMIZERS[t.optimizer]), ("--clip-grad", str(GRADIENT_CLIPPING))]
+    args += facts.lr_args(setup.model, t)
     if t.precision in ("bf16", "fp16"):
         args.append((f"--{t.precision}",))
     if c.recompute == "full":
@@ -97,11 +108,12 @@ def args_txt(args: list[Arg]) -> str:
     return "".join(" ".join(a) + "\n" for a in args)
 
 
-def megatron_args_sh(args: list[Arg], title: str) -> str:
+def megatron_args_sh(args: list[Arg], title: str, *, ds_config: bool = True) -> str:
     """A bash array to source: ``source megatron_args.sh; python pretrain_gpt.py "${MEGATRON_ARGS[@]}" ...``."""
     lines = "".join(f"    {' '.join(shlex.quote(v) for v in a)}\n" for a in args)
-    return (f"# shellcheck shell=bash\n# {title}\n# pretrain_gpt.py arguments plantune decided; {DS_CONFIG_NAME} is "
-            "relative to this folder.\n# Use: source megatron_args.sh && python pretrain_gpt.py "
+    where = f"; {DS_CONFIG_NAME} is relative to this folder" if ds_config else ""
+    return (f"# shellcheck shell=bash\n# {title}\n# pretrain_gpt.py arguments plantune decided{where}."
+            "\n# Use: source megatron_args.sh && python pretrain_gpt.py "
             "\"${MEGATRON_ARGS[@]}\" <data, tokenizer, checkpoint, lr args>\n"
             f"MEGATRON_ARGS=(\n{lines})\n")
 
@@ -113,6 +125,11 @@ def ds_config(setup: RunSetup, flavor: str) -> dict:
     if t.precision == "fp16":  # dynamic loss scaling, as in tr11-176B-ml.slurm's fp16 config
         fp16 |= {"loss_scale": 0, "loss_scale_window": 500, "hysteresis": 2, "min_loss_scale": 1,
                  "initial_scale_power": 12}
+    extra: dict = {}
+    if flavor == "microsoft" and t.precision == "bf16" and json_zero_stage(setup, flavor) <= 1:
+        # accumulate gradients in fp32 over the GAS micro-batches: DeepSpeed's BF16_Optimizer path, as the fork's
+        # examples_deepspeed/universal_checkpointing/megatron_gpt/run_bf16.sh does
+        extra["data_types"] = {"grad_accum_dtype": "fp32"}
     return {
         "train_micro_batch_size_per_gpu": c.mbs,
         "train_batch_size": t.global_batch,
@@ -121,6 +138,7 @@ def ds_config(setup: RunSetup, flavor: str) -> dict:
         "zero_optimization": {"stage": json_zero_stage(setup, flavor)},
         "bf16": {"enabled": t.precision == "bf16"},
         "fp16": fp16,
+        **extra,
         "steps_per_print": 2000,
         "wall_clock_breakdown": False,
     }

@@ -1,76 +1,76 @@
-"""Megatron-LM's experimental ``--yaml-cfg`` layout (megatron/training/yaml_arguments.py).
+"""Megatron-LM: ``pretrain_gpt.py`` arguments (args.txt, megatron_args.sh) for NVIDIA/Megatron-LM (Megatron-Core).
 
-Sections ``language_model:`` (TransformerConfig fields) and ``model_parallel:`` (ModelParallelConfig
-fields), everything else top-level under argparse dest names, as in NVIDIA/Megatron-LM
-examples/gpt3/gpt_config.yaml. Megatron-LM reads every field of its config dataclasses from the
-YAML and fails on a missing one, so this file holds what plantune decides and is meant to be laid
-over that complete example (keys here win).
+Flag spellings are those of NVIDIA/Megatron-LM megatron/training/arguments.py (and the config dataclasses
+it builds arguments from), as used by its examples/llama/train_llama3_8b_h100_fp8.sh and
+examples/gpt3/train_gpt3_175b_distributed.sh; tests/test_emit_argnames.py pins every one. A layer count
+that PP does not divide runs with smaller first and last stages (``--decoder-first/last-pipeline-num-layers``,
+`planner.rules.megatron_lm_stages`); VPP is ``--num-virtual-stages-per-pipeline-rank``.
+The same launch.sbatch as Megatron-DeepSpeed's starts it (torch.distributed.run, one task per node).
 """
 
 from __future__ import annotations
 
-from planner.emit.plan_yaml import dump_yaml
-from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, one_line, train_samples
+from planner.emit import facts
+from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
+from planner.rules import megatron_lm_stages
 
-FILE_NAME = "megatron_lm.yaml"
+GRADIENT_CLIPPING = 1.0
+Arg = tuple[str, ...]
 
 
-def megatron_lm_dict(setup: RunSetup) -> dict:
-    """The overlay. Without a token budget train_samples is left out, so the base file's value stands."""
+def megatron_lm_args(setup: RunSetup) -> list[Arg]:
+    """Every argument plantune decides, in the order of Megatron-LM's example launchers."""
     m, c, t = setup.model, setup.candidate, setup.training
+    args: list[Arg] = [("--use-mcore-models",), ("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)),
+                       ("--ffn-hidden-size", str(m.ffn_hidden)), ("--num-attention-heads", str(m.heads))]
+    if m.kv_heads != m.heads:
+        args += [("--group-query-attention",), ("--num-query-groups", str(m.kv_heads))]
+    args += [("--seq-length", str(t.seq_len)), ("--max-position-embeddings", str(m.seq_len))]
+    if m.position == "rope":
+        args += [("--position-embedding-type", "rope"), ("--rotary-base", str(int(facts.rope_theta(m)))),
+                 ("--rotary-percent", "1.0")]
+    else:
+        args.append(("--position-embedding-type", "learned_absolute"))
+    drop = facts.dropout(m)
+    if drop is not None:
+        args += [("--attention-dropout", f"{drop:g}"), ("--hidden-dropout", f"{drop:g}")]
+    if m.glu:
+        args.append(("--swiglu",))
+    args += [("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm"),
+             ("--init-method-std", f"{facts.init_std(m):g}"),
+             ("--make-vocab-size-divisible-by", str(facts.vocab_divisor(m, c.tp)))]
+    if not m.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights",))
+    if not m.bias:
+        args.append(("--disable-bias-linear",))
+    args.append(("--attention-backend", "flash" if t.flash_attention else "unfused"))
+    args += [("--tensor-model-parallel-size", str(c.tp)), ("--pipeline-model-parallel-size", str(c.pp))]
+    stages = megatron_lm_stages(m.layers, c.pp, c.vpp)
+    if stages is not None and c.pp > 1 and m.layers % (c.pp * c.vpp):
+        args += [("--decoder-first-pipeline-num-layers", str(stages[0])),
+                 ("--decoder-last-pipeline-num-layers", str(stages[2]))]
+    if c.vpp > 1:
+        args.append(("--num-virtual-stages-per-pipeline-rank", str(c.vpp)))
+    if c.sp:
+        args.append(("--sequence-parallel",))
+    args += [("--micro-batch-size", str(c.mbs)), ("--global-batch-size", str(t.global_batch))]
+    if t.rampup:
+        args.append(("--rampup-batch-size", *map(str, t.rampup.as_list())))
     samples = train_samples(t)
-    recompute = {"none": (None, None, None), "selective": ("selective", None, None),
-                 "full": ("full", "uniform", 1)}[c.recompute]
-    return {
-        "language_model": {
-            "num_layers": m.layers,
-            "hidden_size": m.hidden,
-            "num_attention_heads": m.heads,
-            "num_query_groups": m.kv_heads if m.kv_heads != m.heads else None,
-            "ffn_hidden_size": m.ffn_hidden,
-            "add_bias_linear": m.bias,
-            "gated_linear_unit": m.glu,
-            "activation_func": "swiglu" if m.glu else "gelu",
-            "normalization": "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm",
-            "recompute_granularity": recompute[0],
-            "recompute_method": recompute[1],
-            "recompute_num_layers": recompute[2],
-        },
-        "model_parallel": {
-            "tensor_model_parallel_size": c.tp,
-            "pipeline_model_parallel_size": c.pp,
-            "virtual_pipeline_model_parallel_size": c.vpp if c.vpp > 1 else None,
-            "sequence_parallel": c.sp,
-            "fp16": t.precision == "fp16",
-            "bf16": t.precision == "bf16",
-        },
-        "micro_batch_size": c.mbs,
-        "global_batch_size": t.global_batch,
-        "rampup_batch_size": t.rampup.as_list() if t.rampup else None,
-        "num_layers_per_virtual_pipeline_stage": m.layers // (c.pp * c.vpp) if c.vpp > 1 else None,
-        "group_query_attention": m.kv_heads != m.heads,
-        "untie_embeddings_and_output_weights": not m.tied_embeddings,
-        "position_embedding_type": "rope" if m.position == "rope" else "learned_absolute",
-        "add_position_embedding": m.position == "learned",
-        "swiglu": m.glu,
-        "max_position_embeddings": m.seq_len,
-        "seq_length": t.seq_len,
-        **({"train_samples": samples, "train_iters": None} if samples is not None else {}),
-        "use_flash_attn": t.flash_attention,
-        "use_distributed_optimizer": c.zero == 1,
-        "optimizer": MEGATRON_OPTIMIZERS[t.optimizer],
-        "clip_grad": 1.0,
-    }
+    if samples is not None:
+        args.append(("--train-samples", str(samples)))
+    args += [("--optimizer", MEGATRON_OPTIMIZERS[t.optimizer]), ("--clip-grad", str(GRADIENT_CLIPPING))]
+    args += facts.lr_args(m, t)
+    if t.precision in ("bf16", "fp16"):
+        args.append((f"--{t.precision}",))
+    if c.recompute == "full":
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", "1")]
+    elif c.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    if c.zero == 1:
+        args.append(("--use-distributed-optimizer",))
+    return args
 
 
-def megatron_lm_text(setup: RunSetup) -> str:
-    c = setup.candidate
-    head = (f"# WARNING: Megatron-LM's YAML configs are experimental (--yaml-cfg {FILE_NAME}).\n"
-            f"# Written by plantune for {one_line(setup.model.name)}: "
-            f"TP={c.tp} PP={c.pp} DP={c.dp} MBS={c.mbs} GAS={c.gas}.\n"
-            "# Lay it over NVIDIA/Megatron-LM examples/gpt3/gpt_config.yaml (every other field comes from there);\n"
-            "# set CUDA_DEVICE_MAX_CONNECTIONS=1 when sequence_parallel is true.\n")
-    return head + dump_yaml(megatron_lm_dict(setup))
-
-
-__all__ = ["FILE_NAME", "megatron_lm_dict", "megatron_lm_text"]
+__all__ = ["megatron_lm_args"]

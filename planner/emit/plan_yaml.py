@@ -73,7 +73,7 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
         "tensor_model_parallel_size": c.tp,
         "pipeline_model_parallel_size": c.pp,
         "data_parallel_size": c.dp,
-        "num_layers_per_virtual_pipeline_stage": m.layers // (c.pp * c.vpp) if c.vpp > 1 else None,
+        "num_virtual_stages_per_pipeline_rank": c.vpp if c.vpp > 1 else None,
         "sequence_parallel": c.sp,
         "micro_batch_size": c.mbs,
         "global_batch_size": t.global_batch,
@@ -166,17 +166,23 @@ def load_plan_yaml(path: Path) -> RunSetup:
             raise InputError(f"plan file {path}: train_samples {samples} disagrees with plantune.training.train_tokens"
                              f" / seq_length = {train_samples(training)}; change train_tokens instead")
         pp = _need(d, "pipeline_model_parallel_size", "", int, path)
-        layers_per_virtual = _need(d, "num_layers_per_virtual_pipeline_stage", "", (int, type(None)), path)
-        if layers_per_virtual is not None and (layers_per_virtual <= 0 or model.layers % (pp * layers_per_virtual)):
-            raise InputError(f"plan file {path}: num_layers_per_virtual_pipeline_stage {layers_per_virtual} does not "
-                             f"split {model.layers} layers over {pp} pipeline stages")
+        if "num_layers_per_virtual_pipeline_stage" in d:  # plan files written before uneven stages
+            layers_per_virtual = _need(d, "num_layers_per_virtual_pipeline_stage", "", (int, type(None)), path)
+            if layers_per_virtual is not None and (layers_per_virtual <= 0 or model.layers % (pp * layers_per_virtual)):
+                raise InputError(f"plan file {path}: num_layers_per_virtual_pipeline_stage {layers_per_virtual} does "
+                                 f"not split {model.layers} layers over {pp} pipeline stages")
+            vpp = model.layers // (pp * layers_per_virtual) if layers_per_virtual else 1
+        else:
+            vpp = _need(d, "num_virtual_stages_per_pipeline_rank", "", (int, type(None)), path) or 1
+            if vpp < 1:
+                raise InputError(f"plan file {path}: num_virtual_stages_per_pipeline_rank must be >= 1, got {vpp}")
         recompute = _need(d, "recompute_granularity", "", (str, type(None)), path)
         candidate = Candidate(
             tp=_need(d, "tensor_model_parallel_size", "", int, path), pp=pp,
             dp=_need(d, "data_parallel_size", "", int, path), mbs=_need(d, "micro_batch_size", "", int, path),
             gas=_need(d, "gradient_accumulation_steps", "", int, path), recompute=recompute or "none",
             zero=_need(d, "zero_stage", "", int, path), sp=_need(d, "sequence_parallel", "", bool, path),
-            vpp=model.layers // (pp * layers_per_virtual) if layers_per_virtual else 1,
+            vpp=vpp,
             hybrid=_need(p, "hybrid_shard", "plantune.", bool, path))
         cluster = make_cluster(gpu=_need(pc, "gpu", "plantune.cluster.", str, path),
                                gpus_per_node=_need(pc, "gpus_per_node", "plantune.cluster.", int, path),

@@ -1,5 +1,9 @@
 """``launch.sbatch``: a SLURM batch script in the shape of BigScience's tr11-176B-ml.slurm.
 
+For Megatron-DeepSpeed (either fork) and Megatron-LM alike: the arguments come from
+megatron_args.sh (and ds_config.json for DeepSpeed); what differs per framework is the repository,
+the tokenizer flags and the DeepSpeed version the script says it needs.
+
 One task per node runs ``torch.distributed.run`` (``--nproc_per_node`` GPUs, c10d rendezvous on the
 first host of the allocation, ``--node_rank $SLURM_PROCID``) under ``srun --wait=60
 --kill-on-bad-exit=1``. Plantune's arguments come from megatron_args.sh and ds_config.json next to
@@ -19,11 +23,26 @@ from planner.errors import InputError
 
 MASTER_PORT = 6000
 _SLURM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_REPOS = {"bigscience": "bigscience-workshop/Megatron-DeepSpeed", "microsoft": "deepspeedai/Megatron-DeepSpeed"}
-# Learning-rate and optimizer settings are not plantune's to choose: BLOOM-176B's (tr11-176B-ml.slurm).
-_HYPER = ("--adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 1e-1",
-          "--lr 6e-5 --min-lr 6e-6 --lr-decay-style cosine --lr-warmup-samples 216320")
+_REPOS = {"bigscience": "bigscience-workshop/Megatron-DeepSpeed", "microsoft": "deepspeedai/Megatron-DeepSpeed",
+          "megatron-lm": "NVIDIA/Megatron-LM"}
+_DEEPSPEED = {
+    # deepspeed/__init__.py asserts since v0.9.0 (commit 47f9f13, 2023-04) that no config comes both in args and in
+    # initialize(config=...); the bigscience fork passes both (megatron/training.py), the microsoft fork only the dict.
+    "bigscience": "needs DeepSpeed >= 0.7.3 and < 0.9.0 (pip install 'deepspeed>=0.7.3,<0.9'): its "
+                  "megatron/training.py gives deepspeed.initialize() the config twice, which DeepSpeed >= 0.9.0 "
+                  "refuses at start-up",
+    "microsoft": "works with current DeepSpeed (>= 0.9.0: it passes the config once, as a dict)",
+    "megatron-lm": "no DeepSpeed; Megatron-LM with Megatron-Core and Transformer Engine (NVIDIA's PyTorch container)",
+}
+# Optimizer moments and weight decay as GPT-3 (App. B) and BLOOM-176B (tr11-176B-ml.slurm); the learning-rate
+# schedule is the model's and the token budget's (planner.emit.facts), in megatron_args.sh.
+_HYPER = ("--adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 1e-1",)
 _OUTPUT = "--log-interval 1 --save-interval 300 --eval-interval 1000 --eval-iters 5"
+TIME_LIMIT_HOURS = 20
+"""SLURM --time; Megatron saves and exits 10 minutes before it (--exit-duration-in-mins; tr11: 20 h -> 1190)"""
+CPUS_PER_GPU = 8
+"""--cpus-per-task = this x GPUs per node (the one task per node runs torchrun and the data loaders); edit for
+your nodes"""
 
 
 def check_reservation(reservation: str | None) -> None:
@@ -38,8 +57,11 @@ def _job_name(setup: RunSetup) -> str:
 def _summary(setup: RunSetup, flavor: str) -> list[str]:
     c, t, cl = setup.candidate, setup.training, setup.cluster
     name = one_line(setup.model.name)
-    lines = [f"Megatron-DeepSpeed ({flavor} fork, {_REPOS[flavor]}) run of {name} on "
+    what = f"Megatron-LM ({_REPOS[flavor]})" if flavor == "megatron-lm" else \
+        f"Megatron-DeepSpeed ({flavor} fork, {_REPOS[flavor]})"
+    lines = [f"{what} run of {name} on "
              f"{cl.nodes} x {cl.gpus_per_node} {cl.gpu.id}, written by plantune.",
+             f"This fork {_DEEPSPEED[flavor]}." if flavor != "megatron-lm" else f"Runs with {_DEEPSPEED[flavor]}.",
              f"Layout: TP={c.tp} PP={c.pp} DP={c.dp}, MBS={c.mbs} GBS={t.global_batch} (GAS {c.gas}), "
              f"recompute {c.recompute}, ZeRO {c.zero}, {t.precision}"
              + (f", rampup {' '.join(map(str, t.rampup.as_list()))}" if t.rampup else "") + "."]
@@ -50,17 +72,24 @@ def _summary(setup: RunSetup, flavor: str) -> list[str]:
     return lines
 
 
-def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = None) -> str:
+def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = None,
+                  time_hours: int = TIME_LIMIT_HOURS) -> str:
+    """``flavor``: "bigscience" | "microsoft" (Megatron-DeepSpeed forks) or "megatron-lm"."""
     check_reservation(reservation)
+    if not isinstance(time_hours, int) or time_hours < 1:
+        raise InputError(f"--time-limit {time_hours!r}: give whole hours >= 1")
     cl = setup.cluster
     q = shlex.quote
     directives = [f"--job-name={_job_name(setup)}", f"--nodes={cl.nodes}",
                   "--ntasks-per-node=1          # one torch.distributed.run per node, it starts the GPU ranks",
-                  f"--gres=gpu:{cl.gpus_per_node}", "--exclusive", "--output=%x-%j.out"]
+                  f"--cpus-per-task={CPUS_PER_GPU * cl.gpus_per_node}",
+                  f"--time={time_hours}:00:00", f"--gres=gpu:{cl.gpus_per_node}", "--exclusive",
+                  "--output=%x-%j.out"]
     if reservation:
         directives.append(f"--reservation={reservation}")
-    tokenizer = ("--tokenizer-type PretrainedFromHF --tokenizer-name-or-path \"$TOKENIZER\"" if flavor == "bigscience"
-                 else "--tokenizer-type HFTokenizer --tokenizer-model \"$TOKENIZER\"")
+    tokenizer = {"bigscience": "--tokenizer-type PretrainedFromHF --tokenizer-name-or-path \"$TOKENIZER\"",
+                 "microsoft": "--tokenizer-type HFTokenizer --tokenizer-model \"$TOKENIZER\"",
+                 "megatron-lm": "--tokenizer-type HuggingFaceTokenizer --tokenizer-model \"$TOKENIZER\""}[flavor]
     needs_samples = train_samples(setup.training) is None
     env = [
         "DATA_PATH=${DATA_PATH:?set DATA_PATH to the Megatron-preprocessed dataset prefix "
@@ -75,7 +104,7 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
         env.append("TRAIN_SAMPLES=${TRAIN_SAMPLES:?set TRAIN_SAMPLES: plantune was given no token budget}")
     site = ['--data-path "$DATA_PATH" --split 949,50,1', tokenizer,
             '--save "$CHECKPOINT_PATH" --load "$CHECKPOINT_PATH" --tensorboard-dir "$CHECKPOINT_PATH/tensorboard"',
-            *_HYPER, _OUTPUT]
+            *_HYPER, _OUTPUT, f"--exit-duration-in-mins {time_hours * 60 - 10}"]
     if needs_samples:
         site.append('--train-samples "$TRAIN_SAMPLES"')
     exports = ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron refuses --sequence-parallel without it"] \
@@ -84,7 +113,8 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
     text = "\n".join([
         "#!/bin/bash",
         *(f"# {line}" for line in _summary(setup, flavor)),
-        "# Submit from this folder (it holds megatron_args.sh and ds_config.json), with the placeholders set:",
+        "# Submit from this folder (it holds megatron_args.sh" + (" and ds_config.json" if flavor != "megatron-lm" else "")
+        + "), with the placeholders set:",
         "#   DATA_PATH=... TOKENIZER=... CHECKPOINT_PATH=... MEGATRON_DIR=... sbatch launch.sbatch",
         *(f"#SBATCH {d}" for d in directives),
         "",
@@ -109,10 +139,11 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
         "export PYTHON GPUS_PER_NODE NNODES MASTER_ADDR MASTER_PORT",
         *exports,
         "",
-        f"cd \"$PLAN_DIR\"   # {DS_CONFIG_NAME} is given relative to this folder",
+        f"cd \"$PLAN_DIR\"   # {DS_CONFIG_NAME} is given relative to this folder" if flavor != "megatron-lm"
+        else "cd \"$PLAN_DIR\"",
         "# shellcheck source=megatron_args.sh",
         "source ./megatron_args.sh",
-        "# not plantune's to choose: data, tokenizer, checkpoints, logging; learning rate as BLOOM-176B's (edit)",
+        "# not plantune's to choose: data, tokenizer, checkpoints, logging (edit)",
         "SITE_ARGS=(",
         *(f"    {s}" for s in site),
         ")",

@@ -20,7 +20,7 @@ PLAN_FILE = "plan.yaml"
 
 
 def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
-           reservation: str | None = None) -> dict[str, str]:
+           reservation: str | None = None, time_hours: int = sbatch.TIME_LIMIT_HOURS) -> dict[str, str]:
     """File name -> content for this kind; InputError when the setup breaks any rule."""
     problems = setup_problems(setup, kind, flavor)
     if problems:
@@ -34,17 +34,22 @@ def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
                 md.DS_CONFIG_NAME: md.ds_config_text(setup, flavor),
                 "args.txt": md.args_txt(args),
                 "megatron_args.sh": md.megatron_args_sh(args, title),
-                "launch.sbatch": sbatch.launch_sbatch(setup, flavor, reservation=reservation)}
+                "launch.sbatch": sbatch.launch_sbatch(setup, flavor, reservation=reservation, time_hours=time_hours)}
     if kind == "megatron-lm":
+        args = megatron_lm.megatron_lm_args(setup)
+        title = f"Megatron-LM arguments for {one_line(setup.model.name)}, written by plantune."
         return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None),
-                megatron_lm.FILE_NAME: megatron_lm.megatron_lm_text(setup)}
-    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), fsdp.FILE_NAME: fsdp.fsdp_text(setup)}
+                "args.txt": md.args_txt(args),
+                "megatron_args.sh": md.megatron_args_sh(args, title, ds_config=False),
+                "launch.sbatch": sbatch.launch_sbatch(setup, "megatron-lm", reservation=reservation,
+                                                      time_hours=time_hours)}
+    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), fsdp.FILE_NAME: fsdp.torchtitan_text(setup)}
 
 
 def emit(setup: RunSetup, kind: str, out_dir: Path, *, flavor: str = "bigscience",
-         reservation: str | None = None) -> list[Path]:
+         reservation: str | None = None, time_hours: int = sbatch.TIME_LIMIT_HOURS) -> list[Path]:
     """Write the files for ``kind`` ("megatron-deepspeed" | "megatron-lm" | "fsdp") into out_dir."""
-    files = render(setup, kind, flavor=flavor, reservation=reservation)
+    files = render(setup, kind, flavor=flavor, reservation=reservation, time_hours=time_hours)
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--emit {out_dir} exists and is not a folder; give a folder path")

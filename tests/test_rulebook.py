@@ -1,0 +1,209 @@
+"""The contract of the one rulebook: what `plan` ranks can be emitted, read back and probed.
+
+For every framework and fork flavour and a few models (GQA 32 heads / 4 KV heads, Llama 3 405B's
+126 layers, a VPP-friendly Llama 2 70B, BLOOM), every survivor of `plan`:
+- renders for its target without a refusal, reads back from plan.yaml identical and re-renders byte-identical;
+- resolves as a torch-native probe layout (one DP replica, PP*VPP layers: what `tune` runs reduced);
+and with the probe as a target, resolves at full depth. A `--from` file is checked by the same rules
+and the same memory model as `plan`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from planner.cli import main as plan_main
+from planner.emit import RunSetup, load_plan_yaml, plan_yaml_dict, render
+from planner.emit.write import emit
+from planner.hardware import make_cluster
+from planner.model import get_preset
+from planner.rank import plan
+from planner.rules import PROBE, Reason, Target, megatron_lm_stages, model_violations, setup_violations
+from planner.space import Candidate, TrainingSpec
+from probes.layout import resolve_layout
+from probes.result import ProbeSpec
+
+GQA = replace(get_preset("llama3-8b"), name="gqa-32h-4kv", kv_heads=4)
+
+MODELS = {
+    # name: (model, gpus, gpu, global batch, seq)
+    "gqa-32h-4kv": (GQA, 64, "H100-SXM", 512, 4096),
+    "llama3-405b-126-layers": (get_preset("llama3-405b"), 2048, "H100-SXM", 2048, 8192),
+    "llama2-70b-vpp": (get_preset("llama2-70b"), 256, "H100-SXM", 1024, 4096),
+    "bloom-176b": (get_preset("176B"), 384, "A100-80GB", 2048, 2048),
+}
+TARGETS = [Target("megatron-deepspeed", "bigscience"), Target("megatron-deepspeed", "microsoft"),
+           Target("megatron-lm"), Target("fsdp")]
+MAX_PER_CASE = 40
+"""survivors checked per case (best first); every case here has fewer or about as many"""
+
+
+def _training(target: Target, gbs: int, seq: int, model) -> TrainingSpec:
+    flash = not (target.framework == "megatron-deepspeed" and target.flavor == "bigscience")
+    return TrainingSpec(global_batch=gbs, seq_len=seq, framework=target.framework,
+                        flavor=target.flavor or "bigscience", flash_attention=flash, rampup=None,
+                        train_tokens=model.train_tokens, recompute_options=("selective", "full"))
+
+
+def _reduced_probe(model, cand: Candidate, precision: str):
+    """The probe `tune` runs for a layout that is too big: one DP replica, PP*VPP layers."""
+    layers = cand.pp * cand.vpp if cand.pp > 1 else 1
+    spec = ProbeSpec(model=model.to_dict(), candidate=cand.to_dict(), precision=precision, layers_run=layers)
+    return resolve_layout(spec, world=cand.tp * cand.pp)
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=str)
+@pytest.mark.parametrize("name", MODELS)
+def test_every_survivor_emits_reads_back_and_probes(name, target, tmp_path):
+    model, gpus, gpu, gbs, seq = MODELS[name]
+    cluster = make_cluster(gpu=gpu, gpus=gpus)
+    training = _training(target, gbs, seq, model)
+    if model_violations(model, training, cluster, target):
+        pytest.skip(f"{target} cannot express {name} (test_inexpressible_models_are_refused_up_front)")
+    p = plan(model, cluster, training, targets=(target,), allow_empty=True)
+    assert p.total > 0
+    for est in p.candidates[:MAX_PER_CASE]:
+        setup = RunSetup(model=p.model, cluster=cluster, training=training, candidate=est.candidate)
+        files = render(setup, target.framework, flavor=target.flavor or "bigscience")
+        out = tmp_path / est.candidate.label().replace(",", "_").replace("=", "")
+        emit(setup, target.framework, out, flavor=target.flavor or "bigscience")
+        loaded = load_plan_yaml(out / "plan.yaml")
+        assert loaded == setup
+        assert plan_yaml_dict(loaded, kind=target.framework, flavor=target.flavor) == \
+            yaml.safe_load((out / "plan.yaml").read_text())
+        assert render(loaded, target.framework, flavor=target.flavor or "bigscience") == files
+        layout = _reduced_probe(p.model, est.candidate, training.precision)
+        assert (layout.tp, layout.pp, layout.dp_full) == (est.candidate.tp, est.candidate.pp, est.candidate.dp)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_probe_target_survivors_resolve_at_full_depth(name):
+    model, gpus, gpu, gbs, seq = MODELS[name]
+    cluster = make_cluster(gpu=gpu, gpus=gpus)
+    training = _training(Target("megatron-lm"), gbs, seq, model)
+    targets = (Target("megatron-lm"), Target(PROBE))
+    if model_violations(model, training, cluster, targets[0]):
+        pytest.skip("Megatron-LM cannot express it")
+    p = plan(model, cluster, training, targets=targets, allow_empty=True)
+    for est in p.candidates[:MAX_PER_CASE]:
+        c = est.candidate
+        spec = ProbeSpec(model=p.model.to_dict(), candidate=c.to_dict(), precision=training.precision)
+        layout = resolve_layout(spec, world=c.world)
+        assert layout.layers_run == p.model.layers and not layout.reduced
+
+
+def test_survivors_exist_for_every_target_somewhere():
+    """The contract above must not pass vacuously: each target has survivors on at least one model."""
+    for target in TARGETS:
+        total = 0
+        for model, gpus, gpu, gbs, seq in MODELS.values():
+            cluster = make_cluster(gpu=gpu, gpus=gpus)
+            training = _training(target, gbs, seq, model)
+            if not model_violations(model, training, cluster, target):
+                total += len(plan(model, cluster, training, targets=(target,), allow_empty=True).candidates)
+        assert total > 0, target
+
+
+def test_inexpressible_models_are_refused_up_front(capsys):
+    code = plan_main(["--model", "405B", "--gpus", "2048", "--gpu", "H100-SXM", "--framework", "megatron-deepspeed"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot express grouped-query attention" in err and "--framework megatron-lm" in err
+
+
+# -- the issue's cases -------------------------------------------------------------------------------------
+
+def test_405b_megatron_lm_ranked_layouts_all_emit(tmp_path, capsys):
+    """126 layers: PP=8/16 layouts rank and emit (uneven first/last stages), for every --pick."""
+    for k in range(1, 6):
+        code = plan_main(["--model", "llama3-405b", "--gpus", "2048", "--gpu", "H100-SXM", "--framework",
+                          "megatron-lm", "--emit", "megatron-lm", "--pick", str(k), "--out", str(tmp_path / str(k)),
+                          "--format", "json"])
+        assert code == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+
+def test_megatron_lm_stage_split():
+    assert megatron_lm_stages(126, 16) == (7, 8, 7)         # Llama 3 405B on PP=16
+    assert megatron_lm_stages(126, 8) == (15, 16, 15)
+    assert megatron_lm_stages(80, 4, 2) == (20, 20, 20)
+    assert megatron_lm_stages(80, 32) is None                 # edges would exceed the middle stages
+    first, middle, last = megatron_lm_stages(70, 12)
+    assert first + 10 * middle + last == 70
+
+
+def test_gqa_kv_heads_rule_agrees_between_explain_and_emit(capsys, tmp_path):
+    """32 heads, 4 KV heads, TP=8: --explain and --emit give the same answer (ruled out)."""
+    cluster = make_cluster(gpu="H100-SXM", gpus=64)
+    training = _training(Target("megatron-lm"), 512, 4096, GQA)
+    cand = Candidate(tp=8, pp=1, dp=8, mbs=1, gas=64, recompute="full", zero=1)
+    reasons = {v.reason for v in setup_violations(GQA, cand, cluster, training, Target("megatron-lm"))}
+    assert Reason.TP_KV_HEADS in reasons
+    from planner.rank import estimate
+    assert not estimate(GQA, cluster, training, cand).fits
+
+
+def test_microsoft_flavour_allows_zero23_selective_and_sp(capsys):
+    base = ["--model", "70b", "--gpus", "256", "--gpu", "H100-SXM", "--emit-flavor", "microsoft", "--format", "json",
+            "--top", "200"]
+    import json
+    for extra, check in ((["--zero", "2,3"], lambda c: c["zero"] in (2, 3) and c["dp"] > 1),
+                         (["--recompute", "selective"], lambda c: c["recompute"] == "selective"),
+                         ([], lambda c: c["sp"])):
+        assert plan_main(base + extra) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["targets"] == ["megatron-deepspeed (microsoft fork)"]
+        assert any(check(c) for c in doc["candidates"]), extra
+
+
+def test_from_file_is_checked_by_the_same_rules_and_memory(tmp_path, capsys):
+    assert plan_main(["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,mbs=2,recompute=full,zero=1",
+                      "--emit", "megatron-deepspeed", "--out", str(tmp_path / "ok")]) == 0
+    capsys.readouterr()
+    doc = yaml.safe_load((tmp_path / "ok" / "plan.yaml").read_text())
+    doc["micro_batch_size"], doc["gradient_accumulation_steps"] = 2, 128
+    doc["recompute_granularity"] = None      # no recompute at MBS 2 on PP=12: > 80 GB predicted
+    doc["plantune"]["cluster"]["gpu"] = "A100-40GB"
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(yaml.safe_dump(doc, sort_keys=False))
+    code = plan_main(["--from", str(edited), "--emit", "megatron-deepspeed", "--out", str(tmp_path / "bad")])
+    err = capsys.readouterr().err
+    assert code == 2 and "memory_total" in err and not (tmp_path / "bad").exists()
+
+
+def test_from_file_honours_emit_flavor(tmp_path, capsys):
+    assert plan_main(["--model", "70b", "--gpus", "256", "--gpu", "H100-SXM", "--emit-flavor", "microsoft",
+                      "--emit", "megatron-deepspeed", "--out", str(tmp_path / "ms")]) == 0
+    capsys.readouterr()
+    # the microsoft plan asks for the bigscience fork, which cannot express Llama's GQA: refused, not ignored
+    code = plan_main(["--from", str(tmp_path / "ms" / "plan.yaml"), "--emit", "megatron-deepspeed",
+                      "--emit-flavor", "bigscience", "--out", str(tmp_path / "bs")])
+    assert code == 2 and "bigscience fork" in capsys.readouterr().err
+
+
+def test_pins_fix_degrees(capsys):
+    import json
+    assert plan_main(["--model", "70b", "--gpus", "256", "--gpu", "H100-SXM", "--framework", "megatron-lm",
+                      "--tp", "4", "--pp", "4", "--mbs", "2", "--format", "json", "--top", "50"]) == 0
+    cands = json.loads(capsys.readouterr().out)["candidates"]
+    assert cands and all((c["tp"], c["pp"], c["dp"], c["mbs"]) == (4, 4, 16, 2) for c in cands)
+    assert plan_main(["--model", "70b", "--gpus", "256", "--tp", "3"]) == 2
+    assert "--tp 3 does not divide the 256 GPUs" in capsys.readouterr().err
+
+
+def test_non_power_of_two_micro_batches_are_enumerated():
+    model = get_preset("176B")
+    training = TrainingSpec(global_batch=2304, seq_len=2048, flash_attention=False, rampup=None, max_mbs=8)
+    p = plan(model, make_cluster(gpu="A100-80GB", gpus=384), training, allow_empty=True)
+    assert {e.candidate.mbs for e in p.candidates} & {3, 6}
+
+
+def test_memory_fraction_is_advice_not_a_wall():
+    model = get_preset("176B")
+    cluster = make_cluster(gpu="A100-80GB", gpus=384)
+    training = TrainingSpec(global_batch=2048, seq_len=2048, flash_attention=False, rampup=None, memory_fraction=0.1)
+    p = plan(model, cluster, training)
+    assert p.candidates and all(e.advice and e.advice[0].reason is Reason.MEMORY_STATIC for e in p.candidates)
+    assert all(e.memory.total_bytes <= 0.95 * cluster.gpu.memory_bytes for e in p.candidates)
