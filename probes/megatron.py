@@ -303,6 +303,25 @@ def summarize(log: MegatronLog, *, model: ModelSpec, candidate: Candidate, globa
     return out
 
 
+def project_replica(model: ModelSpec, full: Candidate, step_s: float) -> dict:
+    """The full candidate from a run of fewer DP replicas with the same MBS and GAS: each replica does the
+    same work per step, so the step time carries over under perfect data-parallel scaling (the torch probe's
+    projection, probes/train.py, makes the same assumption; the extra gradient all-reduce time is not added)."""
+    gbs = full.mbs * full.dp * full.gas
+    return {
+        "step_time_s": step_s,
+        "samples_per_s": gbs / step_s,
+        "tokens_per_s": gbs * model.seq_len / step_s,
+        "model_tflops_per_device": tflops_per_gpu(model_flops_per_iteration(model, gbs), step_s, full.world),
+        "hardware_tflops_per_device": tflops_per_gpu(hardware_flops_per_iteration(model, gbs, full.recompute),
+                                                     step_s, full.world),
+        "world_size": full.world,
+        "global_batch": gbs,
+        "note": f"{full.dp} DP replicas from a run of fewer (same MBS and GAS) assume perfect data-parallel "
+                "scaling (no extra gradient all-reduce time)",
+    }
+
+
 class MegatronProbe(ProbeBackend):
     """Runs the user's Megatron-DeepSpeed command for a candidate through a backend (local or SLURM)."""
 
@@ -417,14 +436,14 @@ class MegatronProbe(ProbeBackend):
             step = run_local_command(worker, procs=world, workdir=workdir, timeout_s=timeout_s, cwd=self.cwd,
                                      env=local_env)
         result = self._result(step, setup, workdir=workdir, timeout_s=timeout_s, warmup_iters=warmup_iters,
-                              reduced=setup.candidate.dp != candidate.dp, max_cv=max_cv)
+                              reduced=setup.candidate.dp != candidate.dp, max_cv=max_cv, full=candidate)
         record = getattr(self.backend, "record", None)
         if record is not None and step.hosts:
             record(step.hosts, result)
         return finish(result)
 
     def _result(self, step: StepOutcome, setup: RunSetup, *, workdir: Path, timeout_s: float, warmup_iters: int,
-                reduced: bool, max_cv: float) -> ProbeResult:
+                reduced: bool, max_cv: float, full: Candidate | None = None) -> ProbeResult:
         text = step.stdout + "\n" + step.stderr + "\n" + "\n".join(step.rank_logs.values())
         log = parse_log(text)
         c = setup.candidate
@@ -445,7 +464,8 @@ class MegatronProbe(ProbeBackend):
         if fields and (step.returncode == 0 or step.timed_out):
             if step.timed_out:
                 extra["timed_out_after_measuring"] = True
-            return ProbeResult(status="ok", extra=extra, **common, **fields)
+            projected = project_replica(setup.model, full, fields["step_time_median_s"]) if reduced and full else {}
+            return ProbeResult(status="ok", extra=extra, projected=projected, **common, **fields)
         if step.timed_out:
             return ProbeResult(status="timeout", reason=f"no measured iteration within {timeout_s:g} s; killed",
                                extra=extra, **common, **fields)
@@ -459,5 +479,5 @@ class MegatronProbe(ProbeBackend):
 
 
 __all__ = ["FORMATS", "IterationLine", "MegatronLog", "MegatronProbe", "MemoryLine", "PLACEHOLDERS",
-           "parse_iteration_line", "parse_log", "parse_memory_line", "probe_args", "render_command",
+           "parse_iteration_line", "parse_log", "parse_memory_line", "probe_args", "project_replica", "render_command",
            "run_local_command", "split_template", "summarize", "worker_argv"]

@@ -209,6 +209,20 @@ def _command_line(argv: list[str]) -> str:
     return shlex.join(["tune", *argv])
 
 
+def _targets(args: argparse.Namespace, training) -> tuple:
+    """What every configuration of the space must run on (planner.rules): the planned framework, the
+    --emit target and, for --probe megatron, the fork it runs, so that the study only measures what it can
+    emit and launch."""
+    from planner.rules import Target
+
+    targets = [Target(training.framework, training.flavor)]
+    if args.probe == "megatron":
+        targets.append(Target("megatron-deepspeed", args.emit_flavor))
+    if args.emit:
+        targets.append(Target(args.emit, args.emit_flavor))
+    return tuple(dict.fromkeys(targets))
+
+
 def _check_emittable(args: argparse.Namespace, model, cluster, training, space) -> None:
     """Refuse before probing when no configuration of the space could be emitted as --emit asks."""
     from planner.emit import RunSetup, setup_problems
@@ -258,7 +272,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from search.study import run as run_study
 
     model, cluster, training = setup_from_args(args)
-    full = plan(model, cluster, training)
+    targets = _targets(args, training)
+    full = plan(model, cluster, training, targets=targets)
     with ExitStack() as stack:
         backend, table = _backend(args, cluster, training, stack)
         if table is not None:

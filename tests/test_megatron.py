@@ -242,6 +242,9 @@ def test_any_backend_without_run_command_runs_here_one_replica_when_too_big(tmp_
     assert result.status == "ok", result.reason
     assert result.world_size == 2 and result.reduced  # one DP replica of the 8-rank candidate
     assert result.extra["global_batch"] == 2  # MBS 1 x DP 1 x GAS 2
+    # tune ranks a reduced probe by its projection: same step time, the full candidate's batch and world
+    assert result.projected["step_time_s"] == result.step_time_median_s
+    assert result.projected["world_size"] == 8 and result.projected["global_batch"] == 8
 
 
 def test_invalid_candidate_is_refused_before_running(tmp_path):
@@ -249,3 +252,23 @@ def test_invalid_candidate_is_refused_before_running(tmp_path):
     spec = tiny_spec(model=tiny_model(), dp=2, precision="bf16")  # untied embeddings: not in the bigscience fork
     result = probe.run(spec, workdir=tmp_path, timeout_s=60)
     assert result.status == "invalid" and "untied" in result.reason
+
+
+def test_a_reduced_run_projects_the_full_candidate(tmp_path):
+    """One DP replica of a DP=4 candidate (issue 10): a projected step time, so tune does not record a crash."""
+    from probes.slurm import StepOutcome
+
+    probe = _bloom_like_probe()
+    model = tiny_model(tied_embeddings=True)
+    full = Candidate(tp=1, pp=2, dp=4, mbs=1, gas=2, recompute="full")
+    setup = probe.probe_setup(model, full, precision="bf16", procs=2)
+    log = (LOGS / "microsoft_gpt3_175b.log").read_text()
+    step = StepOutcome(returncode=0, timed_out=False, stdout=log, stderr="", wall_s=1.0, hosts=("localhost",),
+                       world=2, job_id="", step_name="")
+    result = probe._result(step, setup, workdir=tmp_path, timeout_s=60, warmup_iters=1, reduced=True, max_cv=1.0,
+                           full=full)
+    assert result.status == "ok" and result.reduced
+    assert result.projected["step_time_s"] == result.step_time_median_s > 0
+    assert result.projected["world_size"] == 8 and result.projected["global_batch"] == 8
+    gbs_tflops = tflops_per_gpu(model_flops_per_iteration(model, 8), result.step_time_median_s, 8)
+    assert result.projected["model_tflops_per_device"] == pytest.approx(gbs_tflops)
