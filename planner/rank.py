@@ -18,8 +18,8 @@ from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
 from planner.memory import MemoryBreakdown, memory_breakdown
 from planner.model import ModelSpec
-from planner.rules import (Reason, Target, Violation, iter_violations, knob_values, memory_advice, memory_violations,
-                           target_of)
+from planner.rules import (Checker, Reason, Target, Violation, iter_violations, knob_values, memory_advice,
+                           memory_violations, target_of)
 from planner.space import Candidate, TrainingSpec, enumerate_candidates
 from planner.topology import Topology
 
@@ -140,11 +140,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, can
 
 
 def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand: Candidate, topology: Topology,
-           params: CostParams, targets: tuple[Target, ...]) -> Estimate:
-    """Like estimate() but stops at the first broken rule (the fast path of plan())."""
-    first = next(iter_violations(model, cand, cluster, training, targets), None)
-    if first is not None:
-        return Estimate(candidate=cand, reasons=(first,))
+           params: CostParams) -> Estimate:
+    """Like estimate() for a candidate that passed every layout rule; stops at the memory rule (plan()'s path)."""
     mem = memory_breakdown(model, cand, cluster, training)
     reasons = memory_violations(mem, cluster, training)
     if reasons:
@@ -178,9 +175,16 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     survivors: list[Estimate] = []
     total = 0
     knobs = knob_values(targets[0], training)
+    checker = Checker(model, cluster, training, targets)
     for cand in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
         total += 1
-        est = _score(model, cluster, training, cand, topology, params, targets)
+        first = checker.first(cand)
+        if first is not None:   # most of a plain product: counted, no Estimate built
+            pruned[first.reason] += 1
+            if first.reason not in examples:
+                examples[first.reason] = (cand, first)
+            continue
+        est = _score(model, cluster, training, cand, topology, params)
         if est.fits:
             survivors.append(est)
         else:

@@ -172,6 +172,10 @@ def megatron_lm_stages(layers: int, pp: int, vpp: int = 1) -> tuple[int, int, in
 # -- the rules ---------------------------------------------------------------------------------------------
 
 def _bad_sizes(c: Candidate) -> str | None:
+    if (type(c.tp) is int and type(c.pp) is int and type(c.dp) is int and type(c.mbs) is int  # the fast path
+            and type(c.gas) is int and type(c.vpp) is int and min(c.tp, c.pp, c.dp, c.mbs, c.gas, c.vpp) >= 1
+            and c.zero in (0, 1, 2, 3) and c.recompute in RECOMPUTE):
+        return None
     sizes = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "mbs": c.mbs, "gas": c.gas, "vpp": c.vpp}
     bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
     if c.zero not in (0, 1, 2, 3):
@@ -193,7 +197,8 @@ def _tp_divides(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
         yield Violation(Reason.TP_FFN, f"ffn_hidden {model.ffn_hidden} % TP {c.tp} != 0")
 
 
-def _common(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> Iterator[Violation]:
+def _degrees(model: ModelSpec, c: Candidate, cluster: ClusterSpec) -> Iterator[Violation]:
+    """Rules on TP, PP and DP alone (`Checker` caches them per degree triple)."""
     world = cluster.world_size
     if c.tp * c.pp * c.dp != world:
         yield Violation(Reason.WORLD_SIZE, f"TP({c.tp})*PP({c.pp})*DP({c.dp}) = {c.tp * c.pp * c.dp} "
@@ -205,6 +210,10 @@ def _common(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: Trai
     yield from _tp_divides(model, c)
     if c.pp > model.layers:
         yield Violation(Reason.PP_EXCEEDS_LAYERS, f"PP {c.pp} > {model.layers} layers")
+
+
+def _batches(c: Candidate, training: TrainingSpec) -> Iterator[Violation]:
+    """Rules on MBS, DP, GAS and PP alone (`Checker` caches them)."""
     if c.mbs * c.dp * c.gas != training.global_batch:
         unit = c.mbs * c.dp
         fix = (f"use GAS = {training.global_batch // unit}" if training.global_batch % unit == 0
@@ -217,11 +226,20 @@ def _common(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: Trai
     if training.rampup is not None:
         for problem in rampup_problems(training.rampup, training.global_batch, c.mbs, c.dp):
             yield Violation(Reason.RAMPUP, f"rampup {' '.join(map(str, training.rampup.as_list()))}: {problem}")
+
+
+def _redundant(c: Candidate) -> Iterator[Violation]:
     if c.zero > 0 and c.dp == 1:
         yield Violation(Reason.REDUNDANT, f"ZeRO-{c.zero} with DP=1 shards nothing: same as ZeRO-0")
     if c.sp and c.tp == 1:
         yield Violation(Reason.REDUNDANT, "sequence parallelism needs TP > 1 (Megatron silently turns it off "
                                           "at TP=1); set sp=0")
+
+
+def _common(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> Iterator[Violation]:
+    yield from _degrees(model, c, cluster)
+    yield from _batches(c, training)
+    yield from _redundant(c)
 
 
 def _megatron_deepspeed(model: ModelSpec, c: Candidate, flavor: str) -> Iterator[Violation]:
@@ -335,15 +353,9 @@ def _probe(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
 _TP_REASONS = (Reason.TP_HEADS, Reason.TP_KV_HEADS, Reason.TP_FFN, Reason.MICROBATCHES_LT_STAGES, Reason.REDUNDANT)
 
 
-def iter_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
-                    targets: Target | Sequence[Target] | None = None) -> Iterator[Violation]:
-    """Every layout rule, lazily (the first one is what `plan` counts)."""
-    bad = _bad_sizes(c)
-    if bad:  # nothing else can be checked (or divided by)
-        yield Violation(Reason.INVALID, f"layout sizes must be positive integers, got {bad}")
-        return
-    yield from _common(model, c, cluster, training)
-    for target in _targets(training, targets):
+def _target_rules(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                  targets: Sequence[Target]) -> Iterator[Violation]:
+    for target in targets:
         fw = target.framework
         if fw == "megatron-deepspeed":
             yield from _megatron_deepspeed(model, c, target.flavor or "bigscience")
@@ -353,6 +365,46 @@ def iter_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, traini
             yield from _fsdp(model, c, cluster)
         else:
             yield from _probe(model, c)
+
+
+def iter_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                    targets: Target | Sequence[Target] | None = None) -> Iterator[Violation]:
+    """Every layout rule, lazily (the first one is what `plan` counts)."""
+    bad = _bad_sizes(c)
+    if bad:  # nothing else can be checked (or divided by)
+        yield Violation(Reason.INVALID, f"layout sizes must be positive integers, got {bad}")
+        return
+    yield from _common(model, c, cluster, training)
+    yield from _target_rules(model, c, cluster, training, _targets(training, targets))
+
+
+class Checker:
+    """The first broken rule of each candidate of one plan, as `iter_violations` gives it, with the rules on
+    (TP, PP, DP) and on (MBS, DP, GAS, PP) evaluated once per distinct value (a plain product repeats them)."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                 targets: Target | Sequence[Target] | None = None) -> None:
+        self.model, self.cluster, self.training = model, cluster, training
+        self.targets = _targets(training, targets)
+        self._degrees: dict[tuple, Violation | None] = {}
+        self._batches: dict[tuple, Violation | None] = {}
+
+    def first(self, c: Candidate) -> Violation | None:
+        """For candidates of `enumerate_candidates` (well-formed by construction: no INVALID check)."""
+        key = (c.tp, c.pp, c.dp)
+        if key not in self._degrees:
+            self._degrees[key] = next(_degrees(self.model, c, self.cluster), None)
+        v = self._degrees[key]
+        if v is None:
+            key = (c.mbs, c.dp, c.gas, c.pp)
+            if key not in self._batches:
+                self._batches[key] = next(_batches(c, self.training), None)
+            v = self._batches[key]
+        if v is None:
+            v = next(_redundant(c), None)
+        if v is None:
+            v = next(_target_rules(self.model, c, self.cluster, self.training, self.targets), None)
+        return v
 
 
 def structural_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
@@ -456,7 +508,7 @@ def first(violations: Iterable[Violation]) -> Violation | None:
     return next(iter(violations), None)
 
 
-__all__ = ["FLAVORS", "MEGATRON_OPTIMIZERS", "PP_SCHEDULES", "PROBE", "Reason", "TARGET_FRAMEWORKS", "Target",
+__all__ = ["Checker", "FLAVORS", "MEGATRON_OPTIMIZERS", "PP_SCHEDULES", "PROBE", "Reason", "TARGET_FRAMEWORKS", "Target",
            "VPP_OPTIONS", "Violation", "iter_violations", "knob_values", "layout_violations", "megatron_lm_stages",
            "memory_advice", "memory_violations", "model_violations", "probe_layout_violations", "setup_violations",
            "structural_violations", "target_of"]

@@ -207,3 +207,36 @@ def test_memory_fraction_is_advice_not_a_wall():
     p = plan(model, cluster, training)
     assert p.candidates and all(e.advice and e.advice[0].reason is Reason.MEMORY_STATIC for e in p.candidates)
     assert all(e.memory.total_bytes <= 0.95 * cluster.gpu.memory_bytes for e in p.candidates)
+
+
+def test_tune_plans_with_the_emit_target(tmp_path):
+    """tune --emit fsdp: the space holds only what torchtitan can write, and a model it cannot express is
+    refused before any probe (not after the study, on the winner)."""
+    import argparse
+
+    from search.cli import _targets
+
+    model, gpus, gpu, gbs, seq = MODELS["gqa-32h-4kv"]
+    cluster = make_cluster(gpu=gpu, gpus=gpus)
+    args = argparse.Namespace(probe="megatron", emit="fsdp", emit_flavor="microsoft")
+    assert _targets(args, _training(Target("megatron-lm"), gbs, seq, model)) == (
+        Target("megatron-lm"), Target("megatron-deepspeed", "microsoft"), Target("fsdp"))
+    training = _training(Target("fsdp"), gbs, seq, model)      # tune --emit fsdp plans FSDP (no --framework)
+    args = argparse.Namespace(probe="train", emit="fsdp", emit_flavor="bigscience")
+    targets = _targets(args, training)
+    assert targets == (Target("fsdp"),)
+    p = plan(model, cluster, training, targets=targets, allow_empty=True)
+    assert p.candidates
+    for est in p.candidates:
+        setup = RunSetup(model=p.model, cluster=cluster, training=training, candidate=est.candidate)
+        assert render(setup, "fsdp")          # every point of the study can be emitted
+
+    from search.cli import main as tune_main
+    tiny = tmp_path / "tiny.yaml"   # GELU, LayerNorm, learned positions: not torchtitan's Llama
+    tiny.write_text("name: tiny\nlayers: 4\nhidden: 64\nheads: 4\nkv_heads: 4\nffn_hidden: 256\nvocab: 128\n"
+                    "seq_len: 32\n")
+    code = tune_main(["--model", str(tiny), "--gpu", "CPU", "--gpus", "2", "--gpus-per-node", "2",
+                      "--global-batch", "8", "--precision", "fp32", "--no-rampup", "--emit", "fsdp",
+                      "--storage", f"sqlite:///{tmp_path}/t.db", "--workdir", str(tmp_path / "runs"),
+                      "--no-progress"])
+    assert code == 2 and not (tmp_path / "runs").exists()
