@@ -174,8 +174,6 @@ def _pins(args: argparse.Namespace, cluster: ClusterSpec) -> tuple[tuple[str, in
     if all(k in d for k in ("tp", "pp", "dp")) and d["tp"] * d["pp"] * d["dp"] != world:
         raise InputError(f"--tp {d['tp']} x --pp {d['pp']} x --dp {d['dp']} = {d['tp'] * d['pp'] * d['dp']} != "
                          f"{world} GPUs; leave one of them out")
-    if "mbs" in d and d["mbs"] > args.max_mbs:
-        args.max_mbs = d["mbs"]
     return pins
 
 
@@ -238,23 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # -- output --------------------------------------------------------------------------------------------------
-def _row(e: Estimate, cluster: ClusterSpec, framework: str) -> dict:
+def _row(e: Estimate, cluster: ClusterSpec, framework: str, fraction: float = 0.75) -> dict:
     d = e.to_dict()
     mem = d["memory_gb_per_gpu"]
     d["headroom"] = f"{1 - mem * 1e9 / cluster.gpu.memory_bytes:.0%}" if mem is not None else "N/A"
     d["sp"] = int(d["sp"])
-    d["note"] = "states>{:.0%}".format(p_fraction) if (p_fraction := _advice_fraction(e)) else ""
+    d["note"] = f"states>{fraction:.0%}" if e.advice else ""
     if framework == "fsdp":
         d["zero"] = e.candidate.fsdp_strategy
     return d
-
-
-def _advice_fraction(e: Estimate) -> float | None:
-    """seed 004's fraction when its advisory mark is on this estimate (for the table's note column)."""
-    for v in e.advice:
-        if v.reason.value == "memory_static_rule":
-            return float(v.detail.split("> ")[1].split("%")[0]) / 100
-    return None
 
 
 def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -> str:
@@ -271,7 +261,7 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
-    rows = [[_row(e, cl, t.framework)[c] for c in TABLE_COLUMNS] for e in p.candidates[:top]]
+    rows = [[_row(e, cl, t.framework, t.memory_fraction)[c] for c in TABLE_COLUMNS] for e in p.candidates[:top]]
     headers = ["#", "TP", "PP", "DP", "MBS", "GAS", "recompute", "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s", "note"]
     lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it)")

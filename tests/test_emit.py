@@ -406,3 +406,25 @@ def test_example_on_disk_is_a_fresh_emit(tmp_path) -> None:
     assert args["--rampup-batch-size"] == ["192", "16", "9765625"] and "--checkpoint-activations" in args
     assert json.loads(on_disk["ds_config.json"])["zero_optimization"]["stage"] == 0
     assert os.access(EXAMPLE_DIR / "launch.sbatch", os.X_OK)
+
+
+@pytest.mark.parametrize("version,ok", [("0.8.3", True), ("0.7.3+a1b2", True), ("0.9.0", False), ("0.16.4", False)])
+def test_bigscience_launcher_checks_the_deepspeed_version(tmp_path, version, ok) -> None:
+    """DeepSpeed >= 0.9.0 refuses the bigscience fork's double config at start-up: the sbatch stops first."""
+    import sys
+
+    text = render(bloom(), "megatron-deepspeed")["launch.sbatch"]
+    assert "deepspeed>=0.7.3,<0.9" in text.split("\n#SBATCH")[0]          # said in the header comment
+    start = "<<'PY' || exit 1\n"
+    guard = text[text.index(start) + len(start):]
+    guard = guard[:guard.index("\nPY\n")]
+    pkg = tmp_path / "deepspeed"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    result = subprocess.run([sys.executable, "-c", guard], capture_output=True, text=True, timeout=30,
+                            env={"PYTHONPATH": str(tmp_path), "PATH": os.environ["PATH"]})
+    assert (result.returncode == 0) == ok, result.stderr
+    if not ok:
+        assert "pip install 'deepspeed>=0.7.3,<0.9'" in result.stderr
+    microsoft = next(c for c in VALID_CASES if c.flavor == "microsoft" and c.kind == "megatron-deepspeed")
+    assert "<<'PY'" not in render(microsoft.setup, microsoft.kind, flavor="microsoft")["launch.sbatch"]

@@ -72,6 +72,27 @@ def _summary(setup: RunSetup, flavor: str) -> list[str]:
     return lines
 
 
+def _deepspeed_guard(flavor: str) -> list[str]:
+    """The bigscience fork stops at deepspeed.initialize() under DeepSpeed >= 0.9.0: check before the allocation
+    is spent starting every node."""
+    if flavor != "bigscience":
+        return []
+    fix = "pip install 'deepspeed>=0.7.3,<0.9'"
+    return ["# the bigscience fork needs DeepSpeed < 0.9.0 (see the top): stop here rather than in every rank",
+            "\"$PYTHON\" - <<'PY' || exit 1",
+            "import sys",
+            "try:",
+            "    import deepspeed",
+            "except ImportError:",
+            f"    sys.exit(\"launch.sbatch: DeepSpeed is not installed; {fix}\")",
+            "major, minor = (int(''.join(c for c in x if c.isdigit()) or 0) for x in deepspeed.__version__.split('.')[:2])",
+            "if (major, minor) >= (0, 9):",
+            f"    sys.exit(f\"launch.sbatch: DeepSpeed {{deepspeed.__version__}} refuses the bigscience fork's double "
+            f"config (deepspeed.initialize); {fix}\")",
+            "PY",
+            ""]
+
+
 def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = None,
                   time_hours: int = TIME_LIMIT_HOURS) -> str:
     """``flavor``: "bigscience" | "microsoft" (Megatron-DeepSpeed forks) or "megatron-lm"."""
@@ -141,6 +162,7 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
         "",
         f"cd \"$PLAN_DIR\"   # {DS_CONFIG_NAME} is given relative to this folder" if flavor != "megatron-lm"
         else "cd \"$PLAN_DIR\"",
+        *_deepspeed_guard(flavor),
         "# shellcheck source=megatron_args.sh",
         "source ./megatron_args.sh",
         "# not plantune's to choose: data, tokenizer, checkpoints, logging (edit)",
