@@ -4,14 +4,19 @@
     >>> study = open_study(settings, space, inputs)
     >>> run(study, objective, space, settings, Progress(total=len(space), budget_s=7200))   # search, confirm
 
-Sampler design (`SurvivorSampler`): Optuna's TPE proposes a point of the structured space
-(log2 tp, pp, mbs, vpp; ZeRO stage; recompute; flags) from every completed measurement; the
-proposal is then mapped to the nearest survivor that is not measured, not running, not queued and
-not implied out of memory (`SearchSpace.nearest`, ties to the better calibrated prediction). The
-mapped survivor, never the raw proposal, becomes the trial's parameters, so a configuration the
-planner ruled out is never probed and TPE learns from what was really run. ``--sampler random``
-picks uniformly among the unprobed survivors; ``grid`` walks them in (tp, pp, dp, mbs, ...) order;
-``analytic`` walks them in the calibrated planner's order (no learning).
+Sampler design (`SurvivorSampler`): after the enqueued analytic top-k, ``--sampler ei`` (the default)
+probes the unprobed survivor with the largest expected improvement over the best measured time per
+sample, under the refitted per-term model (`search.calibration.TermModel`: a global level and
+corrections of compute, TP, PP and DP time, regularised toward 1) and its uncertainty (the
+parameters' posterior through the candidate's term mix, plus the measured residual spread); every
+survivor's terms are cached once, so a choice costs no planner call. ``tpe``: Optuna's TPE proposes
+a point of the structured space (log2 tp, pp, mbs, vpp; ZeRO stage; recompute; flags) and the
+proposal is mapped to the nearest survivor that is not measured, not running, not queued and not
+implied out of memory (`SearchSpace.nearest`, ties to the better calibrated prediction). The mapped
+survivor, never the raw proposal, becomes the trial's parameters, so a configuration the planner
+ruled out is never probed. ``random`` picks uniformly among the unprobed survivors; ``grid`` walks
+them in (tp, pp, dp, mbs, ...) order; ``analytic`` in the refitted CostParams order; ``planner`` in
+the plan's own order (no learning).
 
 Storage: any Optuna RDB URL (``sqlite:///tune.db`` by default; ``postgresql://...`` for many
 workers) with a heartbeat, so a trial left RUNNING by a killed tuner is failed after the grace
@@ -27,6 +32,7 @@ the confirmation probes their (mean probe wall time) share; a running probe is b
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
@@ -36,8 +42,6 @@ from typing import TextIO
 
 import optuna
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
-
-import math
 
 from planner import CostParams
 from planner.space import RECOMPUTE
