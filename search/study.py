@@ -128,25 +128,26 @@ class SurvivorSampler(BaseSampler):
                             comm_scale=float(cal.get("comm_scale", 1.0)))
         key = (round(params.compute_scale, 4), round(params.comm_scale, 4))
         if key not in self._orders:
-            self._orders[key] = rank_by(self.space, lambda k: self._terms[k].step_s(params))
+            self._orders[key] = rank_by(self.space, lambda k: self._terms[k].step_s(params) / self._gbs[k])
         return self._orders[key]
 
-    def term_model(self, study: optuna.Study) -> TermModel:
+    def term_model(self, study: optuna.Study, ledger: Ledger | None = None) -> TermModel:
         """The refitted per-term model of every measurement so far (cached by the measurements)."""
-        data = measured_data(Ledger.of(study), self.space, self._terms)
+        data = measured_data(ledger or Ledger.of(study), self.space, self._terms)
         key = tuple((k, round(s, 9)) for k, s in data)
         if key != self._fit_key:
             self._fit_key = key
             self._fit = TermModel.fit([(self._terms[k], s) for k, s in data])
         return self._fit
 
-    def ei_pick(self, study: optuna.Study, remaining: list[str]) -> str:
+    def ei_pick(self, study: optuna.Study, remaining: list[str], ledger: Ledger | None = None) -> str:
         """The remaining survivor with the largest expected improvement (per-sample step time, log) over
         the best measured so far, under the refitted term model and its measured error; ties (and no
         measurement yet) to the refitted order."""
-        fit = self.term_model(study)
+        ledger = ledger or Ledger.of(study)
+        fit = self.term_model(study, ledger)
         order = rank_by(self.space, lambda k: fit.predict_step_s(self._terms[k]) / self._gbs[k])
-        data = measured_data(Ledger.of(study), self.space, self._terms)
+        data = measured_data(ledger, self.space, self._terms)
         if not data:
             return min(remaining, key=lambda k: order.get(k, len(order)))
         best = min(math.log(s / self._gbs[k]) for k, s in data)
@@ -177,7 +178,7 @@ class SurvivorSampler(BaseSampler):
             plain = self._plain
             pick = min(remaining, key=lambda k: plain[k])
         elif self.strategy == "ei":
-            pick = self.ei_pick(study, remaining)
+            pick = self.ei_pick(study, remaining, ledger)
         elif self.strategy == "random":
             pick = self._rng.choice(remaining)
         else:

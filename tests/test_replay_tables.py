@@ -102,6 +102,21 @@ def test_not_probed_says_why_once_per_configuration(tmp_path):
     assert "is not the plan's 8 GPUs" in why["tp=2,pp=2,dp=4,mbs=2,recompute=none,zero=1"]
 
 
+def test_tune_lists_each_row_it_never_probed_with_the_reason(tmp_path, capsys):
+    path = tmp_path / "t.csv"
+    path.write_text("tp,pp,dp,micro_batch,global_batch,seq_len,activation_recompute,seconds_per_iteration,status\n"
+                    "1,1,8,1,512,2048,full,30,ok\n1,2,4,1,512,2048,full,31,ok\n1,1,8,3,512,2048,full,25,ok\n"
+                    "1,1,8,3,512,2048,full,26,ok\n")
+    argv = ["--model", "1B3", "--gpu", "V100-32GB", "--gpus", "8", "--gpus-per-node", "4", "--global-batch", "512",
+            "--seq-len", "2048", "--precision", "fp16", "--recompute", "full", "--zero", "1", "--no-rampup",
+            "--backend", "replay", "--results", str(path), "--storage", f"sqlite:///{tmp_path}/t.db",
+            "--no-progress", "--confirm-top", "0"]
+    assert main(argv) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "not probed" in x]
+    assert len(lines) == 1
+    assert "mbs=3" in lines[0] and "MBS 3 is not enumerated" in lines[0] and "the table's best" in lines[0]
+
+
 def test_a_row_pruned_by_the_75_percent_rule_says_so():
     t = read_table(str(HAGEMANN), "hagemann-bfloat16-64-gpus-flash-attention2-rms-kernel")
     _, orphans = t.table.restrict(plan(t.model, t.cluster, t.training))
