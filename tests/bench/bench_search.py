@@ -3,6 +3,7 @@
     python tests/bench/bench_search.py                       # every table, 20 seeds for the random strategies
     python tests/bench/bench_search.py --seeds 5 --format json
     python tests/bench/bench_search.py --data ../shared/data  # where published_dev.yaml / hagemann_13b_dev.yaml are
+    python tests/bench/bench_search.py --overhead              # seconds the search spends per probe
 
 Tables: seed 003's three V100 tables (tests/data/bigscience_1b3_v100.csv), the BigScience tr11 tables
 of published_dev.yaml and the Hagemann et al. Llama 13B sheets (hagemann_13b_dev.yaml), read by
@@ -151,14 +152,72 @@ def run(cases: list[Case], seeds: int, strategies=tuple(STRATEGIES)) -> list[dic
     return rows
 
 
+def overhead(repeats: int = 5) -> list[dict]:
+    """Seconds the search itself spends per probe (medians): `refit` of 10 measurements (what `tune` records
+    after every probe) and one expected-improvement choice over the whole space, for two spaces."""
+    import optuna
+
+    from planner import TrainingSpec, load_model, make_cluster, plan
+    from search.calibration import Measurement, refit
+    from search.space import SearchSpace, params_of
+    from search.study import SurvivorSampler
+
+    out = []
+    for label, model, cluster, training in (
+            ("BLOOM-176B on 384 A100", load_model("176B"), make_cluster(gpu="A100-80GB", gpus=384),
+             TrainingSpec(global_batch=2048, seq_len=2048, flash_attention=False)),
+            ("Llama-2-13B on 64 A100 (Megatron-LM)", load_model("llama2-13b"), make_cluster(gpu="A100-80GB", gpus=64),
+             TrainingSpec(global_batch=2048, seq_len=2048, framework="megatron-lm")),
+            ("Llama-3-405B on 16384 H100", load_model("llama3-405b"), make_cluster(gpu="H100-80GB", gpus=16384),
+             TrainingSpec(global_batch=2048, seq_len=8192, framework="megatron-lm"))):
+        full = plan(model, cluster, training)
+        space = SearchSpace.from_plan(full)
+        ms = [Measurement(candidate=e.candidate, step_time_s=e.step_time_s * 1.3) for e in full.candidates[:10]]
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            refit(model, cluster, training, ms)
+            times.append(time.perf_counter() - t0)
+        sampler = SurvivorSampler(space, strategy="ei")
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        dists = space.distributions()
+        for e, m in zip(full.candidates[:10], ms):
+            key = e.candidate.label()
+            study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE, value=1.0, distributions=dists,
+                params={n: v for n, v in params_of(e.candidate).items() if n in dists},
+                user_attrs={"config": key, "slot": key, "outcome": "ok", "measured_step_s": m.step_time_s}))
+        picks = []
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            sampler._fit_key = None            # refit every time, as after a new measurement
+            sampler.ei_pick(study, space.keys[10:])
+            picks.append(time.perf_counter() - t0)
+        out.append({"space": label, "survivors": len(space), "refit_10_s": statistics.median(times),
+                    "ei_choice_s": statistics.median(picks)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=20, help="seeds for the random strategies (tpe, random)")
     p.add_argument("--data", default=default_data(),
                    help="folder of published_dev.yaml and hagemann_13b_dev.yaml (default ../shared/data)")
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--overhead", action="store_true", help="only time the search's own work per probe")
     args = p.parse_args(argv)
     import optuna
+
+    if args.overhead:
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        rows = overhead()
+        if args.format == "json":
+            print(json.dumps(rows, indent=1))
+        else:
+            for r in rows:
+                print(f"{r['space']} ({r['survivors']} survivors): refit of 10 measurements {r['refit_10_s']:.3f} s, "
+                      f"one EI choice {r['ei_choice_s']:.3f} s (medians of 5)")
+        return 0
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     started = time.perf_counter()
