@@ -10,7 +10,8 @@ be matched, never ignored):
 
 - configuration, matched against the candidate: ``tp, pp, dp, micro_batch`` (required),
   ``activation_recompute`` (none | selective | full), ``zero_stage`` (0-3), ``sequence_parallel``,
-  ``virtual_pipeline``, ``hybrid_shard``. An absent ``sequence_parallel``/``virtual_pipeline``/
+  ``virtual_pipeline``, ``hybrid_shard`` (also spelled ``mbs``, ``recompute``, ``zero``, ``sp``, ``vpp``,
+  ``hybrid`` as the candidate names them). An absent ``sequence_parallel``/``virtual_pipeline``/
   ``hybrid_shard`` column means off (0, 1, 0). An absent recompute or ZeRO column matches any value,
   and a row that then matches several configurations of the plan is refused (add the column or
   plan with one ``--recompute``/``--zero``).
@@ -55,6 +56,9 @@ OFF_WHEN_ABSENT = {"sp": False, "vpp": 1, "hybrid": False}
 MEASURE_COLUMNS = ("status", "seconds_per_iteration", "memory_gb")
 CONTEXT_COLUMNS = ("table", "global_batch", "seq_len", "nodes", "gpus_per_node")
 DESCRIPTION_COLUMNS = ("gpu", "gpu_mem_gb", "tflops_per_gpu", "grad_accum", "notes", "source", "id")
+ALIASES = {"zero": "zero_stage", "sp": "sequence_parallel", "vpp": "virtual_pipeline", "hybrid": "hybrid_shard",
+           "mbs": "micro_batch", "recompute": "activation_recompute", "step_time_s": "seconds_per_iteration"}
+"""other spellings of a column (the candidate's own field names)"""
 KNOWN_COLUMNS = (*DIMENSION_COLUMNS, *MEASURE_COLUMNS, *CONTEXT_COLUMNS, *DESCRIPTION_COLUMNS)
 _REQUIRED = ("tp", "pp", "dp", "micro_batch", "status")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
@@ -190,7 +194,11 @@ class ReplayTable:
             return read_table(str(path), table).table
         with p.open(newline="") as f:
             reader = csv.DictReader(f)
-            header = [h.strip() for h in (reader.fieldnames or [])]
+            header = [ALIASES.get(h.strip(), h.strip()) for h in (reader.fieldnames or [])]
+            twice = sorted({c for c in header if header.count(c) > 1})
+            if twice:
+                raise TuneError(f"--results {path}: column {twice[0]!r} is given twice (or under two spellings: "
+                                f"{', '.join(a for a, c in ALIASES.items() if c == twice[0]) or twice[0]})")
             unknown = [c for c in header if c not in KNOWN_COLUMNS]
             if unknown:
                 raise TuneError(f"--results {path}: column {unknown[0]!r} is not understood; a column that "
@@ -201,7 +209,7 @@ class ReplayTable:
             if missing:
                 raise TuneError(f"--results {path}: missing columns {missing}; needs {', '.join(_REQUIRED)}, "
                                 "seconds_per_iteration, memory_gb")
-            raw = [{(k or "").strip(): v for k, v in r.items()} for r in reader]
+            raw = [{ALIASES.get((k or "").strip(), (k or "").strip()): v for k, v in r.items()} for r in reader]
         tables = sorted({r.get("table", "") for r in raw if r.get("table")})
         if table is None and len(tables) > 1:
             raise TuneError(f"--results {path} holds several tables ({', '.join(tables)}); pick one with "

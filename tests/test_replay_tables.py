@@ -76,6 +76,17 @@ def test_unknown_columns_are_refused_with_one_line(tmp_path, capsys):
     assert len(err) == 1 and "zero_bucket" in err[0]
 
 
+def test_the_candidates_own_names_are_columns_too(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("tp,pp,dp,mbs,recompute,zero,sp,seconds_per_iteration,status\n2,1,4,2,none,1,1,12.0,ok\n")
+    table = ReplayTable.read(str(path))
+    assert answer(table, cand(sp=True)).step_time_median_s == 12.0
+    assert answer(table, cand(sp=False)).status == "invalid"
+    path.write_text("tp,pp,dp,mbs,micro_batch,seconds_per_iteration,status\n2,1,4,2,2,12.0,ok\n")
+    with pytest.raises(TuneError, match="'micro_batch' is given twice"):
+        ReplayTable.read(str(path))
+
+
 def test_a_row_matching_several_configurations_is_refused(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("tp,pp,dp,micro_batch,seconds_per_iteration,status\n2,1,4,2,10.0,ok\n")
