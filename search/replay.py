@@ -163,8 +163,9 @@ def row_from_record(r: dict, *, where: str, line: int) -> ReplayRow:
     if status not in STATUSES:
         raise TuneError(f"{where}: status {status!r}: use one of {', '.join(STATUSES)}")
     step = _num(r.get("seconds_per_iteration"), float, what="seconds_per_iteration", where=where)
-    if status == "ok" and (step is None or step <= 0):
-        raise TuneError(f"{where}: status ok needs seconds_per_iteration > 0")
+    if status == "ok" and (step is None or not math.isfinite(step) or step <= 0):
+        raise TuneError(f"{where}: status ok needs seconds_per_iteration, a finite number > 0; fix the cell or give "
+                        "the row another status (oom, timeout, crash)")
     nodes = _num(r.get("nodes"), int, what="nodes", where=where)
     gpn = _num(r.get("gpus_per_node"), int, what="gpus_per_node", where=where)
     return ReplayRow(tp=tp, pp=pp, dp=dp, mbs=mbs, recompute=recompute, zero=zero,

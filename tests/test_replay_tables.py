@@ -87,6 +87,12 @@ def test_the_candidates_own_names_are_columns_too(tmp_path):
         ReplayTable.read(str(path))
 
 
+@pytest.mark.parametrize("cell", ["nan", "inf", "-3", "", "fast"])
+def test_an_ok_row_needs_a_step_time(cell, tmp_path):
+    with pytest.raises(TuneError, match="seconds_per_iteration"):
+        ReplayTable.read(write(tmp_path, [f"2,1,4,2,64,1024,none,1,{cell},ok"]))
+
+
 def test_a_row_matching_several_configurations_is_refused(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("tp,pp,dp,micro_batch,seconds_per_iteration,status\n2,1,4,2,10.0,ok\n")
