@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -57,6 +58,7 @@ class Case:
     target: set            # config keys of the fastest measured configuration(s) in the space
     table_best_pruned: bool
     planner_rank: int      # 1-based rank of the target in the plan's order (within the space)
+    resid_sd: float        # spread of log(measured / planned step time) over the ok rows, after a global scale
 
 
 def default_data() -> str:
@@ -110,8 +112,12 @@ def make_case(name, model, cluster, training, table) -> tuple[Case | None, str]:
     table_best = table.best_row()
     pruned = table_best is not None and not any(table_best.matches(space.by_key(k).candidate) for k in space.keys)
     rank = min(i + 1 for i, k in enumerate(space.keys) if k in target)
+    logs = [math.log(steps[config_key(e.candidate)] * e.candidate.global_batch / e.step_time_s)
+            for e in space.survivors if config_key(e.candidate) in steps]
+    mean = statistics.mean(logs)
+    resid = math.sqrt(statistics.mean([(x - mean) ** 2 for x in logs]))
     return Case(name=name, space=space, table=table, target=target, table_best_pruned=pruned,
-                planner_rank=rank), ""
+                planner_rank=rank, resid_sd=resid), ""
 
 
 def probes_to_best(case: Case, strategy: str, seed: int) -> int:
@@ -144,7 +150,7 @@ def run(cases: list[Case], seeds: int, strategies=tuple(STRATEGIES)) -> list[dic
     rows = []
     for case in cases:
         row = {"table": case.name, "configs": len(case.space), "planner_rank": case.planner_rank,
-               "table_best_pruned": case.table_best_pruned}
+               "table_best_pruned": case.table_best_pruned, "resid_sd": round(case.resid_sd, 3)}
         for strategy in strategies:
             counts = [probes_to_best(case, strategy, s) for s in (range(seeds) if strategy in SEEDED else [0])]
             row[strategy] = statistics.mean(counts)
@@ -235,10 +241,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from tabulate import tabulate
 
+    resid = statistics.median(r["resid_sd"] for r in rows)
     print(tabulate([[r["table"], r["configs"], r["planner_rank"], "yes" if r["table_best_pruned"] else "",
-                     *(f"{r[s]:.3g}" for s in strategies)] for r in rows]
-                   + [["mean over tables", "", "", "", *(f"{summary[s]:.3g}" for s in strategies)]],
-                   headers=["table", "configs", "planner rank of best", "table best pruned",
+                     f"{r['resid_sd']:.3f}", *(f"{r[s]:.3g}" for s in strategies)] for r in rows]
+                   + [["mean over tables", "", "", "", f"median {resid:.3f}",
+                       *(f"{summary[s]:.3g}" for s in strategies)]],
+                   headers=["table", "configs", "planner rank of best", "table best pruned", "resid sd",
                             *(f"{s}{' (mean)' if s in SEEDED else ''}" for s in strategies)]))
     print(f"\nei worse than the planner's order on {len(verdict['ei_worse_than_planner'])} tables "
           f"{verdict['ei_worse_than_planner']}, better on {len(verdict['ei_better_than_planner'])}")
