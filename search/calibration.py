@@ -49,7 +49,8 @@ LEVEL_PRIOR_SD = 2.0
 """prior sd of the global log level g: effectively free (a CPU probe of a GPU plan may be 30x off)"""
 TERM_PRIOR_SD = 0.25
 """prior sd of each per-term log correction: a term moves ~25% only when probes separate it (chosen, not
-FITTED: small enough that 2-3 probes cannot push a term 2x, large enough to learn a 1.5x comm error)"""
+FITTED: small enough that 2-3 probes cannot push a term 2x, large enough to learn a 1.5x comm error; 0.1 to
+1.0 give the same probes-to-best on the bench_search.py tables but for one probe on one table)"""
 SIGMA_PRIOR = 0.07
 """prior residual spread (log) of the plan's step time on one configuration, before probes say otherwise:
 FITTED as the median, over the 17 replay tables of tests/bench/bench_search.py (seed 003, tr11, Hagemann),

@@ -268,6 +268,7 @@ class ReplayTable:
             by_layout.setdefault((c.tp, c.pp, c.dp, c.mbs), []).append(e)
         best = self.best_row()
         keep, orphans = set(), []
+        enumerated: set[str] | None = None
         for row in self.unique_rows():
             hits = [e for e in by_layout.get((row.tp, row.pp, row.dp, row.mbs), []) if row.matches(e.candidate)]
             if len(hits) > 1:
@@ -280,7 +281,12 @@ class ReplayTable:
             if hits:
                 keep.add(hits[0].candidate.label())
                 continue
-            why = why_not_probed(row, plan) if isinstance(plan, Plan) else "ruled out by the planner"
+            if isinstance(plan, Plan):
+                if enumerated is None:
+                    enumerated = enumerated_labels(plan)
+                why = why_not_probed(row, plan, enumerated)
+            else:
+                why = "ruled out by the planner"
             if best is not None and row.key == best.key:
                 why += "; this is the table's best measured row"
             orphans.append((row.label(), f"in the table ({row.status}) but {why}; never probed"))
@@ -298,7 +304,14 @@ def candidate_of(row: ReplayRow, plan: Plan) -> Candidate:
                      sp=bool(row.sp), vpp=row.vpp or 1, hybrid=bool(row.hybrid))
 
 
-def why_not_probed(row: ReplayRow, plan: Plan) -> str:
+def enumerated_labels(plan: Plan) -> set[str]:
+    """Every configuration the plan's space enumerates (survivors and ruled out), by label."""
+    cluster = plan.cluster
+    return {x.label() for x in enumerate_candidates(plan.model, cluster.world_size, cluster.gpus_per_node,
+                                                    plan.training)}
+
+
+def why_not_probed(row: ReplayRow, plan: Plan, enumerated: set[str] | None = None) -> str:
     """Why no survivor of ``plan`` is this row: outside the space the plan enumerates, or a rule."""
     t, cluster, model = plan.training, plan.cluster, plan.model
     c = candidate_of(row, plan)
@@ -308,9 +321,7 @@ def why_not_probed(row: ReplayRow, plan: Plan) -> str:
         return f"recompute={row.recompute} is not enumerated (--recompute {','.join(t.recompute_options)})"
     if row.zero is not None and c.dp > 1 and row.zero not in t.zero_options:
         return f"ZeRO-{row.zero} is not enumerated (--zero {','.join(map(str, t.zero_options))})"
-    labels = {x.label() for x in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, t)
-              if (x.tp, x.pp, x.dp, x.mbs) == (c.tp, c.pp, c.dp, c.mbs)}
-    if c.label() not in labels:
+    if c.label() not in (enumerated if enumerated is not None else enumerated_labels(plan)):
         if c.mbs & (c.mbs - 1) or c.mbs > t.max_mbs:
             return f"MBS {c.mbs} is not enumerated (powers of two up to --max-mbs {t.max_mbs})"
         if c.tp > 2 * cluster.gpus_per_node:
