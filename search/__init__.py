@@ -5,7 +5,8 @@
 Modules: `search.space` (survivors as structured parameters, the OOM implication rule),
 `search.objective` (one trial: probe, record, refit), `search.study` (storage, sampler, search,
 confirmation), `search.calibration` (refit CostParams), `search.replay` (probes answered from a
-table), `search.report` (tables and plots), `search.cli` (the ``tune`` command).
+table), `search.published_tables` (published tables as replay tables), `search.report` (tables and
+plots), `search.cli` (the ``tune`` command).
 
 Importing `search` imports neither optuna nor torch; `search.study` and `search.objective` import optuna.
 """

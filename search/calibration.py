@@ -1,18 +1,30 @@
-"""Refit the planner's cost model (`planner.CostParams`) to measured step times.
+"""Refit the planner's cost model to measured step times, over cached term breakdowns (cheap).
 
-    >>> from search.calibration import Measurement, refit
+    >>> from search.calibration import Measurement, refit, TermModel
     >>> params = refit(model, cluster, training, [Measurement(candidate=c, step_time_s=28.0)])
+    >>> fit = TermModel.fit([terms_of(e.time) for e in measured], steps)      # the search's model
+    >>> mean, sd = fit.predict_log(terms_of(other.time))
 
-Model: predicted step time t(a, b) with a = compute_scale, b = comm_scale. We minimise
+A candidate's predicted step time is a sum of terms the planner already computed
+(`planner.cost.TimeBreakdown`): compute, TP all-reduces, PP bubble and p2p, exposed DP
+communication, and the rest (optimizer step, anything newer). `Terms` caches them once per
+candidate; every refit after that is arithmetic over the cache, never a new `planner.estimate`.
 
-    sum_i (log measured_i - log t_i(a, b))^2 + RIDGE * (log a)^2 + RIDGE * (log b)^2
+Two fits share the cache:
 
-by Gauss-Newton in (log a, log b). The Jacobian row of a measurement is its step time's
-sensitivity to each scale, d log t / d log a and d log t / d log b: the share of the step that is
-compute (pipeline bubble included, since it scales with stage compute) and the share that is
-exposed communication (TP all-reduces, p2p, DP), read from the planner by finite differences so
-that overlap and max() terms are respected. The ridge term keeps a scale that no measurement
-informs (e.g. comm_scale when every probe is compute-bound) at 1. Pure Python, no numpy.
+- `refit` -> `planner.CostParams` (compute_scale a, comm_scale b), as `tune` records and emits:
+  t(a, b) = a·compute + b·(tp + p2p + dp) + bubble·(a·f + b·(1 - f)) + rest, where f is the
+  compute share of a pipeline slot (the bubble is (p-1)/v slots of compute + TP + p2p). We minimise
+  sum_i (log measured_i - log t_i)^2 + RIDGE·((log a)^2 + (log b)^2) by Gauss-Newton in (log a, log b);
+  the ridge keeps a scale no measurement informs at 1. Exact for `planner.cost` except the
+  overlap max() of sharded DP communication, which the cache freezes at the unscaled value.
+- `TermModel` (the search's model): log t = g + log(c_compute·(compute + rest) + c_tp·tp + c_pp·(bubble + p2p)
+  + c_dp·dp), a global level g (weak prior) and per-term log-corrections c (prior N(0, TERM_PRIOR_SD^2):
+  regularised toward 1, so a few probes cannot run away; a term moves only where probes separate it).
+  MAP by Gauss-Newton, then the Laplace posterior of the parameters; the predictive spread of a
+  candidate is its term mix through that posterior plus the measured residual spread (`sigma`).
+
+Pure Python (5x5 linear algebra), no numpy.
 """
 
 from __future__ import annotations
@@ -21,14 +33,72 @@ import math
 from dataclasses import dataclass
 
 from planner import Candidate, ClusterSpec, CostParams, ModelSpec, TrainingSpec, estimate
+from planner.cost import TimeBreakdown
+from planner.topology import Topology
 
 RIDGE = 1e-2
-"""weight of the prior log(scale) = 0 against one measurement's squared log error"""
+"""refit(): weight of the prior log(scale) = 0 against one measurement's squared log error"""
 ITERATIONS = 8
-STEP_H = 1e-3
-"""finite-difference step in log(scale)"""
 SCALE_RANGE = (0.02, 50.0)
 """scales are clamped to this range (a probe 50x off the model is a broken probe, not a calibration)"""
+
+TERMS = ("compute", "tp", "pp", "dp")
+"""the per-term corrections `TermModel` learns: compute (+ optimizer and the rest), TP all-reduces,
+PP bubble + p2p, exposed DP communication"""
+LEVEL_PRIOR_SD = 2.0
+"""prior sd of the global log level g: effectively free (a CPU probe of a GPU plan may be 30x off)"""
+TERM_PRIOR_SD = 0.25
+"""prior sd of each per-term log correction: a term moves ~25% only when probes separate it (chosen, not
+FITTED: small enough that 2-3 probes cannot push a term 2x, large enough to learn a 1.5x comm error; 0.1 to
+1.0 give the same probes-to-best on the bench_search.py tables but for one probe on one table)"""
+SIGMA_PRIOR = 0.07
+"""prior residual spread (log) of the plan's step time on one configuration, before probes say otherwise:
+FITTED as the median, over the 17 replay tables of tests/bench/bench_search.py (seed 003, tr11, Hagemann),
+of each table's spread of log(measured / planned) after its own global scale (column "resid sd"; 0.02-0.18)"""
+SIGMA_PRIOR_WEIGHT = 2.0
+"""how many measurements the prior spread counts as"""
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """A candidate's predicted step time split into the parts the fits scale (seconds)."""
+
+    compute: float
+    tp: float
+    p2p: float
+    bubble: float
+    dp: float
+    rest: float
+    bubble_compute_share: float
+    """share of a pipeline slot that is compute (the rest of the slot is TP and p2p communication)"""
+
+    @classmethod
+    def of(cls, time: TimeBreakdown) -> "Terms":
+        compute, tp, p2p = time.compute_s, time.tp_comm_s, time.pp_p2p_s
+        bubble, dp = time.pp_bubble_s, time.dp_comm_s
+        rest = max(time.step_time_s - (compute + tp + p2p + bubble + dp), 0.0)
+        slot = compute + tp + p2p
+        return cls(compute=compute, tp=tp, p2p=p2p, bubble=bubble, dp=dp, rest=rest,
+                   bubble_compute_share=compute / slot if slot > 0 else 1.0)
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.tp + self.p2p + self.bubble + self.dp + self.rest
+
+    def step_s(self, params: CostParams) -> float:
+        """Step time under CostParams (a, b), from the cache."""
+        a, b = params.compute_scale, params.comm_scale
+        f = self.bubble_compute_share
+        return (a * self.compute + b * (self.tp + self.p2p + self.dp)
+                + self.bubble * (a * f + b * (1 - f)) + self.rest)
+
+    def parts(self) -> tuple[float, float, float, float]:
+        """The `TERMS` parts: (compute + rest, tp, bubble + p2p, dp)."""
+        return (self.compute + self.rest, self.tp, self.bubble + self.p2p, self.dp)
+
+
+def terms_of(time: TimeBreakdown) -> Terms:
+    return Terms.of(time)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,44 +109,49 @@ class Measurement:
 
 
 def predicted_step_s(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, candidate: Candidate,
-                     params: CostParams) -> float:
-    est = estimate(model, cluster, training, candidate, params=params)
+                     params: CostParams, *, topology: Topology | None = None) -> float:
+    est = estimate(model, cluster, training, candidate, params=params, topology=topology)
     if est.time is None:
         raise ValueError(f"the planner cannot time {candidate.label()}")
     return est.time.step_time_s
+
+
+def measured_terms(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                   measurements: list[Measurement]) -> list[tuple[Terms, float]]:
+    """(terms, measured step) for each usable measurement: one planner estimate each, one topology."""
+    usable = [m for m in measurements if m.step_time_s and m.step_time_s > 0 and math.isfinite(m.step_time_s)]
+    if not usable:
+        return []
+    topology = Topology(cluster)
+    out = []
+    for m in usable:
+        est = estimate(model, cluster, training, m.candidate, topology=topology)
+        if est.time is None:
+            raise ValueError(f"the planner cannot time {m.candidate.label()}")
+        out.append((Terms.of(est.time), m.step_time_s))
+    return out
 
 
 def _params(theta: tuple[float, float]) -> CostParams:
     return CostParams(compute_scale=math.exp(theta[0]), comm_scale=math.exp(theta[1]))
 
 
-def residuals_and_jacobian(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
-                           measurements: list[Measurement], theta: tuple[float, float]
-                           ) -> tuple[list[float], list[tuple[float, float]]]:
-    """r_i = log(measured / predicted) and J_i = (d log t / d log a, d log t / d log b) at ``theta``."""
-    res, jac = [], []
-    for m in measurements:
-        base = math.log(predicted_step_s(model, cluster, training, m.candidate, _params(theta)))
-        da = math.log(predicted_step_s(model, cluster, training, m.candidate,
-                                       _params((theta[0] + STEP_H, theta[1])))) - base
-        db = math.log(predicted_step_s(model, cluster, training, m.candidate,
-                                       _params((theta[0], theta[1] + STEP_H)))) - base
-        res.append(math.log(m.step_time_s) - base)
-        jac.append((da / STEP_H, db / STEP_H))
-    return res, jac
-
-
-def refit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, measurements: list[Measurement],
-          *, ridge: float = RIDGE) -> CostParams:
-    """CostParams that best explain the measured step times (CostParams() when there are none)."""
-    usable = [m for m in measurements if m.step_time_s and m.step_time_s > 0 and math.isfinite(m.step_time_s)]
-    if not usable:
+def refit_terms(data: list[tuple[Terms, float]], *, ridge: float = RIDGE) -> CostParams:
+    """`refit` over cached terms: the (log a, log b) Gauss-Newton with the analytic Jacobian."""
+    if not data:
         return CostParams()
     lo, hi = (math.log(x) for x in SCALE_RANGE)
     theta = (0.0, 0.0)
     for _ in range(ITERATIONS):
-        res, jac = residuals_and_jacobian(model, cluster, training, usable, theta)
-        # normal equations of the ridge-regularised linearised problem, solved for the step (2x2)
+        a, b = math.exp(theta[0]), math.exp(theta[1])
+        res, jac = [], []
+        for t, measured in data:
+            f = t.bubble_compute_share
+            ca = a * (t.compute + t.bubble * f)                  # d t / d log a
+            cb = b * (t.tp + t.p2p + t.dp + t.bubble * (1 - f))  # d t / d log b
+            pred = ca + cb + t.rest
+            res.append(math.log(measured) - math.log(pred))
+            jac.append((ca / pred, cb / pred))
         a11 = sum(j[0] * j[0] for j in jac) + ridge
         a12 = sum(j[0] * j[1] for j in jac)
         a22 = sum(j[1] * j[1] for j in jac) + ridge
@@ -87,19 +162,147 @@ def refit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, measur
             break
         d1, d2 = (a22 * g1 - a12 * g2) / det, (a11 * g2 - a12 * g1) / det
         theta = (min(max(theta[0] + d1, lo), hi), min(max(theta[1] + d2, lo), hi))
-        if abs(d1) < 1e-6 and abs(d2) < 1e-6:
+        if abs(d1) < 1e-7 and abs(d2) < 1e-7:
             break
     return _params(theta)
+
+
+def refit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, measurements: list[Measurement],
+          *, ridge: float = RIDGE) -> CostParams:
+    """CostParams that best explain the measured step times (CostParams() when there are none)."""
+    return refit_terms(measured_terms(model, cluster, training, measurements), ridge=ridge)
 
 
 def rms_log_error(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, measurements: list[Measurement],
                   params: CostParams) -> float:
     """Root-mean-square of log(measured / predicted): 0.1 is about 10% off."""
-    if not measurements:
+    data = measured_terms(model, cluster, training, measurements)
+    if not data:
         return 0.0
-    errs = [math.log(m.step_time_s / predicted_step_s(model, cluster, training, m.candidate, params))
-            for m in measurements]
+    errs = [math.log(step / t.step_s(params)) for t, step in data]
     return math.sqrt(sum(e * e for e in errs) / len(errs))
 
 
-__all__ = ["Measurement", "predicted_step_s", "refit", "rms_log_error"]
+# -- the search's model: a global level and per-term corrections with a posterior ---------------------
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float]:
+    """Gauss-Jordan with partial pivoting for a small symmetric positive definite system."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        m[col], m[piv] = m[piv], m[col]
+        p = m[col][col]
+        if abs(p) < 1e-300:
+            raise ZeroDivisionError("singular system")
+        for r in range(n):
+            if r != col and m[r][col] != 0.0:
+                f = m[r][col] / p
+                for c in range(col, n + 1):
+                    m[r][c] -= f * m[col][c]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def _inverse(a: list[list[float]]) -> list[list[float]]:
+    n = len(a)
+    cols = [_solve(a, [1.0 if i == j else 0.0 for i in range(n)]) for j in range(n)]
+    return [[cols[j][i] for j in range(n)] for i in range(n)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TermModel:
+    """The refitted model the search ranks and bets with: ``theta`` = (g, log corrections of `TERMS`)."""
+
+    theta: tuple[float, ...] = (0.0,) * (1 + len(TERMS))
+    cov: tuple[tuple[float, ...], ...] = ()
+    """posterior covariance of theta (Laplace); empty: the prior"""
+    sigma: float = SIGMA_PRIOR
+    """residual spread (log) of measured vs refitted predictions, shrunk toward SIGMA_PRIOR"""
+    n: int = 0
+
+    @property
+    def level(self) -> float:
+        return math.exp(self.theta[0])
+
+    @property
+    def corrections(self) -> dict[str, float]:
+        return {name: math.exp(v) for name, v in zip(TERMS, self.theta[1:])}
+
+    def _prior_var(self) -> list[float]:
+        return [LEVEL_PRIOR_SD ** 2] + [TERM_PRIOR_SD ** 2] * len(TERMS)
+
+    def _mean_and_grad(self, terms: Terms, theta: tuple[float, ...] | None = None) -> tuple[float, list[float]]:
+        th = self.theta if theta is None else theta
+        parts = [math.exp(c) * p for c, p in zip(th[1:], terms.parts())]
+        total = sum(parts)
+        if total <= 0:
+            return th[0] + math.log(max(terms.total, 1e-12)), [1.0] + [0.0] * len(TERMS)
+        return th[0] + math.log(total), [1.0] + [p / total for p in parts]
+
+    def predict_log(self, terms: Terms) -> tuple[float, float]:
+        """(mean, sd) of log step time for a candidate with these terms."""
+        mu, grad = self._mean_and_grad(terms)
+        cov = self.cov or tuple(tuple(v if i == j else 0.0 for j in range(len(grad)))
+                                for i, v in enumerate(self._prior_var()))
+        var = sum(grad[i] * cov[i][j] * grad[j] for i in range(len(grad)) for j in range(len(grad)))
+        return mu, math.sqrt(max(var, 0.0) + self.sigma ** 2)
+
+    def predict_step_s(self, terms: Terms) -> float:
+        return math.exp(self._mean_and_grad(terms)[0])
+
+    @classmethod
+    def fit(cls, data: list[tuple[Terms, float]], *, rounds: int = 2) -> "TermModel":
+        """MAP fit to (terms, measured step) pairs, then the residual spread and the posterior."""
+        prior = cls()
+        if not data:
+            return prior
+        k = 1 + len(TERMS)
+        inv_prior = [1.0 / v for v in prior._prior_var()]
+        sigma = SIGMA_PRIOR
+        theta = [0.0] * k
+        # the level alone first: log of the median ratio measured/predicted (a robust start)
+        ratios = sorted(math.log(step / max(t.total, 1e-12)) for t, step in data)
+        theta[0] = ratios[len(ratios) // 2]
+        model = prior
+        for _ in range(rounds):
+            for _ in range(ITERATIONS):
+                h = [[inv_prior[i] * (sigma ** 2) if i == j else 0.0 for j in range(k)] for i in range(k)]
+                g = [-inv_prior[i] * (sigma ** 2) * theta[i] for i in range(k)]
+                for t, step in data:
+                    mu, grad = prior._mean_and_grad(t, tuple(theta))
+                    r = math.log(step) - mu
+                    for i in range(k):
+                        g[i] += grad[i] * r
+                        for j in range(k):
+                            h[i][j] += grad[i] * grad[j]
+                step_ = _solve(h, g)
+                theta = [th + d for th, d in zip(theta, step_)]
+                if max(abs(d) for d in step_) < 1e-7:
+                    break
+            model = cls(theta=tuple(theta), sigma=sigma, n=len(data))
+            res2 = sum((math.log(step) - model._mean_and_grad(t)[0]) ** 2 for t, step in data)
+            sigma = math.sqrt((SIGMA_PRIOR_WEIGHT * SIGMA_PRIOR ** 2 + res2) / (SIGMA_PRIOR_WEIGHT + len(data)))
+        # posterior covariance at the MAP: (J^T J / sigma^2 + prior precision)^-1
+        h = [[inv_prior[i] if i == j else 0.0 for j in range(k)] for i in range(k)]
+        for t, _ in data:
+            _, grad = model._mean_and_grad(t)
+            for i in range(k):
+                for j in range(k):
+                    h[i][j] += grad[i] * grad[j] / sigma ** 2
+        cov = _inverse(h)
+        return cls(theta=tuple(theta), cov=tuple(tuple(r) for r in cov), sigma=sigma, n=len(data))
+
+
+def expected_improvement(mean: float, sd: float, best: float) -> float:
+    """E[max(best - Y, 0)] for Y ~ N(mean, sd^2): the expected gain in log step time over ``best``
+    (minimisation; Jones, Schonlau & Welch 1998, Eq. 15)."""
+    if sd <= 0:
+        return max(best - mean, 0.0)
+    z = (best - mean) / sd
+    pdf = math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+    return (best - mean) * cdf + sd * pdf
+
+
+__all__ = ["Measurement", "TERMS", "TermModel", "Terms", "expected_improvement", "measured_terms",
+           "predicted_step_s", "refit", "refit_terms", "rms_log_error", "terms_of"]

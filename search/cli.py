@@ -69,7 +69,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-probes", "--n-trials", dest="max_probes", type=_pos_int,
                    help="search probes in the study, all runs together (default: until every survivor is done)")
     s.add_argument("--top-k", type=_nonneg_int, default=3, help="analytic best probed first (default 3)")
-    s.add_argument("--sampler", choices=("tpe", "random", "grid", "analytic"), default="tpe")
+    s.add_argument("--sampler", choices=("ei", "tpe", "random", "grid", "analytic", "planner"), default="ei",
+                   help="after the top-k: ei (expected improvement under the refitted model, default), tpe, random, "
+                        "grid, analytic (refitted order), planner (the plan's order)")
     s.add_argument("--seed", type=int, default=None)
     s.add_argument("--startup-trials", type=_pos_int, default=4, help="measurements before TPE models (default 4)")
     s.add_argument("--confirm-top", type=_nonneg_int, default=3, help="re-probe the best K (default 3; 0: off)")
@@ -277,7 +279,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     with ExitStack() as stack:
         backend, table = _backend(args, cluster, training, stack)
         if table is not None:
-            keep, orphans = table.restrict(full.candidates)
+            keep, orphans = table.restrict(full)
             space = SearchSpace.from_plan(full, keep=keep, restricted_out=tuple(orphans))
             restriction = f"replay table {table.table or Path(table.path).name} ({len(table.rows)} rows)"
         else:

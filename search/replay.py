@@ -2,16 +2,31 @@
 
     tune --model 1B3 --gpu V100-32GB --gpus 8 --gpus-per-node 4 --global-batch 512 --seq-len 2048 \\
          --precision fp16 --recompute full --zero 1 --backend replay \\
-         --results ../shared/data/bigscience_1b3_v100.csv --results-table v100-32gb-recompute
+         --results tests/data/bigscience_1b3_v100.csv --results-table v100-32gb-recompute
 
-The CSV has one row per measured configuration: ``tp, pp, dp, micro_batch`` (and optionally
-``activation_recompute``, ``global_batch``, ``seq_len``, ``table``), ``status`` (ok | oom | ...),
-``seconds_per_iteration`` and ``memory_gb`` (as the table gives it). A row matches a candidate on
-(tp, pp, dp, mbs, recompute); ZeRO and the rest are what the user planned with.
+The CSV has one row per measured configuration and a header naming its columns. Every column is
+one of (anything else is refused, naming the column: a column that changes the configuration must
+be matched, never ignored):
 
-The search space is restricted to the table's rows (`ReplayTable.keys`) that the planner lets
-through; a row the planner rules out is reported, never probed. A configuration that is not in
-the table (possible only without the restriction) is answered ``invalid`` with ``not measured``.
+- configuration, matched against the candidate: ``tp, pp, dp, micro_batch`` (required),
+  ``activation_recompute`` (none | selective | full), ``zero_stage`` (0-3), ``sequence_parallel``,
+  ``virtual_pipeline``, ``hybrid_shard`` (also spelled ``mbs``, ``recompute``, ``zero``, ``sp``, ``vpp``,
+  ``hybrid`` as the candidate names them). An absent ``sequence_parallel``/``virtual_pipeline``/
+  ``hybrid_shard`` column means off (0, 1, 0). An absent recompute or ZeRO column matches any value,
+  and a row that then matches several configurations of the plan is refused (add the column or
+  plan with one ``--recompute``/``--zero``).
+- measurement: ``status`` (ok | oom | timeout | crash | invalid; required), ``seconds_per_iteration``,
+  ``memory_gb`` (as the table gives it);
+- context, checked against the plan: ``table`` (pick with ``--results-table``), ``global_batch``,
+  ``seq_len``, ``nodes`` and ``gpus_per_node`` (their product must be the plan's GPU count);
+- description, kept but never matched: ``gpu``, ``gpu_mem_gb``, ``tflops_per_gpu``, ``grad_accum``, ``notes``,
+  ``source``, ``id``.
+
+The search space is the plan's survivors that a row matches (`ReplayTable.restrict`); every row
+no survivor matches is listed once with the reason (not enumerated by the plan's space, or
+ruled out by which rule). Duplicate rows (same configuration) are replayed from the first.
+`search.published_tables` reads the YAML files of ../shared/data (BLOOM tr11, Hagemann et al.) as
+tables of the same kind; ``--results FILE.yaml`` replays them directly.
 """
 
 from __future__ import annotations
@@ -20,45 +35,147 @@ import csv
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from planner import Candidate, Estimate
+from planner import Candidate, Estimate, Plan, estimate
+from planner.space import RECOMPUTE, enumerate_candidates
 from probes.backend import ProbeBackend
 from probes.result import ProbeResult, ProbeSpec
 
 from search._base import TuneError
 
 NOT_MEASURED = "not measured"
+STATUSES = ("ok", "oom", "timeout", "crash", "invalid")
+DIMENSION_COLUMNS = {"tp": "tp", "pp": "pp", "dp": "dp", "micro_batch": "mbs", "activation_recompute": "recompute",
+                     "zero_stage": "zero", "sequence_parallel": "sp", "virtual_pipeline": "vpp",
+                     "hybrid_shard": "hybrid"}
+"""CSV column -> Candidate field it must match"""
+OFF_WHEN_ABSENT = {"sp": False, "vpp": 1, "hybrid": False}
+"""a table without the column measured these off"""
+MEASURE_COLUMNS = ("status", "seconds_per_iteration", "memory_gb")
+CONTEXT_COLUMNS = ("table", "global_batch", "seq_len", "nodes", "gpus_per_node")
+DESCRIPTION_COLUMNS = ("gpu", "gpu_mem_gb", "tflops_per_gpu", "grad_accum", "notes", "source", "id")
+ALIASES = {"zero": "zero_stage", "sp": "sequence_parallel", "vpp": "virtual_pipeline", "hybrid": "hybrid_shard",
+           "mbs": "micro_batch", "recompute": "activation_recompute", "step_time_s": "seconds_per_iteration"}
+"""other spellings of a column (the candidate's own field names)"""
+KNOWN_COLUMNS = (*DIMENSION_COLUMNS, *MEASURE_COLUMNS, *CONTEXT_COLUMNS, *DESCRIPTION_COLUMNS)
 _REQUIRED = ("tp", "pp", "dp", "micro_batch", "status")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplayRow:
+    """One measured configuration. A dimension is None where the table has no column for it."""
+
     tp: int
     pp: int
     dp: int
     mbs: int
-    recompute: str | None
-    status: str
-    step_time_s: float | None
-    memory_gb: float | None
-    global_batch: int | None
-    seq_len: int | None
+    recompute: str | None = None
+    zero: int | None = None
+    sp: bool | None = None
+    vpp: int | None = None
+    hybrid: bool | None = None
+    status: str = "ok"
+    step_time_s: float | None = None
+    memory_gb: float | None = None
+    global_batch: int | None = None
+    seq_len: int | None = None
+    world: int | None = None
+    """nodes x gpus_per_node when the table says"""
+    line: int = 0
+    """where the row is in its file (CSV line, or YAML entry number)"""
 
     def matches(self, c: Candidate) -> bool:
-        return ((self.tp, self.pp, self.dp, self.mbs) == (c.tp, c.pp, c.dp, c.mbs)
-                and (self.recompute is None or self.recompute == c.recompute))
+        if (self.tp, self.pp, self.dp, self.mbs) != (c.tp, c.pp, c.dp, c.mbs):
+            return False
+        if self.recompute is not None and self.recompute != c.recompute:
+            return False
+        if self.zero is not None and self.zero != c.zero:
+            return False
+        for name, off in OFF_WHEN_ABSENT.items():
+            mine = getattr(self, name)
+            if (off if mine is None else mine) != getattr(c, name):
+                return False
+        return True
+
+    @property
+    def key(self) -> tuple:
+        """The configuration (duplicates share it)."""
+        return (self.tp, self.pp, self.dp, self.mbs, self.recompute, self.zero,
+                *((OFF_WHEN_ABSENT[n] if getattr(self, n) is None else getattr(self, n)) for n in OFF_WHEN_ABSENT))
+
+    def label(self) -> str:
+        parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"mbs={self.mbs}"]
+        if self.recompute is not None:
+            parts.append(f"recompute={self.recompute}")
+        if self.zero is not None:
+            parts.append(f"zero={self.zero}")
+        if self.sp:
+            parts.append("sp=1")
+        if self.vpp and self.vpp > 1:
+            parts.append(f"vpp={self.vpp}")
+        if self.hybrid:
+            parts.append("hybrid=1")
+        return ",".join(parts)
 
 
-def _num(text: str | None, kind: type) -> float | int | None:
+def _num(text: str | None, kind: type, *, what: str, where: str) -> float | int | None:
     text = (text or "").strip()
     if not text:
         return None
     try:
-        return kind(float(text)) if kind is int else kind(text)
+        value = float(text)
     except ValueError:
+        raise TuneError(f"{where}: {what} {text!r} is not a number") from None
+    if kind is int:
+        if value != int(value):
+            raise TuneError(f"{where}: {what} {text!r} is not an integer")
+        return int(value)
+    return value
+
+
+def _flag(text: str | None, *, what: str, where: str) -> bool | None:
+    if text is None:
         return None
+    t = text.strip().lower()
+    if t in _TRUE:
+        return True
+    if t in _FALSE:
+        return False
+    raise TuneError(f"{where}: {what} {text!r} is not 0/1 (or true/false)")
+
+
+def row_from_record(r: dict, *, where: str, line: int) -> ReplayRow:
+    """A CSV record (column -> text) as a ReplayRow; every value checked."""
+    tp, pp, dp, mbs = (_num(r.get(k), int, what=k, where=where) for k in ("tp", "pp", "dp", "micro_batch"))
+    if None in (tp, pp, dp, mbs) or min(tp, pp, dp, mbs) < 1:
+        raise TuneError(f"{where}: tp, pp, dp and micro_batch must be positive integers")
+    recompute = (r.get("activation_recompute") or "").strip().lower() or None
+    if recompute is not None and recompute not in RECOMPUTE:
+        raise TuneError(f"{where}: activation_recompute {recompute!r}: use one of {', '.join(RECOMPUTE)}")
+    zero = _num(r.get("zero_stage"), int, what="zero_stage", where=where)
+    if zero is not None and zero not in (0, 1, 2, 3):
+        raise TuneError(f"{where}: zero_stage {zero}: use 0, 1, 2 or 3")
+    vpp = _num(r.get("virtual_pipeline"), int, what="virtual_pipeline", where=where)
+    status = (r.get("status") or "").strip().lower()
+    if status not in STATUSES:
+        raise TuneError(f"{where}: status {status!r}: use one of {', '.join(STATUSES)}")
+    step = _num(r.get("seconds_per_iteration"), float, what="seconds_per_iteration", where=where)
+    if status == "ok" and (step is None or not math.isfinite(step) or step <= 0):
+        raise TuneError(f"{where}: status ok needs seconds_per_iteration, a finite number > 0; fix the cell or give "
+                        "the row another status (oom, timeout, crash)")
+    nodes = _num(r.get("nodes"), int, what="nodes", where=where)
+    gpn = _num(r.get("gpus_per_node"), int, what="gpus_per_node", where=where)
+    return ReplayRow(tp=tp, pp=pp, dp=dp, mbs=mbs, recompute=recompute, zero=zero,
+                     sp=_flag(r.get("sequence_parallel"), what="sequence_parallel", where=where),
+                     vpp=vpp, hybrid=_flag(r.get("hybrid_shard"), what="hybrid_shard", where=where),
+                     status=status, step_time_s=step,
+                     memory_gb=_num(r.get("memory_gb"), float, what="memory_gb", where=where),
+                     global_batch=_num(r.get("global_batch"), int, what="global_batch", where=where),
+                     seq_len=_num(r.get("seq_len"), int, what="seq_len", where=where),
+                     world=nodes * gpn if nodes and gpn else None, line=line)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,58 +189,155 @@ class ReplayTable:
         p = Path(path)
         if not p.is_file():
             raise TuneError(f"--results {path} does not exist; give a CSV of earlier measurements")
+        if p.suffix.lower() in (".yaml", ".yml"):
+            from search.published_tables import read_table
+
+            return read_table(str(path), table).table
         with p.open(newline="") as f:
             reader = csv.DictReader(f)
-            header = reader.fieldnames or []
+            header = [ALIASES.get(h.strip(), h.strip()) for h in (reader.fieldnames or [])]
+            twice = sorted({c for c in header if header.count(c) > 1})
+            if twice:
+                raise TuneError(f"--results {path}: column {twice[0]!r} is given twice (or under two spellings: "
+                                f"{', '.join(a for a, c in ALIASES.items() if c == twice[0]) or twice[0]})")
+            unknown = [c for c in header if c not in KNOWN_COLUMNS]
+            if unknown:
+                raise TuneError(f"--results {path}: column {unknown[0]!r} is not understood; a column that "
+                                f"changes the configuration must be matched, not ignored: rename it to one of "
+                                f"{', '.join(DIMENSION_COLUMNS)} or drop it (descriptions: "
+                                f"{', '.join(DESCRIPTION_COLUMNS)})")
             missing = [c for c in _REQUIRED if c not in header]
             if missing:
                 raise TuneError(f"--results {path}: missing columns {missing}; needs {', '.join(_REQUIRED)}, "
                                 "seconds_per_iteration, memory_gb")
-            raw = list(reader)
+            raw = [{ALIASES.get((k or "").strip(), (k or "").strip()): v for k, v in r.items()} for r in reader]
         tables = sorted({r.get("table", "") for r in raw if r.get("table")})
         if table is None and len(tables) > 1:
             raise TuneError(f"--results {path} holds several tables ({', '.join(tables)}); pick one with "
                             "--results-table")
         if table is not None and table not in tables:
             raise TuneError(f"--results-table {table!r} is not in {path}; tables: {', '.join(tables) or 'none'}")
-        rows = []
-        for r in raw:
-            if table is not None and r.get("table") != table:
-                continue
-            tp, pp, dp, mbs = (_num(r.get(k), int) for k in ("tp", "pp", "dp", "micro_batch"))
-            if None in (tp, pp, dp, mbs):
-                raise TuneError(f"--results {path}: a row has a non-integer tp/pp/dp/micro_batch: {dict(r)}")
-            rows.append(ReplayRow(tp=tp, pp=pp, dp=dp, mbs=mbs, recompute=(r.get("activation_recompute") or None),
-                                  status=(r.get("status") or "ok").strip().lower(),
-                                  step_time_s=_num(r.get("seconds_per_iteration"), float),
-                                  memory_gb=_num(r.get("memory_gb"), float),
-                                  global_batch=_num(r.get("global_batch"), int), seq_len=_num(r.get("seq_len"), int)))
+        rows = [row_from_record(r, where=f"--results {path} line {i + 2}", line=i + 2) for i, r in enumerate(raw)
+                if table is None or r.get("table") == table]
         if not rows:
             raise TuneError(f"--results {path}: no rows")
         return cls(path=str(path), table=table or (tables[0] if tables else None), rows=tuple(rows))
 
-    def check(self, *, global_batch: int, seq_len: int) -> None:
-        """The table must be measured at the batch and sequence the study plans with."""
-        for attr, want, flag in (("global_batch", global_batch, "--global-batch"), ("seq_len", seq_len, "--seq-len")):
+    def check(self, *, global_batch: int, seq_len: int, world_size: int | None = None) -> None:
+        """The table must be measured at the batch, sequence (and GPU count) the study plans with."""
+        checks = [("global_batch", global_batch, "--global-batch"), ("seq_len", seq_len, "--seq-len")]
+        if world_size is not None:
+            checks.append(("world", world_size, "--gpus"))
+        for attr, want, flag in checks:
             seen = {getattr(r, attr) for r in self.rows} - {None}
             if seen and seen != {want}:
-                raise TuneError(f"--results {self.path} was measured at {attr} {sorted(seen)}; plan with "
-                                f"{flag} {sorted(seen)[0]} to replay it")
+                raise TuneError(f"--results {self.path} was measured at {attr.replace('world', 'GPUs')} "
+                                f"{sorted(seen)}; plan with {flag} {sorted(seen)[0]} to replay it")
+
+    def unique_rows(self) -> list[ReplayRow]:
+        """The rows, each configuration once (the first row of duplicates)."""
+        seen, out = set(), []
+        for r in self.rows:
+            if r.key not in seen:
+                seen.add(r.key)
+                out.append(r)
+        return out
 
     def find(self, c: Candidate) -> ReplayRow | None:
         return next((r for r in self.rows if r.matches(c)), None)
 
-    def restrict(self, survivors: list[Estimate]) -> tuple[set[str], list[tuple[str, str]]]:
-        """(keys of survivors with a row, [(row, why)] for rows no survivor matches)."""
+    def best_row(self) -> ReplayRow | None:
+        """The fastest ok row per sample (GBS / step time)."""
+        ok = [r for r in self.rows if r.status == "ok" and r.step_time_s]
+        return min(ok, key=lambda r: r.step_time_s / (r.global_batch or 1), default=None)
+
+    def restrict(self, plan: Plan | list[Estimate]) -> tuple[set[str], list[tuple[str, str]]]:
+        """(keys of survivors with a row, [(row, why never probed)] for each configuration no survivor matches).
+
+        Refuses a row that matches several survivors (a dimension the table does not record varies in the
+        plan). With a `Plan`, each unmatched row says why: not enumerated by the plan's space (which
+        flag or rule), or ruled out by the planner (the first rule it breaks).
+        """
+        survivors = plan.candidates if isinstance(plan, Plan) else list(plan)
+        if isinstance(plan, Plan):
+            self.check(global_batch=plan.training.global_batch, seq_len=plan.training.seq_len,
+                       world_size=plan.cluster.world_size)
+        by_layout: dict[tuple, list[Estimate]] = {}
+        for e in survivors:
+            c = e.candidate
+            by_layout.setdefault((c.tp, c.pp, c.dp, c.mbs), []).append(e)
+        best = self.best_row()
         keep, orphans = set(), []
-        for row in self.rows:
-            hits = [e for e in survivors if row.matches(e.candidate)]
-            keep.update(e.candidate.label() for e in hits)
-            if not hits:
-                label = f"tp={row.tp},pp={row.pp},dp={row.dp},mbs={row.mbs}" + (
-                    f",recompute={row.recompute}" if row.recompute else "")
-                orphans.append((label, f"in the table ({row.status}) but ruled out by the planner; never probed"))
+        enumerated: set[str] | None = None
+        for row in self.unique_rows():
+            hits = [e for e in by_layout.get((row.tp, row.pp, row.dp, row.mbs), []) if row.matches(e.candidate)]
+            if len(hits) > 1:
+                differ = [f.name for f in fields(Candidate)
+                          if len({getattr(e.candidate, f.name) for e in hits}) > 1]
+                cols = [c for c, f in DIMENSION_COLUMNS.items() if f in differ]
+                raise TuneError(f"--results {self.path} line {row.line} ({row.label()}) matches {len(hits)} "
+                                f"configurations of the plan that differ in {', '.join(differ)}: add the "
+                                f"{', '.join(cols)} column, or plan with one value (--recompute/--zero)")
+            if hits:
+                keep.add(hits[0].candidate.label())
+                continue
+            if isinstance(plan, Plan):
+                if enumerated is None:
+                    enumerated = enumerated_labels(plan)
+                why = why_not_probed(row, plan, enumerated)
+            else:
+                why = "ruled out by the planner"
+            if best is not None and row.key == best.key:
+                why += "; this is the table's best measured row"
+            orphans.append((row.label(), f"in the table ({row.status}) but {why}; never probed"))
         return keep, orphans
+
+
+def candidate_of(row: ReplayRow, plan: Plan) -> Candidate:
+    """The candidate a row describes, under the plan's training (unrecorded recompute/ZeRO: the plan's only value)."""
+    t = plan.training
+    recompute = row.recompute or (t.recompute_options[0] if len(t.recompute_options) == 1 else "none")
+    zero = row.zero if row.zero is not None else (0 if row.dp == 1 else
+                                                  (t.zero_options[0] if len(t.zero_options) == 1 else 0))
+    gas = max(t.global_batch // (row.mbs * row.dp), 1)
+    return Candidate(tp=row.tp, pp=row.pp, dp=row.dp, mbs=row.mbs, gas=gas, recompute=recompute, zero=zero,
+                     sp=bool(row.sp), vpp=row.vpp or 1, hybrid=bool(row.hybrid))
+
+
+def enumerated_labels(plan: Plan) -> set[str]:
+    """Every configuration the plan's space enumerates (survivors and ruled out), by label."""
+    cluster = plan.cluster
+    return {x.label() for x in enumerate_candidates(plan.model, cluster.world_size, cluster.gpus_per_node,
+                                                    plan.training)}
+
+
+def why_not_probed(row: ReplayRow, plan: Plan, enumerated: set[str] | None = None) -> str:
+    """Why no survivor of ``plan`` is this row: outside the space the plan enumerates, or a rule."""
+    t, cluster, model = plan.training, plan.cluster, plan.model
+    c = candidate_of(row, plan)
+    if c.world != cluster.world_size:
+        return f"TP*PP*DP = {c.world} is not the plan's {cluster.world_size} GPUs (not enumerated)"
+    if row.recompute is not None and row.recompute not in t.recompute_options:
+        return f"recompute={row.recompute} is not enumerated (--recompute {','.join(t.recompute_options)})"
+    if row.zero is not None and c.dp > 1 and row.zero not in t.zero_options:
+        return f"ZeRO-{row.zero} is not enumerated (--zero {','.join(map(str, t.zero_options))})"
+    if c.label() not in (enumerated if enumerated is not None else enumerated_labels(plan)):
+        if c.mbs & (c.mbs - 1) or c.mbs > t.max_mbs:
+            return f"MBS {c.mbs} is not enumerated (powers of two up to --max-mbs {t.max_mbs})"
+        if c.tp > 2 * cluster.gpus_per_node:
+            return f"TP {c.tp} is not enumerated (up to twice the {cluster.gpus_per_node} GPUs per node)"
+        if c.sp:
+            return f"sequence parallelism is not enumerated for --framework {t.framework} with TP {c.tp}"
+        if c.vpp > 1:
+            return f"VPP {c.vpp} is not enumerated for --framework {t.framework} with PP {c.pp}"
+        if c.zero and c.dp == 1:
+            return f"ZeRO-{c.zero} with DP=1 is not enumerated (the same as ZeRO-0)"
+        return f"{c.label()} is not enumerated by the plan's space"
+    est = estimate(model, cluster, t, c)
+    if est.reasons:
+        v = est.reasons[0]
+        return f"ruled out by the planner ({v.reason.value}: {v.detail})"
+    return "a survivor of the plan that the space does not hold"
 
 
 class ReplayBackend(ProbeBackend):
@@ -159,8 +373,8 @@ class ReplayBackend(ProbeBackend):
             return ProbeResult(status="oom", reason=f"out of memory in {where}", device=device,
                                peak_memory_bytes_per_rank=memory, wall_s=0.0)
         if row.status != "ok" or row.step_time_s is None:
-            status = row.status if row.status in ("timeout", "crash", "invalid") else "crash"
-            return ProbeResult(status=status, reason=f"{row.status} in {where}", device=device, wall_s=0.0)
+            return ProbeResult(status=row.status if row.status != "ok" else "crash",
+                               reason=f"{row.status} in {where}", device=device, wall_s=0.0)
         step = row.step_time_s
         if self.noise > 0:
             rng = random.Random(f"{self.seed}:{c.label()}:{self.calls}")
@@ -171,4 +385,5 @@ class ReplayBackend(ProbeBackend):
                            memory_kind="table (GB as measured)", device=device, world_size=c.world, wall_s=0.0)
 
 
-__all__ = ["NOT_MEASURED", "ReplayBackend", "ReplayRow", "ReplayTable"]
+__all__ = ["KNOWN_COLUMNS", "NOT_MEASURED", "ReplayBackend", "ReplayRow", "ReplayTable", "candidate_of",
+           "row_from_record", "why_not_probed"]

@@ -4,14 +4,19 @@
     >>> study = open_study(settings, space, inputs)
     >>> run(study, objective, space, settings, Progress(total=len(space), budget_s=7200))   # search, confirm
 
-Sampler design (`SurvivorSampler`): Optuna's TPE proposes a point of the structured space
-(log2 tp, pp, mbs, vpp; ZeRO stage; recompute; flags) from every completed measurement; the
-proposal is then mapped to the nearest survivor that is not measured, not running, not queued and
-not implied out of memory (`SearchSpace.nearest`, ties to the better calibrated prediction). The
-mapped survivor, never the raw proposal, becomes the trial's parameters, so a configuration the
-planner ruled out is never probed and TPE learns from what was really run. ``--sampler random``
-picks uniformly among the unprobed survivors; ``grid`` walks them in (tp, pp, dp, mbs, ...) order;
-``analytic`` walks them in the calibrated planner's order (no learning).
+Sampler design (`SurvivorSampler`): after the enqueued analytic top-k, ``--sampler ei`` (the default)
+probes the unprobed survivor with the largest expected improvement over the best measured time per
+sample, under the refitted per-term model (`search.calibration.TermModel`: a global level and
+corrections of compute, TP, PP and DP time, regularised toward 1) and its uncertainty (the
+parameters' posterior through the candidate's term mix, plus the measured residual spread); every
+survivor's terms are cached once, so a choice costs no planner call. ``tpe``: Optuna's TPE proposes
+a point of the structured space (log2 tp, pp, mbs, vpp; ZeRO stage; recompute; flags) and the
+proposal is mapped to the nearest survivor that is not measured, not running, not queued and not
+implied out of memory (`SearchSpace.nearest`, ties to the better calibrated prediction). The mapped
+survivor, never the raw proposal, becomes the trial's parameters, so a configuration the planner
+ruled out is never probed. ``random`` picks uniformly among the unprobed survivors; ``grid`` walks
+them in (tp, pp, dp, mbs, ...) order; ``analytic`` in the refitted CostParams order; ``planner`` in
+the plan's own order (no learning).
 
 Storage: any Optuna RDB URL (``sqlite:///tune.db`` by default; ``postgresql://...`` for many
 workers) with a heartbeat, so a trial left RUNNING by a killed tuner is failed after the grace
@@ -27,6 +32,7 @@ the confirmation probes their (mean probe wall time) share; a running probe is b
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
@@ -37,14 +43,15 @@ from typing import TextIO
 import optuna
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 
-from planner import CostParams, plan
+from planner import CostParams
 from planner.space import RECOMPUTE
 
 from search._base import NOT_FINAL, PROBED, TuneError
+from search.calibration import Terms, TermModel, expected_improvement
 from search.objective import Ledger, Objective, ProbeFailed, TrialRecord
 from search.space import SearchSpace, config_key, params_of
 
-SAMPLERS = ("tpe", "random", "grid", "analytic")
+SAMPLERS = ("ei", "tpe", "random", "grid", "analytic", "planner")
 INPUTS_ATTR = "plantune_inputs"
 OPEN_ATTEMPTS = 5
 
@@ -57,7 +64,7 @@ class TuneSettings:
     max_probes: int | None = None
     """search-phase probes in the study, all runs together (None: until the space is exhausted)"""
     top_k: int = 3
-    sampler: str = "tpe"
+    sampler: str = "ei"
     seed: int | None = None
     startup_trials: int = 4
     """measurements before TPE models the space (the analytic top-k count); random survivors until then"""
@@ -77,6 +84,22 @@ def grid_order(space: SearchSpace) -> list[str]:
     return [config_key(e.candidate) for e in sorted(space.survivors, key=key)]
 
 
+def rank_by(space: SearchSpace, seconds_per_sample) -> dict[str, int]:
+    """Survivor -> rank by a predicted time per sample (smaller first); ties to the planner's order."""
+    ranked = sorted(enumerate(space.keys), key=lambda ik: (seconds_per_sample(ik[1]), ik[0]))
+    return {k: i for i, (_, k) in enumerate(ranked)}
+
+
+def measured_data(ledger: Ledger, space: SearchSpace, terms: dict) -> list[tuple[str, float]]:
+    """(config, measured step time) of every measurement of a survivor of this space, in trial order."""
+    out = []
+    for r in sorted(ledger.records, key=lambda r: r.number):
+        step = r.attrs.get("measured_step_s")
+        if r.measured and step and r.config in terms and float(step) > 0:
+            out.append((r.config, float(step)))
+    return out
+
+
 class SurvivorSampler(BaseSampler):
     """Proposes only survivors that still need a probe (see the module docstring)."""
 
@@ -91,21 +114,48 @@ class SurvivorSampler(BaseSampler):
                                  constant_liar=False) if strategy == "tpe" else RandomSampler(seed=seed)
         self._distributions = space.distributions()
         self._grid = grid_order(space)
+        self._plain = {k: i for i, k in enumerate(space.keys)}
         self._orders: dict[tuple[float, float], dict[str, int]] = {}
+        self._terms = {config_key(e.candidate): Terms.of(e.time) for e in space.survivors}
+        self._gbs = {config_key(e.candidate): e.candidate.global_batch for e in space.survivors}
+        self._fit_key: tuple | None = None
+        self._fit = TermModel()
 
     def order(self, study: optuna.Study) -> dict[str, int]:
-        """Survivor -> rank under the study's latest calibration (planner.plan with refit CostParams)."""
+        """Survivor -> rank under the study's latest calibration (CostParams over the cached terms)."""
         cal = study.user_attrs.get("calibration") or {}
         params = CostParams(compute_scale=float(cal.get("compute_scale", 1.0)),
                             comm_scale=float(cal.get("comm_scale", 1.0)))
         key = (round(params.compute_scale, 4), round(params.comm_scale, 4))
         if key not in self._orders:
-            p = self.space.plan
-            ranked = plan(p.model, p.cluster, p.training, params=params, allow_empty=True)
-            wanted = set(self.space.keys)
-            keys = [config_key(e.candidate) for e in ranked.candidates if config_key(e.candidate) in wanted]
-            self._orders[key] = {k: i for i, k in enumerate(keys)}
+            self._orders[key] = rank_by(self.space, lambda k: self._terms[k].step_s(params) / self._gbs[k])
         return self._orders[key]
+
+    def term_model(self, study: optuna.Study, ledger: Ledger | None = None) -> TermModel:
+        """The refitted per-term model of every measurement so far (cached by the measurements)."""
+        data = measured_data(ledger or Ledger.of(study), self.space, self._terms)
+        key = tuple((k, round(s, 9)) for k, s in data)
+        if key != self._fit_key:
+            self._fit_key = key
+            self._fit = TermModel.fit([(self._terms[k], s) for k, s in data])
+        return self._fit
+
+    def ei_pick(self, study: optuna.Study, remaining: list[str], ledger: Ledger | None = None) -> str:
+        """The remaining survivor with the largest expected improvement (per-sample step time, log) over
+        the best measured so far, under the refitted term model and its measured error; ties (and no
+        measurement yet) to the refitted order."""
+        ledger = ledger or Ledger.of(study)
+        fit = self.term_model(study, ledger)
+        order = rank_by(self.space, lambda k: fit.predict_step_s(self._terms[k]) / self._gbs[k])
+        data = measured_data(ledger, self.space, self._terms)
+        if not data:
+            return min(remaining, key=lambda k: order.get(k, len(order)))
+        best = min(math.log(s / self._gbs[k]) for k, s in data)
+
+        def score(k: str) -> tuple[float, int]:
+            mean, sd = fit.predict_log(self._terms[k])
+            return (-expected_improvement(mean - math.log(self._gbs[k]), sd, best), order.get(k, len(order)))
+        return min(remaining, key=score)
 
     def infer_relative_search_space(self, study, trial) -> dict:
         return {n: d for n, d in self._distributions.items() if not d.single()}
@@ -124,6 +174,11 @@ class SurvivorSampler(BaseSampler):
             pick = next(k for k in self._grid if k in set(remaining))
         elif self.strategy == "analytic":
             pick = min(remaining, key=lambda k: order.get(k, len(order)))
+        elif self.strategy == "planner":
+            plain = self._plain
+            pick = min(remaining, key=lambda k: plain[k])
+        elif self.strategy == "ei":
+            pick = self.ei_pick(study, remaining, ledger)
         elif self.strategy == "random":
             pick = self._rng.choice(remaining)
         else:

@@ -1,175 +1,259 @@
-"""Probes-to-best of search strategies, replayed on seed 003's V100 tables (offline, seconds).
+"""Probes-to-best of search strategies, replayed on published measurement tables (offline, about a minute).
 
-    python tests/bench/bench_search.py                 # 20 seeds, every table, every strategy
-    python tests/bench/bench_search.py --seeds 50 --format json
+    python tests/bench/bench_search.py                       # every table, 20 seeds for the random strategies
+    python tests/bench/bench_search.py --seeds 5 --format json
+    python tests/bench/bench_search.py --data ../shared/data  # where published_dev.yaml / hagemann_13b_dev.yaml are
+    python tests/bench/bench_search.py --overhead              # seconds the search spends per probe
 
-For each table of tests/data/bigscience_1b3_v100.csv the space is the planner's survivors that
-the table measured (1B3, 8 V100s as 2x4, GBS 512, seq 2048, fp16, ZeRO-1, recompute as the table).
-A strategy probes until it first measures a configuration with the table's best step time;
-probes-to-best counts every probe up to and including that one (OOMs count; configurations an
-OOM rules out without a probe do not). Mean, median and worst over seeds; on the tables grid order
-and the analytic order do not depend on the seed (one run each).
+Tables: seed 003's three V100 tables (tests/data/bigscience_1b3_v100.csv), the BigScience tr11 tables
+of published_dev.yaml and the Hagemann et al. Llama 13B sheets (hagemann_13b_dev.yaml), read by
+`search.published_tables` with the setup each was measured on. The space of a table is the plan's
+survivors that a row matches (`ReplayTable.restrict`: every dimension matched); the target is the
+fastest measured row in that space (``best in space``; ``table best pruned`` says when the table's
+own best is a row the planner rules out, which no strategy can reach). Tables whose space holds
+fewer than 3 configurations are listed as skipped.
 
-A synthetic case adds a larger space: BLOOM-176B on 384 A100-80GB (the planner's survivors), each
-seed drawing a machine whose step times are the planner's under hidden CostParams (compute x1.35,
-comm x2.5) times a per-configuration log-normal factor (sigma 0.08) the cost model cannot know;
-the best is that machine's fastest configuration (grid order still varies with the machine).
+A strategy probes until it first measures the target; probes-to-best counts every probe up to and
+including it (OOMs count; configurations an OOM rules out without a probe do not). Strategies:
 
-Strategies: ``tune`` (analytic top-3 enqueued, then TPE mapped to survivors: the default),
-``tpe`` (no top-k), ``random`` (uniform over unprobed survivors), ``grid`` ((tp, pp, dp, mbs)
-order), ``analytic`` (the calibrated planner's ranking, re-ranked after every probe).
+- ``ei``: the default of `tune`: the analytic top-3, then expected improvement under the refitted
+  per-term model (`search.calibration.TermModel`);
+- ``planner``: the plain analytic order (the plan's ranking, never refitted);
+- ``analytic``: top-3, then the refitted CostParams order (greedy, no uncertainty);
+- ``tpe``: top-3, then Optuna's TPE mapped to survivors (the default before);
+- ``random`` (mean over seeds) and ``grid`` ((tp, pp, dp, mbs, ...) order).
+
+The deterministic strategies are run once (their result does not depend on the seed).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
+import math
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-DATA = ROOT / "tests" / "data" / "bigscience_1b3_v100.csv"
-TABLES = {"v100-32gb-recompute": ("V100-32GB", "full"), "v100-32gb-no-recompute": ("V100-32GB", "none"),
-          "v100-16gb-recompute": ("V100-16GB", "full")}
-STRATEGIES = {"tune": ("tpe", 3), "tpe": ("tpe", 0), "random": ("random", 0), "grid": ("grid", 0),
-              "analytic": ("analytic", 0)}
+SEED003 = ROOT / "tests" / "data" / "bigscience_1b3_v100.csv"
+SEED003_TABLES = {"v100-32gb-recompute": ("V100-32GB", "full"), "v100-32gb-no-recompute": ("V100-32GB", "none"),
+                  "v100-16gb-recompute": ("V100-16GB", "full")}
+STRATEGIES = {"ei": ("ei", 3), "planner": ("planner", 0), "analytic": ("analytic", 3), "tpe": ("tpe", 3),
+              "random": ("random", 0), "grid": ("grid", 0)}
+SEEDED = ("tpe", "random")
+MIN_SPACE = 3
 
 
-def best_keys(table: str) -> set[tuple[int, int, int]]:
-    rows = [r for r in csv.DictReader(DATA.open()) if r["table"] == table and r["status"] == "ok"]
-    best = min(float(r["seconds_per_iteration"]) for r in rows)
-    return {(int(r["tp"]), int(r["pp"]), int(r["micro_batch"])) for r in rows
-            if float(r["seconds_per_iteration"]) == best}
+@dataclass(frozen=True)
+class Case:
+    name: str
+    space: object          # search.space.SearchSpace
+    table: object          # search.replay.ReplayTable
+    target: set            # config keys of the fastest measured configuration(s) in the space
+    table_best_pruned: bool
+    planner_rank: int      # 1-based rank of the target in the plan's order (within the space)
+    resid_sd: float        # spread of log(measured / planned step time) over the ok rows, after a global scale
 
 
-def _run_until_best(space, backend, strategy: str, seed: int, is_best) -> int:
-    """Probes (ok, oom, ...) up to and including the first one ``is_best`` accepts."""
+def default_data() -> str:
+    """../shared/data next to the checkout (or next to its parent, for a worktree one level down)."""
+    for base in (ROOT.parent, ROOT.parent.parent):
+        if (base / "shared" / "data").is_dir():
+            return str(base / "shared" / "data")
+    return str(ROOT.parent / "shared" / "data")
+
+
+def seed003_setups():
+    from planner import TrainingSpec, load_model, make_cluster
+    from search.replay import ReplayTable
+
+    for table, (gpu, recompute) in SEED003_TABLES.items():
+        training = TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", recompute_options=(recompute,),
+                                zero_options=(1,), flash_attention=False)
+        yield (f"seed003-{table}", load_model("1B3"), make_cluster(gpu=gpu, gpus=8, gpus_per_node=4), training,
+               ReplayTable.read(str(SEED003), table))
+
+
+def published_setups(data: Path):
+    from search.published_tables import read_tables
+
+    for name in ("published_dev.yaml", "hagemann_13b_dev.yaml"):
+        path = data / name
+        if not path.is_file():
+            print(f"bench_search: {path} not found; skipped (give --data)", file=sys.stderr)
+            continue
+        for t in read_tables(str(path)):
+            yield t.name, t.model, t.cluster, t.training, t.table
+
+
+def make_case(name, model, cluster, training, table) -> tuple[Case | None, str]:
+    """The case, or None and why it is skipped."""
+    from planner import plan
+    from search.space import SearchSpace, config_key
+
+    full = plan(model, cluster, training, allow_empty=True)
+    keep, _ = table.restrict(full)
+    space = SearchSpace.from_plan(full, keep=keep)
+    steps = {}
+    for e in space.survivors:
+        row = table.find(e.candidate)
+        if row is not None and row.status == "ok":
+            steps[config_key(e.candidate)] = row.step_time_s / e.candidate.global_batch
+    if len(space) < MIN_SPACE or not steps:
+        return None, f"{len(space)} configurations in the space, {len(steps)} measured ok"
+    best = min(steps.values())
+    target = {k for k, s in steps.items() if s <= best * (1 + 1e-9)}
+    table_best = table.best_row()
+    pruned = table_best is not None and not any(table_best.matches(space.by_key(k).candidate) for k in space.keys)
+    rank = min(i + 1 for i, k in enumerate(space.keys) if k in target)
+    logs = [math.log(steps[config_key(e.candidate)] * e.candidate.global_batch / e.step_time_s)
+            for e in space.survivors if config_key(e.candidate) in steps]
+    mean = statistics.mean(logs)
+    resid = math.sqrt(statistics.mean([(x - mean) ** 2 for x in logs]))
+    return Case(name=name, space=space, table=table, target=target, table_best_pruned=pruned,
+                planner_rank=rank, resid_sd=resid), ""
+
+
+def probes_to_best(case: Case, strategy: str, seed: int) -> int:
     import optuna
 
     from search.objective import Objective, ProbeFailed, ProbeSettings
+    from search.replay import ReplayBackend
     from search.study import SurvivorSampler, recover
 
     kind, top_k = STRATEGIES[strategy]
-    study = optuna.create_study(direction="maximize", sampler=SurvivorSampler(space, strategy=kind, seed=seed))
-    objective = Objective(space=space, backend=backend, settings=ProbeSettings())
-    recover(study, space, top_k)
+    study = optuna.create_study(direction="maximize", sampler=SurvivorSampler(case.space, strategy=kind, seed=seed))
+    objective = Objective(space=case.space, backend=ReplayBackend(case.table), settings=ProbeSettings())
+    recover(study, case.space, top_k)
     count = {"probes": 0, "found": None}
 
     def stop_at_best(study, trial) -> None:
         if trial.user_attrs.get("outcome") in ("ok", "oom", "timeout", "crash", "invalid", "not_measured"):
             count["probes"] += 1
-            if trial.user_attrs["outcome"] == "ok" and is_best(trial.user_attrs["candidate"]):
+            if trial.user_attrs["outcome"] == "ok" and trial.user_attrs.get("config") in case.target:
                 count["found"] = count["probes"]
                 study.stop()
 
-    study.optimize(objective, n_trials=len(space), catch=(ProbeFailed,), callbacks=[stop_at_best])
+    study.optimize(objective, n_trials=len(case.space), catch=(ProbeFailed,), callbacks=[stop_at_best])
     if count["found"] is None:
-        raise AssertionError(f"{strategy} (seed {seed}) never measured the best")
+        raise AssertionError(f"{case.name}: {strategy} (seed {seed}) never measured the best")
     return count["found"]
 
 
-def probes_to_best(table: str, strategy: str, seed: int) -> tuple[int, int]:
-    """(probes until the first measured-best one, size of the space) on a seed 003 table."""
+def run(cases: list[Case], seeds: int, strategies=tuple(STRATEGIES)) -> list[dict]:
+    rows = []
+    for case in cases:
+        row = {"table": case.name, "configs": len(case.space), "planner_rank": case.planner_rank,
+               "table_best_pruned": case.table_best_pruned, "resid_sd": round(case.resid_sd, 3)}
+        for strategy in strategies:
+            counts = [probes_to_best(case, strategy, s) for s in (range(seeds) if strategy in SEEDED else [0])]
+            row[strategy] = statistics.mean(counts)
+        rows.append(row)
+    return rows
+
+
+def overhead(repeats: int = 5) -> list[dict]:
+    """Seconds the search itself spends per probe (medians): `refit` of 10 measurements (what `tune` records
+    after every probe) and one expected-improvement choice over the whole space, for two spaces."""
+    import optuna
+
     from planner import TrainingSpec, load_model, make_cluster, plan
-    from search.replay import ReplayBackend, ReplayTable
-    from search.space import SearchSpace
+    from search.calibration import Measurement, refit
+    from search.space import SearchSpace, params_of
+    from search.study import SurvivorSampler
 
-    gpu, recompute = TABLES[table]
-    full = plan(load_model("1B3"), make_cluster(gpu=gpu, gpus=8, gpus_per_node=4),
-                TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", recompute_options=(recompute,),
-                             zero_options=(1,), flash_attention=False))
-    replay = ReplayTable.read(str(DATA), table)
-    keep, _ = replay.restrict(full.candidates)
-    space = SearchSpace.from_plan(full, keep=keep)
-    wanted = best_keys(table)
-    found = _run_until_best(space, ReplayBackend(replay), strategy, seed,
-                            lambda c: (c["tp"], c["pp"], c["mbs"]) in wanted)
-    return found, len(space)
-
-
-class Synthetic:
-    """A made-up machine: the planner's step time under hidden CostParams, times a fixed per-configuration
-    log-normal factor (what the cost model cannot know: kernels, placement)."""
-
-    name = "synthetic"
-
-    def __init__(self, space, *, compute_scale: float, comm_scale: float, sigma: float, world_seed: int) -> None:
-        import math
-        import random
-
-        from planner import CostParams, estimate
-        from search.space import config_key
-
-        p = space.plan
-        hidden = CostParams(compute_scale=compute_scale, comm_scale=comm_scale)
-        self.step = {}
-        for e in space.survivors:
-            rng = random.Random(f"{world_seed}:{config_key(e.candidate)}")
-            t = estimate(p.model, p.cluster, p.training, e.candidate, params=hidden).step_time_s
-            self.step[config_key(e.candidate)] = t * math.exp(rng.gauss(0.0, sigma))
-        self.best = min(self.step, key=self.step.get)
-
-    def run(self, spec, *, workdir, timeout_s):
-        from planner import Candidate
-        from probes.result import ProbeResult
-        from search.space import config_key
-
-        step = self.step[config_key(Candidate(**spec.candidate))]
-        return ProbeResult(status="ok", step_time_median_s=step, step_times_s=[step], device="synthetic")
-
-
-def synthetic_probes_to_best(strategy: str, seed: int) -> tuple[int, int]:
-    """BLOOM-176B on 384 A100s: the planner's survivors, a synthetic machine drawn per seed."""
-    from planner import Candidate, TrainingSpec, load_model, make_cluster, plan
-    from search.space import SearchSpace, config_key
-
-    full = plan(load_model("176B"), make_cluster(gpu="A100-80GB", gpus=384),
-                TrainingSpec(global_batch=2048, seq_len=2048, flash_attention=False))
-    space = SearchSpace.from_plan(full)
-    machine = Synthetic(space, compute_scale=1.35, comm_scale=2.5, sigma=0.08, world_seed=seed)
-    found = _run_until_best(space, machine, strategy, seed,
-                            lambda c: config_key(Candidate(**c)) == machine.best)
-    return found, len(space)
+    out = []
+    for label, model, cluster, training in (
+            ("BLOOM-176B on 384 A100", load_model("176B"), make_cluster(gpu="A100-80GB", gpus=384),
+             TrainingSpec(global_batch=2048, seq_len=2048, flash_attention=False)),
+            ("Llama-2-13B on 64 A100 (Megatron-LM)", load_model("llama2-13b"), make_cluster(gpu="A100-80GB", gpus=64),
+             TrainingSpec(global_batch=2048, seq_len=2048, framework="megatron-lm")),
+            ("Llama-3-405B on 16384 H100", load_model("llama3-405b"), make_cluster(gpu="H100-80GB", gpus=16384),
+             TrainingSpec(global_batch=2048, seq_len=8192, framework="megatron-lm"))):
+        full = plan(model, cluster, training)
+        space = SearchSpace.from_plan(full)
+        ms = [Measurement(candidate=e.candidate, step_time_s=e.step_time_s * 1.3) for e in full.candidates[:10]]
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            refit(model, cluster, training, ms)
+            times.append(time.perf_counter() - t0)
+        sampler = SurvivorSampler(space, strategy="ei")
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        dists = space.distributions()
+        for e, m in zip(full.candidates[:10], ms):
+            key = e.candidate.label()
+            study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE, value=1.0, distributions=dists,
+                params={n: v for n, v in params_of(e.candidate).items() if n in dists},
+                user_attrs={"config": key, "slot": key, "outcome": "ok", "measured_step_s": m.step_time_s}))
+        picks = []
+        for i in range(repeats):
+            t0 = time.perf_counter()
+            sampler._fit_key = None            # refit every time, as after a new measurement
+            sampler.ei_pick(study, space.keys[10:])
+            picks.append(time.perf_counter() - t0)
+        out.append({"space": label, "survivors": len(space), "refit_10_s": statistics.median(times),
+                    "ei_choice_s": statistics.median(picks)})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--seeds", type=int, default=20, help="seeds for the random strategies (tpe, random)")
+    p.add_argument("--data", default=default_data(),
+                   help="folder of published_dev.yaml and hagemann_13b_dev.yaml (default ../shared/data)")
     p.add_argument("--format", choices=("table", "json"), default="table")
-    p.add_argument("--no-synthetic", action="store_true", help="only the seed 003 tables")
+    p.add_argument("--overhead", action="store_true", help="only time the search's own work per probe")
     args = p.parse_args(argv)
     import optuna
 
+    if args.overhead:
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        rows = overhead()
+        if args.format == "json":
+            print(json.dumps(rows, indent=1))
+        else:
+            for r in rows:
+                print(f"{r['space']} ({r['survivors']} survivors): refit of 10 measurements {r['refit_10_s']:.3f} s, "
+                      f"one EI choice {r['ei_choice_s']:.3f} s (medians of 5)")
+        return 0
+
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     started = time.perf_counter()
-    rows = []
-    cases = [(table, lambda st, sd, t=table: probes_to_best(t, st, sd)) for table in TABLES]
-    if not args.no_synthetic:
-        cases.append(("synthetic-176b-384xA100", synthetic_probes_to_best))
-    for table, fn in cases:
-        for strategy in STRATEGIES:
-            fixed = table in TABLES and strategy in ("grid", "analytic")       # no randomness at all
-            counts, size = [], 0
-            for seed in range(1) if fixed else range(args.seeds):
-                n, size = fn(strategy, seed)
-                counts.append(n)
-            rows.append({"table": table, "strategy": strategy, "space": size, "seeds": len(counts),
-                         "mean": statistics.mean(counts), "median": statistics.median(counts), "worst": max(counts)})
+    cases, skipped = [], []
+    for setup in [*seed003_setups(), *published_setups(Path(args.data))]:
+        case, why = make_case(*setup)
+        (cases.append(case) if case else skipped.append((setup[0], why)))
+    rows = run(cases, args.seeds)
+    strategies = list(STRATEGIES)
+    summary = {s: statistics.mean(r[s] for r in rows) for s in strategies}
+    verdict = {"ei_worse_than_planner": [r["table"] for r in rows if r["ei"] > r["planner"]],
+               "ei_better_than_planner": [r["table"] for r in rows if r["ei"] < r["planner"]]}
     if args.format == "json":
-        print(json.dumps(rows, indent=1))
-    else:
-        from tabulate import tabulate
+        print(json.dumps({"rows": rows, "mean": summary, "skipped": skipped, **verdict}, indent=1))
+        return 0
+    from tabulate import tabulate
 
-        print(tabulate([[r["table"], r["strategy"], r["space"], r["seeds"], f"{r['mean']:.2f}", r["median"], r["worst"]]
-                        for r in rows], headers=["table", "strategy", "configs", "seeds", "mean probes-to-best",
-                                                  "median", "worst"]))
-        print(f"({time.perf_counter() - started:.1f} s; probes counted up to and including the first measured-best)")
+    resid = statistics.median(r["resid_sd"] for r in rows)
+    print(tabulate([[r["table"], r["configs"], r["planner_rank"], "yes" if r["table_best_pruned"] else "",
+                     f"{r['resid_sd']:.3f}", *(f"{r[s]:.3g}" for s in strategies)] for r in rows]
+                   + [["mean over tables", "", "", "", f"median {resid:.3f}",
+                       *(f"{summary[s]:.3g}" for s in strategies)]],
+                   headers=["table", "configs", "planner rank of best", "table best pruned", "resid sd",
+                            *(f"{s}{' (mean)' if s in SEEDED else ''}" for s in strategies)]))
+    print(f"\nei worse than the planner's order on {len(verdict['ei_worse_than_planner'])} tables "
+          f"{verdict['ei_worse_than_planner']}, better on {len(verdict['ei_better_than_planner'])}")
+    for name, why in skipped:
+        print(f"skipped {name}: {why}")
+    print(f"({time.perf_counter() - started:.1f} s; {args.seeds} seeds for {', '.join(SEEDED)}; probes counted up "
+          "to and including the first measured-best)")
     return 0
 
 
