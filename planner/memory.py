@@ -230,3 +230,26 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
                              buffers_bytes=framework_buffers_bytes(params, cand, training, pb, model),
                              context_bytes=cluster.context_bytes))
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryVerdict:
+    """Whether a layout fits: the predicted total against device memory minus the headroom."""
+
+    fits: bool
+    total_bytes: float
+    usable_bytes: float
+    """(1 - memory_headroom) x device memory"""
+    stage: str
+
+    @property
+    def detail(self) -> str:
+        return (f"predicted {self.total_bytes / 1e9:.1f} GB on the {self.stage} stage "
+                f"{'<=' if self.fits else '>'} {self.usable_bytes / 1e9:.1f} GB usable")
+
+
+def verdict(mem: MemoryBreakdown, cluster: ClusterSpec, training: TrainingSpec) -> MemoryVerdict:
+    """The one memory verdict the rules use: the total must stay within (1 - headroom) of device memory."""
+    usable = (1 - training.memory_headroom) * cluster.gpu.memory_bytes
+    return MemoryVerdict(fits=mem.total_bytes <= usable, total_bytes=mem.total_bytes, usable_bytes=usable,
+                         stage=mem.stage)
