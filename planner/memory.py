@@ -36,21 +36,36 @@ class ParamBytes:
     grads: float
     optimizer: float
     """optimizer states (Adam: two moments)"""
+    grads_fp32: float = 0.0
+    """DeepSpeed's fp32 gradient partition, sharded with the optimizer (ZeRO-1/2 stage_1_and_2.py)"""
 
     @property
     def total(self) -> float:
-        return self.weights + self.master + self.grads + self.optimizer
+        return self.weights + self.master + self.grads + self.optimizer + self.grads_fp32
 
 
-def param_bytes(precision: str, optimizer: str) -> ParamBytes:
-    """Seed 001 'Anatomy of Model's Memory': weights + grads + optimizer states per parameter."""
+def param_bytes(precision: str, optimizer: str, framework: str = "megatron-lm") -> ParamBytes:
+    """Seed 001 'Anatomy of Model's Memory': weights + grads + optimizer states per parameter.
+
+    Where the gradients live depends on the framework: Megatron-LM accumulates them in an fp32
+    main-grad buffer (theoretical_memory_usage.py: 18 bytes, 6 + 12/d with the distributed optimizer);
+    DeepSpeed keeps 16-bit gradients plus an fp32 copy of the rank's partition (ZeRO paper Sec. 5.1:
+    2Ψ + 2Ψ + KΨ/Nd, K = 12; stage_1_and_2.py's fp32 grad partition adds 4Ψ/Nd); FSDP keeps only the
+    sharded fp32 parameters, fp32 gradients and states (16Ψ/N) and casts to 16 bits per layer in flight.
+    """
     if optimizer == "adamw-bf16":
         # seed 001: AnyPrecisionAdamW in pure bf16: "only 8 bytes per parameter"
         return ParamBytes(weights=2, master=0, grads=2, optimizer=4)
     states = {"adamw": 8, "adamw-8bit": 2, "sgd": 4, "lion": 4, "adafactor": 4}[optimizer]  # seed 001
     if precision == "fp32":
         return ParamBytes(weights=4, master=0, grads=4, optimizer=states)  # 16 for AdamW
-    return ParamBytes(weights=2, master=4, grads=4, optimizer=states)  # seed 001: 2+4 + 4 + 8 = 18
+    if framework == "megatron-deepspeed" and precision == "bf16":
+        # FITTED choice between the two accountings: bf16 runs of Hagemann et al.'s sheets (Llama 13B at TP1 PP1 ran
+        # on 80 GB) need the ZeRO paper's 16-bit gradients; fp16 runs (seed 003, tr11 nvidia-smi peaks) follow 18
+        return ParamBytes(weights=2, master=4, grads=2, optimizer=states, grads_fp32=4)  # ZeRO paper Sec. 5.1 + fp32 partition
+    if framework == "fsdp":
+        return ParamBytes(weights=4, master=0, grads=4, optimizer=states)  # FSDP mixed precision: fp32 sharded params
+    return ParamBytes(weights=2, master=4, grads=4, optimizer=states)  # seed 001 / Megatron: 2+4 + 4 + 8 = 18
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,7 +123,7 @@ def sharded_static_bytes(params: int, pb: ParamBytes, cand: Candidate, shard: in
     z = cand.zero
     weights = params * pb.weights / (shard if z >= 3 else 1)
     grads = params * pb.grads / (shard if z >= 2 else 1)
-    optimizer = params * (pb.master + pb.optimizer) / (shard if z >= 1 else 1)
+    optimizer = params * (pb.master + pb.optimizer + pb.grads_fp32) / (shard if z >= 1 else 1)
     return weights, grads, optimizer
 
 
@@ -127,8 +142,27 @@ class LayerActivations:
     """transient: one layer's full activations while it is (re)computed"""
 
 
+RECOMPUTE_MODES = ("none", "selective", "full", "selective-op", "selective-layer")
+"""Activation checkpointing users have: Megatron's selective (attention core) and full (every layer's input);
+torchtitan's op-level SAC (keeps every other matmul output) and layer SAC (every N-th layer fully
+checkpointed, ``selective-layer`` = N 2, torchtitan's default; ``selective-layer-N`` for another N)."""
+
+
+def recompute_base(mode: str) -> str:
+    """The Megatron mode (none | selective | full) closest in recomputed FLOPs, for cost models that know only those."""
+    if mode.startswith("selective-layer"):
+        return "full" if layer_checkpoint_every(mode) == 1 else "selective"
+    return "selective" if mode == "selective-op" else mode
+
+
+def layer_checkpoint_every(mode: str) -> int:
+    """N of ``selective-layer-N`` (torchtitan's selective_ac_option; 2 by default)."""
+    tail = mode.removeprefix("selective-layer").lstrip("-")
+    return int(tail) if tail.isdigit() and int(tail) > 0 else 2
+
+
 def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec) -> LayerActivations:
-    """Korthikanti et al. 2022 Table 2, generalised to GQA and GLU MLPs, in bytes per layer.
+    """Korthikanti et al. 2022 Table 2, generalised to GQA, GLU MLPs and RoPE, in bytes per layer.
 
     Per micro-batch of b sequences of length s, 16-bit activations: attention 11·sbh + 5·a·s²·b,
     MLP 19·sbh, norms 4·sbh = sbh·(34 + 5as/h) (Eq. 1). The 24·sbh that TP splits and the 10·sbh
@@ -138,22 +172,36 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     """
     s, b, h, t = model.seq_len, cand.mbs, model.hidden, cand.tp
     f_ratio = model.ffn_hidden / h
+    kv = model.kv_heads / model.heads
     # generalised split of the 34: attention 7 + 4·kv/h (Q, K, V, proj input, mask), MLP 2 + ffn outputs,
     # norms 4; which parts TP divides follows Korthikanti Sec. 4.1.
-    attn_tp = 2 + 4 * model.kv_heads / model.heads + 2          # Q, K+V, proj input
+    attn_tp = 2 + 4 * kv + 2                                    # Q, K+V, proj input
+    if model.position == "rope":
+        attn_tp += 2 + 2 * kv   # RoPE keeps its rotated copies of Q and K for backward (rotate_half(x)·sin)
     mlp_tp = f_ratio * (2 * (2 if model.glu else 1) + 2)        # fc1 output(s) + activation output
+    if model.glu:
+        mlp_tp += 2 * f_ratio   # SwiGLU: the product act(gate)·up is a fourth ffn-wide tensor (down-proj input)
     not_tp = 2 + 1 + 2 + 1 + 4                                  # QKV input, attn dropout mask, MLP input, MLP mask, norms
     sbh = s * b * h
     scores = 0.0 if training.flash_attention else 5 * model.heads * s * s * b / t
     not_tp_bytes = not_tp * sbh / (t if cand.sp else 1)
     full = not_tp_bytes + (attn_tp + mlp_tp) * sbh / t + scores
-    if cand.recompute == "full":
-        stored = 2 * sbh / (t if cand.sp else 1)
-    elif cand.recompute == "selective":
+    layer_input = 2 * sbh / (t if cand.sp else 1)
+    mode = cand.recompute
+    if mode == "full":
+        stored = layer_input
+    elif mode == "selective":
         stored = full - scores   # Korthikanti Sec. 4.2: recompute only the attention core
+    elif mode == "selective-op":
+        # torchtitan op-level SAC (_save_list, "only save every other mm"): of wq, wk, wv, wo, w1, w3, w2 it keeps
+        # wq, wv, w1 and w2 outputs, plus the attention output and the layer input
+        stored = layer_input + (2 + 2 * kv + 2 * f_ratio + 2) * sbh / t + 2 * sbh / t
+    elif mode.startswith("selective-layer"):
+        n = layer_checkpoint_every(mode)   # torchtitan layer SAC: every n-th block checkpointed (its input kept)
+        stored = (layer_input + (n - 1) * full) / n
     else:
         stored = full
-    return LayerActivations(stored_bytes=stored, working_bytes=full if cand.recompute != "none" else 0.0)
+    return LayerActivations(stored_bytes=stored, working_bytes=full if mode != "none" else 0.0)
 
 
 def in_flight_microbatches(cand: Candidate) -> float:
@@ -212,7 +260,7 @@ def memory_breakdown(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
 def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
                  training: TrainingSpec) -> list[MemoryBreakdown]:
     """Memory of a GPU on the first and on the last pipeline stage (one entry, 'only', without PP)."""
-    pb = param_bytes(training.precision, training.optimizer)
+    pb = param_bytes(training.precision, training.optimizer, training.framework)
     shard = shard_group_size(cand, cluster.gpus_per_node)
     act = layer_activations(model, cand, training)
     lps = layers_per_stage(model, cand.pp)
