@@ -215,11 +215,17 @@ def in_flight_microbatches(cand: Candidate) -> float:
     return m
 
 
-def logits_bytes(model: ModelSpec, cand: Candidate) -> float:
-    """LM-head output at the loss, 8·s·b·V/t bytes: 16-bit logits (2), the fp32 softmax that Megatron's
-    vocab-parallel cross-entropy keeps for backward (4), the 16-bit logits gradient (2)
-    (Korthikanti et al. 2022 Sec. 4.3 counts the output layer and fp32 loss on the last stage)."""
-    return 8.0 * model.seq_len * cand.mbs * model.vocab / cand.tp
+# Bytes per logit alive at the loss. Megatron (vocab-parallel cross-entropy): 4, theoretical_memory_usage.py's
+# "inputs to output layer and CE loss" term 4·s·b·h·(1 + V/h)/t. PyTorch-eager trainers (torchtitan, HF/FSDP)
+# cast the 16-bit logits to fp32 for F.cross_entropy, which saves its fp32 log-softmax: 2 + 4 + 4 = 10.
+LOGIT_BYTES = {"megatron-lm": 4.0, "megatron-deepspeed": 4.0, "fsdp": 10.0}
+
+
+def logits_bytes(model: ModelSpec, cand: Candidate, framework: str = "megatron-lm") -> float:
+    """LM-head output at the loss on the last stage: LOGIT_BYTES·s·b·V/t, plus the LM-head input 4·s·b·h/t
+    (Korthikanti et al. 2022 Sec. 4.3; Megatron's theoretical_memory_usage.py)."""
+    s, b = model.seq_len, cand.mbs
+    return (LOGIT_BYTES.get(framework, 4.0) * s * b * model.vocab + 4.0 * s * b * model.hidden) / cand.tp
 
 
 # NCCL keeps NCCL_BUFFSIZE (4 MiB default, NCCL environment-variable docs) per channel, per ring
@@ -272,7 +278,7 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
         weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
         in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
         activations = ALLOCATOR_OVERHEAD * (in_flight * (lps * act.stored_bytes + embed_out) + act.working_bytes)
-        logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand) if stage in ("last", "only") else 0.0
+        logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
         out.append(MemoryBreakdown(stage=stage, params_on_gpu=params, weights_bytes=weights, grads_bytes=grads,
                              optimizer_bytes=optimizer, activations_bytes=activations, logits_bytes=logits,
                              buffers_bytes=framework_buffers_bytes(params, cand, training, pb, model),
