@@ -5,9 +5,15 @@ the most micro-batches in flight (1F1B), the last holds the LM head and the logi
 computed and the larger is reported.
 
 Sources: seed 001 (18 bytes/param for mixed-precision AdamW and its variants); Rajbhandari et
-al. 2020 (ZeRO stages, arXiv 1910.02054); Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 and
-Sec. 4 (activations with TP, SP, selective/full recompute, 1F1B in-flight micro-batches);
+al. 2020 (ZeRO stages, arXiv 1910.02054); Megatron-LM's theoretical_memory_usage.py (18 / 6 + 12/d
+bytes per parameter, 4 bytes per logit); Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 and
+Sec. 4 (activations with TP, SP, selective/full recompute, 1F1B in-flight micro-batches); torchtitan's
+activation checkpointing (op-level SAC keeps every other matmul output, layer SAC every N-th block);
 seed 003 "calibration" (CUDA context); DeepSpeed's default bucket sizes (5e8 elements).
+
+`verdict` is the one memory rule: the predicted total against device memory minus the headroom.
+tests/bench/memory_fit.py measures it on the dev data (Hagemann et al.'s OOM sheets, BLOOM tr11
+nvidia-smi peaks, torchtitan and fms-fsdp runs).
 """
 
 from __future__ import annotations
@@ -161,8 +167,17 @@ def layer_checkpoint_every(mode: str) -> int:
     return int(tail) if tail.isdigit() and int(tail) > 0 else 2
 
 
-def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec) -> LayerActivations:
-    """Korthikanti et al. 2022 Table 2, generalised to GQA, GLU MLPs and RoPE, in bytes per layer.
+def fused_norm_default(framework: str) -> bool:
+    """Whether a framework's norms keep only their input. Megatron-LM and Megatron-DeepSpeed use fused kernels
+    (apex / Transformer Engine). FSDP/torchtitan also counts as fused: torchtitan's Llama-2 13B without activation
+    checkpointing ran at local batch 2, seq 4096 on 80 GB (dev table torchtitan_2024_04_a100), which the unfused
+    count does not allow. An unfused norm is opt-in (``fused_norm=False``), as in Hagemann et al.'s sheets."""
+    return True
+
+
+def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec, *,
+                      fused_norm: bool | None = None) -> LayerActivations:
+    """Korthikanti et al. 2022 Table 2, generalised to GQA and GLU MLPs, in bytes per layer.
 
     Per micro-batch of b sequences of length s, 16-bit activations: attention 11·sbh + 5·a·s²·b,
     MLP 19·sbh, norms 4·sbh = sbh·(34 + 5as/h) (Eq. 1). The 24·sbh that TP splits and the 10·sbh
@@ -176,12 +191,16 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     # generalised split of the 34: attention 7 + 4·kv/h (Q, K, V, proj input, mask), MLP 2 + ffn outputs,
     # norms 4; which parts TP divides follows Korthikanti Sec. 4.1.
     attn_tp = 2 + 4 * kv + 2                                    # Q, K+V, proj input
-    if model.position == "rope":
-        attn_tp += 2 + 2 * kv   # RoPE keeps its rotated copies of Q and K for backward (rotate_half(x)·sin)
     mlp_tp = f_ratio * (2 * (2 if model.glu else 1) + 2)        # fc1 output(s) + activation output
     if model.glu:
         mlp_tp += 2 * f_ratio   # SwiGLU: the product act(gate)·up is a fourth ffn-wide tensor (down-proj input)
     not_tp = 2 + 1 + 2 + 1 + 4                                  # QKV input, attn dropout mask, MLP input, MLP mask, norms
+    if model.glu:
+        not_tp -= 2   # Llama-family recipes train without dropout (Touvron et al. 2023): no masks to keep
+    if not (fused_norm if fused_norm is not None else fused_norm_default(training.framework)):
+        # an unfused norm, x·rsqrt(mean(x²))·w, also keeps the normalised x before the weight (autograd saves it
+        # for w's gradient): 2 more bytes per element for each of the layer's two norms
+        not_tp += 2 * 2
     sbh = s * b * h
     scores = 0.0 if training.flash_attention else 5 * model.heads * s * s * b / t
     not_tp_bytes = not_tp * sbh / (t if cand.sp else 1)
@@ -253,22 +272,24 @@ def framework_buffers_bytes(params_on_gpu: int, cand: Candidate, training: Train
     if training.framework == "megatron-deepspeed":
         return nccl + 2 * min(5e8, params_on_gpu) * 2
     if training.framework == "fsdp" and cand.zero >= 2:
-        return nccl + 2 * model.params_per_layer / cand.tp * (pb.weights + pb.grads)
+        # 16-bit unsharded parameters (FSDP MixedPrecision param_dtype) and fp32 unsharded gradients (reduce_dtype)
+        unsharded = (2.0 + 4.0) if training.precision != "fp32" else 8.0
+        return nccl + 2 * model.params_per_layer / cand.tp * unsharded
     return nccl
 
 
 def memory_breakdown(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
-                     training: TrainingSpec) -> MemoryBreakdown:
+                     training: TrainingSpec, *, fused_norm: bool | None = None) -> MemoryBreakdown:
     """Memory of the busiest GPU (bytes): the larger of the first and the last stage."""
-    return max(stage_memory(model, cand, cluster, training), key=lambda m: m.total_bytes)
+    return max(stage_memory(model, cand, cluster, training, fused_norm=fused_norm), key=lambda m: m.total_bytes)
 
 
 def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
-                 training: TrainingSpec) -> list[MemoryBreakdown]:
+                 training: TrainingSpec, *, fused_norm: bool | None = None) -> list[MemoryBreakdown]:
     """Memory of a GPU on the first and on the last pipeline stage (one entry, 'only', without PP)."""
     pb = param_bytes(training.precision, training.optimizer, training.framework)
     shard = shard_group_size(cand, cluster.gpus_per_node)
-    act = layer_activations(model, cand, training)
+    act = layer_activations(model, cand, training, fused_norm=fused_norm)
     lps = layers_per_stage(model, cand.pp)
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer
     stages = ("only",) if cand.pp == 1 else ("first", "last")

@@ -33,6 +33,8 @@ class MemoryCase:
     """peak memory per GPU in GiB as the source measured it (None: not recorded)"""
     definition: str = ""
     """what the measurement counts: nvidia-smi (context and allocator cache included) | peak allocated"""
+    fused_norm: bool | None = None
+    """the run normalised with a fused kernel (None: the framework's default)"""
 
 
 def _hagemann_model(seq_len: int) -> ModelSpec:
@@ -59,8 +61,10 @@ def hagemann_cases() -> list[MemoryCase]:
         cand = Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=max(gbs // (mbs * dp), 1), recompute=recompute,
                          zero=1 if dp > 1 else 0, sp=bool(r["sequence_parallel"]))
         cluster = make_cluster(gpu="A100-80GB", gpus=int(r["world_size"]))
+        # the sheets' kernel column: "+ RMS kernel" and "fused" are fused RMSNorm kernels, the others PyTorch's
+        fused = "RMS kernel" in r["kernel"] or r["kernel"] == "fused"
         out.append(MemoryCase(id=f"hagemann_{r['trial_id']}", table=Path(r["file"]).stem, model=model,
-                              cluster=cluster, training=training, cand=cand, ran=not r.get("error")))
+                              cluster=cluster, training=training, cand=cand, ran=not r.get("error"), fused_norm=fused))
     return out
 
 
