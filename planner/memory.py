@@ -220,7 +220,13 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
         stored = (layer_input + (n - 1) * full) / n
     else:
         stored = full
-    return LayerActivations(stored_bytes=stored, working_bytes=full if mode != "none" else 0.0)
+    if mode == "none":
+        # no transient on top: the stored activations are freed layer by layer as the backward runs
+        return LayerActivations(stored_bytes=stored, working_bytes=0.0)
+    # a recomputed layer's backward runs on top of all it re-saved; without FlashAttention it also materialises the
+    # gradient of the s x s probabilities (16-bit; Megatron's fused softmax backward then works in place): 2·a·s²·b/t
+    score_grad = 0.0 if training.flash_attention else 2 * model.heads * s * s * b / t
+    return LayerActivations(stored_bytes=stored, working_bytes=full + score_grad)
 
 
 def in_flight_microbatches(cand: Candidate) -> float:
@@ -234,15 +240,18 @@ def in_flight_microbatches(cand: Candidate) -> float:
     return m
 
 
-# Bytes per logit alive at the loss. Megatron (vocab-parallel cross-entropy): 4, theoretical_memory_usage.py's
-# "inputs to output layer and CE loss" term 4·s·b·h·(1 + V/h)/t. PyTorch-eager trainers (torchtitan, HF/FSDP)
-# cast the 16-bit logits to fp32 for F.cross_entropy, which saves its fp32 log-softmax: 2 + 4 + 4 = 10.
-LOGIT_BYTES = {"megatron-lm": 4.0, "megatron-deepspeed": 4.0, "fsdp": 10.0}
+# Bytes per logit at the loss's peak. Megatron keeps 4 (theoretical_memory_usage.py's "inputs to output layer and
+# CE loss" term, 4·s·b·h·(1 + V/h)/t: the fp32 logits its vocab-parallel cross-entropy turns into softmax in place),
+# but at the peak the 16-bit LM-head output coexists with that fp32 copy (gpt_model.py casts output.float() unless
+# --fp16-lm-cross-entropy), and in backward the fp32 gradient with its 16-bit cast: 2 + 4 = 6. Seed 003's PP2 MBS16
+# row OOMs on 32 GB only with the 6. PyTorch-eager trainers (torchtitan, HF/FSDP) cast the logits to fp32 for
+# F.cross_entropy, which saves its own fp32 log-softmax: 2 + 4 + 4 = 10.
+LOGIT_BYTES = {"megatron-lm": 6.0, "megatron-deepspeed": 6.0, "fsdp": 10.0}
 
 
 def logits_bytes(model: ModelSpec, cand: Candidate, framework: str = "megatron-lm") -> float:
     """LM-head output at the loss on the last stage: LOGIT_BYTES·s·b·V/t, plus the LM-head input 4·s·b·h/t
-    (Korthikanti et al. 2022 Sec. 4.3; Megatron's theoretical_memory_usage.py)."""
+    (Korthikanti et al. 2022 Sec. 4.3; Megatron's theoretical_memory_usage.py, whose steady state is 4 per logit)."""
     s, b = model.seq_len, cand.mbs
     return (LOGIT_BYTES.get(framework, 4.0) * s * b * model.vocab + 4.0 * s * b * model.hidden) / cand.tp
 
