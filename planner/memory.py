@@ -167,14 +167,6 @@ def layer_checkpoint_every(mode: str) -> int:
     return int(tail) if tail.isdigit() and int(tail) > 0 else 2
 
 
-def fused_norm_default(framework: str) -> bool:
-    """Whether a framework's norms keep only their input. Megatron-LM and Megatron-DeepSpeed use fused kernels
-    (apex / Transformer Engine). FSDP/torchtitan also counts as fused: torchtitan's Llama-2 13B without activation
-    checkpointing ran at local batch 2, seq 4096 on 80 GB (dev table torchtitan_2024_04_a100), which the unfused
-    count does not allow. An unfused norm is opt-in (``fused_norm=False``), as in Hagemann et al.'s sheets."""
-    return True
-
-
 def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec, *,
                       fused_norm: bool | None = None) -> LayerActivations:
     """Korthikanti et al. 2022 Table 2, generalised to GQA and GLU MLPs, in bytes per layer.
@@ -184,6 +176,11 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
     it does not (norms, QKV/MLP inputs, dropout masks) are kept apart; SP also splits the 10.
     FlashAttention drops the 5as²b score/softmax/dropout term. Full recompute stores only the
     layer input, 2·sbh (/t with SP).
+
+    Norms count as fused (keeping only their input), as in Megatron-LM / Megatron-DeepSpeed (apex, Transformer
+    Engine) and torchtitan: its Llama-2 13B without activation checkpointing ran at local batch 2, seq 4096 on 80 GB
+    (dev table torchtitan_2024_04_a100), which the unfused count does not allow. ``fused_norm=False`` counts
+    PyTorch's unfused RMSNorm (Hagemann et al.'s sheets without their "RMS kernel").
     """
     s, b, h, t = model.seq_len, cand.mbs, model.hidden, cand.tp
     f_ratio = model.ffn_hidden / h
@@ -197,7 +194,7 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
     not_tp = 2 + 1 + 2 + 1 + 4                                  # QKV input, attn dropout mask, MLP input, MLP mask, norms
     if model.glu:
         not_tp -= 2   # Llama-family recipes train without dropout (Touvron et al. 2023): no masks to keep
-    if not (fused_norm if fused_norm is not None else fused_norm_default(training.framework)):
+    if fused_norm is False:
         # an unfused norm, x·rsqrt(mean(x²))·w, also keeps the normalised x before the weight (autograd saves it
         # for w's gradient): 2 more bytes per element for each of the layer's two norms
         not_tp += 2 * 2
