@@ -5,9 +5,15 @@ the most micro-batches in flight (1F1B), the last holds the LM head and the logi
 computed and the larger is reported.
 
 Sources: seed 001 (18 bytes/param for mixed-precision AdamW and its variants); Rajbhandari et
-al. 2020 (ZeRO stages, arXiv 1910.02054); Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 and
-Sec. 4 (activations with TP, SP, selective/full recompute, 1F1B in-flight micro-batches);
+al. 2020 (ZeRO stages, arXiv 1910.02054); Megatron-LM's theoretical_memory_usage.py (18 / 6 + 12/d
+bytes per parameter, 4 bytes per logit); Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 and
+Sec. 4 (activations with TP, SP, selective/full recompute, 1F1B in-flight micro-batches); torchtitan's
+activation checkpointing (op-level SAC keeps every other matmul output, layer SAC every N-th block);
 seed 003 "calibration" (CUDA context); DeepSpeed's default bucket sizes (5e8 elements).
+
+`verdict` is the one memory rule: the predicted total against device memory minus the headroom.
+tests/bench/memory_fit.py measures it on the dev data (Hagemann et al.'s OOM sheets, BLOOM tr11
+nvidia-smi peaks, torchtitan and fms-fsdp runs).
 """
 
 from __future__ import annotations
@@ -36,21 +42,36 @@ class ParamBytes:
     grads: float
     optimizer: float
     """optimizer states (Adam: two moments)"""
+    grads_fp32: float = 0.0
+    """DeepSpeed's fp32 gradient partition, sharded with the optimizer (ZeRO-1/2 stage_1_and_2.py)"""
 
     @property
     def total(self) -> float:
-        return self.weights + self.master + self.grads + self.optimizer
+        return self.weights + self.master + self.grads + self.optimizer + self.grads_fp32
 
 
-def param_bytes(precision: str, optimizer: str) -> ParamBytes:
-    """Seed 001 'Anatomy of Model's Memory': weights + grads + optimizer states per parameter."""
+def param_bytes(precision: str, optimizer: str, framework: str = "megatron-lm") -> ParamBytes:
+    """Seed 001 'Anatomy of Model's Memory': weights + grads + optimizer states per parameter.
+
+    Where the gradients live depends on the framework: Megatron-LM accumulates them in an fp32
+    main-grad buffer (theoretical_memory_usage.py: 18 bytes, 6 + 12/d with the distributed optimizer);
+    DeepSpeed keeps 16-bit gradients plus an fp32 copy of the rank's partition (ZeRO paper Sec. 5.1:
+    2Ψ + 2Ψ + KΨ/Nd, K = 12; stage_1_and_2.py's fp32 grad partition adds 4Ψ/Nd); FSDP keeps only the
+    sharded fp32 parameters, fp32 gradients and states (16Ψ/N) and casts to 16 bits per layer in flight.
+    """
     if optimizer == "adamw-bf16":
         # seed 001: AnyPrecisionAdamW in pure bf16: "only 8 bytes per parameter"
         return ParamBytes(weights=2, master=0, grads=2, optimizer=4)
     states = {"adamw": 8, "adamw-8bit": 2, "sgd": 4, "lion": 4, "adafactor": 4}[optimizer]  # seed 001
     if precision == "fp32":
         return ParamBytes(weights=4, master=0, grads=4, optimizer=states)  # 16 for AdamW
-    return ParamBytes(weights=2, master=4, grads=4, optimizer=states)  # seed 001: 2+4 + 4 + 8 = 18
+    if framework == "megatron-deepspeed" and precision == "bf16":
+        # FITTED choice between the two accountings: bf16 runs of Hagemann et al.'s sheets (Llama 13B at TP1 PP1 ran
+        # on 80 GB) need the ZeRO paper's 16-bit gradients; fp16 runs (seed 003, tr11 nvidia-smi peaks) follow 18
+        return ParamBytes(weights=2, master=4, grads=2, optimizer=states, grads_fp32=4)  # ZeRO paper Sec. 5.1 + fp32 partition
+    if framework == "fsdp":
+        return ParamBytes(weights=4, master=0, grads=4, optimizer=states)  # FSDP mixed precision: fp32 sharded params
+    return ParamBytes(weights=2, master=4, grads=4, optimizer=states)  # seed 001 / Megatron: 2+4 + 4 + 8 = 18
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,7 +129,7 @@ def sharded_static_bytes(params: int, pb: ParamBytes, cand: Candidate, shard: in
     z = cand.zero
     weights = params * pb.weights / (shard if z >= 3 else 1)
     grads = params * pb.grads / (shard if z >= 2 else 1)
-    optimizer = params * (pb.master + pb.optimizer) / (shard if z >= 1 else 1)
+    optimizer = params * (pb.master + pb.optimizer + pb.grads_fp32) / (shard if z >= 1 else 1)
     return weights, grads, optimizer
 
 
@@ -127,7 +148,27 @@ class LayerActivations:
     """transient: one layer's full activations while it is (re)computed"""
 
 
-def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec) -> LayerActivations:
+RECOMPUTE_MODES = ("none", "selective", "full", "selective-op", "selective-layer")
+"""Activation checkpointing users have: Megatron's selective (attention core) and full (every layer's input);
+torchtitan's op-level SAC (keeps every other matmul output) and layer SAC (every N-th layer fully
+checkpointed, ``selective-layer`` = N 2, torchtitan's default; ``selective-layer-N`` for another N)."""
+
+
+def recompute_base(mode: str) -> str:
+    """The Megatron mode (none | selective | full) closest in recomputed FLOPs, for cost models that know only those."""
+    if mode.startswith("selective-layer"):
+        return "full" if layer_checkpoint_every(mode) == 1 else "selective"
+    return "selective" if mode == "selective-op" else mode
+
+
+def layer_checkpoint_every(mode: str) -> int:
+    """N of ``selective-layer-N`` (torchtitan's selective_ac_option; 2 by default)."""
+    tail = mode.removeprefix("selective-layer").lstrip("-")
+    return int(tail) if tail.isdigit() and int(tail) > 0 else 2
+
+
+def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec, *,
+                      fused_norm: bool | None = None) -> LayerActivations:
     """Korthikanti et al. 2022 Table 2, generalised to GQA and GLU MLPs, in bytes per layer.
 
     Per micro-batch of b sequences of length s, 16-bit activations: attention 11·sbh + 5·a·s²·b,
@@ -135,25 +176,54 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     it does not (norms, QKV/MLP inputs, dropout masks) are kept apart; SP also splits the 10.
     FlashAttention drops the 5as²b score/softmax/dropout term. Full recompute stores only the
     layer input, 2·sbh (/t with SP).
+
+    Norms count as fused (keeping only their input), as in Megatron-LM / Megatron-DeepSpeed (apex, Transformer
+    Engine) and torchtitan: its Llama-2 13B without activation checkpointing ran at local batch 2, seq 4096 on 80 GB
+    (dev table torchtitan_2024_04_a100), which the unfused count does not allow. ``fused_norm=False`` counts
+    PyTorch's unfused RMSNorm (Hagemann et al.'s sheets without their "RMS kernel").
     """
     s, b, h, t = model.seq_len, cand.mbs, model.hidden, cand.tp
     f_ratio = model.ffn_hidden / h
+    kv = model.kv_heads / model.heads
     # generalised split of the 34: attention 7 + 4·kv/h (Q, K, V, proj input, mask), MLP 2 + ffn outputs,
     # norms 4; which parts TP divides follows Korthikanti Sec. 4.1.
-    attn_tp = 2 + 4 * model.kv_heads / model.heads + 2          # Q, K+V, proj input
+    attn_tp = 2 + 4 * kv + 2                                    # Q, K+V, proj input
     mlp_tp = f_ratio * (2 * (2 if model.glu else 1) + 2)        # fc1 output(s) + activation output
+    if model.glu:
+        mlp_tp += 2 * f_ratio   # SwiGLU: the product act(gate)·up is a fourth ffn-wide tensor (down-proj input)
     not_tp = 2 + 1 + 2 + 1 + 4                                  # QKV input, attn dropout mask, MLP input, MLP mask, norms
+    if model.glu:
+        not_tp -= 2   # Llama-family recipes train without dropout (Touvron et al. 2023): no masks to keep
+    if fused_norm is False:
+        # an unfused norm, x·rsqrt(mean(x²))·w, also keeps the normalised x before the weight (autograd saves it
+        # for w's gradient): 2 more bytes per element for each of the layer's two norms
+        not_tp += 2 * 2
     sbh = s * b * h
     scores = 0.0 if training.flash_attention else 5 * model.heads * s * s * b / t
     not_tp_bytes = not_tp * sbh / (t if cand.sp else 1)
     full = not_tp_bytes + (attn_tp + mlp_tp) * sbh / t + scores
-    if cand.recompute == "full":
-        stored = 2 * sbh / (t if cand.sp else 1)
-    elif cand.recompute == "selective":
+    layer_input = 2 * sbh / (t if cand.sp else 1)
+    mode = cand.recompute
+    if mode == "full":
+        stored = layer_input
+    elif mode == "selective":
         stored = full - scores   # Korthikanti Sec. 4.2: recompute only the attention core
+    elif mode == "selective-op":
+        # torchtitan op-level SAC (_save_list, "only save every other mm"): of wq, wk, wv, wo, w1, w3, w2 it keeps
+        # wq, wv, w1 and w2 outputs, plus the attention output and the layer input
+        stored = layer_input + (2 + 2 * kv + 2 * f_ratio + 2) * sbh / t + 2 * sbh / t
+    elif mode.startswith("selective-layer"):
+        n = layer_checkpoint_every(mode)   # torchtitan layer SAC: every n-th block checkpointed (its input kept)
+        stored = (layer_input + (n - 1) * full) / n
     else:
         stored = full
-    return LayerActivations(stored_bytes=stored, working_bytes=full if cand.recompute != "none" else 0.0)
+    if mode == "none":
+        # no transient on top: the stored activations are freed layer by layer as the backward runs
+        return LayerActivations(stored_bytes=stored, working_bytes=0.0)
+    # a recomputed layer's backward runs on top of all it re-saved; without FlashAttention it also materialises the
+    # gradient of the s x s probabilities (16-bit; Megatron's fused softmax backward then works in place): 2·a·s²·b/t
+    score_grad = 0.0 if training.flash_attention else 2 * model.heads * s * s * b / t
+    return LayerActivations(stored_bytes=stored, working_bytes=full + score_grad)
 
 
 def in_flight_microbatches(cand: Candidate) -> float:
@@ -167,11 +237,20 @@ def in_flight_microbatches(cand: Candidate) -> float:
     return m
 
 
-def logits_bytes(model: ModelSpec, cand: Candidate) -> float:
-    """LM-head output at the loss, 8·s·b·V/t bytes: 16-bit logits (2), the fp32 softmax that Megatron's
-    vocab-parallel cross-entropy keeps for backward (4), the 16-bit logits gradient (2)
-    (Korthikanti et al. 2022 Sec. 4.3 counts the output layer and fp32 loss on the last stage)."""
-    return 8.0 * model.seq_len * cand.mbs * model.vocab / cand.tp
+# Bytes per logit at the loss's peak. Megatron keeps 4 (theoretical_memory_usage.py's "inputs to output layer and
+# CE loss" term, 4·s·b·h·(1 + V/h)/t: the fp32 logits its vocab-parallel cross-entropy turns into softmax in place),
+# but at the peak the 16-bit LM-head output coexists with that fp32 copy (gpt_model.py casts output.float() unless
+# --fp16-lm-cross-entropy), and in backward the fp32 gradient with its 16-bit cast: 2 + 4 = 6. Seed 003's PP2 MBS16
+# row OOMs on 32 GB only with the 6. PyTorch-eager trainers (torchtitan, HF/FSDP) cast the logits to fp32 for
+# F.cross_entropy, which saves its own fp32 log-softmax: 2 + 4 + 4 = 10.
+LOGIT_BYTES = {"megatron-lm": 6.0, "megatron-deepspeed": 6.0, "fsdp": 10.0}
+
+
+def logits_bytes(model: ModelSpec, cand: Candidate, framework: str = "megatron-lm") -> float:
+    """LM-head output at the loss on the last stage: LOGIT_BYTES·s·b·V/t, plus the LM-head input 4·s·b·h/t
+    (Korthikanti et al. 2022 Sec. 4.3; Megatron's theoretical_memory_usage.py, whose steady state is 4 per logit)."""
+    s, b = model.seq_len, cand.mbs
+    return (LOGIT_BYTES.get(framework, 4.0) * s * b * model.vocab + 4.0 * s * b * model.hidden) / cand.tp
 
 
 # NCCL keeps NCCL_BUFFSIZE (4 MiB default, NCCL environment-variable docs) per channel, per ring
@@ -199,22 +278,24 @@ def framework_buffers_bytes(params_on_gpu: int, cand: Candidate, training: Train
     if training.framework == "megatron-deepspeed":
         return nccl + 2 * min(5e8, params_on_gpu) * 2
     if training.framework == "fsdp" and cand.zero >= 2:
-        return nccl + 2 * model.params_per_layer / cand.tp * (pb.weights + pb.grads)
+        # 16-bit unsharded parameters (FSDP MixedPrecision param_dtype) and fp32 unsharded gradients (reduce_dtype)
+        unsharded = (2.0 + 4.0) if training.precision != "fp32" else 8.0
+        return nccl + 2 * model.params_per_layer / cand.tp * unsharded
     return nccl
 
 
 def memory_breakdown(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
-                     training: TrainingSpec) -> MemoryBreakdown:
+                     training: TrainingSpec, *, fused_norm: bool | None = None) -> MemoryBreakdown:
     """Memory of the busiest GPU (bytes): the larger of the first and the last stage."""
-    return max(stage_memory(model, cand, cluster, training), key=lambda m: m.total_bytes)
+    return max(stage_memory(model, cand, cluster, training, fused_norm=fused_norm), key=lambda m: m.total_bytes)
 
 
 def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
-                 training: TrainingSpec) -> list[MemoryBreakdown]:
+                 training: TrainingSpec, *, fused_norm: bool | None = None) -> list[MemoryBreakdown]:
     """Memory of a GPU on the first and on the last pipeline stage (one entry, 'only', without PP)."""
-    pb = param_bytes(training.precision, training.optimizer)
+    pb = param_bytes(training.precision, training.optimizer, training.framework)
     shard = shard_group_size(cand, cluster.gpus_per_node)
-    act = layer_activations(model, cand, training)
+    act = layer_activations(model, cand, training, fused_norm=fused_norm)
     lps = layers_per_stage(model, cand.pp)
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer
     stages = ("only",) if cand.pp == 1 else ("first", "last")
@@ -224,9 +305,32 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
         weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
         in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
         activations = ALLOCATOR_OVERHEAD * (in_flight * (lps * act.stored_bytes + embed_out) + act.working_bytes)
-        logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand) if stage in ("last", "only") else 0.0
+        logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
         out.append(MemoryBreakdown(stage=stage, params_on_gpu=params, weights_bytes=weights, grads_bytes=grads,
                              optimizer_bytes=optimizer, activations_bytes=activations, logits_bytes=logits,
                              buffers_bytes=framework_buffers_bytes(params, cand, training, pb, model),
                              context_bytes=cluster.context_bytes))
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryVerdict:
+    """Whether a layout fits: the predicted total against device memory minus the headroom."""
+
+    fits: bool
+    total_bytes: float
+    usable_bytes: float
+    """(1 - memory_headroom) x device memory"""
+    stage: str
+
+    @property
+    def detail(self) -> str:
+        return (f"predicted {self.total_bytes / 1e9:.1f} GB on the {self.stage} stage "
+                f"{'<=' if self.fits else '>'} {self.usable_bytes / 1e9:.1f} GB usable")
+
+
+def verdict(mem: MemoryBreakdown, cluster: ClusterSpec, training: TrainingSpec) -> MemoryVerdict:
+    """The one memory verdict the rules use: the total must stay within (1 - headroom) of device memory."""
+    usable = (1 - training.memory_headroom) * cluster.gpu.memory_bytes
+    return MemoryVerdict(fits=mem.total_bytes <= usable, total_bytes=mem.total_bytes, usable_bytes=usable,
+                         stage=mem.stage)

@@ -7,6 +7,7 @@ plan that breaks it crashes mid-run. Seed 003: "starting from 32 ... max 32/1 = 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,8 +17,34 @@ if TYPE_CHECKING:
     from planner.rank import Plan
 
 
+def rampup_sizes_count(rampup: Rampup, global_batch: int) -> int:
+    """How many batch sizes the ramp goes through before the final one: start, start + I, ... < G."""
+    return max(0, -(-(global_batch - rampup.start) // rampup.increment))
+
+
+def _undivisible(rampup: Rampup, n: int, unit: int) -> tuple[int, int | None]:
+    """(how many of start + k·I, k < n, are not multiples of ``unit``; the first such size), in closed form.
+
+    start + k·I ≡ 0 (mod u) has solutions iff g = gcd(I, u) divides start; they are k ≡ k0 (mod u/g).
+    """
+    if n <= 0:
+        return 0, None
+    g = math.gcd(rampup.increment, unit)
+    period = unit // g
+    if rampup.start % g:
+        return n, rampup.start
+    k0 = (-(rampup.start // g) * pow(rampup.increment // g, -1, period)) % period if period > 1 else 0
+    good = 0 if k0 >= n else (n - 1 - k0) // period + 1
+    # k = 0 and k = 1 are different residues when period > 1, so one of them is the first failure
+    first_bad = 0 if k0 != 0 else (1 if n > 1 and period > 1 else None)
+    return n - good, None if first_bad is None else rampup.start + first_bad * rampup.increment
+
+
 def rampup_problems(rampup: Rampup, global_batch: int, mbs: int, dp: int) -> list[str]:
-    """Every way this rampup breaks megatron/microbatches.py for MBS·DP; empty when it is safe."""
+    """Every way this rampup breaks megatron/microbatches.py for MBS·DP; empty when it is safe.
+
+    Closed form in the number of rampup sizes (a ramp of 10**12 sizes is checked as fast as one of 10).
+    """
     problems = []
     if global_batch <= rampup.start:
         problems.append(f"global batch {global_batch} must exceed rampup start {rampup.start}")
@@ -26,22 +53,14 @@ def rampup_problems(rampup: Rampup, global_batch: int, mbs: int, dp: int) -> lis
         problems.append(f"(global batch {global_batch} - start {rampup.start}) is not divisible by "
                         f"increment {rampup.increment}")
     unit = mbs * dp
-    bad = [b for b in rampup.batch_sizes(global_batch) if b % unit]
+    bad, first = _undivisible(rampup, rampup_sizes_count(rampup, global_batch), unit)
+    if global_batch % unit:
+        bad += 1
+        first = first if first is not None else global_batch
     if bad:
-        problems.append(f"batch size {bad[0]} of the rampup is not divisible by MBS*DP = {mbs}*{dp} = {unit}"
-                        + (f" ({len(bad)} rampup sizes fail)" if len(bad) > 1 else ""))
+        problems.append(f"batch size {first} of the rampup is not divisible by MBS*DP = {mbs}*{dp} = {unit}"
+                        + (f" ({bad} rampup sizes fail)" if bad > 1 else ""))
     return problems
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RampupPhase:
-    """One row of seed 003's NNODES / BS / MBS table."""
-
-    batch_size: int
-    nodes: int
-    dp: int
-    mbs: int
-    gas: int
 
 
 def largest_dp_for(batch_size: int, mbs: int, max_dp: int) -> int:
@@ -52,13 +71,10 @@ def largest_dp_for(batch_size: int, mbs: int, max_dp: int) -> int:
     return 0
 
 
-STICKY = 0.97
-"""keep the running phase's layout while it trains at >= 97% of the best layout's speed"""
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleRow:
-    """Batch sizes ``first_batch``..``last_batch`` of the rampup run best with this layout."""
+    """One launch of seed 003's NNODES / BS / MBS table: batch sizes ``first_batch``..``last_batch`` run on
+    ``nodes`` whole nodes with the plan's layout and this DP and MBS."""
 
     first_batch: int
     last_batch: int
@@ -71,70 +87,115 @@ class ScheduleRow:
     recompute: str
     zero: int
     samples_per_s: float
+    """predicted at ``first_batch``"""
+    batch_multiple: int
+    """MBS·DP: megatron/microbatches.py asserts every batch size of this launch is a multiple of it, so the
+    launch's --rampup-batch-size must step in multiples of it"""
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
-def rampup_schedule(plan: Plan, rampup: Rampup, *, layouts: int = 8) -> list[ScheduleRow]:
-    """Seed 003's NNODES / BS / MBS table: for each rampup batch size, the layout and GPU count
-    that train fastest, among the plan's best ``layouts`` distinct layouts (TP, PP, MBS, recompute,
-    ZeRO). A phase may use fewer nodes than the cluster when the batch is too small to feed every
-    replica ("starting from 32 ... max 32/1 = 32 gpus"). A relaunch costs time, so the previous
-    phase's layout is kept while it is within ``STICKY`` of the best; consecutive sizes with the same
-    choice are merged into one row.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """A relaunch point of the ramp: from ``batch`` on, ``dp`` replicas of MBS ``mbs``."""
+
+    batch: int
+    dp: int
+    mbs: int
+
+
+def relaunch_batches(rampup: Rampup, global_batch: int) -> list[int]:
+    """Where a person relaunches: the ramp's start, then each time the batch has doubled (the largest size of the
+    ramp at most twice the last one), then the final batch (seed 003: 32, 64, 128, 256, 512). O(log(G/start))."""
+    out = [rampup.start]
+    while out[-1] < global_batch:
+        b = out[-1]
+        doubled = rampup.start + (2 * b - rampup.start) // rampup.increment * rampup.increment
+        nxt = max(doubled, b + rampup.increment)
+        out.append(global_batch if nxt >= global_batch else nxt)
+    return out
+
+
+def plan_launches(rampup: Rampup, global_batch: int, *, replica_gpus: int, best_mbs: int, gpus_per_node: int,
+                  max_gpus: int) -> list[Launch]:
+    """Seed 003's schedule for one layout (TP·PP = ``replica_gpus`` GPUs per replica, best MBS ``best_mbs``).
+
+    The first launch feeds as many replicas as the start batch allows at MBS 1 ("starting from 32 ... max 32/1 =
+    32 gpus"); later launches keep that GPU count, raising MBS up to the best one, and add nodes only once the batch
+    feeds more replicas at the best MBS ("16 nodes 32/1, 16 nodes 64/2, 16 nodes 128/4, 32 nodes 256/4"). GPU counts
+    are whole nodes and never fall; a launch that changes neither DP nor MBS is no relaunch and is merged.
     """
+    node_dp = gpus_per_node // math.gcd(gpus_per_node, replica_gpus)   # DP step that fills whole nodes
+    max_dp = max_gpus // replica_gpus // node_dp * node_dp or max_gpus // replica_gpus
+    launches: list[Launch] = []
+    for batch in relaunch_batches(rampup, global_batch):
+        want = batch if not launches else max(launches[-1].dp, batch // best_mbs)
+        floor = launches[-1].dp if launches else 1
+        dp = _whole_node_dp(batch, min(want, max_dp), floor, node_dp)
+        if dp == 0:
+            continue
+        mbs = max(m for m in range(1, best_mbs + 1) if batch % (m * dp) == 0)
+        if launches and (launches[-1].dp, launches[-1].mbs) == (dp, mbs):
+            continue
+        launches.append(Launch(batch=batch, dp=dp, mbs=mbs))
+    return launches
+
+
+def _whole_node_dp(batch: int, want: int, floor: int, node_dp: int) -> int:
+    """The largest DP in [floor, want] that divides the batch, preferring whole nodes; 0 if none."""
+    for step in (node_dp, 1):
+        top = want // step * step
+        for dp in range(top, max(floor, 1) - 1, -step):
+            if dp > 0 and batch % dp == 0:
+                return dp
+    return 0
+
+
+def rampup_schedule(plan: Plan, rampup: Rampup) -> list[ScheduleRow]:
+    """The rampup launches a person follows with the plan's best layout (seed 003's NNODES / BS / MBS table):
+    few relaunches, whole nodes, never fewer GPUs later, one layout throughout (TP, PP, recompute, ZeRO fixed).
+    A launch whose MBS would not fit in memory falls back to a smaller MBS. Each row's ``batch_multiple`` (MBS·DP)
+    is the step its own --rampup-batch-size must take (seed 003: "will require manual adjustments of the slurm
+    file"): Megatron asserts every batch size of a launch is a multiple of it."""
     from dataclasses import replace
 
-    from planner.constraints import memory_violations
     from planner.cost import estimate_time
-    from planner.memory import memory_breakdown
+    from planner.memory import memory_breakdown, verdict
     from planner.topology import Topology
 
     cluster, training, model = plan.cluster, plan.training, plan.model
-    seen, chosen = set(), []
-    for est in plan.candidates:
-        c = est.candidate
-        key = (c.tp, c.pp, c.mbs, c.recompute, c.zero, c.sp, c.vpp, c.hybrid)
-        if key not in seen:
-            seen.add(key)
-            chosen.append(c)
-        if len(chosen) >= layouts:
-            break
+    if not plan.candidates:
+        return []
+    best = plan.candidates[0].candidate
+    replica = best.tp * best.pp
+    launches = plan_launches(rampup, training.global_batch, replica_gpus=replica, best_mbs=best.mbs,
+                             gpus_per_node=cluster.gpus_per_node, max_gpus=cluster.world_size)
     topology = Topology(cluster)
     rows: list[ScheduleRow] = []
-    for batch in rampup.batch_sizes(training.global_batch):
-        best: ScheduleRow | None = None
-        previous: ScheduleRow | None = None
-        last = rows[-1] if rows else None
-        for c in chosen:
-            max_dp = cluster.world_size // (c.tp * c.pp)
-            dp = largest_dp_for(batch, c.mbs, max_dp)
-            if dp == 0:
-                continue
-            cand = replace(c, dp=dp, gas=batch // (c.mbs * dp))
-            if cand.pp > 1 and cand.gas < cand.pp:
-                continue
-            phase_training = replace(training, global_batch=batch, rampup=None)
-            if memory_violations(memory_breakdown(model, cand, cluster, phase_training), cluster, phase_training):
-                continue
-            step = estimate_time(model, cand, cluster, phase_training, topology).step_time_s
-            gpus = cand.world
-            row = ScheduleRow(first_batch=batch, last_batch=batch, gpus=gpus,
-                              nodes=-(-gpus // cluster.gpus_per_node), tp=c.tp, pp=c.pp, dp=dp, mbs=c.mbs,
-                              recompute=c.recompute, zero=c.zero, samples_per_s=batch / step)
-            if best is None or (row.samples_per_s, -row.gpus) > (best.samples_per_s, -best.gpus):
-                best = row
-            if last and (last.tp, last.pp, last.mbs, last.recompute, last.zero) == (c.tp, c.pp, c.mbs, c.recompute,
-                                                                                     c.zero):
-                previous = row
-        if best is None:
+    ends = [launch.batch for launch in launches[1:]]
+    for launch, nxt in zip(launches, ends + [None]):
+        phase_training = replace(training, global_batch=launch.batch, rampup=None)
+        fitting = [replace(best, dp=launch.dp, mbs=m, gas=launch.batch // (m * launch.dp))
+                   for m in range(launch.mbs, 0, -1) if launch.batch % (m * launch.dp) == 0]
+        fitting = [c for c in fitting
+                   if verdict(memory_breakdown(model, c, cluster, phase_training), cluster, phase_training).fits]
+        if not fitting:
             continue
-        if previous is not None and previous.samples_per_s >= STICKY * best.samples_per_s:
-            best = previous
-        if last and (last.gpus, last.tp, last.pp, last.dp, last.mbs, last.recompute, last.zero) == \
-                (best.gpus, best.tp, best.pp, best.dp, best.mbs, best.recompute, best.zero):
-            rows[-1] = replace(last, last_batch=batch, samples_per_s=best.samples_per_s)
-        else:
-            rows.append(best)
+        cand = fitting[0]
+        step = estimate_time(model, cand, cluster, phase_training, topology).step_time_s
+        gpus = cand.world
+        last = training.global_batch if nxt is None else _last_size_before(rampup, nxt)
+        if rows and (rows[-1].dp, rows[-1].mbs) == (launch.dp, cand.mbs):   # the memory fallback made it no relaunch
+            rows[-1] = replace(rows[-1], last_batch=last)
+            continue
+        rows.append(ScheduleRow(first_batch=launch.batch, last_batch=last, gpus=gpus,
+                                nodes=-(-gpus // cluster.gpus_per_node), tp=best.tp, pp=best.pp, dp=launch.dp,
+                                mbs=cand.mbs, recompute=best.recompute, zero=best.zero,
+                                samples_per_s=launch.batch / step, batch_multiple=cand.mbs * launch.dp))
     return rows
+
+
+def _last_size_before(rampup: Rampup, batch: int) -> int:
+    """The largest batch size of the ramp below ``batch``."""
+    return rampup.start + (batch - 1 - rampup.start) // rampup.increment * rampup.increment
