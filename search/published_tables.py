@@ -149,8 +149,9 @@ def _hagemann_tables(path: str, rows: list[dict]) -> list[PublishedTable]:
             raise TuneError(f"{path}: sequence length {seq} has no known global batch")
         model = base.with_overrides(name=name, seq_len=seq, rampup=None)
         cluster = make_cluster(gpu="A100-80GB", gpus=world, gpus_per_node=8)
+        # their framework keeps 16-bit gradients and shards the optimizer over DP: DeepSpeed-style ZeRO-1
         training = TrainingSpec(global_batch=HAGEMANN_GBS[seq], seq_len=seq, precision="bf16",
-                                framework="megatron-lm", flash_attention=first["kernel"] not in HAGEMANN_NO_FLASH,
+                                framework="megatron-deepspeed", flavor="microsoft", flash_attention=first["kernel"] not in HAGEMANN_NO_FLASH,
                                 recompute_options=("none", "full"), zero_options=(1,))
         replay_rows = []
         for i, r in enumerate(group):

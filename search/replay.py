@@ -322,8 +322,10 @@ def why_not_probed(row: ReplayRow, plan: Plan, enumerated: set[str] | None = Non
     if row.zero is not None and c.dp > 1 and row.zero not in t.zero_options:
         return f"ZeRO-{row.zero} is not enumerated (--zero {','.join(map(str, t.zero_options))})"
     if c.label() not in (enumerated if enumerated is not None else enumerated_labels(plan)):
-        if c.mbs & (c.mbs - 1) or c.mbs > t.max_mbs:
-            return f"MBS {c.mbs} is not enumerated (powers of two up to --max-mbs {t.max_mbs})"
+        per_replica = t.global_batch // c.dp
+        if c.mbs > t.max_mbs or per_replica % c.mbs:
+            return (f"MBS {c.mbs} is not enumerated (every MBS up to --max-mbs {t.max_mbs} that divides "
+                    f"GBS/DP = {per_replica})")
         if c.tp > 2 * cluster.gpus_per_node:
             return f"TP {c.tp} is not enumerated (up to twice the {cluster.gpus_per_node} GPUs per node)"
         if c.sp:
