@@ -117,8 +117,10 @@ def _bloom(r: dict) -> DevCase:
     gbs = p["global_batch"]
     if "heading says GBS=512" in notes:
         gbs = 512                     # its logged TFLOPs and step time agree with 512, not the column's 2048
-    # heads: "all NHEADS=64 (above too)" for the tables of 02-20/21 (notes); the NHEADS table gives its own
-    heads = md.get("heads") or 64
+    # heads: the NHEADS tables give their own; "all NHEADS=64 (above too)" for 02-21 on (notes); the 02-20
+    # tables at NHIDDEN 14400 continue the 02-17 200B setup "NLAYERS=80, NHIDDEN=14400, NHEADS=96"
+    # (chronicles-prequel.md, "Best TFLOPs"), an inference
+    heads = md.get("heads") or (96 if md["hidden"] == 14400 else 64)
     model = _gpt_model(md["name"], _bloom_layers(md, pp), md["hidden"], heads, md["vocab"], md["seq_len"])
     zero = int(str(p["zero_stage"]).split()[0])
     section = notes.split("|")[0].replace("section:", "").strip()
@@ -210,7 +212,8 @@ def _ds_autotuning(r: dict) -> DevCase | None:
     model = _gpt_model(md["name"], md["layers"], md["hidden"], md["heads"], md["vocab"], md["seq_len"])
     gbs, gpus = p["global_batch"], hw["total_gpus"]
     z = str(p.get("zero_stage"))
-    training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="fp16", framework="megatron-deepspeed",
+    # an eager Hugging Face model: the planner's eager framework is fsdp (ZeRO stage as the run had it)
+    training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="fp16", framework="fsdp",
                             flash_attention=False)
     cand = Candidate(tp=1, pp=1, dp=gpus, mbs=p["micro_batch"], gas=gbs // (p["micro_batch"] * gpus),
                      zero=int(z) if z.isdigit() else 0)

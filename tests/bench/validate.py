@@ -173,12 +173,13 @@ def evaluate(cases: list[DevCase] | None = None) -> Summary:
     s.table_floor_mape = statistics.fmean(t.floor_mape for t in timed)
     s.optimistic = sum(r.ratio > 1 for r in measured) / len(measured)
     ranked = [t for t in results if t.spearman is not None]
-    s.median_spearman = statistics.median(t.spearman for t in ranked)
-    s.mean_regret = statistics.fmean(t.regret for t in ranked)
-    s.max_regret = max(t.regret for t in ranked)
+    if ranked:
+        s.median_spearman = statistics.median(t.spearman for t in ranked)
+        s.mean_regret = statistics.fmean(t.regret for t in ranked)
+        s.max_regret = max(t.regret for t in ranked)
     s.picks_oom = sum(t.regret_rules == "OOM" for t in ranked)
     mem = [r for r in rows if r.case.memory_gib and not r.case.oom]
-    s.mem_mape = statistics.fmean(abs(r.pred_mem_gib / r.case.memory_gib - 1) for r in mem)
+    s.mem_mape = statistics.fmean(abs(r.pred_mem_gib / r.case.memory_gib - 1) for r in mem) if mem else 0.0
     known = [r for r in rows if r.case.oom is not None]
     s.oom = {"oom_predicted_oom": sum(r.case.oom and r.pred_oom for r in known),
              "oom_predicted_fits": sum(r.case.oom and not r.pred_oom for r in known),
