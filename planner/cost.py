@@ -149,6 +149,18 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
 
+def balanced_stage_s(layers: int, pp: int, layer_s: float, head_s: float) -> tuple[float, int]:
+    """(slowest stage's compute, layers on the last stage) when the layers are split so that the last
+    stage's layers plus the LM head balance the others (DeepSpeed's PipelineModule partitioning)."""
+    best, best_last = math.inf, 0
+    for last in range(0, -(-layers // pp) + 1):
+        others = -(-(layers - last) // (pp - 1))
+        t = max(others * layer_s, last * layer_s + head_s)
+        if t < best:
+            best, best_last = t, last
+    return best, best_last
+
+
 def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   topology: Topology, params: CostParams = CostParams()) -> TimeBreakdown:
     acc = cluster.gpu
@@ -177,12 +189,13 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
     logits_s = 3 * _gemm_s(tokens, vocab_t, model.hidden, g)
     logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
-    first_stage = lps * layer_s
-    last_stage = lps * layer_s + logits_s
     if cand.pp == 1:
-        stage_compute = first_stage + logits_s
+        stage_compute = lps * layer_s + logits_s
+    elif fw.balances_stages:
+        stage_compute, last_layers = balanced_stage_s(model.layers, cand.pp, layer_s, logits_s)
+        lps = max(last_layers, -(-(model.layers - last_layers) // (cand.pp - 1)))
     else:
-        stage_compute = max(first_stage, last_stage)
+        stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
     stage_compute *= params.compute_scale
     stage_tp = lps * tp_layer_s
 

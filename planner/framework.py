@@ -28,6 +28,8 @@ class Framework:
     host-bound when its GPU work is shorter"""
     pads_vocab: bool
     """the embedding is padded to a multiple of 128·TP"""
+    balances_stages: bool
+    """pipeline stages get whole layers so that the last stage's layers + LM head balance the others"""
     sharded_gather_per_rail: bool
     """ZeRO-3 gathers reach one NIC's rate per GPU, not the node's aggregate"""
     source: str
@@ -38,10 +40,11 @@ class Framework:
 # each a blocking torch.distributed call); with TP > 1 it sends activations partitioned over TP
 # (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the receiver)
 # but gradients whole (is_grad_partitioned = False).
-DS_MICROBATCH_OVERHEAD_S = 0.03
-"""FITTED on BLOOM tr11 dev tables (chronicles-prequel 02-20..23, the MBS sweeps at fixed TP8/PP/DP: the
-within-table spread of predicted/measured is smallest at 0.02-0.03 s); seed 003's TP1 pipelines show
-no such cost (< 0.01 s), hence only with TP > 1"""
+DS_MICROBATCH_OVERHEAD_S = 0.05
+"""FITTED on the BLOOM tr11 dev tables (chronicles-prequel 02-20..23, MBS sweeps at fixed TP8/PP/DP): the
+within-table spread of predicted/measured is flat from 0.02 to 0.05 s (sd of log ratio 0.048-0.050) and
+the pick per model shape is best from 0.05 s; seed 003's TP1 pipelines show no such cost (< 0.01 s),
+hence only with TP > 1"""
 
 # Host time per layer forward. Eager Hugging Face blocks launch ~40 small kernels per layer forward
 # (reshapes, splits, dropout, masks, adds), ~100 us each with Python and autograd: FITTED on the DeepSpeed
@@ -53,18 +56,19 @@ MEGATRON_HOST_S = EAGER_HOST_S / 3
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(name="megatron-lm", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=True,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=MEGATRON_HOST_S, pads_vocab=True,
-              sharded_gather_per_rail=False, source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
+              balances_stages=False, sharded_gather_per_rail=False, source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
                      "_vocab_size_with_padding (--make-vocab-size-divisible-by 128, times TP)"),
     Framework(name="megatron-deepspeed", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=False,
               microbatch_overhead_s=DS_MICROBATCH_OVERHEAD_S, host_s_per_layer_forward=MEGATRON_HOST_S,
-              pads_vocab=True, sharded_gather_per_rail=True,
-              source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); Megatron vocab padding; "
+              pads_vocab=True, balances_stages=True, sharded_gather_per_rail=True,
+              source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); PipelineModule "
+                     "partition_method (balanced stages; BLOOM: 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail FITTED on Narayanan 2021 Table 2 ZeRO-3 rows"),
     # an eager PyTorch model (seed 002: a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and SwiGLU
     # as several unfused kernels each, reading and writing the activations ~2x as often
     Framework(name="fsdp", elementwise_traffic=2.0, p2p_activation_split=False, p2p_grad_split=False,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=EAGER_HOST_S, pads_vocab=False,
-              sharded_gather_per_rail=False, source="seed 002 (FSDP, eager Hugging Face modules)"),
+              balances_stages=False, sharded_gather_per_rail=False, source="seed 002 (FSDP, eager Hugging Face modules)"),
 )}
 
 

@@ -115,6 +115,37 @@ def model_flops_per_token(c: DevCase) -> float:
     return flops.model_flops_per_iteration(c.model, 1) / c.model.seq_len
 
 
+def _pred_rate(r: Row) -> float:
+    """predicted model FLOP/s per GPU: ranks like tokens/s for one model, fairly across model sizes"""
+    return r.pred_tps * model_flops_per_token(r.case)
+
+
+def _meas_rate(r: Row) -> float:
+    return r.case.tokens_per_s_per_gpu * model_flops_per_token(r.case)
+
+
+def regret(ran: list[Row]) -> float:
+    """measured best / measured rate of the layout predicted best, minus 1; runs of one layout (repeats,
+    e.g. tr11's two 1-node rows) count once, at their mean"""
+    layouts: dict[tuple, list[Row]] = {}
+    for r in ran:
+        layouts.setdefault((r.case.model, r.case.cand, r.case.training.global_batch, r.case.cluster), []).append(r)
+    pred = {k: _pred_rate(v[0]) for k, v in layouts.items()}
+    meas = {k: statistics.fmean(_meas_rate(r) for r in v) for k, v in layouts.items()}
+    pick = max(layouts, key=pred.__getitem__)
+    return max(meas.values()) / meas[pick] - 1
+
+
+def shape_regrets(s: "Summary", prefix: str = "bloom tr11") -> dict[str, float]:
+    """Regret of the pick per model shape (hidden, layers, heads) over a search's tables."""
+    shapes: dict[str, list[Row]] = {}
+    for r in s.rows:
+        if r.case.table.startswith(prefix) and r.case.tokens_per_s_per_gpu:
+            m = r.case.model
+            shapes.setdefault(f"h{m.hidden} L{m.layers} a{m.heads}", []).append(r)
+    return {k: regret(v) for k, v in shapes.items() if len({(r.case.cand, r.case.cluster) for r in v}) >= 2}
+
+
 def evaluate(cases: list[DevCase] | None = None) -> Summary:
     cases = cases if cases is not None else seed003_dev_cases() + dev_cases()
     topologies: dict = {}
@@ -148,16 +179,13 @@ def evaluate(cases: list[DevCase] | None = None) -> Summary:
             t.floor_mape = statistics.fmean(abs(r.floor_tps / r.case.tokens_per_s_per_gpu - 1) for r in ran)
             t.bias = _gmean([r.ratio for r in ran])
         if len(ran) >= 3:
-            meas = [r.case.tokens_per_s_per_gpu for r in ran]
-            t.spearman = spearman([r.pred_tps for r in ran], meas)
-            best = max(meas)
-            pick = max(ran, key=lambda r: r.pred_tps)
-            t.regret = best / pick.case.tokens_per_s_per_gpu - 1
+            t.spearman = spearman([_pred_rate(r) for r in ran], [_meas_rate(r) for r in ran])
+            t.regret = regret(ran)
             kept = [r for r in trs if r.est.fits and r.pred_tps > 0]
             if kept:
-                pick = max(kept, key=lambda r: r.pred_tps)
+                pick = max(kept, key=_pred_rate)
                 t.regret_rules = "OOM" if not pick.case.tokens_per_s_per_gpu else \
-                    best / pick.case.tokens_per_s_per_gpu - 1
+                    max(_meas_rate(r) for r in ran) / _meas_rate(pick) - 1
             else:
                 t.regret_rules = "none kept"
         mem = [r for r in trs if r.case.memory_gib and not r.case.oom]
@@ -217,6 +245,10 @@ def render(s: Summary, rows: bool = False) -> str:
                            f"mem {r.case.memory_gib or '-'} vs {r.pred_mem_gib:.1f} GiB"
                            f"{'  OOM' if r.case.oom else ''}{'  ruled out' if not r.est.fits else ''}")
     n = sum(1 for r in s.rows if r.case.tokens_per_s_per_gpu)
+    shapes = shape_regrets(s)
+    if shapes:
+        out += ["", "BLOOM tr11 per model shape (runs of one shape across its tables): regret of the pick",
+                "  " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(shapes.items()))]
     o = s.oom
     known = sum(o.values())
     out += ["", "Summary (python tests/bench/validate.py)", "",
@@ -228,6 +260,8 @@ def render(s: Summary, rows: bool = False) -> str:
             f"| runs predicted faster than measured | {s.optimistic:.0%} |",
             f"| Spearman inside a table, median | {s.median_spearman:.2f} |",
             f"| regret of the top pick, mean / worst | {s.mean_regret:.1%} / {s.max_regret:.1%} |",
+            f"| BLOOM tr11 model shapes whose pick is within 5% of the measured best | "
+            f"{sum(v <= 0.05 for v in shapes.values())} of {len(shapes)} (worst {max(shapes.values(), default=0):.1%}) |",
             f"| tables whose plan pick (rules applied) ran out of memory | {s.picks_oom} |",
             f"| memory error, mean absolute | {s.mem_mape:.1%} |",
             f"| OOM vs fits right ({known} runs) | {(o['oom_predicted_oom'] + o['ran_predicted_fits']) / known:.0%} "
