@@ -189,14 +189,22 @@ def render_table(p: Plan, top: int, elapsed_s: float) -> str:
              f"({cl.gpu.memory_bytes / 2**30:.0f} GiB each); framework {t.framework}, {t.precision}, "
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
+             cl.network_line(),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
+    from planner.cost import RANKING_ERROR, tied
+
+    best_s = p.candidates[0].step_time_s
     rows = [[_row(e, cl, t.framework)[c] for c in TABLE_COLUMNS] for e in p.candidates[:top]]
+    for row, e in zip(rows, p.candidates[:top]):
+        row[0] = f"{row[0]}~" if e.rank > 1 and tied(best_s, e.step_time_s) else row[0]
     headers = ["#", "TP", "PP", "DP", "MBS", "GAS", "recompute", "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s"]
     lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it)")
     lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * 10 + (".1f", "", ".2f", ".1f", ".1f", ".3f",
                                                                             ".0f")))
+    lines.append(f"~ : within {RANKING_ERROR:.0%} of the best, the model's measured error inside a table of published "
+                 "runs (tests/bench/validate.py): tied; measure them (tune) before choosing")
     best = p.candidates[0]
     if best.throughput and best.throughput.days_to_train:
         lines.append(f"\nBest: {best.throughput.days_to_train:.1f} days / "

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 from planner.hardware import ClusterSpec
 
-# Achievable fraction of a datasheet link bandwidth for NCCL collectives at large messages: NVIDIA
-# nccl-tests PERFORMANCE.md defines bus bandwidth as the figure comparable to the hardware peak; on
-# DGX A100 all_reduce busbw plateaus near 230 GB/s of the 300 GB/s NVLink per GPU and direction
-# (NVIDIA DGX A100 / nccl-tests published results), 0.75. Never applied to a measured bus bandwidth.
+# Achievable fraction of a datasheet link bandwidth for NCCL collectives at large messages (nccl-tests
+# PERFORMANCE.md defines bus bandwidth as the figure comparable to the link's peak; it gives no A100
+# number). FITTED by hand on Megatron-LM 2021 Table 1 and Korthikanti 2022 Table 5 (the TP/DP terms),
+# checked on the dev tables (tests/bench/validate.py). Never applied to a measured bus bandwidth.
 LINK_EFFICIENCY = 0.75
 # Message size at which a ring collective reaches half its asymptotic bus bandwidth: the pipelining
 # term of an alpha-beta model (Hockney 1994). FITTED by eye on nccl-tests all_reduce curves of DGX

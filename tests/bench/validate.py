@@ -72,6 +72,7 @@ class Summary:
     floor_mape: float = 0.0
     table_mape: float = 0.0
     table_floor_mape: float = 0.0
+    within_table_sd: float = 0.0
     optimistic: float = 0.0
     median_spearman: float = 0.0
     mean_regret: float = 0.0
@@ -196,6 +197,13 @@ def evaluate(cases: list[DevCase] | None = None) -> Summary:
     s = Summary(tables=results, rows=rows, floor_mfu=floor_mfu)
     s.mape = statistics.fmean(abs(r.ratio - 1) for r in measured)
     s.floor_mape = statistics.fmean(abs(r.floor_tps / r.case.tokens_per_s_per_gpu - 1) for r in measured)
+    spread = []
+    for t in results:
+        logs = [math.log(r.ratio) for r in t.rows if r.case.tokens_per_s_per_gpu]
+        if len(logs) >= 2:
+            mean = statistics.fmean(logs)
+            spread += [(x - mean) ** 2 for x in logs]
+    s.within_table_sd = math.sqrt(statistics.fmean(spread)) if spread else 0.0
     timed = [t for t in results if t.mape is not None]
     s.table_mape = statistics.fmean(t.mape for t in timed)
     s.table_floor_mape = statistics.fmean(t.floor_mape for t in timed)
@@ -257,6 +265,8 @@ def render(s: Summary, rows: bool = False) -> str:
             f"| throughput error, mean absolute (tokens/s per GPU) | {s.mape:.1%} |",
             f"| floor: one constant fraction of peak ({s.floor_mfu:.1%} MFU) for every run | {s.floor_mape:.1%} |",
             f"| throughput error, mean of the tables' errors (floor) | {s.table_mape:.1%} ({s.table_floor_mape:.1%}) |",
+            f"| spread of predicted/measured inside a table (sd of the log ratio; plan's ties) | "
+            f"{s.within_table_sd:.3f} |",
             f"| runs predicted faster than measured | {s.optimistic:.0%} |",
             f"| Spearman inside a table, median | {s.median_spearman:.2f} |",
             f"| regret of the top pick, mean / worst | {s.mean_regret:.1%} / {s.max_regret:.1%} |",
