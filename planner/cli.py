@@ -72,7 +72,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--nodes", type=_positive_int, help="nodes, instead of --gpus")
     add("--gpu", default=None, help="accelerator id from the catalog (default A100-80GB)")
     add("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default 8)")
-    add("--cluster", help="cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps, intra_node_gbps)")
+    add("--cluster", help="cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps or nics_per_node x nic_gbps, "
+                          "intra_node_gbps) or a preset: jean-zay-a100, jean-zay-v100, dgx-a100-superpod, "
+                          "dgx-h100-superpod")
     add("--calibration", help="calibration YAML from `tune calibrate`, overrides catalog figures")
     add("--inter-node-gbps", type=_positive_float, help="inter-node bandwidth per node, Gbit/s")
     add("--intra-node-gbps", type=_positive_float, help="intra-node bandwidth per GPU and direction, Gbit/s")

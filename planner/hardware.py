@@ -217,20 +217,35 @@ class ClusterSpec:
         return d
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterPreset:
+    """A cluster people train on, with its real node and network figures."""
+
+    gpu: str
+    gpus_per_node: int
+    nics_per_node: int
+    nic_gbps: float
+    source: str
+
+
 # Clusters people train on, with their real network (one home for these figures). `--cluster NAME`.
-CLUSTER_PRESETS: dict[str, dict] = {
-    "jean-zay-a100": dict(gpu="A100-80GB", gpus_per_node=8, nics_per_node=4, nic_gbps=100.0,
-                          source="Jean Zay gpu_p5 (IDRIS), BLOOM's cluster: 8 A100-SXM4-80GB on NVLink3 per node, "
-                                 "4 x 100 Gb/s Omni-Path per node (../shared/data/README_published.md)"),
-    "jean-zay-v100": dict(gpu="V100-32GB", gpus_per_node=4, nics_per_node=1, nic_gbps=100.0,
-                          source="Jean Zay V100 partition (IDRIS): 4 V100-SXM2-32GB per node, Omni-Path 100 Gb/s "
-                                 "(one rail: an assumption, as examples/cluster-2x4-v100-32gb.yaml)"),
-    "dgx-a100-superpod": dict(gpu="A100-80GB", gpus_per_node=8, nics_per_node=8, nic_gbps=200.0,
-                              source="NVIDIA DGX A100 SuperPOD reference architecture (Selene): 8 x HDR 200 Gb/s "
-                                     "InfiniBand compute rails per DGX A100, NVLink3/NVSwitch inside"),
-    "dgx-h100-superpod": dict(gpu="H100-SXM", gpus_per_node=8, nics_per_node=8, nic_gbps=400.0,
-                              source="NVIDIA DGX H100 SuperPOD reference architecture: 8 x NDR 400 Gb/s "
-                                     "ConnectX-7 compute rails per DGX H100, NVLink4/NVSwitch inside"),
+CLUSTER_PRESETS: dict[str, ClusterPreset] = {
+    "jean-zay-a100": ClusterPreset(
+        gpu="A100-80GB", gpus_per_node=8, nics_per_node=4, nic_gbps=100.0,
+        source="Jean Zay gpu_p5 (IDRIS), BLOOM's cluster: 8 A100-SXM4-80GB on NVLink3 per node, "
+               "4 x 100 Gb/s Omni-Path per node (../shared/data/README_published.md)"),
+    "jean-zay-v100": ClusterPreset(
+        gpu="V100-32GB", gpus_per_node=4, nics_per_node=1, nic_gbps=100.0,
+        source="Jean Zay V100 partition (IDRIS): 4 V100-SXM2-32GB per node, Omni-Path 100 Gb/s "
+               "(one rail: an assumption, as examples/cluster-2x4-v100-32gb.yaml)"),
+    "dgx-a100-superpod": ClusterPreset(
+        gpu="A100-80GB", gpus_per_node=8, nics_per_node=8, nic_gbps=200.0,
+        source="NVIDIA DGX A100 SuperPOD reference architecture (Selene): 8 x HDR 200 Gb/s InfiniBand "
+               "compute rails per DGX A100, NVLink3/NVSwitch inside"),
+    "dgx-h100-superpod": ClusterPreset(
+        gpu="H100-SXM", gpus_per_node=8, nics_per_node=8, nic_gbps=400.0,
+        source="NVIDIA DGX H100 SuperPOD reference architecture: 8 x NDR 400 Gb/s ConnectX-7 compute "
+               "rails per DGX H100, NVLink4/NVSwitch inside"),
 }
 CLUSTER_PRESETS["selene"] = CLUSTER_PRESETS["dgx-a100-superpod"]
 
@@ -279,9 +294,9 @@ def preset_cluster(preset: str, *, gpus: int | None = None, nodes: int | None = 
     p = CLUSTER_PRESETS[preset]
     if gpus is None and nodes is None:
         nodes = 1
-    return make_cluster(gpu=p["gpu"], gpus=gpus, nodes=nodes, gpus_per_node=p["gpus_per_node"],
-                        nics_per_node=p["nics_per_node"], nic_gbps=p["nic_gbps"], name=preset,
-                        network=f"preset {preset}: {p['source']}")
+    return make_cluster(gpu=p.gpu, gpus=gpus, nodes=nodes, gpus_per_node=p.gpus_per_node,
+                        nics_per_node=p.nics_per_node, nic_gbps=p.nic_gbps, name=preset,
+                        network=f"preset {preset}: {p.source}")
 
 
 _CLUSTER_KEYS = {"name", "gpu", "gpus_per_node", "nodes", "inter_node_gbps", "intra_node_gbps", "nics_per_node",
