@@ -43,9 +43,10 @@ DENSE_ALIGNMENT, DENSE_MISALIGNED_EFFICIENCY = 4, 0.5
 # kernels reach 80-90% of HBM peak (BabelStream results on V100/A100), fused PyTorch kernels less.
 # FITTED by hand on seed 003's V100 tables (no-recompute vs recompute rows) and Korthikanti 2022 Table 5.
 ELEMENTWISE_BW_EFFICIENCY = 0.7
-# Share of the ZeRO-3/FSDP gathers hidden under compute by prefetching (seed 002: FSDP overlaps
-# all-gathers with the forward/backward). FITTED on torchtitan and fms-fsdp dev tables and Narayanan
-# 2021 Table 2 ZeRO-3 rows (where communication dominates and the compute hides under it).
+# Share of the ZeRO-3/FSDP gathers hidden under compute by prefetching (Zhao et al. 2023, PyTorch FSDP,
+# arXiv 2304.11277 Sec. 3.3: forward/backward prefetch overlaps the next all-gather with this layer's
+# compute). FITTED by hand on the torchtitan and fms-fsdp dev tables and Narayanan 2021 Table 2 ZeRO-3
+# rows (where communication dominates and the compute hides under it).
 SHARDED_OVERLAP = 0.8
 # Bytes per logit the cross-entropy reads and writes, forward and backward: 16-bit logits read, fp32
 # softmax written and read back, 16-bit gradient written (Megatron's vocab-parallel cross-entropy).
@@ -243,8 +244,9 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                 shard_link = topology.rail_link(shard_link)
             gather = collective_time_s(shard_link, kind="all_gather", message_bytes=grad_bytes, group=shard)
             scatter = collective_time_s(shard_link, kind="reduce_scatter", message_bytes=grad_bytes, group=shard)
-            # parameters gathered for the forward, again for the backward, and again when the forward is
-            # recomputed; gradients reduce-scattered once per micro-batch (ZeRO paper Sec. 7.2.2)
+            # parameters all-gathered for the forward and again for the backward, gradients reduce-scattered
+            # (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch; a
+            # recomputed forward gathers them once more (checkpointed layers re-run their forward)
             gathers = 3 if cand.recompute == "full" else 2
             comm = cand.gas * (gathers * gather + scatter)
             if cand.hybrid and cand.dp > shard:

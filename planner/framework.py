@@ -64,11 +64,13 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); PipelineModule "
                      "partition_method (balanced stages; BLOOM: 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail FITTED on Narayanan 2021 Table 2 ZeRO-3 rows"),
-    # an eager PyTorch model (seed 002: a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and SwiGLU
-    # as several unfused kernels each, reading and writing the activations ~2x as often
+    # an eager PyTorch model (seed 002 trains a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and
+    # SwiGLU as several unfused kernels each, reading and writing the activations about twice as often as
+    # Megatron's fused kernels: elementwise_traffic 2.0 set by hand, checked on the torchtitan, fms-fsdp
+    # and DeepSpeed autotuning HF GPT-2 dev tables (tests/bench/validate.py)
     Framework(name="fsdp", elementwise_traffic=2.0, p2p_activation_split=False, p2p_grad_split=False,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=EAGER_HOST_S, pads_vocab=False,
-              balances_stages=False, sharded_gather_per_rail=False, source="seed 002 (FSDP, eager Hugging Face modules)"),
+              balances_stages=False, sharded_gather_per_rail=False, source="PyTorch FSDP / torchtitan / Hugging Face eager modules (seed 002)"),
 )}
 
 
