@@ -260,6 +260,10 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             # after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP)
             dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes,
                                      group=cand.dp) * params.comm_scale
+            if cand.zero >= 1:
+                dp_s *= fw.zero12_traffic
+            if dp_link.kind == "inter":
+                dp_s /= fw.dp_inter_node_efficiency
             if training.framework == "fsdp":
                 dp_s = max(dp_s * (1 - SHARDED_OVERLAP), dp_s - compute_s)
 

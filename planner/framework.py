@@ -28,6 +28,10 @@ class Framework:
     host-bound when its GPU work is shorter"""
     pads_vocab: bool
     """the embedding is padded to a multiple of 128·TP"""
+    zero12_traffic: float
+    """ZeRO-1/2 data-parallel bytes relative to one gradient all-reduce"""
+    dp_inter_node_efficiency: float
+    """the data-parallel reduction's rate across nodes relative to the ring model"""
     balances_stages: bool
     """pipeline stages get whole layers so that the last stage's layers + LM head balance the others"""
     sharded_gather_per_rail: bool
@@ -53,14 +57,24 @@ EAGER_HOST_S = 4e-3
 # Megatron's fused layer launches a third as many: a third of the eager figure (by the same count).
 MEGATRON_HOST_S = EAGER_HOST_S / 3
 
+# DeepSpeed ZeRO-1/2 under its pipeline engine (runtime/zero/stage_1_and_2.py, 2022): the gradients
+# are all-reduced in buckets (reduce_gradients(pipeline_parallel=True) -> buffered all-reduce), then
+# the updated 16-bit parameters all-gathered (all_gather_dp_groups): 1.5x one all-reduce's bytes.
+DS_ZERO12_TRAFFIC = 1.5
+DS_DP_INTER_NODE_EFFICIENCY = 0.5
+"""FITTED on the BLOOM tr11 dev tables (the PP 4-12 sweep at TP8: shallow pipelines, larger DP
+reductions across nodes, measured slower than predicted; the issue saw 5-15x the predicted DP time),
+bucket-by-bucket synchronous reductions over 48 nodes; with it all 9 tr11 model shapes pick within 1%"""
+
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(name="megatron-lm", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=True,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=MEGATRON_HOST_S, pads_vocab=True,
-              balances_stages=False, sharded_gather_per_rail=False, source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
+              zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False, source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
                      "_vocab_size_with_padding (--make-vocab-size-divisible-by 128, times TP)"),
     Framework(name="megatron-deepspeed", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=False,
               microbatch_overhead_s=DS_MICROBATCH_OVERHEAD_S, host_s_per_layer_forward=MEGATRON_HOST_S,
-              pads_vocab=True, balances_stages=True, sharded_gather_per_rail=True,
+              pads_vocab=True, zero12_traffic=DS_ZERO12_TRAFFIC, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
+              balances_stages=True, sharded_gather_per_rail=True,
               source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); PipelineModule "
                      "partition_method (balanced stages; BLOOM: 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail FITTED on Narayanan 2021 Table 2 ZeRO-3 rows"),
@@ -70,7 +84,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     # and DeepSpeed autotuning HF GPT-2 dev tables (tests/bench/validate.py)
     Framework(name="fsdp", elementwise_traffic=2.0, p2p_activation_split=False, p2p_grad_split=False,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=EAGER_HOST_S, pads_vocab=False,
-              balances_stages=False, sharded_gather_per_rail=False, source="PyTorch FSDP / torchtitan / Hugging Face eager modules (seed 002)"),
+              zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False, source="PyTorch FSDP / torchtitan / Hugging Face eager modules (seed 002)"),
 )}
 
 
