@@ -38,3 +38,14 @@ def test_measured_bus_bandwidth_is_used_as_measured(tmp_path):
     assert topo.tp_link(8).bus_bw_bytes_per_s == pytest.approx(200e9)       # no second derate
     assert topo.dp_link(8, 8).bus_bw_bytes_per_s == pytest.approx(20e9)     # 160 Gb/s per GPU, measured
     assert "measured" in cluster.network_line()
+
+
+def test_plan_prints_the_network_it_assumed_and_marks_ties(capsys):
+    from planner.cli import main
+
+    assert main(["--model", "176B", "--gpus", "384", "--cluster", "jean-zay-a100", "--top", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "network: 4 x 100 Gb/s NICs per node = 400 Gb/s" in out and "preset jean-zay-a100" in out
+    ranks = [line.split()[0] for line in out.splitlines() if line[:1].isdigit() and len(line.split()) > 10]
+    assert ranks[0] == "1" and any(r.endswith("~") for r in ranks[1:])
+    assert "~ : within 10% of the best" in out
