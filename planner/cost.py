@@ -5,7 +5,10 @@ quantization and short inner dimensions; memory-bound element-wise work timed at
 TP all-reduces on the TP group's link, not overlapped (Megatron); 1F1B pipeline with its bubble
 (m + p - 1 micro-batch slots, interleaving divides the bubble by v) and p2p sends; DP gradient
 all-reduce or ZeRO/FSDP gathers on the DP group's bottleneck link, overlapped only where the
-framework overlaps; optimizer step at HBM bandwidth. FLOPs come from `planner.flops` only.
+framework overlaps; optimizer step at HBM bandwidth. FLOPs come from `planner.flops` only; what
+each framework does differently (p2p splitting, per-micro-batch cost, stage balancing, ZeRO traffic,
+host launch time, vocabulary padding) from `planner.framework`. Validated on every published dev table
+by `python tests/bench/validate.py`.
 """
 
 from __future__ import annotations
