@@ -28,6 +28,7 @@ from typing import Callable
 
 import yaml
 
+from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
 from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
 from planner.model import ModelSpec, Rampup, load_model
@@ -78,7 +79,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--nodes", type=_positive_int, help="nodes, instead of --gpus")
     add("--gpu", default=None, help="accelerator id from the catalog (default A100-80GB)")
     add("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default 8)")
-    add("--cluster", help="cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps, intra_node_gbps)")
+    add("--cluster", help="cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps or nics_per_node x nic_gbps, "
+                          "intra_node_gbps) or a preset: jean-zay-a100, jean-zay-v100, dgx-a100-superpod, "
+                          "dgx-h100-superpod")
     add("--calibration", help="calibration YAML from `tune calibrate`, overrides catalog figures")
     add("--inter-node-gbps", type=_positive_float, help="inter-node bandwidth per node, Gbit/s")
     add("--intra-node-gbps", type=_positive_float, help="intra-node bandwidth per GPU and direction, Gbit/s")
@@ -259,9 +262,13 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              + (f" [{framework_why}]" if framework_why else "") + f", {t.precision}, "
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
+             cl.network_line(),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
+    best_s = p.candidates[0].step_time_s
     rows = [[_row(e, cl, t.framework, t.memory_fraction)[c] for c in TABLE_COLUMNS] for e in p.candidates[:top]]
+    for row, e in zip(rows, p.candidates[:top]):
+        row[0] = f"{row[0]}~" if e.rank > 1 and tied(best_s, e.step_time_s) else row[0]
     headers = ["#", "TP", "PP", "DP", "MBS", "GAS", "recompute", "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s", "note"]
     lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it)")
@@ -270,6 +277,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
     if any(e.advice for e in p.candidates[:top]):
         lines.append(f"note states>{t.memory_fraction:.0%}: weights+grads+optimizer above {t.memory_fraction:.0%} of "
                      "GPU memory, seed 004's first guess (advisory: only the predicted total rules out)")
+    lines.append(f"~ : within {RANKING_ERROR:.0%} of the best, the model's measured error inside a table of published "
+                 "runs (tests/bench/validate.py): tied; measure them (tune) before choosing")
     best = p.candidates[0]
     if best.throughput and best.throughput.days_to_train:
         lines.append(f"\nBest: {best.throughput.days_to_train:.1f} days / "

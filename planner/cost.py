@@ -5,7 +5,10 @@ quantization and short inner dimensions; memory-bound element-wise work timed at
 TP all-reduces on the TP group's link, not overlapped (Megatron); 1F1B pipeline with its bubble
 (m + p - 1 micro-batch slots, interleaving divides the bubble by v) and p2p sends; DP gradient
 all-reduce or ZeRO/FSDP gathers on the DP group's bottleneck link, overlapped only where the
-framework overlaps; optimizer step at HBM bandwidth. FLOPs come from `planner.flops` only.
+framework overlaps; optimizer step at HBM bandwidth. FLOPs come from `planner.flops` only; what
+each framework does differently (p2p splitting, per-micro-batch cost, stage balancing, ZeRO traffic,
+host launch time, vocabulary padding) from `planner.framework`. Validated on every published dev table
+by `python tests/bench/validate.py`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from planner import flops
+from planner.framework import Framework, get_framework, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params
 from planner.model import ModelSpec
@@ -21,20 +25,60 @@ from planner.space import Candidate, TrainingSpec
 from planner.topology import Topology, collective_time_s
 
 # Tile of the GEMM kernels cuBLAS picks for large shapes (128x128 thread-block tiles; NVIDIA "Matrix
-# Multiplication Background" user guide, "Tile Quantization") and the inner size at which a GEMM is
-# half as efficient as a long one. The large-GEMM ceiling is the accelerator's `gemm_efficiency`.
+# Multiplication Background" user guide, "Tile Quantization").
 GEMM_TILE = 128
+# Inner size at which a GEMM is half as efficient as a long one (k / (k + GEMM_K_HALF)): short inner
+# dimensions cannot hide load latency. FITTED by hand on Megatron-LM 2021 Table 1 and Korthikanti 2022
+# Table 5 (small-hidden rows), checked on seed 003 (hidden 2048).
 GEMM_K_HALF = 64
-# Fraction of HBM bandwidth element-wise kernels (norms, dropout, softmax, optimizer) sustain
-# (STREAM-like copies reach 80-90% of HBM peak; fused PyTorch kernels somewhat less).
+# 16-bit tensor-core GEMMs want every dimension a multiple of 8 elements (NVIDIA "Matrix Multiplication
+# Background" user guide, "Tensor Core Requirements"). The attention's batched GEMMs (QK^T, AV) over a
+# head_dim that is not are modelled at the CUDA-core FP32 rate (datasheet `peak_fp32_flops`): checked on
+# the BLOOM tr11 NHEADS table (head_dim 108 = 13824/128 ran 1.30x slower than head_dim 144) and the 02-20
+# tables (head_dim 150). Dense GEMMs with h/TP not a multiple of 8 (tr8-104B at TP4: 2900) ran within the
+# noise of aligned ones; dense GEMMs with an odd-sized dimension (a vocabulary of 50257 unpadded) run at
+# about half speed: nanoGPT (karpathy/nanoGPT model.py, "vocab_size ... padded up to nearest multiple of
+# 64 for efficiency") measured ~25% faster GPT-2 training from 50257 -> 50304, the LM head being ~30% of
+# the FLOPs; also the DeepSpeed autotuning HF GPT-2 dev tables.
+TENSOR_CORE_MULTIPLE = 8
+DENSE_ALIGNMENT, DENSE_MISALIGNED_EFFICIENCY = 4, 0.5
+# Fraction of HBM bandwidth element-wise kernels (norms, dropout, softmax, optimizer) sustain: copy
+# kernels reach 80-90% of HBM peak (BabelStream results on V100/A100), fused PyTorch kernels less.
+# FITTED by hand on seed 003's V100 tables (no-recompute vs recompute rows) and Korthikanti 2022 Table 5.
 ELEMENTWISE_BW_EFFICIENCY = 0.7
-# Element-wise traffic relative to Megatron's fused kernels (fused layernorm, bias-GeLU, bias-dropout-
-# add, softmax): an eager PyTorch model under FSDP (seed 002: a Hugging Face Llama) runs RMSNorm,
-# RoPE and SwiGLU as several unfused kernels each, reading and writing the activations ~2x as often.
-UNFUSED_TRAFFIC = {"megatron-deepspeed": 1.0, "megatron-lm": 1.0, "fsdp": 2.0}
-# Share of the ZeRO-3/FSDP gathers hidden under compute by prefetching (seed 002: FSDP overlaps
-# all-gathers with the forward/backward).
+# Share of the ZeRO-3/FSDP gathers hidden under compute by prefetching (Zhao et al. 2023, PyTorch FSDP,
+# arXiv 2304.11277 Sec. 3.3: forward/backward prefetch overlaps the next all-gather with this layer's
+# compute). FITTED by hand on the torchtitan and fms-fsdp dev tables and Narayanan 2021 Table 2 ZeRO-3
+# rows (where communication dominates and the compute hides under it).
 SHARDED_OVERLAP = 0.8
+# Bytes per logit the cross-entropy reads and writes, forward and backward: 16-bit logits read, fp32
+# softmax written and read back, 16-bit gradient written (Megatron's vocab-parallel cross-entropy).
+LOSS_BYTES_PER_LOGIT = 6
+
+
+# How far apart two candidates' predictions must be before the ranking between them means something:
+# the spread of predicted/measured throughput inside one table of published runs (sd of the log ratio,
+# 0.096 over the 30 dev tables: `python tests/bench/validate.py`). Closer candidates are tied.
+RANKING_ERROR = 0.10
+
+
+def tied(best_step_s: float, step_s: float) -> bool:
+    """``step_s`` is within the model's measured ranking error of the best prediction."""
+    return step_s <= best_step_s * (1 + RANKING_ERROR)
+
+
+@dataclass(frozen=True, slots=True)
+class GemmContext:
+    """What a GEMM's time depends on besides its shape."""
+
+    peak: float
+    sm_count: int
+    base: float
+    """large-GEMM fraction of peak: the catalog's, or a calibration's measurement"""
+    measured: bool
+    """``base`` was measured on the model's own shapes: used as is, no second tile/wave penalty"""
+    cuda_core_ratio: float
+    """CUDA-core rate / tensor-core peak, for shapes tensor cores cannot take"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,25 +121,38 @@ def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: 
     return base * tile_eff * wave_eff * k / (k + GEMM_K_HALF)
 
 
-def _gemm_s(m: int, n: int, k: int, peak: float, sm: int, base: float, batch: int = 1) -> float:
-    return 2.0 * m * n * k * batch / (peak * gemm_efficiency(m, n, k, batch=batch, sm_count=sm, base=base))
+def _gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bool = False) -> float:
+    eff = g.base if g.measured else gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
+    if attention and (n % TENSOR_CORE_MULTIPLE or k % TENSOR_CORE_MULTIPLE):
+        eff = min(eff, g.base) * g.cuda_core_ratio
+    elif n % DENSE_ALIGNMENT or k % DENSE_ALIGNMENT:
+        eff *= DENSE_MISALIGNED_EFFICIENCY
+    return 2.0 * m * n * k * batch / (g.peak * eff)
+
+
+def gemm_context(cluster: ClusterSpec, training: TrainingSpec) -> GemmContext:
+    acc = cluster.gpu
+    peak = acc.peak_flops(training.precision)
+    measured = cluster.matmul_efficiency is not None   # a calibration file's measurement wins
+    base = cluster.matmul_efficiency if measured else acc.gemm_efficiency
+    ratio = min(1.0, acc.peak_fp32_flops / peak) if training.precision in ("bf16", "fp16") else 1.0
+    return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, measured=measured, cuda_core_ratio=ratio)
 
 
 def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
-                    base: float) -> tuple[float, float, float]:
+                    g: GemmContext, fw: Framework) -> tuple[float, float, float]:
     """(matmul seconds, attention-core seconds, element-wise seconds) of one layer's forward for one micro-batch."""
     acc = cluster.gpu
-    peak, sm = acc.peak_flops(training.precision), acc.sm_count
     t, s, b, h = cand.tp, model.seq_len, cand.mbs, model.hidden
     tokens = s * b
     ffn_out = model.ffn_hidden * (2 if model.glu else 1)
-    dense = (_gemm_s(tokens, (h + 2 * model.kv_dim) // t, h, peak, sm, base)
-             + _gemm_s(tokens, h, h // t, peak, sm, base)
-             + _gemm_s(tokens, ffn_out // t, h, peak, sm, base)
-             + _gemm_s(tokens, h, model.ffn_hidden // t, peak, sm, base))
+    dense = (_gemm_s(tokens, (h + 2 * model.kv_dim) // t, h, g)
+             + _gemm_s(tokens, h, h // t, g)
+             + _gemm_s(tokens, ffn_out // t, h, g)
+             + _gemm_s(tokens, h, model.ffn_hidden // t, g))
     heads = b * max(1, model.heads // t)
     d = model.head_dim
-    core = _gemm_s(s, s, d, peak, sm, base, heads) + _gemm_s(s, d, s, peak, sm, base, heads)
+    core = _gemm_s(s, s, d, g, heads, attention=True) + _gemm_s(s, d, s, g, heads, attention=True)
     # element-wise traffic, bytes (16-bit): 2 norms r/w 8·Th, 2 bias-dropout-add 14·Th (both split by SP),
     # Q/K/V and context layout copies between [s,b,a,d] and [b·a,s,d] 16·Th/t, activation r/w 4·T·f/t
     # (6 with GLU), scale-mask-softmax + dropout on scores 9·b·a·s²/t without flash
@@ -104,22 +161,38 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
                    + (6 if model.glu else 4) * tokens * model.ffn_hidden / t)
     if not training.flash_attention:
         elementwise += 9 * b * model.heads * s * s / t
-    elementwise *= UNFUSED_TRAFFIC[training.framework]
+    elementwise *= fw.elementwise_traffic
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+
+
+def balanced_stage_s(layers: int, pp: int, layer_s: float, head_s: float) -> tuple[float, int]:
+    """(slowest stage's compute, layers on the last stage) when the layers are split so that the last
+    stage's layers plus the LM head balance the others (DeepSpeed's PipelineModule partitioning)."""
+    best, best_last = math.inf, 0
+    for last in range(0, -(-layers // pp) + 1):
+        others = -(-(layers - last) // (pp - 1))
+        t = max(others * layer_s, last * layer_s + head_s)
+        if t < best:
+            best, best_last = t, last
+    return best, best_last
 
 
 def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   topology: Topology, params: CostParams = CostParams()) -> TimeBreakdown:
     acc = cluster.gpu
-    base = cluster.matmul_efficiency or acc.gemm_efficiency   # a calibration file's measurement wins
-    peak, sm = acc.peak_flops(training.precision), acc.sm_count
+    fw = get_framework(training.framework)
+    g = gemm_context(cluster, training)
     tokens = model.seq_len * cand.mbs
     half = 2 if training.precision in ("bf16", "fp16") else 4
 
-    dense, core, elem = layer_forward_s(model, cand, cluster, training, base)
-    fwd = dense + core + elem
+    dense, core, elem = layer_forward_s(model, cand, cluster, training, g, fw)
+    # the host launches a layer's kernels asynchronously: a pass takes the longer of the GPU's work and
+    # the host's (framework.host_s_per_layer_forward; the backward launches about twice as many kernels)
+    host = fw.host_s_per_layer_forward
+    fwd = max(dense + core + elem, host)
     extra = fwd if cand.recompute == "full" else (core if cand.recompute == "selective" else 0.0)
-    layer_s = 3 * (dense + core) + 3 * elem + extra   # backward = 2x forward (seed 001 "forward vs backward")
+    # backward = 2x forward (seed 001 "forward vs backward")
+    layer_s = fwd + max(2 * (dense + core + elem), 2 * host) + extra
 
     # TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed (Megatron Sec. 3.1)
     tp_msgs = 4 + (2 if cand.recompute == "full" else 0)
@@ -128,25 +201,31 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                                              group=cand.tp) * params.comm_scale
 
     lps = layers_per_stage(model, cand.pp)
-    # LM head GEMM (forward + 2x backward) and the cross-entropy over the logits: ~6 bytes per logit
-    # read and written (16-bit logits, fp32 softmax), forward and backward (Megatron's vocab-parallel loss)
-    logits_s = 3 * _gemm_s(tokens, model.vocab // cand.tp, model.hidden, peak, sm, base)
-    logits_s += 3 * 6 * tokens * model.vocab / cand.tp / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
-    first_stage = lps * layer_s
-    last_stage = lps * layer_s + logits_s
+    # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
+    vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
+    logits_s = 3 * _gemm_s(tokens, vocab_t, model.hidden, g)
+    logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
     if cand.pp == 1:
-        stage_compute = first_stage + logits_s
+        stage_compute = lps * layer_s + logits_s
+    elif fw.balances_stages:
+        stage_compute, last_layers = balanced_stage_s(model.layers, cand.pp, layer_s, logits_s)
+        lps = max(last_layers, -(-(model.layers - last_layers) // (cand.pp - 1)))
     else:
-        stage_compute = max(first_stage, last_stage)
+        stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
     stage_compute *= params.compute_scale
     stage_tp = lps * tp_layer_s
 
-    # p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t
+    # p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t,
+    # DeepSpeed's pipeline engine the activation as 1/t and the gradient whole (planner.framework)
     p2p = 0.0
     if cand.pp > 1:
         pp_link = topology.pp_link(cand.tp, cand.dp, cand.pp)
-        p2p = 2 * cand.vpp * collective_time_s(pp_link, kind="send", message_bytes=tokens * model.hidden * half
-                                               / cand.tp, group=2) * params.comm_scale
+        act = tokens * model.hidden * half
+        sends = (act / cand.tp if fw.p2p_activation_split else act) + (act / cand.tp if fw.p2p_grad_split else act)
+        p2p = cand.vpp * collective_time_s(pp_link, kind="send", message_bytes=sends, group=2) * params.comm_scale
+        # the framework's cost per micro-batch and stage (DeepSpeed's partitioned-activation pipeline, TP > 1)
+        if cand.tp > 1:
+            p2p += fw.microbatch_overhead_s
 
     slot = stage_compute + stage_tp + p2p
     bubble_slots = (cand.pp - 1) / cand.vpp
@@ -164,9 +243,15 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     if cand.dp > 1:
         if cand.zero >= 3:
             shard_link = topology.dp_link(cand.tp, shard)   # HYBRID_SHARD: the shard group stays inside a node
+            if fw.sharded_gather_per_rail and shard_link.kind == "inter":
+                shard_link = topology.rail_link(shard_link)
             gather = collective_time_s(shard_link, kind="all_gather", message_bytes=grad_bytes, group=shard)
             scatter = collective_time_s(shard_link, kind="reduce_scatter", message_bytes=grad_bytes, group=shard)
-            comm = cand.gas * (2 * gather + scatter)
+            # parameters all-gathered for the forward and again for the backward, gradients reduce-scattered
+            # (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch; a
+            # recomputed forward gathers them once more (checkpointed layers re-run their forward)
+            gathers = 3 if cand.recompute == "full" else 2
+            comm = cand.gas * (gathers * gather + scatter)
             if cand.hybrid and cand.dp > shard:
                 inter = topology.dp_link(cand.tp * shard, cand.dp // shard)
                 comm += collective_time_s(inter, kind="all_reduce", message_bytes=grad_bytes / shard,
@@ -178,6 +263,10 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             # after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP)
             dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes,
                                      group=cand.dp) * params.comm_scale
+            if cand.zero >= 1:
+                dp_s *= fw.zero12_traffic
+            if dp_link.kind == "inter":
+                dp_s /= fw.dp_inter_node_efficiency
             if training.framework == "fsdp":
                 dp_s = max(dp_s * (1 - SHARDED_OVERLAP), dp_s - compute_s)
 

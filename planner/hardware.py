@@ -10,7 +10,7 @@ names, SI throughout (FLOP/s, bytes, bytes/s). Link bandwidths are per GPU, one 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 
 from planner.errors import InputError
@@ -96,6 +96,12 @@ CATALOG: dict[str, Accelerator] = {a.id: a for a in (
          gemm_efficiency=0.7,
          source="NVIDIA H100 datasheet, PCIe (756 TFLOPS bf16 dense, 378 TF32, 51 FP32, 2.0 TB/s, "
                 "PCIe Gen5 128 GB/s bidirectional)"),
+    _acc(id="H100-NVL", peak_bf16_flops=835 * TB, peak_fp16_flops=835 * TB, peak_tf32_flops=417.5 * TB,
+         peak_fp32_flops=60 * TB, memory_bytes=94 * GiB, memory_bw_bytes_per_s=3900 * GB,
+         intra_node_bw_bytes_per_s=300 * GB, intra_node_link="NVLink bridge", cuda_context_bytes=0.9 * 2**30,
+         sm_count=132, gemm_efficiency=0.7,
+         source="NVIDIA H100 NVL datasheet (1,671 TFLOPS bf16 with sparsity = 835 dense, 835 TF32 sparse, 60 FP32, "
+                "94 GB HBM3 3.9 TB/s, NVLink bridge 600 GB/s bidirectional)"),
     _acc(id="H200", **{**_H100_SXM, "memory_bytes": 141 * GiB, "memory_bw_bytes_per_s": 4800 * GB},
          source="NVIDIA H200 datasheet, SXM (989 TFLOPS bf16 dense, 141 GB HBM3e 4.8 TB/s, NVLink 900 GB/s)"),
     _acc(id="B200", peak_bf16_flops=2250 * TB, peak_fp16_flops=2250 * TB, peak_tf32_flops=1100 * TB,
@@ -104,6 +110,13 @@ CATALOG: dict[str, Accelerator] = {a.id: a for a in (
          gemm_efficiency=0.7,
          source="NVIDIA HGX B200 datasheet (2.25 PFLOPS bf16 dense, 1.1 PF TF32, 180 GB HBM3e 7.7 TB/s, "
                 "NVLink 1.8 TB/s bidirectional)"),
+    _acc(id="GB200", peak_bf16_flops=2500 * TB, peak_fp16_flops=2500 * TB, peak_tf32_flops=1250 * TB,
+         peak_fp32_flops=80 * TB, memory_bytes=186 * GiB, memory_bw_bytes_per_s=8000 * GB,
+         intra_node_bw_bytes_per_s=900 * GB, intra_node_link="NVLink5 (NVL72 domain)", cuda_context_bytes=1.0 * 2**30,
+         sm_count=148, gemm_efficiency=0.7,
+         source="NVIDIA GB200 NVL72 datasheet, per GPU (/72): 360 PFLOPS bf16 with sparsity = 2.5 PF dense, "
+                "180 PF TF32 sparse, 13.4 TB HBM3e = 186 GB at 576 TB/s = 8 TB/s, NVLink 130 TB/s = 1.8 TB/s "
+                "bidirectional; FP32 per B200 (80 TF); one NVLink domain of 72 GPUs: --gpus-per-node 72"),
     _acc(id="MI250X", peak_bf16_flops=383 * TB, peak_fp16_flops=383 * TB, peak_tf32_flops=None,
          peak_fp32_flops=95.7 * TB, memory_bytes=128 * GiB, memory_bw_bytes_per_s=3277 * GB,
          intra_node_bw_bytes_per_s=200 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30, sm_count=220,
@@ -126,7 +139,8 @@ CATALOG: dict[str, Accelerator] = {a.id: a for a in (
 )}
 
 ALIASES = {"V100": "V100-32GB", "A100": "A100-80GB", "H100": "H100-SXM", "H100-80GB": "H100-SXM",
-           "A100-SXM4-80GB": "A100-80GB", "A100-SXM4-40GB": "A100-40GB"}
+           "A100-SXM4-80GB": "A100-80GB", "A100-SXM4-40GB": "A100-40GB", "H100-94GB": "H100-NVL",
+           "H200-141GB": "H200", "B200-180GB": "B200"}
 
 
 def get_accelerator(gpu_id: str) -> Accelerator:
@@ -140,13 +154,8 @@ def get_accelerator(gpu_id: str) -> Accelerator:
 
 # Inter-node defaults per GPU and direction: 200 Gb/s HDR InfiniBand per GPU (DGX A100 / SuperPOD:
 # 8x HDR per node), 400 Gb/s NDR per GPU for H100/H200/B200 (DGX H100: 8x NDR400).
-DEFAULT_INTER_NODE_GBPS = {"V100": 100.0, "A100": 200.0, "H100": 400.0, "H200": 400.0, "B200": 400.0,
+DEFAULT_INTER_NODE_GBPS = {"V100": 100.0, "A100": 200.0, "H100": 400.0, "H200": 400.0, "B200": 400.0, "GB200": 400.0,
                            "MI250X": 200.0, "MI300X": 400.0}
-
-
-def _default_inter_node_bw(acc: Accelerator, gpus_per_node: int) -> float:
-    family = acc.id.split("-")[0]
-    return DEFAULT_INTER_NODE_GBPS.get(family, 100.0) * 1e9 / 8 * gpus_per_node
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,12 +165,21 @@ class ClusterSpec:
     gpus_per_node: int
     nodes: int
     inter_node_bw_bytes_per_s: float
-    """per node, one direction, all NICs together"""
+    """per node, one direction, all NICs (rails) together"""
     intra_node_bw_bytes_per_s: float
     """per GPU, one direction; defaults to the accelerator's link"""
     matmul_efficiency: float | None = None
     """measured fraction of peak a large GEMM reaches (from a calibration file), else the model default"""
     cuda_context_bytes: float | None = None
+    nics_per_node: int | None = field(default=None, compare=False)
+    """inter-node NICs (rails) per node, shared by the node's GPUs; None when only a total was given"""
+    nic_gbps: float | None = field(default=None, compare=False)
+    """one NIC's line rate, Gbit/s per direction"""
+    network: str = field(default="", compare=False)
+    """where the network figures come from (a preset's source, a flag, the default)"""
+    intra_node_bw_measured: bool = False
+    """intra_node_bw is a measured bus bandwidth (calibration): used as is, no link-efficiency derate"""
+    inter_node_bw_measured: bool = False
 
     def __post_init__(self) -> None:
         if self.gpus_per_node <= 0 or self.nodes <= 0:
@@ -179,16 +197,68 @@ class ClusterSpec:
     def context_bytes(self) -> float:
         return self.cuda_context_bytes if self.cuda_context_bytes is not None else self.gpu.cuda_context_bytes
 
+    def network_line(self) -> str:
+        """The network assumed, in one line: rails x rate per node, per GPU, the intra-node link, the source."""
+        total = self.inter_node_bw_bytes_per_s * 8 / 1e9
+        rails = (f"{self.nics_per_node} x {self.nic_gbps:g} Gb/s NICs per node = {total:g} Gb/s"
+                 if self.nics_per_node and self.nic_gbps else f"{total:g} Gb/s per node")
+        kind = "measured bus bandwidth" if self.inter_node_bw_measured else rails
+        intra = (f"{self.intra_node_bw_bytes_per_s / 1e9:g} GB/s per GPU "
+                 f"{'measured' if self.intra_node_bw_measured else self.gpu.intra_node_link}")
+        return (f"network: {kind} ({self.inter_node_bw_per_gpu / 1e9:.1f} GB/s per GPU across nodes), "
+                f"{intra} inside a node; {self.network or 'default'}")
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "gpu": self.gpu.id, "gpus_per_node": self.gpus_per_node, "nodes": self.nodes,
-                "inter_node_gbps": round(self.inter_node_bw_bytes_per_s * 8 / 1e9, 3),
-                "intra_node_gbps_per_gpu": round(self.intra_node_bw_bytes_per_s * 8 / 1e9, 3)}
+        d = {"name": self.name, "gpu": self.gpu.id, "gpus_per_node": self.gpus_per_node, "nodes": self.nodes,
+             "inter_node_gbps": round(self.inter_node_bw_bytes_per_s * 8 / 1e9, 3),
+             "intra_node_gbps_per_gpu": round(self.intra_node_bw_bytes_per_s * 8 / 1e9, 3)}
+        if self.nics_per_node and self.nic_gbps:
+            d |= {"nics_per_node": self.nics_per_node, "nic_gbps": self.nic_gbps}
+        return d
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterPreset:
+    """A cluster people train on, with its real node and network figures."""
+
+    gpu: str
+    gpus_per_node: int
+    nics_per_node: int
+    nic_gbps: float
+    source: str
+
+
+# Clusters people train on, with their real network (one home for these figures). `--cluster NAME`.
+CLUSTER_PRESETS: dict[str, ClusterPreset] = {
+    "jean-zay-a100": ClusterPreset(
+        gpu="A100-80GB", gpus_per_node=8, nics_per_node=4, nic_gbps=100.0,
+        source="Jean Zay gpu_p5 (IDRIS), BLOOM's cluster: 8 A100-SXM4-80GB on NVLink3 per node, "
+               "4 x 100 Gb/s Omni-Path per node (../shared/data/README_published.md)"),
+    "jean-zay-v100": ClusterPreset(
+        gpu="V100-32GB", gpus_per_node=4, nics_per_node=1, nic_gbps=100.0,
+        source="Jean Zay V100 partition (IDRIS): 4 V100-SXM2-32GB per node, Omni-Path 100 Gb/s "
+               "(one rail: an assumption, as examples/cluster-2x4-v100-32gb.yaml)"),
+    "dgx-a100-superpod": ClusterPreset(
+        gpu="A100-80GB", gpus_per_node=8, nics_per_node=8, nic_gbps=200.0,
+        source="NVIDIA DGX A100 SuperPOD reference architecture (Selene): 8 x HDR 200 Gb/s InfiniBand "
+               "compute rails per DGX A100, NVLink3/NVSwitch inside"),
+    "dgx-h100-superpod": ClusterPreset(
+        gpu="H100-SXM", gpus_per_node=8, nics_per_node=8, nic_gbps=400.0,
+        source="NVIDIA DGX H100 SuperPOD reference architecture: 8 x NDR 400 Gb/s ConnectX-7 compute "
+               "rails per DGX H100, NVLink4/NVSwitch inside"),
+}
+CLUSTER_PRESETS["selene"] = CLUSTER_PRESETS["dgx-a100-superpod"]
 
 
 def make_cluster(*, gpu: str, gpus: int | None = None, gpus_per_node: int = 8, nodes: int | None = None,
                  inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
-                 name: str = "") -> ClusterSpec:
-    """A cluster from flags: ``--gpu A100-80GB --gpus 384 --gpus-per-node 8``."""
+                 name: str = "", nics_per_node: int | None = None, nic_gbps: float | None = None,
+                 network: str = "") -> ClusterSpec:
+    """A cluster from flags: ``--gpu A100-80GB --gpus 384 --gpus-per-node 8``.
+
+    The inter-node bandwidth per node is ``inter_node_gbps``, else ``nics_per_node`` x ``nic_gbps``,
+    else the accelerator family's default rail (DEFAULT_INTER_NODE_GBPS, one NIC per GPU).
+    """
     acc = get_accelerator(gpu)
     if gpus_per_node <= 0:
         raise InputError(f"--gpus-per-node must be > 0, got {gpus_per_node}")
@@ -202,17 +272,42 @@ def make_cluster(*, gpu: str, gpus: int | None = None, gpus_per_node: int = 8, n
         nodes = gpus // gpus_per_node
     elif gpus is not None and gpus != nodes * gpus_per_node:
         raise InputError(f"--gpus {gpus} != nodes {nodes} x gpus per node {gpus_per_node}")
-    inter = inter_node_gbps * 1e9 / 8 if inter_node_gbps else _default_inter_node_bw(acc, gpus_per_node)
+    if inter_node_gbps:
+        inter, nics, rate = inter_node_gbps * 1e9 / 8, None, None
+        network = network or "--inter-node-gbps"
+    elif nics_per_node and nic_gbps:
+        inter, nics, rate = nics_per_node * nic_gbps * 1e9 / 8, nics_per_node, nic_gbps
+    else:
+        family = acc.id.split("-")[0]
+        rate = DEFAULT_INTER_NODE_GBPS.get(family, 100.0)
+        inter, nics = rate * 1e9 / 8 * gpus_per_node, gpus_per_node
+        network = network or (f"default for {family}: one {rate:g} Gb/s NIC per GPU (a DGX-like node); give "
+                              "--cluster PRESET/FILE or --inter-node-gbps for your cluster")
     intra = intra_node_gbps * 1e9 / 8 if intra_node_gbps else acc.intra_node_bw_bytes_per_s
     return ClusterSpec(name=name or f"{nodes}x{gpus_per_node} {acc.id}", gpu=acc, gpus_per_node=gpus_per_node,
-                       nodes=nodes, inter_node_bw_bytes_per_s=inter, intra_node_bw_bytes_per_s=intra)
+                       nodes=nodes, inter_node_bw_bytes_per_s=inter, intra_node_bw_bytes_per_s=intra,
+                       nics_per_node=nics, nic_gbps=rate, network=network)
 
 
-_CLUSTER_KEYS = {"name", "gpu", "gpus_per_node", "nodes", "inter_node_gbps", "intra_node_gbps", "notes", "source"}
+def preset_cluster(preset: str, *, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
+    """A cluster preset (CLUSTER_PRESETS) at ``gpus`` / ``nodes`` (default: one node)."""
+    p = CLUSTER_PRESETS[preset]
+    if gpus is None and nodes is None:
+        nodes = 1
+    return make_cluster(gpu=p.gpu, gpus=gpus, nodes=nodes, gpus_per_node=p.gpus_per_node,
+                        nics_per_node=p.nics_per_node, nic_gbps=p.nic_gbps, name=preset,
+                        network=f"preset {preset}: {p.source}")
+
+
+_CLUSTER_KEYS = {"name", "gpu", "gpus_per_node", "nodes", "inter_node_gbps", "intra_node_gbps", "nics_per_node",
+                 "nic_gbps", "notes", "source"}
 
 
 def load_cluster(path: str, *, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
-    """A cluster YAML: gpu, gpus_per_node, nodes, inter_node_gbps (per node), intra_node_gbps (per GPU)."""
+    """A cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps per node or nics_per_node x nic_gbps,
+    intra_node_gbps per GPU), or the name of a preset (CLUSTER_PRESETS: jean-zay-a100, dgx-h100-superpod, ...)."""
+    if path.strip().lower() in CLUSTER_PRESETS:
+        return preset_cluster(path.strip().lower(), gpus=gpus, nodes=nodes)
     d = read_mapping(path, "cluster file")
     unknown = set(d) - _CLUSTER_KEYS
     if unknown:
@@ -227,7 +322,8 @@ def load_cluster(path: str, *, gpus: int | None = None, nodes: int | None = None
         raise InputError(f"cluster YAML {path}: gpus_per_node and nodes must be integers") from None
     return make_cluster(gpu=str(d["gpu"]), gpus=gpus, gpus_per_node=gpn, nodes=nodes,
                         inter_node_gbps=d.get("inter_node_gbps"), intra_node_gbps=d.get("intra_node_gbps"),
-                        name=str(d.get("name", "")))
+                        nics_per_node=d.get("nics_per_node"), nic_gbps=d.get("nic_gbps"), name=str(d.get("name", "")),
+                        network=f"cluster file {path}" + (f": {d['source']}" if d.get("source") else ""))
 
 
 def apply_calibration(cluster: ClusterSpec, path: str) -> ClusterSpec:
@@ -241,10 +337,14 @@ def apply_calibration(cluster: ClusterSpec, path: str) -> ClusterSpec:
     changes: dict = {}
     if "matmul_efficiency" in d:
         changes["matmul_efficiency"] = float(d["matmul_efficiency"])
+    # measured bus bandwidths are used as measured: no link-efficiency derate (planner.topology)
     if "intra_node_busbw_gbps" in d:
         changes["intra_node_bw_bytes_per_s"] = float(d["intra_node_busbw_gbps"]) * 1e9 / 8
+        changes["intra_node_bw_measured"] = True
     if "inter_node_busbw_gbps" in d:
         changes["inter_node_bw_bytes_per_s"] = float(d["inter_node_busbw_gbps"]) * 1e9 / 8 * cluster.gpus_per_node
+        changes["inter_node_bw_measured"] = True
+        changes["network"] = f"measured by tune calibrate ({path})"
     if "cuda_context_bytes" in d:
         changes["cuda_context_bytes"] = float(d["cuda_context_bytes"])
     return replace(cluster, **changes)

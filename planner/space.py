@@ -135,7 +135,9 @@ class Candidate:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of n in increasing order, in O(sqrt n)."""
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:

@@ -1,28 +1,29 @@
-"""The cluster as a graph, where each TP/PP/DP group lands, and the bandwidth its collectives see.
+"""Where each TP/PP/DP group lands on the cluster, and the bandwidth its collectives see.
 
 Rank order is Megatron's (megatron/mpu/initialize.py): TP innermost, then DP, then PP, so a
 TP group is consecutive ranks (inside a node when TP <= GPUs per node), a DP group strides by
-TP, a PP group strides by TP·DP. A group's collective is limited by its bottleneck edge: the
-GPU's NVLink/PCIe port inside a node, or the node's NIC shared by every group that crosses it
-at the same time.
+TP, a PP group strides by TP·DP. A group's collective is limited by its bottleneck: the GPU's
+NVLink/PCIe port inside a node, or the node's NICs (all rails together) shared by every group
+that crosses the node at the same time. Closed forms in the group's stride and size, so the
+cost of a plan does not grow with the number of GPUs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
-
-import networkx as nx
 
 from planner.hardware import ClusterSpec
 
-# Achievable fraction of link bandwidth for NCCL collectives at large message sizes: nccl-tests
-# all_reduce busbw on DGX A100 reaches ~230 of 300 GB/s NVLink (NVIDIA nccl-tests PERFORMANCE.md).
+# Achievable fraction of a datasheet link bandwidth for NCCL collectives at large messages (nccl-tests
+# PERFORMANCE.md defines bus bandwidth as the figure comparable to the link's peak; it gives no A100
+# number). FITTED by hand on Megatron-LM 2021 Table 1 and Korthikanti 2022 Table 5 (the TP/DP terms),
+# checked on the dev tables (tests/bench/validate.py). Never applied to a measured bus bandwidth.
 LINK_EFFICIENCY = 0.75
-# Message size at which a ring collective reaches half its asymptotic bus bandwidth (nccl-tests
-# all_reduce curves on NVLink and InfiniBand reach half their plateau around 4-8 MB): the
-# pipelining term of an alpha-beta model. Point-to-point sends have no ring to fill.
+# Message size at which a ring collective reaches half its asymptotic bus bandwidth: the pipelining
+# term of an alpha-beta model (Hockney 1994). FITTED by eye on nccl-tests all_reduce curves of DGX
+# A100 (NVLink and HDR InfiniBand), which reach half their plateau around 4-8 MB. Sends: no ring to fill.
 HALF_BANDWIDTH_BYTES = {"intra": 8e6, "inter": 8e6}
+# Per-collective start-up latency (alpha). FITTED by eye on the same nccl-tests curves (small messages).
 COLLECTIVE_LATENCY_S = {"intra": 20e-6, "inter": 40e-6}
 
 
@@ -35,52 +36,49 @@ class Link:
 
 
 class Topology:
-    """Hosts with GPUs behind an NVSwitch-like fabric, hosts joined by one non-blocking switch."""
+    """Hosts of ``gpus_per_node`` GPUs behind an NVSwitch-like fabric, joined by a non-blocking network."""
 
     def __init__(self, cluster: ClusterSpec) -> None:
         self.cluster = cluster
-        g = nx.Graph()
-        g.add_node("switch")
-        for node in range(cluster.nodes):
-            host = ("host", node)
-            g.add_edge(host, "switch", capacity=cluster.inter_node_bw_bytes_per_s)
-            for local in range(cluster.gpus_per_node):
-                g.add_edge(("gpu", node * cluster.gpus_per_node + local), host,
-                           capacity=cluster.intra_node_bw_bytes_per_s)
-        self.graph = g
-        self._cache = lru_cache(maxsize=4096)(self._group_link)
+        intra_eff = 1.0 if cluster.intra_node_bw_measured else LINK_EFFICIENCY
+        inter_eff = 1.0 if cluster.inter_node_bw_measured else LINK_EFFICIENCY
+        self._intra = cluster.intra_node_bw_bytes_per_s * intra_eff
+        self._gpu_port_inter = cluster.intra_node_bw_bytes_per_s * inter_eff
+        self._nic = cluster.inter_node_bw_bytes_per_s * inter_eff
 
-    def host_of(self, rank: int) -> int:
-        return rank // self.cluster.gpus_per_node
-
-    def group_link(self, ranks: tuple[int, ...], concurrent_groups_per_host: int) -> Link:
-        return self._cache(ranks, concurrent_groups_per_host)
-
-    def _group_link(self, ranks: tuple[int, ...], concurrent_groups_per_host: int) -> Link:
-        hosts = {self.host_of(r) for r in ranks}
-        gpu_edge = self.graph.edges[("gpu", ranks[0]), ("host", self.host_of(ranks[0]))]["capacity"]
-        if len(hosts) == 1:
-            return Link(kind="intra", bus_bw_bytes_per_s=gpu_edge * LINK_EFFICIENCY)
-        # a ring leaves and enters each host once; every concurrent group crossing the host shares its NIC
-        nic = min(self.graph.edges[("host", h), "switch"]["capacity"] for h in hosts)
-        share = nic / max(1, concurrent_groups_per_host)
-        return Link(kind="inter", bus_bw_bytes_per_s=min(gpu_edge, share) * LINK_EFFICIENCY)
+    def strided_link(self, stride: int, size: int) -> Link:
+        """The link of the group of ranks {0, stride, 2·stride, ...} (``size`` of them), while every
+        GPU of a node is in some such group and communicates at the same time."""
+        gpn = self.cluster.gpus_per_node
+        if size <= 1 or (size - 1) * stride < gpn:
+            return Link(kind="intra", bus_bw_bytes_per_s=self._intra)
+        # members of this group on one node; the node's GPUs form gpn / members such groups, each
+        # crossing the node's NICs once in a ring
+        members = min(size, -(-gpn // stride)) if stride < gpn else 1
+        concurrent = max(1, gpn // members)
+        return Link(kind="inter", bus_bw_bytes_per_s=min(self._gpu_port_inter, self._nic / concurrent))
 
     # -- Megatron's groups for a layout ------------------------------------------------------------
     def tp_link(self, tp: int) -> Link:
-        return self.group_link(tuple(range(tp)), 1)
+        if tp <= 1 or tp <= self.cluster.gpus_per_node:
+            return Link(kind="intra", bus_bw_bytes_per_s=self._intra)
+        return Link(kind="inter", bus_bw_bytes_per_s=min(self._gpu_port_inter, self._nic))
 
     def dp_link(self, tp: int, dp: int) -> Link:
-        ranks = tuple(d * tp for d in range(dp))
-        members_per_host = sum(1 for r in ranks if self.host_of(r) == 0)
-        concurrent = max(1, self.cluster.gpus_per_node // max(1, members_per_host))
-        return self.group_link(ranks, concurrent)
+        return self.strided_link(tp, dp)
 
     def pp_link(self, tp: int, dp: int, pp: int) -> Link:
         """The link between consecutive stages; every GPU of a stage sends at once."""
-        ranks = (0, tp * dp) if pp > 1 else (0,)
-        concurrent = min(self.cluster.gpus_per_node, tp * dp)
-        return self.group_link(ranks, concurrent)
+        gpn = self.cluster.gpus_per_node
+        if pp <= 1 or tp * dp < gpn:
+            return Link(kind="intra", bus_bw_bytes_per_s=self._intra)
+        concurrent = min(gpn, tp * dp)
+        return Link(kind="inter", bus_bw_bytes_per_s=min(self._gpu_port_inter, self._nic / concurrent))
+
+    def rail_link(self, link: Link) -> Link:
+        """``link`` limited to one GPU's share of the node's NICs (every GPU on its own rail)."""
+        share = self._nic / self.cluster.gpus_per_node
+        return Link(kind=link.kind, bus_bw_bytes_per_s=min(link.bus_bw_bytes_per_s, share))
 
 
 def collective_time_s(link: Link, *, kind: str, message_bytes: float, group: int) -> float:

@@ -58,3 +58,25 @@ def test_cluster_yaml_and_calibration(tmp_path):
     calibrated = apply_calibration(cluster, str(cal))
     assert calibrated.matmul_efficiency == 0.65 and calibrated.intra_node_bw_bytes_per_s == 250e9
     assert calibrated.context_bytes == 1e9
+
+
+@pytest.mark.parametrize("gpu,bf16_tflops,mem_gib,hbm_tbs", [("H100-NVL", 835, 94, 3.9), ("H200", 989, 141, 4.8),
+                                                            ("B200", 2250, 180, 7.7), ("GB200", 2500, 186, 8.0)])
+def test_accelerators_users_buy_now(gpu, bf16_tflops, mem_gib, hbm_tbs):
+    acc = get_accelerator(gpu)
+    assert acc.peak_bf16_flops == bf16_tflops * 1e12 and acc.memory_bytes == mem_gib * 2**30
+    assert acc.memory_bw_bytes_per_s == pytest.approx(hbm_tbs * 1e12)
+
+
+@pytest.mark.parametrize("preset,gpu,nics,gbps", [("jean-zay-a100", "A100-80GB", 4, 100),
+                                                   ("dgx-a100-superpod", "A100-80GB", 8, 200),
+                                                   ("dgx-h100-superpod", "H100-SXM", 8, 400)])
+def test_cluster_presets_carry_their_network(preset, gpu, nics, gbps):
+    cluster = load_cluster(preset, gpus=64)
+    assert cluster.gpu.id == gpu and cluster.world_size == 64
+    assert cluster.inter_node_bw_bytes_per_s == nics * gbps * 1e9 / 8
+    assert f"{nics} x {gbps} Gb/s" in cluster.network_line()
+
+
+def test_default_network_says_it_is_a_default():
+    assert "default" in make_cluster(gpu="A100-80GB", gpus=16).network_line()
