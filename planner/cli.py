@@ -148,8 +148,6 @@ def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, T
     """Flags -> typed model, cluster and training specs, before any work (shared with `tune`)."""
     check_flags(args)
     model = load_model(args.model)
-    if getattr(args, "seq_len", None) is None and HF_SEQ_NOTE in model.source:
-        print(f"note: {model.source}", file=sys.stderr)
     cluster = cluster_from_args(args)
     return model, cluster, training_from_args(args, model, cluster)
 
@@ -298,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.model:
         raise InputError("give --model (a preset such as 176B, a config.json or a model YAML), or --from plan.yaml")
     model, cluster, training = setup_from_args(args)
+    # said after the answer (stderr), so that a refusal stays one line
+    note = f"plan: note: {model.source}\n" if args.seq_len is None and HF_SEQ_NOTE in model.source else ""
     if args.explain:
         cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)
         est = estimate(model, cluster, training, cand)
@@ -311,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
             print(_dump(est.to_dict(detail=True), args.format))
         else:
             print(render_explain(est, cluster))
+        sys.stderr.write(note)
         return 0
     if args.explain == "":
         raise InputError('--explain needs a configuration, e.g. --explain "tp=4,pp=12,mbs=2,recompute=full,zero=1"')
@@ -345,6 +346,7 @@ def run(args: argparse.Namespace) -> int:
         written = _emit(args, model, cluster, training, chosen)
         print(f"\nwrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}",
               file=sys.stderr if args.format != "table" else sys.stdout)
+    sys.stderr.write(note)
     return 0
 
 

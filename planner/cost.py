@@ -78,6 +78,8 @@ def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: 
 
 
 def _gemm_s(m: int, n: int, k: int, peak: float, sm: int, base: float, batch: int = 1) -> float:
+    if min(m, n, k) <= 0:  # a dimension split to nothing (vocab 1 over TP 2) does no work
+        return 0.0
     return 2.0 * m * n * k * batch / (peak * gemm_efficiency(m, n, k, batch=batch, sm_count=sm, base=base))
 
 
@@ -89,8 +91,8 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     t, s, b, h = cand.tp, model.seq_len, cand.mbs, model.hidden
     tokens = s * b
     ffn_out = model.ffn_hidden * (2 if model.glu else 1)
-    dense = (_gemm_s(tokens, (h + 2 * model.kv_dim) // t, h, peak, sm, base)
-             + _gemm_s(tokens, h, h // t, peak, sm, base)
+    dense = (_gemm_s(tokens, (model.q_dim + 2 * model.kv_dim) // t, h, peak, sm, base)
+             + _gemm_s(tokens, h, model.q_dim // t, peak, sm, base)
              + _gemm_s(tokens, ffn_out // t, h, peak, sm, base)
              + _gemm_s(tokens, h, model.ffn_hidden // t, peak, sm, base))
     heads = b * max(1, model.heads // t)

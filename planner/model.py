@@ -286,7 +286,7 @@ def _from_yaml(d: dict, name: str) -> ModelSpec:
 def load_model(arg: str) -> ModelSpec:
     """A preset name or shorthand, a HF config.json, or a plantune model YAML."""
     path = Path(arg)
-    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file():
+    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file() or ("/" in arg and path.exists()):
         data = read_mapping(path, "model file", missing_hint=f"; give a preset ({', '.join(preset_names())}) "
                                                              "or an existing config.json / model YAML")
         return _from_hf(data, arg) if path.suffix.lower() == ".json" else _from_yaml(data, arg)

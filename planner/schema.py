@@ -464,7 +464,8 @@ def plan_schema() -> dict[str, Field]:
                "matmul_efficiency": CALIBRATION["matmul_efficiency"],
                "cuda_context_bytes": CALIBRATION["cuda_context_bytes"]}
     prediction = {k: Num(0, required=True) for k in ("memory_gb_per_gpu", "step_time_s", "model_tflops_per_gpu",
-                                                      "hardware_tflops_per_gpu", "mfu")}
+                                                      "hardware_tflops_per_gpu")}
+    prediction["mfu"] = Num(0, 1, required=True)
     return {
         "num_layers": _required(MODEL["layers"]), "hidden_size": _required(MODEL["hidden"]),
         "num_attention_heads": _required(MODEL["heads"]), "num_key_value_heads": _required(MODEL["kv_heads"]),

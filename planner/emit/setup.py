@@ -89,6 +89,9 @@ def _common_problems(s: RunSetup) -> list[str]:
         out.append(f"key/value heads {m.kv_heads} are not divisible by TP {c.tp}; use a TP that divides {m.kv_heads}")
     if m.ffn_hidden % c.tp:
         out.append(f"ffn hidden {m.ffn_hidden} is not divisible by TP {c.tp}")
+    if m.kv_channels is not None:  # Gemma: the emitters do not write --kv-channels yet
+        out.append(f"a head width of {m.kv_channels} (kv_channels, not hidden/heads) is not emitted yet; "
+                   "plan it, but write the framework's --kv-channels by hand")
     if c.sp and c.tp == 1:
         out.append("sequence parallelism needs TP > 1 (Megatron silently turns it off at TP=1); set sp=0")
     if t.seq_len > m.seq_len:
