@@ -118,7 +118,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, can
     model = prepare(model, training)
     topology = topology or Topology(cluster)
     reasons = structural_violations(model, candidate, cluster, training)
-    if candidate.tp * candidate.pp > cluster.world_size or candidate.world <= 0:
+    if candidate.world > cluster.world_size or candidate.world <= 0:  # ranks the cluster does not have
         return Estimate(candidate=candidate, reasons=tuple(reasons))
     mem = memory_breakdown(model, candidate, cluster, training)
     reasons += memory_violations(mem, cluster, training)

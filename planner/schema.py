@@ -421,6 +421,8 @@ def check_hf(data: dict, where: str) -> str:
     A key that is neither read, nor known to leave the shape alone, stops here: dropping it could
     plan a different model (Mixtral's experts planned as a dense 7B).
     """
+    if not isinstance(data.get("model_type"), str):
+        check(data, {"model_type": HF_KEYS["model_type"]}, where, unknown="keep")
     moe = [k for k in HF_MOE if k in data and data[k] not in (None, 0, 1, False)]
     if moe or data.get("model_type") in ("mixtral", "qwen2_moe", "deepseek_v2", "deepseek_v3", "dbrx", "olmoe"):
         shown = ", ".join(f"{k}: {_short(data[k])}" for k in moe[:3]) or f"model_type {data.get('model_type')}"
@@ -475,7 +477,7 @@ def plan_schema() -> dict[str, Field]:
         "num_layers_per_virtual_pipeline_stage": Int(1, 10_000, null=True),
         "sequence_parallel": Bool(required=True),
         "micro_batch_size": batch, "global_batch_size": batch, "gradient_accumulation_steps": batch,
-        "rampup_batch_size": replace(_RAMPUP, what="[START, INCREMENT, SAMPLES] integers"),
+        "rampup_batch_size": replace(_RAMPUP, what="[START, INCREMENT, SAMPLES] integers", required=True),
         "train_samples": Int(1, None, null=True),
         "recompute_granularity": Enum(None, "full", "selective",
                                       what="null, full or selective (Megatron's --recompute-granularity)"),
@@ -510,7 +512,7 @@ def check_plan(data: dict, where: str) -> dict:
     check(data, {**schema, "plantune": Map(p, required=True)}, where)
     for key, gbs in (("rampup_batch_size", data["global_batch_size"]),
                      ("plantune.model.rampup", data["plantune"]["model"].get("global_batch"))):
-        ramp = data["rampup_batch_size"] if key == "rampup_batch_size" else data["plantune"]["model"].get("rampup")
+        ramp = data.get("rampup_batch_size") if key == "rampup_batch_size" else data["plantune"]["model"].get("rampup")
         if ramp and gbs:
             from planner.model import Rampup
 
