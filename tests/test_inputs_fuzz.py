@@ -16,12 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from inputs_harness import (CALIBRATION_YAML, CLUSTER_YAML, HF_CONFIG, MODEL_YAML, assert_contract,  # noqa: E402
-                            plan_yaml_base)
+from inputs_harness import CALIBRATION_YAML, CLUSTER_YAML, HF_CONFIG, MODEL_YAML, assert_contract, plan_yaml_base
 
 EXAMPLES = int(os.environ.get("PLANTUNE_FUZZ_EXAMPLES", "25"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("PLANTUNE_FUZZ_RANDOM"),
