@@ -240,6 +240,7 @@ FLAGS = [
     (["--model", "176B", "--gpus", "384", "--pick", "2"], "--pick only applies with --emit"),
     (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12", "--top", "3"], "--top does not apply"),
     (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,mbs=two"], "mbs=two is not an integer"),
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,sp=2"], "sp=2 must be 1 or 0"),
 ]
 
 
