@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     except PlantuneError as err:
         if args.debug:
             raise
-        print(f"plan: error: {err}", file=sys.stderr)
+        print("plan: error: " + " ".join(str(err).splitlines()), file=sys.stderr)  # one line, whatever the path
         return 2
     except BrokenPipeError:
         return 0

@@ -87,6 +87,11 @@ def test_not_a_config_file(kind, case, base, tmp_path):
     assert needle in err, err
 
 
+def test_a_path_with_a_newline_is_still_one_line(base, tmp_path):
+    _, _, err = assert_contract(argv_for("model", tmp_path / "a\nb.yaml", base), expect=2)
+    assert "does not exist" in err
+
+
 def test_missing_and_oversized_and_unreadable_files(base, tmp_path):
     _, _, err = assert_contract(argv_for("cluster", tmp_path / "none.yaml", base), expect=2)
     assert "does not exist" in err
