@@ -20,6 +20,7 @@ import argparse
 import csv
 import io
 import json
+import math
 import sys
 import time
 from dataclasses import replace
@@ -31,9 +32,10 @@ import yaml
 from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
 from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
-from planner.model import ModelSpec, Rampup, load_model
+from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
+from planner.schema import check_flags, check_training
 from planner.space import FRAMEWORKS, OPTIMIZERS, PINNABLE, PRECISIONS, RECOMPUTE, TrainingSpec, parse_explain
 
 FORMATS = ("table", "json", "yaml", "csv")
@@ -57,6 +59,8 @@ def number(kind: type, *, allow_zero: bool = False) -> Callable[[str], float]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if value < 0 or (value == 0 and not allow_zero):
             raise argparse.ArgumentTypeError(f"{value} must be {'>= 0' if allow_zero else '> 0'}")
         return value
@@ -194,6 +198,7 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
     gbs = args.global_batch or model.global_batch
     if gbs is None:
         raise InputError(f"model {model.name} has no default global batch; give --global-batch N")
+    check_training(gbs, rampup, "--rampup" if args.rampup else f"model {model.name}'s rampup")
     return TrainingSpec(global_batch=gbs, seq_len=args.seq_len or model.seq_len, precision=precision,
                         optimizer=args.optimizer, framework=framework, flavor=flavor, rampup=rampup, pins=pins,
                         memory_fraction=args.memory_fraction, memory_headroom=args.memory_headroom,
@@ -205,6 +210,7 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
 
 def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:
     """Flags -> typed model, cluster and training specs, before any work (shared with `tune`)."""
+    check_flags(args)
     model = load_model(args.model)
     cluster = cluster_from_args(args)
     return model, cluster, training_from_args(args, model, cluster)
@@ -406,6 +412,8 @@ def run(args: argparse.Namespace) -> int:
     _, why = choose_framework(args, model, cluster)
     targets = targets_for(training, args.emit)
     check_expressible(model, cluster, training, targets, args.emit)
+    # said after the answer (stderr), so that a refusal stays one line
+    note = f"plan: note: {model.source}\n" if args.seq_len is None and HF_SEQ_NOTE in model.source else ""
     if args.explain:
         cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)
         est = estimate(model, cluster, training, cand, targets=targets)
@@ -417,6 +425,7 @@ def run(args: argparse.Namespace) -> int:
             print(_dump(est.to_dict(detail=True), args.format))
         else:
             print(render_explain(est, cluster))
+        sys.stderr.write(note)
         return 0
     if args.explain == "":
         raise InputError('--explain needs a configuration, e.g. --explain "tp=4,pp=12,mbs=2,recompute=full,zero=1"')
@@ -452,6 +461,7 @@ def run(args: argparse.Namespace) -> int:
         written = _emit(args, model, cluster, training, chosen)
         print(f"\nwrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}",
               file=sys.stderr if args.format != "table" else sys.stdout)
+    sys.stderr.write(note)
     return 0
 
 
@@ -474,14 +484,48 @@ def render_schedule(rows: list) -> str:
                        headers=["BS", "NNODES", "GPUs", "TP", "PP", "DP", "MBS", "recompute", "samples/s"]))
 
 
+_FROM_FLAGS = ("from_yaml", "emit", "emit_flavor", "out", "reservation", "format", "explain", "debug")
+"""what `plan --from` honours; every other flag would be ignored (the file holds the setup)"""
+_EMIT_FLAGS = ("pick", "out", "reservation", "emit_flavor")
+
+
+def check_flag_combinations(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Refuse flags that would be silently ignored in this combination."""
+    defaults = vars(parser.parse_args([]))
+    given = [k for k, v in vars(args).items() if v != defaults.get(k)]
+    flag = {"from_yaml": "--from"}
+
+    def names(keys: list[str]) -> str:
+        return ", ".join(flag.get(k, "--" + k.replace("_", "-")) for k in keys)
+    if args.from_yaml:
+        ignored = [k for k in given if k not in _FROM_FLAGS]
+        if ignored:
+            raise InputError(f"--from takes the model, cluster and training from {args.from_yaml}, so {names(ignored)} "
+                             "would be ignored; drop them, or drop --from and give the whole setup as flags")
+        if args.explain:
+            raise InputError(f"--explain {args.explain!r} with --from: the configuration is the one in "
+                             f"{args.from_yaml}; give --explain alone, or drop --from")
+    without_emit = [k for k in given if k in _EMIT_FLAGS and not args.emit]
+    if without_emit:
+        raise InputError(f"{names(without_emit)} only appl{'ies' if len(without_emit) == 1 else 'y'} with --emit; "
+                         "add --emit FRAMEWORK or drop them")
+    if args.explain and not args.from_yaml:
+        ignored = [k for k in given if k in ("top", "pick", "rampup_schedule")]
+        if ignored:
+            raise InputError(f"{names(ignored)} {'does' if len(ignored) == 1 else 'do'} not apply to --explain "
+                             "(one configuration); drop them")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
+        check_flag_combinations(args, parser)
         return run(args)
     except PlantuneError as err:
         if args.debug:
             raise
-        print(f"plan: error: {err}", file=sys.stderr)
+        print("plan: error: " + " ".join(str(err).splitlines()), file=sys.stderr)  # one line, whatever the path
         return 2
     except BrokenPipeError:
         return 0

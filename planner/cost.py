@@ -122,6 +122,8 @@ def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: 
 
 
 def _gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bool = False) -> float:
+    if min(m, n, k) <= 0:  # a dimension split to nothing (vocab 1 over TP 2) does no work
+        return 0.0
     eff = g.base if g.measured else gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
     if attention and (n % TENSOR_CORE_MULTIPLE or k % TENSOR_CORE_MULTIPLE):
         eff = min(eff, g.base) * g.cuda_core_ratio
@@ -146,8 +148,8 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     t, s, b, h = cand.tp, model.seq_len, cand.mbs, model.hidden
     tokens = s * b
     ffn_out = model.ffn_hidden * (2 if model.glu else 1)
-    dense = (_gemm_s(tokens, (h + 2 * model.kv_dim) // t, h, g)
-             + _gemm_s(tokens, h, h // t, g)
+    dense = (_gemm_s(tokens, (model.q_dim + 2 * model.kv_dim) // t, h, g)
+             + _gemm_s(tokens, h, model.q_dim // t, g)
              + _gemm_s(tokens, ffn_out // t, h, g)
              + _gemm_s(tokens, h, model.ffn_hidden // t, g))
     heads = b * max(1, model.heads // t)

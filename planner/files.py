@@ -1,25 +1,67 @@
-"""Reading the user's files: one mapping from JSON or YAML (``yaml.safe_load`` only), one-line errors."""
+"""Reading the user's files: one mapping from JSON or YAML (``yaml.safe_load`` only), one-line errors.
+
+Whatever the file is (missing, a folder, unreadable, binary, not UTF-8, too large, nested too deeply,
+not a mapping) the answer is one :class:`InputError` line naming the file and the fix.
+"""
 
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import yaml
 
 from planner.errors import InputError
 
+MAX_FILE_BYTES = 16 * 2**20
+"""a model, cluster, calibration or plan file is a few kB; 16 MiB is far beyond any (calibrations ~50 kB)"""
+
+
+def read_text(path: str | Path, what: str, *, missing_hint: str = "") -> str:
+    """The UTF-8 text of a small regular file; InputError naming ``what`` for anything else."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise InputError(f"{what} {path} does not exist{missing_hint}") from None
+    except OSError as err:
+        raise InputError(f"{what} {path} cannot be read ({err.strerror or err}); check the path") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{what} {path} is a folder; give the file inside it")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{what} {path} is not a regular file; give a YAML or JSON file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise InputError(f"{what} {path} is {st.st_size:,} bytes, over the {MAX_FILE_BYTES:,} a config file can be; "
+                         "give the right file")
+    try:
+        raw = p.read_bytes()
+    except OSError as err:
+        raise InputError(f"{what} {path} cannot be read ({err.strerror or err}); check its permissions") from None
+    if b"\x00" in raw:
+        raise InputError(f"{what} {path} is binary (NUL bytes), not YAML or JSON text; give the right file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InputError(f"{what} {path} is not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
+                         "save it as UTF-8") from None
+    return text.removeprefix("\ufeff")
+
 
 def read_mapping(path: str | Path, what: str, *, missing_hint: str = "") -> dict:
     """The mapping in ``path`` (JSON when it ends in .json, else YAML); InputError naming ``what`` otherwise."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{what} {path} does not exist{missing_hint}")
-    text = p.read_text()
+    text = read_text(p, what, missing_hint=missing_hint)
     try:
         data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise InputError(f"malformed {what} {path}: {str(err).splitlines()[0]}; fix the syntax") from None
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise InputError(f"malformed {what} {path}: {first}; fix the syntax") from None
+    except RecursionError:
+        raise InputError(f"malformed {what} {path}: nested too deeply; a config file is a flat mapping") from None
+    except (ValueError, OverflowError) as err:  # e.g. a YAML timestamp out of range, a huge JSON integer
+        detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise InputError(f"malformed {what} {path}: {detail}; fix the value") from None
     if not isinstance(data, dict):
         raise InputError(f"malformed {what} {path}: expected a mapping of keys")
     return data

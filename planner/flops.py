@@ -21,17 +21,17 @@ def layer_forward_matmul_flops(model: ModelSpec, tokens: int) -> float:
     projection 2t·h², MLP 2t·h·f·(3 for SwiGLU else 2). For MHA with f=4h this is
     24·t·h² + 4·t·s·h, Narayanan et al. 2021 Sec. 5.1 (Eq. 3 before the factor).
     """
-    h, s = model.hidden, model.seq_len
-    qkv = 2 * tokens * h * (h + 2 * model.kv_dim)
-    attention = 2 * 2 * tokens * s * h
-    proj = 2 * tokens * h * h
+    h, s, q = model.hidden, model.seq_len, model.q_dim   # q == h unless kv_channels (Gemma) says otherwise
+    qkv = 2 * tokens * h * (q + 2 * model.kv_dim)
+    attention = 2 * 2 * tokens * s * q
+    proj = 2 * tokens * q * h
     mlp = 2 * tokens * h * model.ffn_hidden * (3 if model.glu else 2)
     return float(qkv + attention + proj + mlp)
 
 
 def attention_core_forward_flops(model: ModelSpec, tokens: int) -> float:
     """The QK^T and AV part that selective recompute redoes (Korthikanti et al. 2022, Sec. 4.2)."""
-    return float(2 * 2 * tokens * model.seq_len * model.hidden)
+    return float(2 * 2 * tokens * model.seq_len * model.q_dim)
 
 
 def logits_forward_flops(model: ModelSpec, tokens: int) -> float:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from planner.errors import InputError
 from planner.files import read_mapping
+from planner.schema import CALIBRATION, CLUSTER, check, check_world
 
 TB = 1e12
 GB = 1e9
@@ -272,6 +273,7 @@ def make_cluster(*, gpu: str, gpus: int | None = None, gpus_per_node: int = 8, n
         nodes = gpus // gpus_per_node
     elif gpus is not None and gpus != nodes * gpus_per_node:
         raise InputError(f"--gpus {gpus} != nodes {nodes} x gpus per node {gpus_per_node}")
+    check_world(nodes, gpus_per_node)
     if inter_node_gbps:
         inter, nics, rate = inter_node_gbps * 1e9 / 8, None, None
         network = network or "--inter-node-gbps"
@@ -299,30 +301,17 @@ def preset_cluster(preset: str, *, gpus: int | None = None, nodes: int | None = 
                         network=f"preset {preset}: {p.source}")
 
 
-_CLUSTER_KEYS = {"name", "gpu", "gpus_per_node", "nodes", "inter_node_gbps", "intra_node_gbps", "nics_per_node",
-                 "nic_gbps", "notes", "source"}
-
-
 def load_cluster(path: str, *, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
     """A cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps per node or nics_per_node x nic_gbps,
     intra_node_gbps per GPU), or the name of a preset (CLUSTER_PRESETS: jean-zay-a100, dgx-h100-superpod, ...)."""
     if path.strip().lower() in CLUSTER_PRESETS:
         return preset_cluster(path.strip().lower(), gpus=gpus, nodes=nodes)
-    d = read_mapping(path, "cluster file")
-    unknown = set(d) - _CLUSTER_KEYS
-    if unknown:
-        raise InputError(f"cluster YAML {path}: unknown keys {sorted(unknown)}; known: {sorted(_CLUSTER_KEYS)}")
-    if "gpu" not in d:
-        raise InputError(f"cluster YAML {path}: missing key 'gpu' (one of {', '.join(CATALOG)})")
-    try:
-        gpn = int(d.get("gpus_per_node", 8))
-        if nodes is None and gpus is None and "nodes" in d:
-            nodes = int(d["nodes"])
-    except (TypeError, ValueError):
-        raise InputError(f"cluster YAML {path}: gpus_per_node and nodes must be integers") from None
-    return make_cluster(gpu=str(d["gpu"]), gpus=gpus, gpus_per_node=gpn, nodes=nodes,
+    d = check(read_mapping(path, "cluster file"), CLUSTER, f"cluster YAML {path}")
+    if nodes is None and gpus is None:
+        nodes = d.get("nodes")
+    return make_cluster(gpu=d["gpu"], gpus=gpus, gpus_per_node=d.get("gpus_per_node", 8), nodes=nodes,
                         inter_node_gbps=d.get("inter_node_gbps"), intra_node_gbps=d.get("intra_node_gbps"),
-                        nics_per_node=d.get("nics_per_node"), nic_gbps=d.get("nic_gbps"), name=str(d.get("name", "")),
+                        nics_per_node=d.get("nics_per_node"), nic_gbps=d.get("nic_gbps"), name=d.get("name", ""),
                         network=f"cluster file {path}" + (f": {d['source']}" if d.get("source") else ""))
 
 
@@ -333,7 +322,7 @@ def apply_calibration(cluster: ClusterSpec, path: str) -> ClusterSpec:
     ``inter_node_busbw_gbps`` (measured all-reduce bus bandwidth per GPU, Gbit/s),
     ``cuda_context_bytes``.
     """
-    d = read_mapping(path, "calibration file")
+    d = check(read_mapping(path, "calibration file"), CALIBRATION, f"calibration YAML {path}")
     changes: dict = {}
     if "matmul_efficiency" in d:
         changes["matmul_efficiency"] = float(d["matmul_efficiency"])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from planner.errors import InputError
 from planner.files import read_mapping
+from planner.schema import HF_FAMILIES, check_hf, check_model_yaml
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +70,9 @@ class ModelSpec:
     """linear layers carry biases (GPT/BLOOM yes, Llama no)"""
     embedding_norm: bool = False
     """a layernorm right after the word embedding (BLOOM)"""
+    kv_channels: int | None = None
+    """width of one attention head where it is not hidden / heads (Gemma-7B: 256 with hidden 3072 and 16
+    heads; Megatron's --kv-channels); None: hidden / heads"""
     global_batch: int | None = None
     """the real run's global batch size in sequences"""
     rampup: Rampup | None = None
@@ -81,7 +85,9 @@ class ModelSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InputError(f"model {self.name!r}: {name} must be a positive integer, got {value!r}")
-        if self.hidden % self.heads:
+        if self.kv_channels is not None and (not isinstance(self.kv_channels, int) or self.kv_channels <= 0):
+            raise InputError(f"model {self.name!r}: kv_channels must be a positive integer, got {self.kv_channels!r}")
+        if self.kv_channels is None and self.hidden % self.heads:
             raise InputError(f"model {self.name!r}: hidden {self.hidden} is not divisible by heads {self.heads}")
         if self.heads % self.kv_heads:
             raise InputError(f"model {self.name!r}: heads {self.heads} not divisible by kv_heads {self.kv_heads}")
@@ -93,7 +99,12 @@ class ModelSpec:
     # -- derived shape ---------------------------------------------------------------
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.kv_channels or self.hidden // self.heads
+
+    @property
+    def q_dim(self) -> int:
+        """width of Q and of the attention output: heads * head_dim (== hidden unless kv_channels is set)"""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -107,10 +118,10 @@ class ModelSpec:
     @property
     def params_per_layer(self) -> int:
         """One transformer block: attention (Q, K, V, O), MLP, two norms, optional biases."""
-        h, f, kv = self.hidden, self.ffn_hidden, self.kv_dim
-        attn = h * (h + 2 * kv) + h * h
+        h, f, kv, q = self.hidden, self.ffn_hidden, self.kv_dim, self.q_dim
+        attn = h * (q + 2 * kv) + q * h
         mlp = (3 if self.glu else 2) * h * f
-        biases = (h + 2 * kv + h + (2 if self.glu else 1) * f + h) if self.bias else 0
+        biases = (q + 2 * kv + h + (2 if self.glu else 1) * f + h) if self.bias else 0
         return attn + mlp + biases + 2 * self.norm_params
 
     @property
@@ -210,71 +221,72 @@ def get_preset(name: str) -> ModelSpec:
     return PRESETS[key]
 
 
+HF_DEFAULT_SEQ_LEN = 4096
+"""training length assumed for a HF config.json that does not say it: Llama 2's pretraining context
+(Touvron et al. 2023, Table 1); max_position_embeddings is the context limit, not a run's length"""
+HF_SEQ_NOTE = "set --seq-len to your run's length"
+
+
 def _from_hf(d: dict, name: str) -> ModelSpec:
-    """Hugging Face config.json: Llama/Mistral/GPT-2/BLOOM/GPT-NeoX key spellings."""
+    """Hugging Face config.json of a family in ``schema.HF_FAMILIES``; every key is understood or refused."""
+    where = f"config.json {name}"
+    fam = HF_FAMILIES[check_hf(d, where)]
+
     def pick(*keys: str, default: object = None) -> object:
         for k in keys:
-            if k in d:
+            if d.get(k) is not None:
                 return d[k]
         if default is None:
-            raise InputError(f"{name}: config.json lacks any of {', '.join(keys)}")
+            raise InputError(f"{where}: lacks {' / '.join(keys)}; add it from the model's card")
         return default
-    hidden = int(pick("hidden_size", "n_embd", "d_model"))
-    heads = int(pick("num_attention_heads", "n_head", "n_heads"))
-    model_type = str(d.get("model_type", ""))
-    llama_like = model_type in ("llama", "mistral", "qwen2", "gemma") or "intermediate_size" in d and \
-        str(d.get("hidden_act", "")).lower() in ("silu", "swiglu")
-    ffn = int(pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden) or 4 * hidden)
+    hidden = pick("hidden_size", "n_embd", "n_embed", "d_model")
+    heads = pick("num_attention_heads", "n_head", "n_heads")
+    head_dim = d.get("head_dim")
+    positions = pick("max_position_embeddings", "n_positions", "n_ctx", default=0)
+    if d.get("seq_length") is not None:
+        seq, seq_note = d["seq_length"], "from its seq_length"
+    elif fam.position == "learned":
+        if not positions:
+            raise InputError(f"{where}: lacks n_positions / max_position_embeddings (the learned position table)")
+        seq, seq_note = positions, "from its learned position table (n_positions)"
+    else:
+        seq = min(positions, HF_DEFAULT_SEQ_LEN) if positions else HF_DEFAULT_SEQ_LEN
+        seq_note = (f"assumed, the file gives no training length (max_position_embeddings {positions:,} is the "
+                    f"context limit); {HF_SEQ_NOTE}")
+    bias = fam.bias or bool(d.get("attention_bias")) or bool(d.get("mlp_bias"))
     return ModelSpec(
-        name=str(d.get("_name_or_path") or model_type or name),
-        layers=int(pick("num_hidden_layers", "n_layer", "num_layers")),
+        name=str(d.get("_name_or_path") or d["model_type"]),
+        layers=pick("num_hidden_layers", "n_layer", "num_layers"),
         hidden=hidden, heads=heads,
-        kv_heads=int(d.get("num_key_value_heads") or heads),
-        ffn_hidden=ffn,
-        vocab=int(pick("vocab_size")),
-        seq_len=int(pick("max_position_embeddings", "n_positions", "seq_length", default=2048)),
-        glu=llama_like,
-        tied_embeddings=bool(d.get("tie_word_embeddings", not llama_like)),
-        position="rope" if llama_like or "rope_theta" in d else ("alibi" if model_type == "bloom" else "learned"),
-        norm="rmsnorm" if llama_like or "rms_norm_eps" in d else "layernorm",
-        bias=not llama_like and not d.get("attention_bias") is False,
-        embedding_norm=model_type == "bloom",
-        source=f"Hugging Face config.json ({name})",
+        kv_heads=d.get("num_key_value_heads") or heads,
+        kv_channels=head_dim if head_dim is not None and head_dim * heads != hidden else None,
+        ffn_hidden=pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
+        vocab=pick("vocab_size"),
+        seq_len=seq,
+        glu=fam.glu,
+        tied_embeddings=d.get("tie_word_embeddings", fam.tied),
+        position=fam.position, norm=fam.norm, bias=bias, embedding_norm=fam.embedding_norm,
+        source=f"Hugging Face config.json ({name}), {fam.source}; seq_len {seq} {seq_note}",
     )
-
-
-_YAML_KEYS = {"name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "glu",
-              "tied_embeddings", "position", "norm", "bias", "embedding_norm", "global_batch",
-              "rampup", "train_tokens", "source"}
 
 
 def _from_yaml(d: dict, name: str) -> ModelSpec:
     """plantune model YAML: name, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, ..."""
-    unknown = set(d) - _YAML_KEYS
-    if unknown:
-        raise InputError(f"{name}: unknown model keys {sorted(unknown)}; known: {sorted(_YAML_KEYS)}")
-    missing = {"name", "layers", "hidden", "heads", "vocab", "seq_len"} - set(d)
-    if missing:
-        raise InputError(f"{name}: model YAML lacks {sorted(missing)}")
+    check_model_yaml(d, f"model YAML {name}")
     d = dict(d)
     d.setdefault("kv_heads", d["heads"])
-    d.setdefault("ffn_hidden", 4 * int(d["hidden"]))
+    d.setdefault("ffn_hidden", 4 * d["hidden"])
     if d.get("rampup") is not None:
-        r = d["rampup"]
-        if not (isinstance(r, list) and len(r) == 3):
-            raise InputError(f"{name}: rampup must be a list [START, INCREMENT, SAMPLES]")
-        d["rampup"] = Rampup(start=int(r[0]), increment=int(r[1]), samples=int(r[2]))
+        start, increment, samples = d["rampup"]
+        d["rampup"] = Rampup(start=start, increment=increment, samples=samples)
     d["source"] = d.get("source") or f"model YAML {name}"
-    try:
-        return ModelSpec(**d)
-    except TypeError as err:
-        raise InputError(f"{name}: {err}") from None
+    return ModelSpec(**d)
 
 
 def load_model(arg: str) -> ModelSpec:
     """A preset name or shorthand, a HF config.json, or a plantune model YAML."""
     path = Path(arg)
-    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file():
+    if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file() or ("/" in arg and path.exists()):
         data = read_mapping(path, "model file", missing_hint=f"; give a preset ({', '.join(preset_names())}) "
                                                              "or an existing config.json / model YAML")
         return _from_hf(data, arg) if path.suffix.lower() == ".json" else _from_yaml(data, arg)

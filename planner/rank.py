@@ -128,7 +128,7 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, can
     model = prepare(model, training)
     topology = topology or Topology(cluster)
     reasons = list(iter_violations(model, candidate, cluster, training, targets))
-    if any(r.reason is Reason.INVALID for r in reasons) or candidate.tp * candidate.pp > cluster.world_size \
+    if any(r.reason is Reason.INVALID for r in reasons) or candidate.world > cluster.world_size \
             or candidate.world <= 0:
         return Estimate(candidate=candidate, reasons=tuple(reasons))
     mem = memory_breakdown(model, candidate, cluster, training)

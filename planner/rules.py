@@ -465,6 +465,10 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
         if bad:
             where = "torchtitan (--emit fsdp)" if fw == "fsdp" else str(target)
             out.append(Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}"))
+    if emit and model.kv_channels is not None:  # Gemma: a head width apart from hidden/heads
+        out.append(Violation(Reason.MODEL_FEATURE, f"a head width of {model.kv_channels} (kv_channels, not "
+                                                   "hidden/heads) is not emitted yet; plan it, and write the "
+                                                   "framework's --kv-channels by hand"))
     return out
 
 

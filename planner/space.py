@@ -172,7 +172,10 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
     recompute = fields.get("recompute", "none")
     if recompute not in RECOMPUTE:
         raise InputError(f"--explain: recompute={recompute} must be one of {', '.join(RECOMPUTE)}")
-    truthy = {"1", "true", "yes", "on"}
+    truthy, falsy = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+    for key in ("sp", "hybrid"):
+        if fields.get(key, "0") not in truthy | falsy:
+            raise InputError(f"--explain: {key}={fields[key]} must be 1 or 0 (true or false)")
     return Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute, zero=num("zero", 0),
                      sp=fields.get("sp", "0") in truthy, vpp=num("vpp", 1), hybrid=fields.get("hybrid", "0") in truthy)
 

@@ -78,11 +78,11 @@ def test_model_yaml_round_trip(tmp_path):
 
 @pytest.mark.parametrize("text,needle", [("name: x\nlayers: [\n", "malformed"),
                                          ("- 1\n- 2\n", "mapping"),
-                                         ("name: x\nlayers: 2\n", "lacks"),
+                                         ("name: x\nlayers: 2\n", "missing key hidden"),
                                          ("name: x\nlayers: 2\nhidden: 64\nheads: 4\nvocab: 8\nseq_len: 8\nfoo: 1\n",
-                                          "unknown model keys"),
+                                          "unknown key 'foo'"),
                                          ("name: x\nlayers: -2\nhidden: 64\nheads: 4\nvocab: 8\nseq_len: 8\n",
-                                          "positive")])
+                                          "layers must be int in [1, 10,000], got -2")])
 def test_bad_model_yaml_is_one_clear_error(tmp_path, text, needle):
     path = tmp_path / "bad.yaml"
     path.write_text(text)

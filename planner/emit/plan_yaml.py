@@ -20,6 +20,7 @@ from planner.errors import InputError, PlantuneError
 from planner.files import read_mapping
 from planner.hardware import make_cluster
 from planner.model import ModelSpec, Rampup, model_to_yaml_dict
+from planner.schema import check_plan
 from planner.space import Candidate, TrainingSpec
 
 from planner.emit.setup import Prediction, RunSetup, train_samples
@@ -127,7 +128,8 @@ def _need(d: dict, key: str, where: str, typ: type | tuple[type, ...], path: Pat
 def load_plan_yaml(path: Path) -> RunSetup:
     """plan.yaml -> RunSetup (yaml.safe_load only); InputError naming the key when malformed or incomplete."""
     path = Path(path)
-    d = read_mapping(path, "plan file", missing_hint="; write one with `plan ... --emit DIR`")
+    d = check_plan(read_mapping(path, "plan file", missing_hint="; write one with `plan ... --emit DIR`"),
+                   f"plan file {path}")
     num = (int, float)
     p = _need(d, "plantune", "", dict, path)
     pm = _need(p, "model", "plantune.", dict, path)

@@ -1,0 +1,526 @@
+"""One schema per input kind, checked at the boundary: types, ranges, finite numbers, known keys.
+
+Every file plantune reads (model YAML, HF config.json, cluster YAML, calibration YAML, plan.yaml) and
+the numeric flags of `plan`/`tune` pass through :func:`check` with one table of :class:`Field` per
+kind, so the rest of the code can trust its inputs. A problem is one :class:`InputError` line naming
+the key, what it must be, and what was given; an unknown key gets a "did you mean".
+
+    >>> check({"gpu": "A100", "nodes": 2}, CLUSTER, "cluster YAML c.yaml")
+    {'gpu': 'A100', 'nodes': 2}
+
+A hand-written table rather than pydantic: importing pydantic and building five models costs
+~135 ms (`python -X importtime`, see readme-inputs), half of what a whole `plan` run may take.
+
+Upper bounds are not physics: they keep the arithmetic and the enumeration bounded and refuse
+numbers no training run has (each says why in its error).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from planner.errors import InputError
+
+# -- bounds (each refuses what no training run uses, and keeps the planner's work bounded) -----------------------
+MAX_GPUS = 1_000_000
+WHY_GPUS = "10x the largest training clusters built so far, ~100,000 GPUs in 2024"
+MAX_GPUS_PER_NODE = 1024
+WHY_GPUS_PER_NODE = "above any NVLink domain announced (NVL576)"
+MAX_GLOBAL_BATCH = 1_048_576
+WHY_GLOBAL_BATCH = "512x the 2,048-sequence batches of BLOOM-176B and Llama-3.1-405B"
+MAX_SEQ_LEN = 16_777_216
+WHY_SEQ_LEN = "above any published training context (10M tokens, Llama 4 Scout)"
+MAX_RAMPUP_STEPS = 2048
+WHY_RAMPUP_STEPS = "BLOOM-176B ramped its batch in 116 steps; every step is a constraint per candidate"
+MAX_TRAIN_TOKENS = 1e15
+WHY_TRAIN_TOKENS = "60x the 15.6T tokens of Llama-3.1-405B"
+MAX_MBS = 65_536
+MAX_GBPS = 1e6
+WHY_GBPS = "over 100x NVLink5 (7,200 Gbit/s per GPU and direction)"
+_WHY_SHAPE = "far beyond any published model (Megatron-1T: 128 layers, hidden 25,600)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Field:
+    """What one key may hold. ``kind``: int | num | bool | str | enum | list | map | scalar | any."""
+
+    kind: str
+    lo: float | None = None
+    """lower bound, included unless ``open_lo``"""
+    open_lo: bool = False
+    hi: float | None = None
+    """upper bound, included"""
+    why: str = ""
+    """why the upper bound (said in the error)"""
+    null: bool = False
+    """null (None) is allowed"""
+    required: bool = False
+    choices: tuple = ()
+    item: "Field | None" = None
+    """for lists: every item"""
+    length: int | None = None
+    """for lists: exact length"""
+    sub: "Mapping[str, Field] | None" = None
+    """for maps: the nested schema"""
+    what: str = ""
+    """how to describe the value in errors, instead of the generated words"""
+
+
+def Int(lo: float | None = 1, hi: float | None = None, **kw: object) -> Field:
+    return Field(kind="int", lo=lo, hi=hi, **kw)  # type: ignore[arg-type]
+
+
+def Num(lo: float | None = None, hi: float | None = None, **kw: object) -> Field:
+    return Field(kind="num", lo=lo, hi=hi, **kw)  # type: ignore[arg-type]
+
+
+def Bool(**kw: object) -> Field:
+    return Field(kind="bool", **kw)  # type: ignore[arg-type]
+
+
+def Str(**kw: object) -> Field:
+    return Field(kind="str", **kw)  # type: ignore[arg-type]
+
+
+def Enum(*choices: object, **kw: object) -> Field:
+    return Field(kind="enum", choices=choices, **kw)  # type: ignore[arg-type]
+
+
+def Map(sub: Mapping[str, Field], **kw: object) -> Field:
+    return Field(kind="map", sub=sub, **kw)  # type: ignore[arg-type]
+
+
+def List(item: Field, length: int | None = None, **kw: object) -> Field:
+    return Field(kind="list", item=item, length=length, **kw)  # type: ignore[arg-type]
+
+
+def Any(**kw: object) -> Field:
+    return Field(kind="any", **kw)  # type: ignore[arg-type]
+
+
+def Scalar(**kw: object) -> Field:
+    """A number (finite), text, true/false or null: for keys another module adds and validates itself."""
+    return Field(kind="scalar", null=True, **kw)  # type: ignore[arg-type]
+
+
+# -- the validator -------------------------------------------------------------------------------------------------
+def _fmt(x: float) -> str:
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
+        x = int(x)
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def describe(f: Field) -> str:
+    """Words for what ``f`` accepts: 'int >= 1', 'number in (0, 1]', 'one of a, b'."""
+    if f.what:
+        text = f.what
+    elif f.kind in ("int", "num"):
+        text = "int" if f.kind == "int" else "a number"
+        lo = None if f.lo is None else _fmt(int(f.lo) if f.kind == "int" else f.lo)
+        hi = None if f.hi is None else _fmt(int(f.hi) if f.kind == "int" else f.hi)
+        if lo is not None and hi is not None:
+            text += f" in {'(' if f.open_lo else '['}{lo}, {hi}]"
+        elif lo is not None:
+            text += f" {'>' if f.open_lo else '>='} {lo}"
+        elif hi is not None:
+            text += f" <= {hi}"
+        if f.kind == "num":
+            text += " (finite)"
+    elif f.kind == "bool":
+        text = "true or false"
+    elif f.kind == "str":
+        text = "text"
+    elif f.kind == "enum":
+        text = "one of " + ", ".join("null" if c is None else str(c) for c in f.choices)
+    elif f.kind == "list":
+        n = f"{f.length} " if f.length else ""
+        text = f"a list of {n}{describe(f.item) if f.item else 'values'}"
+    elif f.kind == "map":
+        text = "a mapping of keys"
+    elif f.kind == "scalar":
+        text = "a number, text, true/false or null"
+    else:
+        text = "a value"
+    if f.null and f.kind not in ("enum", "scalar"):
+        text += " or null"
+    return text
+
+
+def _short(value: object) -> str:
+    text = "null" if value is None else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _in_range(f: Field, v: float) -> bool:
+    if f.lo is not None and (v <= f.lo if f.open_lo else v < f.lo):
+        return False
+    return f.hi is None or v <= f.hi
+
+
+def _problem(f: Field, v: object) -> bool:
+    """True when ``v`` does not fit ``f`` (nested lists/maps are checked by the caller)."""
+    if v is None:
+        return not f.null and f.kind != "any" and not (f.kind == "enum" and None in f.choices)
+    if f.kind == "int":
+        return not _is_int(v) or not _in_range(f, v)  # type: ignore[arg-type]
+    if f.kind == "num":
+        return not _is_num(v) or not _in_range(f, v)  # type: ignore[arg-type]
+    if f.kind == "bool":
+        return not isinstance(v, bool)
+    if f.kind == "str":
+        return not isinstance(v, str) or len(v) > 2000
+    if f.kind == "enum":
+        return not any(type(v) is type(c) and v == c for c in f.choices)
+    if f.kind == "list":
+        return not isinstance(v, list) or (f.length is not None and len(v) != f.length)
+    if f.kind == "map":
+        return not isinstance(v, dict)
+    if f.kind == "scalar":
+        return not (isinstance(v, (bool, str)) or _is_num(v))
+    return False
+
+
+def did_you_mean(key: str, known: object) -> str:
+    close = difflib.get_close_matches(key, [str(k) for k in known], n=1, cutoff=0.6)  # type: ignore[union-attr]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def check(data: object, schema: Mapping[str, Field], where: str, *, prefix: str = "",
+          label: "callable | None" = None, unknown: str = "error") -> dict:
+    """``data`` checked against ``schema``; InputError ``"{where}: {key} must be ..."`` at the first problem.
+
+    ``prefix`` is put before nested key names (``plantune.cluster.``); ``label`` turns a key into the
+    name the user typed (``--global-batch``); ``unknown="keep"`` lets keys outside the schema through.
+    """
+    name = label or (lambda k: f"{prefix}{k}")
+    at = f"{where}: " if where else ""
+    if not isinstance(data, dict):
+        raise InputError(f"{at}{prefix.rstrip('.') or 'the file'} must be a mapping of keys, got {_short(data)}")
+    for key in data:
+        if not isinstance(key, str):
+            raise InputError(f"{at}key {_short(key)} is not a name; keys are text such as "
+                             f"{next(iter(schema), 'name')!r}")
+        if key not in schema and unknown == "error":
+            raise InputError(f"{at}unknown key {name(key)!r}{did_you_mean(key, schema)}; known: "
+                             f"{', '.join(sorted(schema))}")
+    for key, f in schema.items():
+        if key not in data:
+            if f.required:
+                raise InputError(f"{at}missing key {name(key)} ({describe(f)})")
+            continue
+        _check_value(data[key], f, where, name(key))
+    return data
+
+
+def _check_value(v: object, f: Field, where: str, label: str) -> None:
+    if _problem(f, v):
+        why = f" ({f.why})" if f.why and (_is_num(v) and f.hi is not None and v > f.hi) else ""  # type: ignore[operator]
+        raise InputError(f"{where + ': ' if where else ''}{label} must be {describe(f)}{why}, got {_short(v)}")
+    if v is None:
+        return
+    if f.kind == "list" and f.item is not None:
+        for i, item in enumerate(v):  # type: ignore[arg-type]
+            _check_value(item, f.item, where, f"{label}[{i}]")
+    elif f.kind == "map" and f.sub is not None:
+        check(v, f.sub, where, prefix=f"{label}.")
+
+
+# -- the schemas ---------------------------------------------------------------------------------------------------
+_RAMPUP = List(Int(1, MAX_GLOBAL_BATCH * MAX_RAMPUP_STEPS), 3, null=True,
+               what="[START, INCREMENT, SAMPLES] positive integers")
+
+MODEL: dict[str, Field] = {
+    "name": Str(required=True),
+    "layers": Int(1, 10_000, why=_WHY_SHAPE, required=True),
+    "hidden": Int(1, 1_048_576, why=_WHY_SHAPE, required=True),
+    "heads": Int(1, 65_536, why=_WHY_SHAPE, required=True),
+    "kv_heads": Int(1, 65_536, why=_WHY_SHAPE),
+    "kv_channels": Int(1, 65_536, why=_WHY_SHAPE, null=True),
+    "ffn_hidden": Int(1, 4_194_304, why=_WHY_SHAPE),
+    "vocab": Int(1, 16_777_216, why="64x the largest published vocabulary (Gemma, 256,000)", required=True),
+    "seq_len": Int(1, MAX_SEQ_LEN, why=WHY_SEQ_LEN, required=True),
+    "glu": Bool(),
+    "tied_embeddings": Bool(),
+    "position": Enum("learned", "rope", "alibi"),
+    "norm": Enum("layernorm", "rmsnorm"),
+    "bias": Bool(),
+    "embedding_norm": Bool(),
+    "global_batch": Int(1, MAX_GLOBAL_BATCH, why=WHY_GLOBAL_BATCH, null=True),
+    "rampup": _RAMPUP,
+    "train_tokens": Num(0, MAX_TRAIN_TOKENS, open_lo=True, why=WHY_TRAIN_TOKENS, null=True),
+    "source": Str(null=True),
+}
+"""plantune model YAML (the fields of planner.model.ModelSpec)"""
+
+CLUSTER: dict[str, Field] = {
+    "name": Str(),
+    "gpu": Str(required=True, what="an accelerator id from the catalog (text)"),
+    "gpus_per_node": Int(1, MAX_GPUS_PER_NODE, why=WHY_GPUS_PER_NODE),
+    "nodes": Int(1, MAX_GPUS, why=WHY_GPUS),
+    "inter_node_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
+    "intra_node_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
+    "nics_per_node": Int(1, MAX_GPUS_PER_NODE, why=WHY_GPUS_PER_NODE),
+    "nic_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
+    "notes": Any(),
+    "source": Str(),
+}
+"""cluster YAML (planner.hardware.load_cluster)"""
+
+CALIBRATION: dict[str, Field] = {
+    "matmul_efficiency": Num(0, 1, open_lo=True, what="a fraction of peak in (0, 1]"),
+    "intra_node_busbw_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
+    "inter_node_busbw_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
+    "cuda_context_bytes": Num(0, 1e12, what="bytes in [0, 1e12]"),
+    # written by `tune calibrate` for the record, not read by the planner
+    "device": Any(), "matmul_peak_tflops": Any(), "matmul_peak_source": Any(), "notes": Any(),
+    "measurements": Any(),
+}
+"""calibration YAML written by `tune calibrate` (planner.hardware.apply_calibration)"""
+
+
+FLAGS: dict[str, Field] = {
+    "gpus": Int(1, MAX_GPUS, why=WHY_GPUS),
+    "nodes": Int(1, MAX_GPUS, why=WHY_GPUS),
+    "gpus_per_node": Int(1, MAX_GPUS_PER_NODE, why=WHY_GPUS_PER_NODE),
+    "global_batch": Int(1, MAX_GLOBAL_BATCH, why=WHY_GLOBAL_BATCH),
+    "seq_len": Int(1, MAX_SEQ_LEN, why=WHY_SEQ_LEN),
+    "train_tokens": Num(0, MAX_TRAIN_TOKENS, open_lo=True, why=WHY_TRAIN_TOKENS),
+    "max_mbs": Int(1, MAX_MBS),
+    "inter_node_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
+    "intra_node_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
+    "memory_fraction": Num(0, 1, open_lo=True),
+    "memory_headroom": Num(0, 0.99),
+    "rampup": List(Int(1, MAX_GLOBAL_BATCH * MAX_RAMPUP_STEPS), 3),
+}
+"""the numeric setup flags of `plan` and `tune` (argparse has already made them numbers)"""
+
+
+def check_flags(args: object) -> None:
+    """The setup flags in range, finite, and not contradicting each other (shared by `plan` and `tune`)."""
+    values = {k: getattr(args, k) for k in FLAGS if getattr(args, k, None) is not None}
+    check(values, FLAGS, "", label=lambda k: "--" + k.replace("_", "-"))
+    if getattr(args, "rampup", None) and getattr(args, "no_rampup", False):
+        raise InputError("--rampup and --no-rampup contradict each other; keep one")
+
+
+def check_training(global_batch: int, rampup: object, where: str = "") -> None:
+    """A rampup short enough to check per candidate: at most MAX_RAMPUP_STEPS batch sizes."""
+    if rampup is None or global_batch <= rampup.start:  # type: ignore[attr-defined]
+        return
+    steps = -(-(global_batch - rampup.start) // rampup.increment)  # type: ignore[attr-defined]
+    if steps > MAX_RAMPUP_STEPS:
+        raise InputError(f"{where + ': ' if where else ''}rampup {rampup.start} {rampup.increment} "  # type: ignore
+                         f"{rampup.samples} to global batch {global_batch:,} takes {steps:,} batch sizes, over the "
+                         f"{MAX_RAMPUP_STEPS:,} plantune checks ({WHY_RAMPUP_STEPS}); use a larger increment")
+
+
+def check_world(nodes: int, gpus_per_node: int) -> None:
+    """The cluster's GPU count within MAX_GPUS, whichever input it came from (flags, cluster YAML, plan.yaml)."""
+    if nodes * gpus_per_node > MAX_GPUS:
+        raise InputError(f"{nodes:,} nodes x {gpus_per_node} GPUs = {nodes * gpus_per_node:,} GPUs is over the "
+                         f"{MAX_GPUS:,} plantune plans for ({WHY_GPUS}); give fewer GPUs")
+
+
+def check_model_yaml(data: dict, where: str) -> dict:
+    """A plantune model YAML; fields another module adds to ModelSpec pass as plain values (it checks them)."""
+    from dataclasses import fields
+
+    from planner.model import ModelSpec
+
+    extra = {f.name: Scalar() for f in fields(ModelSpec) if f.name not in MODEL}
+    return check(data, {**MODEL, **extra}, where)
+
+
+# -- Hugging Face config.json ----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HFFamily:
+    """What a config.json's ``model_type`` implies about the shape beyond its numbers."""
+
+    glu: bool
+    tied: bool
+    """tie_word_embeddings when the file does not say (the transformers config class default)"""
+    position: str
+    norm: str
+    bias: bool
+    embedding_norm: bool = False
+    source: str
+
+
+_LLAMA = dict(glu=True, tied=False, position="rope", norm="rmsnorm", bias=False)
+HF_FAMILIES: dict[str, HFFamily] = {
+    "llama": HFFamily(**_LLAMA, source="transformers LlamaConfig (SwiGLU, RMSNorm, RoPE, no biases)"),
+    "mistral": HFFamily(**_LLAMA, source="transformers MistralConfig (Llama shape, sliding window)"),
+    # Qwen2's q/k/v biases (28 x 4,608 = 129k of 7.6B in Qwen2-7B) are left out: ModelSpec biases are all or none
+    "qwen2": HFFamily(**_LLAMA, source="transformers Qwen2Config (Llama shape; q/k/v biases not counted)"),
+    "gemma": HFFamily(**{**_LLAMA, "tied": True}, source="transformers GemmaConfig (GeGLU, tied, head_dim)"),
+    "gpt2": HFFamily(glu=False, tied=True, position="learned", norm="layernorm", bias=True,
+                     source="transformers GPT2Config (n_inner null = 4 x n_embd)"),
+    "gpt_neox": HFFamily(glu=False, tied=False, position="rope", norm="layernorm", bias=True,
+                         source="transformers GPTNeoXConfig (parallel residual, partial rotary)"),
+    "bloom": HFFamily(glu=False, tied=True, position="alibi", norm="layernorm", bias=True, embedding_norm=True,
+                      source="transformers BloomConfig (ALiBi, embedding LayerNorm)"),
+}
+"""the config.json families plantune reads; a new dense family is one row (and its keys below)"""
+
+_SHAPE_INT = Int(1, 16_777_216, why=_WHY_SHAPE)
+HF_KEYS: dict[str, Field] = {
+    "model_type": Str(required=True, what="a model_type plantune reads (" + ", ".join(HF_FAMILIES) + ")"),
+    **{k: _SHAPE_INT for k in ("hidden_size", "n_embd", "n_embed", "d_model", "num_attention_heads", "n_head",
+                               "n_heads", "num_hidden_layers", "n_layer", "num_layers", "vocab_size",
+                               "intermediate_size", "ffn_dim", "max_position_embeddings", "n_positions", "n_ctx",
+                               "seq_length")},
+    "num_key_value_heads": replace(_SHAPE_INT, null=True),
+    "n_inner": replace(_SHAPE_INT, null=True),
+    "head_dim": replace(_SHAPE_INT, null=True),
+    "tie_word_embeddings": Bool(), "attention_bias": Bool(), "mlp_bias": Bool(),
+    "hidden_act": Str(null=True), "hidden_activation": Str(null=True), "activation_function": Str(null=True),
+    # do not change the parameter count or the FLOPs the planner counts
+    "rope_theta": Num(0, open_lo=True), "rotary_emb_base": Num(0, open_lo=True), "rope_scaling": Any(),
+    "rotary_pct": Num(0, 1, open_lo=True), "partial_rotary_factor": Num(0, 1, open_lo=True),
+    "rms_norm_eps": Num(0), "layer_norm_eps": Num(0), "layer_norm_epsilon": Num(0),
+    # sliding-window attention costs at most what full attention costs: the planner's figure is an upper bound
+    "sliding_window": Int(1, None, null=True), "use_sliding_window": Bool(), "max_window_layers": Int(0, None),
+    "use_parallel_residual": Bool(), "apply_residual_connection_post_layernorm": Bool(),
+}
+"""config.json keys plantune reads or knows to leave the shape alone, with their types"""
+
+HF_INERT = frozenset((
+    "architectures", "auto_map", "torch_dtype", "transformers_version", "use_cache", "initializer_range",
+    "initializer_factor", "pretraining_tp", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
+    "reorder_and_upcast_attn", "slow_but_exact", "offset_alibi", "masked_softmax_fusion", "skip_bias_add",
+    "skip_bias_add_qkv", "bias_dropout_fusion", "attention_softmax_in_fp32", "task_specific_params", "id2label",
+    "label2id", "tokenizer_class", "problem_type", "finetuning_task", "prefix", "max_length", "output_attentions",
+    "output_hidden_states", "return_dict", "use_return_dict", "tie_encoder_decoder", "quantization_config",
+    "attn_implementation", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id",
+))
+"""metadata keys that do not describe the network (any value); names ending in _dropout/_pdrop also pass"""
+
+HF_MOE = ("num_local_experts", "num_experts", "num_experts_per_tok", "n_routed_experts", "n_shared_experts",
+          "moe_intermediate_size", "shared_expert_intermediate_size", "router_aux_loss_coef", "moe_layer_freq",
+          "decoder_sparse_step", "first_k_dense_replace", "output_router_logits", "router_jitter_noise")
+"""mixture-of-experts keys: plantune plans dense models (a MoE read as dense is a different model)"""
+
+
+def _inert(key: str) -> bool:
+    return key in HF_INERT or key.startswith("_") or key.endswith(("_dropout", "_pdrop", "dropout_prob")) \
+        or key.startswith("summary_")
+
+
+def check_hf(data: dict, where: str) -> str:
+    """A HF config.json checked key by key; returns its model_type (a key of HF_FAMILIES).
+
+    A key that is neither read, nor known to leave the shape alone, stops here: dropping it could
+    plan a different model (Mixtral's experts planned as a dense 7B).
+    """
+    if not isinstance(data.get("model_type"), str):
+        check(data, {"model_type": HF_KEYS["model_type"]}, where, unknown="keep")
+    moe = [k for k in HF_MOE if k in data and data[k] not in (None, 0, 1, False)]
+    if moe or data.get("model_type") in ("mixtral", "qwen2_moe", "deepseek_v2", "deepseek_v3", "dbrx", "olmoe"):
+        shown = ", ".join(f"{k}: {_short(data[k])}" for k in moe[:3]) or f"model_type {data.get('model_type')}"
+        raise InputError(f"{where}: mixture-of-experts ({shown}) is not supported yet; plantune plans dense "
+                         "models only, and planning this one as dense would be wrong")
+    model_type = data.get("model_type")
+    if model_type is not None and model_type not in HF_FAMILIES:
+        raise InputError(f"{where}: model_type {_short(model_type)} is not one plantune reads ("
+                         f"{', '.join(HF_FAMILIES)}); write a plantune model YAML with its shape "
+                         "(see examples/model-tiny.yaml)")
+    for key in data:
+        if isinstance(key, str) and key not in HF_KEYS and not _inert(key):
+            raise InputError(f"{where}: key {key!r} is not understood and may change the model"
+                             f"{did_you_mean(key, HF_KEYS)}; plantune does not plan what it cannot read: "
+                             "remove the key if it leaves the shape alone, or write a plantune model YAML")
+    check(data, HF_KEYS, where, unknown="keep")
+    return model_type  # type: ignore[return-value]
+
+
+def _required(f: Field) -> Field:
+    return replace(f, required=True)
+
+
+def plan_schema() -> dict[str, Field]:
+    """plantune plan.yaml (planner.emit.plan_yaml): Megatron's names at the top, plantune's under ``plantune:``."""
+    from planner.emit.setup import FLAVORS, KINDS
+    from planner.space import FRAMEWORKS, OPTIMIZERS, RECOMPUTE
+
+    size = Int(1, MAX_GPUS, why=WHY_GPUS, required=True)
+    batch = Int(1, MAX_GLOBAL_BATCH, why=WHY_GLOBAL_BATCH, required=True)
+    model_rest = {k: v for k, v in MODEL.items()
+                  if k not in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len")}
+    model_rest["name"] = Str()
+    training = {
+        "optimizer": Enum(*OPTIMIZERS), "framework": Enum(*FRAMEWORKS),
+        "memory_fraction": Num(0, 1, open_lo=True), "memory_headroom": Num(0, 0.99),
+        "train_tokens": MODEL["train_tokens"], "max_mbs": Int(1, MAX_MBS),
+        "recompute_options": List(Enum(*RECOMPUTE)), "zero_options": List(Enum(0, 1, 2, 3)),
+    }
+    cluster = {**CLUSTER, "gpus_per_node": _required(CLUSTER["gpus_per_node"]), "nodes": _required(CLUSTER["nodes"]),
+               "matmul_efficiency": CALIBRATION["matmul_efficiency"],
+               "cuda_context_bytes": CALIBRATION["cuda_context_bytes"]}
+    prediction = {k: Num(0, required=True) for k in ("memory_gb_per_gpu", "step_time_s", "model_tflops_per_gpu",
+                                                      "hardware_tflops_per_gpu")}
+    prediction["mfu"] = Num(0, 1, required=True)
+    return {
+        "num_layers": _required(MODEL["layers"]), "hidden_size": _required(MODEL["hidden"]),
+        "num_attention_heads": _required(MODEL["heads"]), "num_key_value_heads": _required(MODEL["kv_heads"]),
+        "ffn_hidden_size": _required(MODEL["ffn_hidden"]), "max_position_embeddings": MODEL["seq_len"],
+        "seq_length": MODEL["seq_len"],
+        "tensor_model_parallel_size": size, "pipeline_model_parallel_size": size, "data_parallel_size": size,
+        "num_layers_per_virtual_pipeline_stage": Int(1, 10_000, null=True),
+        "sequence_parallel": Bool(required=True),
+        "micro_batch_size": batch, "global_batch_size": batch, "gradient_accumulation_steps": batch,
+        "rampup_batch_size": replace(_RAMPUP, what="[START, INCREMENT, SAMPLES] integers", required=True),
+        "train_samples": Int(1, None, null=True),
+        "recompute_granularity": Enum(None, "full", "selective",
+                                      what="null, full or selective (Megatron's --recompute-granularity)"),
+        "zero_stage": Enum(0, 1, 2, 3),
+        "bf16": Bool(required=True), "fp16": Bool(required=True), "use_flash_attn": Bool(required=True),
+        "plantune": Map({
+            "kind": Enum(*KINDS, required=True), "flavor": Enum(None, *FLAVORS),
+            "hybrid_shard": Bool(required=True),
+            "model": Map(model_rest, required=True),
+            "training": Map(training, required=True),
+            "cluster": Map(cluster, required=True),
+            "prediction": Map(prediction, null=True),
+        }, required=True),
+    }
+
+
+def check_plan(data: dict, where: str) -> dict:
+    """A plan.yaml mapping, checked; fields other modules add to ModelSpec / TrainingSpec pass as plain values."""
+    from dataclasses import fields
+
+    from planner.model import ModelSpec
+    from planner.space import TrainingSpec
+
+    schema = plan_schema()
+    p = dict(schema["plantune"].sub or {})
+    model, training = dict(p["model"].sub or {}), dict(p["training"].sub or {})
+    top = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len")
+    model.update({f.name: Scalar() for f in fields(ModelSpec) if f.name not in model and f.name not in top})
+    training.update({f.name: Scalar() for f in fields(TrainingSpec) if f.name not in training and f.name not in
+                     ("global_batch", "seq_len", "precision", "rampup", "flash_attention")})
+    p["model"], p["training"] = Map(model, required=True), Map(training, required=True)
+    check(data, {**schema, "plantune": Map(p, required=True)}, where)
+    for key, gbs in (("rampup_batch_size", data["global_batch_size"]),
+                     ("plantune.model.rampup", data["plantune"]["model"].get("global_batch"))):
+        ramp = data.get("rampup_batch_size") if key == "rampup_batch_size" else data["plantune"]["model"].get("rampup")
+        if ramp and gbs:
+            from planner.model import Rampup
+
+            check_training(gbs, Rampup(start=ramp[0], increment=ramp[1], samples=ramp[2]), f"{where}: {key}")
+    return data
+
+
+__all__ = ["CALIBRATION", "CLUSTER", "Field", "MODEL", "MAX_GPUS", "MAX_GLOBAL_BATCH", "check", "check_plan",
+           "describe", "did_you_mean", "plan_schema"]
