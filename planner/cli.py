@@ -484,9 +484,10 @@ def render_schedule(rows: list) -> str:
                        headers=["BS", "NNODES", "GPUs", "TP", "PP", "DP", "MBS", "recompute", "samples/s"]))
 
 
-_FROM_FLAGS = ("from_yaml", "emit", "emit_flavor", "out", "reservation", "format", "explain", "debug")
+_FROM_FLAGS = ("from_yaml", "emit", "emit_flavor", "out", "reservation", "time_limit", "format", "explain", "debug")
 """what `plan --from` honours; every other flag would be ignored (the file holds the setup)"""
-_EMIT_FLAGS = ("pick", "out", "reservation", "emit_flavor")
+_EMIT_FLAGS = ("pick", "out", "reservation", "time_limit")
+"""flags that only shape what --emit writes (--emit-flavor also picks the rules plan ranks with)"""
 
 
 def check_flag_combinations(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:

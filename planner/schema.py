@@ -476,7 +476,7 @@ def plan_schema() -> dict[str, Field]:
         "ffn_hidden_size": _required(MODEL["ffn_hidden"]), "max_position_embeddings": MODEL["seq_len"],
         "seq_length": MODEL["seq_len"],
         "tensor_model_parallel_size": size, "pipeline_model_parallel_size": size, "data_parallel_size": size,
-        "num_layers_per_virtual_pipeline_stage": Int(1, 10_000, null=True),
+        "num_virtual_stages_per_pipeline_rank": Int(2, 10_000, null=True),
         "sequence_parallel": Bool(required=True),
         "micro_batch_size": batch, "global_batch_size": batch, "gradient_accumulation_steps": batch,
         "rampup_batch_size": replace(_RAMPUP, what="[START, INCREMENT, SAMPLES] integers", required=True),

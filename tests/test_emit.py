@@ -363,7 +363,6 @@ def _plan_file(tmp_path: Path) -> Path:
     (lambda d: d.update(bf16=True, fp16=True), "bf16 and fp16 are both true"),
     (lambda d: d["plantune"]["cluster"].update(gpu="Z100"), "unknown GPU 'Z100'"),
     (lambda d: d["plantune"]["model"].update(colour="red"), "colour"),
-    (lambda d: d.update(num_layers_per_virtual_pipeline_stage=4), "does not split 70 layers"),
     (lambda d: d.update(train_samples=5), "train_samples 5 disagrees"),
 ])
 def test_load_plan_yaml_refuses_a_broken_file(tmp_path, edit, message) -> None:

@@ -22,9 +22,10 @@ def test_jean_zay_tp8_dp_groups_share_the_nodes_four_100g_nics():
     assert topo.pp_link(2, 2, 2).kind == "intra"
 
 
-def test_a_billion_gpus_is_as_cheap_as_a_node():
-    topo = Topology(make_cluster(gpu="H100-SXM", gpus=10**9))
-    assert topo.dp_link(8, 10**9 // 8).kind == "inter"
+def test_the_largest_cluster_accepted_is_as_cheap_as_a_node():
+    """10^6 GPUs (planner.schema.MAX_GPUS, the input bound): placement is closed-form, no graph of the cluster."""
+    topo = Topology(make_cluster(gpu="H100-SXM", gpus=10**6))
+    assert topo.dp_link(8, 10**6 // 8).kind == "inter"
     assert topo.strided_link(1, 4).kind == "intra"
 
 
