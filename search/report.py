@@ -23,6 +23,11 @@ if TYPE_CHECKING:                      # search.objective imports optuna; report
     from search.objective import TrialRecord
 
 
+CONFIRM_SPREAD = 0.10
+"""a re-probed configuration is ``confirmed`` when all its measurements lie within this spread,
+(max - min) / median <= 10% (i.e. about +-5% around the median); above it the table marks it unsteady"""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConfigSummary:
     config: str
@@ -38,7 +43,25 @@ class ConfigSummary:
     pred_before_tflops: float | None
     pred_after_tflops: float | None
     trials: tuple[int, ...]
-    confirmed: bool
+    reprobed: bool = False
+    """measured again by confirmation re-probes"""
+
+    @property
+    def confirmed(self) -> bool:
+        """Re-probed, and every measurement within `CONFIRM_SPREAD` of the others."""
+        return self.reprobed and (self.spread or 0.0) <= CONFIRM_SPREAD
+
+    @property
+    def agreement(self) -> str:
+        """How sure the measurement is, in words."""
+        n = len(self.tflops)
+        if n <= 1:
+            return "one measurement, not confirmed"
+        half = 100 * (self.spread or 0.0) / 2
+        if self.confirmed:
+            return f"confirmed: {n} measurements within ±{half:.1f}%"
+        return (f"NOT confirmed: {n} measurements spread ±{half:.1f}% (confirmed needs ±{100 * CONFIRM_SPREAD / 2:g}%); "
+                "the machine is noisy: probe again with more --probe-steps")
 
     @property
     def median_tflops(self) -> float | None:
@@ -53,7 +76,8 @@ class ConfigSummary:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(median_tflops=self.median_tflops, spread=self.spread, n_measurements=len(self.tflops))
+        d.update(median_tflops=self.median_tflops, spread=self.spread, n_measurements=len(self.tflops),
+                 confirmed=self.confirmed, agreement=self.agreement)
         return d
 
 
@@ -78,7 +102,7 @@ def summarize(records: list[TrialRecord]) -> list[ConfigSummary]:
             pred_analytic_tflops=first.attrs.get("pred_analytic_tflops"),
             pred_before_tflops=first.attrs.get("pred_before_tflops"),
             pred_after_tflops=first.attrs.get("pred_after_tflops"),
-            trials=tuple(r.number for r in rs), confirmed=any(r.phase == "confirm" for r in measured)))
+            trials=tuple(r.number for r in rs), reprobed=any(r.phase == "confirm" for r in measured)))
     ok = sorted((s for s in out if s.tflops), key=lambda s: -(s.median_tflops or 0.0))
     failed = sorted((s for s in out if not s.tflops), key=lambda s: (s.outcome, s.config))
     return ok + failed
@@ -89,6 +113,10 @@ def best(summaries: list[ConfigSummary]) -> ConfigSummary | None:
     confirmed = [s for s in summaries if s.confirmed]
     pool = confirmed or [s for s in summaries if s.tflops]
     return max(pool, key=lambda s: s.median_tflops or 0.0) if pool else None
+
+
+REASON_WIDTH = 60
+"""the reason column wraps at this width (never cut: the fix is at its end)"""
 
 
 def _f(x: float | None, digits: int = 4) -> str:
@@ -109,14 +137,16 @@ def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
             rank += 1
         n = len(s.tflops)
         spread = f"±{100 * (s.spread or 0) / 2:.1f}% (n={n})" if n > 1 else ("n=1" if n else "")
-        rows.append([rank if s.tflops else "-", short(s.config), s.outcome + (" ✓" if s.confirmed else ""),
+        mark = " ✓" if s.confirmed else (" ?" if s.reprobed else "")
+        rows.append([rank if s.tflops else "-", short(s.config), s.outcome + mark,
                      _f(s.median_tflops), spread, _f(s.step_s), _f(s.memory_gb, 3),
-                     _f(s.pred_analytic_tflops), _f(s.pred_before_tflops), _f(s.pred_after_tflops),
-                     (s.reason[:70] + "…") if len(s.reason) > 71 else s.reason])
+                     _f(s.pred_analytic_tflops), _f(s.pred_before_tflops), _f(s.pred_after_tflops), s.reason])
     headers = ["#", "configuration", "outcome", "measured TFLOPs", "spread", "step s", "mem GB",
                "pred analytic", "pred before", "pred after", "reason"]
-    table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
-    note = ("TFLOPs: model TFLOPs per GPU (median of measurements; ✓ = confirmed by re-probes); "
+    table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
+                     maxcolwidths=[None] * 10 + [REASON_WIDTH])
+    note = (f"TFLOPs: model TFLOPs per GPU (median of measurements); ✓ confirmed: re-probed and all measurements "
+            f"within ±{100 * CONFIRM_SPREAD / 2:g}% of each other; ? re-probed but they disagree more (noisy); "
             "pred before/after: calibrated prediction before and after that probe's measurement; "
             "mem GB = 1e9 bytes, peak per rank")
     return "\n".join(x for x in (title, table, note) if x)
@@ -129,10 +159,10 @@ def format_trials(records: list[TrialRecord]) -> str:
         a = r.attrs
         rows.append([r.number, r.phase, short(r.config or "?"), r.outcome or r.state,
                      _f(r.value if r.state == "COMPLETE" else None), _f(a.get("pred_before_tflops")),
-                     _f(a.get("pred_after_tflops")), _f(a.get("probe_wall_s"), 3),
-                     (r.reason[:60] + "…") if len(r.reason) > 61 else r.reason])
+                     _f(a.get("pred_after_tflops")), _f(a.get("probe_wall_s"), 3), r.reason])
     return tabulate(rows, headers=["trial", "phase", "configuration", "outcome", "measured TFLOPs", "pred before",
-                                   "pred after", "probe s", "reason"], tablefmt="simple", disable_numparse=True)
+                                   "pred after", "probe s", "reason"], tablefmt="simple", disable_numparse=True,
+                    maxcolwidths=[None] * 8 + [REASON_WIDTH])
 
 
 def report_dict(records: list[TrialRecord], *, study: str, storage: str) -> dict:
