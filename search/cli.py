@@ -230,6 +230,7 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
         if not args.results:
             raise TuneError("--backend replay needs --results FILE.csv (a table of earlier measurements)")
         table = ReplayTable.read(args.results, args.results_table)
+        _check_numbers(table)
         table.check(global_batch=training.global_batch, seq_len=training.seq_len)
         return ReplayBackend(table, noise=args.replay_noise, seed=args.seed or 0, delay_s=args.replay_delay), table
     if args.backend == "slurm":
@@ -266,6 +267,22 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
                              max_local_procs=local), None
     except ValueError as err:
         raise TuneError(f"--command: {err}") from None
+
+
+def _check_numbers(table) -> None:
+    """Every replayed number finite and positive, before any trial is stored: a bad cell would otherwise be
+    recorded as a final crash of that configuration, and fixing the CSV would not bring it back."""
+    import math
+
+    for row in table.rows:
+        where = f"--results {table.path}: row tp={row.tp},pp={row.pp},dp={row.dp},mbs={row.mbs}"
+        if row.status == "ok" and not (row.step_time_s is not None and math.isfinite(row.step_time_s)
+                                       and row.step_time_s > 0):
+            raise TuneError(f"{where} has status ok but seconds_per_iteration is not a finite number > 0; fix the "
+                            "cell, or give the row another status (oom, timeout, crash)")
+        if row.memory_gb is not None and not (math.isfinite(row.memory_gb) and row.memory_gb >= 0):
+            raise TuneError(f"{where}: memory_gb {row.memory_gb} is not a finite number >= 0; fix the cell or leave "
+                            "it empty")
 
 
 def _local_backend(capacity: int):

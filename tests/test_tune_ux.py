@@ -337,3 +337,21 @@ def test_progress_in_a_log_is_sparse_and_says_probe_n_of_n_and_the_step_time(tmp
     assert len(lines) == 1 and "\r" not in out.getvalue()
     assert "probe 1 of 4" in lines[0] and "of 0:10:00" in lines[0] and "step 3: 0.245 s" in lines[0]
     assert "tp=1,pp=2,mbs=1" in lines[0] and "budget left" in lines[0]
+
+
+@pytest.mark.parametrize("cell", ["inf", "nan", "fast", "-3", ""])
+def test_replay_csv_with_a_bad_number_is_refused_before_any_trial(cell, tmp_path, capsys):
+    lines = DATA.read_text().splitlines()
+    header = lines[0].split(",")
+    col = header.index("seconds_per_iteration")
+    status = header.index("status")
+    rows = [line.split(",") for line in lines[1:]]
+    row = next(r for r in rows if r[status] == "ok" and "v100-32gb-recompute" in r)
+    row[col] = cell
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join([lines[0], *(",".join(r) for r in rows)]) + "\n")
+    storage = f"sqlite:///{tmp_path}/t.db"
+    argv = [a if a != str(DATA) else str(bad) for a in REPLAY]
+    assert main([*argv, "--storage", storage]) == 2
+    assert "seconds_per_iteration" in _one_line(capsys)
+    assert not (tmp_path / "t.db").exists()                  # nothing stored: fixing the CSV is enough
