@@ -105,9 +105,10 @@ def _fill_help(p: argparse.ArgumentParser) -> None:
 
 def build_run_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="tune", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMMANDS,
-                      description="Probe the planner's surviving configurations, best predicted first, then as a "
-                                  "sampler learning from every measurement directs.\nNeeds the tune extra ("
-                                  + INSTALL_TUNE + "); probes on this machine also the probes extra.")
+                      description="Probe the planner's surviving configurations, best predicted first, then as a\n"
+                                  "sampler learning from every measurement directs. Also: tune report, tune\n"
+                                  "calibrate (see the end). Needs the tune extra (" + INSTALL_TUNE + ");\n"
+                                  "probes on this machine also the probes extra (pip install 'plantune[probes]').")
     add_setup_arguments(p)
     s = p.add_argument_group("study")
     s.add_argument("--study", "--study-name", dest="study", type=_study_name, default="plantune",
