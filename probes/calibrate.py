@@ -188,11 +188,15 @@ def _worker(args: argparse.Namespace) -> int:
 
     collectives: list[dict] = []
     intra = inter = None
+
     def said(label):
         sizes = MESSAGE_BYTES[device.type]
-        return lambda size, rows: _say(args, rank, f"{label} collectives {sizes.index(size) + 1}/{len(sizes)} "
-                                                   f"({size / 2 ** 20:g} MiB): " + ", ".join(
-                                                       f"{r['op']} {r['busbw_gbps']:.3g} Gbit/s" for r in rows))
+
+        def line(size, rows):
+            amount = f"{size / 2 ** 20:g} MiB" if size >= 2 ** 20 else f"{size / 2 ** 10:g} KiB"
+            _say(args, rank, f"{label} collectives {sizes.index(size) + 1}/{len(sizes)} ({amount}): "
+                             + ", ".join(f"{r['op']} {r['busbw_gbps']:.3g} Gbit/s" for r in rows))
+        return line
 
     if world > 1:
         nnodes = world // local_world

@@ -355,3 +355,16 @@ def test_replay_csv_with_a_bad_number_is_refused_before_any_trial(cell, tmp_path
     assert main([*argv, "--storage", storage]) == 2
     assert "seconds_per_iteration" in _one_line(capsys)
     assert not (tmp_path / "t.db").exists()                  # nothing stored: fixing the CSV is enough
+
+
+@pytest.mark.slow
+def test_tune_calibrate_shows_its_progress(tmp_path):
+    out = tmp_path / "cal.yaml"
+    done = subprocess.run([sys.executable, "-m", "search.cli", "calibrate", "--nproc-per-node", "2", "--out", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1800)   # a hang guard, no speed limit
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.startswith("calibrate: ")]
+    assert "2 process(es) per node" in lines[0] and "at most 600 s" in lines[0]
+    assert any("GEMM 3/3" in line for line in lines) and any("collectives 7/7" in line for line in lines)
+    assert lines[-1].startswith("calibrate: done in") and out.is_file()
+    assert len(lines) < 20                                   # one line per measurement, not per call
