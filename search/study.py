@@ -229,9 +229,14 @@ def open_study(settings: TuneSettings, space: SearchSpace, inputs: dict) -> optu
     return study
 
 
+ORPHAN_S = 60.0
+"""a RUNNING trial that has not recorded its worker this long after it started is dead: a live tuner records
+it right after ask() (`Objective.__call__`), so it was killed in between"""
+
+
 def reap(study: optuna.Study, grace_s: float) -> list[int]:
     """Fail RUNNING trials whose tuner is gone: its pid on this host is dead (at once), or it never recorded
-    which worker runs it (killed between ask() and the first heartbeat) for ``grace_s``. They get outcome
+    which worker runs it (killed between ask() and the first heartbeat) for ``grace_s`` or `ORPHAN_S`. They get outcome
     ``interrupted``, so `requeue` probes them again. Returns their numbers."""
     from optuna.trial import TrialState
 
@@ -242,7 +247,7 @@ def reap(study: optuna.Study, grace_s: float) -> list[int]:
         r = TrialRecord.from_trial(t)
         if worker_dead(r):
             why = f"its tuner ({r.attrs['worker']}) was killed while it ran"
-        elif "worker" not in r.attrs and r.started is not None and now - r.started > grace_s:
+        elif "worker" not in r.attrs and r.started is not None and now - r.started > min(grace_s, ORPHAN_S):
             why = "its tuner died before the trial started"
         else:
             continue

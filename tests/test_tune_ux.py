@@ -280,6 +280,36 @@ def test_a_trial_killed_before_it_recorded_its_worker_is_failed_after_the_grace(
     assert t.state.name == "FAIL" and t.user_attrs["outcome"] == "interrupted"
 
 
+def test_an_old_trial_that_never_recorded_its_worker_neither_blocks_nor_delays_the_run(space, tmp_path):
+    from datetime import datetime, timedelta
+
+    from optuna.trial import FrozenTrial, TrialState
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
+    old = FrozenTrial(number=0, state=TrialState.RUNNING, value=None, datetime_start=datetime.now() - timedelta(hours=1),
+                      datetime_complete=None, params={}, distributions={}, user_attrs={}, system_attrs={},
+                      intermediate_values={}, trial_id=0)
+    study._storage.create_new_trial(study._study_id, template_trial=old)
+    waits = []
+    import search.study as study_module
+
+    real_sleep = study_module.time.sleep
+    def sleep(seconds):                          # count the waits instead of waiting; fail rather than hang
+        waits.append(seconds)
+        if len(waits) > 20:
+            raise AssertionError(f"the run keeps waiting for a dead trial ({len(waits)} waits)")
+
+    study_module.time.sleep = sleep
+    try:
+        records = go(space, Fake(), storage, confirm_top=0, grace_s=7200)     # an old orphan: not the grace
+    finally:
+        study_module.time.sleep = real_sleep
+    assert records[0].state == "FAIL" and records[0].outcome == "interrupted"
+    assert {r.config for r in records if r.measured} == set(space.keys)
+    assert waits == []
+
+
 def test_an_external_kill_is_retried_once_then_final(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     first = space.survivors[0].candidate
@@ -368,3 +398,18 @@ def test_tune_calibrate_shows_its_progress(tmp_path):
     assert any("GEMM 3/3" in line for line in lines) and any("collectives 7/7" in line for line in lines)
     assert lines[-1].startswith("calibrate: done in") and out.is_file()
     assert len(lines) < 20                                   # one line per measurement, not per call
+
+
+def test_progress_on_a_terminal_is_one_live_line(tmp_path):
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Tty()
+    p = Progress(total=10, budget_s=None, stream=out, planned=13)
+    p.probing(4, "tp=2,pp=1,dp=4,mbs=2,gas=8,recompute=none,zero=0", timeout_s=600.0, workdir=tmp_path)
+    assert not out.getvalue().endswith("\n") and "probe 1 of at most 13" in out.getvalue()
+    p.probe_ended()
+    p.note("trial 4 done")
+    p.close()
+    assert "\r\x1b[2K[tune] trial 4 done\n" in out.getvalue()     # the live line is replaced, not scrolled
