@@ -261,6 +261,7 @@ def _parser(prog: str = "python -m probes.calibrate") -> argparse.ArgumentParser
                    help="stop the measurement after this many seconds (default 600)")
     p.add_argument("--cpu", action="store_true", help="measure the CPU even when a GPU is present")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
@@ -297,6 +298,9 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
     out = Path(args.out)
     if out.is_symlink() or out.is_dir():
         print(f"error: --out {out} is a {'link' if out.is_symlink() else 'folder'}; give a file name", file=sys.stderr)
+        return 2
+    if out.exists() and not args.force:
+        print(f"error: --out {out} exists; give a new file name, or add --force to replace it", file=sys.stderr)
         return 2
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)

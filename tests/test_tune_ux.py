@@ -87,6 +87,16 @@ def test_calibration_measured_on_cpu_is_refused_for_a_gpu_plan(tmp_path, capsys)
     assert code == 2 and "measured on a CPU" in _one_line(capsys)
 
 
+def test_calibrate_never_replaces_a_file_without_force(tmp_path, capsys):
+    mine = tmp_path / "cal.yaml"
+    mine.write_text("mine\n")
+    assert main(["calibrate", "--out", str(mine)]) == 2
+    assert "--force" in _one_line(capsys) and mine.read_text() == "mine\n"
+    link = tmp_path / "link.yaml"
+    link.symlink_to(tmp_path / "elsewhere.yaml")
+    assert main(["calibrate", "--out", str(link), "--force"]) == 2 and "link" in _one_line(capsys)
+
+
 def test_calibrate_with_an_unknown_model_is_one_line(tmp_path, capsys):
     assert main(["calibrate", "--model", "nosuch", "--out", str(tmp_path / "c.yaml")]) == 2
     assert "nosuch" in _one_line(capsys)
