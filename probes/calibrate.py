@@ -90,7 +90,7 @@ def _time_collective(torch, dist, fn, sync, device, group) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def _measure_matmul(torch, device, dtype, shapes) -> list[dict]:
+def _measure_matmul(torch, device, dtype, shapes, report=None) -> list[dict]:
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     rows = []
     for name, m, n, k in shapes:
@@ -99,6 +99,8 @@ def _measure_matmul(torch, device, dtype, shapes) -> list[dict]:
         seconds = _time_op(lambda: torch.mm(a, b), sync, device.type)
         rows.append({"name": name, "m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."),
                      "seconds": seconds, "tflops": 2.0 * m * n * k / seconds / 1e12})
+        if report is not None:
+            report(len(rows), rows[-1])
         del a, b
     return rows
 
@@ -108,7 +110,7 @@ def _bus_factor(op: str, n: int) -> float:
     return 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
 
 
-def _measure_collectives(torch, dist, device, group, label: str) -> list[dict]:
+def _measure_collectives(torch, dist, device, group, label: str, report=None) -> list[dict]:
     n = dist.get_world_size(group)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     rows = []
@@ -129,6 +131,8 @@ def _measure_collectives(torch, dist, device, group, label: str) -> list[dict]:
             algbw = nbytes / seconds.item() * 8 / 1e9
             rows.append({"op": op, "group": label, "ranks": n, "bytes": nbytes, "seconds": seconds.item(),
                          "algbw_gbps": algbw, "busbw_gbps": algbw * _bus_factor(op, n)})
+        if report is not None:
+            report(size, rows[-3:])
     return rows
 
 
@@ -164,7 +168,11 @@ def _worker(args: argparse.Namespace) -> int:
     shapes = _gemm_shapes(args.model, args.tokens, device.type)
     if device.type == "cpu" and args.model:
         notes.append(f"CPU: GEMM dimensions capped at {CPU_DIM_CAP}")
-    matmul = _measure_matmul(torch, device, dtype, shapes)
+    _say(args, rank, f"{world} process(es) on {device.type}; timing {len(shapes)} GEMM shapes")
+    matmul = _measure_matmul(torch, device, dtype, shapes,
+                             lambda i, row: _say(args, rank, f"GEMM {i}/{len(shapes)} {row['name']} "
+                                                             f"{row['m']}x{row['n']}x{row['k']}: "
+                                                             f"{row['tflops']:.3g} TFLOP/s"))
     weighted = sum(2.0 * r["m"] * r["n"] * r["k"] for r in matmul) / sum(r["seconds"] for r in matmul) / 1e12
     best = max(r["tflops"] for r in matmul)
     peak_tflops, peak_source = best, "best measured GEMM rate (no catalog peak)"
@@ -180,16 +188,26 @@ def _worker(args: argparse.Namespace) -> int:
 
     collectives: list[dict] = []
     intra = inter = None
+
+    def said(label):
+        sizes = MESSAGE_BYTES[device.type]
+
+        def line(size, rows):
+            amount = f"{size / 2 ** 20:g} MiB" if size >= 2 ** 20 else f"{size / 2 ** 10:g} KiB"
+            _say(args, rank, f"{label} collectives {sizes.index(size) + 1}/{len(sizes)} ({amount}): "
+                             + ", ".join(f"{r['op']} {r['busbw_gbps']:.3g} Gbit/s" for r in rows))
+        return line
+
     if world > 1:
         nnodes = world // local_world
         if nnodes > 1:
             node_group, _ = dist.new_subgroups(group_size=local_world)
             if local_world > 1:
-                collectives += _measure_collectives(torch, dist, device, node_group, "intra_node")
-            collectives += _measure_collectives(torch, dist, device, None, "inter_node")
+                collectives += _measure_collectives(torch, dist, device, node_group, "intra_node", said("intra-node"))
+            collectives += _measure_collectives(torch, dist, device, None, "inter_node", said("inter-node"))
             inter = _peak_busbw(collectives, "inter_node")
         else:
-            collectives += _measure_collectives(torch, dist, device, None, "intra_node")
+            collectives += _measure_collectives(torch, dist, device, None, "intra_node", said("intra-node"))
         intra = _peak_busbw(collectives, "intra_node")
     else:
         notes.append("one process: no collective measured")
@@ -223,24 +241,33 @@ def _worker(args: argparse.Namespace) -> int:
 
 # -- launcher (the command a person runs) -----------------------------------------------------------
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m probes.calibrate", description=__doc__.splitlines()[0])
+def _say(args: argparse.Namespace, rank: int, text: str) -> None:
+    """One progress line from rank 0 (on stderr, so that a log shows what calibration is doing)."""
+    if rank == 0 and not args.quiet:
+        print(f"calibrate: {text}", file=sys.stderr, flush=True)
+
+
+def _parser(prog: str = "python -m probes.calibrate") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="processes (devices) per node")
     p.add_argument("--nnodes", type=int, default=1, help="nodes (run this command on each, with --rdzv-endpoint)")
-    p.add_argument("--node-rank", "--node_rank", type=int, default=None)
+    p.add_argument("--node-rank", "--node_rank", type=int, default=None, help="this node's rank (nnodes > 1)")
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="host:port of the rendezvous (nnodes > 1)")
     p.add_argument("--out", required=True, help="calibration YAML to write")
     p.add_argument("--gpu", default=None, help="catalog id of the GPU (planner.hardware), for its datasheet peak")
     p.add_argument("--model", default=None, help="model preset or file whose GEMM shapes to time")
     p.add_argument("--tokens", type=int, default=None, help="GEMM rows = tokens per micro-batch (default seq_len)")
-    p.add_argument("--timeout-s", "--timeout_s", type=float, default=600.0)
+    p.add_argument("--timeout-s", "--timeout_s", type=float, default=600.0,
+                   help="stop the measurement after this many seconds (default 600)")
     p.add_argument("--cpu", action="store_true", help="measure the CPU even when a GPU is present")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--force", action="store_true", help="replace an existing --out file")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibrate") -> int:
+    args = _parser(prog).parse_args(argv)
     if args.worker:
         return _worker(args)
     if args.nproc_per_node < 1 or args.nnodes < 1:
@@ -250,9 +277,36 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --nnodes > 1 needs --rdzv-endpoint HOST:PORT (and this command run on every node)",
               file=sys.stderr)
         return 2
-    out = Path(args.out).resolve()
+    if args.model is not None:                  # a bad --model: one line here, not a traceback from every worker
+        from planner.errors import PlantuneError
+        from planner.model import load_model
+
+        try:
+            load_model(args.model)
+        except PlantuneError as err:
+            print(f"error: --model {args.model}: {err}", file=sys.stderr)
+            return 2
+    if args.gpu is not None:
+        from planner.errors import PlantuneError
+        from planner.hardware import get_accelerator
+
+        try:
+            get_accelerator(args.gpu)
+        except PlantuneError as err:
+            print(f"error: --gpu {args.gpu}: {err}", file=sys.stderr)
+            return 2
+    out = Path(args.out)
+    if out.is_symlink() or out.is_dir():
+        print(f"error: --out {out} is a {'link' if out.is_symlink() else 'folder'}; give a file name", file=sys.stderr)
+        return 2
+    if out.exists() and not args.force:
+        print(f"error: --out {out} exists; give a new file name, or add --force to replace it", file=sys.stderr)
+        return 2
+    out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     worker_args = ["--worker", "--out", str(out)]
+    if args.quiet:
+        worker_args.append("--quiet")
     for flag, value in (("--gpu", args.gpu), ("--model", args.model), ("--tokens", args.tokens)):
         if value is not None:
             worker_args += [flag, str(value)]
@@ -261,8 +315,14 @@ def main(argv: list[str] | None = None) -> int:
     cmd = torchrun_argv(nproc=args.nproc_per_node, nnodes=args.nnodes, node_rank=args.node_rank,
                         rdzv_endpoint=args.rdzv_endpoint, rdzv_id="plantune-calibrate", module="probes.calibrate",
                         module_args=worker_args)
+    if not args.quiet:
+        print(f"calibrate: {args.nproc_per_node} process(es) per node x {args.nnodes} node(s), at most "
+              f"{args.timeout_s:g} s; progress below", file=sys.stderr, flush=True)
+    started = time.monotonic()
     returncode, timed_out, _ = run_with_timeout(cmd, env={**os.environ, **probe_env()}, timeout_s=args.timeout_s,
                                                 workdir=out.parent)
+    if not args.quiet and returncode == 0 and not timed_out:
+        print(f"calibrate: done in {time.monotonic() - started:.0f} s: {out}", file=sys.stderr, flush=True)
     if timed_out:
         print(f"error: calibration did not finish within {args.timeout_s:g} s; processes killed", file=sys.stderr)
         return 1

@@ -11,7 +11,9 @@ Evidence, in order of trust:
 
 Root cause (torchrun's "first observed failure" is often a rank that only saw its peer vanish):
 the earliest record that is not a peer-failure error; else a rank that died without a record
-(killed by a signal other than the agent's SIGTERM, or ``os._exit``); else the earliest record.
+(killed by a signal other than the agent's SIGTERM -- SIGKILL from the OOM killer or a preemption --
+or ``os._exit``), torchrun's first observed one among them; else the earliest record. A rank killed
+by a signal from outside is marked ``extra["killed_by"]`` (the tuner retries it once).
 Shared by the local and SLURM launchers.
 """
 
@@ -33,8 +35,9 @@ PEER_FAILURE_MARKERS = ("Connection reset by peer", "Connection closed by peer",
                         "failed to recv", "Connection refused")
 """text of an error a rank raises because another rank died (not itself a root cause)"""
 COMM_MARKERS = ("NCCL", "gloo", "ProcessGroup", "c10d")
-AGENT_SIGNALS = (-signal.SIGTERM, -signal.SIGKILL)
-"""exit codes of workers that torchrun (or the launcher) stopped after another failure"""
+AGENT_SIGNALS = (-signal.SIGTERM,)
+"""exit codes of workers that torchrun stopped after another failure (it sends SIGTERM; a SIGKILL comes from
+outside: the kernel OOM killer, a preemption, an operator)"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +61,15 @@ _FAILURE_RE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitc
 def parse_torchrun_failures(stderr_text: str) -> dict[int, int]:
     """{rank: exitcode} from torchrun's ChildFailedError summary (Failures and Root Cause blocks)."""
     return {int(r): int(code) for r, code in _FAILURE_RE.findall(stderr_text)}
+
+
+_ROOT_RE = re.compile(r"Root Cause[^\n]*\n(?:[^\n]*\n)*?\s*rank\s*:\s*(\d+)")
+
+
+def parse_first_observed(stderr_text: str) -> int | None:
+    """The rank torchrun's "Root Cause (first observed failure)" block names, or None."""
+    m = _ROOT_RE.search(stderr_text)
+    return int(m.group(1)) if m else None
 
 
 def read_error_records(workdir: Path) -> dict[int, dict]:
@@ -108,8 +120,8 @@ def failures(workdir: Path, torchrun_stderr: str, rank_logs: dict[int, str]) -> 
     return out
 
 
-def root_cause(fails: list[RankFailure]) -> RankFailure | None:
-    """The failure that caused the others (see the module docstring)."""
+def root_cause(fails: list[RankFailure], first_observed: int | None = None) -> RankFailure | None:
+    """The failure that caused the others (see the module docstring); ``first_observed``: torchrun's root rank."""
     if not fails:
         return None
     own = [f for f in fails if f.has_record and not f.peer_failure]
@@ -117,7 +129,7 @@ def root_cause(fails: list[RankFailure]) -> RankFailure | None:
         return min(own, key=lambda f: f.time_s or 0.0)
     abrupt = [f for f in fails if not f.has_record and f.exitcode not in AGENT_SIGNALS]
     if abrupt:
-        return abrupt[0]
+        return next((f for f in abrupt if f.rank == first_observed), abrupt[0])
     recorded = [f for f in fails if f.has_record]
     if recorded:
         return min(recorded, key=lambda f: f.time_s or 0.0)
@@ -153,7 +165,7 @@ def classify(workdir: Path, *, returncode: int | None, timed_out: bool, timeout_
                                extra=extra, **common)
         return ProbeResult(status="timeout", reason=f"no result within {timeout_s:g} s; process group killed",
                            extra=extra, **common)
-    root = root_cause(fails)
+    root = root_cause(fails, parse_first_observed(torchrun_stderr))
     if root is None:
         oom_rank = next((r for r, text in sorted(rank_logs.items()) if _scan(text, OOM_MARKERS)), None)
         if oom_rank is not None:
@@ -165,10 +177,16 @@ def classify(workdir: Path, *, returncode: int | None, timed_out: bool, timeout_
         return ProbeResult(status="crash", reason=f"launcher {_exit_text(code)} without a result: {tail}",
                            extra=extra, **common)
     reason = f"rank {root.rank}: {root.message}"
+    if root.status == "crash" and not root.has_record and root.exitcode is not None and root.exitcode < 0:
+        try:
+            extra["killed_by"] = signal.Signals(-root.exitcode).name
+        except ValueError:
+            extra["killed_by"] = f"signal {-root.exitcode}"
     if root.status != "oom" and any(m in root.message for m in COMM_MARKERS):
         reason = f"rank {root.rank}: communication error: {root.message}"
     return ProbeResult(status=root.status, reason=reason, root_cause_rank=root.rank, extra=extra, **common)
 
 
-__all__ = ["OOM_MARKERS", "PEER_FAILURE_MARKERS", "RankFailure", "classify", "failures", "parse_torchrun_failures",
+__all__ = ["OOM_MARKERS", "PEER_FAILURE_MARKERS", "RankFailure", "classify", "failures", "parse_first_observed",
+           "parse_torchrun_failures",
            "read_error_records", "root_cause"]

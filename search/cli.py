@@ -1,15 +1,16 @@
 """`tune`: measure the planner's best configurations on the real machine, learn from every probe.
 
-    tune --model 176B --gpus 384 --study bloom --storage sqlite:///tune.db --budget 2h
+    tune --model 176B --gpus 384 --study bloom --budget 2h     # work folder tune-bloom/ (tune.db, trial-NNNN/)
     tune --model 1B3 --gpu V100-32GB --gpus 8 --gpus-per-node 4 --global-batch 512 --precision fp16 \\
          --recompute full --zero 1 --no-rampup --backend replay \\
-         --results ../shared/data/bigscience_1b3_v100.csv --results-table v100-32gb-recompute
-    tune report --study bloom --storage sqlite:///tune.db      # the table again, plots, dashboard hint
+         --results tests/data/bigscience_1b3_v100.csv --results-table v100-32gb-recompute
+    tune report --study bloom                                   # the table again, plots, dashboard hint
     tune calibrate --nproc-per-node 8 --out calibration.yaml    # probes.calibrate, arguments passed through
 
 Re-running the same command continues the study: finished configurations are never probed again,
-a trial left RUNNING by a killed tuner is retried (after ``--grace-s``), a Ctrl-C'd one is probed
-again first. Ctrl-C records the running trial FAIL with outcome ``interrupted`` and exits 130.
+a trial left RUNNING by a killed tuner is retried (at once when that tuner ran on this host, else
+after ``--grace-s``), a Ctrl-C'd one is probed again first. Ctrl-C records the running trial FAIL
+with outcome ``interrupted`` and exits 130; SIGTERM (a SLURM time limit) does the same and exits 143.
 Bad input prints one line and exits 2 (``--debug`` shows tracebacks).
 """
 
@@ -29,11 +30,38 @@ from planner.errors import PlantuneError
 
 from search._base import BackendError, TuneError
 
-DEFAULT_STORAGE = "sqlite:///tune.db"
+DB_NAME = "tune.db"
+"""the SQLite file inside a study's work folder (the default storage)"""
 BACKENDS = ("local", "replay", "slurm")
 PROBES = ("train", "megatron")
 EMIT_KINDS = ("megatron-deepspeed", "megatron-lm", "fsdp")
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+"""128 + SIGTERM, as a shell reports a process SIGTERM ended"""
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+"""a study name is also a folder name: letters, digits, '.', '_', '-'; no path separators"""
+INSTALL_TUNE = "pip install 'plantune[tune]'"
+INSTALL_PROBES = "pip install 'plantune[probes]'"
+COMMANDS = """commands:
+  tune [run] --model M --gpus N ...   probe the planner's best configurations (this help)
+  tune report --study NAME            a study's ranked table again, plots, optuna-dashboard hint
+                                      (tune report --help)
+  tune calibrate --out FILE.yaml      measure this machine's GEMM rate and bus bandwidth for
+                                      plan --calibration (tune calibrate --help)
+
+limits: --budget is the wall-clock time of this run, every probe included (confirmation re-probes
+too; a probe still running at the end is stopped and probed again by the next run); --max-probes
+counts the probes that ran in the study over all runs (ok, oom, timeout, crash; confirmation
+re-probes included; configurations answered from storage, implied out of memory or refused
+without starting a process are not counted).
+"""
+SHARED_HELP = {
+    "framework": "training framework the layouts are for (default megatron-deepspeed)",
+    "optimizer": "optimizer, for its memory per parameter (default adamw)",
+    "memory_fraction": "model states (weights, gradients, optimizer) may use this fraction of GPU memory "
+                       "(default 0.75)",
+}
+"""help for the planner's shared flags where it is missing or points at material a user does not have"""
 
 
 def parse_duration(text: str) -> float:
@@ -57,31 +85,64 @@ _pos_int = number(int)
 _pos_float = number(float)
 
 
+def _study_name(text: str) -> str:
+    if not STUDY_NAME.fullmatch(text) or ".." in text:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a study name: use letters, digits, '.', '_' and '-' "
+                                         "(it names the work folder, so no '/' or '..')")
+    return text
+
+
+def _fill_help(p: argparse.ArgumentParser) -> None:
+    """Help for every flag: the shared planner flags without one get SHARED_HELP, or their choices."""
+    for action in p._actions:
+        if action.help is None or "seed 00" in (action.help or ""):
+            action.help = SHARED_HELP.get(action.dest) or (
+                "the opposite of " + action.option_strings[0].replace("--no-", "--") if
+                action.option_strings and action.option_strings[0].startswith("--no-") else action.help)
+        if action.help is None and action.choices:
+            action.help = "one of " + ", ".join(map(str, action.choices))
+
+
 def build_run_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="tune", description="Probe the planner's surviving configurations, best predicted "
-                                               "first, then as a sampler learning from every measurement directs.")
+    p = OneLineParser(prog="tune", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=COMMANDS,
+                      description="Probe the planner's surviving configurations, best predicted first, then as a\n"
+                                  "sampler learning from every measurement directs. Also: tune report, tune\n"
+                                  "calibrate (see the end). Needs the tune extra (" + INSTALL_TUNE + ");\n"
+                                  "probes on this machine also the probes extra (pip install 'plantune[probes]').")
     add_setup_arguments(p)
     s = p.add_argument_group("study")
-    s.add_argument("--study", "--study-name", dest="study", default="plantune", help="study name (resume key)")
-    s.add_argument("--storage", default=DEFAULT_STORAGE,
-                   help=f"Optuna RDB URL (default {DEFAULT_STORAGE}; postgresql://... for many workers)")
-    s.add_argument("--budget", type=parse_duration, help="wall-clock budget: 2h, 90m, 1h30m, seconds")
+    s.add_argument("--study", "--study-name", dest="study", type=_study_name, default="plantune",
+                   help="study name: the resume key and the work folder tune-STUDY (default plantune)")
+    s.add_argument("--storage", default=None,
+                   help=f"Optuna database URL (default sqlite:///WORKDIR/{DB_NAME}; postgresql://user@host/db to "
+                        "share a study between several tuners)")
+    s.add_argument("--budget", type=parse_duration,
+                   help="wall-clock limit of this run, every probe included: 2h, 90m, 1h30m, seconds "
+                        "(a probe running at the end is stopped and probed again next run)")
     s.add_argument("--max-probes", "--n-trials", dest="max_probes", type=_pos_int,
-                   help="search probes in the study, all runs together (default: until every survivor is done)")
-    s.add_argument("--top-k", type=_nonneg_int, default=3, help="analytic best probed first (default 3)")
+                   help="probes run in the study, all runs and confirmation re-probes included (ok, oom, timeout, "
+                        "crash; default: until every survivor is done)")
+    s.add_argument("--top-k", type=_nonneg_int, default=3, help="the planner's best K are probed first (default 3)")
     s.add_argument("--sampler", choices=("ei", "tpe", "random", "grid", "analytic", "planner"), default="ei",
                    help="after the top-k: ei (expected improvement under the refitted model, default), tpe, random, "
                         "grid, analytic (refitted order), planner (the plan's order)")
-    s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--seed", type=int, default=None, help="random seed of the sampler (and of --replay-noise)")
     s.add_argument("--startup-trials", type=_pos_int, default=4, help="measurements before TPE models (default 4)")
-    s.add_argument("--confirm-top", type=_nonneg_int, default=3, help="re-probe the best K (default 3; 0: off)")
-    s.add_argument("--repeats", type=_nonneg_int, default=2, help="re-probes of each confirmed one (default 2)")
-    s.add_argument("--heartbeat-s", type=_pos_int, default=60, help="trial heartbeat interval (default 60)")
+    s.add_argument("--confirm-top", type=_nonneg_int, default=3,
+                   help="re-probe the best K measured configurations (default 3; 0: off)")
+    s.add_argument("--repeats", type=_nonneg_int, default=2,
+                   help="re-probes of each of them (default 2); 'confirmed' when all agree within "
+                        "the report's spread")
+    s.add_argument("--heartbeat-s", type=_pos_int, default=60, help="trial heartbeat interval, seconds (default 60)")
     s.add_argument("--grace-s", type=_pos_int, default=120,
-                   help="a RUNNING trial without heartbeat this long is failed and retried (default 120)")
-    s.add_argument("--max-retry", type=_nonneg_int, default=3)
+                   help="a RUNNING trial of another host without a heartbeat this long is failed and retried "
+                        "(default 120)")
+    s.add_argument("--max-retry", type=_nonneg_int, default=3,
+                   help="how often a trial whose tuner died is retried (default 3)")
     b = p.add_argument_group("probes")
-    b.add_argument("--backend", choices=BACKENDS, default="local")
+    b.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="local: torchrun on this machine (default); slurm: srun in an allocation; replay: "
+                        "answer probes from a CSV of earlier measurements")
     b.add_argument("--results", help="--backend replay: CSV of earlier measurements")
     b.add_argument("--results-table", help="--backend replay: the table column's value to replay")
     b.add_argument("--replay-noise", type=_nonneg_float, default=0.0,
@@ -101,30 +162,55 @@ def build_run_parser() -> argparse.ArgumentParser:
     b.add_argument("--probe-layers", type=_pos_int, help="run a reduced model of N layers (step time scaled up)")
     b.add_argument("--probe-steps", type=_pos_int, default=5, help="timed steps per probe (default 5)")
     b.add_argument("--probe-warmup", type=_nonneg_int, default=2, help="untimed steps first (default 2)")
-    b.add_argument("--probe-timeout", type=parse_duration, default=600.0, help="per probe (default 600 s)")
-    b.add_argument("--probe-device", choices=("auto", "cuda", "cpu"), default="auto")
-    b.add_argument("--workdir", default="tune-runs", help="probe folders: WORKDIR/STUDY/trial-NNNN")
+    b.add_argument("--probe-timeout", type=parse_duration, default=600.0,
+                   help="wall-clock limit of one probe (default 600 s)")
+    b.add_argument("--probe-device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="where probes run (default auto: CUDA when present); cpu needs a plan with --gpu CPU")
+    b.add_argument("--workdir", default=None,
+                   help="the study's work folder: probe folders trial-NNNN and the default storage "
+                        "(default ./tune-STUDY)")
     o = p.add_argument_group("output")
     o.add_argument("--emit", choices=EMIT_KINDS, help="write the best measured configuration like plan --emit")
-    o.add_argument("--emit-flavor", "--emit_flavor", choices=("bigscience", "microsoft"), default="bigscience")
-    o.add_argument("--out", help="folder for --emit (default run/)")
-    o.add_argument("--format", choices=("table", "json"), default="table")
-    o.add_argument("--no-progress", action="store_true", help="no live progress line on stderr")
+    o.add_argument("--emit-flavor", "--emit_flavor", choices=("bigscience", "microsoft"), default="bigscience",
+                   help="--emit megatron-deepspeed: which fork's arguments (default bigscience)")
+    o.add_argument("--out", help="folder for --emit (default WORKDIR/run); an existing non-empty folder needs --force")
+    o.add_argument("--force", action="store_true",
+                   help="let --out replace files in an existing folder (a symbolic link is replaced, never followed)")
+    o.add_argument("--format", choices=("table", "json"), default="table", help="result on stdout (default table)")
+    o.add_argument("--no-progress", action="store_true", help="no progress on stderr")
     o.add_argument("--debug", action="store_true", help="show tracebacks")
+    _fill_help(p)
     return p
 
 
 def build_report_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="tune report", description="A study's ranked table again, plots, and how to open it "
                                                       "in optuna-dashboard.")
-    p.add_argument("--study", "--study-name", dest="study", required=True)
-    p.add_argument("--storage", default=DEFAULT_STORAGE)
-    p.add_argument("--plots", default=None, help="folder for the PNG plots (default tune-report-STUDY)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--study", "--study-name", dest="study", type=_study_name, required=True,
+                   help="the study's name, as given to tune")
+    p.add_argument("--storage", default=None, help=f"its database URL (default sqlite:///WORKDIR/{DB_NAME})")
+    p.add_argument("--workdir", default=None, help="the study's work folder (default ./tune-STUDY)")
+    p.add_argument("--plots", default=None, help="folder for the PNG plots (default WORKDIR/report)")
+    p.add_argument("--no-plots", action="store_true", help="no plots")
     p.add_argument("--trials", action="store_true", help="also one row per trial (predicted before/after, measured)")
-    p.add_argument("--format", choices=("table", "json"), default="table")
-    p.add_argument("--debug", action="store_true")
+    p.add_argument("--format", choices=("table", "json"), default="table", help="table (default) or json")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
+
+
+def workdir_of(args: argparse.Namespace) -> Path:
+    """The study's work folder: --workdir, else ./tune-STUDY."""
+    return Path(args.workdir) if args.workdir else Path(f"tune-{args.study}")
+
+
+def storage_of(args: argparse.Namespace, *, create: bool) -> str:
+    """--storage, else sqlite:///WORKDIR/tune.db (the folder made when ``create``)."""
+    if args.storage:
+        return args.storage
+    folder = workdir_of(args)
+    if create:
+        folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / DB_NAME}"
 
 
 # -- run ----------------------------------------------------------------------------------------------
@@ -146,6 +232,7 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
         if not args.results:
             raise TuneError("--backend replay needs --results FILE.csv (a table of earlier measurements)")
         table = ReplayTable.read(args.results, args.results_table)
+        _check_numbers(table)
         table.check(global_batch=training.global_batch, seq_len=training.seq_len)
         return ReplayBackend(table, noise=args.replay_noise, seed=args.seed or 0, delay_s=args.replay_delay), table
     if args.backend == "slurm":
@@ -182,6 +269,22 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
                              max_local_procs=local), None
     except ValueError as err:
         raise TuneError(f"--command: {err}") from None
+
+
+def _check_numbers(table) -> None:
+    """Every replayed number finite and positive, before any trial is stored: a bad cell would otherwise be
+    recorded as a final crash of that configuration, and fixing the CSV would not bring it back."""
+    import math
+
+    for row in table.rows:
+        where = f"--results {table.path}: row tp={row.tp},pp={row.pp},dp={row.dp},mbs={row.mbs}"
+        if row.status == "ok" and not (row.step_time_s is not None and math.isfinite(row.step_time_s)
+                                       and row.step_time_s > 0):
+            raise TuneError(f"{where} has status ok but seconds_per_iteration is not a finite number > 0; fix the "
+                            "cell, or give the row another status (oom, timeout, crash)")
+        if row.memory_gb is not None and not (math.isfinite(row.memory_gb) and row.memory_gb >= 0):
+            raise TuneError(f"{where}: memory_gb {row.memory_gb} is not a finite number >= 0; fix the cell or leave "
+                            "it empty")
 
 
 def _local_backend(capacity: int):
@@ -239,9 +342,48 @@ def _check_emittable(args: argparse.Namespace, model, cluster, training, space) 
                     + "; ".join(problems))
 
 
-def _emit_best(args: argparse.Namespace, model, cluster, training, best_summary, calibration) -> list[Path]:
+def out_dir_of(args: argparse.Namespace) -> Path:
+    return Path(args.out) if args.out else workdir_of(args) / "run"
+
+
+def check_out(out: Path, *, force: bool) -> None:
+    """Refuse before probing what --emit could not write safely: a link, a file, a non-empty folder without --force."""
+    if out.is_symlink():
+        raise TuneError(f"--out {out} is a symbolic link; give the real folder (tune never writes through a link)")
+    if out.exists() and not out.is_dir():
+        raise TuneError(f"--out {out} is a file; give a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise TuneError(f"--out {out} is not empty; give a new folder, or add --force to replace the files tune "
+                        "writes there")
+
+
+def write_files(out: Path, files: dict[str, str], *, force: bool) -> list[Path]:
+    """Write ``files`` into ``out`` without following links: each is written beside its target and renamed over it
+    (a link in its place is replaced, not followed); an existing file is replaced only with ``force``."""
+    import os
+    import tempfile
+
+    check_out(out, force=force)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in files.items():
+        target = out / name
+        if (target.exists() or target.is_symlink()) and not force:
+            raise TuneError(f"--out {target} exists; add --force to replace it")
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755 if name.endswith(".sbatch") else 0o644)
+        os.replace(tmp, target)
+        paths.append(target)
+    return paths
+
+
+def _emit_best(args: argparse.Namespace, model, cluster, training, best_summary, calibration,
+               storage: str) -> list[Path]:
     from planner import Candidate, estimate
-    from planner.emit import Prediction, RunSetup, emit
+    from planner.emit import Prediction, RunSetup
+    from planner.emit.write import render
 
     cand = Candidate(**best_summary.candidate)
     est = estimate(model, cluster, training, cand, params=calibration)
@@ -252,17 +394,71 @@ def _emit_best(args: argparse.Namespace, model, cluster, training, best_summary,
                                 step_time_s=round(est.time.step_time_s, 3),
                                 model_tflops_per_gpu=round(t.model_tflops_per_gpu, 3),
                                 hardware_tflops_per_gpu=round(t.hardware_tflops_per_gpu, 3), mfu=round(t.mfu, 4))
-    out = Path(args.out or "run")
-    written = emit(RunSetup(model=model, cluster=cluster, training=training, candidate=cand, prediction=prediction),
-                   args.emit, out, flavor=args.emit_flavor, reservation=args.reservation)
-    measured = out / "tune_measured.json"
-    measured.write_text(json.dumps({"study": args.study, "storage": args.storage, **best_summary.to_dict(),
-                                    "calibration": {"compute_scale": calibration.compute_scale,
-                                                    "comm_scale": calibration.comm_scale}}, indent=1) + "\n")
-    return [*written, measured]
+    files = render(RunSetup(model=model, cluster=cluster, training=training, candidate=cand, prediction=prediction),
+                   args.emit, flavor=args.emit_flavor, reservation=args.reservation)
+    files["tune_measured.json"] = json.dumps({"study": args.study, "storage": storage, **best_summary.to_dict(),
+                                              "calibration": {"compute_scale": calibration.compute_scale,
+                                                              "comm_scale": calibration.comm_scale}}, indent=1) + "\n"
+    return write_files(out_dir_of(args), files, force=args.force)
+
+
+def _probe_device_problem(args: argparse.Namespace, cluster) -> str | None:
+    """Probing on this machine's CPU under a GPU plan (or on a GPU under a CPU plan) measures another machine:
+    the refit would scale the GPU's model by a CPU's speed (and hit its clamp). The reason, or None."""
+    if args.backend == "replay":
+        return None
+    gpu_plan = cluster.gpu.id.upper() != "CPU"
+    device = args.probe_device
+    if device == "auto" and args.backend == "local" and gpu_plan:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            return None                     # the probe itself says torch is missing
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and gpu_plan:
+        return (f"the plan is for {cluster.gpu.id} GPUs but the probes would run on this machine's CPU"
+                f"{' (no CUDA device found)' if args.probe_device == 'auto' else ''}: their times say nothing about "
+                f"{cluster.gpu.id}; tune on the GPU machine, or plan for the CPU with --gpu CPU --gpus-per-node "
+                "<cores to use>")
+    if device == "cuda" and not gpu_plan:
+        return "the plan is for --gpu CPU but --probe-device cuda runs on a GPU; plan with the GPU's --gpu id"
+    return None
+
+
+def _calibration_problem(args: argparse.Namespace, cluster) -> str | None:
+    """A calibration file measured on a CPU applied to a GPU plan (or the other way): the reason, or None."""
+    if not getattr(args, "calibration", None):
+        return None
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(args.calibration).read_text())
+    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        return None                          # the planner's reader has already refused it, or will
+    device = str(doc.get("device", "")) if isinstance(doc, dict) else ""
+    gpu_plan = cluster.gpu.id.upper() != "CPU"
+    if device.lower().startswith("cpu") and gpu_plan:
+        return (f"--calibration {args.calibration} was measured on a CPU ({device}) and the plan is for "
+                f"{cluster.gpu.id}; calibrate on the GPU machine (tune calibrate --gpu {cluster.gpu.id} ...) "
+                "or plan with --gpu CPU")
+    if device and not device.lower().startswith("cpu") and not gpu_plan:
+        return f"--calibration {args.calibration} was measured on {device}, and the plan is for --gpu CPU"
+    return None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a SLURM time limit, `kill`): stops the tuner like Ctrl-C, recorded with its own message."""
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001
+    raise Terminated()
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
+    import signal
+
     import optuna
     from planner import plan
 
@@ -270,14 +466,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from search.objective import Ledger, Objective, ProbeSettings
     from search.report import best, format_table, report_dict, summarize
     from search.space import SearchSpace
-    from search.study import Progress, TuneSettings, open_study
+    from search.study import Progress, TuneSettings, open_study, storage_url
     from search.study import run as run_study
 
     model, cluster, training = setup_from_args(args)
     targets = _targets(args, training)
-    full = plan(model, cluster, training, targets=targets)
+    if args.storage:
+        storage_url(args.storage)
+    if args.emit:
+        check_out(out_dir_of(args), force=args.force)
+    workdir = workdir_of(args)
     with ExitStack() as stack:
         backend, table = _backend(args, cluster, training, stack)
+        for problem in (_calibration_problem(args, cluster), _probe_device_problem(args, cluster)):
+            if problem:
+                raise TuneError(problem)
+        full = plan(model, cluster, training, targets=targets)
         if table is not None:
             keep, orphans = table.restrict(full)
             space = SearchSpace.from_plan(full, keep=keep, restricted_out=tuple(orphans))
@@ -289,41 +493,51 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                             "check --results-table and the model/cluster flags")
         if args.emit:
             _check_emittable(args, model, cluster, training, space)
-        settings = TuneSettings(study_name=args.study, storage_url=args.storage, budget_s=args.budget,
+        storage = storage_of(args, create=True)
+        settings = TuneSettings(study_name=args.study, storage_url=storage, budget_s=args.budget,
                                 max_probes=args.max_probes, top_k=args.top_k, sampler=args.sampler, seed=args.seed,
                                 startup_trials=args.startup_trials, confirm_top=args.confirm_top,
                                 repeats=args.repeats, heartbeat_s=args.heartbeat_s, grace_s=args.grace_s,
                                 max_retry=args.max_retry)
         probe = ProbeSettings(steps=args.probe_steps, warmup_steps=args.probe_warmup, layers=args.probe_layers,
                               timeout_s=args.probe_timeout, device=args.probe_device,
-                              workdir=None if args.backend == "replay" else Path(args.workdir) / args.study)
+                              workdir=None if args.backend == "replay" else workdir,
+                              resources=_resources(args, cluster))
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         study = open_study(settings, space, _inputs(model, cluster, training, restriction))
-        progress = Progress(total=len(space), budget_s=args.budget, enabled=not args.no_progress)
-        print(f"tune: study {args.study!r} in {args.storage}: {len(space)} configurations "
+        progress = Progress(total=len(space), budget_s=args.budget, enabled=not args.no_progress,
+                            max_probes=args.max_probes, planned=len(space) + args.confirm_top * args.repeats,
+                            probe_timeout_s=args.probe_timeout)
+        print(f"tune: study {args.study!r} in {storage}: {len(space)} configurations "
               f"({full.total} enumerated, {len(full.candidates)} survive the planner"
-              + (f", {restriction}" if restriction else "") + f"); backend {backend.name}", file=sys.stderr)
-        objective = Objective(space=space, backend=backend, settings=probe, on_probe=progress.probing)
+              + (f", {restriction}" if restriction else "") + f"); backend {backend.name}"
+              + (f"; probe folders in {workdir}" if probe.workdir else ""), file=sys.stderr)
+        objective = Objective(space=space, backend=backend, settings=probe, on_probe=progress.probing,
+                              on_probe_end=progress.probe_ended)
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
         try:
             records = run_study(study, objective, space, settings, progress)
         except BackendError as err:
             progress.close()
-            print(f"tune: error: {err}; the study stops (finished trials are kept in {args.storage}); fix it and "
+            print(f"tune: error: {err}; the study stops (finished trials are kept in {storage}); fix it and "
                   f"resume with: {_command_line(argv)}", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             progress.close()
-            print(f"tune: interrupted; finished trials are stored in {args.storage} (study {args.study!r}) and the "
-                  f"running one is recorded FAIL 'interrupted'. Resume with:\n  {_command_line(argv)}",
+            what = "stopped by SIGTERM" if isinstance(stop, Terminated) else "interrupted"
+            print(f"tune: {what}; finished trials are stored in {storage} (study {args.study!r}) and the running "
+                  f"one is recorded FAIL 'interrupted' (probed again first). Resume with:\n  {_command_line(argv)}",
                   file=sys.stderr)
-            return EXIT_INTERRUPTED
+            return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
+        finally:
+            signal.signal(signal.SIGTERM, previous)
 
     summaries = summarize(records)
     winner = best(summaries)
     calibration = refit(model, cluster, training, Ledger(records).measurements())
     if args.format == "json":
-        d = report_dict(records, study=args.study, storage=args.storage)
+        d = report_dict(records, study=args.study, storage=storage)
         d["calibration"] = {"compute_scale": calibration.compute_scale, "comm_scale": calibration.comm_scale}
         d["ruled_out_rows"] = [{"config": c, "why": w} for c, w in space.restricted_out]
         print(json.dumps(d, indent=1))
@@ -333,17 +547,49 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                                             f"comm x{calibration.comm_scale:.3g}"))
         for config, why in space.restricted_out:
             print(f"  not probed: {config}: {why}")
+    _say_invalid(summaries, args)
+    _say_clamped(calibration)
     if winner is None:
         print("tune: no configuration measured successfully; see the reasons above", file=sys.stderr)
         return 1
     print(f"tune: best {winner.config}: {winner.median_tflops:.3g} model TFLOPs/GPU measured"
-          + (f" (median of {len(winner.tflops)})" if len(winner.tflops) > 1 else ""), file=sys.stderr)
+          + (f" (median of {len(winner.tflops)}, {winner.agreement})" if len(winner.tflops) > 1 else
+             " (one measurement, not confirmed)"), file=sys.stderr)
     if args.emit:
-        written = _emit_best(args, model, cluster, training, winner, calibration)
-        print(f"tune: wrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}",
+        written = _emit_best(args, model, cluster, training, winner, calibration, storage)
+        print(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}",
               file=sys.stderr)
-    print(f"tune: open the study with: optuna-dashboard {args.storage}", file=sys.stderr)
+    print(f"tune: open the study with: optuna-dashboard {storage}", file=sys.stderr)
     return 0
+
+
+def _resources(args: argparse.Namespace, cluster) -> str:
+    """What a probe's `invalid` verdict depends on: where and on how many processes probes run."""
+    if args.backend == "local":
+        return f"local:{args.local_procs or cluster.gpus_per_node}:{args.probe_device}"
+    if args.backend == "slurm":
+        return f"slurm:{cluster.nodes}x{cluster.gpus_per_node}:{args.probe_device}"
+    return args.backend
+
+
+def _say_invalid(summaries, args: argparse.Namespace) -> None:
+    """Configurations the probes refused here: what to change (they are re-checked when the resources change)."""
+    invalid = [s for s in summaries if s.outcome == "invalid"]
+    if invalid:
+        print(f"tune: {len(invalid)} configuration(s) could not run with these resources (e.g. {invalid[0].reason}); "
+              "rerun the same command with more --local-procs or --backend slurm and they are probed again",
+              file=sys.stderr)
+
+
+def _say_clamped(calibration) -> None:
+    from search.calibration import SCALE_RANGE
+
+    for name in ("compute_scale", "comm_scale"):
+        value = getattr(calibration, name)
+        if value <= SCALE_RANGE[0] * 1.0001 or value >= SCALE_RANGE[1] * 0.9999:
+            print(f"tune: warning: the refit {name} hit its limit ({value:g}, range {SCALE_RANGE[0]:g}..."
+                  f"{SCALE_RANGE[1]:g}): the probes measure a machine unlike the plan's --gpu; the predictions are "
+                  "not calibrated", file=sys.stderr)
 
 
 # -- report -------------------------------------------------------------------------------------------
@@ -355,29 +601,46 @@ def report(args: argparse.Namespace) -> int:
     from search.report import format_table, format_trials, report_dict, summarize, write_plots
     from search.study import open_storage, TuneSettings
 
+    plots = Path(args.plots) if args.plots else workdir_of(args) / "report"
+    if not args.no_plots and (plots.is_symlink() or (plots.exists() and not plots.is_dir())):
+        raise TuneError(f"--plots {plots} is {'a link' if plots.is_symlink() else 'a file'}; give a folder")
+    storage = storage_of(args, create=False)
+    if not args.storage and not (workdir_of(args) / DB_NAME).is_file():
+        raise TuneError(f"no study {args.study!r} here: {workdir_of(args) / DB_NAME} does not exist; give --workdir "
+                        "or --storage as tune was run with")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    storage = open_storage(TuneSettings(study_name=args.study, storage_url=args.storage))
-    names = optuna.get_all_study_names(storage)
+    optuna_storage = open_storage(TuneSettings(study_name=args.study, storage_url=storage))
+    names = optuna.get_all_study_names(optuna_storage)
     if args.study not in names:
-        raise TuneError(f"no study {args.study!r} in {args.storage}; studies there: {', '.join(names) or 'none'}")
-    study = optuna.load_study(study_name=args.study, storage=storage)
+        raise TuneError(f"no study {args.study!r} in {storage}; studies there: {', '.join(names) or 'none'}")
+    study = optuna.load_study(study_name=args.study, storage=optuna_storage)
     records = [TrialRecord.from_trial(t) for t in study.get_trials(deepcopy=False)]
     if args.format == "json":
-        print(json.dumps(report_dict(records, study=args.study, storage=args.storage), indent=1))
+        print(json.dumps(report_dict(records, study=args.study, storage=storage), indent=1))
     else:
         print(format_table(summarize(records), title=f"tune: study {args.study!r}, {len(records)} trials"))
         if args.trials:
             print()
             print(format_trials(records))
     if not args.no_plots:
-        paths = write_plots(records, Path(args.plots or f"tune-report-{args.study}"), study=args.study)
+        paths = write_plots(records, plots, study=args.study)
         print(f"tune: wrote plots {', '.join(str(p) for p in paths)}", file=sys.stderr)
-    print(f"tune: open the study with: optuna-dashboard {args.storage}", file=sys.stderr)
+    print(f"tune: open the study with: optuna-dashboard {storage}", file=sys.stderr)
     return 0
 
 
 # -- entry ----------------------------------------------------------------------------------------------
+
+def _missing_extra(err: ModuleNotFoundError) -> str | None:
+    """The one line for a missing optional dependency, or None for any other missing module."""
+    name = (err.name or "").split(".")[0]
+    if name in ("optuna", "matplotlib", "sqlalchemy", "psycopg2", "psycopg"):
+        return f"tune needs {name}, which is not installed: {INSTALL_TUNE}"
+    if name in ("torch", "psutil"):
+        return f"probes on this machine need {name}, which is not installed: {INSTALL_PROBES}"
+    return None
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -385,9 +648,15 @@ def main(argv: list[str] | None = None) -> int:
         from probes.calibrate import main as calibrate_main
 
         try:
-            return int(calibrate_main(argv[1:]) or 0)
+            return int(calibrate_main(argv[1:], prog="tune calibrate") or 0)
         except SystemExit as exit_:          # its argparse: --help (0) or a usage error (2)
             return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+        except ModuleNotFoundError as err:
+            line = _missing_extra(err)
+            if line is None:
+                raise
+            print(f"tune calibrate: error: {line}", file=sys.stderr)
+            return 2
     try:                                     # argparse exits (one line, 2) on bad flags, 0 after --help
         if argv and argv[0] == "report":
             args = build_report_parser().parse_args(argv[1:])
@@ -404,6 +673,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"tune: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        line = _missing_extra(err)
+        if line is None or args.debug:
+            raise
+        print(f"tune: error: {line}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0

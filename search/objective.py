@@ -43,6 +43,10 @@ from search.calibration import Measurement, refit
 from search.space import SearchSpace, config_key, params_of
 
 FINAL = PROBED + DERIVED
+COUNTED = ("ok", "oom", "timeout", "crash")
+"""outcomes of a probe that ran processes to an end: what --max-probes and the budget's probe time count"""
+RESOURCES_ATTR = "plantune_resources"
+"""study attribute: the resources (`ProbeSettings.resources`) of the latest run, for `Ledger.of`"""
 WORKER = f"{socket.gethostname()}:{os.getpid()}"
 """which tuner process ran a trial (several workers may share one study)"""
 WAIT_POLL_S = 1.0
@@ -75,6 +79,9 @@ class ProbeSettings:
     max_cv: float = 0.15
     workdir: Path | None = None
     """probe folders go to workdir/trial-NNNN (None: a backend that needs none, e.g. replay)"""
+    resources: str = ""
+    """where and on how many processes probes run (backend, processes, device): an ``invalid`` verdict made
+    under other resources is not final (`Ledger.of` with ``resources``) and the configuration is probed again"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,18 +100,30 @@ class TrialRecord:
     attrs: dict = field(default_factory=dict)
     fixed: dict = field(default_factory=dict)
     """parameters a WAITING trial was enqueued with"""
+    stale: bool = False
+    """an ``invalid`` verdict made under other resources than this run's: not final, probed again"""
+    started: float | None = None
+    """the trial's start, seconds since the epoch"""
 
     @classmethod
-    def from_trial(cls, t: FrozenTrial) -> "TrialRecord":
+    def from_trial(cls, t: FrozenTrial, resources: str | None = None) -> "TrialRecord":
         ua = t.user_attrs
+        stale = (resources is not None and ua.get("outcome") == "invalid"
+                 and ua.get("resources", "") != resources)
         return cls(number=t.number, state=t.state.name, params=dict(t.params), config=ua.get("config"),
                    slot=ua.get("slot"), phase=trial_phase(ua, t.system_attrs), outcome=ua.get("outcome"),
                    reason=ua.get("reason", ""), value=t.value if t.state == TrialState.COMPLETE else None,
-                   attrs=dict(ua), fixed=dict(t.system_attrs.get("fixed_params") or {}))
+                   attrs=dict(ua), fixed=dict(t.system_attrs.get("fixed_params") or {}), stale=stale,
+                   started=t.datetime_start.timestamp() if t.datetime_start else None)
 
     @property
     def final(self) -> bool:
-        return self.state in ("COMPLETE", "FAIL") and self.outcome in FINAL
+        return self.state in ("COMPLETE", "FAIL") and self.outcome in FINAL and not self.stale
+
+    @property
+    def counted(self) -> bool:
+        """A probe that ran on the machine to an end (what --max-probes counts)."""
+        return "probe_wall_s" in self.attrs and self.outcome in COUNTED and "duplicate_of" not in self.attrs
 
     @property
     def measured(self) -> bool:
@@ -124,9 +143,13 @@ class Ledger:
     records: list[TrialRecord]
 
     @classmethod
-    def of(cls, study: optuna.Study, *, exclude: int | None = None) -> "Ledger":
+    def of(cls, study: optuna.Study, *, exclude: int | None = None, resources: str | None = None) -> "Ledger":
+        """Every trial but ``exclude``; ``invalid`` verdicts made under other ``resources`` (default: the study's
+        latest run's, `RESOURCES_ATTR`) are not final."""
+        if resources is None:
+            resources = study.user_attrs.get(RESOURCES_ATTR)
         trials = study.get_trials(deepcopy=False)
-        return cls([TrialRecord.from_trial(t) for t in trials if t.number != exclude])
+        return cls([TrialRecord.from_trial(t, resources) for t in trials if t.number != exclude])
 
     def final_by_slot(self) -> dict[str, TrialRecord]:
         out: dict[str, TrialRecord] = {}
@@ -176,6 +199,23 @@ class Ledger:
         return done
 
 
+def worker_dead(record: TrialRecord) -> bool:
+    """The trial's tuner ran on this host and its process is gone (killed): the trial will never finish.
+    False when unknown (another host, no worker recorded, or a process with that pid exists)."""
+    host, _, pid = str(record.attrs.get("worker", "")).rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:                          # exists, owned by someone else
+        return False
+    return False
+
+
 def suggest(trial: optuna.Trial, distributions: dict) -> dict:
     """Ask the trial for every parameter of the space (fixed, relative or independent, as Optuna decides)."""
     params = {}
@@ -202,11 +242,18 @@ class Objective:
     """Callable for `optuna.Study.optimize`; holds the space, the backend and how to probe."""
 
     def __init__(self, *, space: SearchSpace, backend: ProbeBackend, settings: ProbeSettings,
-                 on_probe: Callable[[int, str], None] | None = None) -> None:
+                 on_probe: Callable[..., None] | None = None,
+                 on_probe_end: Callable[[], None] | None = None) -> None:
         self.space = space
         self.backend = backend
         self.settings = settings
         self.on_probe = on_probe
+        """called as on_probe(trial number, label, timeout_s=, workdir=) when a probe starts"""
+        self.on_probe_end = on_probe_end
+        self.deadline: float | None = None
+        """time.monotonic() at which the budget ends: a probe still running then is stopped (not final)"""
+        self.on_budget_cut: Callable[[], None] | None = None
+        """called when a probe was stopped at the deadline (the budget is spent, whatever the clock says)"""
         self.distributions = space.distributions()
         plan = space.plan
         self.model, self.cluster, self.training = plan.model, plan.cluster, plan.training
@@ -250,8 +297,10 @@ class Objective:
             final = [r for r in earlier if r.slot == slot and r.final]
             if final:
                 return min(final, key=lambda r: r.number)
-            holders = [r for r in earlier if r.slot == slot and r.state == "RUNNING"]
-            unknown = [r for r in earlier if r.state == "RUNNING" and not r.slot]
+            holders = [r for r in earlier if r.slot == slot and r.state == "RUNNING" and not worker_dead(r)]
+            # a live tuner records a trial's slot right after ask(); one without it for longer is dead
+            unknown = [r for r in earlier if r.state == "RUNNING" and not r.slot and not worker_dead(r)
+                       and (r.started is None or time.time() - r.started < PARAMS_WAIT_S)]
             now = time.monotonic()
             if holders:
                 holder_deadline = holder_deadline or now + self.settings.timeout_s + HOLDER_MARGIN_S
@@ -266,11 +315,13 @@ class Objective:
 
     # -- the trial -------------------------------------------------------------------------------
     def __call__(self, trial: optuna.Trial) -> float:
+        trial.set_user_attr("worker", WORKER)      # first: a dead tuner's RUNNING trial is known by its pid
         try:
             return self._run(trial)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
+            by = "SIGTERM (a job time limit, or kill)" if type(stop).__name__ == "Terminated" else "Ctrl-C"
             trial.set_user_attr("outcome", "interrupted")
-            trial.set_user_attr("reason", "interrupted by Ctrl-C; the next run of the same command probes it again")
+            trial.set_user_attr("reason", f"interrupted by {by}; the next run of the same command probes it again")
             raise
 
     def _run(self, trial: optuna.Trial) -> float:
@@ -317,20 +368,34 @@ class Objective:
         spec = ProbeSpec(model=self.model.to_dict(), candidate=cand.to_dict(), precision=self.training.precision,
                          warmup_steps=s.warmup_steps, steps=s.steps,
                          layers_run=probe_layers(s.layers, cand, self.model.layers), device=s.device, max_cv=s.max_cv)
-        study_dir = s.workdir or Path(".")
+        study_dir = s.workdir or Path("tune-probes")
         workdir = study_dir / f"trial-{trial.number:04d}"
+        timeout = s.timeout_s
+        if self.deadline is not None:
+            timeout = max(min(timeout, self.deadline - time.monotonic()), 0.0)
         if self.on_probe is not None:
-            self.on_probe(trial.number, cand.label())
+            self.on_probe(trial.number, cand.label(), timeout_s=timeout, workdir=workdir if s.workdir else None)
         started = time.monotonic()
         try:
-            result = self.backend.run(spec, workdir=workdir, timeout_s=s.timeout_s)
+            result = self.backend.run(spec, workdir=workdir, timeout_s=timeout)
         except Exception as err:  # noqa: BLE001 -- any backend failure is recorded, then stops the study
             first = (str(err).splitlines() or [""])[0][:300]
             reason = f"{getattr(self.backend, 'name', 'probe')} backend failed: {type(err).__name__}: {first}"
             self._set(trial, outcome="backend_error", reason=reason + "; the next run probes it again")
             raise BackendError(reason) from err
-        self._set(trial, probe_wall_s=round(time.monotonic() - started, 3), device=result.device,
+        finally:
+            if self.on_probe_end is not None:
+                self.on_probe_end()
+        wall = time.monotonic() - started
+        self._set(trial, probe_wall_s=round(wall, 3), device=result.device,
                   workdir=result.workdir or (str(workdir) if s.workdir else ""), layers_run=spec.layers_run)
+        if result.status == "timeout" and timeout < s.timeout_s:
+            reason = (f"stopped at the end of --budget after {wall:.0f} s (its --probe-timeout is {s.timeout_s:g} s); "
+                      "the next run probes it again")
+            self._set(trial, outcome="interrupted", reason=reason, cut_by_budget=True)
+            if self.on_budget_cut is not None:
+                self.on_budget_cut()
+            raise ProbeFailed(reason)
         return result
 
     def _record(self, trial: optuna.Trial, cand: Candidate, result: ProbeResult, ledger: Ledger) -> float:
@@ -338,8 +403,12 @@ class Objective:
         if not result.ok:
             outcome = "not_measured" if result.extra.get("not_measured") else result.status
             reason = result.reason or f"probe ended {result.status}"
+            killed_by = result.extra.get("killed_by")
+            if outcome == "crash" and killed_by:
+                outcome, reason = self._killed(trial, cand, reason, killed_by, ledger)
             self._set(trial, outcome=outcome, reason=reason, measured_memory_gb=memory,
-                      root_cause_rank=result.root_cause_rank)
+                      root_cause_rank=result.root_cause_rank, resources=self.settings.resources,
+                      **({"killed_by": killed_by} if killed_by else {}))
             if outcome == "oom":
                 self._record_implied(trial, cand)
             raise ProbeFailed(f"{outcome}: {reason}")
@@ -360,6 +429,22 @@ class Objective:
         trial.study.set_user_attr("calibration", {"compute_scale": after.compute_scale,
                                                   "comm_scale": after.comm_scale, "trial": trial.number})
         return tflops
+
+    def _killed(self, trial: optuna.Trial, cand: Candidate, reason: str, signal_name: str,
+                ledger: Ledger) -> tuple[str, str]:
+        """A rank killed from outside (OOM killer, preemption, an operator): not the configuration's fault the
+        first time, so (interrupted, reason) and a retry queued at once; a second kill is a final crash."""
+        key = config_key(cand)
+        before = [r for r in ledger.records if r.config == key and r.attrs.get("killed_by")]
+        if before:
+            return "crash", (f"{reason}; killed by {signal_name} again after a retry (trial {before[0].number}): "
+                             "recorded as a crash (look for the kernel OOM killer in dmesg)")
+        ua = trial.user_attrs
+        trial.study.enqueue_trial(params_of(cand), user_attrs={
+            "phase": "confirm" if ua.get("phase") == "confirm" else "retry",
+            **{k: ua[k] for k in ("repeat", "slot") if k in ua and ua.get("phase") == "confirm"}})
+        return "interrupted", (f"{reason}; killed by {signal_name} from outside the probe (OOM killer, preemption?): "
+                               "probed once more")
 
     def _record_implied(self, trial: optuna.Trial, oom: Candidate) -> None:
         """Add a FAIL trial (no probe) for every configuration this OOM rules out, so reports list them."""

@@ -23,6 +23,11 @@ if TYPE_CHECKING:                      # search.objective imports optuna; report
     from search.objective import TrialRecord
 
 
+CONFIRM_SPREAD = 0.10
+"""a re-probed configuration is ``confirmed`` when all its measurements lie within this spread,
+(max - min) / median <= 10% (i.e. about +-5% around the median); above it the table marks it unsteady"""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConfigSummary:
     config: str
@@ -38,7 +43,25 @@ class ConfigSummary:
     pred_before_tflops: float | None
     pred_after_tflops: float | None
     trials: tuple[int, ...]
-    confirmed: bool
+    reprobed: bool = False
+    """measured again by confirmation re-probes"""
+
+    @property
+    def confirmed(self) -> bool:
+        """Re-probed, and every measurement within `CONFIRM_SPREAD` of the others."""
+        return self.reprobed and (self.spread or 0.0) <= CONFIRM_SPREAD
+
+    @property
+    def agreement(self) -> str:
+        """How sure the measurement is, in words."""
+        n = len(self.tflops)
+        if n <= 1:
+            return "one measurement, not confirmed"
+        half = 100 * (self.spread or 0.0) / 2
+        if self.confirmed:
+            return f"confirmed: {n} measurements within ±{half:.1f}%"
+        return (f"NOT confirmed: {n} measurements spread ±{half:.1f}% (confirmed needs ±{100 * CONFIRM_SPREAD / 2:g}%); "
+                "the machine is noisy: probe again with more --probe-steps")
 
     @property
     def median_tflops(self) -> float | None:
@@ -53,7 +76,8 @@ class ConfigSummary:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(median_tflops=self.median_tflops, spread=self.spread, n_measurements=len(self.tflops))
+        d.update(median_tflops=self.median_tflops, spread=self.spread, n_measurements=len(self.tflops),
+                 confirmed=self.confirmed, agreement=self.agreement)
         return d
 
 
@@ -78,7 +102,7 @@ def summarize(records: list[TrialRecord]) -> list[ConfigSummary]:
             pred_analytic_tflops=first.attrs.get("pred_analytic_tflops"),
             pred_before_tflops=first.attrs.get("pred_before_tflops"),
             pred_after_tflops=first.attrs.get("pred_after_tflops"),
-            trials=tuple(r.number for r in rs), confirmed=any(r.phase == "confirm" for r in measured)))
+            trials=tuple(r.number for r in rs), reprobed=any(r.phase == "confirm" for r in measured)))
     ok = sorted((s for s in out if s.tflops), key=lambda s: -(s.median_tflops or 0.0))
     failed = sorted((s for s in out if not s.tflops), key=lambda s: (s.outcome, s.config))
     return ok + failed
@@ -89,6 +113,10 @@ def best(summaries: list[ConfigSummary]) -> ConfigSummary | None:
     confirmed = [s for s in summaries if s.confirmed]
     pool = confirmed or [s for s in summaries if s.tflops]
     return max(pool, key=lambda s: s.median_tflops or 0.0) if pool else None
+
+
+REASON_WIDTH = 60
+"""the reason column wraps at this width (never cut: the fix is at its end)"""
 
 
 def _f(x: float | None, digits: int = 4) -> str:
@@ -109,14 +137,16 @@ def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
             rank += 1
         n = len(s.tflops)
         spread = f"±{100 * (s.spread or 0) / 2:.1f}% (n={n})" if n > 1 else ("n=1" if n else "")
-        rows.append([rank if s.tflops else "-", short(s.config), s.outcome + (" ✓" if s.confirmed else ""),
+        mark = " ✓" if s.confirmed else (" ?" if s.reprobed else "")
+        rows.append([rank if s.tflops else "-", short(s.config), s.outcome + mark,
                      _f(s.median_tflops), spread, _f(s.step_s), _f(s.memory_gb, 3),
-                     _f(s.pred_analytic_tflops), _f(s.pred_before_tflops), _f(s.pred_after_tflops),
-                     (s.reason[:70] + "…") if len(s.reason) > 71 else s.reason])
+                     _f(s.pred_analytic_tflops), _f(s.pred_before_tflops), _f(s.pred_after_tflops), s.reason])
     headers = ["#", "configuration", "outcome", "measured TFLOPs", "spread", "step s", "mem GB",
                "pred analytic", "pred before", "pred after", "reason"]
-    table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
-    note = ("TFLOPs: model TFLOPs per GPU (median of measurements; ✓ = confirmed by re-probes); "
+    table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
+                     maxcolwidths=[None] * 10 + [REASON_WIDTH])
+    note = (f"TFLOPs: model TFLOPs per GPU (median of measurements); ✓ confirmed: re-probed and all measurements "
+            f"within ±{100 * CONFIRM_SPREAD / 2:g}% of each other; ? re-probed but they disagree more (noisy); "
             "pred before/after: calibrated prediction before and after that probe's measurement; "
             "mem GB = 1e9 bytes, peak per rank")
     return "\n".join(x for x in (title, table, note) if x)
@@ -129,10 +159,10 @@ def format_trials(records: list[TrialRecord]) -> str:
         a = r.attrs
         rows.append([r.number, r.phase, short(r.config or "?"), r.outcome or r.state,
                      _f(r.value if r.state == "COMPLETE" else None), _f(a.get("pred_before_tflops")),
-                     _f(a.get("pred_after_tflops")), _f(a.get("probe_wall_s"), 3),
-                     (r.reason[:60] + "…") if len(r.reason) > 61 else r.reason])
+                     _f(a.get("pred_after_tflops")), _f(a.get("probe_wall_s"), 3), r.reason])
     return tabulate(rows, headers=["trial", "phase", "configuration", "outcome", "measured TFLOPs", "pred before",
-                                   "pred after", "probe s", "reason"], tablefmt="simple", disable_numparse=True)
+                                   "pred after", "probe s", "reason"], tablefmt="simple", disable_numparse=True,
+                    maxcolwidths=[None] * 8 + [REASON_WIDTH])
 
 
 def report_dict(records: list[TrialRecord], *, study: str, storage: str) -> dict:
@@ -149,81 +179,211 @@ def report_dict(records: list[TrialRecord], *, study: str, storage: str) -> dict
 
 # -- plots ------------------------------------------------------------------------------------------
 
+RECOMPUTE_MARKERS = {"none": "o", "selective": "s", "full": "^"}
+ZERO_COLORS = {0: "tab:blue", 1: "tab:orange", 2: "tab:green", 3: "tab:red"}
+OUTCOME_COLORS = {"ok": "tab:blue", "oom": "tab:red", "timeout": "tab:purple", "crash": "black",
+                  "interrupted": "tab:gray", "invalid": "tab:olive"}
+
+
 def _figure(width: float = 7.0, height: float = 4.5):
-    """A matplotlib Figure on the Agg canvas (no pyplot, no global backend switch)."""
+    """A matplotlib Figure on the Agg canvas (no pyplot, no global backend switch), laid out to fit its legend."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), dpi=100)
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
-def write_plots(records: list[TrialRecord], out_dir: Path, *, study: str = "") -> list[Path]:
-    """history.png, predicted_vs_measured.png, tflops_by_layout.png in ``out_dir``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    measured = [r for r in sorted(records, key=lambda r: r.number) if r.measured and r.value is not None]
-    failed = [r for r in records if r.state == "FAIL" and r.outcome not in (None, "interrupted")]
-    paths = []
+def _legend_outside(ax) -> None:
+    """The legend right of the axes, where it cannot cover a point."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
 
-    fig = _figure()
+
+def _log_axes(ax, span: float = 1000.0) -> None:
+    """Both axes logarithmic with plain-number ticks (1, 2, 5 x 10^k; denser when ``span``, max/min, is small)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if span > 20 else
+                                          (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
+
+
+def _layout_key(candidate: dict) -> tuple[str, str]:
+    return str(candidate.get("recompute", "none")), str(candidate.get("zero", 0))
+
+
+def _plot_fastest(summaries: list[ConfigSummary], path: Path, study: str, top: int = 20) -> None:
+    """Which layout is fastest, and how sure are we? Ranked measured TFLOPs, every measurement a dot, the range
+    as a bar, the confirmed ones marked."""
+    ok = [s for s in summaries if s.tflops][:top]
+    fig = _figure(8.0, max(2.5, 0.38 * len(ok) + 1.4))
+    ax = fig.add_subplot()
+    for i, s in enumerate(ok):
+        y = len(ok) - 1 - i
+        lo, hi = min(s.tflops), max(s.tflops)
+        color = "tab:green" if s.confirmed else ("tab:red" if s.reprobed else "tab:gray")
+        ax.plot([lo, hi], [y, y], color=color, linewidth=6, alpha=0.35, solid_capstyle="butt")
+        ax.scatter(s.tflops, [y] * len(s.tflops), color=color, s=18, zorder=3)
+        ax.scatter([s.median_tflops], [y], color=color, marker="|", s=200, zorder=4)
+    ax.set_yticks(range(len(ok)), [short(s.config) for s in reversed(ok)], fontsize=7)
+    for label, color in (("confirmed (re-probes agree)", "tab:green"), ("re-probed, disagree (noisy)", "tab:red"),
+                         ("measured once", "tab:gray")):
+        ax.scatter([], [], color=color, label=label)
+    ax.set_xlabel("measured model TFLOPs per GPU (dots: each probe; |: median; bar: range)")
+    ax.set_title(f"Which layout is fastest, and how sure are we? {study}".strip(), fontsize=10)
+    if ok:
+        best_lo = min(ok[0].tflops)
+        ax.axvline(best_lo, color="tab:green", linewidth=0.8, linestyle=":", label="slowest probe of the best")
+    _legend_outside(ax)
+    fig.savefig(path)
+
+
+def _plot_planner(measured: list[TrialRecord], path: Path) -> None:
+    """How good was the planner? Predicted vs measured, log axes, the analytic and the calibrated prediction."""
+    fig = _figure(9.5, 5.0)
+    ax = fig.add_subplot()
+    values = []
+    for key, label, color, marker in (("pred_analytic_tflops", "analytic (planner as shipped)", "tab:gray", "o"),
+                                      ("pred_before_tflops", "calibrated by the earlier probes", "tab:orange", "s")):
+        pts = [(float(r.attrs[key]), float(r.value)) for r in measured
+               if r.attrs.get(key) and r.value and float(r.attrs[key]) > 0 and float(r.value) > 0]
+        if pts:
+            errs = sorted(abs(p / m - 1) for p, m in pts)
+            med = errs[len(errs) // 2]
+            ax.scatter([p for p, _ in pts], [m for _, m in pts], label=f"{label}: median error {100 * med:.0f}%",
+                       color=color, marker=marker, alpha=0.75, edgecolors="none")
+            values += [v for pt in pts for v in pt]
+    if values:
+        lo, hi = min(values) / 1.3, max(values) * 1.3
+        ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8, label="measured = predicted")
+        ax.fill_between([lo, hi], [lo / 1.2, hi / 1.2], [lo * 1.2, hi * 1.2], color="black", alpha=0.07,
+                        label="within ±20%")
+        _log_axes(ax, hi / lo)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+    ax.set_xlabel("predicted model TFLOPs per GPU (log)")
+    ax.set_ylabel("measured model TFLOPs per GPU (log)")
+    ax.set_title("How good was the planner?", fontsize=10)
+    _legend_outside(ax)
+    fig.savefig(path)
+
+
+def _plot_cost(records: list[TrialRecord], path: Path) -> None:
+    """What did each probe cost? Wall time per trial, by outcome, and the running total."""
+    probed = [r for r in sorted(records, key=lambda r: r.number) if r.attrs.get("probe_wall_s") is not None]
+    fig = _figure(8.0, 4.2)
+    ax = fig.add_subplot()
+    total, xs, cum = 0.0, [], []
+    seen = set()
+    for r in probed:
+        wall = float(r.attrs["probe_wall_s"])
+        outcome = r.outcome or r.state
+        color = OUTCOME_COLORS.get(outcome, "tab:brown")
+        ax.bar(r.number, wall, color=color, label=None if outcome in seen else outcome,
+               hatch="//" if r.phase == "confirm" else None, edgecolor="white")
+        seen.add(outcome)
+        total += wall
+        xs.append(r.number)
+        cum.append(total)
+    ax.bar([], [], color="white", edgecolor="black", hatch="//", label="confirmation re-probe")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("probe wall time, s")
+    ax.set_ylim(bottom=0)
+    if total < 0.5:
+        ax.text(0.5, 0.5, "no probe time recorded (replayed or answered from storage)", transform=ax.transAxes,
+                ha="center", va="center", color="gray")
+    if xs:
+        twin = ax.twinx()
+        twin.plot(xs, cum, color="black", linewidth=1.0)
+        twin.set_ylabel("total probe time, s (line)")
+        twin.set_ylim(bottom=0)
+        ax.plot([], [], color="black", linewidth=1.0, label=f"running total ({total:.0f} s)")
+    ax.set_title("What did each probe cost?", fontsize=10)
+    _legend_outside(ax)
+    fig.savefig(path)
+
+
+def _plot_layout(measured: list[TrialRecord], path: Path) -> None:
+    """How does each parallel dimension matter? Measured TFLOPs by TP, PP and MBS; marker = recompute, colour = ZeRO."""
+    fig = _figure(11.0, 3.9)
+    axes = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
+    for i, (ax, name) in enumerate(zip(axes, ("tp", "pp", "mbs"))):
+        for r in measured:
+            c = r.attrs.get("candidate", {})
+            if c.get(name) is None:
+                continue
+            recompute, zero = _layout_key(c)
+            # a little horizontal jitter by ZeRO stage so equal layouts do not hide each other
+            x = c[name] * 2 ** (0.08 * (int(zero) - 1.5))
+            ax.scatter([x], [r.value], marker=RECOMPUTE_MARKERS.get(recompute, "x"),
+                       color=ZERO_COLORS.get(int(zero), "tab:brown"), alpha=0.8, edgecolors="none")
+        ax.set_xscale("log", base=2)
+        ticks = sorted({r.attrs.get("candidate", {}).get(name) for r in measured} - {None})
+        if ticks:
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+            ax.minorticks_off()
+            ax.set_xlim(min(ticks) / 1.5, max(ticks) * 1.5)
+        ax.set_xlabel(name.upper())
+        if i == 0:
+            ax.set_ylabel("measured model TFLOPs per GPU")
+    present_r = sorted({_layout_key(r.attrs.get("candidate", {}))[0] for r in measured})
+    present_z = sorted({_layout_key(r.attrs.get("candidate", {}))[1] for r in measured})
+    for rc in present_r:
+        axes[-1].scatter([], [], marker=RECOMPUTE_MARKERS.get(rc, "x"), color="gray", label=f"recompute {rc}")
+    for z in present_z:
+        axes[-1].scatter([], [], marker="o", color=ZERO_COLORS.get(int(z), "tab:brown"), label=f"ZeRO {z}")
+    fig.suptitle("Measured TFLOPs by TP / PP / MBS (marker: recompute; colour: ZeRO)", fontsize=10)
+    _legend_outside(axes[-1])
+    fig.savefig(path)
+
+
+def _plot_history(measured: list[TrialRecord], records: list[TrialRecord], path: Path, study: str) -> None:
+    """How fast did the search find its best? Each measurement in probe order, the best so far."""
+    fig = _figure(7.5, 4.2)
     ax = fig.add_subplot()
     if measured:
         xs = [r.number for r in measured]
         ys = [r.value for r in measured]
         ax.scatter(xs, ys, label="measured", color="tab:blue", zorder=3)
-        best, run_x, run_y = float("-inf"), [], []
-        for x, y in zip(xs, ys):
-            best = max(best, y)
-            run_x.append(x)
-            run_y.append(best)
-        ax.step(run_x, run_y, where="post", label="best so far", color="tab:green")
+        top, run_y = float("-inf"), []
+        for y in ys:
+            top = max(top, y)
+            run_y.append(top)
+        ax.step(xs, run_y, where="post", label="best so far", color="tab:green")
+    failed = [r for r in records if r.state == "FAIL" and r.outcome not in (None, "interrupted", "implied_oom")]
     if failed:
         ax.scatter([r.number for r in failed], [0.0] * len(failed), marker="x", color="tab:red",
-                   label="failed (oom/timeout/crash/implied)")
+                   label="failed (oom / timeout / crash / invalid)")
     ax.set_xlabel("trial")
     ax.set_ylabel("model TFLOPs per GPU")
-    ax.set_title(f"optimization history {study}".strip())
-    ax.legend(loc="lower right")
-    paths.append(out_dir / "history.png")
-    fig.savefig(paths[-1])
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"How fast did the search find its best? {study}".strip(), fontsize=10)
+    _legend_outside(ax)
+    fig.savefig(path)
 
-    fig = _figure(5.5, 5.5)
-    ax = fig.add_subplot()
-    lim = 0.0
-    for key, label, color in (("pred_analytic_tflops", "analytic", "tab:gray"),
-                              ("pred_before_tflops", "calibrated, before the probe", "tab:orange"),
-                              ("pred_after_tflops", "calibrated, after the probe", "tab:blue")):
-        pts = [(float(r.attrs[key]), float(r.value)) for r in measured if r.attrs.get(key) is not None]
-        if pts:
-            ax.scatter([p for p, _ in pts], [m for _, m in pts], label=label, color=color, alpha=0.8)
-            lim = max(lim, max(max(p, m) for p, m in pts))
-    if lim:
-        ax.plot([0, lim * 1.05], [0, lim * 1.05], color="black", linewidth=0.8, label="measured = predicted")
-        ax.legend(loc="upper left")
-    ax.set_xlabel("predicted model TFLOPs per GPU")
-    ax.set_ylabel("measured model TFLOPs per GPU")
-    ax.set_title("predicted vs measured")
-    paths.append(out_dir / "predicted_vs_measured.png")
-    fig.savefig(paths[-1])
 
-    fig = _figure(10.0, 3.8)
-    for i, name in enumerate(("tp", "pp", "mbs")):
-        ax = fig.add_subplot(1, 3, i + 1)
-        pts = [(r.attrs.get("candidate", {}).get(name), r.value) for r in measured]
-        pts = [(x, y) for x, y in pts if x is not None]
-        if pts:
-            ax.scatter([x for x, _ in pts], [y for _, y in pts], color="tab:blue", alpha=0.8)
-            ax.set_xscale("log", base=2)
-        ax.set_xlabel(name.upper())
-        if i == 0:
-            ax.set_ylabel("model TFLOPs per GPU")
-    fig.suptitle("measured TFLOPs by TP / PP / MBS")
-    fig.tight_layout()
-    paths.append(out_dir / "tflops_by_layout.png")
-    fig.savefig(paths[-1])
+PLOTS = ("fastest.png", "predicted_vs_measured.png", "probe_cost.png", "tflops_by_layout.png", "history.png")
+
+
+def write_plots(records: list[TrialRecord], out_dir: Path, *, study: str = "") -> list[Path]:
+    """`PLOTS` in ``out_dir``, each answering one question (see each plot's title)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    measured = [r for r in sorted(records, key=lambda r: r.number) if r.measured and r.value is not None]
+    paths = [out_dir / name for name in PLOTS]
+    _plot_fastest(summarize(records), paths[0], study)
+    _plot_planner(measured, paths[1])
+    _plot_cost(records, paths[2])
+    _plot_layout(measured, paths[3])
+    _plot_history(measured, records, paths[4], study)
     return paths
 
 
-__all__ = ["ConfigSummary", "best", "format_table", "format_trials", "report_dict", "short", "summarize", "write_plots"]
+__all__ = ["CONFIRM_SPREAD", "ConfigSummary", "PLOTS", "best", "format_table", "format_trials", "report_dict", "short", "summarize", "write_plots"]

@@ -25,9 +25,18 @@ before Optuna 4.9) on the next run. Several workers share a study safely: the sa
 configurations other workers run or queued, and of two trials that still race to the same
 configuration the lower-numbered one probes while the other is answered from its result.
 
-Budget: no trial starts once the budget is spent, and the search phase stops early enough to leave
-the confirmation probes their (mean probe wall time) share; a running probe is bounded by
-``--probe-timeout``, not by the budget.
+Limits (`run`): ``--budget`` is this run's wall-clock time, every probe included: no probe starts after
+it, a probe still running at its end is stopped and recorded ``interrupted`` (probed again by the next
+run), and the search stops early enough to leave the confirmation re-probes their share (their count
+x the mean probe time, at most half the budget); time left after confirming goes back to the search.
+``--max-probes`` counts probes that ran (`TrialRecord.counted`) over the whole study, confirmation
+re-probes included, with the same share (at most half) kept for confirmation.
+
+Faults: a RUNNING trial whose tuner ran on this host and is gone (its pid is dead) is failed at once
+and probed again; one with no worker recorded (killed between ask() and the first heartbeat) after
+``--grace-s``; others by the heartbeat. Before printing a result, `run` waits for trials RUNNING
+elsewhere (or re-runs them once their tuner is found dead), so no best is printed while a
+configuration is unmeasured.
 """
 
 from __future__ import annotations
@@ -35,8 +44,10 @@ from __future__ import annotations
 import math
 import random
 import sys
+import threading
 import time
 import warnings
+from pathlib import Path
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -48,7 +59,8 @@ from planner.space import RECOMPUTE
 
 from search._base import NOT_FINAL, PROBED, TuneError
 from search.calibration import Terms, TermModel, expected_improvement
-from search.objective import Ledger, Objective, ProbeFailed, TrialRecord
+from search.objective import (RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, ProbeFailed, TrialRecord,
+                              worker_dead)
 from search.space import SearchSpace, config_key, params_of
 
 SAMPLERS = ("ei", "tpe", "random", "grid", "analytic", "planner")
@@ -203,12 +215,29 @@ class SurvivorSampler(BaseSampler):
 
 # -- storage and study ----------------------------------------------------------------------------
 
-def open_storage(settings: TuneSettings):
-    """An RDBStorage with heartbeat and retry of stale trials (SQLite or any SQLAlchemy URL)."""
-    url = settings.storage_url
+def storage_url(url: str) -> str:
+    """The URL to open: refuse in-memory SQLite (the study would vanish), name PostgreSQL's driver explicitly
+    (SQLAlchemy 2.1 picks psycopg 3 for a bare postgresql://, plantune[tune] installs psycopg2)."""
     if "://" not in url:
         raise TuneError(f"--storage {url!r} is not a database URL; e.g. sqlite:///tune.db or "
                         "postgresql://user@host/db")
+    scheme, rest = url.split("://", 1)
+    if scheme.startswith("sqlite") and (rest.strip("/") in ("", ":memory:") or "mode=memory" in rest):
+        raise TuneError(f"--storage {url} is an in-memory database: the study would be lost when tune exits; "
+                        "give a file, e.g. sqlite:///tune.db")
+    if scheme in ("postgresql", "postgres"):
+        import importlib.util
+
+        driver = next((d for d in ("psycopg2", "psycopg") if importlib.util.find_spec(d) is not None), None)
+        if driver is None:
+            raise TuneError(f"--storage {url}: no PostgreSQL driver is installed: pip install 'plantune[tune]'")
+        return f"postgresql+{driver}://{rest}"
+    return url
+
+
+def open_storage(settings: TuneSettings):
+    """An RDBStorage with heartbeat and retry of stale trials (SQLite or any SQLAlchemy URL)."""
+    url = storage_url(settings.storage_url)
     storages = optuna.storages
     retry_cls = getattr(storages, "RetryHeartbeatStaleTrialCallback", None)
     kwargs = {"heartbeat_interval": settings.heartbeat_s, "grace_period": settings.grace_s}
@@ -225,14 +254,16 @@ def open_storage(settings: TuneSettings):
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 return storages.RDBStorage(url, engine_kwargs=engine, **kwargs)
         except (ImportError, ValueError) as err:
-            raise TuneError(f"--storage {url}: {str(err).splitlines()[0]}") from None
+            raise TuneError(f"--storage {settings.storage_url}: {str(err).splitlines()[0]}") from None
         except Exception as err:  # noqa: BLE001 -- SQLAlchemy's errors, without importing SQLAlchemy here
             if not type(err).__module__.startswith("sqlalchemy"):
                 raise
             # Workers starting together race to create Optuna's tables (a unique-key violation on
             # PostgreSQL's catalog): the loser retries and finds them created.
-            if attempt == OPEN_ATTEMPTS - 1 or "connect" in str(err).lower() and "refused" in str(err).lower():
-                raise TuneError(f"--storage {url}: cannot open the database: {str(err).splitlines()[0]}") from None
+            if attempt == OPEN_ATTEMPTS - 1 or "connect" in str(err).lower() and "refused" in str(err).lower() \
+                    or "unable to open database file" in str(err):
+                raise TuneError(f"--storage {settings.storage_url}: cannot open the database: "
+                                f"{str(err).splitlines()[0]}") from None
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
 
@@ -253,23 +284,65 @@ def open_study(settings: TuneSettings, space: SearchSpace, inputs: dict) -> optu
     return study
 
 
-def recover(study: optuna.Study, space: SearchSpace, top_k: int) -> dict[str, int]:
-    """Before searching: fail stale RUNNING trials (re-queued by the retry callback), re-queue
-    Ctrl-C'd and backend-failed ones, queue the analytic top-k. Returns counts of what was queued."""
+ORPHAN_S = 60.0
+"""a RUNNING trial that has not recorded its worker this long after it started is dead: a live tuner records
+it right after ask() (`Objective.__call__`), so it was killed in between"""
+
+
+def reap(study: optuna.Study, grace_s: float) -> list[int]:
+    """Fail RUNNING trials whose tuner is gone: its pid on this host is dead (at once), or it never recorded
+    which worker runs it (killed between ask() and the first heartbeat) for ``grace_s`` or `ORPHAN_S`. They get outcome
+    ``interrupted``, so `requeue` probes them again. Returns their numbers."""
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    reaped = []
+    now = time.time()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        r = TrialRecord.from_trial(t)
+        if worker_dead(r):
+            why = f"its tuner ({r.attrs['worker']}) was killed while it ran"
+        elif "worker" not in r.attrs and r.started is not None and now - r.started > min(grace_s, ORPHAN_S):
+            why = "its tuner died before the trial started"
+        else:
+            continue
+        try:
+            storage.set_trial_user_attr(t._trial_id, "outcome", "interrupted")
+            storage.set_trial_user_attr(t._trial_id, "reason", why + "; probed again")
+            storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        except (RuntimeError, optuna.exceptions.UpdateFinishedTrialError):
+            continue                         # another tuner finished or failed it first
+        reaped.append(t.number)
+    return reaped
+
+
+def requeue(study: optuna.Study, space: SearchSpace) -> int:
+    """Queue (phase ``retry``) every configuration whose last attempt did not end it: Ctrl-C'd, killed, backend
+    failures, stopped by the budget, ``invalid`` under other resources. Returns how many were queued."""
+    ledger = Ledger.of(study)
+    taken = ledger.done_keys(space) | ledger.running_keys(space) | ledger.waiting_keys(space)
+    again = []
+    for r in ledger.records:
+        if (r.outcome in NOT_FINAL or r.stale) and r.config and r.phase != "confirm" and r.config not in taken:
+            est = space.by_key(r.config)
+            if est is not None:
+                again.append(est)
+                taken.add(r.config)
+    for est in again:
+        study.enqueue_trial(params_of(est.candidate), user_attrs={"phase": "retry"})
+    return len(again)
+
+
+def recover(study: optuna.Study, space: SearchSpace, top_k: int, grace_s: float = float("inf")) -> dict[str, int]:
+    """Before searching: fail RUNNING trials of dead tuners (`reap`) and stale ones (heartbeat; re-queued by the
+    retry callback), re-queue what did not end (`requeue`), queue the analytic top-k. Returns what was queued."""
+    reap(study, grace_s)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
+    interrupted = requeue(study, space)
     ledger = Ledger.of(study)
     taken = ledger.done_keys(space) | ledger.running_keys(space) | ledger.waiting_keys(space)
-    interrupted = []
-    for r in ledger.records:
-        if r.outcome in NOT_FINAL and r.config and r.phase != "confirm" and r.config not in taken:
-            est = space.by_key(r.config)
-            if est is not None:
-                interrupted.append(est)
-                taken.add(r.config)
-    for est in interrupted:
-        study.enqueue_trial(params_of(est.candidate), user_attrs={"phase": "retry"})
     analytic = 0
     for est in space.survivors[:top_k]:
         key = config_key(est.candidate)
@@ -277,7 +350,7 @@ def recover(study: optuna.Study, space: SearchSpace, top_k: int) -> dict[str, in
             study.enqueue_trial(params_of(est.candidate), user_attrs={"phase": "analytic"})
             taken.add(key)
             analytic += 1
-    return {"interrupted": len(interrupted), "analytic": analytic}
+    return {"interrupted": interrupted, "analytic": analytic}
 
 
 # -- progress -------------------------------------------------------------------------------------
@@ -287,64 +360,159 @@ def _hms(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+STEP_MARK = "[probe] step "
+"""the line probes.train's rank 0 prints after each timed step: ``[probe] step N 0.123456 s``"""
+
+
+def last_step_time(workdir: Path | None) -> tuple[int, float] | None:
+    """(step, seconds) of the latest timed step rank 0 of a running probe printed, or None."""
+    if workdir is None:
+        return None
+    for log in sorted(Path(workdir).glob("logs/*/attempt_*/0/stdout.log")):
+        try:
+            with open(log, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - 4096))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        for line in reversed(tail.splitlines()):
+            if line.startswith(STEP_MARK):
+                try:
+                    step, seconds = line[len(STEP_MARK):].split()[:2]
+                    return int(step), float(seconds)
+                except ValueError:
+                    break
+    return None
+
+
 class Progress:
-    """Progress on stderr: a line per finished trial, and on a terminal one live line while probing
-    (configurations done/total, best measured TFLOPs, elapsed and remaining budget)."""
+    """Progress on stderr. A line per finished trial; while a probe runs, on a terminal one live line (probe n
+    of N, elapsed vs its timeout, the latest step time, best so far, budget left) redrawn every second, in a
+    log (not a terminal) the same as a line when the probe starts and then every ``log_every_s``."""
 
     def __init__(self, *, total: int, budget_s: float | None, stream: TextIO | None = None,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, max_probes: int | None = None, planned: int | None = None,
+                 probe_timeout_s: float | None = None, log_every_s: float = 60.0) -> None:
         self.total = total
         self.budget_s = budget_s
         self.stream = stream or sys.stderr
         self.enabled = enabled
+        self.max_probes = max_probes
+        self.planned = planned
+        self.probe_timeout_s = probe_timeout_s
         self.started = time.monotonic()
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.tick_s = 1.0 if self.tty else log_every_s
         self.done = 0
+        self.probes = 0
+        self.spent = False
         self.best = ""
         self._live = False
+        self._lock = threading.Lock()
+        self._current: tuple | None = None
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
 
     @property
     def elapsed_s(self) -> float:
         return time.monotonic() - self.started
 
     def remaining_s(self) -> float | None:
-        return None if self.budget_s is None else self.budget_s - self.elapsed_s
+        if self.budget_s is None:
+            return None
+        return 0.0 if self.spent else self.budget_s - self.elapsed_s
+
+    def spend(self) -> None:
+        """The budget is over (a probe was stopped at its end), whatever the clock says."""
+        self.spent = True
 
     def status(self) -> str:
         left = self.remaining_s()
         return " | ".join([f"{self.done}/{self.total} configs", self.best or "no measurement yet",
-                           f"{_hms(self.elapsed_s)} elapsed" + (f", {_hms(left)} left" if left is not None else "")])
+                           f"{_hms(self.elapsed_s)} elapsed" + (f", {_hms(left)} of the budget left"
+                                                                if left is not None else "")])
 
     def update(self, ledger: Ledger, space: SearchSpace, last: TrialRecord | None = None) -> None:
         self.done = len(ledger.done_keys(space) & set(space.keys))
+        self.probes = sum(1 for r in ledger.records if r.counted)
         ok = [r for r in ledger.records if r.measured]
         if ok:
             top = max(ok, key=lambda r: r.value or 0.0)
             self.best = f"best {top.value:.4g} TFLOPs/GPU ({_short(top.config)})"
         if last is not None:
             what = f"{last.value:.4g} TFLOPs/GPU" if last.state == "COMPLETE" and last.value is not None else \
-                (last.reason[:120] or last.state)
+                (last.reason[:160] or last.state)
+            wall = last.attrs.get("probe_wall_s")
             self._write(f"[tune] trial {last.number} {last.phase} {_short(last.config)}: {last.outcome or last.state}"
-                        f" {what} | {self.status()}", live=False)
+                        f" {what}" + (f" ({wall:.0f} s)" if isinstance(wall, (int, float)) and wall >= 1 else "")
+                        + f" | {self.status()}", live=False)
 
-    def probing(self, number: int, label: str) -> None:
-        if self.tty:
-            self._write(f"[tune] {self.status()} | probing trial {number}: {_short(label)}", live=True)
+    def note(self, text: str) -> None:
+        self._write(f"[tune] {text}", live=False)
+
+    def _of(self) -> str:
+        if self.max_probes is not None:
+            return f" of {self.max_probes}"
+        return f" of at most {self.planned}" if self.planned else ""
+
+    def probe_line(self) -> str:
+        if self._current is None:
+            return ""
+        number, label, started, timeout_s, workdir = self._current
+        n = self.probes + 1
+        parts = [f"[tune] probe {n}{self._of()}: trial {number} {_short(label)}",
+                 f"{_hms(time.monotonic() - started)} of {_hms(timeout_s)}" if timeout_s else
+                 f"{_hms(time.monotonic() - started)} elapsed"]
+        step = last_step_time(workdir)
+        parts.append(f"step {step[0]}: {step[1]:.3g} s" if step else "no timed step yet")
+        parts.append(self.best or "no measurement yet")
+        left = self.remaining_s()
+        if left is not None:
+            parts.append(f"{_hms(left)} of the budget left")
+        return " | ".join(parts)
+
+    def probing(self, number: int, label: str, *, timeout_s: float | None = None, workdir=None) -> None:
+        """A probe starts: its line now, then redrawn (terminal) or repeated (log) until `probe_ended`."""
+        self.probe_ended()
+        self._current = (number, label, time.monotonic(), timeout_s, workdir)
+        if not self.enabled:
+            return
+        self._write(self.probe_line(), live=self.tty)
+        self._stop.clear()
+        self._ticker = threading.Thread(target=self._tick, name="tune-progress", daemon=True)
+        self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            line = self.probe_line()
+            if line:
+                self._write(line, live=self.tty)
+
+    def probe_ended(self) -> None:
+        if self._ticker is not None:
+            self._stop.set()
+            self._ticker.join()
+            self._ticker = None
+        self._current = None
 
     def _write(self, line: str, *, live: bool) -> None:
         if not self.enabled:
             return
-        if self._live:
-            self.stream.write("\r\x1b[2K")
-        self.stream.write(line if live else line + "\n")
-        self._live = live
-        self.stream.flush()
+        with self._lock:
+            if self._live:
+                self.stream.write("\r\x1b[2K")
+            self.stream.write(line if live else line + "\n")
+            self._live = live
+            self.stream.flush()
 
     def close(self) -> None:
-        if self.enabled and self._live:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._live = False
+        self.probe_ended()
+        with self._lock:
+            if self.enabled and self._live:
+                self.stream.write("\n")
+                self.stream.flush()
+                self._live = False
 
 
 def _short(label: str | None) -> str:
@@ -356,20 +524,42 @@ def _short(label: str | None) -> str:
 
 # -- the run --------------------------------------------------------------------------------------
 
+def _confirm_reserve(ledger: Ledger, settings: TuneSettings) -> int:
+    """Confirmation re-probes to keep room for: those of the current best still to run, or, before the first
+    confirmation, all that --confirm-top x --repeats plans."""
+    pending = len(confirmation_slots(ledger, settings.confirm_top, settings.repeats))
+    started = any(r.phase == "confirm" for r in ledger.records)
+    return max(pending, 0 if started else settings.confirm_top * settings.repeats)
+
+
+def _mean_probe_s(ledger: Ledger) -> float:
+    walls = [float(r.attrs.get("probe_wall_s") or 0.0) for r in ledger.records if r.counted]
+    return sum(walls) / len(walls) if walls else 0.0
+
+
+def limits_reached(ledger: Ledger, settings: TuneSettings, progress: Progress) -> bool:
+    """--max-probes probes ran, or the budget is spent: nothing more starts."""
+    if settings.max_probes is not None and sum(1 for r in ledger.records if r.counted) >= settings.max_probes:
+        return True
+    left = progress.remaining_s()
+    return left is not None and left <= 0
+
+
 def _search_done(ledger: Ledger, space: SearchSpace, settings: TuneSettings, progress: Progress) -> bool:
-    """The space is exhausted, the probe limit is hit, or the budget needs the rest (for confirmation)."""
+    """The space is exhausted, or what is left of --max-probes / the budget belongs to the confirmation."""
     taken = ledger.done_keys(space) | ledger.running_keys(space)
     if not [k for k in space.keys if k not in taken]:
         return True
-    probes = [r for r in ledger.records if r.outcome in PROBED and r.phase != "confirm"
-              and "duplicate_of" not in r.attrs]
-    if settings.max_probes is not None and len(probes) >= settings.max_probes:
+    if limits_reached(ledger, settings, progress):
         return True
+    reserve = _confirm_reserve(ledger, settings)
+    if settings.max_probes is not None:
+        counted = sum(1 for r in ledger.records if r.counted)
+        if counted >= settings.max_probes - min(reserve, settings.max_probes // 2):
+            return True
     left = progress.remaining_s()
-    if left is not None:
-        walls = [float(r.attrs.get("probe_wall_s") or 0.0) for r in probes]
-        mean = sum(walls) / len(walls) if walls else 0.0
-        if left <= mean * (1 + settings.confirm_top * settings.repeats):
+    if left is not None and settings.budget_s is not None:
+        if left <= min(reserve * _mean_probe_s(ledger), settings.budget_s / 2):
             return True
     return False
 
@@ -389,14 +579,13 @@ class _Stopper:
 
 def search(study: optuna.Study, objective: Objective, space: SearchSpace, settings: TuneSettings,
            progress: Progress) -> None:
-    """Probe until the space is exhausted, --max-probes, or the budget (keeping time for confirmation)."""
+    """Probe until the space is exhausted, or --max-probes / the budget leave only the confirmation's share."""
     ledger = Ledger.of(study)
     progress.update(ledger, space)
     if _search_done(ledger, space, settings, progress):
         return
-    timeout = progress.remaining_s()
-    study.optimize(objective, timeout=timeout, catch=(ProbeFailed,), callbacks=[_Stopper(space, settings, progress)],
-                   gc_after_trial=False)
+    study.optimize(objective, timeout=progress.remaining_s(), catch=(ProbeFailed,),
+                   callbacks=[_Stopper(space, settings, progress)], gc_after_trial=False)
 
 
 def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int) -> list[tuple[str, int]]:
@@ -413,36 +602,117 @@ def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int) -> list[t
     return [(k, i) for k in top for i in range(1, repeats + 1) if f"{k}#confirm{i}" not in present]
 
 
+class _ConfirmStopper:
+    def __init__(self, space: SearchSpace, settings: TuneSettings, progress: Progress) -> None:
+        self.space, self.settings, self.progress = space, settings, progress
+
+    def __call__(self, study: optuna.Study, trial) -> None:
+        ledger = Ledger.of(study)
+        self.progress.update(ledger, self.space, TrialRecord.from_trial(trial))
+        if limits_reached(ledger, self.settings, self.progress):
+            study.stop()
+
+
 def confirm(study: optuna.Study, objective: Objective, space: SearchSpace, settings: TuneSettings,
             progress: Progress) -> int:
-    """Re-probe the best few; returns how many confirmation trials this run queued."""
-    timeout = progress.remaining_s()
-    if timeout is not None and timeout <= 0:
+    """Re-probe the best few, inside --max-probes and the budget; returns how many re-probes this run queued."""
+    ledger = Ledger.of(study)
+    if limits_reached(ledger, settings, progress):
         return 0
-    slots = confirmation_slots(Ledger.of(study), settings.confirm_top, settings.repeats)
+    slots = confirmation_slots(ledger, settings.confirm_top, settings.repeats)
     slots = [(k, i) for k, i in slots if space.by_key(k) is not None]
+    if settings.max_probes is not None:
+        slots = slots[:max(0, settings.max_probes - sum(1 for r in ledger.records if r.counted))]
     for key, i in slots:
         study.enqueue_trial(params_of(space.by_key(key).candidate),
                             user_attrs={"phase": "confirm", "repeat": i, "slot": f"{key}#confirm{i}"})
     waiting = [r for r in Ledger.of(study).records if r.state == "WAITING" and r.phase == "confirm"]
     if waiting:
-        study.optimize(objective, n_trials=len(waiting), timeout=timeout, catch=(ProbeFailed,),
-                       callbacks=[lambda s, t: progress.update(Ledger.of(s), space, TrialRecord.from_trial(t))],
-                       gc_after_trial=False)
+        study.optimize(objective, n_trials=len(waiting), timeout=progress.remaining_s(), catch=(ProbeFailed,),
+                       callbacks=[_ConfirmStopper(space, settings, progress)], gc_after_trial=False)
     return len(slots)
+
+
+def await_others(study: optuna.Study, space: SearchSpace, settings: TuneSettings, progress: Progress) -> bool:
+    """Wait while trials run elsewhere (another tuner, or a killed one not yet found dead): a result is not
+    printed while a configuration is unmeasured. Returns True when trials were queued to probe here (a dead
+    tuner's, or the heartbeat's retries), False when nothing runs any more or the budget is spent."""
+    said = False
+    while True:
+        reaped = reap(study, settings.grace_s)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        if reaped:
+            requeue(study, space)
+        ledger = Ledger.of(study)
+        if any(r.state == "WAITING" for r in ledger.records):
+            return True
+        running = [r for r in ledger.records if r.state == "RUNNING"]
+        left = progress.remaining_s()
+        if not running or (left is not None and left <= 0):
+            return False
+        if not said:
+            progress.note(f"waiting for {len(running)} trial(s) running elsewhere ("
+                          + ", ".join(f"{r.number} {_short(r.config)} on {r.attrs.get('worker', '?')}"
+                                      for r in running[:3])
+                          + f"); a dead tuner's trial is probed again here once --grace-s {settings.grace_s} s "
+                          "pass without its heartbeat")
+            said = True
+        time.sleep(WAIT_POLL_S)
 
 
 def run(study: optuna.Study, objective: Objective, space: SearchSpace, settings: TuneSettings,
         progress: Progress) -> list[TrialRecord]:
-    """Recover, search, confirm; the study's trials as records at the end."""
-    recover(study, space, settings.top_k)
+    """Recover; then search, wait for trials running elsewhere, confirm the best, and search again while
+    --max-probes and the budget allow; the study's trials as records at the end."""
+    study.set_user_attr(RESOURCES_ATTR, objective.settings.resources)
+    if settings.budget_s is not None:
+        objective.deadline = progress.started + settings.budget_s
+        objective.on_budget_cut = progress.spend
+    recover(study, space, settings.top_k, settings.grace_s)
     try:
-        search(study, objective, space, settings, progress)
-        confirm(study, objective, space, settings, progress)
+        while True:
+            before = len(study.get_trials(deepcopy=False))
+            search(study, objective, space, settings, progress)
+            if await_others(study, space, settings, progress):
+                if limits_reached(Ledger.of(study), settings, progress):
+                    break
+                search(study, objective, space, settings, progress)
+                _run_waiting(study, objective, space, settings, progress)
+                continue
+            confirm(study, objective, space, settings, progress)
+            if len(study.get_trials(deepcopy=False)) == before or limits_reached(Ledger.of(study), settings,
+                                                                                  progress):
+                break
     finally:
         progress.close()
+    if limits_reached(Ledger.of(study), settings, progress):
+        _say_left(study, space, settings, progress)
     return Ledger.of(study).records
 
 
-__all__ = ["INPUTS_ATTR", "Progress", "SAMPLERS", "SurvivorSampler", "TuneSettings", "confirm", "confirmation_slots",
-           "grid_order", "open_storage", "open_study", "recover", "run", "search"]
+def _run_waiting(study: optuna.Study, objective: Objective, space: SearchSpace, settings: TuneSettings,
+                 progress: Progress) -> None:
+    """Probe the queued trials (retries of a dead tuner's) even when the search itself is done."""
+    waiting = [r for r in Ledger.of(study).records if r.state == "WAITING"]
+    if waiting and not limits_reached(Ledger.of(study), settings, progress):
+        study.optimize(objective, n_trials=len(waiting), timeout=progress.remaining_s(), catch=(ProbeFailed,),
+                       callbacks=[_ConfirmStopper(space, settings, progress)], gc_after_trial=False)
+
+
+def _say_left(study: optuna.Study, space: SearchSpace, settings: TuneSettings, progress: Progress) -> None:
+    ledger = Ledger.of(study)
+    left = [k for k in space.keys if k not in ledger.done_keys(space)]
+    counted = sum(1 for r in ledger.records if r.counted)
+    which = (f"--max-probes {settings.max_probes} reached ({counted} probes)"
+             if settings.max_probes is not None and counted >= settings.max_probes else
+             f"--budget {_hms(settings.budget_s or 0)} spent")
+    if left:
+        progress.note(f"{which}; {len(left)} configuration(s) not probed yet: rerun the same command with a larger "
+                      "limit to continue the study")
+
+
+__all__ = ["INPUTS_ATTR", "Progress", "SAMPLERS", "SurvivorSampler", "TuneSettings", "await_others", "confirm",
+           "confirmation_slots", "grid_order", "last_step_time", "open_storage", "open_study", "reap", "recover",
+           "requeue", "run", "search", "storage_url"]

@@ -388,9 +388,15 @@ def test_load_plan_yaml_refuses_malformed_yaml(tmp_path, text, message) -> None:
 
 def test_plan_yaml_loads_only_safe_yaml(tmp_path) -> None:
     path = _plan_file(tmp_path)
-    path.write_text("!!python/object/apply:os.system ['true']\n" + path.read_text())
+    marker = tmp_path / "constructed"
+    # valid YAML (it composes) whose value carries a python tag: yaml.unsafe_load would call os.mkdir(marker)
+    text = path.read_text() + f"comment: !!python/object/apply:os.mkdir [{str(marker)!r}]\n"
+    node = yaml.compose(text)
+    assert any(v.tag.startswith("tag:yaml.org,2002:python/") for _, v in node.value)
+    path.write_text(text)
     with pytest.raises(InputError, match="malformed plan file"):
         load_plan_yaml(path)
+    assert not marker.exists(), "the plan file was loaded with an unsafe loader"
 
 
 def test_example_on_disk_is_a_fresh_emit(tmp_path) -> None:

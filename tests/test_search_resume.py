@@ -71,12 +71,13 @@ def test_whole_space_once_then_nothing(space, tmp_path):
 def test_confirmation_repeats_the_best_and_is_not_redone(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     fake = Fake()
-    records = go(space, fake, storage, max_probes=5, confirm_top=2, repeats=2)
+    records = go(space, fake, storage, max_probes=8, confirm_top=2, repeats=2)
     confirms = [r for r in records if r.phase == "confirm"]
     assert len(confirms) == 4 and len({r.config for r in confirms}) == 2
+    assert sum(r.counted for r in records) == 8           # --max-probes counts the confirmation re-probes too
     assert confirmation_slots(Ledger(records), 2, 2) == []
     again = Fake()
-    go(space, again, storage, max_probes=5, confirm_top=2, repeats=2)
+    go(space, again, storage, max_probes=8, confirm_top=2, repeats=2)
     assert again.calls == []
 
 

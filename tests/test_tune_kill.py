@@ -1,4 +1,5 @@
-"""SIGKILL the tuner mid-study, rerun: no finished trial lost, the killed one retried (heartbeat).
+"""SIGKILL the tuner mid-study, rerun at once: no finished trial lost, the killed one probed again before any
+result is printed, without waiting for the heartbeat's grace period (the dead tuner's pid says it is lost).
 
     python -m pytest tests/test_tune_kill.py -q
 """
@@ -9,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -17,50 +17,53 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "bigscience_1b3_v100.csv"
+HANG_S = 1800
+"""a run that has not ended after this long hangs (these take seconds); no speed limit"""
 
 
 def argv(storage: str) -> list[str]:
+    # --grace-s 3600: were the killed trial left to the heartbeat, the rerun would wait an hour (and hit HANG_S)
     return [sys.executable, "-m", "search.cli", "--model", "1B3", "--gpu", "V100-32GB", "--gpus", "8",
             "--gpus-per-node", "4", "--global-batch", "512", "--seq-len", "2048", "--precision", "fp16",
             "--recompute", "full", "--zero", "1", "--no-rampup", "--backend", "replay", "--results", str(DATA),
             "--results-table", "v100-32gb-recompute", "--replay-delay", "2.0", "--confirm-top", "0",
-            "--heartbeat-s", "1", "--grace-s", "2", "--study", "kill", "--storage", storage, "--no-progress"]
+            "--heartbeat-s", "1", "--grace-s", "3600", "--study", "kill", "--storage", storage, "--no-progress"]
 
 
 @pytest.mark.slow
-def test_sigkill_then_rerun_keeps_finished_and_retries_the_killed_trial(tmp_path):
+def test_sigkill_then_rerun_keeps_finished_and_reprobes_the_killed_trial(tmp_path):
     storage = f"sqlite:///{tmp_path}/tune.db"
     proc = subprocess.Popen(argv(storage), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + HANG_S
+    while time.monotonic() < deadline:               # the event: 3 finished, one probing (it takes 2 s)
         time.sleep(0.2)
         try:
             trials = optuna.load_study(study_name="kill", storage=storage).trials
         except (KeyError, ValueError):
             continue
         done = [t for t in trials if t.state.name == "COMPLETE"]
-        # a probe that started less than a second ago (of 2 s): still running when the kill lands
-        running = [t for t in trials if t.state.name == "RUNNING" and "config" in t.user_attrs
-                   and (datetime.now() - t.datetime_start).total_seconds() < 1.0]
+        running = [t for t in trials if t.state.name == "RUNNING" and "config" in t.user_attrs]
         if len(done) >= 3 and running:
             break
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.wait(timeout=HANG_S)
     before = optuna.load_study(study_name="kill", storage=storage).trials
     finished = {t.number: (t.user_attrs["config"], t.value) for t in before if t.state.name == "COMPLETE"}
     killed = [t for t in before if t.state.name == "RUNNING"]
-    assert len(finished) >= 3 and len(killed) == 1
-    time.sleep(3.0)                                             # past the grace period
+    assert len(finished) >= 3 and len(killed) <= 1
 
-    rerun = subprocess.run(argv(storage), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(argv(storage), cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "tune: best" in rerun.stderr
     after = optuna.load_study(study_name="kill", storage=storage).trials
     for number, (config, value) in finished.items():
         assert after[number].state.name == "COMPLETE" and after[number].value == value
         assert after[number].user_attrs["config"] == config
-    assert after[killed[0].number].state.name == "FAIL"
-    retried = [t for t in after if t.system_attrs.get("failed_trial") == killed[0].number]
-    assert len(retried) == 1 and retried[0].state.name == "COMPLETE"
-    assert retried[0].user_attrs["phase"] == "retry"
+    for k in killed:
+        assert after[k.number].state.name == "FAIL" and after[k.number].user_attrs["outcome"] == "interrupted"
+        if "config" in k.user_attrs:
+            again = [t for t in after if t.number > k.number and t.user_attrs.get("config") == k.user_attrs["config"]]
+            assert [t.state.name for t in again] == ["COMPLETE"]
+    assert not [t for t in after if t.state.name in ("RUNNING", "WAITING")]
     configs = [t.user_attrs["config"] for t in after if t.state.name == "COMPLETE"]
     assert len(configs) == len(set(configs)) == 10            # every configuration once, none lost or repeated

@@ -1,9 +1,11 @@
 """`tune` end to end on CPU: real probes (torchrun, 2 gloo processes, a tiny GPT), resume, Ctrl-C.
 
-    python -m pytest tests/test_tune_local.py -q          # ~2 minutes on 2 cores
+    python -m pytest tests/test_tune_local.py -q          # ~4 minutes on 2 cores
 
 Plans with the catalog's ``CPU`` accelerator (one core as a "device") and probes with
 ``--probe-device cpu``; the 9 configurations are TP/PP/DP layouts of 2 processes x MBS 1/2/4.
+No test has a speed limit: `HANG_S` only stops a hung run, and every wait is for an event (a probe's
+pid files, a process gone), never a fixed sleep racing a process.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+HANG_S = 1800
+"""a run that has not ended after this long hangs (the slowest of these runs takes ~2 minutes on 2 idle cores)"""
 TINY_YAML = """name: tiny
 layers: 4
 hidden: 64
@@ -51,7 +55,7 @@ def probed(trials) -> list:
 def test_end_to_end_on_cpu_then_rerun_adds_no_probe(tmp_path):
     argv = tiny_argv(tmp_path, "--confirm-top", "2", "--repeats", "1", "--emit", "megatron-deepspeed",
                      "--emit-flavor", "microsoft", "--out", str(tmp_path / "run"), "--format", "json")
-    first = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    first = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert first.returncode == 0, first.stderr[-3000:]
     out = json.loads(first.stdout)
     trials = optuna.load_study(study_name="cpu", storage=f"sqlite:///{tmp_path}/tune.db").trials
@@ -70,10 +74,30 @@ def test_end_to_end_on_cpu_then_rerun_adds_no_probe(tmp_path):
     assert f"micro_batch_size: {best['candidate']['mbs']}" in plan_yaml
     assert f"pipeline_model_parallel_size: {best['candidate']['pp']}" in plan_yaml
 
-    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # the same command again (--out is not empty now: replacing the files it wrote needs --force)
+    again = subprocess.run([*argv, "--force"], cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert again.returncode == 0, again.stderr[-3000:]
     after = optuna.load_study(study_name="cpu", storage=f"sqlite:///{tmp_path}/tune.db").trials
     assert len(after) == len(trials) and len(probed(after)) == len(probed(trials))
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for p in pids:
+        try:
+            if psutil.Process(p).status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _gone(pids: list[int]) -> bool:
+    """Wait (for the event, up to HANG_S) until none of ``pids`` runs; True when they are gone."""
+    deadline = time.monotonic() + HANG_S
+    while _alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not _alive(pids)
 
 
 def _kill_probe(worker_pids: list[int]) -> None:
@@ -89,7 +113,7 @@ def _kill_probe(worker_pids: list[int]) -> None:
             continue
 
 
-def _wait_for_probe(tmp: Path, storage: str, timeout_s: float = 120) -> optuna.trial.FrozenTrial:
+def _wait_for_probe(tmp: Path, storage: str, timeout_s: float = HANG_S) -> optuna.trial.FrozenTrial:
     """The first RUNNING trial once its probe's worker processes have started."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -98,7 +122,7 @@ def _wait_for_probe(tmp: Path, storage: str, timeout_s: float = 120) -> optuna.t
         except (KeyError, ValueError):
             trials = []
         for t in trials:
-            if t.state.name == "RUNNING" and list((tmp / "runs" / "cpu" / f"trial-{t.number:04d}").glob("pid-rank*")):
+            if t.state.name == "RUNNING" and len(list((tmp / "runs" / f"trial-{t.number:04d}").glob("pid-rank*"))) == 2:
                 return t
         time.sleep(0.3)
     raise AssertionError("no probe started")
@@ -118,11 +142,10 @@ def test_ctrl_c_records_interrupted_leaves_no_process_and_resumes(tmp_path):
     pids: list[int] = []
     try:
         running = _wait_for_probe(tmp_path, storage)
-        folder = tmp_path / "runs" / "cpu" / f"trial-{running.number:04d}"
+        folder = tmp_path / "runs" / f"trial-{running.number:04d}"
         pids = [int(p.read_text()) for p in folder.glob("pid-rank*")]
-        time.sleep(0.5)
         os.kill(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=90)
+        out, err = proc.communicate(timeout=HANG_S)
     except subprocess.TimeoutExpired:
         proc.send_signal(signal.SIGABRT)
         out, err = proc.communicate(timeout=30)
@@ -134,14 +157,65 @@ def test_ctrl_c_records_interrupted_leaves_no_process_and_resumes(tmp_path):
         _kill_probe(pids)
     assert proc.returncode == 130, err[-3000:]
     assert "Resume with:" in err and "tune --model" in err
-    time.sleep(0.5)
-    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not _alive(pids)                                  # the launcher stopped them before tune exited
     trial = optuna.load_study(study_name="cpu", storage=storage).trials[running.number]
     assert trial.state.name == "FAIL" and trial.user_attrs["outcome"] == "interrupted"
 
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-3000:]
     trials = optuna.load_study(study_name="cpu", storage=storage).trials
     config = trial.user_attrs["config"]
     retry = [t for t in trials if t.number > running.number and t.user_attrs.get("config") == config]
     assert retry and retry[0].state.name == "COMPLETE" and retry[0].user_attrs["phase"] == "retry"
+
+
+def _start_endless_probe(tmp_path: Path, storage: str, *extra: str):
+    """tune probing a configuration that never finishes (100000 steps); (process, running trial, worker pids)."""
+    argv = tiny_argv(tmp_path, "--confirm-top", "0", "--max-probes", "2", "--top-k", "2", "--grace-s", "3600",
+                     "--probe-steps", "100000", "--probe-timeout", "3600", *extra)
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    running = _wait_for_probe(tmp_path, storage)
+    folder = tmp_path / "runs" / f"trial-{running.number:04d}"
+    return proc, running, [int(p.read_text()) for p in folder.glob("pid-rank*")]
+
+
+@pytest.mark.slow
+def test_sigkilled_tuner_leaves_no_worker_and_the_rerun_probes_its_trial_at_once(tmp_path):
+    storage = f"sqlite:///{tmp_path}/tune.db"
+    proc, running, pids = _start_endless_probe(tmp_path, storage)
+    try:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=HANG_S)
+        assert _gone(pids), f"probe workers {_alive(pids)} outlived the killed tuner"
+    finally:
+        _kill_probe(pids)
+    # --grace-s 3600: the heartbeat would wait an hour; the dead tuner's pid says at once that its trial is lost
+    done = subprocess.run(tiny_argv(tmp_path, "--confirm-top", "0", "--max-probes", "2", "--top-k", "2",
+                                    "--grace-s", "3600"), cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = optuna.load_study(study_name="cpu", storage=storage).trials
+    killed = trials[running.number]
+    assert killed.state.name == "FAIL" and killed.user_attrs["outcome"] == "interrupted"
+    assert "killed" in killed.user_attrs["reason"]
+    config = killed.user_attrs["config"]
+    assert [t.state.name for t in trials if t.number > running.number and t.user_attrs.get("config") == config] \
+        == ["COMPLETE"]
+
+
+@pytest.mark.slow
+def test_sigterm_records_the_trial_interrupted_and_exits_143(tmp_path):
+    storage = f"sqlite:///{tmp_path}/tune.db"
+    proc, running, pids = _start_endless_probe(tmp_path, storage)
+    try:
+        proc.send_signal(signal.SIGTERM)                     # what SLURM sends at a job's time limit
+        out, err = proc.communicate(timeout=HANG_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_probe(pids)
+    assert proc.returncode == 143, err[-3000:]
+    assert "SIGTERM" in err and "Resume with:" in err
+    assert not _alive(pids)
+    trial = optuna.load_study(study_name="cpu", storage=storage).trials[running.number]
+    assert trial.state.name == "FAIL" and trial.user_attrs["outcome"] == "interrupted"
+    assert "SIGTERM" in trial.user_attrs["reason"]

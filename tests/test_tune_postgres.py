@@ -30,11 +30,16 @@ def test_two_workers_probe_disjoint_configurations():
         url = server.__enter__()
     except Unavailable as err:
         pytest.skip(str(err))
+    # what a user types (and --help shows): tune must pick the installed driver itself (SQLAlchemy 2.1 would
+    # pick psycopg 3 for a bare postgresql://, which plantune[tune] does not install)
+    user_url = url.replace("postgresql+psycopg2://", "postgresql://")
+    assert user_url.startswith("postgresql://")
     try:
-        workers = [subprocess.Popen([sys.executable, "-m", "search.cli", *ARGS, "--storage", url, "--seed", str(i)],
+        workers = [subprocess.Popen([sys.executable, "-m", "search.cli", *ARGS, "--storage", user_url,
+                                     "--seed", str(i)],
                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                    for i in range(2)]
-        outs = [w.communicate(timeout=240) for w in workers]
+        outs = [w.communicate(timeout=1800) for w in workers]   # a hang guard, no speed limit
         for w, (out, err) in zip(workers, outs):
             assert w.returncode == 0, err[-3000:]
         trials = optuna.load_study(study_name="pg", storage=url).trials
