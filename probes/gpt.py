@@ -152,11 +152,34 @@ def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
 
 
-def _gather_seq(t: torch.Tensor, cp: ContextParallel) -> torch.Tensor:
-    """(b, heads, s_local, d) from every CP rank, concatenated on the sequence (autograd: grads go home)."""
-    from torch.distributed.nn.functional import all_gather
+class _GatherSeq(torch.autograd.Function):
+    """All-gather along the sequence (dim 2) over the CP group; backward reduce-scatters the gradient
+    (gloo, which has no reduce-scatter: all-to-all and a sum). Gradient chunks are made contiguous
+    before they are sent: the collectives read raw memory."""
 
-    return torch.cat(all_gather(t.contiguous(), group=cp.group), dim=2)
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, group: object, size: int) -> torch.Tensor:
+        ctx.group, ctx.size = group, size
+        parts = [torch.empty_like(t) for _ in range(size)]
+        dist.all_gather(parts, t.contiguous(), group=group)
+        return torch.cat(parts, dim=2)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        chunks = [c.contiguous() for c in grad.chunk(ctx.size, dim=2)]
+        out = torch.empty_like(chunks[0])
+        if dist.get_backend(ctx.group) == "nccl":
+            dist.reduce_scatter(out, chunks, group=ctx.group)
+        else:
+            received = [torch.empty_like(c) for c in chunks]
+            dist.all_to_all(received, chunks, group=ctx.group)
+            out = torch.stack(received).sum(0)
+        return out, None, None
+
+
+def _gather_seq(t: torch.Tensor, cp: ContextParallel) -> torch.Tensor:
+    """(b, heads, s_local, d) from every CP rank, concatenated on the sequence (rank order)."""
+    return _GatherSeq.apply(t, cp.group, cp.size)
 
 
 class Attention(nn.Module):
@@ -294,8 +317,28 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+class _SumOverGroup(torch.autograd.Function):
+    """All-reduce (sum) forward, identity backward: Megatron's reduce-from-tensor-parallel region
+    (the output is replicated, so each rank's gradient is already the whole gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: object) -> torch.Tensor:
+        x = x.contiguous().clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
 class Embedding(nn.Module):
-    """Token embedding (+ learned positions) (+ BLOOM's embedding norm)."""
+    """Token embedding (+ learned positions) (+ BLOOM's embedding norm).
+
+    Vocab-parallel under TP (`set_vocab_parallel`, Megatron's VocabParallelEmbedding): ``tok.weight``
+    is a DTensor sharded along the vocabulary; each rank looks up the tokens in its rows (zeros
+    elsewhere) and one all-reduce sums them. The gradient stays a shard (DTensor's own embedding rule
+    in torch 2.13 returns a replicated, full-size gradient)."""
 
     def __init__(self, m: ModelSpec) -> None:
         super().__init__()
@@ -303,9 +346,25 @@ class Embedding(nn.Module):
         self.pos = nn.Embedding(m.seq_len, m.hidden) if m.position == "learned" else None
         self.norm = _norm(m) if m.embedding_norm else None
         self.cp: ContextParallel | None = None
+        self.tp_group: object = None
+        self.tp_rank = 0
+
+    def set_vocab_parallel(self, group: object, rank: int) -> None:
+        self.tp_group, self.tp_rank = group, rank
+
+    def _lookup(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.tp_group is None:
+            return self.tok(tokens)
+        w = self.tok.weight
+        local = w.to_local() if hasattr(w, "to_local") else w
+        rows = local.shape[0]
+        ids = tokens - self.tp_rank * rows
+        outside = (ids < 0) | (ids >= rows)
+        x = F.embedding(ids.masked_fill(outside, 0), local).masked_fill(outside[..., None], 0.0)
+        return _SumOverGroup.apply(x, self.tp_group)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.tok(tokens)
+        x = self._lookup(tokens)
         if self.pos is not None:
             if self.cp is not None:
                 positions = self.cp.positions(device=tokens.device)

@@ -7,7 +7,7 @@ Stages are built on the meta device (no storage), parallelized there, and only t
 storage (``to_empty``) and their initial values (`probes.gpt.init_parameters`): a rank allocates
 its own shard and nothing more, as torchtitan does. Order as torchtitan's parallelize: tensor
 parallel (DTensor Colwise/Rowwise, SequenceParallel for the norms when ``sp``; the token
-embedding sharded along the vocabulary (RowwiseParallel) and the LM head's logits left sharded
+embedding sharded along the vocabulary (`probes.gpt.Embedding`) and the LM head's logits left sharded
 along the vocabulary for `probes.gpt.VocabParallelLoss`, as Megatron's vocab-parallel embedding
 and cross-entropy), then activation checkpointing (inside `GPTStage`), then data parallel: DDP for plain DP (ZeRO 0, no TP/PP); FSDP2 ``fully_shard`` otherwise, with
 ``reshard_after_forward=False`` for ZeRO 1/2 and True for ZeRO 3, on a 2-D (replicate, shard)
@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 from torch.nn.parallel import DistributedDataParallel
@@ -42,6 +42,7 @@ from probes.extent import ProbeExtent
 from probes.gpt import (ContextParallel, ExpertParallel, GPTStage, MoEShape, VocabParallelLoss, init_parameters,
                         lm_loss, stage_layer_ids)
 from probes.layout import ProbeLayout
+from probes.memstat import current_bytes, peak_bytes, reset_peak_memory
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -86,7 +87,8 @@ def _tp_block_plan(sp: bool) -> dict:
 
 def apply_tp(stage: GPTStage, tp_mesh: DeviceMesh, sp: bool) -> None:
     """Shard the stage over ``tp_mesh``: blocks as Megatron, the token embedding along the vocabulary
-    (each rank looks up its rows, an all-reduce -- a reduce-scatter under SP -- sums them), the LM
+    (each rank looks up its rows, an all-reduce sums them; under SP each rank then keeps its slice of
+    the sequence, where Megatron reduce-scatters), the LM
     head column-wise with its logits left sharded along the vocabulary (`VocabParallelLoss`)."""
     for block in stage.layers.values():
         plan = _tp_block_plan(sp)
@@ -95,10 +97,9 @@ def apply_tp(stage: GPTStage, tp_mesh: DeviceMesh, sp: bool) -> None:
         parallelize_module(block, tp_mesh, plan)
     embed = stage.embed
     if embed is not None:
-        direct = sp and embed.pos is None and embed.norm is None
-        parallelize_module(embed.tok, tp_mesh, RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Shard(1) if direct else Replicate()))
-        if sp and not direct:
+        embed.tok.weight = nn.Parameter(distribute_tensor(embed.tok.weight, tp_mesh, [Shard(0)]))
+        embed.set_vocab_parallel(tp_mesh.get_group(), tp_mesh.get_local_rank())
+        if sp:
             # summed embedding (+ positions, norm) -> this rank's slice of the sequence (no communication)
             parallelize_module(embed, tp_mesh, PrepareModuleOutput(
                 output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),)))
@@ -183,11 +184,13 @@ def reduce_expert_grads(stages: list[nn.Module], dp_run: int, same_group: object
 
 def build_stages(m: ModelSpec, layout: ProbeLayout, mesh: DeviceMesh | None, pos: RankPosition,
                  device: torch.device, seed: int, extent: ProbeExtent = ProbeExtent(),
-                 ep_group: object = None) -> list[nn.Module]:
+                 ep_group: object = None, stats: dict | None = None) -> list[nn.Module]:
     """This rank's model chunks (one, or ``vpp`` for interleaved schedules), parallelized.
 
     Built on the meta device and parallelized there; then ``to_empty`` gives each rank storage for
-    its shard only and `init_parameters` fills it with the single-process values."""
+    its shard only and `init_parameters` fills it with the single-process values. ``stats`` receives
+    ``materialise_peak_growth_bytes``: the largest rise of peak memory (CUDA allocated, CPU resident)
+    over a chunk's storage and initialisation -- its shard plus one full parameter at most."""
     stage_ids = [pos.pp + k * layout.pp for k in range(layout.vpp)]
     moe = _moe_shape(extent, pos)
     out = []
@@ -204,10 +207,16 @@ def build_stages(m: ModelSpec, layout: ProbeLayout, mesh: DeviceMesh | None, pos
             apply_tp(stage, mesh["tp"], layout.sp)
         if extent.dp_impl(layout) == "fsdp":            # FSDP2 shards meta parameters; storage comes after
             stage = apply_dp(stage, layout, mesh, device, extent)
+        base = current_bytes(device)
+        reset_ok = reset_peak_memory(device)
         stage.to_empty(device=device)
         if stage.head is not None and stage.embed is not None and m.tied_embeddings:
             stage.head.output.weight = stage.embed.tok.weight
         init_parameters(stage, seed)
+        peak = peak_bytes(device)
+        if stats is not None and reset_ok and base is not None and peak is not None:
+            grew = max(0.0, peak - base)
+            stats["materialise_peak_growth_bytes"] = max(stats.get("materialise_peak_growth_bytes", 0.0), grew)
         if extent.dp_impl(layout) == "ddp":             # DDP broadcasts real values: wrap after init
             stage = apply_dp(stage, layout, mesh, device, extent)
         out.append(stage)

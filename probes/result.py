@@ -84,7 +84,8 @@ class ProbeResult:
     the same in the planner's terms (weights_bytes: None when the forward's 16-bit copy is autocast's
     cache; grads_bytes; optimizer_bytes = fp32 master + states), peak_allocated_bytes,
     peak_reserved_bytes, context_bytes, non_allocator_bytes (CUDA; None on CPU), rss_start/after_setup/
-    setup_peak/peak bytes (CPU), peak_reset (the peak counters were reset after set-up)"""
+    peak bytes (CPU), materialise_peak_growth_bytes (peak rise while a chunk got storage and initial
+    values: its shard plus one full parameter), peak_reset (the peak counters were reset after set-up)"""
     precision_recipe: dict = field(default_factory=dict)
     """param_dtype, compute_dtype, master_weights, grad_dtype, optimizer_state_dtype, bytes_per_param,
     differs_from_planner (what differs from the planner's 18 bytes per parameter)"""

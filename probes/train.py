@@ -9,14 +9,27 @@ when it fails, ``probe-dir/error-rank{r}.json`` (status oom | crash, message, ti
 launcher to pick the root cause. Processes end with ``os._exit`` right after that (see
 CPU_PROBES.md: avoids a SIGABRT in process-group teardown).
 
+Set-up: each rank builds its stages on the meta device and materialises only its shard
+(`probes.parallel.build_stages`), makes every synthetic batch it will use on the device, and
+then resets the peak-memory counters, so the reported peak is the training steps' own.
+
 Timing: ``warmup_steps`` untimed steps, then windows of ``steps`` timed steps with a device
 sync on both sides of the timer; a step's time is the slowest rank's. While the last window's
 coefficient of variation is above ``max_cv`` another window is measured, at most
-`MAX_MEASURE_ROUNDS` in all. FLOPs come from `planner.flops` for the model actually run.
+`MAX_MEASURE_ROUNDS` in all. FLOPs come from `planner.flops` for the model actually run (an
+MoE layer counts its top-k experts). With ``spec.profile`` one more step runs under
+torch.profiler and `profile_split` reports compute and communication seconds per dimension.
 
-Precision: bf16/fp16 run under ``torch.autocast`` (and FSDP2's MixedPrecisionPolicy: bf16/fp16
-parameters, fp32 gradient reduction); fp16 has no loss scaler -- the timing is faithful, the
-recipe is not. fp32 runs plain.
+Memory (`memory_record`, per rank): parameter, gradient and optimizer-state bytes of the local
+shards in the planner's terms (planner.memory.MemoryBreakdown), the peak after set-up (CUDA
+allocated and reserved, the CUDA context, memory outside the allocator; CPU resident set).
+
+Precision (`precision_recipe`): bf16/fp16 run under ``torch.autocast`` on fp32 parameters --
+the fp32 parameters are the master weights, autocast's 16-bit copies the weights the forward
+uses, fp32 gradients and Adam states: the planner's 18 bytes per parameter, with the 16-bit copy
+alive from a step's first forward to its end. FSDP2 runs its MixedPrecisionPolicy (16-bit
+unsharded parameters while computing, fp32 sharded master, fp32 gradient reduction). fp16 has no
+loss scaler -- the timing is faithful, the recipe is not. fp32 runs plain.
 
 Debug environment variables (tests): ``PLANTUNE_PROBE_FAULT`` = ``hang:R`` | ``raise:R`` |
 ``exit:R:CODE`` makes rank R misbehave after its first step; ``PLANTUNE_PROBE_RLIMIT_AS_HEADROOM_BYTES``
@@ -48,6 +61,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from probes.extent import ProbeExtent, probe_extent, resolve_probe
 from probes.layout import LayoutError, ProbeLayout, model_run, model_spec
+from probes.memstat import reset_peak_memory, vm_kib
 from probes.outcome import OOM_MARKERS
 from probes.parallel import (DTYPES, build_mesh, build_schedule, build_stages, expert_groups, local_parameter_count,
                              loss_fn, rank_position, reduce_expert_grads)
@@ -119,31 +133,6 @@ def _cap_address_space() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
-def _vm_kib(field: str) -> int | None:
-    """A ``VmXXX:`` line of /proc/self/status in KiB (Linux), or None."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def reset_peak_memory(device: torch.device) -> bool:
-    """Start the peak-memory counters afresh (after set-up): CUDA's allocator statistics, or the
-    process's peak RSS (VmHWM, reset by writing 5 to /proc/self/clear_refs, Linux >= 4.0).
-    False when the CPU counter cannot be reset (then the peak includes set-up)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return True
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
 def _tensor_bytes(tensors) -> int:
     from torch.distributed.tensor import DTensor
 
@@ -173,8 +162,9 @@ class Trainer:
         ep_group = self.same_experts = None
         if self.extent.ep > 1:
             ep_group, self.same_experts = expert_groups(self.extent, layout.dp_run)
+        self.build_stats: dict = {}
         self.stages = build_stages(self.model, layout, self.mesh, self.pos, device, spec.seed, self.extent,
-                                   ep_group=ep_group)
+                                   ep_group=ep_group, stats=self.build_stats)
         self.params = list({id(p): p for s in self.stages for p in s.parameters()}.values())
         self.optimizer = torch.optim.AdamW(self.params, lr=LEARNING_RATE, weight_decay=0.0)
         self.loss_fn = loss_fn(layout, self.mesh)
@@ -278,7 +268,7 @@ def memory_record(trainer: Trainer, before: dict) -> dict:
     static = trainer.static_bytes()
     master = precision_recipe(trainer.layout, trainer.extent)["master_weights"]
     rec = {"rank": dist.get_rank() if dist.is_initialized() else 0, "stage": _stage_name(trainer.layout, trainer.pos.pp),
-           **static, "peak_reset": before["peak_reset"],
+           **static, **trainer.build_stats, "peak_reset": before["peak_reset"],
            # the planner's terms: weights = the copy the forward uses, optimizer = fp32 master + states
            "weights_bytes": None if master else static["param_bytes"],
            "optimizer_bytes": static["optimizer_state_bytes"] + (static["param_bytes"] if master else 0)}
@@ -291,13 +281,12 @@ def memory_record(trainer: Trainer, before: dict) -> dict:
                    setup_allocated_bytes=before.get("setup_allocated_bytes"),
                    rss_peak_bytes=None, rss_start_bytes=None)
     else:
-        hwm = _vm_kib("VmHWM")
+        hwm = vm_kib("VmHWM")
         rec.update(peak_allocated_bytes=None, peak_reserved_bytes=None, context_bytes=None, non_allocator_bytes=None,
                    setup_allocated_bytes=None,
                    rss_peak_bytes=None if hwm is None else hwm * 1024.0,
                    rss_start_bytes=before.get("rss_start_bytes"),
-                   rss_after_setup_bytes=before.get("rss_after_setup_bytes"),
-                   rss_setup_peak_bytes=before.get("rss_setup_peak_bytes"))
+                   rss_after_setup_bytes=before.get("rss_after_setup_bytes"))
     return rec
 
 
@@ -447,8 +436,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
         free, total = torch.cuda.mem_get_info(device)
         before["context_bytes"] = float(total - free - torch.cuda.memory_reserved(device))
     else:
-        reset_peak_memory(device)
-        kib = _vm_kib("VmRSS")
+        kib = vm_kib("VmRSS")
         before["rss_start_bytes"] = None if kib is None else kib * 1024.0
     trainer = Trainer(spec, layout, rank, world, device, extent)
     planned_steps = spec.warmup_steps + spec.steps * MAX_MEASURE_ROUNDS
@@ -457,9 +445,8 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
         torch.cuda.synchronize(device)
         before["setup_allocated_bytes"] = float(torch.cuda.memory_allocated(device))
     else:
-        kib, hwm = _vm_kib("VmRSS"), _vm_kib("VmHWM")
+        kib = vm_kib("VmRSS")
         before["rss_after_setup_bytes"] = None if kib is None else kib * 1024.0
-        before["rss_setup_peak_bytes"] = None if hwm is None else hwm * 1024.0
     before["peak_reset"] = reset_peak_memory(device)
     _cap_address_space()
     losses: list[float] = []

@@ -95,7 +95,7 @@ def test_expert_parallel_matches_single_process(name, moe_reference, tmp_path):
 @pytest.mark.slow
 def test_moe_differs_from_dense(dense_reference, moe_reference):
     """The MoE really replaced the MLPs (otherwise the EP tests would compare dense with dense)."""
-    assert moe_reference.losses[0] != pytest.approx(dense_reference.losses[0], rel=1e-3)
+    assert moe_reference.losses[:STEPS] != pytest.approx(dense_reference.losses[:STEPS], rel=10 * LOSS_RTOL)
     assert moe_reference.memory_per_rank[0]["params_on_gpu"] > dense_reference.memory_per_rank[0]["params_on_gpu"]
 
 
