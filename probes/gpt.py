@@ -111,7 +111,8 @@ class ContextParallel:
     def positions(self, r: int | None = None, device: torch.device | None = None) -> torch.Tensor:
         c = self.seq_len // (2 * self.size)
         a, b = self.chunks(self.rank if r is None else r)
-        return torch.cat([torch.arange(a * c, (a + 1) * c), torch.arange(b * c, (b + 1) * c)]).to(device)
+        # made where they are used: a host-to-device copy per layer would synchronise the GPU
+        return torch.cat([torch.arange(a * c, (a + 1) * c, device=device), torch.arange(b * c, (b + 1) * c, device=device)])
 
     def all_positions(self, device: torch.device | None = None) -> torch.Tensor:
         """Global positions of the K/V rows after the all-gather (rank order)."""
