@@ -263,7 +263,7 @@ class MoE(nn.Module):
         for name, mlp in self.experts.items():
             rows = (expert == int(name)).nonzero().squeeze(1)
             if rows.numel():
-                out = out.index_add(0, rows, mlp(x[rows]))
+                out = out.index_add(0, rows, mlp(x[rows]).to(out.dtype))
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -274,11 +274,11 @@ class MoE(nn.Module):
         weights = torch.softmax(top_logits, dim=-1)                       # (tokens, k)
         token = torch.arange(flat.shape[0], device=x.device).repeat_interleave(self.shape.top_k)
         expert = top_expert.reshape(-1)
-        if self.ep is None:
-            y = self._run_experts(flat[token], expert)
-        else:
-            y = self._exchange(flat[token], expert)
-        y = y * weights.reshape(-1, 1).to(y.dtype)
+        dev = x.device.type
+        # token copies travel and enter the experts in the compute dtype (bf16 under autocast), as Megatron's
+        copies = flat[token].to(torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else flat.dtype)
+        y = self._run_experts(copies, expert) if self.ep is None else self._exchange(copies, expert)
+        y = y.to(flat.dtype) * weights.reshape(-1, 1).to(flat.dtype)
         return torch.zeros_like(flat).index_add(0, token, y).reshape(b, s, h)
 
     def _exchange(self, copies: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:

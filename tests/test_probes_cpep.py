@@ -93,6 +93,19 @@ def test_expert_parallel_matches_single_process(name, moe_reference, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kw, nproc", [
+    (dict(tp=2, sp=True), 2), (dict(cp=2), 2), (dict(ep=2, dp=2, zero=0, **MOE), 2),
+], ids=["tp2-sp", "cp2", "ep2-dp2"])
+def test_bf16_layouts_train_and_report_their_recipe(kw, nproc, tmp_path):
+    """bf16 under autocast through the vocab-parallel loss, the CP gather and the EP all-to-all."""
+    spec = _spec(precision="bf16", **kw)
+    r = run_local(spec, nproc=nproc, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
+    assert r.status == "ok", r.reason
+    assert r.losses[STEPS - 1] < r.losses[0], r.losses
+    assert r.precision_recipe["bytes_per_param"] == 18 and r.precision_recipe["master_weights"] is True
+
+
+@pytest.mark.slow
 def test_moe_differs_from_dense(dense_reference, moe_reference):
     """The MoE really replaced the MLPs (otherwise the EP tests would compare dense with dense)."""
     assert moe_reference.losses[:STEPS] != pytest.approx(dense_reference.losses[:STEPS], rel=10 * LOSS_RTOL)
