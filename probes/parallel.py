@@ -210,7 +210,8 @@ def build_stages(m: ModelSpec, layout: ProbeLayout, mesh: DeviceMesh | None, pos
         base = current_bytes(device)
         reset_ok = reset_peak_memory(device)
         stage.to_empty(device=device)
-        if stage.head is not None and stage.embed is not None and m.tied_embeddings:
+        if (stage.head is not None and stage.embed is not None and m.tied_embeddings
+                and stage.head.output.weight is not stage.embed.tok.weight):   # to_empty keeps ties; in case not
             stage.head.output.weight = stage.embed.tok.weight
         init_parameters(stage, seed)
         peak = peak_bytes(device)

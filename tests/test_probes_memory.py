@@ -148,3 +148,19 @@ def test_a_tp_rank_never_holds_the_full_model_while_building(tmp_path):
         assert bound < 0.8 * full_bytes          # the check can tell a shard from the full model
         assert rec["param_bytes"] == pytest.approx(full_bytes / 2, rel=0.03)
         assert growth < bound, (growth, rec)
+
+
+@pytest.mark.slow
+def test_tied_embeddings_stay_one_table_when_sharded(tmp_path):
+    """The meta-device build keeps the tied table one parameter: ZeRO-3 over 2 gives the one-process
+    losses and holds half the planner's (tied) parameter count."""
+    from probes.launch import run_local
+
+    m = tiny_model(tied_embeddings=True)
+    one = run_local(tiny_spec(model=m, gas=4), nproc=1, workdir=tmp_path / "one", timeout_s=PROBE_TIMEOUT_S)
+    two = run_local(tiny_spec(model=m, dp=2, zero=3, gas=2), nproc=2, workdir=tmp_path / "two",
+                    timeout_s=PROBE_TIMEOUT_S)
+    assert one.status == "ok" and two.status == "ok", (one.reason, two.reason)
+    assert one.memory_per_rank[0]["params_on_gpu"] == m.params
+    assert two.memory_per_rank[0]["params_on_gpu"] == pytest.approx(m.params / 2, abs=2)
+    assert two.losses[:4] == pytest.approx(one.losses[:4], rel=1e-5)
