@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from probes.extent import probe_world
 from probes.launch import run_local
 from probes.result import ProbeResult, ProbeSpec
 
@@ -27,7 +28,7 @@ class ProbeBackend:
 
 
 class LocalBackend(ProbeBackend):
-    """torchrun with ``nproc`` processes on this machine (default: the candidate's TP*PP*DP)."""
+    """torchrun with ``nproc`` processes on this machine (default: the candidate's TP*CP*PP*DP)."""
 
     name = "local"
 
@@ -36,8 +37,7 @@ class LocalBackend(ProbeBackend):
         self.env = dict(env or {})
 
     def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
-        c = spec.candidate
-        nproc = self.nproc if self.nproc is not None else int(c["tp"]) * int(c["pp"]) * int(c["dp"])
+        nproc = self.nproc if self.nproc is not None else probe_world(spec)
         return run_local(spec, nproc=nproc, workdir=Path(workdir), timeout_s=timeout_s, env=self.env)
 
 

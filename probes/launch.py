@@ -26,7 +26,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from probes.layout import LayoutError, resolve_layout
+from probes.extent import resolve_probe
+from probes.layout import LayoutError
 from probes.outcome import classify
 from probes.result import ProbeResult, ProbeSpec
 
@@ -247,7 +248,7 @@ def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, e
     spec_path.write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True) + "\n")
     started = time.monotonic()
     try:
-        resolve_layout(spec, world=nproc, local_world=nproc)
+        resolve_probe(spec, world=nproc, local_world=nproc)
     except LayoutError as err:
         result = ProbeResult(status="invalid", reason=str(err), world_size=nproc, workdir=str(workdir), wall_s=0.0)
         result.write(workdir / "result.json")

@@ -33,6 +33,15 @@ class ProbeSpec:
     """1F1B | GPipe | Interleaved1F1B"""
     max_cv: float = 0.15
     """re-measure when the step times' coefficient of variation is above this"""
+    cp: int = 1
+    """context-parallel degree: ranks that split each sequence (world = TP*CP*PP*DP)"""
+    ep: int = 1
+    """expert-parallel degree (divides DP); needs num_experts > 0"""
+    num_experts: int = 0
+    """0: dense MLPs; > 0: every layer's MLP is a top-k mixture of this many experts of the MLP's shape"""
+    moe_top_k: int = 2
+    profile: bool = False
+    """also run one profiled step and report its compute / communication split (torch.profiler)"""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -69,6 +78,19 @@ class ProbeResult:
     world_size: int = 0
     wall_s: float | None = None
     workdir: str = ""
+    memory_per_rank: list[dict] = field(default_factory=list)
+    """per rank: stage (only | first | middle | last, as planner.memory.MemoryBreakdown.stage),
+    params_on_gpu, measured local-shard tensor bytes (param_bytes, grads_bytes, optimizer_state_bytes),
+    the same in the planner's terms (weights_bytes: None when the forward's 16-bit copy is autocast's
+    cache; grads_bytes; optimizer_bytes = fp32 master + states), peak_allocated_bytes,
+    peak_reserved_bytes, context_bytes, non_allocator_bytes (CUDA; None on CPU), rss_start/after_setup/
+    peak bytes (CPU), materialise_peak_growth_bytes (peak rise while a chunk got storage and initial
+    values: its shard plus one full parameter), peak_reset (the peak counters were reset after set-up)"""
+    precision_recipe: dict = field(default_factory=dict)
+    """param_dtype, compute_dtype, master_weights, grad_dtype, optimizer_state_dtype, bytes_per_param,
+    differs_from_planner (what differs from the planner's 18 bytes per parameter)"""
+    timing_split: dict = field(default_factory=dict)
+    """one profiled step (spec.profile): seconds of compute and of communication per parallel dimension"""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -9,14 +9,27 @@ when it fails, ``probe-dir/error-rank{r}.json`` (status oom | crash, message, ti
 launcher to pick the root cause. Processes end with ``os._exit`` right after that (see
 CPU_PROBES.md: avoids a SIGABRT in process-group teardown).
 
+Set-up: each rank builds its stages on the meta device and materialises only its shard
+(`probes.parallel.build_stages`), makes every synthetic batch it will use on the device, and
+then resets the peak-memory counters, so the reported peak is the training steps' own.
+
 Timing: ``warmup_steps`` untimed steps, then windows of ``steps`` timed steps with a device
 sync on both sides of the timer; a step's time is the slowest rank's. While the last window's
 coefficient of variation is above ``max_cv`` another window is measured, at most
-`MAX_MEASURE_ROUNDS` in all. FLOPs come from `planner.flops` for the model actually run.
+`MAX_MEASURE_ROUNDS` in all. FLOPs come from `planner.flops` for the model actually run (an
+MoE layer counts its top-k experts). With ``spec.profile`` one more step runs under
+torch.profiler and `profile_split` reports compute and communication seconds per dimension.
 
-Precision: bf16/fp16 run under ``torch.autocast`` (and FSDP2's MixedPrecisionPolicy: bf16/fp16
-parameters, fp32 gradient reduction); fp16 has no loss scaler -- the timing is faithful, the
-recipe is not. fp32 runs plain.
+Memory (`memory_record`, per rank): parameter, gradient and optimizer-state bytes of the local
+shards in the planner's terms (planner.memory.MemoryBreakdown), the peak after set-up (CUDA
+allocated and reserved, the CUDA context, memory outside the allocator; CPU resident set).
+
+Precision (`precision_recipe`): bf16/fp16 run under ``torch.autocast`` on fp32 parameters --
+the fp32 parameters are the master weights, autocast's 16-bit copies the weights the forward
+uses, fp32 gradients and Adam states: the planner's 18 bytes per parameter, with the 16-bit copy
+alive from a step's first forward to its end. FSDP2 runs its MixedPrecisionPolicy (16-bit
+unsharded parameters while computing, fp32 sharded master, fp32 gradient reduction). fp16 has no
+loss scaler -- the timing is faithful, the recipe is not. fp32 runs plain.
 
 Debug environment variables (tests): ``PLANTUNE_PROBE_FAULT`` = ``hang:R`` | ``raise:R`` |
 ``exit:R:CODE`` makes rank R misbehave after its first step; ``PLANTUNE_PROBE_RLIMIT_AS_HEADROOM_BYTES``
@@ -34,7 +47,7 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -44,9 +57,14 @@ import torch.distributed as dist
 from planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, tflops_per_gpu
 from probes.gpt import lm_loss
 from probes.launch import die_with_parent
-from probes.layout import LayoutError, ProbeLayout, model_run, model_spec, resolve_layout
+from torch.distributed.tensor.parallel import loss_parallel
+
+from probes.extent import ProbeExtent, probe_extent, resolve_probe
+from probes.layout import LayoutError, ProbeLayout, model_run, model_spec
+from probes.memstat import reset_peak_memory, vm_kib
 from probes.outcome import OOM_MARKERS
-from probes.parallel import DTYPES, build_mesh, build_schedule, build_stages, rank_position
+from probes.parallel import (DTYPES, build_mesh, build_schedule, build_stages, expert_groups, local_parameter_count,
+                             loss_fn, rank_position, reduce_expert_grads)
 from probes.result import ProbeResult, ProbeSpec
 
 RESULT_PREFIX = "PLANTUNE_RESULT "
@@ -115,29 +133,80 @@ def _cap_address_space() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
 
 
-class Trainer:
-    """One rank's model chunks, optimizer, data slice and step function."""
+def _tensor_bytes(tensors) -> int:
+    from torch.distributed.tensor import DTensor
 
-    def __init__(self, spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, device: torch.device) -> None:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if isinstance(t, DTensor) else t
+        seen[id(t)] = local.numel() * local.element_size()
+    return sum(seen.values())
+
+
+class Trainer:
+    """One rank's model chunks, optimizer, data slice and step function.
+
+    Set-up builds the stages on the meta device and materialises this rank's shard only
+    (`probes.parallel.build_stages`); `prepare_batches` makes the synthetic batches on the device
+    before anything is timed."""
+
+    def __init__(self, spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, device: torch.device,
+                 extent: ProbeExtent | None = None) -> None:
         self.spec, self.layout, self.device = spec, layout, device
+        self.extent = extent if extent is not None else probe_extent(spec)
         self.model = model_run(spec, layout)
-        self.pos = rank_position(rank, layout)
-        self.mesh = build_mesh(layout, device.type) if world > 1 else None
-        self.stages = build_stages(self.model, layout, self.mesh, self.pos, device, spec.seed)
-        params = list({id(p): p for s in self.stages for p in s.parameters()}.values())
-        self.optimizer = torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.0)
+        self.pos = rank_position(rank, layout, self.extent)
+        self.mesh = build_mesh(layout, device.type, self.extent) if world > 1 else None
+        ep_group = self.same_experts = None
+        if self.extent.ep > 1:
+            ep_group, self.same_experts = expert_groups(self.extent, layout.dp_run)
+        self.build_stats: dict = {}
+        self.stages = build_stages(self.model, layout, self.mesh, self.pos, device, spec.seed, self.extent,
+                                   ep_group=ep_group, stats=self.build_stats)
+        self.params = list({id(p): p for s in self.stages for p in s.parameters()}.values())
+        self.optimizer = torch.optim.AdamW(self.params, lr=LEARNING_RATE, weight_decay=0.0)
+        self.loss_fn = loss_fn(layout, self.mesh)
         self.schedule = build_schedule(self.stages, layout, self.mesh, self.pos, device) if layout.pp > 1 else None
         self.first = self.pos.pp == 0
         self.last = self.pos.pp == layout.pp - 1
         per_replica = layout.mbs * layout.gas
         self.rows = slice(self.pos.dp * per_replica, (self.pos.dp + 1) * per_replica)
+        self.batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's inputs and targets of step ``step`` on the device (made now if not prepared)."""
+        if step not in self.batches:
+            lay, m = self.layout, self.model
+            x, y = synthetic_batch(self.spec, m.vocab, m.seq_len, lay.global_batch_run, step, self.rows)
+            if self.extent.cp > 1:       # this rank's two load-balanced sequence chunks
+                from probes.gpt import ContextParallel
+                idx = ContextParallel(group=None, size=self.extent.cp, rank=self.pos.cp, seq_len=m.seq_len).positions()
+                x, y = x[:, idx], y[:, idx]
+            self.batches[step] = (x.to(self.device), y.to(self.device))
+        return self.batches[step]
+
+    def prepare_batches(self, steps: range) -> None:
+        for step in steps:
+            self.batch(step)
+
+    def static_bytes(self) -> dict:
+        """Bytes this rank holds in parameters, gradients and optimizer states (local shards), by kind."""
+        states = [t for st in self.optimizer.state.values() for t in st.values()
+                  if isinstance(t, torch.Tensor) and t.dim() > 0]
+        return {"params_on_gpu": local_parameter_count(self.stages),
+                "param_bytes": _tensor_bytes(self.params),
+                "grads_bytes": _tensor_bytes([p.grad for p in self.params]),
+                "optimizer_state_bytes": _tensor_bytes(states),
+                "largest_param_full_bytes": max((p.numel() * 4 for p in self.params), default=0)}
 
     def step(self, step: int) -> torch.Tensor:
         """One optimizer step; returns (mean loss over this rank's micro-batches, 1) or (0, 0) off the last stage."""
         lay = self.layout
-        x, y = synthetic_batch(self.spec, self.model.vocab, self.model.seq_len, lay.global_batch_run, step, self.rows)
-        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-        with _autocast(self.device, lay.precision):
+        x, y = self.batch(step)
+        vocab_parallel = lay.tp > 1 and self.mesh is not None
+        with _autocast(self.device, lay.precision), (loss_parallel() if vocab_parallel else contextlib.nullcontext()):
             if self.schedule is not None:
                 losses: list[torch.Tensor] = []
                 if self.first:
@@ -151,13 +220,15 @@ class Trainer:
                 model = self.stages[0]
                 total = torch.zeros((), device=self.device)
                 for i, (xm, ym) in enumerate(zip(x.chunk(lay.gas), y.chunk(lay.gas))):
-                    skip_sync = lay.dp_impl == "ddp" and i < lay.gas - 1
+                    skip_sync = self.extent.dp_impl(lay) == "ddp" and i < lay.gas - 1
                     with model.no_sync() if skip_sync else contextlib.nullcontext():
-                        loss = lm_loss(model(xm), ym)
+                        loss = self.loss_fn(model(xm), ym)
                         (loss / lay.gas).backward()
                     total += loss.detach().float()
+        if self.extent.ep > 1:
+            reduce_expert_grads(self.stages, lay.dp_run, self.same_experts, self.extent.ep)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=False)
         if total is None:
             return torch.zeros(2, device=self.device)
         return torch.stack([total / lay.gas, torch.ones((), device=self.device)])
@@ -177,37 +248,93 @@ def _slowest(times: list[float], device: torch.device, world: int) -> list[float
     return t.tolist()
 
 
-def _peak_memory(device: torch.device, world: int) -> tuple[list[float], list[float], str]:
-    """Per rank: (peak bytes, CUDA max reserved bytes or [], kind)."""
+def _stage_name(layout: ProbeLayout, pp_rank: int) -> str:
+    """The planner's names for a pipeline rank (planner.memory.MemoryBreakdown.stage)."""
+    if layout.pp == 1:
+        return "only"
+    return "first" if pp_rank == 0 else "last" if pp_rank == layout.pp - 1 else "middle"
+
+
+def memory_record(trainer: Trainer, before: dict) -> dict:
+    """This rank's memory after the measured steps, in `planner.memory.MemoryBreakdown`'s terms.
+
+    Measured: parameter, gradient and optimizer-state bytes (the local shards' tensors), and the
+    peak since `reset_peak_memory` (after set-up). CUDA: peak allocated and reserved from the
+    caching allocator, ``context_bytes`` = device memory in use right after CUDA initialisation
+    (before any tensor), ``non_allocator_bytes`` = in use now minus reserved (context, NCCL and
+    cuBLAS workspaces: the planner's context + NCCL buffers). CPU: resident set sizes; allocated,
+    reserved and context are None (not measurable)."""
+    device = trainer.device
+    static = trainer.static_bytes()
+    master = precision_recipe(trainer.layout, trainer.extent)["master_weights"]
+    rec = {"rank": dist.get_rank() if dist.is_initialized() else 0, "stage": _stage_name(trainer.layout, trainer.pos.pp),
+           **static, **trainer.build_stats, "peak_reset": before["peak_reset"],
+           # the planner's terms: weights = the copy the forward uses, optimizer = fp32 master + states
+           "weights_bytes": None if master else static["param_bytes"],
+           "optimizer_bytes": static["optimizer_state_bytes"] + (static["param_bytes"] if master else 0)}
     if device.type == "cuda":
-        mine = [float(torch.cuda.max_memory_allocated(device)), float(torch.cuda.max_memory_reserved(device))]
-        kind = "cuda_max_allocated"
+        free, total = torch.cuda.mem_get_info(device)
+        rec.update(peak_allocated_bytes=float(torch.cuda.max_memory_allocated(device)),
+                   peak_reserved_bytes=float(torch.cuda.max_memory_reserved(device)),
+                   context_bytes=before.get("context_bytes"),
+                   non_allocator_bytes=float(total - free - torch.cuda.memory_reserved(device)),
+                   setup_allocated_bytes=before.get("setup_allocated_bytes"),
+                   rss_peak_bytes=None, rss_start_bytes=None)
     else:
-        mine = [float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, 0.0]  # Linux: KiB
-        kind = "rss"
-    t = torch.tensor(mine, dtype=torch.float64, device=device)
-    if world > 1:
-        gathered = [torch.zeros_like(t) for _ in range(world)]
-        dist.all_gather(gathered, t)
-    else:
-        gathered = [t]
-    peaks = [g[0].item() for g in gathered]
-    reserved = [g[1].item() for g in gathered] if device.type == "cuda" else []
-    return peaks, reserved, kind
+        hwm = vm_kib("VmHWM")
+        rec.update(peak_allocated_bytes=None, peak_reserved_bytes=None, context_bytes=None, non_allocator_bytes=None,
+                   setup_allocated_bytes=None,
+                   rss_peak_bytes=None if hwm is None else hwm * 1024.0,
+                   rss_start_bytes=before.get("rss_start_bytes"),
+                   rss_after_setup_bytes=before.get("rss_after_setup_bytes"))
+    return rec
+
+
+def _gather_records(rec: dict, world: int) -> list[dict]:
+    if world == 1:
+        return [rec]
+    out: list = [None] * world
+    dist.all_gather_object(out, rec)
+    return out
+
+
+def precision_recipe(layout: ProbeLayout, extent: ProbeExtent) -> dict:
+    """How the probe keeps parameters, and where that differs from the planner's 18 bytes per parameter
+    (planner.memory.param_bytes: 2 bf16 weights + 4 fp32 master + 4 fp32 grads + 8 Adam states)."""
+    if layout.precision == "fp32":
+        return {"param_dtype": "float32", "compute_dtype": "float32", "master_weights": False,
+                "grad_dtype": "float32", "optimizer_state_dtype": "float32", "bytes_per_param": 16,
+                "differs_from_planner": ""}
+    half = "bfloat16" if layout.precision == "bf16" else "float16"
+    if extent.dp_impl(layout) == "fsdp":
+        return {"param_dtype": "float32 (sharded)", "compute_dtype": f"{half} (FSDP2 MixedPrecisionPolicy)",
+                "master_weights": True, "grad_dtype": "float32 (reduce_dtype, sharded)",
+                "optimizer_state_dtype": "float32", "bytes_per_param": 16,
+                "differs_from_planner": (f"the fp32 sharded parameters are the master weights; the {half} weights "
+                                         "exist only unsharded, per FSDP unit, while it computes (not 2 bytes "
+                                         "per parameter held for the whole step)")}
+    return {"param_dtype": "float32", "compute_dtype": f"{half} (torch.autocast)", "master_weights": True,
+            "grad_dtype": "float32", "optimizer_state_dtype": "float32", "bytes_per_param": 18,
+            "differs_from_planner": (f"the fp32 parameters are the master weights; the {half} weights are "
+                                     "autocast's cached copies, made in the first forward of a step and freed "
+                                     "at its end (the planner's 2 bytes, present from forward to backward); "
+                                     "gradients are fp32 as Megatron's main_grad")}
 
 
 def _cv(times: list[float]) -> float:
     return statistics.pstdev(times) / statistics.mean(times) if len(times) > 1 else 0.0
 
 
-def _projection(spec: ProbeSpec, layout: ProbeLayout, median_s: float) -> dict:
+def _projection(spec: ProbeSpec, layout: ProbeLayout, median_s: float,
+                extent: ProbeExtent | None = None) -> dict:
     """The full configuration from a reduced run: step time x (layers / layers_run), DP scaled ideally."""
     if not layout.reduced:
         return {}
-    full = model_spec(spec)
+    extent = extent if extent is not None else probe_extent(spec)
+    full = flops_model(model_spec(spec), extent)
     step_s = median_s * layout.layers_full / layout.layers_run
     gbs = layout.mbs * layout.dp_full * layout.gas
-    world = layout.tp * layout.pp * layout.dp_full
+    world = layout.tp * extent.cp * layout.pp * layout.dp_full
     return {
         "step_time_s": step_s,
         "samples_per_s": gbs / step_s,
@@ -223,9 +350,104 @@ def _projection(spec: ProbeSpec, layout: ProbeLayout, median_s: float) -> dict:
     }
 
 
+COMM_KINDS = (("all_to_all", "alltoall"), ("send", "recv", "sendrecv"), ("all_gather", "allgather"),
+              ("reduce_scatter", "reducescatter"), ("all_reduce", "allreduce"), ("broadcast",))
+"""how communication events are named: gloo:<op> on gloo's threads (CPU), nccl...Kernel_<Op> (CUDA)"""
+
+
+def _comm_kind(name: str) -> str | None:
+    """The collective of a profiler event, or None for computation."""
+    low = name.lower()
+    if not (low.startswith("gloo:") or "nccl" in low):
+        return None
+    flat = low.replace("_", "")
+    for names in COMM_KINDS:
+        if any(n.replace("_", "") in flat for n in names):
+            return names[0] if names[0] != "send" else "send_recv"
+    return "other"
+
+
+def attribute_comm(by_kind: dict[str, float], layout: ProbeLayout, extent: ProbeExtent) -> dict[str, float]:
+    """Seconds per parallel dimension from seconds per collective: send/recv is PP's, all-to-all EP's;
+    all-reduce, all-gather and reduce-scatter belong to whichever of TP, DP, CP is > 1 -- when more
+    than one is, they stay together under ``tp_dp_cp`` (the profiler does not say which group ran them)."""
+    out: dict[str, float] = {}
+    if by_kind.get("send_recv"):
+        out["pp"] = by_kind["send_recv"]
+    if by_kind.get("all_to_all"):
+        out["ep"] = by_kind["all_to_all"]
+    collective = sum(v for k, v in by_kind.items() if k not in ("send_recv", "all_to_all"))
+    if collective:
+        dims = [d for d, n in (("tp", layout.tp), ("dp", layout.dp_run), ("cp", extent.cp)) if n > 1]
+        out[dims[0] if len(dims) == 1 else "tp_dp_cp"] = collective
+    return out
+
+
+def profile_split(trainer: Trainer, step: int, world: int) -> dict:
+    """One more step under torch.profiler: compute and communication seconds, by collective and by dimension.
+
+    CUDA: kernel time on the device, NCCL kernels as communication, the rest compute (sums of kernel
+    durations, overlap not removed). CPU (gloo): gloo's worker-thread spans (``gloo:<op>``, from the
+    collective's start to its completion, waiting for peers included) as communication, the self time
+    of the other operators on the training thread as compute. Rank 0's view; the step's wall time too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = trainer.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if world > 1:
+        dist.barrier()
+    _sync(trainer.device)
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        trainer.step(step)
+        _sync(trainer.device)
+        wall = time.perf_counter() - t0
+    by_kind: dict[str, float] = {}
+    compute = 0.0
+    for e in prof.events():
+        on_device = e.device_type != torch.autograd.DeviceType.CPU
+        if cuda and not on_device:
+            continue
+        kind = _comm_kind(e.name)
+        if kind is not None:
+            by_kind[kind] = by_kind.get(kind, 0.0) + e.time_range.elapsed_us() / 1e6
+        elif cuda or (e.name.startswith("aten::") and not e.name.startswith("aten::_")):
+            compute += (e.time_range.elapsed_us() if cuda else e.self_cpu_time_total) / 1e6
+    layout, extent = trainer.layout, trainer.extent
+    return {"step_s": wall, "compute_s": compute, "comm_s_by_collective": by_kind,
+            "comm_s_by_dim": attribute_comm(by_kind, layout, extent), "source": "cuda kernels" if cuda else "cpu",
+            "note": "one profiled step after timing (rank 0); sums of event durations, overlap not removed"}
+
+
+def flops_model(m, extent: ProbeExtent):
+    """The dense model whose planner.flops equal the probe's: an MoE layer runs top_k experts per token
+    (the router's 2·h·E FLOPs per token are not counted)."""
+    if extent.num_experts:
+        return replace(m, ffn_hidden=m.ffn_hidden * extent.moe_top_k)
+    return m
+
+
 def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, device: torch.device,
-              started: float) -> ProbeResult:
-    trainer = Trainer(spec, layout, rank, world, device)
+              started: float, extent: ProbeExtent | None = None) -> ProbeResult:
+    extent = extent if extent is not None else probe_extent(spec)
+    before: dict = {}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        free, total = torch.cuda.mem_get_info(device)
+        before["context_bytes"] = float(total - free - torch.cuda.memory_reserved(device))
+    else:
+        kib = vm_kib("VmRSS")
+        before["rss_start_bytes"] = None if kib is None else kib * 1024.0
+    trainer = Trainer(spec, layout, rank, world, device, extent)
+    planned_steps = spec.warmup_steps + spec.steps * MAX_MEASURE_ROUNDS
+    trainer.prepare_batches(range(planned_steps))       # synthetic data on the device before any timing
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before["setup_allocated_bytes"] = float(torch.cuda.memory_allocated(device))
+    else:
+        kib = vm_kib("VmRSS")
+        before["rss_after_setup_bytes"] = None if kib is None else kib * 1024.0
+    before["peak_reset"] = reset_peak_memory(device)
     _cap_address_space()
     losses: list[float] = []
     step = 0
@@ -260,11 +482,16 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
             break
     median = statistics.median(window)
     cv = _cv(window)
-    m = trainer.model
+    records = _gather_records(memory_record(trainer, before), world)
+    split = profile_split(trainer, step, world) if spec.profile else {}
+    m = flops_model(trainer.model, extent)
     gbs = layout.global_batch_run
     model_flops = model_flops_per_iteration(m, gbs)
     hw_flops = hardware_flops_per_iteration(m, gbs, layout.recompute)
-    peaks, reserved, kind = _peak_memory(device, world)
+    if device.type == "cuda":
+        peaks, kind = [r["peak_allocated_bytes"] for r in records], "cuda_max_allocated"
+    else:
+        peaks, kind = [r["rss_peak_bytes"] or 0.0 for r in records], "rss"
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return ProbeResult(
         status="ok", step_times_s=all_times, step_time_median_s=median, step_time_cv=cv, stable=cv <= spec.max_cv,
@@ -272,12 +499,16 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
         model_tflops_per_device=tflops_per_gpu(model_flops, median, world),
         hardware_tflops_per_device=tflops_per_gpu(hw_flops, median, world),
         peak_memory_bytes_per_rank=peaks, memory_kind=kind, reduced=layout.reduced,
-        projected=_projection(spec, layout, median), losses=losses,
+        projected=_projection(spec, layout, median, extent), losses=losses,
         device=f"{dev_name} ({'nccl' if device.type == 'cuda' else 'gloo'})", world_size=world,
-        wall_s=time.time() - started,
-        extra={"layout": asdict(layout), "model_flops_per_step": model_flops, "hardware_flops_per_step": hw_flops,
+        wall_s=time.time() - started, memory_per_rank=records, precision_recipe=precision_recipe(layout, extent),
+        timing_split=split,
+        extra={"layout": asdict(layout), "extent": asdict(extent), "dp_impl": extent.dp_impl(layout),
+               "model_flops_per_step": model_flops, "hardware_flops_per_step": hw_flops,
                "global_batch_run": gbs, "measure_rounds": rounds, "timed_steps_last_window": len(window),
-               "cuda_max_reserved_bytes_per_rank": reserved, "torch": torch.__version__,
+               "cuda_max_reserved_bytes_per_rank": [r["peak_reserved_bytes"] for r in records
+                                                    if r["peak_reserved_bytes"] is not None],
+               "torch": torch.__version__,
                "note": "median and cv over the last window of timed steps; a step's time is the slowest rank's"})
 
 
@@ -291,7 +522,7 @@ def count_step_flops(spec: ProbeSpec) -> float:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
-    layout = resolve_layout(spec, world=1)
+    layout, _ = resolve_probe(spec, world=1)
     if layout.world_run != 1:
         raise LayoutError("count_step_flops runs one process: use tp = pp = 1 and one DP replica")
     trainer = Trainer(spec, layout, 0, 1, torch.device("cpu"))
@@ -325,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     (out / f"pid-rank{rank}").write_text(f"{os.getpid()}\n")
     try:
-        layout = resolve_layout(spec, world=world, local_world=local_world)
+        layout, extent = resolve_probe(spec, world=world, local_world=local_world)
     except LayoutError as err:
         if rank == 0:
             _emit(ProbeResult(status="invalid", reason=str(err), world_size=world, workdir=str(out)), out)
@@ -342,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.set_num_threads(1)
         if world > 1:
             dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
-        result = run_probe(spec, layout, rank, world, device, started)
+        result = run_probe(spec, layout, rank, world, device, started, extent)
     except Exception as err:  # noqa: BLE001 -- recorded for the launcher, then the process ends
         status = "oom" if _is_oom(err) else "crash"
         message = f"{type(err).__name__}: {err}".splitlines()[0][:500]
