@@ -346,6 +346,37 @@ def probe_layout_violations(model: ModelSpec, c: Candidate, *, layers_run: int |
                                           "splits layers into equal stages)")
 
 
+def probe_extent_violations(model: ModelSpec, c: Candidate, *, cp: int, ep: int, num_experts: int, moe_top_k: int,
+                            dp_run: int, dp_impl: str) -> Iterator[Violation]:
+    """The torch-native probe's context-parallel and expert-parallel rules (probes/gpt.py, probes/parallel.py):
+    what its all-gather CP and its dropless top-k MoE with EP inside DP can build. `probes.extent` asks these."""
+    if cp > 1:
+        if c.tp > 1 or c.pp > 1:
+            yield Violation(Reason.FRAMEWORK_LIMIT, f"cp {cp} is probed with tp = pp = 1 only (got tp {c.tp}, pp {c.pp})")
+        if model.seq_len % (2 * cp):
+            yield Violation(Reason.SEQ_LEN, f"seq_len {model.seq_len} is not divisible by 2 * cp = {2 * cp} "
+                                            "(load-balanced causal chunks)")
+        if c.hybrid:
+            yield Violation(Reason.FRAMEWORK_LIMIT, "cp with hybrid sharding is not probed: use hybrid = false")
+        if ep > 1:
+            yield Violation(Reason.FRAMEWORK_LIMIT, "cp and ep together are not probed: use one of them")
+    if num_experts:
+        if not 1 <= moe_top_k <= num_experts:
+            yield Violation(Reason.INVALID, f"moe_top_k {moe_top_k} must be in 1..num_experts {num_experts}")
+        if c.tp > 1:
+            yield Violation(Reason.FRAMEWORK_LIMIT, "mixture of experts is probed with tp = 1 (no expert tensor "
+                                                    "parallelism)")
+        if num_experts % ep:
+            yield Violation(Reason.INVALID, f"num_experts {num_experts} is not divisible by ep {ep}")
+    if ep > 1:
+        if not num_experts:
+            yield Violation(Reason.INVALID, f"ep {ep} needs num_experts > 0")
+        if dp_run % ep:
+            yield Violation(Reason.INVALID, f"ep {ep} must divide the data-parallel ranks run ({dp_run})")
+        if c.pp > 1 or dp_impl != "ddp":
+            yield Violation(Reason.FRAMEWORK_LIMIT, f"ep {ep} is probed with pp = 1 and zero = 0 (DDP) only")
+
+
 def _probe(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
     yield from (v for v in probe_layout_violations(model, c) if v.reason not in _TP_REASONS)  # _common said those
 

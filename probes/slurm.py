@@ -43,7 +43,8 @@ from typing import Mapping, Sequence
 
 from probes.backend import ProbeBackend
 from probes.launch import KILL_GRACE_S, REPO_ROOT, probe_env
-from probes.layout import LayoutError, resolve_layout
+from probes.extent import resolve_probe
+from probes.layout import LayoutError
 from probes.outcome import classify
 from probes.result import ProbeResult, ProbeSpec
 
@@ -554,7 +555,8 @@ class SlurmBackend(ProbeBackend):
         return procs
 
     def procs_for(self, spec: ProbeSpec) -> int:
-        return self.procs_for_candidate(spec.candidate)
+        """`procs_for_candidate` times the spec's context-parallel ranks (TP·CP·PP·DP)."""
+        return self.procs_for_candidate(spec.candidate) * (1 if self.nproc is not None else spec.cp)
 
     def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
         """Run the torch probe (``probes.train``) for ``spec`` on a free slice; always a ProbeResult."""
@@ -574,7 +576,7 @@ class SlurmBackend(ProbeBackend):
 
         try:
             nnodes, per_node = slice_shape(procs, self.gpus_per_node)
-            resolve_layout(spec, world=procs, local_world=per_node)
+            resolve_probe(spec, world=procs, local_world=per_node)
         except (LayoutError, ValueError) as err:
             return invalid(str(err))
         s = self.pool.acquire(procs)
