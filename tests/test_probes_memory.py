@@ -69,7 +69,10 @@ def _predicted(spec, nproc, precision="fp32"):
     m = model_run(spec, layout)
     cand = Candidate(**spec.candidate)
     cluster = make_cluster(gpu="A100-80GB", gpus_per_node=8, nodes=1)
-    training = TrainingSpec(global_batch=cand.global_batch, seq_len=m.seq_len, precision=precision, framework="fsdp")
+    # the probe's DDP/autocast recipe keeps fp32 master weights and fp32 gradients: Megatron-LM's accounting
+    framework = "fsdp" if cand.zero == 3 else "megatron-lm"
+    training = TrainingSpec(global_batch=cand.global_batch, seq_len=m.seq_len, precision=precision,
+                            framework=framework)
     return {b.stage: b for b in stage_memory(m, cand, cluster, training)}
 
 
