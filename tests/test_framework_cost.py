@@ -23,7 +23,7 @@ def _cases(prefix: str) -> list:
 
 
 def _step(c) -> float:
-    return estimate(c.model, c.cluster, c.training, c.cand).step_time_s
+    return estimate(c.model, c.cluster, c.training, c.time_candidate()).step_time_s
 
 
 def _measured_step(c) -> float:

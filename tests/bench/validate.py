@@ -153,9 +153,10 @@ def evaluate(cases: list[DevCase] | None = None) -> Summary:
     rows: list[Row] = []
     for c in cases:
         topo = topologies.setdefault(c.cluster, Topology(c.cluster))
-        est = estimate(c.model, c.cluster, c.training, c.cand, topology=topo)
+        est = estimate(c.model, c.cluster, c.training, c.time_candidate(), topology=topo)
         tps = c.training.global_batch * c.model.seq_len / est.step_time_s / c.cand.world if est.time else 0.0
-        stages = stage_memory(c.model.with_overrides(seq_len=c.training.seq_len), c.cand, c.cluster, c.training)
+        stages = stage_memory(c.model.with_overrides(seq_len=c.training.seq_len), c.cand, c.cluster, c.training,
+                              fused_norm=c.fused_norm)
         first = stages[0] if c.memory_stage == "first" else max(stages, key=lambda m: m.total_bytes)
         busiest = max(m.total_bytes for m in stages)
         rows.append(Row(case=c, est=est, pred_tps=tps, pred_mem_gib=first.total_bytes / 2**30,
