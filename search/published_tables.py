@@ -86,8 +86,9 @@ def _tr11_tables(path: str, rows: list[dict]) -> list[PublishedTable]:
             continue
         m = run.model
         section = re.sub(r"\s*\(PP=\d+/DP=\d+\)", "", runs.tr11_section(str(r.get("notes", ""))))
+        gbs = run.training.global_batch    # a replay table holds one global batch: the sweep's odd ones apart
         name = (f"tr11-{runs.slug(section)}-h{m.hidden}-l{m.layers}-a{m.heads}"
-                f"-n{run.cluster.world_size // run.cluster.gpus_per_node}")
+                f"-n{run.cluster.world_size // run.cluster.gpus_per_node}" + (f"-gbs{gbs}" if gbs != 2048 else ""))
         groups.setdefault(name, []).append(run)
     out = []
     for name, group in groups.items():
