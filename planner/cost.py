@@ -108,6 +108,8 @@ class TimeBreakdown:
     """the framework's fixed per-micro-batch cost inside pp_p2p_s (neither compute nor comm: CostParams leave it)"""
     bubble_overhead_s: float = 0.0
     """the same cost inside pp_bubble_s (its share of the bubble's slots)"""
+    tied_embedding_s: float = 0.0
+    """inside dp_comm_s: the tied word embedding's gradient all-reduce between the first and last stages"""
 
 
 def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
@@ -275,6 +277,16 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             if training.framework == "fsdp":
                 dp_s = max(dp_s * (1 - SHARDED_OVERLAP), dp_s - compute_s)
 
+    # tied input/output embeddings under PP: the first and last stages all-reduce the word embedding's gradient
+    # every step, after the backward, not overlapped (Megatron-LM _allreduce_embedding_grads; DeepSpeed
+    # PipelineModule.allreduce_tied_weight_gradients); the two stages are (PP-1)·TP·DP ranks apart
+    tied_s = 0.0
+    if model.tied_embeddings and cand.pp > 1:
+        emb_bytes = padded_vocab(model.vocab, cand.tp, fw) // cand.tp * model.hidden * half
+        tied_link = topology.strided_link((cand.pp - 1) * cand.tp * cand.dp, 2)
+        tied_s = collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2) * params.comm_scale
+        dp_s += tied_s
+
     pb = param_bytes(training.precision, training.optimizer)
     shard_opt = shard if cand.zero >= 1 else 1
     opt_bytes = params_gpu / shard_opt * (2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
@@ -286,7 +298,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                          dp_comm_s=dp_s, optimizer_s=optimizer_s, step_time_s=step,
                          model_flops=flops.model_flops_per_iteration(model, gbs),
                          hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute),
-                         pp_overhead_s=cand.gas * overhead, bubble_overhead_s=bubble_slots * overhead)
+                         pp_overhead_s=cand.gas * overhead, bubble_overhead_s=bubble_slots * overhead,
+                         tied_embedding_s=tied_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
