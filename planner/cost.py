@@ -104,6 +104,12 @@ class TimeBreakdown:
     step_time_s: float
     model_flops: float
     hardware_flops: float
+    pp_overhead_s: float = 0.0
+    """the framework's fixed per-micro-batch cost inside pp_p2p_s (neither compute nor comm: CostParams leave it)"""
+    bubble_overhead_s: float = 0.0
+    """the same cost inside pp_bubble_s (its share of the bubble's slots)"""
+    tied_embedding_s: float = 0.0
+    """inside dp_comm_s: the tied word embedding's gradient all-reduce between the first and last stages"""
 
 
 def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
@@ -219,7 +225,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
 
     # p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t,
     # DeepSpeed's pipeline engine the activation as 1/t and the gradient whole (planner.framework)
-    p2p = 0.0
+    p2p = overhead = 0.0
     if cand.pp > 1:
         pp_link = topology.pp_link(cand.tp, cand.dp, cand.pp)
         act = tokens * model.hidden * half
@@ -227,7 +233,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         p2p = cand.vpp * collective_time_s(pp_link, kind="send", message_bytes=sends, group=2) * params.comm_scale
         # the framework's cost per micro-batch and stage (DeepSpeed's partitioned-activation pipeline, TP > 1)
         if cand.tp > 1:
-            p2p += fw.microbatch_overhead_s
+            overhead = fw.microbatch_overhead_s
+            p2p += overhead
 
     slot = stage_compute + stage_tp + p2p
     bubble_slots = (cand.pp - 1) / cand.vpp
@@ -272,6 +279,16 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             if training.framework == "fsdp":
                 dp_s = max(dp_s * (1 - SHARDED_OVERLAP), dp_s - compute_s)
 
+    # tied input/output embeddings under PP: the first and last stages all-reduce the word embedding's gradient
+    # every step, after the backward, not overlapped (Megatron-LM _allreduce_embedding_grads; DeepSpeed
+    # PipelineModule.allreduce_tied_weight_gradients); the two stages are (PP-1)·TP·DP ranks apart
+    tied_s = 0.0
+    if model.tied_embeddings and cand.pp > 1:
+        emb_bytes = padded_vocab(model.vocab, cand.tp, fw) // cand.tp * model.hidden * half
+        tied_link = topology.strided_link((cand.pp - 1) * cand.tp * cand.dp, 2)
+        tied_s = collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2) * params.comm_scale
+        dp_s += tied_s
+
     pb = param_bytes(training.precision, training.optimizer)
     shard_opt = shard if cand.zero >= 1 else 1
     opt_bytes = params_gpu / shard_opt * (2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
@@ -282,7 +299,9 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     return TimeBreakdown(compute_s=compute_s, tp_comm_s=tp_s, pp_bubble_s=bubble_s, pp_p2p_s=pp_p2p_s,
                          dp_comm_s=dp_s, optimizer_s=optimizer_s, step_time_s=step,
                          model_flops=flops.model_flops_per_iteration(model, gbs),
-                         hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute))
+                         hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute),
+                         pp_overhead_s=cand.gas * overhead, bubble_overhead_s=bubble_slots * overhead,
+                         tied_embedding_s=tied_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

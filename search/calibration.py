@@ -74,8 +74,11 @@ class Terms:
 
     @classmethod
     def of(cls, time: TimeBreakdown) -> "Terms":
-        compute, tp, p2p = time.compute_s, time.tp_comm_s, time.pp_p2p_s
-        bubble, dp = time.pp_bubble_s, time.dp_comm_s
+        # the framework's fixed per-micro-batch cost (in p2p and in the bubble's slots) is neither compute nor
+        # comm: the planner leaves it unscaled by CostParams, so it goes to `rest` here too
+        compute, tp = time.compute_s, time.tp_comm_s
+        p2p, bubble = time.pp_p2p_s - time.pp_overhead_s, time.pp_bubble_s - time.bubble_overhead_s
+        dp = time.dp_comm_s
         rest = max(time.step_time_s - (compute + tp + p2p + bubble + dp), 0.0)
         slot = compute + tp + p2p
         return cls(compute=compute, tp=tp, p2p=p2p, bubble=bubble, dp=dp, rest=rest,

@@ -10,16 +10,14 @@ Two sources (README_published.md in that folder describes the fields):
 - ``published_dev.yaml``, group ``bloom176b_tr11_prequel_topology_search`` (BigScience tr11 prequel,
   48x8 A100-80GB, Megatron-DeepSpeed, fp16, full recompute). One table per section of the chronicle
   and model shape (hidden, layers, heads) and node count: the rows a person compared on one machine.
-  Rows whose model shape is not given (NLAYERS "tweaked to fit PP") and rows the source flags
+  Rows whose model shape is not given get the layers/heads `published_runs` infers; rows the source flags
   (internally inconsistent, or "ran on different branches") are skipped, each with its reason. The
   other groups of that file are single runs of other frameworks, not tables.
 - ``hagemann_13b_dev.yaml`` (Hagemann et al. 2023, Llama 13B on A100-80GB): one table per sheet and
   attention kernel; OOM rows are OOM outcomes.
 
-Assumptions (the sources do not say; each also in `PublishedTable.assumptions`): Hagemann's global batch
-2048 sequences at seq 2048 and 512 at 8192 (MFU x step time implies them, file header), bf16,
-Megatron-LM-like (SP, distributed optimizer = ZeRO-1), FlashAttention for every kernel but ``torch``
-and ``fused``; tr11: inter-node 4x100 Gb/s Omni-Path per node (``hardware.interconnect``), FFN 4h.
+Each row becomes planner inputs in `search.published_runs` (the one home of that conversion and of every
+assumption it makes; each table's `PublishedTable.assumptions` names them).
 """
 
 from __future__ import annotations
@@ -28,28 +26,19 @@ import argparse
 import csv
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
-from planner import ClusterSpec, ModelSpec, TrainingSpec, get_preset, make_cluster
+from planner import ClusterSpec, ModelSpec, TrainingSpec
 from planner.model import model_to_yaml_dict
 
+from search import published_runs as runs
 from search._base import TuneError
 from search.replay import ReplayRow, ReplayTable
 
-TR11_GROUP = "bloom176b_tr11_prequel_topology_search"
-TR11_INTER_NODE_GBPS = 400.0
-"""Jean Zay gpu_p5: 4x Omni-Path 100 Gb/s per node (published_dev.yaml hardware.interconnect)"""
-TR11_SKIP = (("different branches", "the source warns these rows ran on different code branches"),
-             ("INCONSISTEN", "the source row is internally inconsistent (see its notes)"))
-HAGEMANN_GBS = {2048: 2048, 8192: 512}
-"""seq_len -> global batch (sequences): not in the sheets; MFU x step time implies them (file header)"""
-HAGEMANN_NO_FLASH = ("torch", "fused")
-HAGEMANN_RECOMPUTE = {"disabled": "none", "every_layer": "full"}
-
-
+# the row -> planner inputs conversion and every assumption it makes: search.published_runs (one home)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PublishedTable:
     name: str
@@ -72,11 +61,9 @@ class PublishedTable:
                  "--precision", t.precision, "--recompute", ",".join(t.recompute_options),
                  "--zero", ",".join(map(str, t.zero_options)), "--no-rampup",
                  "--flash-attention" if t.flash_attention else "--no-flash-attention"]
+        if t.framework == "megatron-deepspeed":
+            flags += ["--emit-flavor", t.flavor]    # the fork planned (Hagemann's: microsoft, with FlashAttention)
         return flags
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 def _zero(text: object) -> int:
@@ -86,93 +73,72 @@ def _zero(text: object) -> int:
     return int(m.group(1))
 
 
-def _tr11_tables(path: str, runs: list[dict]) -> list[PublishedTable]:
-    groups: dict[str, list[dict]] = {}
+def _tr11_tables(path: str, rows: list[dict]) -> list[PublishedTable]:
+    """One table per section of the chronicle (its PP=/DP= split merged), model shape and node count; runs the
+    source warns about (different branches, inconsistent row) are skipped, each with its reason."""
+    groups: dict[str, list[runs.PublishedRun]] = {}
     skipped: list[tuple[str, str]] = []
-    for run in runs:
-        if run.get("group") != TR11_GROUP:
+    for i, r in enumerate(rows, 1):
+        if r.get("group") != runs.TR11_GROUP:
             continue
-        notes, verification = str(run.get("notes", "")), str(run.get("verification", ""))
-        flag = next((why for text, why in TR11_SKIP if text in notes or text in verification), None)
-        m = run["model"]
-        if flag is None and (m.get("layers") is None or m.get("heads") is None):
-            flag = "the model's layers/heads are not given (NLAYERS tweaked to fit PP)"
-        if flag is not None:
-            skipped.append((run["id"], flag))
+        _zero(r["parallel"]["zero_stage"])
+        run = runs.tr11_run(r, i)
+        if run.caveat is not None:
+            skipped.append((run.id, run.caveat))
             continue
-        section = notes.split("|")[0].replace("section:", "").strip()
-        section = re.sub(r"\s*\(PP=\d+/DP=\d+\)", "", section)     # one contest, split by PP in the chronicle
-        name = f"tr11-{_slug(section)}-h{m['hidden']}-l{m['layers']}-a{m['heads']}-n{run['hardware']['nodes']}"
+        m = run.model
+        section = re.sub(r"\s*\(PP=\d+/DP=\d+\)", "", runs.tr11_section(str(r.get("notes", ""))))
+        gbs = run.training.global_batch    # a replay table holds one global batch: the sweep's odd ones apart
+        name = (f"tr11-{runs.slug(section)}-h{m.hidden}-l{m.layers}-a{m.heads}"
+                f"-n{run.cluster.world_size // run.cluster.gpus_per_node}" + (f"-gbs{gbs}" if gbs != 2048 else ""))
         groups.setdefault(name, []).append(run)
     out = []
-    base = get_preset("bloom-176b")
-    for name, rows in groups.items():
-        first = rows[0]
-        m, h, p = first["model"], first["hardware"], first["parallel"]
-        model = base.with_overrides(name=name, layers=m["layers"], hidden=m["hidden"], heads=m["heads"],
-                                    kv_heads=m["heads"], ffn_hidden=4 * m["hidden"], vocab=m["vocab"],
-                                    seq_len=m["seq_len"], rampup=None)
-        cluster = make_cluster(gpu="A100-80GB", nodes=h["nodes"], gpus_per_node=h["gpus_per_node"],
-                               inter_node_gbps=TR11_INTER_NODE_GBPS)
-        zeros = tuple(sorted({_zero(r["parallel"]["zero_stage"]) for r in rows}))
-        training = TrainingSpec(global_batch=p["global_batch"], seq_len=m["seq_len"], precision="fp16",
-                                framework="megatron-deepspeed", flash_attention=False,
-                                recompute_options=("full",), zero_options=zeros)
-        replay_rows = []
-        for i, r in enumerate(rows):
-            q, me = r["parallel"], r["measured"]
-            replay_rows.append(ReplayRow(
-                tp=q["tp"], pp=q["pp"], dp=q["dp"], mbs=q["micro_batch"], recompute="full",
-                zero=_zero(q["zero_stage"]) if q["dp"] > 1 else 0, status="ok",
-                step_time_s=float(me["seconds_per_iteration"]), memory_gb=me.get("memory_gb_per_gpu"),
-                global_batch=q["global_batch"], seq_len=r["model"]["seq_len"],
-                world=r["hardware"]["nodes"] * r["hardware"]["gpus_per_node"], line=i + 1))
+    for name, group in groups.items():
+        first = group[0]
+        zeros = tuple(sorted({g.cand.zero for g in group if g.cand.dp > 1} or {0}))
+        training = replace(first.training, recompute_options=("full",), zero_options=zeros)
+        replay_rows = tuple(ReplayRow(
+            tp=g.cand.tp, pp=g.cand.pp, dp=g.cand.dp, mbs=g.cand.mbs, recompute="full", zero=g.cand.zero,
+            status="ok", step_time_s=g.step_time_s, memory_gb=g.memory_gib,
+            global_batch=g.training.global_batch, seq_len=g.training.seq_len, world=g.cluster.world_size,
+            line=k + 1) for k, g in enumerate(group))
         out.append(PublishedTable(
-            name=name, source=f"{path} group {TR11_GROUP}: {', '.join(r['id'] for r in rows)}", model=model,
-            cluster=cluster, training=training, table=ReplayTable(path=path, table=name, rows=tuple(replay_rows)),
-            assumptions="recompute full (assumed by the source file), fp16, FFN 4h, inter-node 400 Gb/s",
+            name=name, source=f"{path} group {runs.TR11_GROUP}: {', '.join(g.id for g in group)}",
+            model=replace(first.model, name=name), cluster=first.cluster, training=training,
+            table=ReplayTable(path=path, table=name, rows=replay_rows),
+            assumptions="search.published_runs.tr11_run: full recompute, fp16, FFN 4h, ALiBi, inter-node "
+                        f"{runs.JZ_A100_GBPS:g} Gb/s; layers/heads inferred where the table omits them",
             skipped=tuple(skipped)))
     return out
 
 
 def _hagemann_tables(path: str, rows: list[dict]) -> list[PublishedTable]:
-    groups: dict[str, list[dict]] = {}
-    for r in rows:
+    """One table per sheet and attention kernel; OOM rows are OOM outcomes."""
+    groups: dict[str, list[runs.PublishedRun]] = {}
+    try:
+        hag = runs.hagemann_runs(rows)
+    except ValueError as err:
+        raise TuneError(f"{path}: {err}") from None
+    for r, run in zip(rows, hag):
         sheet = Path(str(r["file"])).stem.replace("llama_13B_", "").replace("_all_runs", "")
-        groups.setdefault(f"hagemann-{_slug(sheet)}-{_slug(str(r['kernel']))}", []).append(r)
+        groups.setdefault(f"hagemann-{runs.slug(sheet)}-{runs.slug(str(r['kernel']))}", []).append(run)
     out = []
-    base = get_preset("llama2-13b")
     for name, group in groups.items():
         first = group[0]
-        seq, world = int(first["seq_len"]), int(first["world_size"])
-        if seq not in HAGEMANN_GBS:
-            raise TuneError(f"{path}: sequence length {seq} has no known global batch")
-        model = base.with_overrides(name=name, seq_len=seq, rampup=None)
-        cluster = make_cluster(gpu="A100-80GB", gpus=world, gpus_per_node=8)
-        # their framework keeps 16-bit gradients and shards the optimizer over DP: DeepSpeed-style ZeRO-1
-        training = TrainingSpec(global_batch=HAGEMANN_GBS[seq], seq_len=seq, precision="bf16",
-                                framework="megatron-deepspeed", flavor="microsoft", flash_attention=first["kernel"] not in HAGEMANN_NO_FLASH,
-                                recompute_options=("none", "full"), zero_options=(1,))
-        replay_rows = []
-        for i, r in enumerate(group):
-            recompute = HAGEMANN_RECOMPUTE.get(str(r["activation_checkpointing"]))
-            if recompute is None:
-                raise TuneError(f"{path} trial {r['trial_id']}: activation_checkpointing "
-                                f"{r['activation_checkpointing']!r} is not one of {', '.join(HAGEMANN_RECOMPUTE)}")
-            error = r.get("error")
-            if error is not None and "OOM" not in str(error):
-                raise TuneError(f"{path} trial {r['trial_id']}: error {error!r} is not an OOM; say what it is")
-            replay_rows.append(ReplayRow(
-                tp=r["tp"], pp=r["pp"], dp=r["dp"], mbs=r["micro_batch"], recompute=recompute,
-                zero=None, sp=bool(r["sequence_parallel"]), status="oom" if error else "ok",
-                step_time_s=None if error else float(r["step_time_s"]), global_batch=HAGEMANN_GBS[seq],
-                seq_len=seq, world=world, line=i + 1))
+        replay_rows = tuple(ReplayRow(
+            tp=g.cand.tp, pp=g.cand.pp, dp=g.cand.dp, mbs=g.cand.mbs, recompute=g.cand.recompute, zero=None,
+            sp=g.cand.sp, status="oom" if g.oom else "ok", step_time_s=g.step_time_s,
+            global_batch=g.training.global_batch, seq_len=g.training.seq_len, world=g.cluster.world_size,
+            line=k + 1) for k, g in enumerate(group))
+        t = first.training
         out.append(PublishedTable(
-            name=name, source=f"{path}: {first['file']} kernel {first['kernel']}", model=model, cluster=cluster,
-            training=training, table=ReplayTable(path=path, table=name, rows=tuple(replay_rows)),
-            assumptions=f"GBS {HAGEMANN_GBS[seq]} (implied by MFU x step time), bf16, Megatron-LM-like with the "
-                        "distributed optimizer (ZeRO-1), flash attention "
-                        + ("off" if first["kernel"] in HAGEMANN_NO_FLASH else "on")))
+            name=name, source=f"{path}: {rows[first.source_row - 1]['file']} kernel {rows[first.source_row - 1]['kernel']}",
+            model=replace(first.model, name=name), cluster=first.cluster, training=t,
+            table=ReplayTable(path=path, table=name, rows=replay_rows),
+            assumptions=f"search.published_runs.hagemann_run: GBS {t.global_batch} (implied by MFU x step time), "
+                        "bf16, 16-bit gradients + ZeRO-1 (Megatron-DeepSpeed), flash attention "
+                        + ("on" if t.flash_attention else "off")
+                        + f", inter-node {runs.HAGEMANN_GBPS:g} Gb/s (assumed)"))
     return out
 
 
@@ -189,7 +155,7 @@ def read_tables(path: str) -> list[PublishedTable]:
     if "group" in data[0]:
         tables = _tr11_tables(str(path), data)
         if not tables:
-            raise TuneError(f"{path}: no {TR11_GROUP} rows to replay")
+            raise TuneError(f"{path}: no {runs.TR11_GROUP} rows to replay")
         return tables
     raise TuneError(f"{path}: not a published_dev.yaml or hagemann_13b_dev.yaml list (no group/trial_id keys)")
 

@@ -23,7 +23,7 @@ def _cases(prefix: str) -> list:
 
 
 def _step(c) -> float:
-    return estimate(c.model, c.cluster, c.training, c.cand).step_time_s
+    return estimate(c.model, c.cluster, c.training, c.time_candidate()).step_time_s
 
 
 def _measured_step(c) -> float:
@@ -92,3 +92,27 @@ def test_measured_gemm_efficiency_is_not_penalised_again():
 
 def test_ties_are_within_the_measured_ranking_error():
     assert tied(100.0, 109.0) and not tied(100.0, 111.0)
+
+
+def test_tied_embedding_gradient_all_reduce_between_first_and_last_stage():
+    """BLOOM's tied word embedding (250,880 x 14,336 = 3.6B parameters, BLOOM paper arXiv 2211.05100 Table 3's
+    vocabulary and width) is all-reduced between the first and last pipeline stages every step: at TP1 PP24 on
+    Jean Zay that is 7.2 GB in fp16 across nodes, on each GPU's share of the node's 4x100 Gb/s."""
+    from planner.topology import collective_time_s
+
+    model = get_preset("176B")
+    cluster = make_cluster(gpu="A100-80GB", gpus=384, inter_node_gbps=400)
+    training = TrainingSpec(global_batch=2048, seq_len=2048, framework="megatron-deepspeed", flash_attention=False)
+    cand = Candidate(tp=1, pp=24, dp=16, mbs=1, gas=128, recompute="full", zero=1)
+    topo = Topology(cluster)
+    t = estimate_time(model, cand, cluster, training, topo)
+    emb = 250880 * 14336 * 2                       # BLOOM's padded vocabulary (TP1) x hidden, fp16 bytes
+    assert emb == pytest.approx(7.19e9, rel=1e-3)
+    link = topo.strided_link(23 * 16, 2)           # rank r of stage 0 and rank r of stage 23
+    assert link.kind == "inter"
+    assert t.tied_embedding_s == pytest.approx(collective_time_s(link, kind="all_reduce", message_bytes=emb, group=2))
+    assert t.tied_embedding_s == pytest.approx(1.5, rel=0.1)      # 7.2 GB on a 1/8 share of 4x100 Gb/s
+    assert t.dp_comm_s > t.tied_embedding_s
+    assert estimate_time(replace(model, tied_embeddings=False), cand, cluster, training, topo).tied_embedding_s == 0
+    one_stage = Candidate(tp=1, pp=1, dp=384, mbs=1, gas=5, recompute="full", zero=3)
+    assert estimate_time(model, one_stage, cluster, training, topo).tied_embedding_s == 0

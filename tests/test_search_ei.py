@@ -59,14 +59,25 @@ def test_few_probes_cannot_run_away(survivors):
     assert set(fit.corrections) == set(TERMS)
 
 
-def test_uncertainty_shrinks_where_measured_and_stays_elsewhere(survivors):
-    ts = [Terms.of(e.time) for e in survivors]
-    measured = ts[:6]
+def _terms(compute: float, tp: float = 0.0, pp: float = 0.0, dp: float = 0.0) -> Terms:
+    return Terms(compute=compute, tp=tp, p2p=0.0, bubble=pp, dp=dp, rest=0.0, bubble_compute_share=1.0)
+
+
+def test_uncertainty_shrinks_where_measured_and_stays_elsewhere():
+    """A controlled setup (not the planner's exact numbers): six measured layouts with no TP time at all and
+    varied compute/pipeline/DP shares, one unmeasured layout that is mostly TP all-reduce. The posterior is
+    tight where measured; the TP correction, which no measurement informs, keeps its prior exactly."""
+    from search.calibration import TERM_PRIOR_SD
+
+    measured = [_terms(10, pp=p, dp=d) for p, d in ((0, 0), (2, 0), (0, 3), (4, 1), (1, 5), (6, 6))]
     fit = TermModel.fit([(t, truth(t)) for t in measured])
     _, sd_measured = fit.predict_log(measured[0])
-    far = max(ts, key=lambda t: t.tp / t.total)
+    far = _terms(1, tp=9)
     _, sd_far = fit.predict_log(far)
-    assert sd_far >= sd_measured
+    i = 1 + TERMS.index("tp")
+    assert fit.cov[i][i] == pytest.approx(TERM_PRIOR_SD ** 2, rel=1e-9)       # nothing measured moves it
+    assert all(fit.cov[i][j] == pytest.approx(0.0, abs=1e-12) for j in range(len(fit.cov)) if j != i)
+    assert sd_far > sd_measured
     assert TermModel().predict_log(measured[0])[1] > sd_measured     # the prior is wider than the posterior
 
 

@@ -36,9 +36,9 @@ def test_dev_accuracy_holds_the_readme_figures():
     from validate import evaluate, shape_regrets
 
     s = evaluate()
-    assert s.table_mape <= 0.15                  # README: mean of the tables' errors 13.4%
+    assert s.table_mape <= 0.15                  # README: mean of the tables' errors (measured 12.1%)
     assert s.table_mape < s.table_floor_mape     # and well under the constant-fraction floor (39.3%)
-    assert s.median_spearman >= 0.85             # README: 0.87
+    assert s.median_spearman >= 0.85             # README: 0.87 (measured 0.87)
     assert s.mean_regret <= 0.02 and s.max_regret <= 0.08
     shapes = shape_regrets(s)
     assert len(shapes) == 9 and max(shapes.values()) <= 0.05    # README: every BLOOM tr11 shape's pick within 5%
@@ -48,7 +48,13 @@ def test_dev_accuracy_holds_the_readme_figures():
 
 def test_bloom_176b_on_jean_zay_ranks_bigscience_layout_with_the_best():
     """BigScience's TP4 PP12 MBS2 (153.7 HW TFLOPs measured) is tied with plan's first pick and predicted
-    within 5%; their TP8 layouts, measured 12-19% slower, rank below it."""
+    within 5%; their TP8 layouts, measured 12-19% slower, rank below it.
+
+    plan's first pick is TP1 PP24 DP16 MBS1 (about 8% faster predicted), a layout BigScience never measured at
+    176B: no TP all-reduces, no DeepSpeed per-micro-batch cost (seed 003's TP1 pipelines show none), 64 GiB on
+    its first stage, DP16 of 7-11B-parameter stages across 2 nodes about 3 s, and the tied embedding's 7.2 GB
+    gradient all-reduce between its first and last stages about 1.5 s. Nothing in the dev data says it is
+    slower, so the test asks for a tie (the model's measured ranking error), not for BigScience's first place."""
     from planner.cost import tied
     from planner.hardware import load_cluster
     from planner.model import get_preset

@@ -70,14 +70,22 @@ def default_data() -> str:
 
 
 def seed003_setups():
-    from planner import TrainingSpec, load_model, make_cluster
+    """Seed 003's tables with the setup tests/published.py gives them (the example cluster files, whose
+    intra-node rate is calibrated on these rows; Megatron-DeepSpeed, fp16, GBS 512, no FlashAttention)."""
+    from dataclasses import replace
+
+    from planner import load_model
+    from planner.hardware import load_cluster
     from search.replay import ReplayTable
 
+    sys.path.insert(0, str(ROOT / "tests"))
+    from published import SEED003_TRAINING
+
     for table, (gpu, recompute) in SEED003_TABLES.items():
-        training = TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", recompute_options=(recompute,),
-                                zero_options=(1,), flash_attention=False)
-        yield (f"seed003-{table}", load_model("1B3"), make_cluster(gpu=gpu, gpus=8, gpus_per_node=4), training,
-               ReplayTable.read(str(SEED003), table))
+        training = replace(SEED003_TRAINING, recompute_options=(recompute,), zero_options=(1,))
+        mem = gpu.removeprefix("V100-").removesuffix("GB").lower()
+        cluster = load_cluster(str(ROOT / "examples" / f"cluster-2x4-v100-{mem}gb.yaml"))
+        yield f"seed003-{table}", load_model("1B3"), cluster, training, ReplayTable.read(str(SEED003), table)
 
 
 def published_setups(data: Path):

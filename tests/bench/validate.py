@@ -30,7 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from published import DevCase, dev_cases, seed003_dev_cases  # noqa: E402
 
 from planner import flops  # noqa: E402
-from planner.memory import stage_memory  # noqa: E402
+from planner.memory import stage_memory, verdict  # noqa: E402
 from planner.rank import Estimate, estimate  # noqa: E402
 from planner.topology import Topology  # noqa: E402
 
@@ -153,13 +153,15 @@ def evaluate(cases: list[DevCase] | None = None) -> Summary:
     rows: list[Row] = []
     for c in cases:
         topo = topologies.setdefault(c.cluster, Topology(c.cluster))
-        est = estimate(c.model, c.cluster, c.training, c.cand, topology=topo)
+        est = estimate(c.model, c.cluster, c.training, c.time_candidate(), topology=topo)
         tps = c.training.global_batch * c.model.seq_len / est.step_time_s / c.cand.world if est.time else 0.0
-        stages = stage_memory(c.model.with_overrides(seq_len=c.training.seq_len), c.cand, c.cluster, c.training)
+        stages = stage_memory(c.model.with_overrides(seq_len=c.training.seq_len), c.cand, c.cluster, c.training,
+                              fused_norm=c.fused_norm)
         first = stages[0] if c.memory_stage == "first" else max(stages, key=lambda m: m.total_bytes)
-        busiest = max(m.total_bytes for m in stages)
+        busiest = max(stages, key=lambda m: m.total_bytes)
+        # predicted OOM: the planner's one memory verdict (tests/bench/memory_fit.py uses the same)
         rows.append(Row(case=c, est=est, pred_tps=tps, pred_mem_gib=first.total_bytes / 2**30,
-                        pred_oom=busiest > c.cluster.gpu.memory_bytes))
+                        pred_oom=not verdict(busiest, c.cluster, c.training).fits))
 
     measured = [r for r in rows if r.case.tokens_per_s_per_gpu]
     mfus = [r.case.tokens_per_s_per_gpu * model_flops_per_token(r.case)
