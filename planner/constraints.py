@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from planner import context_parallel, fp8, moe
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown
 from planner.model import ModelSpec
@@ -33,6 +34,13 @@ class Reason(str, Enum):
     REDUNDANT = "redundant"
     MEMORY_STATIC = "memory_static_rule"
     MEMORY_TOTAL = "memory_total"
+    # context parallel, experts, FP8 (planner.context_parallel, planner.moe, planner.fp8)
+    CP_SEQUENCE = "cp_sequence_divisibility"
+    EP_EXPERTS = "ep_divides_experts"
+    EP_GROUP = "ep_within_data_parallel"
+    ETP_FFN = "etp_divides_expert_ffn"
+    MOE_SP = "moe_needs_sequence_parallel"
+    FP8_HARDWARE = "fp8_needs_hardware"
 
     def __str__(self) -> str:
         return self.value
@@ -53,8 +61,8 @@ def structural_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec,
     out: list[Violation] = []
     fw = training.framework
     world = cluster.world_size
-    if c.tp * c.pp * c.dp != world:
-        out.append(Violation(Reason.WORLD_SIZE, f"TP({c.tp}) * PP({c.pp}) * DP({c.dp}) = {c.tp * c.pp * c.dp} "
+    if c.world != world:
+        out.append(Violation(Reason.WORLD_SIZE, f"TP({c.tp}) * CP({c.cp}) * PP({c.pp}) * DP({c.dp}) = {c.world} "
                                                 f"!= world size {world}"))
     if c.tp > cluster.gpus_per_node:
         out.append(Violation(Reason.TP_EXCEEDS_NODE, f"TP {c.tp} > {cluster.gpus_per_node} GPUs per node: TP "
@@ -90,7 +98,9 @@ def structural_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec,
         for problem in rampup_problems(training.rampup, training.global_batch, c.mbs, c.dp):
             out.append(Violation(Reason.RAMPUP, problem))
     out.extend(_framework_violations(c, training))
-    if c.zero > 0 and c.dp == 1:
+    for rules in (context_parallel.violations, moe.violations, fp8.violations):   # CP, EP/ETP, FP8
+        out.extend(Violation(Reason(r), d) for r, d in rules(model, c, cluster, training))
+    if c.zero > 0 and c.dp * c.cp == 1:
         out.append(Violation(Reason.REDUNDANT, f"ZeRO-{c.zero} with DP=1 shards nothing: same as ZeRO-0"))
     if c.sp and c.tp == 1:
         out.append(Violation(Reason.REDUNDANT, "sequence parallel with TP=1 is forced off by Megatron"))

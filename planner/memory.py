@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner import context_parallel, fp8, moe
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.space import Candidate, TrainingSpec
@@ -50,7 +51,7 @@ def param_bytes(precision: str, optimizer: str) -> ParamBytes:
     states = {"adamw": 8, "adamw-8bit": 2, "sgd": 4, "lion": 4, "adafactor": 4}[optimizer]  # seed 001
     if precision == "fp32":
         return ParamBytes(weights=4, master=0, grads=4, optimizer=states)  # 16 for AdamW
-    return ParamBytes(weights=2, master=4, grads=4, optimizer=states)  # seed 001: 2+4 + 4 + 8 = 18
+    return ParamBytes(weights=fp8.weight_bytes(2, precision), master=4, grads=4, optimizer=states)  # seed 001: 2+4 + 4 + 8 = 18
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +92,8 @@ def layers_per_stage(model: ModelSpec, pp: int) -> int:
 
 def stage_params(model: ModelSpec, cand: Candidate, stage: str) -> int:
     """Parameters one GPU holds on ``stage`` (first | last | only), split by TP."""
-    layers = layers_per_stage(model, cand.pp) * model.params_per_layer
+    layers = layers_per_stage(model, cand.pp) * (moe.mean_non_expert_layer_params(model) if moe.is_moe(model)
+                                                 else model.params_per_layer)   # routed experts: moe.add_expert_states
     word = model.vocab * model.hidden
     embedding_in = model.embedding_params - (0 if model.tied_embeddings else word)
     if stage == "only":
@@ -116,7 +118,7 @@ def shard_group_size(cand: Candidate, gpus_per_node: int) -> int:
     """ZeRO/FSDP shards over the DP group; HYBRID_SHARD only inside a node (seed 002)."""
     if cand.hybrid:
         return max(1, min(cand.dp, gpus_per_node // cand.tp))
-    return cand.dp
+    return cand.dp * cand.cp   # Megatron's distributed optimizer shards over the DP x CP group
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,16 +139,18 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     layer input, 2·sbh (/t with SP).
     """
     s, b, h, t = model.seq_len, cand.mbs, model.hidden, cand.tp
-    f_ratio = model.ffn_hidden / h
+    f_ratio = moe.activation_ffn(model, training) / h   # == ffn_hidden / h for dense models
     # generalised split of the 34: attention 7 + 4·kv/h (Q, K, V, proj input, mask), MLP 2 + ffn outputs,
     # norms 4; which parts TP divides follows Korthikanti Sec. 4.1.
     attn_tp = 2 + 4 * model.kv_heads / model.heads + 2          # Q, K+V, proj input
     mlp_tp = f_ratio * (2 * (2 if model.glu else 1) + 2)        # fc1 output(s) + activation output
     not_tp = 2 + 1 + 2 + 1 + 4                                  # QKV input, attn dropout mask, MLP input, MLP mask, norms
+    not_tp += moe.dispatch_activation_sbh(model, training)      # MoE: permuted tokens (0 for dense)
     sbh = s * b * h
     scores = 0.0 if training.flash_attention else 5 * model.heads * s * s * b / t
     not_tp_bytes = not_tp * sbh / (t if cand.sp else 1)
     full = not_tp_bytes + (attn_tp + mlp_tp) * sbh / t + scores
+    full -= fp8.activation_saving_bytes(cand, training.precision, sbh, f_ratio)   # FP8 GEMM inputs
     if cand.recompute == "full":
         stored = 2 * sbh / (t if cand.sp else 1)
     elif cand.recompute == "selective":
@@ -222,9 +226,12 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
     for stage in stages:
         params = stage_params(model, cand, stage)
         weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
+        params, weights, grads, optimizer = moe.add_expert_states(model, cand, lps, pb, (params, weights, grads, optimizer),
+                                                                  sharded_static_bytes)   # routed experts over EP
         in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
         activations = ALLOCATOR_OVERHEAD * (in_flight * (lps * act.stored_bytes + embed_out) + act.working_bytes)
         logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand) if stage in ("last", "only") else 0.0
+        activations, logits = context_parallel.split_activations(activations, logits, model, cand, training)
         out.append(MemoryBreakdown(stage=stage, params_on_gpu=params, weights_bytes=weights, grads_bytes=grads,
                              optimizer_bytes=optimizer, activations_bytes=activations, logits_bytes=logits,
                              buffers_bytes=framework_buffers_bytes(params, cand, training, pb, model),

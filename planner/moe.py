@@ -22,6 +22,7 @@ per-head q/k norms (256 parameters a layer) are ignored.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:  # no import cycle at run time: model.py calls into this module
@@ -50,7 +51,7 @@ def moe_layer_count(m: "ModelSpec") -> int:
     (Megatron ``--moe-layer-freq``; DeepSeek-V3 ``first_k_dense_replace`` = 3)."""
     if not is_moe(m):
         return 0
-    return sum(1 for i in range(m.first_dense_layers, m.layers) if (i - m.first_dense_layers) % m.moe_layer_freq == 0)
+    return -(-(m.layers - m.first_dense_layers) // m.moe_layer_freq)   # layers f, f+k, f+2k, ... below L
 
 
 def dense_layer_count(m: "ModelSpec") -> int:
@@ -64,6 +65,7 @@ def mlp_params(m: "ModelSpec", ffn: int) -> int:
     return (3 if m.glu else 2) * h * ffn + biases
 
 
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
 def attention_params(m: "ModelSpec") -> int:
     """Q, K, V, O (+ biases). MLA (DeepSeek-V3 report Eq. 1-11): q down (h·q_lora) + norm + q up
     (q_lora·heads·(nope+rope)); kv down (h·(kv_lora+rope)) + norm + kv up (kv_lora·heads·(nope+v));
@@ -100,6 +102,7 @@ def dense_layer_params(m: "ModelSpec") -> int:
     return attention_params(m) + mlp_params(m, m.ffn_hidden) + 2 * m.norm_params
 
 
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
 def layers_params(m: "ModelSpec") -> int:
     """All transformer layers."""
     n_moe = moe_layer_count(m)
@@ -107,6 +110,7 @@ def layers_params(m: "ModelSpec") -> int:
             + n_moe * (moe_layer_non_expert_params(m) + expert_layer_params(m)))
 
 
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
 def active_layers_params(m: "ModelSpec") -> int:
     """All layers counting only the ``moe_topk`` routed experts a token goes through (Mixtral Sec. 2)."""
     n_moe = moe_layer_count(m)
@@ -127,11 +131,13 @@ def mean_layer_params(m: "ModelSpec") -> int:
     return round(layers_params(m) / m.layers)
 
 
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
 def mean_non_expert_layer_params(m: "ModelSpec") -> float:
     """Per-layer average of what TP (not EP) shards: attention, norms, router, shared and dense MLPs."""
     return (dense_layer_count(m) * dense_layer_params(m) + moe_layer_count(m) * moe_layer_non_expert_params(m)) / m.layers
 
 
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
 def mean_expert_layer_params(m: "ModelSpec") -> float:
     return moe_layer_count(m) * expert_layer_params(m) / m.layers
 
@@ -153,6 +159,7 @@ def mlp_matmul_flops(m: "ModelSpec", tokens: int, ffn: int) -> float:
     return 2.0 * tokens * m.hidden * ffn * (3 if m.glu else 2)
 
 
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
 def layer_forward_matmul_flops(m: "ModelSpec", tokens: int) -> float:
     """Mean forward matmul FLOPs of one layer: the active experts (top-k), shared experts, router and
     dense-layer MLPs averaged over all layers (Megatron-Core's MoE FLOPs in training.py
@@ -340,3 +347,55 @@ YAML_KEYS = {"num_experts", "moe_topk", "moe_ffn_hidden", "shared_experts", "moe
 YAML_DEFAULTS = {k: (1 if k == "moe_layer_freq" else 1.0 if k == "rope_scaling_factor" else "" if k == "rope_scaling"
                      else 0) for k in YAML_KEYS}
 """their defaults: a dense model's YAML leaves them out"""
+
+
+# -- rules --------------------------------------------------------------------------------------------
+FRAMEWORKS_WITH_MOE = ("megatron-lm", "fsdp")
+
+
+def violations(m: "ModelSpec", c: "Candidate", cluster: object, training: "TrainingSpec") -> list[tuple[str, str]]:
+    """(reason value, detail) for every expert-parallel rule the candidate breaks."""
+    out: list[tuple[str, str]] = []
+    if not is_moe(m):
+        if c.ep > 1 or c.etp > 1:
+            out.append(("redundant", f"EP={c.ep}, ETP={c.etp} on a dense model: there are no experts to shard"))
+        return out
+    if training.framework not in FRAMEWORKS_WITH_MOE:
+        out.append(("framework_limit", f"mixture-of-experts layers are not in {training.framework} (the BigScience "
+                                       "fork has none); use --framework megatron-lm (Megatron-Core MoE) or fsdp "
+                                       "(torchtitan)"))
+    if m.num_experts % c.ep:
+        out.append(("ep_divides_experts", f"{m.num_experts} experts % EP {c.ep} != 0 (Megatron arguments.py: 'Number "
+                                          "of experts should be a multiple of expert model parallel_size')"))
+    dense_grid = c.tp * c.cp * c.dp
+    if dense_grid % (c.etp * c.ep):
+        out.append(("ep_within_data_parallel", f"ETP({c.etp}) * EP({c.ep}) = {c.etp * c.ep} does not divide "
+                                               f"TP*CP*DP = {dense_grid}: Megatron-Core lays the expert grid "
+                                               "(ETP x EP x expert-DP) over the same ranks as TP x CP x DP"))
+    if expert_ffn(m) % c.etp:
+        out.append(("etp_divides_expert_ffn", f"expert FFN {expert_ffn(m)} % ETP {c.etp} != 0"))
+    if training.framework == "megatron-lm" and c.ep > 1 and c.tp > 1 and not c.sp:
+        out.append(("moe_needs_sequence_parallel", "MoE with EP and TP needs sequence parallelism "
+                                                   "(megatron/core/transformer/moe/README.md); set sp=1"))
+    if training.framework == "fsdp" and c.etp > 1:
+        out.append(("framework_limit", "FSDP/torchtitan plans here have no expert tensor parallelism; use ETP=1"))
+    if c.ep > 1 and training.precision == "fp16":
+        out.append(("framework_limit", "Megatron refuses expert parallelism with fp16 ('Expert parallelism is not "
+                                       "supported with fp16 training'); use bf16 or fp8"))
+    return out
+
+
+def ep_choices(m: "ModelSpec", tp: int, cp: int, dp: int, options: tuple[int, ...] | None) -> list[tuple[int, int]]:
+    """(EP, ETP) pairs to enumerate: EP over the divisors of the expert count that fit the expert grid
+    (or the user's ``--ep`` list); ETP 1 or TP (Megatron-Core's default ETP = TP), only 1 for
+    fine-grained experts narrower than the hidden size (megatron/core/transformer/moe/README.md:
+    --expert-tensor-parallel-size "Recommended to set to 1 for fine-grained MoE models")."""
+    if not is_moe(m):
+        return [(1, 1)]
+    out = []
+    for etp in sorted({1, tp} if expert_ffn(m) >= m.hidden else {1}):
+        grid = tp * cp * dp // etp if (tp * cp * dp) % etp == 0 else 0
+        for ep in (options or [e for e in range(1, m.num_experts + 1) if m.num_experts % e == 0]):
+            if options or (grid and grid % ep == 0):
+                out.append((ep, etp))
+    return out

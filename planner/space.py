@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
+from planner import context_parallel, moe
 from planner.errors import InputError
 from planner.model import ModelSpec, Rampup
 
 RECOMPUTE = ("none", "selective", "full")
 FRAMEWORKS = ("megatron-deepspeed", "megatron-lm", "fsdp")
-PRECISIONS = ("bf16", "fp16", "fp32")
+PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
 FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 
@@ -41,6 +42,12 @@ class TrainingSpec:
     """which recompute modes to enumerate (--recompute none,full)"""
     zero_options: tuple[int, ...] = (0, 1, 2, 3)
     """which ZeRO stages / FSDP strategies to enumerate (--zero 0,1)"""
+    cp_options: tuple[int, ...] | None = None
+    """context-parallel sizes to enumerate (--cp 1,2,4); None = planner.context_parallel.cp_choices"""
+    ep_options: tuple[int, ...] | None = None
+    """expert-parallel sizes to enumerate (--ep 1,8); None = the divisors of the expert count"""
+    moe_capacity_factor: float | None = None
+    """MoE expert capacity factor (--moe-expert-capacity-factor); None = dropless"""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -64,6 +71,10 @@ class TrainingSpec:
             raise InputError(f"--recompute: {bad or 'empty'}; choose from {', '.join(RECOMPUTE)}")
         if not self.zero_options or any(z not in (0, 1, 2, 3) for z in self.zero_options):
             raise InputError(f"--zero: {list(self.zero_options)}; choose stages from 0, 1, 2, 3")
+        if self.moe_capacity_factor is not None and not self.moe_capacity_factor >= 1:
+            raise InputError(f"--moe-capacity-factor must be >= 1, got {self.moe_capacity_factor}")
+        if any(not isinstance(v, int) or v < 1 for v in (self.cp_options or ()) + (self.ep_options or ())):
+            raise InputError(f"--cp / --ep: sizes must be positive integers, got {self.cp_options} {self.ep_options}")
         if self.rampup is not None and self.rampup.start >= self.global_batch:
             raise InputError(f"rampup start {self.rampup.start} must be below the global batch "
                              f"{self.global_batch} (megatron/microbatches.py)")
@@ -87,10 +98,16 @@ class Candidate:
     """virtual pipeline stages per GPU (interleaved 1F1B); 1 = plain 1F1B"""
     hybrid: bool = False
     """FSDP HYBRID_SHARD: shard inside a node, replicate across nodes"""
+    cp: int = 1
+    """context parallel: each sequence split over CP ranks (world = TP·CP·PP·DP)"""
+    ep: int = 1
+    """expert parallel: experts spread over EP ranks of the TP·CP·DP grid"""
+    etp: int = 1
+    """expert tensor parallel: each expert's FFN split over ETP ranks"""
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
     @property
     def global_batch(self) -> int:
@@ -113,6 +130,7 @@ class Candidate:
             parts.append(f"vpp={self.vpp}")
         if self.hybrid:
             parts.append("hybrid=1")
+        parts += [f"{k}={v}" for k, v in (("cp", self.cp), ("ep", self.ep), ("etp", self.etp)) if v > 1]
         return ",".join(parts)
 
     def to_dict(self) -> dict:
@@ -142,7 +160,7 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
             raise InputError(f"--explain: {part!r} is not key=value; e.g. \"tp=4,pp=12,mbs=2,recompute=full,zero=1\"")
         k, v = (s.strip().lower() for s in part.split("=", 1))
         fields[k] = v
-    known = {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "hybrid"}
+    known = {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "hybrid", "cp", "ep", "etp"}
     if set(fields) - known:
         raise InputError(f"--explain: unknown keys {sorted(set(fields) - known)}; known: {sorted(known)}")
 
@@ -157,15 +175,16 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
         if value < 0 or (value == 0 and key not in ("zero", "sp", "hybrid")):
             raise InputError(f"--explain: {key}={raw} must be positive")
         return value
-    tp, pp, mbs = num("tp", 1), num("pp", 1), num("mbs", 1)
-    dp = num("dp", max(world // (tp * pp), 1))
+    tp, pp, mbs, cp = num("tp", 1), num("pp", 1), num("mbs", 1), num("cp", 1)
+    dp = num("dp", max(world // (tp * pp * cp), 1))
     gas = num("gas", max(global_batch // (mbs * dp), 1))
     recompute = fields.get("recompute", "none")
     if recompute not in RECOMPUTE:
         raise InputError(f"--explain: recompute={recompute} must be one of {', '.join(RECOMPUTE)}")
     truthy = {"1", "true", "yes", "on"}
     return Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute, zero=num("zero", 0),
-                     sp=fields.get("sp", "0") in truthy, vpp=num("vpp", 1), hybrid=fields.get("hybrid", "0") in truthy)
+                     sp=fields.get("sp", "0") in truthy, vpp=num("vpp", 1), hybrid=fields.get("hybrid", "0") in truthy,
+                     cp=cp, ep=num("ep", 1), etp=num("etp", 1))
 
 
 def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int,
@@ -184,19 +203,30 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int,
         for pp in divisors(world // tp):
             if pp > model.layers + 1:
                 break
-            dp = world // (tp * pp)
-            vpps = [1]
-            if fw == "megatron-lm" and pp > 2:
-                vpps += [v for v in (2, 3, 4, 6, 8) if -(-model.layers // pp) % v == 0]
-            sps = (False, True) if fw == "megatron-lm" and tp > 1 else (False,)
-            for mbs in _powers_of_two_upto(training.max_mbs):
-                gas = max(training.global_batch // (mbs * dp), 1)
-                for recompute in training.recompute_options:
-                    for zero in (zeros if dp > 1 else (0,)):   # with DP=1 every stage is ZeRO-0
-                        hybrids = (False, True) if fw == "fsdp" and zero == 3 and dp > gpus_per_node else (False,)
-                        for sp in sps:
-                            for vpp in vpps:
-                                for hybrid in hybrids:
-                                    yield Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute,
-                                                    zero=zero, sp=sp, vpp=vpp, hybrid=hybrid)
+            for cp in context_parallel.cp_choices(training.seq_len, world // (tp * pp), training.cp_options):
+                yield from _inner(model, world, gpus_per_node, training, zeros, tp, pp, cp)
+
+
+def _inner(model: ModelSpec, world: int, gpus_per_node: int, training: TrainingSpec, zeros: tuple, tp: int, pp: int,
+           cp: int) -> Iterator[Candidate]:
+    """The rest of the product for one (TP, PP, CP)."""
+    fw = training.framework
+    dp = world // (tp * pp * cp)
+    ep_etps = moe.ep_choices(model, tp, cp, dp, training.ep_options)
+    vpps = [1]
+    if fw == "megatron-lm" and pp > 2:
+        vpps += [v for v in (2, 3, 4, 6, 8) if -(-model.layers // pp) % v == 0]
+    sps = (False, True) if fw == "megatron-lm" and tp > 1 else (False,)
+    for mbs in _powers_of_two_upto(training.max_mbs):
+        gas = max(training.global_batch // (mbs * dp), 1)
+        for recompute in training.recompute_options:
+            for zero in (zeros if dp * cp > 1 else (0,)):   # with DP·CP=1 every stage is ZeRO-0
+                hybrids = (False, True) if fw == "fsdp" and zero == 3 and dp > gpus_per_node else (False,)
+                for sp in sps:
+                    for vpp in vpps:
+                        for hybrid in hybrids:
+                            for ep, etp in ep_etps:
+                                yield Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute,
+                                                zero=zero, sp=sp, vpp=vpp, hybrid=hybrid, cp=cp, ep=ep,
+                                                etp=etp)
 
