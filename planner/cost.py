@@ -126,6 +126,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     gemm_peak = acc.peak_flops(training.precision)   # MoE expert GEMMs run at the FP8 peak under FP8
     dense += moe.mlp_time_adjustment_s(model, cand, training, tokens, lambda m, n, k, batch=1: _gemm_s(
         m, n, k, gemm_peak, sm, base, batch))   # MoE: grouped expert GEMMs instead of the dense MLP
+    elem += moe.elementwise_extra_bytes(model, cand, training, tokens) * UNFUSED_TRAFFIC[training.framework] / (
+        acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)   # MoE: token permutation, expert activations
     fwd = dense + core + elem
     extra = fwd if cand.recompute == "full" else (core if cand.recompute == "selective" else 0.0)
     layer_s = 3 * (dense + core) + 3 * elem + extra   # backward = 2x forward (seed 001 "forward vs backward")

@@ -255,6 +255,23 @@ def mlp_time_adjustment_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpe
     return mean - dense
 
 
+def elementwise_extra_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int) -> float:
+    """Mean forward HBM bytes a layer moves beyond the dense formula's (which charged the activation
+    function on ffn_hidden/TP): MoE layers permute each token's hidden vector into top-k expert
+    slots and back (Megatron-Core moe_utils permute/unpermute: read T·h, write T·k·h; read T·k·h,
+    write the weighted sum T·h, 16-bit), and run the activation on k·capacity·expert_ffn/ETP per token
+    (read 2·f, write f with SwiGLU: 6 bytes; 4 with GELU) plus the shared experts' on shared·ffn/TP."""
+    if not is_moe(m):
+        return 0.0
+    act = 6 if m.glu else 4
+    k = m.moe_topk * capacity(training)
+    permute = 2 * m.hidden * tokens * (2 + 2 * k) / max(1, c.tp if c.sp else 1)
+    experts = act * tokens * (k * expert_ffn(m) / c.etp + m.shared_experts * expert_ffn(m) / c.tp)
+    dense_charge = act * tokens * m.ffn_hidden / c.tp
+    n_moe = moe_layer_count(m)
+    return n_moe * (permute + experts - dense_charge) / m.layers
+
+
 def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int, link: object,
                        collective_s: Callable[..., float], bytes_per_value: float) -> float:
     """Mean per-layer seconds of the EP all-to-all: dispatch and combine in the forward, both again in

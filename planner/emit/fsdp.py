@@ -6,11 +6,12 @@ Strategy names are torch.distributed.fsdp.ShardingStrategy's: ZeRO 0 -> NO_SHARD
 
 from __future__ import annotations
 
+from planner.emit import parallel_extras
 from planner.emit.plan_yaml import dump_yaml
 from planner.emit.setup import RunSetup, one_line, train_samples
 
 FILE_NAME = "fsdp.yaml"
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp8": "bfloat16"}   # fp8: float8 GEMMs, bf16 params
 
 
 def fsdp_dict(setup: RunSetup) -> dict:
@@ -36,6 +37,9 @@ def fsdp_dict(setup: RunSetup) -> dict:
         "sequence_parallel": c.sp,
         "optimizer": t.optimizer,
         "flash_attention": t.flash_attention,
+        "context_parallel_size": c.cp,
+        "expert_parallel_size": c.ep,
+        **parallel_extras.torchtitan_dict(setup),   # torchtitan JobConfig keys for CP / EP / float8
     }
 
 

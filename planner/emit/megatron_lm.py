@@ -9,6 +9,7 @@ over that complete example (keys here win).
 
 from __future__ import annotations
 
+from planner.emit import parallel_extras
 from planner.emit.plan_yaml import dump_yaml
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, one_line, train_samples
 
@@ -21,7 +22,7 @@ def megatron_lm_dict(setup: RunSetup) -> dict:
     samples = train_samples(t)
     recompute = {"none": (None, None, None), "selective": ("selective", None, None),
                  "full": ("full", "uniform", 1)}[c.recompute]
-    return {
+    return parallel_extras.merge({   # CP / EP / MoE / FP8 keys laid over (planner.emit.parallel_extras)
         "language_model": {
             "num_layers": m.layers,
             "hidden_size": m.hidden,
@@ -60,7 +61,7 @@ def megatron_lm_dict(setup: RunSetup) -> dict:
         "use_distributed_optimizer": c.zero == 1,
         "optimizer": MEGATRON_OPTIMIZERS[t.optimizer],
         "clip_grad": 1.0,
-    }
+    }, parallel_extras.megatron_lm_yaml(setup))
 
 
 def megatron_lm_text(setup: RunSetup) -> str:
@@ -70,7 +71,7 @@ def megatron_lm_text(setup: RunSetup) -> str:
             f"TP={c.tp} PP={c.pp} DP={c.dp} MBS={c.mbs} GAS={c.gas}.\n"
             "# Lay it over NVIDIA/Megatron-LM examples/gpt3/gpt_config.yaml (every other field comes from there);\n"
             "# set CUDA_DEVICE_MAX_CONNECTIONS=1 when sequence_parallel is true.\n")
-    return head + dump_yaml(megatron_lm_dict(setup))
+    return head + parallel_extras.yaml_header(setup) + dump_yaml(megatron_lm_dict(setup))
 
 
 __all__ = ["FILE_NAME", "megatron_lm_dict", "megatron_lm_text"]

@@ -14,6 +14,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from planner.emit import parallel_extras
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.rampup import rampup_problems
@@ -187,6 +188,7 @@ def setup_problems(setup: RunSetup, kind: str, flavor: str = "bigscience") -> li
         out += _megatron_lm_problems(setup)
     else:
         out += _fsdp_problems(setup)
+    out += parallel_extras.problems(setup, kind)   # CP / EP / MoE / FP8, by the planner's rules for this target
     return out
 
 
