@@ -24,9 +24,10 @@ FRAMEWORKS_WITH_FP8 = {"megatron-lm": "--fp8-format hybrid", "fsdp": "torchtitan
 # TransformerEngine caches the FP8 copy of each weight and its transpose (1 byte each) for the
 # backward of every micro-batch (TE docs, "FP8 weight caching" with is_first_microbatch).
 FP8_WEIGHT_CACHE_BYTES = 2.0
-# Bytes moved per GEMM-input element to quantize it: read 16-bit, write FP8 and its FP8 transpose
-# for the backward (TE fused cast-transpose kernels), plus the amax reduction's read: 2 + 1 + 1 + 2.
-CAST_BYTES_PER_ELEMENT = 6.0
+# Bytes moved per GEMM-input element to quantize it: TE fuses the cast into the producer (LayerNormLinear,
+# LayerNormMLP and the fused activation emit FP8 directly; cast-transpose kernels elsewhere), so what is
+# added is writing the FP8 copy and its FP8 transpose for the backward: 1 + 1 (TE docs, "FP8 cast-transpose").
+CAST_BYTES_PER_ELEMENT = 2.0
 
 
 def compute_precision(precision: str) -> str:

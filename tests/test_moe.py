@@ -123,3 +123,104 @@ def test_moe_model_yaml_keys(tmp_path):
                     "num_experts: 8\nmoe_topk: 2\nmoe_ffn_hidden: 128\n")
     m = load_model(str(path))
     assert m.num_experts == 8 and m.active_params < m.params
+
+
+# -- expert parallelism: rules, memory, time ------------------------------------------------------------------
+from dataclasses import replace  # noqa: E402
+
+from planner import make_cluster  # noqa: E402
+from planner.constraints import Reason, structural_violations  # noqa: E402
+from planner.cost import gemm_efficiency  # noqa: E402
+from planner.memory import memory_breakdown  # noqa: E402
+from planner.rank import estimate, plan  # noqa: E402
+from planner.space import Candidate, TrainingSpec, enumerate_candidates  # noqa: E402
+from planner.topology import Topology, collective_time_s  # noqa: E402
+
+MIXTRAL = get_preset("mixtral-8x22b")
+DEEPSEEK = get_preset("deepseek-v3")
+
+
+def _t(**kw) -> TrainingSpec:
+    return TrainingSpec(**{**dict(global_batch=512, seq_len=4096, framework="megatron-lm"), **kw})
+
+
+def _reasons(model, cand, gpus, training):
+    return {v.reason for v in structural_violations(model, cand, make_cluster(gpu="H100", gpus=gpus), training)}
+
+
+def test_ep_rules_name_their_reason():
+    assert Reason.EP_EXPERTS in _reasons(MIXTRAL, Candidate(tp=1, pp=1, dp=48, ep=3, mbs=1, gas=1), 48,
+                                         _t(global_batch=48))
+    # ETP*EP = 4*4 = 16 does not divide TP*CP*DP = 4*1*2 = 8 (Megatron-Core's folded expert grid)
+    assert Reason.EP_GROUP in _reasons(MIXTRAL, Candidate(tp=4, pp=1, dp=2, ep=4, etp=4, sp=True, mbs=1, gas=256),
+                                       8, _t())
+    assert Reason.MOE_SP in _reasons(MIXTRAL, Candidate(tp=2, pp=1, dp=8, ep=8, mbs=1, gas=32), 16, _t())
+    assert Reason.ETP_FFN in _reasons(MIXTRAL.with_overrides(moe_ffn_hidden=1004), Candidate(
+        tp=8, pp=1, dp=1, ep=1, etp=8, sp=True, mbs=1, gas=512), 8, _t())
+    assert Reason.REDUNDANT in _reasons(get_preset("llama3-8b"), Candidate(tp=1, pp=1, dp=8, ep=2, mbs=1, gas=64), 8,
+                                        _t())
+    limit = [v.detail for v in structural_violations(MIXTRAL, Candidate(tp=1, pp=1, dp=8, mbs=1, gas=64),
+                                                     make_cluster(gpu="H100", gpus=8),
+                                                     _t(framework="megatron-deepspeed", flash_attention=False))]
+    assert any("mixture-of-experts layers are not in megatron-deepspeed" in d for d in limit)
+
+
+def test_enumeration_folds_ep_over_the_dense_grid():
+    """EP runs over divisors of the experts that fit TP*CP*DP/ETP; ETP only 1 for fine-grained experts."""
+    cands = list(enumerate_candidates(DEEPSEEK, 2048, 8, _t(global_batch=15360, max_mbs=1,
+                                                            recompute_options=("full",), zero_options=(1,))))
+    assert max(c.ep for c in cands) == 256 and {c.etp for c in cands} == {1}
+    assert all((c.tp * c.cp * c.dp) % (c.etp * c.ep) == 0 for c in cands)
+    mixtral = list(enumerate_candidates(MIXTRAL, 64, 8, _t(max_mbs=1, recompute_options=("full",),
+                                                            zero_options=(1,))))
+    assert {c.etp for c in mixtral if c.tp == 8} == {1, 8}
+
+
+def test_expert_states_sharded_over_ep():
+    cluster = make_cluster(gpu="H100", gpus=64)
+    base = Candidate(tp=1, pp=8, dp=8, mbs=1, gas=64, recompute="full", zero=0)
+    one, eight = (memory_breakdown(MIXTRAL, replace(base, ep=ep), cluster, _t()) for ep in (1, 8))
+    experts_per_stage = 7 * moe.expert_layer_params(MIXTRAL)   # 56 layers / PP 8
+    assert one.params_on_gpu - eight.params_on_gpu == pytest.approx(experts_per_stage * 7 / 8, rel=1e-6)
+    # ZeRO-1: expert optimizer states shard over the expert-data-parallel group TP*CP*DP/(ETP*EP)
+    assert moe.expert_data_parallel(replace(base, ep=8)) == 1 and moe.expert_data_parallel(base) == 8
+
+
+def test_all_to_all_on_the_link_the_ep_group_lands_on():
+    """EP=8 (stride ETP=1) stays inside a DGX H100 node; EP=16 crosses nodes and costs more per layer."""
+    cluster = make_cluster(gpu="H100", gpus=128)
+    topo = Topology(cluster)
+    assert topo.dp_link(1, 8).kind == "intra" and topo.dp_link(1, 16).kind == "inter"
+    c8, c16 = (Candidate(tp=1, pp=1, dp=128, ep=ep, mbs=1, gas=4) for ep in (8, 16))
+    t = _t()
+    intra = moe.all_to_all_layer_s(MIXTRAL, c8, t, 4096, topo.dp_link(1, 8), collective_time_s, 2)
+    inter = moe.all_to_all_layer_s(MIXTRAL, c16, t, 4096, topo.dp_link(1, 16), collective_time_s, 2)
+    assert 0 < intra < inter
+    assert moe.all_to_all_layer_s(MIXTRAL, replace(c8, ep=1), t, 4096, topo.dp_link(1, 8), collective_time_s, 2) == 0
+
+
+def test_grouped_gemm_efficiency_falls_with_small_per_expert_batches():
+    """Tile quantization: a 256-expert layer at EP=8 gives each local expert few rows; each of its 32 GEMMs
+    wastes more of a 128-row tile than one expert of 8 with many rows."""
+    small = gemm_efficiency(40, 2 * 2048, 7168, batch=32, sm_count=132, base=0.7)   # ~40 tokens per expert
+    large = gemm_efficiency(4096, 2 * 2048, 7168, batch=1, sm_count=132, base=0.7)
+    assert small < 0.5 * large
+
+
+def test_capacity_factor_adds_headroom():
+    cluster = make_cluster(gpu="H100", gpus=64)
+    c = Candidate(tp=1, pp=8, dp=8, ep=8, mbs=1, gas=64, recompute="none", zero=1)
+    dropless = estimate(MIXTRAL, cluster, _t(), c)
+    capped = estimate(MIXTRAL, cluster, _t(moe_capacity_factor=1.25), c)
+    assert capped.memory.activations_bytes > dropless.memory.activations_bytes
+    # 25% more bytes per all-to-all; latency does not grow, so a little under 1.25x
+    assert 1.15 * dropless.time.ep_comm_s < capped.time.ep_comm_s <= 1.25 * dropless.time.ep_comm_s
+    assert capped.time.compute_s > dropless.time.compute_s
+
+
+def test_plan_ranks_ep_layouts_for_deepseek_v3():
+    cluster = make_cluster(gpu="H100", gpus=2048)
+    p = plan(DEEPSEEK, cluster, _t(global_batch=15360, max_mbs=2, zero_options=(1,)))
+    assert p.best.fits and p.best.candidate.ep > 1
+    assert {e.candidate.ep for e in p.candidates} >= {8, 64, 256}
+    assert p.best.memory.total_bytes <= cluster.gpu.memory_bytes
