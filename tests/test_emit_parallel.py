@@ -44,7 +44,8 @@ MEGATRON_FLAGS = {
 }
 CHOICES = {"--fp8-format": ["e4m3", "hybrid"], "--fp8-recipe": ["tensorwise", "delayed", "mxfp8"],
            "--fp8-amax-compute-algo": ["most_recent", "max"],
-           "--moe-token-dispatcher-type": ["allgather", "alltoall", "flex", "alltoall_seq"]}
+           "--moe-token-dispatcher-type": ["allgather", "alltoall", "flex", "alltoall_seq"],
+           "--moe-router-load-balancing-type": ["aux_loss", "seq_aux_loss", "sinkhorn", "none"]}
 TRANSFORMER_CONFIG_FIELDS = {
     "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
     "moe_shared_expert_intermediate_size", "moe_grouped_gemm", "moe_token_dispatcher_type",
