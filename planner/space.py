@@ -225,7 +225,9 @@ def _inner(model: ModelSpec, world: int, gpus_per_node: int, training: TrainingS
                 for sp in sps:
                     for vpp in vpps:
                         for hybrid in hybrids:
-                            for ep, etp in ep_etps:
+                            # Megatron needs SP under MoE with EP and TP: sp=0 enumerated with EP=1 only
+                            for ep, etp in (ep_etps if sp or tp == 1 or fw != "megatron-lm"
+                                            else [pe for pe in ep_etps if pe[0] == 1]):
                                 yield Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute,
                                                 zero=zero, sp=sp, vpp=vpp, hybrid=hybrid, cp=cp, ep=ep,
                                                 etp=etp)
