@@ -23,6 +23,7 @@ from typing import Callable
 
 import yaml
 
+from planner import fp8
 from planner.errors import InputError, PlantuneError
 from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
 from planner.model import ModelSpec, Rampup, load_model
@@ -124,6 +125,7 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
 
 def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> TrainingSpec:
     precision = args.precision or ("bf16" if cluster.gpu.peak_bf16_flops else "fp16")
+    fp8.require_hardware(cluster.gpu, precision)
     rampup = None
     if args.rampup:
         rampup = Rampup(start=args.rampup[0], increment=args.rampup[1], samples=args.rampup[2])

@@ -78,3 +78,12 @@ def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, token
 
 __all__ = ["FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_traffic_bytes", "compute_precision",
            "violations", "weight_bytes"]
+
+
+def require_hardware(gpu: object, precision: str) -> None:
+    """One line and exit 2 before planning when --precision fp8 names an accelerator without FP8."""
+    from planner.errors import InputError
+
+    if precision == "fp8" and getattr(gpu, "peak_fp8_flops", None) is None:
+        raise InputError(f"--precision fp8: {getattr(gpu, 'id', gpu)} has no FP8 tensor cores (H100, H200, B200 and "
+                         "MI300X do); use --precision bf16 or --gpu H100")

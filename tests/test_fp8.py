@@ -75,3 +75,12 @@ def test_megatron_bridge_fp8_rows_within_35_percent(row):
                                           recompute=r, zero=1, sp=tp > 1, vpp=vp))
         for r in ("none", "selective", "full")) if e.fits)
     assert best == pytest.approx(published, rel=0.35), f"{name}: predicted {best:.0f} TFLOPs/GPU"
+
+
+def test_cli_refuses_fp8_on_a100_in_one_line(capsys):
+    from planner.cli import main
+
+    assert main(["--model", "mixtral-8x7b", "--gpus", "8", "--gpu", "A100", "--precision", "fp8",
+                 "--framework", "megatron-lm"]) == 2
+    err = capsys.readouterr().err
+    assert "no FP8 tensor cores" in err and err.count("\n") == 1

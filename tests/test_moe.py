@@ -224,3 +224,11 @@ def test_plan_ranks_ep_layouts_for_deepseek_v3():
     assert p.best.fits and p.best.candidate.ep > 1
     assert {e.candidate.ep for e in p.candidates} >= {8, 64, 256}
     assert p.best.memory.total_bytes <= cluster.gpu.memory_bytes
+
+
+def test_plan_ranks_mixtral_8x22b_fp8_on_1024_h100():
+    cluster = make_cluster(gpu="H100", gpus=1024)
+    p = plan(MIXTRAL, cluster, _t(seq_len=8192, precision="fp8", max_mbs=2, zero_options=(1,)))
+    assert p.best.fits and p.best.throughput.mfu > 0.3   # MFU against the bf16 peak
+    assert {e.candidate.ep for e in p.candidates} >= {1, 2, 4, 8}
+    assert any(e.candidate.etp == 1 and e.candidate.tp > 1 for e in p.candidates)
