@@ -201,8 +201,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
 
     edp = moe.expert_data_parallel(cand)   # routed-expert gradients: their own reduce over the expert-DP group
     dp_s += moe.expert_grad_reduce_s(model, cand, lps, moe.is_moe(model) and edp > 1 and topology.dp_link(
-        cand.etp * cand.ep, edp),
-                                     collective_time_s, half) * params.comm_scale
+        cand.etp * cand.ep, edp), collective_time_s, half) * params.comm_scale
     pb = param_bytes(training.precision, training.optimizer)
     shard_opt = shard if cand.zero >= 1 else 1
     opt_bytes = params_gpu / shard_opt * (2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
