@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner import flops
+from planner import context_parallel, flops, fp8, moe
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params
 from planner.model import ModelSpec
@@ -60,6 +60,10 @@ class TimeBreakdown:
     step_time_s: float
     model_flops: float
     hardware_flops: float
+    cp_comm_s: float = 0.0
+    """exposed ring-attention K/V exchange (context parallel)"""
+    ep_comm_s: float = 0.0
+    """MoE all-to-all dispatch and combine (expert parallel)"""
 
 
 def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
@@ -95,6 +99,7 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
              + _gemm_s(tokens, h, model.ffn_hidden // t, peak, sm, base))
     heads = b * max(1, model.heads // t)
     d = model.head_dim
+    peak = acc.peak_flops(fp8.compute_precision(training.precision))   # the attention core never runs in FP8
     core = _gemm_s(s, s, d, peak, sm, base, heads) + _gemm_s(s, d, s, peak, sm, base, heads)
     # element-wise traffic, bytes (16-bit): 2 norms r/w 8·Th, 2 bias-dropout-add 14·Th (both split by SP),
     # Q/K/V and context layout copies between [s,b,a,d] and [b·a,s,d] 16·Th/t, activation r/w 4·T·f/t
@@ -104,6 +109,7 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
                    + (6 if model.glu else 4) * tokens * model.ffn_hidden / t)
     if not training.flash_attention:
         elementwise += 9 * b * model.heads * s * s / t
+    elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens)   # FP8 quantization of GEMM inputs
     elementwise *= UNFUSED_TRAFFIC[training.framework]
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
@@ -112,11 +118,16 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                   topology: Topology, params: CostParams = CostParams()) -> TimeBreakdown:
     acc = cluster.gpu
     base = cluster.matmul_efficiency or acc.gemm_efficiency   # a calibration file's measurement wins
-    peak, sm = acc.peak_flops(training.precision), acc.sm_count
-    tokens = model.seq_len * cand.mbs
-    half = 2 if training.precision in ("bf16", "fp16") else 4
+    peak, sm = acc.peak_flops(fp8.compute_precision(training.precision)), acc.sm_count   # LM head: bf16 under FP8
+    tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
+    half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
 
-    dense, core, elem = layer_forward_s(model, cand, cluster, training, base)
+    dense, core, elem = context_parallel.layer_forward_s(layer_forward_s, model, cand, cluster, training, base)
+    gemm_peak = acc.peak_flops(training.precision)   # MoE expert GEMMs run at the FP8 peak under FP8
+    dense += moe.mlp_time_adjustment_s(model, cand, training, tokens, lambda m, n, k, batch=1: _gemm_s(
+        m, n, k, gemm_peak, sm, base, batch))   # MoE: grouped expert GEMMs instead of the dense MLP
+    elem += moe.elementwise_extra_bytes(model, cand, training, tokens) * UNFUSED_TRAFFIC[training.framework] / (
+        acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)   # MoE: token permutation, expert activations
     fwd = dense + core + elem
     extra = fwd if cand.recompute == "full" else (core if cand.recompute == "selective" else 0.0)
     layer_s = 3 * (dense + core) + 3 * elem + extra   # backward = 2x forward (seed 001 "forward vs backward")
@@ -126,6 +137,11 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     tp_link = topology.tp_link(cand.tp)
     tp_layer_s = tp_msgs * collective_time_s(tp_link, kind="all_reduce", message_bytes=tokens * model.hidden * half,
                                              group=cand.tp) * params.comm_scale
+    # CP: ring attention's exposed K/V exchange (CP group strides by TP); EP: MoE all-to-all (EP group strides by ETP)
+    cp_layer_s = context_parallel.ring_exchange_exposed_s(model, cand, training, cand.cp > 1 and topology.dp_link(
+        cand.tp, cand.cp), collective_time_s, core, half) * params.comm_scale
+    ep_layer_s = moe.all_to_all_layer_s(model, cand, training, tokens, cand.ep > 1 and topology.dp_link(
+        cand.etp, cand.ep), collective_time_s, half) * params.comm_scale
 
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) and the cross-entropy over the logits: ~6 bytes per logit
@@ -140,6 +156,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         stage_compute = max(first_stage, last_stage)
     stage_compute *= params.compute_scale
     stage_tp = lps * tp_layer_s
+    stage_cp, stage_ep = lps * cp_layer_s, lps * ep_layer_s
 
     # p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t
     p2p = 0.0
@@ -148,20 +165,21 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         p2p = 2 * cand.vpp * collective_time_s(pp_link, kind="send", message_bytes=tokens * model.hidden * half
                                                / cand.tp, group=2) * params.comm_scale
 
-    slot = stage_compute + stage_tp + p2p
+    slot = stage_compute + stage_tp + stage_cp + stage_ep + p2p
     bubble_slots = (cand.pp - 1) / cand.vpp
     compute_s = cand.gas * stage_compute
     tp_s = cand.gas * stage_tp
+    cp_s, ep_s = cand.gas * stage_cp, cand.gas * stage_ep
     pp_p2p_s = cand.gas * p2p
     bubble_s = bubble_slots * slot
 
     # DP / ZeRO / FSDP
     params_gpu = max(stage_params(model, cand, s) for s in (("only",) if cand.pp == 1 else ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
-    dp_link = topology.dp_link(cand.tp, cand.dp)
+    dp_link = topology.dp_link(cand.tp, cand.dp * cand.cp)   # gradients reduce over DP x CP (tp-cp-dp rank order)
     grad_bytes = params_gpu * half
     dp_s = 0.0
-    if cand.dp > 1:
+    if cand.dp * cand.cp > 1:
         if cand.zero >= 3:
             shard_link = topology.dp_link(cand.tp, shard)   # HYBRID_SHARD: the shard group stays inside a node
             gather = collective_time_s(shard_link, kind="all_gather", message_bytes=grad_bytes, group=shard)
@@ -177,19 +195,24 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             # all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2): the same bus traffic,
             # after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP)
             dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes,
-                                     group=cand.dp) * params.comm_scale
+                                     group=cand.dp * cand.cp) * params.comm_scale
             if training.framework == "fsdp":
                 dp_s = max(dp_s * (1 - SHARDED_OVERLAP), dp_s - compute_s)
 
+    edp = moe.expert_data_parallel(cand)   # routed-expert gradients: their own reduce over the expert-DP group
+    dp_s += moe.expert_grad_reduce_s(model, cand, lps, moe.is_moe(model) and edp > 1 and topology.dp_link(
+        cand.etp * cand.ep, edp), collective_time_s, half) * params.comm_scale
     pb = param_bytes(training.precision, training.optimizer)
     shard_opt = shard if cand.zero >= 1 else 1
     opt_bytes = params_gpu / shard_opt * (2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
+    opt_bytes += moe.expert_params_on_gpu(model, cand, lps) / (edp if cand.zero >= 1 else 1) * (
+        2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
     optimizer_s = opt_bytes / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
-    step = compute_s + tp_s + pp_p2p_s + bubble_s + dp_s + optimizer_s
+    step = compute_s + tp_s + cp_s + ep_s + pp_p2p_s + bubble_s + dp_s + optimizer_s
     gbs = cand.global_batch
     return TimeBreakdown(compute_s=compute_s, tp_comm_s=tp_s, pp_bubble_s=bubble_s, pp_p2p_s=pp_p2p_s,
-                         dp_comm_s=dp_s, optimizer_s=optimizer_s, step_time_s=step,
+                         dp_comm_s=dp_s, optimizer_s=optimizer_s, step_time_s=step, cp_comm_s=cp_s, ep_comm_s=ep_s,
                          model_flops=flops.model_flops_per_iteration(model, gbs),
                          hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute))
 
@@ -209,7 +232,7 @@ class Throughput:
 def throughput(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                time: TimeBreakdown) -> Throughput:
     world = cand.world
-    peak = cluster.gpu.peak_flops(training.precision)
+    peak = cluster.gpu.peak_flops(fp8.compute_precision(training.precision))   # MFU against the bf16 peak under FP8
     model_tflops = flops.tflops_per_gpu(time.model_flops, time.step_time_s, world)
     hw_tflops = flops.tflops_per_gpu(time.hardware_flops, time.step_time_s, world)
     samples = cand.global_batch / time.step_time_s
