@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from typing import Iterable, Iterator, Sequence
 
 from planner import context_parallel, fp8, moe
@@ -151,6 +152,7 @@ def knob_values(target: Target, training: TrainingSpec) -> dict[str, tuple]:
 
 # -- pipeline stages ---------------------------------------------------------------------------------------
 
+@lru_cache(maxsize=4096)   # pure in its ints; a plan asks it once per candidate
 def megatron_lm_stages(layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
     """Layers on (first, each middle, last) pipeline stage as Megatron-LM runs them, or None when impossible.
 
@@ -440,6 +442,7 @@ class Checker:
         self._degrees: dict[tuple, Violation | None] = {}
         self._batches: dict[tuple, Violation | None] = {}
         self._extras: dict[tuple, Violation | None] = {}
+        self._targets: dict[tuple, Violation | None] = {}
 
     def first(self, c: Candidate) -> Violation | None:
         """For candidates of `enumerate_candidates` (well-formed by construction: no INVALID check)."""
@@ -454,8 +457,11 @@ class Checker:
             v = self._batches[key]
         if v is None:
             v = next(_redundant(c), None)
-        if v is None:
-            v = next(_target_rules_but_extras(self.model, c, self.cluster, self.targets), None)
+        if v is None:  # the frameworks' rules read no CP / EP / MBS: one answer per EP and CP value
+            key = (c.tp, c.pp, c.dp, c.gas, c.zero, c.recompute, c.sp, c.vpp, c.hybrid)
+            if key not in self._targets:
+                self._targets[key] = next(_target_rules_but_extras(self.model, c, self.cluster, self.targets), None)
+            v = self._targets[key]
         if v is None:  # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training)
             key = (c.tp, c.cp, c.dp, c.ep, c.etp, c.sp)
             if key not in self._extras:
