@@ -520,7 +520,8 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                   (model.embedding_norm, "a layernorm after the word embedding"),
                   (moe.is_moe(model), "mixture-of-experts layers (as planned here: Megatron-Core MoE)"),
                   (bool(model.kv_lora_rank), "multi-latent attention")]
-        fix = "use --emit-flavor bigscience (or --framework megatron-lm for MoE/MLA)"
+        fix = ("use --framework megatron-lm" if moe.is_moe(model) or model.kv_lora_rank
+               else "use --emit-flavor bigscience")
     elif fw == "megatron-lm":
         cannot = [(model.position == "alibi", "ALiBi positions"),
                   (model.embedding_norm, "a layernorm after the word embedding")]
