@@ -292,3 +292,23 @@ def test_moe_and_cp_are_refused_by_the_megatron_deepspeed_forks():
     c = Candidate(tp=1, pp=1, dp=32, cp=2, mbs=1, gas=2)
     assert any(v.reason == Reason.FRAMEWORK_LIMIT and "context parallelism" in v.detail
                for v in setup_violations(llama, c, cluster, t, Target("megatron-deepspeed", "microsoft")))
+
+
+@pytest.mark.parametrize("name", PARALLEL_CASES)
+def test_checker_fast_path_agrees_with_the_rules(name):
+    """`Checker.first` (cached per degree, batch, framework and CP/EP/ETP key) names the same first rule as
+    `iter_violations` on CP and EP candidates, for the plan's target and for the forks that refuse them."""
+    from planner.rules import Checker, iter_violations
+    from planner.space import enumerate_candidates
+
+    model, gpus, gbs, seq, target, _ = PARALLEL_CASES[name]
+    cluster = make_cluster(gpu="H100-SXM", gpus=gpus)
+    cands = list(enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node,
+                                      _training(target, gbs, seq, model)))
+    assert any(c.cp > 1 or c.ep > 1 for c in cands)
+    for t in (target, Target("megatron-deepspeed", "microsoft")):
+        training = _training(t, gbs, seq, model)
+        checker = Checker(model, cluster, training, (t,))
+        for c in cands[::7]:
+            expected = next(iter_violations(model, c, cluster, training, (t,)), None)
+            assert checker.first(c) == expected, c.label()
