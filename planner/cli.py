@@ -29,6 +29,7 @@ from typing import Callable
 
 import yaml
 
+from planner import fp8
 from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
 from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
@@ -101,6 +102,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--no-rampup", action="store_true", help="ignore the model's default rampup")
     add("--recompute", help=f"comma list of recompute modes to consider ({','.join(RECOMPUTE)})")
     add("--zero", help="comma list of ZeRO stages / FSDP strategies to consider (0,1,2,3)")
+    add("--cp", help="comma list of context-parallel sizes to consider (default: powers of two keeping >= 8K tokens a rank)")
+    add("--ep", help="comma list of expert-parallel sizes to consider (default: divisors of the expert count)")
+    add("--moe-capacity-factor", type=_positive_float, help="MoE expert capacity factor (default: dropless)")
     add("--max-mbs", type=_positive_int, default=16,
         help="largest micro-batch to try (every value dividing the per-replica batch)")
     for name in PINNABLE:
@@ -178,14 +182,15 @@ def _pins(args: argparse.Namespace, cluster: ClusterSpec) -> tuple[tuple[str, in
     for name in ("tp", "pp", "dp"):
         if name in d and world % d[name]:
             raise InputError(f"--{name} {d[name]} does not divide the {world} GPUs; pin a divisor of {world}")
-    if all(k in d for k in ("tp", "pp", "dp")) and d["tp"] * d["pp"] * d["dp"] != world:
-        raise InputError(f"--tp {d['tp']} x --pp {d['pp']} x --dp {d['dp']} = {d['tp'] * d['pp'] * d['dp']} != "
-                         f"{world} GPUs; leave one of them out")
+    if all(k in d for k in ("tp", "pp", "dp")) and world % (d["tp"] * d["pp"] * d["dp"]):   # CP may fill the rest
+        raise InputError(f"--tp {d['tp']} x --pp {d['pp']} x --dp {d['dp']} = {d['tp'] * d['pp'] * d['dp']} does not "
+                         f"divide {world} GPUs; leave one of them out")
     return pins
 
 
 def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec) -> TrainingSpec:
     precision = args.precision or ("bf16" if cluster.gpu.peak_bf16_flops else "fp16")
+    fp8.require_hardware(cluster.gpu, precision)
     rampup = None
     if args.rampup:
         rampup = Rampup(start=args.rampup[0], increment=args.rampup[1], samples=args.rampup[2])
@@ -205,7 +210,9 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         flash_attention=flash, train_tokens=args.train_tokens or model.train_tokens,
                         max_mbs=args.max_mbs,
                         recompute_options=_split(args.recompute, str, "--recompute") or RECOMPUTE,
-                        zero_options=_split(args.zero, int, "--zero") or (0, 1, 2, 3))
+                        zero_options=_split(args.zero, int, "--zero") or (0, 1, 2, 3),
+                        cp_options=_split(args.cp, int, "--cp"), ep_options=_split(args.ep, int, "--ep"),
+                        moe_capacity_factor=args.moe_capacity_factor)
 
 
 def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:
@@ -260,26 +267,31 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
     from tabulate import tabulate
 
     m, cl, t = p.model, p.cluster, p.training
-    lines = [f"{m.name}: {m.params / 1e9:.1f}B params, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
+    active = f" ({m.active_params / 1e9:.1f}B active, {m.num_experts} experts top-{m.moe_topk})" if m.num_experts else ""
+    lines = [f"{m.name}: {m.params / 1e9:.1f}B params{active}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
              f"{f' (kv {m.kv_heads})' if m.kv_heads != m.heads else ''}, seq {t.seq_len}",
              f"cluster: {cl.nodes} nodes x {cl.gpus_per_node} {cl.gpu.id} = {cl.world_size} GPUs "
              f"({cl.gpu.memory_bytes / 2**30:.0f} GiB each); framework {t.framework}"
              + (f" ({t.flavor} fork)" if t.framework == "megatron-deepspeed" else "")
-             + (f" [{framework_why}]" if framework_why else "") + f", {t.precision}, "
+             + (f" [{framework_why}]" if framework_why else "") + f", {t.precision}"
+             + (" (FP8 GEMMs; MFU against the bf16 peak)" if t.precision == "fp8" else "") + ", "
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
              cl.network_line(),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
+    extra = [k for k in ("cp", "ep", "etp") if any(getattr(e.candidate, k) > 1 for e in p.candidates[:top])]
+    columns = TABLE_COLUMNS[:4] + tuple(extra) + TABLE_COLUMNS[4:]   # CP/EP/ETP columns when any row uses them
+    rows = [[_row(e, cl, t.framework, t.memory_fraction)[c] for c in columns] for e in p.candidates[:top]]
     best_s = p.candidates[0].step_time_s
-    rows = [[_row(e, cl, t.framework, t.memory_fraction)[c] for c in TABLE_COLUMNS] for e in p.candidates[:top]]
     for row, e in zip(rows, p.candidates[:top]):
         row[0] = f"{row[0]}~" if e.rank > 1 and tied(best_s, e.step_time_s) else row[0]
-    headers = ["#", "TP", "PP", "DP", "MBS", "GAS", "recompute", "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
+    headers = ["#", "TP", "PP", "DP", *(k.upper() for k in extra), "MBS", "GAS", "recompute",
+               "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s", "note"]
     lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it)")
-    lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * 10 + (".1f", "", ".2f", ".1f", ".1f", ".3f",
-                                                                            ".0f", "")))
+    lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * (10 + len(extra)) + (".1f", "", ".2f", ".1f",
+                                                                                          ".1f", ".3f", ".0f", "")))
     if any(e.advice for e in p.candidates[:top]):
         lines.append(f"note states>{t.memory_fraction:.0%}: weights+grads+optimizer above {t.memory_fraction:.0%} of "
                      "GPU memory, seed 004's first guess (advisory: only the predicted total rules out)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner import flops
+from planner import context_parallel, flops, fp8, moe
 from planner.framework import Framework, get_framework, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params
@@ -110,6 +110,10 @@ class TimeBreakdown:
     """the same cost inside pp_bubble_s (its share of the bubble's slots)"""
     tied_embedding_s: float = 0.0
     """inside dp_comm_s: the tied word embedding's gradient all-reduce between the first and last stages"""
+    cp_comm_s: float = 0.0
+    """exposed ring-attention K/V exchange (context parallel)"""
+    ep_comm_s: float = 0.0
+    """MoE all-to-all dispatch and combine (expert parallel)"""
 
 
 def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
@@ -138,12 +142,14 @@ def _gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: b
     return 2.0 * m * n * k * batch / (g.peak * eff)
 
 
-def gemm_context(cluster: ClusterSpec, training: TrainingSpec) -> GemmContext:
+def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | None = None) -> GemmContext:
+    """GEMMs at ``precision``'s peak (default the training's; FP8 runs the attention core and LM head in bf16)."""
     acc = cluster.gpu
-    peak = acc.peak_flops(training.precision)
+    precision = precision or training.precision
+    peak = acc.peak_flops(precision)
     measured = cluster.matmul_efficiency is not None   # a calibration file's measurement wins
     base = cluster.matmul_efficiency if measured else acc.gemm_efficiency
-    ratio = min(1.0, acc.peak_fp32_flops / peak) if training.precision in ("bf16", "fp16") else 1.0
+    ratio = min(1.0, acc.peak_fp32_flops / peak) if precision in ("bf16", "fp16", "fp8") else 1.0
     return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, measured=measured, cuda_core_ratio=ratio)
 
 
@@ -160,6 +166,8 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
              + _gemm_s(tokens, h, model.ffn_hidden // t, g))
     heads = b * max(1, model.heads // t)
     d = model.head_dim
+    if training.precision == "fp8":   # the attention core never runs in FP8 (Transformer Engine)
+        g = gemm_context(cluster, training, fp8.compute_precision(training.precision))
     core = _gemm_s(s, s, d, g, heads, attention=True) + _gemm_s(s, d, s, g, heads, attention=True)
     # element-wise traffic, bytes (16-bit): 2 norms r/w 8·Th, 2 bias-dropout-add 14·Th (both split by SP),
     # Q/K/V and context layout copies between [s,b,a,d] and [b·a,s,d] 16·Th/t, activation r/w 4·T·f/t
@@ -169,6 +177,7 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
                    + (6 if model.glu else 4) * tokens * model.ffn_hidden / t)
     if not training.flash_attention:
         elementwise += 9 * b * model.heads * s * s / t
+    elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens)   # FP8 quantization of GEMM inputs
     elementwise *= fw.elementwise_traffic
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
@@ -190,10 +199,16 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     acc = cluster.gpu
     fw = get_framework(training.framework)
     g = gemm_context(cluster, training)
-    tokens = model.seq_len * cand.mbs
-    half = 2 if training.precision in ("bf16", "fp16") else 4
+    g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
+    tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
+    half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
 
-    dense, core, elem = layer_forward_s(model, cand, cluster, training, g, fw)
+    dense, core, elem = context_parallel.layer_forward_s(layer_forward_s, model, cand, cluster, training, g, fw)
+    # MoE: grouped expert GEMMs (at the FP8 peak under FP8) instead of the dense MLP
+    dense += moe.mlp_time_adjustment_s(model, cand, training, tokens,
+                                       lambda m, n, k, batch=1: _gemm_s(m, n, k, g, batch))
+    elem += moe.elementwise_extra_bytes(model, cand, training, tokens) * fw.elementwise_traffic / (
+        acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)   # MoE: token permutation, expert activations
     # the host launches a layer's kernels asynchronously: a pass takes the longer of the GPU's work and
     # the host's (framework.host_s_per_layer_forward; the backward launches about twice as many kernels)
     host = fw.host_s_per_layer_forward
@@ -207,11 +222,16 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     tp_link = topology.tp_link(cand.tp)
     tp_layer_s = tp_msgs * collective_time_s(tp_link, kind="all_reduce", message_bytes=tokens * model.hidden * half,
                                              group=cand.tp) * params.comm_scale
+    # CP: ring attention's exposed K/V exchange (CP group strides by TP); EP: MoE all-to-all (EP group strides by ETP)
+    cp_layer_s = context_parallel.ring_exchange_exposed_s(model, cand, training, cand.cp > 1 and topology.dp_link(
+        cand.tp, cand.cp), collective_time_s, core, half) * params.comm_scale
+    ep_layer_s = moe.all_to_all_layer_s(model, cand, training, tokens, cand.ep > 1 and topology.dp_link(
+        cand.etp, cand.ep), collective_time_s, half) * params.comm_scale
 
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
     vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
-    logits_s = 3 * _gemm_s(tokens, vocab_t, model.hidden, g)
+    logits_s = 3 * _gemm_s(tokens, vocab_t, model.hidden, g16)
     logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
     if cand.pp == 1:
         stage_compute = lps * layer_s + logits_s
@@ -222,12 +242,13 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
     stage_compute *= params.compute_scale
     stage_tp = lps * tp_layer_s
+    stage_cp, stage_ep = lps * cp_layer_s, lps * ep_layer_s
 
     # p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t,
     # DeepSpeed's pipeline engine the activation as 1/t and the gradient whole (planner.framework)
     p2p = overhead = 0.0
     if cand.pp > 1:
-        pp_link = topology.pp_link(cand.tp, cand.dp, cand.pp)
+        pp_link = topology.pp_link(cand.tp, cand.dp * cand.cp, cand.pp)
         act = tokens * model.hidden * half
         sends = (act / cand.tp if fw.p2p_activation_split else act) + (act / cand.tp if fw.p2p_grad_split else act)
         p2p = cand.vpp * collective_time_s(pp_link, kind="send", message_bytes=sends, group=2) * params.comm_scale
@@ -236,20 +257,21 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             overhead = fw.microbatch_overhead_s
             p2p += overhead
 
-    slot = stage_compute + stage_tp + p2p
+    slot = stage_compute + stage_tp + stage_cp + stage_ep + p2p
     bubble_slots = (cand.pp - 1) / cand.vpp
     compute_s = cand.gas * stage_compute
     tp_s = cand.gas * stage_tp
+    cp_s, ep_s = cand.gas * stage_cp, cand.gas * stage_ep
     pp_p2p_s = cand.gas * p2p
     bubble_s = bubble_slots * slot
 
     # DP / ZeRO / FSDP
     params_gpu = max(stage_params(model, cand, s) for s in (("only",) if cand.pp == 1 else ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
-    dp_link = topology.dp_link(cand.tp, cand.dp)
+    dp_link = topology.dp_link(cand.tp, cand.dp * cand.cp)   # gradients reduce over DP x CP (tp-cp-dp rank order)
     grad_bytes = params_gpu * half
     dp_s = 0.0
-    if cand.dp > 1:
+    if cand.dp * cand.cp > 1:
         if cand.zero >= 3:
             shard_link = topology.dp_link(cand.tp, shard)   # HYBRID_SHARD: the shard group stays inside a node
             if fw.sharded_gather_per_rail and shard_link.kind == "inter":
@@ -271,7 +293,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             # all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2): the same bus traffic,
             # after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP)
             dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes,
-                                     group=cand.dp) * params.comm_scale
+                                     group=cand.dp * cand.cp) * params.comm_scale
             if cand.zero >= 1:
                 dp_s *= fw.zero12_traffic
             if dp_link.kind == "inter":
@@ -285,23 +307,28 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     tied_s = 0.0
     if model.tied_embeddings and cand.pp > 1:
         emb_bytes = padded_vocab(model.vocab, cand.tp, fw) // cand.tp * model.hidden * half
-        tied_link = topology.strided_link((cand.pp - 1) * cand.tp * cand.dp, 2)
+        tied_link = topology.strided_link((cand.pp - 1) * cand.tp * cand.cp * cand.dp, 2)
         tied_s = collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2) * params.comm_scale
         dp_s += tied_s
 
+    edp = moe.expert_data_parallel(cand)   # routed-expert gradients: their own reduce over the expert-DP group
+    dp_s += moe.expert_grad_reduce_s(model, cand, lps, moe.is_moe(model) and edp > 1 and topology.dp_link(
+        cand.etp * cand.ep, edp), collective_time_s, half) * params.comm_scale
     pb = param_bytes(training.precision, training.optimizer)
     shard_opt = shard if cand.zero >= 1 else 1
     opt_bytes = params_gpu / shard_opt * (2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
+    opt_bytes += moe.expert_params_on_gpu(model, cand, lps) / (edp if cand.zero >= 1 else 1) * (
+        2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
     optimizer_s = opt_bytes / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
-    step = compute_s + tp_s + pp_p2p_s + bubble_s + dp_s + optimizer_s
+    step = compute_s + tp_s + cp_s + ep_s + pp_p2p_s + bubble_s + dp_s + optimizer_s
     gbs = cand.global_batch
     return TimeBreakdown(compute_s=compute_s, tp_comm_s=tp_s, pp_bubble_s=bubble_s, pp_p2p_s=pp_p2p_s,
                          dp_comm_s=dp_s, optimizer_s=optimizer_s, step_time_s=step,
                          model_flops=flops.model_flops_per_iteration(model, gbs),
                          hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute),
                          pp_overhead_s=cand.gas * overhead, bubble_overhead_s=bubble_slots * overhead,
-                         tied_embedding_s=tied_s)
+                         tied_embedding_s=tied_s, cp_comm_s=cp_s, ep_comm_s=ep_s)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -319,7 +346,7 @@ class Throughput:
 def throughput(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                time: TimeBreakdown) -> Throughput:
     world = cand.world
-    peak = cluster.gpu.peak_flops(training.precision)
+    peak = cluster.gpu.peak_flops(fp8.compute_precision(training.precision))   # MFU against the bf16 peak under FP8
     model_tflops = flops.tflops_per_gpu(time.model_flops, time.step_time_s, world)
     hw_tflops = flops.tflops_per_gpu(time.hardware_flops, time.step_time_s, world)
     samples = cand.global_batch / time.step_time_s

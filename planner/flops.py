@@ -11,6 +11,7 @@ seqlen * global_batch_size / (time * total_gpus * 1e3)"); PaLM (arXiv 2204.02311
 
 from __future__ import annotations
 
+from planner import moe
 from planner.model import ModelSpec
 
 
@@ -21,6 +22,8 @@ def layer_forward_matmul_flops(model: ModelSpec, tokens: int) -> float:
     projection 2t·h², MLP 2t·h·f·(3 for SwiGLU else 2). For MHA with f=4h this is
     24·t·h² + 4·t·s·h, Narayanan et al. 2021 Sec. 5.1 (Eq. 3 before the factor).
     """
+    if moe.needs_own_shape(model):
+        return moe.layer_forward_matmul_flops(model, tokens)   # MoE (active experts) / MLA / explicit head width
     h, s, q = model.hidden, model.seq_len, model.q_dim   # q == h unless kv_channels (Gemma) says otherwise
     qkv = 2 * tokens * h * (q + 2 * model.kv_dim)
     attention = 2 * 2 * tokens * s * q

@@ -50,9 +50,15 @@ class Accelerator:
     cuda_context_bytes: float
     """memory the runtime takes before the model (seed 003 'calibration': 1113 MiB on V100)"""
     source: str
+    peak_fp8_flops: float | None = None
+    """dense FP8 tensor-core peak (datasheet, no sparsity); None where the chip has no FP8"""
 
     def peak_flops(self, precision: str) -> float:
-        """Dense peak for a training precision: bf16 | fp16 | fp32 (fp32 uses TF32 when the chip has it)."""
+        """Dense peak for a training precision: bf16 | fp16 | fp32 (fp32 uses TF32 when the chip has it) | fp8."""
+        if precision == "fp8":
+            if self.peak_fp8_flops is None:
+                raise InputError(f"{self.id} has no FP8 tensor cores; use --precision bf16")
+            return self.peak_fp8_flops
         if precision == "bf16":
             if self.peak_bf16_flops is None:
                 raise InputError(f"{self.id} has no bf16 support; use --precision fp16")
@@ -81,7 +87,7 @@ _A100 = dict(peak_bf16_flops=312 * TB, peak_fp16_flops=312 * TB, peak_tf32_flops
 _H100_SXM = dict(peak_bf16_flops=989 * TB, peak_fp16_flops=989 * TB, peak_tf32_flops=494.5 * TB,
                  peak_fp32_flops=67 * TB, memory_bytes=80 * GiB, memory_bw_bytes_per_s=3350 * GB,
                  intra_node_bw_bytes_per_s=450 * GB, intra_node_link="NVLink4", cuda_context_bytes=0.9 * 2**30, sm_count=132,
-                 gemm_efficiency=0.7)
+                 gemm_efficiency=0.7, peak_fp8_flops=1979 * TB)   # H100/H200 SXM datasheets: 3958 TFLOPS FP8 with sparsity
 
 CATALOG: dict[str, Accelerator] = {a.id: a for a in (
     _acc(id="V100-16GB", memory_bytes=16 * GiB, **_V100),
@@ -94,7 +100,7 @@ CATALOG: dict[str, Accelerator] = {a.id: a for a in (
     _acc(id="H100-PCIe", peak_bf16_flops=756 * TB, peak_fp16_flops=756 * TB, peak_tf32_flops=378 * TB,
          peak_fp32_flops=51 * TB, memory_bytes=80 * GiB, memory_bw_bytes_per_s=2000 * GB,
          intra_node_bw_bytes_per_s=64 * GB, intra_node_link="PCIe Gen5 x16", cuda_context_bytes=0.9 * 2**30, sm_count=114,
-         gemm_efficiency=0.7,
+         gemm_efficiency=0.7, peak_fp8_flops=1513 * TB,   # datasheet: 3026 TFLOPS FP8 with sparsity
          source="NVIDIA H100 datasheet, PCIe (756 TFLOPS bf16 dense, 378 TF32, 51 FP32, 2.0 TB/s, "
                 "PCIe Gen5 128 GB/s bidirectional)"),
     _acc(id="H100-NVL", peak_bf16_flops=835 * TB, peak_fp16_flops=835 * TB, peak_tf32_flops=417.5 * TB,
@@ -108,7 +114,7 @@ CATALOG: dict[str, Accelerator] = {a.id: a for a in (
     _acc(id="B200", peak_bf16_flops=2250 * TB, peak_fp16_flops=2250 * TB, peak_tf32_flops=1100 * TB,
          peak_fp32_flops=80 * TB, memory_bytes=180 * GiB, memory_bw_bytes_per_s=7700 * GB,
          intra_node_bw_bytes_per_s=900 * GB, intra_node_link="NVLink5", cuda_context_bytes=1.0 * 2**30, sm_count=148,
-         gemm_efficiency=0.7,
+         gemm_efficiency=0.7, peak_fp8_flops=4500 * TB,   # HGX B200 datasheet: 72 PFLOPS FP8 sparse / 8 GPUs / 2
          source="NVIDIA HGX B200 datasheet (2.25 PFLOPS bf16 dense, 1.1 PF TF32, 180 GB HBM3e 7.7 TB/s, "
                 "NVLink 1.8 TB/s bidirectional)"),
     _acc(id="GB200", peak_bf16_flops=2500 * TB, peak_fp16_flops=2500 * TB, peak_tf32_flops=1250 * TB,
@@ -127,7 +133,7 @@ CATALOG: dict[str, Accelerator] = {a.id: a for a in (
     _acc(id="MI300X", peak_bf16_flops=1307.4 * TB, peak_fp16_flops=1307.4 * TB, peak_tf32_flops=653.7 * TB,
          peak_fp32_flops=163.4 * TB, memory_bytes=192 * GiB, memory_bw_bytes_per_s=5300 * GB,
          intra_node_bw_bytes_per_s=448 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30, sm_count=304,
-         gemm_efficiency=0.5,
+         gemm_efficiency=0.5, peak_fp8_flops=2614.9 * TB,   # MI300X datasheet: 2614.9 TFLOPS FP8 dense
          source="AMD Instinct MI300X datasheet (1307.4 TFLOPS bf16 dense, 653.7 TF32, 163.4 FP32, 192 GB HBM3 "
                 "5.3 TB/s, 7 Infinity Fabric links 896 GB/s bidirectional)"),
     # One CPU core as a "device": what CPU probes (gloo, one thread per rank) run on in tests.

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner import context_parallel, fp8, moe
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.space import Candidate, TrainingSpec
@@ -70,8 +71,10 @@ def param_bytes(precision: str, optimizer: str, framework: str = "megatron-lm") 
         # on 80 GB) need the ZeRO paper's 16-bit gradients; fp16 runs (seed 003, tr11 nvidia-smi peaks) follow 18
         return ParamBytes(weights=2, master=4, grads=2, optimizer=states, grads_fp32=4)  # ZeRO paper Sec. 5.1 + fp32 partition
     if framework == "fsdp":
-        return ParamBytes(weights=4, master=0, grads=4, optimizer=states)  # FSDP mixed precision: fp32 sharded params
-    return ParamBytes(weights=2, master=4, grads=4, optimizer=states)  # seed 001 / Megatron: 2+4 + 4 + 8 = 18
+        # FSDP mixed precision: fp32 sharded params (torchtitan float8 also casts per layer in flight)
+        return ParamBytes(weights=4, master=0, grads=4, optimizer=states)
+    # seed 001 / Megatron: 2+4 + 4 + 8 = 18; FP8 adds Transformer Engine's cached FP8 weight and transpose (planner.fp8)
+    return ParamBytes(weights=fp8.weight_bytes(2, precision), master=4, grads=4, optimizer=states)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,7 +115,8 @@ def layers_per_stage(model: ModelSpec, pp: int) -> int:
 
 def stage_params(model: ModelSpec, cand: Candidate, stage: str) -> int:
     """Parameters one GPU holds on ``stage`` (first | last | only), split by TP."""
-    layers = layers_per_stage(model, cand.pp) * model.params_per_layer
+    layers = layers_per_stage(model, cand.pp) * (moe.mean_non_expert_layer_params(model) if moe.is_moe(model)
+                                                 else model.params_per_layer)   # routed experts: moe.add_expert_states
     word = model.vocab * model.hidden
     embedding_in = model.embedding_params - (0 if model.tied_embeddings else word)
     if stage == "only":
@@ -137,7 +141,7 @@ def shard_group_size(cand: Candidate, gpus_per_node: int) -> int:
     """ZeRO/FSDP shards over the DP group; HYBRID_SHARD only inside a node (seed 002)."""
     if cand.hybrid:
         return max(1, min(cand.dp, gpus_per_node // cand.tp))
-    return cand.dp
+    return cand.dp * cand.cp   # Megatron's distributed optimizer shards over the DP x CP group
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,7 +187,7 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
     PyTorch's unfused RMSNorm (Hagemann et al.'s sheets without their "RMS kernel").
     """
     s, b, h, t = model.seq_len, cand.mbs, model.hidden, cand.tp
-    f_ratio = model.ffn_hidden / h
+    f_ratio = moe.activation_ffn(model, training) / h   # == ffn_hidden / h for dense models
     kv = model.kv_heads / model.heads
     # generalised split of the 34: attention 7 + 4·kv/h (Q, K, V, proj input, mask), MLP 2 + ffn outputs,
     # norms 4; which parts TP divides follows Korthikanti Sec. 4.1.
@@ -198,10 +202,12 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
         # an unfused norm, x·rsqrt(mean(x²))·w, also keeps the normalised x before the weight (autograd saves it
         # for w's gradient): 2 more bytes per element for each of the layer's two norms
         not_tp += 2 * 2
+    not_tp += moe.dispatch_activation_sbh(model, training)      # MoE: permuted tokens (0 for dense)
     sbh = s * b * h
     scores = 0.0 if training.flash_attention else 5 * model.heads * s * s * b / t
     not_tp_bytes = not_tp * sbh / (t if cand.sp else 1)
     full = not_tp_bytes + (attn_tp + mlp_tp) * sbh / t + scores
+    full -= fp8.activation_saving_bytes(cand, training.precision, sbh, f_ratio)   # FP8 GEMM inputs
     layer_input = 2 * sbh / (t if cand.sp else 1)
     mode = cand.recompute
     if mode == "full":
@@ -303,9 +309,12 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
     for stage in stages:
         params = stage_params(model, cand, stage)
         weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
+        params, weights, grads, optimizer = moe.add_expert_states(model, cand, lps, pb, (params, weights, grads, optimizer),
+                                                                  sharded_static_bytes)   # routed experts over EP
         in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
         activations = ALLOCATOR_OVERHEAD * (in_flight * (lps * act.stored_bytes + embed_out) + act.working_bytes)
         logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
+        activations, logits = context_parallel.split_activations(activations, logits, model, cand, training)
         out.append(MemoryBreakdown(stage=stage, params_on_gpu=params, weights_bytes=weights, grads_bytes=grads,
                              optimizer_bytes=optimizer, activations_bytes=activations, logits_bytes=logits,
                              buffers_bytes=framework_buffers_bytes(params, cand, training, pb, model),

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 
+from planner import moe
 from planner.errors import InputError
 from planner.files import read_mapping
 from planner.schema import HF_FAMILIES, check_hf, check_model_yaml
@@ -79,6 +80,27 @@ class ModelSpec:
     train_tokens: float | None = None
     """tokens the real run was trained on (for days / GPU-hours)"""
     source: str = ""
+    # mixture of experts, multi-latent attention, long context (planner.moe): 0 = absent
+    num_experts: int = 0
+    """routed experts per MoE layer (Megatron --num-experts)"""
+    moe_topk: int = 0
+    """experts each token is routed to (--moe-router-topk)"""
+    moe_ffn_hidden: int = 0
+    """one expert's FFN width (--moe-ffn-hidden-size); 0 = ffn_hidden"""
+    shared_experts: int = 0
+    """always-active experts of moe_ffn_hidden each (DeepSeek-V3: 1)"""
+    moe_layer_freq: int = 1
+    """every n-th layer (after first_dense_layers) has experts"""
+    first_dense_layers: int = 0
+    """leading dense layers (DeepSeek-V3 first_k_dense_replace: 3)"""
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    """multi-latent attention's compressed KV width (DeepSeek-V3: 512); 0 = no MLA"""
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_scaling: str = ""
+    """RoPE scaling type from config.json (llama3, yarn); empty = none"""
+    rope_scaling_factor: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
@@ -95,6 +117,8 @@ class ModelSpec:
             raise InputError(f"model {self.name!r}: position must be learned, rope or alibi")
         if self.norm not in ("layernorm", "rmsnorm"):
             raise InputError(f"model {self.name!r}: norm must be layernorm or rmsnorm")
+        for problem in moe.shape_problems(self):
+            raise InputError(f"model {self.name!r}: {problem}")
 
     # -- derived shape ---------------------------------------------------------------
     @property
@@ -118,6 +142,8 @@ class ModelSpec:
     @property
     def params_per_layer(self) -> int:
         """One transformer block: attention (Q, K, V, O), MLP, two norms, optional biases."""
+        if moe.needs_own_shape(self):
+            return moe.mean_layer_params(self)   # MoE / MLA / head width: mean over dense and MoE layers
         h, f, kv, q = self.hidden, self.ffn_hidden, self.kv_dim, self.q_dim
         attn = h * (q + 2 * kv) + q * h
         mlp = (3 if self.glu else 2) * h * f
@@ -139,7 +165,14 @@ class ModelSpec:
     @property
     def params(self) -> int:
         """Total parameters: embeddings + layers + final norm."""
+        if moe.needs_own_shape(self):
+            return moe.total_params(self)
         return self.embedding_params + self.layers * self.params_per_layer + self.norm_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token goes through: == params for dense models, top-k experts for MoE."""
+        return moe.active_params(self) if moe.is_moe(self) else self.params
 
     def with_overrides(self, **changes: object) -> "ModelSpec":
         clean = {k: v for k, v in changes.items() if v is not None}
@@ -196,6 +229,27 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
            source="Llama 3 HF config.json; Dubey et al. 2024 arXiv 2407.21783"),
     _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, global_batch=2048, train_tokens=15.6e12,
            source="Dubey et al. 2024 arXiv 2407.21783 Table 3 (shape; 16M-token batch at seq 8192)"),
+    _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072, global_batch=128, train_tokens=800e9,
+           rope_scaling="llama3", rope_scaling_factor=8.0,
+           source="Dubey et al. 2024 arXiv 2407.21783 Table 3 (shape), Table 4 (128K row: 16M tokens a batch), "
+                  "Sec. 3.4.2 (~800B long-context tokens); HF Llama-3.1-405B config.json (rope_scaling llama3, 8)"),
+    _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, num_experts=8, moe_topk=2, global_batch=512,
+           source="Jiang et al. 2024 arXiv 2401.04088 Table 1 (shape, 32K context), Sec. 2 (46.7B total, "
+                  "12.9B active); HF Mixtral-8x7B-v0.1 config.json; NVIDIA NeMo recipes/mixtral_8x7b.py (GBS 512)"),
+    _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, num_experts=8, moe_topk=2, global_batch=512,
+           source="Mistral AI, Mixtral 8x22B announcement 2024 (141B total, 39B active, 64K context); "
+                  "HF Mixtral-8x22B-v0.1 config.json; NVIDIA NeMo recipes/mixtral_8x22b.py (GBS 512)"),
+    _llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 32768, num_experts=128, moe_topk=8, moe_ffn_hidden=768,
+           kv_channels=128, train_tokens=36e12, global_batch=32,
+           source="Qwen3 Technical Report arXiv 2505.09388 Table 2 (48 layers, 32/4 heads, 128 experts, 8 active; "
+                  "30.5B total, 3.3B active; 36T tokens); HF Qwen3-30B-A3B config.json (head_dim 128, "
+                  "moe_intermediate_size 768); NVIDIA NeMo recipes/qwen3_30b_a3b.py (GBS 32, one node)"),
+    _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048,
+           shared_experts=1, first_dense_layers=3, kv_channels=128, q_lora_rank=1536, kv_lora_rank=512,
+           qk_rope_head_dim=64, v_head_dim=128, global_batch=15360, train_tokens=14.8e12,
+           source="DeepSeek-AI 2024 arXiv 2412.19437 Sec. 4.2 (61 layers, h 7168, 128 heads, MLA ranks 1536/512, "
+                  "1 shared + 256 routed experts of 2048, top-8, first 3 layers dense; 671B total, 37B active; "
+                  "batch 15360 x 4K; 14.8T tokens); HF DeepSeek-V3 config.json"),
 )}
 
 # Size shorthands a person types; `176B` is BLOOM-176B as in BigScience's usage.
@@ -203,7 +257,8 @@ SHORTHANDS: dict[str, str] = {
     "176b": "bloom-176b", "bloom": "bloom-176b", "1b3": "bigscience-1b3", "1.3b": "bigscience-1b3",
     "175b": "gpt3-175b", "gpt3": "gpt3-175b", "530b": "mt-nlg-530b", "1t": "megatron-1t",
     "7b": "llama2-7b", "13b": "llama2-13b", "70b": "llama2-70b", "8b": "llama3-8b",
-    "405b": "llama3-405b",
+    "405b": "llama3-405b", "mixtral": "mixtral-8x7b", "8x7b": "mixtral-8x7b", "8x22b": "mixtral-8x22b",
+    "deepseek": "deepseek-v3", "671b": "deepseek-v3",
 }
 
 
@@ -254,12 +309,13 @@ def _from_hf(d: dict, name: str) -> ModelSpec:
         seq_note = (f"assumed, the file gives no training length (max_position_embeddings {positions:,} is the "
                     f"context limit); {HF_SEQ_NOTE}")
     bias = fam.bias or bool(d.get("attention_bias")) or bool(d.get("mlp_bias"))
+    extra = moe.hf_fields(d)   # experts, MLA ranks, rope scaling
     return ModelSpec(
         name=str(d.get("_name_or_path") or d["model_type"]),
         layers=pick("num_hidden_layers", "n_layer", "num_layers"),
         hidden=hidden, heads=heads,
         kv_heads=d.get("num_key_value_heads") or heads,
-        kv_channels=head_dim if head_dim is not None and head_dim * heads != hidden else None,
+        kv_channels=extra.pop("kv_channels", head_dim if head_dim is not None and head_dim * heads != hidden else None),
         ffn_hidden=pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
         vocab=pick("vocab_size"),
         seq_len=seq,
@@ -267,6 +323,7 @@ def _from_hf(d: dict, name: str) -> ModelSpec:
         tied_embeddings=d.get("tie_word_embeddings", fam.tied),
         position=fam.position, norm=fam.norm, bias=bias, embedding_norm=fam.embedding_norm,
         source=f"Hugging Face config.json ({name}), {fam.source}; seq_len {seq} {seq_note}",
+        **extra,
     )
 
 
@@ -296,7 +353,7 @@ def load_model(arg: str) -> ModelSpec:
 def model_to_yaml_dict(model: ModelSpec) -> dict:
     """The plantune model YAML for a spec (inverse of the YAML reader)."""
     d = model.to_dict()
-    return {k: v for k, v in d.items() if v is not None and v != ""}
+    return {k: v for k, v in d.items() if v is not None and v != "" and moe.YAML_DEFAULTS.get(k, ...) != v}
 
 
 __all__ = ["ModelSpec", "Rampup", "PRESETS", "SHORTHANDS", "get_preset", "load_model", "preset_names",

@@ -57,7 +57,7 @@ class Estimate:
         """The machine-readable contract: one object per candidate (see README)."""
         c, t, m = self.candidate, self.throughput, self.memory
         d = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "mbs": c.mbs, "gas": c.gas, "recompute": c.recompute,
-             "zero": c.zero, "sp": c.sp, "vpp": c.vpp, "hybrid": c.hybrid,
+             "zero": c.zero, "sp": c.sp, "vpp": c.vpp, "hybrid": c.hybrid, "cp": c.cp, "ep": c.ep, "etp": c.etp,
              "memory_gb_per_gpu": _r(m.total_gb if m else None),
              "step_time_s": _r(self.time.step_time_s if self.time else None),
              "model_tflops_per_gpu": _r(t.model_tflops_per_gpu if t else None),
@@ -77,7 +77,8 @@ class Estimate:
                     "buffers_bytes", "context_bytes")} | {"stage": m.stage, "params_on_gpu": m.params_on_gpu}
             if self.time:
                 d["time_breakdown_s"] = {k: _r(getattr(self.time, k), 4) for k in (
-                    "compute_s", "tp_comm_s", "pp_bubble_s", "pp_p2p_s", "dp_comm_s", "optimizer_s")}
+                    "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s", "dp_comm_s",
+                    "optimizer_s")}
         return d
 
 

@@ -14,15 +14,19 @@ probed and launched as ranked.
 
 Facts: ../shared/MEGATRON_DEEPSPEED.md (the forks' megatron/arguments.py, microbatches.py, DeepSpeed's
 pipeline engine), NVIDIA/Megatron-LM megatron/training/arguments.py validate_args and
-megatron/core/transformer/transformer_config.py (uneven pipeline stages), seeds 002-004.
+megatron/core/transformer/transformer_config.py (uneven pipeline stages), seeds 002-004; context parallel,
+experts and FP8 from `planner.context_parallel`, `planner.moe` and `planner.fp8` (Megatron-LM has all of them,
+torchtitan CP, EP and float8, the Megatron-DeepSpeed forks and the torch-native probe none).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 from typing import Iterable, Iterator, Sequence
 
+from planner import context_parallel, fp8, moe
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown
 from planner.model import ModelSpec
@@ -65,6 +69,13 @@ class Reason(str, Enum):
     REDUNDANT = "redundant"
     MEMORY_STATIC = "memory_static_rule"
     MEMORY_TOTAL = "memory_total"
+    # context parallel, experts, FP8 (planner.context_parallel, planner.moe, planner.fp8)
+    CP_SEQUENCE = "cp_sequence_divisibility"
+    EP_EXPERTS = "ep_divides_experts"
+    EP_GROUP = "ep_within_data_parallel"
+    ETP_FFN = "etp_divides_expert_ffn"
+    MOE_SP = "moe_needs_sequence_parallel"
+    FP8_HARDWARE = "fp8_needs_hardware"
 
     def __str__(self) -> str:
         return self.value
@@ -124,17 +135,24 @@ def knob_values(target: Target, training: TrainingSpec) -> dict[str, tuple]:
     """
     fw = target.framework
     zeros = tuple(training.zero_options)
+    cp_ep = fw in ("megatron-lm", "fsdp")   # the targets with context and expert parallelism
     return {
         "recompute": tuple(training.recompute_options),
         "zero": zeros,
         "sp": (False, True) if fw == "megatron-lm" or target.flavor == "microsoft" else (False,),
         "vpp": VPP_OPTIONS if fw == "megatron-lm" else (1,),
         "hybrid": (False, True) if fw == "fsdp" and 3 in zeros else (False,),
+        # None: the sizes planner.context_parallel.cp_choices / planner.moe.ep_choices give (a --cp / --ep list is
+        # enumerated on every target, so that a target without them says why)
+        "cp": None if cp_ep or training.cp_options else (1,),
+        "ep": None if cp_ep or training.ep_options else ((1, 1),),
+        "moe_needs_sp": fw == "megatron-lm",   # planner.moe.violations: EP with TP needs SP on Megatron
     }
 
 
 # -- pipeline stages ---------------------------------------------------------------------------------------
 
+@lru_cache(maxsize=4096)   # pure in its ints; a plan asks it once per candidate
 def megatron_lm_stages(layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
     """Layers on (first, each middle, last) pipeline stage as Megatron-LM runs them, or None when impossible.
 
@@ -173,10 +191,12 @@ def megatron_lm_stages(layers: int, pp: int, vpp: int = 1) -> tuple[int, int, in
 
 def _bad_sizes(c: Candidate) -> str | None:
     if (type(c.tp) is int and type(c.pp) is int and type(c.dp) is int and type(c.mbs) is int  # the fast path
-            and type(c.gas) is int and type(c.vpp) is int and min(c.tp, c.pp, c.dp, c.mbs, c.gas, c.vpp) >= 1
+            and type(c.gas) is int and type(c.vpp) is int and type(c.cp) is int and type(c.ep) is int
+            and type(c.etp) is int and min(c.tp, c.pp, c.dp, c.mbs, c.gas, c.vpp, c.cp, c.ep, c.etp) >= 1
             and c.zero in (0, 1, 2, 3) and c.recompute in RECOMPUTE):
         return None
-    sizes = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "mbs": c.mbs, "gas": c.gas, "vpp": c.vpp}
+    sizes = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "mbs": c.mbs, "gas": c.gas, "vpp": c.vpp, "cp": c.cp, "ep": c.ep,
+             "etp": c.etp}
     bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
     if c.zero not in (0, 1, 2, 3):
         bad.append(f"zero={c.zero} (ZeRO stages are 0-3)")
@@ -198,12 +218,13 @@ def _tp_divides(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
 
 
 def _degrees(model: ModelSpec, c: Candidate, cluster: ClusterSpec) -> Iterator[Violation]:
-    """Rules on TP, PP and DP alone (`Checker` caches them per degree triple)."""
+    """Rules on TP, PP, DP and CP alone (`Checker` caches them per degree tuple)."""
     world = cluster.world_size
-    if c.tp * c.pp * c.dp != world:
-        yield Violation(Reason.WORLD_SIZE, f"TP({c.tp})*PP({c.pp})*DP({c.dp}) = {c.tp * c.pp * c.dp} "
+    if c.world != world:
+        cp = f"*CP({c.cp})" if c.cp > 1 else ""
+        yield Violation(Reason.WORLD_SIZE, f"TP({c.tp})*PP({c.pp})*DP({c.dp}){cp} = {c.world} "
                                            f"!= world size {world} ({cluster.nodes} nodes x {cluster.gpus_per_node} "
-                                           "GPUs); pick DP = world / (TP*PP)")
+                                           f"GPUs); pick DP = world / (TP*PP{'*CP' if cp else ''})")
     if c.tp > cluster.gpus_per_node:
         yield Violation(Reason.TP_EXCEEDS_NODE, f"TP {c.tp} > {cluster.gpus_per_node} GPUs per node: TP all-reduces "
                                                 "every layer and must stay on the intra-node link (seed 004)")
@@ -229,7 +250,7 @@ def _batches(c: Candidate, training: TrainingSpec) -> Iterator[Violation]:
 
 
 def _redundant(c: Candidate) -> Iterator[Violation]:
-    if c.zero > 0 and c.dp == 1:
+    if c.zero > 0 and c.dp * c.cp == 1:   # the distributed optimizer shards over DP x CP
         yield Violation(Reason.REDUNDANT, f"ZeRO-{c.zero} with DP=1 shards nothing: same as ZeRO-0")
     if c.sp and c.tp == 1:
         yield Violation(Reason.REDUNDANT, "sequence parallelism needs TP > 1 (Megatron silently turns it off "
@@ -384,8 +405,40 @@ def _probe(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
 _TP_REASONS = (Reason.TP_HEADS, Reason.TP_KV_HEADS, Reason.TP_FFN, Reason.MICROBATCHES_LT_STAGES, Reason.REDUNDANT)
 
 
+def parallel_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                    target: Target) -> Iterator[Violation]:
+    """Context parallel, experts (EP/ETP, MoE layers) and FP8 on ``target``: Megatron-LM has all of them,
+    torchtitan (fsdp) CP, EP and float8 (no ETP), the Megatron-DeepSpeed forks and the probe none."""
+    fw = target.framework
+    if fw in ("megatron-lm", "fsdp"):
+        for rules in (context_parallel.violations, moe.violations, fp8.violations):
+            for reason, detail in rules(model, c, cluster, training, fw):
+                yield Violation(Reason(reason), detail)
+        if fw == "fsdp" and moe.is_moe(model) and c.ep > 1 and not c.cp <= c.ep <= c.dp * c.cp:
+            yield Violation(Reason.EP_GROUP, f"torchtitan needs CP <= EP <= DP*CP (job_config.py "
+                                             f"expert_parallel_degree), got CP={c.cp} EP={c.ep} DP={c.dp}")
+        return
+    fix = "use --framework megatron-lm (or fsdp: torchtitan)"
+    if c.cp > 1:
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"{target} has no context parallelism (cp={c.cp}); {fix} or cp=1")
+    if moe.is_moe(model):
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"{target} has no mixture-of-experts layers ({model.num_experts} "
+                                                f"experts); {fix}")
+    elif c.ep > 1 or c.etp > 1:
+        yield Violation(Reason.REDUNDANT, f"EP={c.ep}, ETP={c.etp} on a dense model: there are no experts to shard")
+    if training.precision == "fp8":
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"{target} has no FP8 training; {fix} or --precision bf16")
+
+
 def _target_rules(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   targets: Sequence[Target]) -> Iterator[Violation]:
+    yield from _target_rules_but_extras(model, c, cluster, targets)
+    for target in targets:
+        yield from parallel_extras(model, c, cluster, training, target)
+
+
+def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec,
+                             targets: Sequence[Target]) -> Iterator[Violation]:
     for target in targets:
         fw = target.framework
         if fw == "megatron-deepspeed":
@@ -419,10 +472,12 @@ class Checker:
         self.targets = _targets(training, targets)
         self._degrees: dict[tuple, Violation | None] = {}
         self._batches: dict[tuple, Violation | None] = {}
+        self._extras: dict[tuple, Violation | None] = {}
+        self._targets: dict[tuple, Violation | None] = {}
 
     def first(self, c: Candidate) -> Violation | None:
         """For candidates of `enumerate_candidates` (well-formed by construction: no INVALID check)."""
-        key = (c.tp, c.pp, c.dp)
+        key = (c.tp, c.pp, c.dp, c.cp)
         if key not in self._degrees:
             self._degrees[key] = next(_degrees(self.model, c, self.cluster), None)
         v = self._degrees[key]
@@ -433,8 +488,17 @@ class Checker:
             v = self._batches[key]
         if v is None:
             v = next(_redundant(c), None)
-        if v is None:
-            v = next(_target_rules(self.model, c, self.cluster, self.training, self.targets), None)
+        if v is None:  # the frameworks' rules read no CP / EP / MBS: one answer per EP and CP value
+            key = (c.tp, c.pp, c.dp, c.gas, c.zero, c.recompute, c.sp, c.vpp, c.hybrid)
+            if key not in self._targets:
+                self._targets[key] = next(_target_rules_but_extras(self.model, c, self.cluster, self.targets), None)
+            v = self._targets[key]
+        if v is None:  # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training)
+            key = (c.tp, c.cp, c.dp, c.ep, c.etp, c.sp)
+            if key not in self._extras:
+                self._extras[key] = next((x for t in self.targets
+                                          for x in parallel_extras(self.model, c, self.cluster, self.training, t)), None)
+            v = self._extras[key]
         return v
 
 
@@ -462,6 +526,12 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
     fw, flavor = target.framework, target.flavor
     if training.precision == "bf16" and cluster.gpu.peak_bf16_flops is None:
         out.append(Violation(Reason.PRECISION, f"{cluster.gpu.id} has no bf16; use --precision fp16"))
+    if training.precision == "fp8" and cluster.gpu.peak_fp8_flops is None:
+        out.append(Violation(Reason.PRECISION, f"{cluster.gpu.id} has no FP8 tensor cores (H100, H200, B200 and MI300X "
+                                               "do); use --precision bf16"))
+    if training.precision == "fp8" and fw not in fp8.FRAMEWORKS_WITH_FP8:
+        out.append(Violation(Reason.FRAMEWORK_LIMIT, f"{target} has no FP8 training; use --framework megatron-lm "
+                                                     "(or fsdp: torchtitan float8) or --precision bf16"))
     if fw in ("megatron-deepspeed", "megatron-lm") and training.optimizer not in MEGATRON_OPTIMIZERS:
         out.append(Violation(Reason.FRAMEWORK_LIMIT, f"optimizer {training.optimizer!r} has no Megatron flag; plan "
                                                      f"with one of {', '.join(MEGATRON_OPTIMIZERS)}"))
@@ -473,12 +543,16 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                   (not model.tied_embeddings, "untied input/output embeddings"),
                   (not model.bias, "linear layers without biases"),
                   (model.position == "rope" and rope_theta(model) != DEFAULT_ROPE_THETA,
-                   f"RoPE base {rope_theta(model):g} (its rotary base is fixed at 10000)")]
+                   f"RoPE base {rope_theta(model):g} (its rotary base is fixed at 10000)"),
+                  (moe.is_moe(model), "mixture-of-experts layers"), (bool(model.kv_lora_rank), "multi-latent attention")]
         fix = "use --emit-flavor microsoft or --framework megatron-lm"
     elif fw == "megatron-deepspeed":
         cannot = [(model.position == "alibi", "ALiBi positions"),
-                  (model.embedding_norm, "a layernorm after the word embedding")]
-        fix = "use --emit-flavor bigscience"
+                  (model.embedding_norm, "a layernorm after the word embedding"),
+                  (moe.is_moe(model), "mixture-of-experts layers (as planned here: Megatron-Core MoE)"),
+                  (bool(model.kv_lora_rank), "multi-latent attention")]
+        fix = ("use --framework megatron-lm" if moe.is_moe(model) or model.kv_lora_rank
+               else "use --emit-flavor bigscience")
     elif fw == "megatron-lm":
         cannot = [(model.position == "alibi", "ALiBi positions"),
                   (model.embedding_norm, "a layernorm after the word embedding")]
@@ -490,7 +564,9 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                                               "no biases, untied embeddings)"),
                   (training.precision == "fp16", "fp16 mixed precision (bf16 or fp32 only)"),
                   (training.optimizer != "adamw", f"optimizer {training.optimizer!r} (AdamW)"),
-                  (training.rampup is not None, "a batch-size rampup (use --no-rampup)")]
+                  (training.rampup is not None, "a batch-size rampup (use --no-rampup)"),
+                  (moe.is_moe(model) or bool(model.kv_lora_rank), "mixture-of-experts or multi-latent attention "
+                                                                  "layers (the emitted model is torchtitan's llama3)")]
         fix = "plan without --emit fsdp, or use --framework megatron-lm"
     for bad, what in cannot:
         if bad:
@@ -545,5 +621,5 @@ def first(violations: Iterable[Violation]) -> Violation | None:
 
 __all__ = ["Checker", "FLAVORS", "MEGATRON_OPTIMIZERS", "PP_SCHEDULES", "PROBE", "Reason", "TARGET_FRAMEWORKS", "Target",
            "VPP_OPTIONS", "Violation", "iter_violations", "knob_values", "layout_violations", "megatron_lm_stages",
-           "memory_advice", "memory_violations", "model_violations", "probe_layout_violations", "setup_violations",
+           "memory_advice", "memory_violations", "model_violations", "parallel_extras", "probe_layout_violations", "setup_violations",
            "structural_violations", "target_of"]

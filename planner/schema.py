@@ -370,6 +370,11 @@ HF_FAMILIES: dict[str, HFFamily] = {
                          source="transformers GPTNeoXConfig (parallel residual, partial rotary)"),
     "bloom": HFFamily(glu=False, tied=True, position="alibi", norm="layernorm", bias=True, embedding_norm=True,
                       source="transformers BloomConfig (ALiBi, embedding LayerNorm)"),
+    # mixture of experts (planner.moe reads the expert keys)
+    "mixtral": HFFamily(**_LLAMA, source="transformers MixtralConfig (Llama shape, top-k routed SwiGLU experts)"),
+    "qwen3_moe": HFFamily(**_LLAMA, source="transformers Qwen3MoeConfig (Llama shape, head_dim, 128 experts)"),
+    "deepseek_v3": HFFamily(**_LLAMA, source="transformers DeepseekV3Config (multi-latent attention, shared + "
+                                             "routed experts)"),
 }
 """the config.json families plantune reads; a new dense family is one row (and its keys below)"""
 
@@ -392,6 +397,18 @@ HF_KEYS: dict[str, Field] = {
     # sliding-window attention costs at most what full attention costs: the planner's figure is an upper bound
     "sliding_window": Int(1, None, null=True), "use_sliding_window": Bool(), "max_window_layers": Int(0, None),
     "use_parallel_residual": Bool(), "apply_residual_connection_post_layernorm": Bool(),
+    # mixture of experts and multi-latent attention (planner.moe.hf_fields)
+    **{k: Int(0, 1_000_000) for k in ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+                                      "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
+                                      "moe_layer_freq", "decoder_sparse_step", "first_k_dense_replace", "q_lora_rank",
+                                      "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")},
+    # routing and load-balancing settings: they do not change the parameters or the FLOPs counted
+    "router_aux_loss_coef": Num(0), "aux_loss_alpha": Num(0), "output_router_logits": Bool(),
+    "router_jitter_noise": Num(0), "norm_topk_prob": Bool(), "routed_scaling_factor": Num(0, open_lo=True),
+    "scoring_func": Str(), "topk_method": Str(), "n_group": Int(1, 1_000_000), "topk_group": Int(1, 1_000_000),
+    "seq_aux": Bool(), "ep_size": Int(1, 1_000_000), "mlp_only_layers": Any(),
+    # DeepSeek-V3's multi-token-prediction module is not part of its 671B (the report's count excludes it)
+    "num_nextn_predict_layers": Int(0, 1_000),
 }
 """config.json keys plantune reads or knows to leave the shape alone, with their types"""
 
@@ -406,10 +423,8 @@ HF_INERT = frozenset((
 ))
 """metadata keys that do not describe the network (any value); names ending in _dropout/_pdrop also pass"""
 
-HF_MOE = ("num_local_experts", "num_experts", "num_experts_per_tok", "n_routed_experts", "n_shared_experts",
-          "moe_intermediate_size", "shared_expert_intermediate_size", "router_aux_loss_coef", "moe_layer_freq",
-          "decoder_sparse_step", "first_k_dense_replace", "output_router_logits", "router_jitter_noise")
-"""mixture-of-experts keys: plantune plans dense models (a MoE read as dense is a different model)"""
+HF_MOE_UNREAD = ("qwen2_moe", "deepseek_v2", "dbrx", "olmoe")
+"""mixture-of-experts model types whose expert layout plantune does not read (planned as dense they would be wrong)"""
 
 
 def _inert(key: str) -> bool:
@@ -425,11 +440,10 @@ def check_hf(data: dict, where: str) -> str:
     """
     if not isinstance(data.get("model_type"), str):
         check(data, {"model_type": HF_KEYS["model_type"]}, where, unknown="keep")
-    moe = [k for k in HF_MOE if k in data and data[k] not in (None, 0, 1, False)]
-    if moe or data.get("model_type") in ("mixtral", "qwen2_moe", "deepseek_v2", "deepseek_v3", "dbrx", "olmoe"):
-        shown = ", ".join(f"{k}: {_short(data[k])}" for k in moe[:3]) or f"model_type {data.get('model_type')}"
-        raise InputError(f"{where}: mixture-of-experts ({shown}) is not supported yet; plantune plans dense "
-                         "models only, and planning this one as dense would be wrong")
+    if data.get("model_type") in HF_MOE_UNREAD:
+        raise InputError(f"{where}: mixture-of-experts model_type {data['model_type']} is not read yet (plantune "
+                         "reads mixtral, qwen3_moe, deepseek_v3); write a plantune model YAML with its experts "
+                         "(num_experts, moe_topk, moe_ffn_hidden, ...)")
     model_type = data.get("model_type")
     if model_type is not None and model_type not in HF_FAMILIES:
         raise InputError(f"{where}: model_type {_short(model_type)} is not one plantune reads ("

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
+from planner import context_parallel, moe
 from planner.errors import InputError
 from planner.model import ModelSpec, Rampup
 
 RECOMPUTE = ("none", "selective", "full")
 FRAMEWORKS = ("megatron-deepspeed", "megatron-lm", "fsdp")
-PRECISIONS = ("bf16", "fp16", "fp32")
+PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
 FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FLAVORS = ("bigscience", "microsoft")
@@ -51,6 +52,12 @@ class TrainingSpec:
     """which ZeRO stages / FSDP strategies to enumerate (--zero 0,1)"""
     pins: tuple[tuple[str, int], ...] = ()
     """degrees the user fixed, sorted (name, value) pairs of PINNABLE (--tp 8 --pp 4)"""
+    cp_options: tuple[int, ...] | None = None
+    """context-parallel sizes to enumerate (--cp 1,2,4); None = planner.context_parallel.cp_choices"""
+    ep_options: tuple[int, ...] | None = None
+    """expert-parallel sizes to enumerate (--ep 1,8); None = the divisors of the expert count"""
+    moe_capacity_factor: float | None = None
+    """MoE expert capacity factor (--moe-expert-capacity-factor); None = dropless"""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -79,6 +86,10 @@ class TrainingSpec:
             raise InputError(f"--recompute: {bad or 'empty'}; choose from {', '.join(RECOMPUTE)}")
         if not self.zero_options or any(z not in (0, 1, 2, 3) for z in self.zero_options):
             raise InputError(f"--zero: {list(self.zero_options)}; choose stages from 0, 1, 2, 3")
+        if self.moe_capacity_factor is not None and not self.moe_capacity_factor >= 1:
+            raise InputError(f"--moe-capacity-factor must be >= 1, got {self.moe_capacity_factor}")
+        if any(not isinstance(v, int) or v < 1 for v in (self.cp_options or ()) + (self.ep_options or ())):
+            raise InputError(f"--cp / --ep: sizes must be positive integers, got {self.cp_options} {self.ep_options}")
         if self.rampup is not None and self.rampup.start >= self.global_batch:
             raise InputError(f"rampup start {self.rampup.start} must be below the global batch "
                              f"{self.global_batch} (megatron/microbatches.py)")
@@ -102,10 +113,16 @@ class Candidate:
     """virtual pipeline stages per GPU (interleaved 1F1B); 1 = plain 1F1B"""
     hybrid: bool = False
     """FSDP HYBRID_SHARD: shard inside a node, replicate across nodes"""
+    cp: int = 1
+    """context parallel: each sequence split over CP ranks (world = TP·CP·PP·DP)"""
+    ep: int = 1
+    """expert parallel: experts spread over EP ranks of the TP·CP·DP grid"""
+    etp: int = 1
+    """expert tensor parallel: each expert's FFN split over ETP ranks"""
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
     @property
     def global_batch(self) -> int:
@@ -128,6 +145,7 @@ class Candidate:
             parts.append(f"vpp={self.vpp}")
         if self.hybrid:
             parts.append("hybrid=1")
+        parts += [f"{k}={v}" for k, v in (("cp", self.cp), ("ep", self.ep), ("etp", self.etp)) if v > 1]
         return ",".join(parts)
 
     def to_dict(self) -> dict:
@@ -151,7 +169,7 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
             raise InputError(f"--explain: {part!r} is not key=value; e.g. \"tp=4,pp=12,mbs=2,recompute=full,zero=1\"")
         k, v = (s.strip().lower() for s in part.split("=", 1))
         fields[k] = v
-    known = {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "hybrid"}
+    known = {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "hybrid", "cp", "ep", "etp"}
     if set(fields) - known:
         raise InputError(f"--explain: unknown keys {sorted(set(fields) - known)}; known: {sorted(known)}")
 
@@ -166,8 +184,8 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
         if value < 0 or (value == 0 and key not in ("zero", "sp", "hybrid")):
             raise InputError(f"--explain: {key}={raw} must be positive")
         return value
-    tp, pp, mbs = num("tp", 1), num("pp", 1), num("mbs", 1)
-    dp = num("dp", max(world // (tp * pp), 1))
+    tp, pp, mbs, cp = num("tp", 1), num("pp", 1), num("mbs", 1), num("cp", 1)
+    dp = num("dp", max(world // (tp * pp * cp), 1))
     gas = num("gas", max(global_batch // (mbs * dp), 1))
     recompute = fields.get("recompute", "none")
     if recompute not in RECOMPUTE:
@@ -177,7 +195,8 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
         if fields.get(key, "0") not in truthy | falsy:
             raise InputError(f"--explain: {key}={fields[key]} must be 1 or 0 (true or false)")
     return Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute, zero=num("zero", 0),
-                     sp=fields.get("sp", "0") in truthy, vpp=num("vpp", 1), hybrid=fields.get("hybrid", "0") in truthy)
+                     sp=fields.get("sp", "0") in truthy, vpp=num("vpp", 1), hybrid=fields.get("hybrid", "0") in truthy,
+                     cp=cp, ep=num("ep", 1), etp=num("etp", 1))
 
 
 def mbs_values(per_replica: int, max_mbs: int) -> list[int]:
@@ -193,7 +212,9 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int, train
     reason, not a silent omission); PP over divisors of world/TP up to the layer count + 1 (one
     "PP exceeds layers" example); MBS over every value up to ``max_mbs`` dividing GBS/DP (GBS/DP not
     an integer gives MBS 1, which the batch rule then explains). ``knobs`` (recompute, zero, sp, vpp,
-    hybrid value tuples) come from `planner.rules.knob_values`; pinned degrees replace their axis.
+    hybrid value tuples; cp and ep: None where the target has them, then `planner.context_parallel.cp_choices`
+    and `planner.moe.ep_choices` give the sizes) come from `planner.rules.knob_values`; pinned degrees
+    replace their axis.
     Every rule is applied afterwards, by `planner.rules`.
     """
     if knobs is None:
@@ -209,20 +230,35 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int, train
         for pp in pps:
             if world % (tp * pp):
                 continue
-            dp = world // (tp * pp)
-            if "dp" in pins and dp != pins["dp"]:
-                continue
-            per_replica = training.global_batch // dp if training.global_batch % dp == 0 else 0
-            mbss = [pins["mbs"]] if "mbs" in pins else mbs_values(per_replica, training.max_mbs)
-            vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"]
-            for mbs in mbss:
-                gas = max(training.global_batch // (mbs * dp), 1)
-                if "gas" in pins and gas != pins["gas"]:
+            # CP sizes: the target's (planner.rules.knob_values: None = planner.context_parallel.cp_choices)
+            cps = knobs["cp"] or context_parallel.cp_choices(training.seq_len, world // (tp * pp), training.cp_options)
+            for cp in cps:
+                if world % (tp * pp * cp):
                     continue
-                for recompute in knobs["recompute"]:
-                    for zero in knobs["zero"]:
-                        for sp in knobs["sp"]:
-                            for vpp in vpps:
-                                for hybrid in knobs["hybrid"]:
-                                    yield Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute,
-                                                    zero=zero, sp=sp, vpp=vpp, hybrid=hybrid)
+                yield from _inner(model, world, training, knobs, pins, tp, pp, cp)
+
+
+def _inner(model: ModelSpec, world: int, training: TrainingSpec, knobs: dict[str, tuple], pins: dict[str, int],
+           tp: int, pp: int, cp: int) -> Iterator[Candidate]:
+    """The rest of the product for one (TP, PP, CP)."""
+    dp = world // (tp * pp * cp)
+    if "dp" in pins and dp != pins["dp"]:
+        return
+    per_replica = training.global_batch // dp if training.global_batch % dp == 0 else 0
+    mbss = [pins["mbs"]] if "mbs" in pins else mbs_values(per_replica, training.max_mbs)
+    vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"]
+    ep_etps = knobs["ep"] or moe.ep_choices(model, tp, cp, dp, training.ep_options)
+    # Megatron needs SP under MoE with EP and TP (planner.moe.violations): sp=0 is enumerated with EP=1 only
+    ep_no_sp = [pe for pe in ep_etps if pe[0] == 1] if knobs["moe_needs_sp"] and tp > 1 else ep_etps
+    for mbs in mbss:
+        gas = max(training.global_batch // (mbs * dp), 1)
+        if "gas" in pins and gas != pins["gas"]:
+            continue
+        for recompute in knobs["recompute"]:
+            for zero in knobs["zero"]:
+                for sp in knobs["sp"]:
+                    for vpp in vpps:
+                        for hybrid in knobs["hybrid"]:
+                            for ep, etp in (ep_etps if sp else ep_no_sp):
+                                yield Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute,
+                                                zero=zero, sp=sp, vpp=vpp, hybrid=hybrid, cp=cp, ep=ep, etp=etp)

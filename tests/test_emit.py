@@ -75,7 +75,7 @@ def test_plan_yaml_round_trip(emitted, tmp_path) -> None:
 def test_plan_yaml_knows_every_field() -> None:
     """A new Candidate/Prediction field must get a plan.yaml key (ModelSpec and TrainingSpec extras are generic)."""
     assert {f.name for f in fields(Candidate)} == {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp",
-                                                   "hybrid"}
+                                                   "hybrid", "cp", "ep", "etp"}
     assert {f.name for f in fields(Prediction)} == {"memory_gb_per_gpu", "step_time_s", "model_tflops_per_gpu",
                                                     "hardware_tflops_per_gpu", "mfu"}
 

@@ -164,12 +164,13 @@ MEGATRON_LM_CHOICES = {"--position-embedding-type": {"learned_absolute", "rope",
                                                                             "NullTokenizer", "GPT2BPETokenizer"}}
 TORCHTITAN = {
     "job": {"dump_folder", "description"}, "metrics": {"log_freq", "enable_tensorboard", "save_tb_folder"},
-    "model": {"name", "flavor", "hf_assets_path"}, "optimizer": {"name", "lr", "eps", "weight_decay"},
+    "model": {"name", "flavor", "hf_assets_path", "converters"}, "quantize": {"linear"}, "optimizer": {"name", "lr", "eps", "weight_decay"},
     "lr_scheduler": {"warmup_steps", "decay_type", "min_lr_factor"},
     "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "mixed_precision_param",
                  "mixed_precision_reduce"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
-                    "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree"},
+                    "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
+                    "expert_parallel_degree"},
     "checkpoint": {"enable", "folder", "interval"}, "activation_checkpoint": {"mode", "selective_ac_option"},
     "compile": {"enable"},
 }

@@ -22,6 +22,11 @@ PUBLISHED = [
     ("mt-nlg-530b", 530e9, 0.005, "Smith et al. 2022: 530B"),
     ("megatron-1t", 1.008e12, 0.001, "Narayanan et al. 2021 Table 1: 1008B"),
     ("bigscience-1b3", 1.3e9, 0.02, "seed 003: 1.3B"),
+    ("llama3.1-405b", 405_853_388_800, 0.0, "HF meta-llama/Llama-3.1-405B (same shape, 128K positions)"),
+    ("mixtral-8x7b", 46.7e9, 0.002, "Jiang et al. 2024 arXiv 2401.04088 Sec. 2: 46.7B"),
+    ("mixtral-8x22b", 141e9, 0.005, "Mistral AI Mixtral 8x22B announcement: 141B"),
+    ("qwen3-30b-a3b", 30.5e9, 0.002, "Qwen3 Technical Report arXiv 2505.09388 Table 2: 30.5B"),
+    ("deepseek-v3", 671e9, 0.001, "DeepSeek-V3 report arXiv 2412.19437 Sec. 1: 671B (MTP module excluded)"),
 ]
 
 

@@ -240,3 +240,75 @@ def test_tune_plans_with_the_emit_target(tmp_path):
                       "--storage", f"sqlite:///{tmp_path}/t.db", "--workdir", str(tmp_path / "runs"),
                       "--no-progress"])
     assert code == 2 and not (tmp_path / "runs").exists()
+
+
+# -- context parallel and experts (planner.context_parallel, planner.moe) ------------------------------------
+
+PARALLEL_CASES = {
+    # name: (model, gpus, global batch, seq, target, which extra degree must appear among the survivors)
+    "mixtral-8x7b-megatron-lm": (get_preset("mixtral-8x7b"), 64, 512, 4096, Target("megatron-lm"), "ep"),
+    "llama3-8b-32k-cp-megatron-lm": (get_preset("llama3-8b").with_overrides(seq_len=32768), 64, 64, 32768,
+                                     Target("megatron-lm"), "cp"),
+    "llama3-8b-32k-cp-fsdp": (get_preset("llama3-8b").with_overrides(seq_len=32768), 64, 64, 32768, Target("fsdp"),
+                              "cp"),
+}
+
+
+@pytest.mark.parametrize("name", PARALLEL_CASES)
+def test_cp_and_moe_survivors_emit_and_read_back(name, tmp_path):
+    """MoE (EP/ETP) and CP layouts: every survivor renders for its target, reads back identical and re-renders
+    byte-identical; the torch-native probe, which has neither, refuses them by rule."""
+    model, gpus, gbs, seq, target, extra = PARALLEL_CASES[name]
+    cluster = make_cluster(gpu="H100-SXM", gpus=gpus)
+    training = _training(target, gbs, seq, model)
+    assert model_violations(model, training, cluster, target) == []
+    p = plan(model, cluster, training, targets=(target,), allow_empty=True)
+    survivors = p.candidates[:MAX_PER_CASE]
+    assert any(getattr(e.candidate, extra) > 1 for e in p.candidates), f"no {extra} > 1 among the survivors"
+    with_extra = [e for e in p.candidates if getattr(e.candidate, extra) > 1][:10]
+    for est in survivors + with_extra:
+        setup = RunSetup(model=p.model, cluster=cluster, training=training, candidate=est.candidate)
+        files = render(setup, target.framework)
+        out = tmp_path / est.candidate.label().replace(",", "_").replace("=", "")
+        emit(setup, target.framework, out)
+        loaded = load_plan_yaml(out / "plan.yaml")
+        assert loaded == setup
+        assert render(loaded, target.framework) == files
+        c = est.candidate
+        if c.cp > 1 or c.ep > 1 or model.num_experts:
+            probe = setup_violations(model, c, cluster, training, Target(PROBE))
+            assert any(v.reason == Reason.FRAMEWORK_LIMIT for v in probe), c.label()
+
+
+def test_moe_and_cp_are_refused_by_the_megatron_deepspeed_forks():
+    mixtral = get_preset("mixtral-8x7b")
+    cluster = make_cluster(gpu="H100-SXM", gpus=64)
+    for flavor in ("bigscience", "microsoft"):
+        t = _training(Target("megatron-deepspeed", flavor), 512, 4096, mixtral)
+        problems = model_violations(mixtral, t, cluster, Target("megatron-deepspeed", flavor))
+        assert any("mixture-of-experts" in v.detail for v in problems), flavor
+    llama = get_preset("llama3-8b").with_overrides(seq_len=32768)
+    t = _training(Target("megatron-deepspeed", "microsoft"), 64, 32768, llama)
+    c = Candidate(tp=1, pp=1, dp=32, cp=2, mbs=1, gas=2)
+    assert any(v.reason == Reason.FRAMEWORK_LIMIT and "context parallelism" in v.detail
+               for v in setup_violations(llama, c, cluster, t, Target("megatron-deepspeed", "microsoft")))
+
+
+@pytest.mark.parametrize("name", PARALLEL_CASES)
+def test_checker_fast_path_agrees_with_the_rules(name):
+    """`Checker.first` (cached per degree, batch, framework and CP/EP/ETP key) names the same first rule as
+    `iter_violations` on CP and EP candidates, for the plan's target and for the forks that refuse them."""
+    from planner.rules import Checker, iter_violations
+    from planner.space import enumerate_candidates
+
+    model, gpus, gbs, seq, target, _ = PARALLEL_CASES[name]
+    cluster = make_cluster(gpu="H100-SXM", gpus=gpus)
+    cands = list(enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node,
+                                      _training(target, gbs, seq, model)))
+    assert any(c.cp > 1 or c.ep > 1 for c in cands)
+    for t in (target, Target("megatron-deepspeed", "microsoft")):
+        training = _training(t, gbs, seq, model)
+        checker = Checker(model, cluster, training, (t,))
+        for c in cands[::7]:
+            expected = next(iter_violations(model, c, cluster, training, (t,)), None)
+            assert checker.first(c) == expected, c.label()

@@ -6,20 +6,23 @@ tests/test_emit_argnames.py pins them. plantune's ZeRO stage maps onto FSDP2's m
 ZeRO-0 (NO_SHARD) -> data_parallel_replicate_degree = DP (DDP); ZeRO-2 (SHARD_GRAD_OP) -> shard over DP,
 fsdp_reshard_after_forward = "never"; ZeRO-3 (FULL_SHARD) -> "always"; hybrid (HYBRID_SHARD) -> shard inside
 a node, replicate across nodes (HSDP). GAS follows from global_batch_size / (local_batch_size * DP).
+Context parallel is ``context_parallel_degree``, expert parallel ``expert_parallel_degree`` (1: the emitted
+llama3 model has no experts, `planner.rules.model_violations`), ``--precision fp8`` the float8 converter
+(`planner.emit.parallel_extras.torchtitan_dict`).
 """
 
 from __future__ import annotations
 
 import math
 
-from planner.emit import facts
+from planner.emit import facts, parallel_extras
 from planner.emit.setup import RunSetup, one_line, train_samples
 
 FILE_NAME = "torchtitan.toml"
 TORCHTITAN_VERSION = "0.2.2"
 LLAMA3_FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
 """plantune presets that are torchtitan's own llama3 flavors (torchtitan/models/llama3/__init__.py)"""
-_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+_DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp8": "bfloat16"}   # fp8: float8 GEMMs, bf16 params
 
 
 def _mesh(setup: RunSetup) -> dict:
@@ -41,7 +44,7 @@ def torchtitan_dict(setup: RunSetup) -> dict[str, dict]:
     steps = math.ceil(samples / t.global_batch) if samples is not None else None
     warm = facts.warmup_samples(t)
     lr = facts.peak_lr(m)
-    return {
+    return parallel_extras.merge({
         "job": {"dump_folder": "./outputs", "description": f"{one_line(m.name)}, written by plantune"},
         "metrics": {"log_freq": 1, "enable_tensorboard": True, "save_tb_folder": "tb"},
         "model": {"name": "llama3", "flavor": LLAMA3_FLAVORS.get(m.name, m.name),
@@ -53,12 +56,12 @@ def torchtitan_dict(setup: RunSetup) -> dict[str, dict]:
                      "max_norm": 1.0, "steps": steps if steps is not None else 10000,
                      "mixed_precision_param": _DTYPES[t.precision], "mixed_precision_reduce": "float32"},
         "parallelism": {**_mesh(setup), "tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
-                        "context_parallel_degree": 1},
+                        "context_parallel_degree": c.cp, "expert_parallel_degree": c.ep},
         "checkpoint": {"enable": True, "folder": "checkpoint", "interval": 500},
         "activation_checkpoint": ({"mode": c.recompute, "selective_ac_option": "op"} if c.recompute == "selective"
                                   else {"mode": c.recompute}),
         "compile": {"enable": False},
-    }
+    }, parallel_extras.torchtitan_dict(setup))   # float8 converter for --precision fp8
 
 
 def _value(v: object) -> str:
@@ -66,11 +69,13 @@ def _value(v: object) -> str:
         return "true" if v else "false"
     if isinstance(v, (int, float)):
         return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
     return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def toml_text(d: dict[str, dict]) -> str:
-    """Flat tables of scalars, as torchtitan's train_configs are (read back by tomllib)."""
+    """Flat tables of scalars and lists, as torchtitan's train_configs are (read back by tomllib)."""
     return "\n".join(f"[{section}]\n" + "".join(f"{k} = {_value(v)}\n" for k, v in body.items())
                      for section, body in d.items())
 
@@ -79,7 +84,7 @@ def torchtitan_text(setup: RunSetup) -> str:
     m, c, cl, t = setup.model, setup.candidate, setup.cluster, setup.training
     d = torchtitan_dict(setup)
     head = [f"torchtitan {TORCHTITAN_VERSION} job config for {one_line(m.name)}, written by plantune: "
-            f"FSDP {c.fsdp_strategy}, DP={c.dp}, MBS={c.mbs}, GAS={c.gas}, recompute {c.recompute}.",
+            f"FSDP {c.fsdp_strategy}, DP={c.dp}{f', CP={c.cp}' if c.cp > 1 else ''}, MBS={c.mbs}, GAS={c.gas}, recompute {c.recompute}.",
             f"Run on each of the {cl.nodes} node(s): torchrun --nnodes {cl.nodes} --nproc_per_node {cl.gpus_per_node} "
             "--rdzv_backend c10d --rdzv_endpoint $MASTER_ADDR:29500 -m torchtitan.train --job.config_file "
             f"{FILE_NAME}",

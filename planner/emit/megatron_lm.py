@@ -4,13 +4,14 @@ Flag spellings are those of NVIDIA/Megatron-LM megatron/training/arguments.py (a
 it builds arguments from), as used by its examples/llama/train_llama3_8b_h100_fp8.sh and
 examples/gpt3/train_gpt3_175b_distributed.sh; tests/test_emit_argnames.py pins every one. A layer count
 that PP does not divide runs with smaller first and last stages (``--decoder-first/last-pipeline-num-layers``,
-`planner.rules.megatron_lm_stages`); VPP is ``--num-virtual-stages-per-pipeline-rank``.
+`planner.rules.megatron_lm_stages`); VPP is ``--num-virtual-stages-per-pipeline-rank``. Context parallel,
+experts, MLA and FP8 flags come from `planner.emit.parallel_extras`.
 The same launch.sbatch as Megatron-DeepSpeed's starts it (torch.distributed.run, one task per node).
 """
 
 from __future__ import annotations
 
-from planner.emit import facts
+from planner.emit import facts, parallel_extras
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
 from planner.rules import megatron_lm_stages
 
@@ -61,8 +62,8 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
         args.append(("--train-samples", str(samples)))
     args += [("--optimizer", MEGATRON_OPTIMIZERS[t.optimizer]), ("--clip-grad", str(GRADIENT_CLIPPING))]
     args += facts.lr_args(m, t)
-    if t.precision in ("bf16", "fp16"):
-        args.append((f"--{t.precision}",))
+    if t.precision in ("bf16", "fp16", "fp8"):
+        args.append((f"--{'bf16' if t.precision == 'fp8' else t.precision}",))   # FP8 GEMMs inside bf16 training
     if c.recompute == "full":
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", "1")]
@@ -70,6 +71,7 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
         args.append(("--recompute-granularity", "selective"))
     if c.zero == 1:
         args.append(("--use-distributed-optimizer",))
+    args += [tuple(f) for f in parallel_extras.megatron_lm_flags(setup)]   # CP / EP / MoE / MLA / FP8 / RoPE scaling
     return args
 
 

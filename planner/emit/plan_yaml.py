@@ -74,6 +74,9 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
         "tensor_model_parallel_size": c.tp,
         "pipeline_model_parallel_size": c.pp,
         "data_parallel_size": c.dp,
+        "context_parallel_size": c.cp,
+        "expert_model_parallel_size": c.ep,
+        "expert_tensor_parallel_size": c.etp,
         "num_virtual_stages_per_pipeline_rank": c.vpp if c.vpp > 1 else None,
         "sequence_parallel": c.sp,
         "micro_batch_size": c.mbs,
@@ -83,8 +86,9 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
         "train_samples": train_samples(t),
         "recompute_granularity": None if c.recompute == "none" else c.recompute,
         "zero_stage": c.zero,
-        "bf16": t.precision == "bf16",
+        "bf16": t.precision in ("bf16", "fp8"),
         "fp16": t.precision == "fp16",
+        "fp8": "hybrid" if t.precision == "fp8" else None,   # Megatron's --fp8-format dest (planner.fp8)
         "use_flash_attn": t.flash_attention,
         "plantune": {
             "kind": kind,
@@ -159,7 +163,8 @@ def load_plan_yaml(path: Path) -> RunSetup:
         training = TrainingSpec(
             global_batch=_need(d, "global_batch_size", "", int, path), seq_len=_need(d, "seq_length", "", int, path),
             flavor=flavor if p.get("kind") == "megatron-deepspeed" else "bigscience",
-            precision="bf16" if bf16 else "fp16" if fp16 else "fp32", rampup=rampup,
+            precision="fp8" if _need(d, "fp8", "", (str, type(None)), path) else "bf16" if bf16 else "fp16" if fp16
+            else "fp32", rampup=rampup,
             flash_attention=_need(d, "use_flash_attn", "", bool, path),
             **{k: tuple(v) if isinstance(v, list) else v for k in _TRAINING_EXTRA
                for v in [_need(pt, k, "plantune.training.", (str, int, float, list, type(None)), path)]})
@@ -185,7 +190,9 @@ def load_plan_yaml(path: Path) -> RunSetup:
             gas=_need(d, "gradient_accumulation_steps", "", int, path), recompute=recompute or "none",
             zero=_need(d, "zero_stage", "", int, path), sp=_need(d, "sequence_parallel", "", bool, path),
             vpp=vpp,
-            hybrid=_need(p, "hybrid_shard", "plantune.", bool, path))
+            hybrid=_need(p, "hybrid_shard", "plantune.", bool, path),
+            cp=_need(d, "context_parallel_size", "", int, path), ep=_need(d, "expert_model_parallel_size", "", int, path),
+            etp=_need(d, "expert_tensor_parallel_size", "", int, path))
         cluster = make_cluster(gpu=_need(pc, "gpu", "plantune.cluster.", str, path),
                                gpus_per_node=_need(pc, "gpus_per_node", "plantune.cluster.", int, path),
                                nodes=_need(pc, "nodes", "plantune.cluster.", int, path),

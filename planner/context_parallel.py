@@ -1,0 +1,113 @@
+"""Context parallelism (CP): which CP sizes to try, its rules, activation memory, ring-attention time.
+
+CP splits every sequence into 2·CP chunks; rank i keeps chunks i and 2·CP-1-i so that causal
+attention's work is balanced (Megatron-Core context_parallel docs; TransformerEngine
+``attention.py`` ``get_cp_comm_type`` "p2p"), and passes K and V around a ring of the CP ranks, one
+hop per step, overlapped with the attention of the block it already has. Everything but attention
+is token-local, so each rank runs the layers on s/CP tokens. Megatron-Core's rank order is
+tp-cp-ep-dp-pp (megatron/core/parallel_state.py ``order``): a CP group strides by TP, so it stays on
+NVLink while TP·CP fits in a node, and gradients are reduced over the DP×CP group.
+
+Functions are pure and small; `planner.space`, `constraints`, `memory` and `cost` call them through
+one-line hooks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from planner.hardware import ClusterSpec
+    from planner.model import ModelSpec
+    from planner.space import Candidate, TrainingSpec
+
+# Smallest per-rank chunk the default search tries: Llama 3 ran CP=16 on 128K sequences, 8K tokens a
+# rank (Dubey et al. 2024 arXiv 2407.21783 Table 4); below that TP/PP already hold the activations of
+# the models in the catalog and CP only adds K/V traffic. `--cp` lists other sizes explicitly.
+MIN_CHUNK_TOKENS = 8192
+MAX_CP = 64
+FRAMEWORKS_WITH_CP = {"megatron-lm": "--context-parallel-size", "fsdp": "torchtitan context_parallel_degree"}
+
+
+def cp_choices(seq_len: int, ranks_left: int, options: tuple[int, ...] | None) -> list[int]:
+    """CP sizes to enumerate: the user's list, or powers of two dividing the ranks left after TP·PP
+    whose chunk stays >= MIN_CHUNK_TOKENS."""
+    if options:
+        return [c for c in options if ranks_left % c == 0]
+    out, c = [1], 2
+    while c <= min(MAX_CP, ranks_left) and seq_len // c >= MIN_CHUNK_TOKENS:
+        if ranks_left % c == 0:
+            out.append(c)
+        c *= 2
+    return out
+
+
+def violations(model: "ModelSpec", c: "Candidate", cluster: "ClusterSpec",
+               training: "TrainingSpec", framework: str | None = None) -> list[tuple[str, str]]:
+    """(reason value, detail) for every CP rule the candidate breaks on ``framework`` (default: the training's)."""
+    if c.cp <= 1:
+        return []
+    fw = framework or training.framework
+    out = []
+    if training.seq_len % (2 * c.cp):
+        out.append(("cp_sequence_divisibility",
+                    f"sequence {training.seq_len} % (2*CP) = {training.seq_len % (2 * c.cp)}: load-balanced causal CP "
+                    f"splits each sequence into 2*CP = {2 * c.cp} chunks (Megatron arguments.py: 'seq-length should "
+                    "be a multiple of 2 * context-parallel-size')"))
+    if fw not in FRAMEWORKS_WITH_CP:
+        out.append(("framework_limit", f"context parallelism is not in {fw} (the BigScience fork has "
+                                       "none); use --framework megatron-lm or fsdp (torchtitan)"))
+    if not training.flash_attention:
+        out.append(("framework_limit", "context parallelism runs ring attention on fused (flash) attention kernels; "
+                                       "plan with --flash-attention"))
+    return out
+
+
+def split_activations(activations: float, logits: float, model: "ModelSpec", c: "Candidate",
+                      training: "TrainingSpec") -> tuple[float, float]:
+    """Every activation and the logits are per token, so each CP rank keeps 1/CP of them; ring
+    attention adds two K/V receive buffers (16-bit) of one chunk, double-buffered (TransformerEngine
+    p2p CP keeps the next step's K/V in flight)."""
+    if c.cp <= 1:
+        return activations, logits
+    chunk = training.seq_len // c.cp * c.mbs
+    kv_buffers = 2 * 2 * chunk * model.kv_dim / max(1, c.tp) * 2
+    return activations / c.cp + kv_buffers, logits / c.cp
+
+
+def layer_forward_s(layer_fn: Callable, model: "ModelSpec", c: "Candidate", cluster: "ClusterSpec",
+                    training: "TrainingSpec", *args: object) -> tuple[float, float, float]:
+    """(matmul, attention core, element-wise) seconds of one layer on one CP rank: ``layer_fn`` (cost's
+    per-layer timing, called with ``args`` after the training) on the rank's share of the sequence.
+
+    Token-local work runs on s/CP tokens; ring attention computes CP blocks of (s/CP x s/CP) per
+    rank, i.e. CP times the attention core of an s/CP-token sequence."""
+    if c.cp <= 1:
+        return layer_fn(model, c, cluster, training, *args)
+    local = model.with_overrides(seq_len=max(1, model.seq_len // c.cp))
+    dense, core, elem = layer_fn(local, c, cluster, training, *args)
+    return dense, core * c.cp, elem
+
+
+def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "TrainingSpec", link: object,
+                            send_s: Callable[..., float], core_s: float, bytes_per_value: float) -> float:
+    """Exposed seconds of ring attention's K/V exchange in one layer's forward + backward.
+
+    CP-1 steps forward, each sending one chunk's K and V (2·s/CP·b·kv_dim/TP values) to the next rank
+    while the block already received is computed; the backward sends K, V and their gradients
+    (twice the bytes) over twice the compute (Megatron-Core / TransformerEngine overlap the p2p with
+    the attention kernels). Only the part of each step's send longer than its block is exposed."""
+    if c.cp <= 1:
+        return 0.0
+    steps = c.cp - 1
+    values = 2 * training.seq_len // c.cp * c.mbs * model.kv_dim / max(1, c.tp)
+    send = send_s(link, kind="send", message_bytes=values * bytes_per_value, group=2)
+    block = core_s / c.cp                       # one (s/CP x s/CP) block of the forward core
+    forward = steps * max(0.0, send - block)
+    backward = steps * max(0.0, 2 * send - 2 * block)
+    recompute = forward if c.recompute == "full" else 0.0
+    return forward + backward + recompute
+
+
+__all__ = ["FRAMEWORKS_WITH_CP", "MIN_CHUNK_TOKENS", "cp_choices", "layer_forward_s", "ring_exchange_exposed_s",
+           "split_activations", "violations"]

@@ -1,0 +1,131 @@
+"""Context parallel: enumeration, rules with reasons, memory divided by CP, ring-attention exchange, DP x CP reduce."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner import context_parallel, load_model, make_cluster
+from planner.constraints import Reason, structural_violations
+from planner.memory import memory_breakdown
+from planner.rank import estimate, plan
+from planner.space import Candidate, TrainingSpec, enumerate_candidates
+from planner.topology import Topology, collective_time_s
+
+LLAMA = load_model("llama3.1-405b")
+
+
+def _training(**kw) -> TrainingSpec:
+    base = dict(global_batch=128, seq_len=131072, framework="megatron-lm")
+    return TrainingSpec(**{**base, **kw})
+
+
+def test_cp_choices_keep_8k_tokens_a_rank():
+    assert context_parallel.cp_choices(131072, 128, None) == [1, 2, 4, 8, 16]
+    assert context_parallel.cp_choices(8192, 128, None) == [1]           # short sequences: no CP by default
+    assert context_parallel.cp_choices(8192, 12, (1, 2, 5)) == [1, 2]    # --cp list, filtered by divisibility
+
+
+def test_enumeration_yields_cp_and_world_includes_it():
+    cluster = make_cluster(gpu="H100", gpus=256)
+    cands = list(enumerate_candidates(LLAMA, 256, 8, _training(max_mbs=1, recompute_options=("full",),
+                                                                zero_options=(1,))))
+    assert {c.cp for c in cands} == {1, 2, 4, 8, 16}
+    assert all(c.world == cluster.world_size for c in cands)
+
+
+def test_cp_rules_name_their_reason():
+    cluster = make_cluster(gpu="H100", gpus=64)
+    c = Candidate(tp=8, pp=1, dp=1, cp=8, mbs=1, gas=128, zero=1)
+    odd = _training(seq_len=131064)                                        # not a multiple of 2*CP = 16
+    reasons = {v.reason for v in structural_violations(LLAMA.with_overrides(seq_len=131064), c, cluster, odd)}
+    assert Reason.CP_SEQUENCE in reasons
+    ds = _training(framework="megatron-deepspeed", flash_attention=False)
+    details = [v for v in structural_violations(LLAMA, c, cluster, ds) if v.reason == Reason.FRAMEWORK_LIMIT]
+    assert any("megatron-deepspeed (bigscience fork) has no context parallelism" in v.detail for v in details)
+    wrong_world = replace(c, dp=2)
+    assert Reason.WORLD_SIZE in {v.reason for v in structural_violations(LLAMA, wrong_world, cluster, _training())}
+
+
+def test_activation_memory_divided_by_cp():
+    cluster = make_cluster(gpu="H100", gpus=128)
+    t = _training()
+    one = memory_breakdown(LLAMA, Candidate(tp=8, pp=16, dp=1, cp=1, mbs=1, gas=128, recompute="full", zero=1),
+                           cluster, t)
+    cluster16 = make_cluster(gpu="H100", gpus=2048)
+    sixteen = memory_breakdown(LLAMA, Candidate(tp=8, pp=16, dp=1, cp=16, mbs=1, gas=128, recompute="full", zero=1),
+                               cluster16, t)
+    # 1/16 of the activations and logits, plus two K/V chunks in flight; ZeRO-1 now shards over DP x CP = 16
+    assert sixteen.activations_bytes == pytest.approx(one.activations_bytes / 16, rel=0.05)
+    assert sixteen.logits_bytes == pytest.approx(one.logits_bytes / 16)
+    assert sixteen.optimizer_bytes == pytest.approx(one.optimizer_bytes / 16, rel=0.01)
+
+
+def test_ring_exchange_hidden_under_attention_at_128k_but_not_at_short_chunks():
+    """At 128K tokens over CP=16 the (8K x 8K) block of attention outlasts sending one K/V chunk over
+    InfiniBand, so nothing is exposed; at 16K tokens over CP=16 (1K chunks) the send is exposed."""
+    cluster = make_cluster(gpu="H100", gpus=2048)
+    link = Topology(cluster).dp_link(8, 16)   # CP group strides by TP=8: crosses nodes
+    assert link.kind == "inter"
+    c = Candidate(tp=8, pp=16, dp=1, cp=16, mbs=1, gas=128, recompute="none", zero=1)
+    long = estimate(LLAMA, cluster, _training(), c)
+    assert long.time.cp_comm_s == 0.0
+    short_t = _training(seq_len=16384)
+    exposed = context_parallel.ring_exchange_exposed_s(LLAMA.with_overrides(seq_len=16384), c, short_t, link,
+                                                       collective_time_s, core_s=1e-5, bytes_per_value=2)
+    assert exposed > 0
+
+
+def test_dp_gradient_reduce_runs_over_dp_times_cp():
+    cluster = make_cluster(gpu="H100", gpus=1024)
+    t = _training(seq_len=32768, global_batch=64)
+    with_cp = estimate(LLAMA, cluster, t, Candidate(tp=8, pp=16, dp=1, cp=8, mbs=1, gas=64, zero=1, recompute="full"))
+    assert with_cp.time.dp_comm_s > 0   # DP=1 but DP x CP = 8 ranks still reduce gradients
+
+
+def test_plan_ranks_cp_layouts_for_llama31_405b_128k():
+    """The issue's target: a 128K-token Llama-3.1-405B on 16,384 H100s ranks CP layouts (Llama 3 used CP=16)."""
+    cluster = make_cluster(gpu="H100", gpus=16384)
+    t = _training(max_mbs=1, recompute_options=("full", "selective"), zero_options=(1,))
+    p = plan(LLAMA, cluster, t)
+    assert p.best.candidate.cp >= 8 and p.best.candidate.tp == 8
+    assert {e.candidate.cp for e in p.candidates} >= {16}
+
+
+# Dubey et al. 2024 (arXiv 2407.21783) Table 4: Llama 3 405B on H100, 16M tokens a batch, BF16.
+LLAMA3_TABLE4 = [  # (gpus, TP, CP, PP, DP, seq, TFLOPs/GPU)
+    (8192, 8, 1, 16, 64, 8192, 430),
+    (16384, 8, 1, 16, 128, 8192, 400),
+    (16384, 8, 16, 16, 8, 131072, 380),
+]
+
+
+def _best_tflops(gpus: int, tp: int, cp: int, pp: int, dp: int, seq: int) -> float:
+    model = load_model("llama3.1-405b" if seq > 8192 else "llama3-405b")
+    cluster = make_cluster(gpu="H100", gpus=gpus)
+    gbs = 16 * 2**20 // seq
+    t = TrainingSpec(global_batch=gbs, seq_len=seq, framework="megatron-lm")
+    best = 0.0
+    for recompute in ("none", "selective", "full"):
+        for vpp in (1, 2, 4, 8):
+            e = estimate(model, cluster, t, Candidate(tp=tp, pp=pp, dp=dp, cp=cp, mbs=1, gas=gbs // dp,
+                                                      recompute=recompute, zero=1, sp=True, vpp=vpp))
+            if e.fits:
+                best = max(best, e.throughput.model_tflops_per_gpu)
+    return best
+
+
+# The rows ran 126 layers on PP 16 with interleaving. planner.rules.megatron_lm_stages cannot split 126 layers over
+# PP 16 x VPP >= 2 (Megatron-LM does it with --account-for-embedding/loss-in-pipeline-split: 128 = 16 x 8, not in the
+# rulebook yet), so only VPP 1 with full recompute fits: about 250 TFLOPs, 40% low. Known gap, kept visible.
+_VPP_GAP = pytest.mark.xfail(strict=True, reason="rulebook has no --account-for-embedding/loss-in-pipeline-split: "
+                                                 "126 layers get no VPP on PP 16")
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, marks=_VPP_GAP) for r in LLAMA3_TABLE4],
+                         ids=["8k-8192", "8k-16384", "128k-cp16"])
+def test_llama3_table4_within_25_percent(row):
+    gpus, tp, cp, pp, dp, seq, published = row
+    predicted = _best_tflops(gpus, tp, cp, pp, dp, seq)
+    assert predicted == pytest.approx(published, rel=0.25), f"{row}: predicted {predicted:.0f} TFLOPs/GPU"
