@@ -572,10 +572,11 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
         if bad:
             where = "torchtitan (--emit fsdp)" if fw == "fsdp" else str(target)
             out.append(Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}"))
-    if emit and model.kv_channels is not None:  # Gemma: a head width apart from hidden/heads
+    if emit and fw != "megatron-lm" and model.kv_channels is not None and not model.kv_lora_rank:
+        # a head width apart from hidden/heads (Gemma, Qwen3): only the Megatron-LM emitter writes --kv-channels
         out.append(Violation(Reason.MODEL_FEATURE, f"a head width of {model.kv_channels} (kv_channels, not "
-                                                   "hidden/heads) is not emitted yet; plan it, and write the "
-                                                   "framework's --kv-channels by hand"))
+                                                   "hidden/heads) is emitted for --emit megatron-lm only "
+                                                   "(--kv-channels); plan it here, or emit for megatron-lm"))
     return out
 
 

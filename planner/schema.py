@@ -490,6 +490,8 @@ def plan_schema() -> dict[str, Field]:
         "ffn_hidden_size": _required(MODEL["ffn_hidden"]), "max_position_embeddings": MODEL["seq_len"],
         "seq_length": MODEL["seq_len"],
         "tensor_model_parallel_size": size, "pipeline_model_parallel_size": size, "data_parallel_size": size,
+        "context_parallel_size": size, "expert_model_parallel_size": size, "expert_tensor_parallel_size": size,
+        "fp8": Enum(None, "hybrid", "e4m3", what="null, hybrid or e4m3 (Megatron's --fp8-format)"),
         "num_virtual_stages_per_pipeline_rank": Int(2, 10_000, null=True),
         "sequence_parallel": Bool(required=True),
         "micro_batch_size": batch, "global_batch_size": batch, "gradient_accumulation_steps": batch,

@@ -39,7 +39,7 @@ MEGATRON_FLAGS = {
     "--moe-token-dispatcher-type": True, "--moe-expert-capacity-factor": True,
     "--moe-pad-expert-input-to-capacity": False,
     "--multi-latent-attention": False, "--q-lora-rank": True, "--kv-lora-rank": True, "--qk-head-dim": True,
-    "--qk-pos-emb-head-dim": True, "--v-head-dim": True,
+    "--qk-pos-emb-head-dim": True, "--v-head-dim": True, "--kv-channels": True,
     "--fp8-format": True, "--fp8-recipe": True, "--fp8-amax-history-len": True, "--fp8-amax-compute-algo": True,
     "--use-rope-scaling": False, "--rope-scaling-factor": True,
 }

@@ -191,10 +191,10 @@ NAMED = [
     ("hf", {"tie_word_embeddings": "no"}, "tie_word_embeddings must be true or false"),
     ("hf", {"intermediate_size": 0}, "intermediate_size must be int"),
     ("hf", {"num_key_value_heads": 0}, "num_key_value_heads must be int"),
-    ("hf", {"num_local_experts": 8, "num_experts_per_tok": 2}, "mixture-of-experts"),
-    ("hf", {"model_type": "mixtral"}, "mixture-of-experts"),
+    ("hf", {"num_local_experts": -8, "num_experts_per_tok": 2}, "num_local_experts"),
+    ("hf", {"model_type": "qwen2_moe"}, "mixture-of-experts"),
     ("hf", {"model_type": "t5"}, "model_type 't5' is not one plantune reads"),
-    ("hf", {"q_lora_rank": 1536}, "key 'q_lora_rank' is not understood"),
+    ("hf", {"sliding_window_pattern": 6}, "key 'sliding_window_pattern' is not understood"),
     ("hf", {"hidden_sise": 64}, "did you mean 'hidden_size'"),
     ("cluster", {"nodes": 1.5}, "nodes must be int"),
     ("cluster", {"inter_node_gbps": 0}, "inter_node_gbps must be a number in (0,"),
@@ -344,10 +344,16 @@ def test_hf_seq_len_is_said_and_overridable(tmp_path):
     assert json.loads(out)["seq_len"] == 8192 and err == ""
 
 
-def test_gemma_is_not_emitted_without_its_head_width(tmp_path):
+def test_gemma_head_width_is_emitted_as_kv_channels(tmp_path):
+    """Gemma-7B's 256-wide heads (16 x 256 != hidden 3072): Megatron-LM gets --kv-channels 256; the forks refuse."""
     path = _hf(tmp_path, "gemma", GEMMA_7B)
+    assert_contract(["--model", path, "--gpus", "64", "--global-batch", "512", "--framework", "megatron-lm",
+                     "--emit", "megatron-lm", "--out", str(tmp_path / "run")], expect=0)
+    args = (tmp_path / "run" / "args.txt").read_text().split()
+    assert args[args.index("--kv-channels") + 1] == "256"
     _, _, err = assert_contract(["--model", path, "--gpus", "64", "--global-batch", "512", "--framework",
-                                 "megatron-lm", "--emit", "megatron-lm", "--out", str(tmp_path / "run")], expect=2)
+                                 "megatron-deepspeed", "--emit-flavor", "microsoft", "--emit", "megatron-deepspeed",
+                                 "--out", str(tmp_path / "ds")], expect=2)
     assert "kv-channels" in err
 
 

@@ -31,7 +31,8 @@ def _moe_layer_freq(m) -> int | str:
 
 
 def megatron_lm_flags(setup) -> list[list[str]]:
-    """Megatron-LM command-line flags (grouped with their values) for CP, EP/ETP, MoE, MLA, FP8, RoPE scaling."""
+    """Megatron-LM command-line flags (grouped with their values) for CP, EP/ETP, MoE, MLA, head width, FP8, RoPE
+    scaling."""
     m, c, t = setup.model, setup.candidate, setup.training
     out: list[list[str]] = []
     if c.cp > 1:
@@ -52,6 +53,8 @@ def megatron_lm_flags(setup) -> list[list[str]]:
                 ["--v-head-dim", str(m.v_head_dim or m.head_dim)]]
         if m.q_lora_rank:
             out.append(["--q-lora-rank", str(m.q_lora_rank)])
+    elif m.kv_channels:   # a head width apart from hidden / heads (Gemma, Qwen3)
+        out.append(["--kv-channels", str(m.kv_channels)])
     if t.precision == "fp8":
         out += [["--fp8-format", "hybrid"], ["--fp8-recipe", "delayed"],
                 ["--fp8-amax-history-len", str(FP8_AMAX_HISTORY_LEN)], ["--fp8-amax-compute-algo", FP8_AMAX_COMPUTE_ALGO]]
