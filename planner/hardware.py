@@ -141,7 +141,7 @@ CATALOG: dict[str, Accelerator] = {a.id: a for a in (
          peak_fp32_flops=0.08 * TB, memory_bytes=8 * GiB, memory_bw_bytes_per_s=10 * GB,
          intra_node_bw_bytes_per_s=2 * GB, intra_node_link="shared memory (gloo)", cuda_context_bytes=0.3 * GiB,
          sm_count=1, gemm_efficiency=0.8,
-         source="measured on a 2-core CI machine (../shared/CPU_PROBES.md: fp32 matmul ~160 GFLOP/s for the "
+         source="measured on a 2-core CI machine (fp32 matmul ~160 GFLOP/s for the "
                 "machine, bf16 AMX 1.1-1.3 TFLOP/s per thread); memory per rank and link are round figures"),
 )}
 
@@ -240,7 +240,7 @@ CLUSTER_PRESETS: dict[str, ClusterPreset] = {
     "jean-zay-a100": ClusterPreset(
         gpu="A100-80GB", gpus_per_node=8, nics_per_node=4, nic_gbps=100.0,
         source="Jean Zay gpu_p5 (IDRIS), BLOOM's cluster: 8 A100-SXM4-80GB on NVLink3 per node, "
-               "4 x 100 Gb/s Omni-Path per node (../shared/data/README_published.md)"),
+               "4 x 100 Gb/s Omni-Path per node (BigScience tr11-176B-ml README)"),
     "jean-zay-v100": ClusterPreset(
         gpu="V100-32GB", gpus_per_node=4, nics_per_node=1, nic_gbps=100.0,
         source="Jean Zay V100 partition (IDRIS): 4 V100-SXM2-32GB per node, Omni-Path 100 Gb/s "

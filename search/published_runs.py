@@ -1,4 +1,4 @@
-"""One published run of ../shared/data as planner inputs and what was measured: the one home for
+"""One published run (copies in tests/data) as planner inputs and what was measured: the one home for
 "a published dev row -> (model, cluster, training, candidate, measured outcome)".
 
 Used by `search.published_tables` (``tune --results FILE.yaml`` replays them), tests/bench/validate.py,

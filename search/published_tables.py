@@ -1,9 +1,9 @@
-"""The published measurement files of ../shared/data as replay tables, each with the setup to plan it.
+"""The published measurement files (copies in tests/data) as replay tables, each with the setup to plan it.
 
-    python -m search.published_tables ../shared/data/hagemann_13b_dev.yaml              # list the tables
-    python -m search.published_tables ../shared/data/published_dev.yaml --out tables/    # CSV + model YAML + command
+    python -m search.published_tables tests/data/hagemann_13b_dev.yaml              # list the tables
+    python -m search.published_tables tests/data/published_dev.yaml --out tables/    # CSV + model YAML + command
     >>> from search.published_tables import read_tables
-    >>> for t in read_tables("../shared/data/hagemann_13b_dev.yaml"): t.name, t.model, t.cluster, t.training, t.table
+    >>> for t in read_tables("tests/data/hagemann_13b_dev.yaml"): t.name, t.model, t.cluster, t.training, t.table
 
 Two sources (README_published.md in that folder describes the fields):
 

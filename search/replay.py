@@ -25,7 +25,7 @@ be matched, never ignored):
 The search space is the plan's survivors that a row matches (`ReplayTable.restrict`); every row
 no survivor matches is listed once with the reason (not enumerated by the plan's space, or
 ruled out by which rule). Duplicate rows (same configuration) are replayed from the first.
-`search.published_tables` reads the YAML files of ../shared/data (BLOOM tr11, Hagemann et al.) as
+`search.published_tables` reads the YAML files of tests/data (copies of the published tables) (BLOOM tr11, Hagemann et al.) as
 tables of the same kind; ``--results FILE.yaml`` replays them directly.
 """
 
