@@ -277,9 +277,10 @@ def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
                                           "as a layer each, or not), or equal middle stages with first/last ones "
                                           "no larger, every stage a multiple of VPP")
     if c.vpp > 1:
-        # validate_args: interleaving needs PP > 2 (p2p overlap off); schedules.py: micro-batches % PP == 0
-        if c.pp <= 2:
-            yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs PP > 2, got PP={c.pp}; set vpp=1")
+        # validate_args: interleaving needs PP > 1 with p2p overlap (on by default; the emitter keeps it), PP > 2
+        # only under --no-overlap-p2p-communication; schedules.py: micro-batches % PP == 0 (group size PP)
+        if c.pp < 2:
+            yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs PP > 1, got PP={c.pp}; set vpp=1")
         elif c.gas % c.pp:
             yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs micro-batches {c.gas} % PP {c.pp} == 0")
 

@@ -240,7 +240,7 @@ def test_plan_ranks_ep_layouts_for_deepseek_v3():
         first = int(args[args.index("--decoder-first-pipeline-num-layers") + 1])
         last = int(args[args.index("--decoder-last-pipeline-num-layers") + 1])
         middle = (61 - first - last) // (pp - 2) if pp > 2 else 0
-        assert first + (pp - 2) * middle + last == 61 and max(first, last) <= max(middle, 31)
+        assert first + (pp - 2) * middle + last == 61 and max(first, last) <= max(middle, 31)   # divides evenly
 
 
 def test_plan_ranks_mixtral_8x22b_fp8_on_1024_h100():
