@@ -21,6 +21,7 @@ from planner.framework import Framework, get_framework, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params
 from planner.model import ModelSpec
+from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
 from planner.topology import Topology, collective_time_s
 
@@ -233,8 +234,12 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
     logits_s = 3 * _gemm_s(tokens, vocab_t, model.hidden, g16)
     logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    split = megatron_lm_split(model.layers, cand.pp, cand.vpp) if training.framework == "megatron-lm" else None
     if cand.pp == 1:
         stage_compute = lps * layer_s + logits_s
+    elif split is not None:   # the busiest rank of the split Megatron-LM runs (the last also runs the LM head)
+        stage_compute = max(split.first * layer_s, split.middle * layer_s, split.last * layer_s + logits_s)
+        lps = split.busiest
     elif fw.balances_stages:
         stage_compute, last_layers = balanced_stage_s(model.layers, cand.pp, layer_s, logits_s)
         lps = max(last_layers, -(-(model.layers - last_layers) // (cand.pp - 1)))
@@ -266,7 +271,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     bubble_s = bubble_slots * slot
 
     # DP / ZeRO / FSDP
-    params_gpu = max(stage_params(model, cand, s) for s in (("only",) if cand.pp == 1 else ("first", "last")))
+    params_gpu = max(stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
     dp_link = topology.dp_link(cand.tp, cand.dp * cand.cp)   # gradients reduce over DP x CP (tp-cp-dp rank order)
     grad_bytes = params_gpu * half

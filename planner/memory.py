@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from planner import context_parallel, fp8, moe
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
+from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
 
 # PyTorch's caching allocator holds more than the tensors alive (block rounding, fragmentation
@@ -113,10 +114,23 @@ def layers_per_stage(model: ModelSpec, pp: int) -> int:
     return math.ceil(model.layers / pp)
 
 
-def stage_params(model: ModelSpec, cand: Candidate, stage: str) -> int:
+def stage_layers(model: ModelSpec, cand: Candidate, framework: str, stage: str) -> int:
+    """Transformer layers charged to the ``stage`` (first | last | only) entry of the memory model.
+
+    Megatron-LM: the split it runs (`planner.pipeline_split.megatron_lm_split`); the 'first' entry takes the larger
+    of the first and a middle rank (stage 1 holds PP-1 micro-batches in flight, nearly as many as stage 0), so it
+    bounds every rank but the last. Other frameworks: ceil(L/PP) on every stage (DeepSpeed's partitioning).
+    """
+    split = megatron_lm_split(model.layers, cand.pp, cand.vpp) if framework == "megatron-lm" and cand.pp > 1 else None
+    if split is None:
+        return layers_per_stage(model, cand.pp)
+    return split.last if stage == "last" else max(split.first, split.middle)
+
+
+def stage_params(model: ModelSpec, cand: Candidate, stage: str, framework: str = "") -> int:
     """Parameters one GPU holds on ``stage`` (first | last | only), split by TP."""
-    layers = layers_per_stage(model, cand.pp) * (moe.mean_non_expert_layer_params(model) if moe.is_moe(model)
-                                                 else model.params_per_layer)   # routed experts: moe.add_expert_states
+    layers = stage_layers(model, cand, framework, stage) * (moe.mean_non_expert_layer_params(model) if moe.is_moe(model)
+                                                            else model.params_per_layer)   # experts: moe.add_expert_states
     word = model.vocab * model.hidden
     embedding_in = model.embedding_params - (0 if model.tied_embeddings else word)
     if stage == "only":
@@ -302,12 +316,12 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
     pb = param_bytes(training.precision, training.optimizer, training.framework)
     shard = shard_group_size(cand, cluster.gpus_per_node)
     act = layer_activations(model, cand, training, fused_norm=fused_norm)
-    lps = layers_per_stage(model, cand.pp)
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer
     stages = ("only",) if cand.pp == 1 else ("first", "last")
     out = []
     for stage in stages:
-        params = stage_params(model, cand, stage)
+        lps = stage_layers(model, cand, training.framework, stage)
+        params = stage_params(model, cand, stage, training.framework)
         weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
         params, weights, grads, optimizer = moe.add_expert_states(model, cand, lps, pb, (params, weights, grads, optimizer),
                                                                   sharded_static_bytes)   # routed experts over EP

@@ -30,6 +30,7 @@ from planner import context_parallel, fp8, moe
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown
 from planner.model import ModelSpec
+from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
 from planner.space import FRAMEWORKS, RECOMPUTE, Candidate, TrainingSpec
 
@@ -152,39 +153,14 @@ def knob_values(target: Target, training: TrainingSpec) -> dict[str, tuple]:
 
 # -- pipeline stages ---------------------------------------------------------------------------------------
 
-@lru_cache(maxsize=4096)   # pure in its ints; a plan asks it once per candidate
 def megatron_lm_stages(layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
-    """Layers on (first, each middle, last) pipeline stage as Megatron-LM runs them, or None when impossible.
+    """Layers on (first, each middle, last) pipeline rank as Megatron-LM runs them, or None when impossible.
 
-    Even split when PP*VPP divides the layers; otherwise the first and last stages take fewer
-    (``--decoder-first/last-pipeline-num-layers``), each a multiple of VPP, the middle stages an equal
-    multiple of VPP (transformer_config.py "Uneven PP"). Llama 3 405B, 126 layers on PP=16: 7, 8, 7.
+    The split and the flags it needs (even; ``--account-for-embedding/loss-in-pipeline-split``; unequal first/last
+    stages) come from `planner.pipeline_split.megatron_lm_split`. Llama 3 405B, 126 layers on PP=16: 7, 8, 7.
     """
-    if pp < 1 or vpp < 1 or layers < pp:
-        return None
-    if layers % (pp * vpp) == 0:
-        n = layers // pp
-        return n, n, n
-    if pp == 1:
-        return None
-    if pp == 2:  # first + last = layers, as equal as VPP allows
-        for first in range(layers // 2, 0, -1):
-            last = layers - first
-            if first % vpp == 0 and last % vpp == 0 and last >= first:
-                return first, 0, last
-        return None
-    # 2*edge + (pp-2)*middle = layers; edges at most the middle (they also carry embedding and loss)
-    best = None
-    for middle in range(vpp, layers // (pp - 2) + 1, vpp):
-        rest = layers - (pp - 2) * middle
-        if rest <= 0 or rest % 2:
-            continue
-        edge = rest // 2
-        if edge % vpp or edge > middle:
-            continue
-        if best is None or middle - edge < best[1] - best[0]:
-            best = (edge, middle, edge)
-    return best
+    split = megatron_lm_split(layers, pp, vpp)
+    return None if split is None else split.as_tuple()
 
 
 # -- the rules ---------------------------------------------------------------------------------------------
@@ -297,12 +273,14 @@ def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
                                                 "states (--use-distributed-optimizer = ZeRO-1); use zero=0 or 1")
     if c.pp <= model.layers and megatron_lm_stages(model.layers, c.pp, c.vpp) is None:
         yield Violation(Reason.PP_LAYERS, f"{model.layers} layers cannot be split over PP {c.pp} x VPP {c.vpp}: "
-                                          "Megatron-LM needs equal stages or equal middle stages with smaller "
-                                          "first/last ones, every stage a multiple of VPP")
+                                          "Megatron-LM needs equal stages (counting the embedding and the loss "
+                                          "as a layer each, or not), or equal middle stages with first/last ones "
+                                          "no larger, every stage a multiple of VPP")
     if c.vpp > 1:
-        # validate_args: interleaving needs PP > 2 (p2p overlap off); schedules.py: micro-batches % PP == 0
-        if c.pp <= 2:
-            yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs PP > 2, got PP={c.pp}; set vpp=1")
+        # validate_args: interleaving needs PP > 1 with p2p overlap (on by default; the emitter keeps it), PP > 2
+        # only under --no-overlap-p2p-communication; schedules.py: micro-batches % PP == 0 (group size PP)
+        if c.pp < 2:
+            yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs PP > 1, got PP={c.pp}; set vpp=1")
         elif c.gas % c.pp:
             yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs micro-batches {c.gas} % PP {c.pp} == 0")
 

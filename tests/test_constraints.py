@@ -64,6 +64,15 @@ def test_layers_vs_pp_per_framework():
     assert Reason.VIRTUAL_PIPELINE in reasons(Candidate(tp=4, pp=12, dp=8, mbs=2, gas=128, vpp=2), t_lm)
 
 
+def test_megatron_lm_interleaving_on_two_stages():
+    """Megatron-LM's validate_args: interleaving needs PP > 1 with p2p overlap (its default; Megatron-Bridge runs
+    Qwen3-30B-A3B on PP 2 x VP 24), PP > 2 only without it; PP 1 has nothing to interleave."""
+    t_lm = TrainingSpec(global_batch=2048, seq_len=2048, framework="megatron-lm")
+    assert Reason.VIRTUAL_PIPELINE not in reasons(Candidate(tp=4, pp=2, dp=48, mbs=2, gas=16, vpp=2), t_lm)
+    assert Reason.PP_LAYERS not in reasons(Candidate(tp=4, pp=2, dp=48, mbs=2, gas=16, vpp=2), t_lm)  # 70+2 = 2x2x18
+    assert Reason.VIRTUAL_PIPELINE in reasons(Candidate(tp=4, pp=1, dp=96, mbs=2, gas=8, vpp=2), t_lm)
+
+
 def test_fsdp_rules():
     t = TrainingSpec(global_batch=1024, seq_len=4096, framework="fsdp")
     m, c = get_preset("llama2-7b"), make_cluster(gpu="A100-80GB", gpus=16)

@@ -289,6 +289,25 @@ def test_megatron_lm_uneven_pipeline_stages(tmp_path) -> None:
     assert args["--hidden-dropout"] == args["--attention-dropout"] == ["0"]
 
 
+@pytest.mark.parametrize("pp,vpp", [(16, 4), (8, 8)])
+def test_megatron_lm_account_for_embedding_and_loss(tmp_path, pp, vpp) -> None:
+    """Llama 3 405B with interleaving: 126 + embedding + loss = 128 layers split evenly over PP x VPP
+    (--account-for-embedding/loss-in-pipeline-split), and no first/last stage sizes (Megatron refuses both)."""
+    setup = llama("llama3-405b", gpus=2048, tp=8, pp=pp, dp=2048 // (8 * pp), gas=1024 // (2048 // (8 * pp)),
+                  recompute="full", vpp=vpp)
+    emit(setup, "megatron-lm", tmp_path)
+    args = _args((tmp_path / "args.txt").read_text())
+    assert "--account-for-embedding-in-pipeline-split" in args and "--account-for-loss-in-pipeline-split" in args
+    assert "--decoder-first-pipeline-num-layers" not in args and "--decoder-last-pipeline-num-layers" not in args
+    assert args["--num-virtual-stages-per-pipeline-rank"] == [str(vpp)]
+
+
+def test_megatron_lm_even_split_writes_no_split_flags(tmp_path) -> None:
+    emit(llama("llama2-70b", pp=4, vpp=2), "megatron-lm", tmp_path)   # 80 = 4 x 2 x 10
+    text = (tmp_path / "args.txt").read_text()
+    assert "pipeline-num-layers" not in text and "account-for" not in text
+
+
 @pytest.mark.parametrize("case", [c for c in VALID_CASES if c.kind == "fsdp"], ids=_ids)
 def test_torchtitan_toml(case, tmp_path) -> None:
     import tomllib

@@ -145,6 +145,7 @@ MEGATRON_LM = {
     # parallelism (ModelParallelConfig fields, arguments.py literals)
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank", "--sequence-parallel",
+    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",   # TransformerConfig bools
     "--use-distributed-optimizer",
     # training (TrainingConfig fields, arguments.py literals)
     "--micro-batch-size", "--global-batch-size", "--rampup-batch-size", "--train-samples", "--train-iters",

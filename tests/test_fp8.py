@@ -62,11 +62,9 @@ MEGATRON_BRIDGE_H100 = [
 ]
 
 
-# Llama 3.1 405B's 126 layers on PP 8 x VP 8 need --account-for-embedding/loss-in-pipeline-split (128 = 8 x 8 x 2),
-# which planner.rules.megatron_lm_stages does not model yet: the published layout is ruled out. Known gap.
-_ROWS = [pytest.param(*[r], marks=pytest.mark.xfail(strict=True, reason="126 layers on PP 8 x VP 8: no "
-                                                                       "account-for-embedding/loss split in the rulebook"))
-         if r[0] == "llama3.1-405b" else r for r in MEGATRON_BRIDGE_H100]
+# Llama 3.1 405B's 126 layers on PP 8 x VP 8 run with --account-for-embedding/loss-in-pipeline-split (128 = 8 x 8 x 2,
+# planner.pipeline_split.megatron_lm_split).
+_ROWS = MEGATRON_BRIDGE_H100
 
 
 @pytest.mark.parametrize("row", _ROWS, ids=[r[0] for r in MEGATRON_BRIDGE_H100])

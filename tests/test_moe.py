@@ -223,17 +223,24 @@ def test_plan_ranks_ep_layouts_for_deepseek_v3():
     cluster = make_cluster(gpu="H100", gpus=2048)
     p = plan(DEEPSEEK, cluster, _t(global_batch=15360, max_mbs=2, zero_options=(1,)))
     assert p.best.fits and p.best.candidate.ep > 1
-    # 61 layers: Megatron-LM splits them over PP 1 or 2 only (planner.rules.megatron_lm_stages: equal middle stages,
-    # equal smaller first/last ones); at PP <= 2 the 256 experts need EP >= 32 to fit
-    assert {e.candidate.pp for e in p.candidates} <= {1, 2}
+    # 61 layers (a prime): Megatron-LM runs PP > 2 with first and last stages of their own sizes
+    # (planner.pipeline_split.megatron_lm_split: 61 on PP 16 = 3 + 14 x 4 + 2); DeepSeek-V3 itself trained on PP 16
+    assert {e.candidate.pp for e in p.candidates} >= {2, 4, 8, 16}
     assert {e.candidate.ep for e in p.candidates} >= {64, 256}
     assert p.best.memory.total_bytes <= cluster.gpu.memory_bytes
     from planner.emit import RunSetup, render
 
-    for e in p.candidates[:5]:   # ranked means emittable: PP=2 runs with the uneven first/last stage flags
+    for e in p.candidates[:5]:   # ranked means emittable: every PP > 1 runs with the first/last stage flags
         args = render(RunSetup(model=DEEPSEEK, cluster=cluster, training=p.training, candidate=e.candidate),
-                      "megatron-lm")["args.txt"]
-        assert ("--decoder-first-pipeline-num-layers 30" in args) == (e.candidate.pp == 2)
+                      "megatron-lm")["args.txt"].split()
+        pp = e.candidate.pp
+        if pp == 1:
+            assert "--decoder-first-pipeline-num-layers" not in args
+            continue
+        first = int(args[args.index("--decoder-first-pipeline-num-layers") + 1])
+        last = int(args[args.index("--decoder-last-pipeline-num-layers") + 1])
+        middle = (61 - first - last) // (pp - 2) if pp > 2 else 0
+        assert first + (pp - 2) * middle + last == 61 and max(first, last) <= max(middle, 31)   # divides evenly
 
 
 def test_plan_ranks_mixtral_8x22b_fp8_on_1024_h100():

@@ -134,6 +134,33 @@ def test_megatron_lm_stage_split():
     assert first + 10 * middle + last == 70
 
 
+def test_megatron_lm_split_flags():
+    from planner.pipeline_split import StageSplit, megatron_lm_split
+
+    # 126 + embedding + loss = 128 = 16 x 4 x 2: Llama 3 405B on PP 16 with interleaving (7, 8, 7 layers)
+    assert megatron_lm_split(126, 16, 4) == StageSplit(7, 8, 7, account_embedding=True, account_loss=True)
+    assert megatron_lm_split(126, 8, 8) == StageSplit(15, 16, 15, account_embedding=True, account_loss=True)
+    assert megatron_lm_split(126, 16, 8) is None      # the embedding's model chunk would build no layer
+    assert megatron_lm_split(126, 16).first_last       # VPP 1: --decoder-first/last-pipeline-num-layers 7
+    assert megatron_lm_split(80, 4, 2) == StageSplit(20, 20, 20)   # even: no flag
+    # unequal first and last stages: 61 layers (DeepSeek-V3) on PP 16 / 4 / 2; the last (LM head) the smaller
+    assert megatron_lm_split(61, 16) == StageSplit(3, 4, 2, first_last=True)
+    assert megatron_lm_split(61, 4) == StageSplit(15, 16, 14, first_last=True)
+    assert megatron_lm_split(61, 2) == StageSplit(31, 0, 30, first_last=True)
+    # every split: Megatron's own checks (transformer_config.py): whole layers, multiples of VPP, flags exclusive
+    for layers, pp, vpp in [(l, p, v) for l in (61, 70, 80, 95, 126) for p in (2, 3, 4, 8, 16) for v in (1, 2, 4)]:
+        s = megatron_lm_split(layers, pp, vpp)
+        if s is None:
+            continue
+        assert s.first + max(pp - 2, 0) * s.middle + s.last == layers
+        assert not (s.first_last and (s.account_embedding or s.account_loss))
+        if s.first_last:
+            assert s.first % vpp == s.last % vpp == s.middle % vpp == 0 and s.first > 0 and s.last > 0
+        else:
+            total = layers + s.account_embedding + s.account_loss
+            assert total % pp == 0 and (total // pp) % vpp == 0
+
+
 def test_gqa_kv_heads_rule_agrees_between_explain_and_emit(capsys, tmp_path):
     """32 heads, 4 KV heads, TP=8: --explain and --emit give the same answer (ruled out)."""
     cluster = make_cluster(gpu="H100-SXM", gpus=64)

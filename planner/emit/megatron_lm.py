@@ -3,8 +3,9 @@
 Flag spellings are those of NVIDIA/Megatron-LM megatron/training/arguments.py (and the config dataclasses
 it builds arguments from), as used by its examples/llama/train_llama3_8b_h100_fp8.sh and
 examples/gpt3/train_gpt3_175b_distributed.sh; tests/test_emit_argnames.py pins every one. A layer count
-that PP does not divide runs with smaller first and last stages (``--decoder-first/last-pipeline-num-layers``,
-`planner.rules.megatron_lm_stages`); VPP is ``--num-virtual-stages-per-pipeline-rank``. Context parallel,
+that PP does not divide runs with the embedding and loss counted as layers (``--account-for-embedding/loss-in-
+pipeline-split``) or with first and last stages of their own sizes (``--decoder-first/last-pipeline-num-layers``),
+as `planner.pipeline_split.megatron_lm_split` decides; VPP is ``--num-virtual-stages-per-pipeline-rank``. Context parallel,
 experts, MLA and FP8 flags come from `planner.emit.parallel_extras`.
 The same launch.sbatch as Megatron-DeepSpeed's starts it (torch.distributed.run, one task per node).
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from planner.emit import facts, parallel_extras
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
-from planner.rules import megatron_lm_stages
+from planner.pipeline_split import megatron_lm_split
 
 GRADIENT_CLIPPING = 1.0
 Arg = tuple[str, ...]
@@ -46,10 +47,14 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
         args.append(("--disable-bias-linear",))
     args.append(("--attention-backend", "flash" if t.flash_attention else "unfused"))
     args += [("--tensor-model-parallel-size", str(c.tp)), ("--pipeline-model-parallel-size", str(c.pp))]
-    stages = megatron_lm_stages(m.layers, c.pp, c.vpp)
-    if stages is not None and c.pp > 1 and m.layers % (c.pp * c.vpp):
-        args += [("--decoder-first-pipeline-num-layers", str(stages[0])),
-                 ("--decoder-last-pipeline-num-layers", str(stages[2]))]
+    split = megatron_lm_split(m.layers, c.pp, c.vpp)   # the rulebook's split: exactly the flags it needs
+    if split is not None and split.first_last:
+        args += [("--decoder-first-pipeline-num-layers", str(split.first)),
+                 ("--decoder-last-pipeline-num-layers", str(split.last))]
+    if split is not None and split.account_embedding:
+        args.append(("--account-for-embedding-in-pipeline-split",))
+    if split is not None and split.account_loss:
+        args.append(("--account-for-loss-in-pipeline-split",))
     if c.vpp > 1:
         args.append(("--num-virtual-stages-per-pipeline-rank", str(c.vpp)))
     if c.sp:
