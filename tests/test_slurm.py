@@ -272,10 +272,16 @@ def test_emitted_sbatch_script_runs_under_slurm(slurm_cluster, tmp_path):
                      candidate=Candidate(tp=1, pp=2, dp=1, mbs=2, gas=2))
     emit(setup, "megatron-deepspeed", tmp_path, flavor="bigscience", reservation=RESERVATION)
     repo = Path(__file__).resolve().parents[1]
+    # the script checks the DeepSpeed the bigscience fork needs (< 0.9) before starting: a stand-in package
+    fake_ds = tmp_path / "site" / "deepspeed"
+    fake_ds.mkdir(parents=True)
+    (fake_ds / "__init__.py").write_text('__version__ = "0.8.3"\n')
     env = {**slurm_cluster.env(), "DATA_PATH": "/nonexistent/data", "TOKENIZER": "gpt2",
            "CHECKPOINT_PATH": str(tmp_path / "ckpt"), "PRETRAIN_SCRIPT": str(FAKE), "PYTHON": sys.executable,
-           "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "FAKE_MEGATRON_MAX_ITERS": "3"}
-    submitted = subprocess.run(["sbatch", "--parsable", "--time=5", "launch.sbatch"], cwd=tmp_path, env=env,
+           "PYTHONPATH": f"{repo}:{fake_ds.parent}", "OMP_NUM_THREADS": "1", "FAKE_MEGATRON_MAX_ITERS": "3"}
+    # the command line overrides the script's --time and --cpus-per-task (8 per GPU: this test node has 2 CPUs)
+    submitted = subprocess.run(["sbatch", "--parsable", "--time=5", "--cpus-per-task=1", "launch.sbatch"],
+                               cwd=tmp_path, env=env,
                                capture_output=True, text=True, timeout=60, check=False)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
