@@ -99,6 +99,9 @@ class Plan:
     """ruled-out candidates counted by their first reason"""
     examples: dict[Reason, tuple[Candidate, Violation]] = field(default_factory=dict)
     total: int = 0
+    free_best: Estimate | None = None
+    """with ``plan(..., free_best=True)``: the best layout the same plan gives without its rampup rule (what
+    ``plan(model, cluster, replace(training, rampup=None)).best`` is, found in the same pass); None otherwise"""
 
     @property
     def best(self) -> Estimate:
@@ -161,11 +164,15 @@ def rank_key(e: Estimate) -> tuple:
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
          params: CostParams = CostParams(), allow_empty: bool = False,
-         targets: Target | tuple[Target, ...] | None = None) -> Plan:
+         targets: Target | tuple[Target, ...] | None = None, free_best: bool = False) -> Plan:
     """Enumerate, prune with reasons, score and rank. Raises DoesNotFitError when nothing fits.
 
     ``targets``: what every survivor must run on (default: the training's framework and flavour);
     `tune` adds the torch-native probe and an ``--emit`` target, so that nothing it measures is unemittable.
+    ``free_best``: also find the best layout without the rampup rule (`Plan.free_best`, for the rampup
+    schedule) in the same pass: the rampup rule is the only one the two plans differ in, so the rampup-free
+    survivors are this plan's survivors plus the candidates whose first broken rule is the rampup and that pass
+    every later rule and fit; ties break in enumeration order, as `plan()`'s stable sort does.
     """
     model = prepare(model, training)
     targets = (target_of(training),) if targets is None else (targets,) if isinstance(targets, Target) \
@@ -177,6 +184,9 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     total = 0
     knobs = knob_values(targets[0], training)
     checker = Checker(model, cluster, training, targets)
+    free = Checker(model, cluster, replace(training, rampup=None), targets) \
+        if free_best and training.rampup is not None else None
+    best_free: tuple[tuple, Estimate] | None = None   # ((rank_key, enumeration index), estimate)
     for cand in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
         total += 1
         first = checker.first(cand)
@@ -184,8 +194,14 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             pruned[first.reason] += 1
             if first.reason not in examples:
                 examples[first.reason] = (cand, first)
+            if free is not None and first.reason is Reason.RAMPUP and free.first(cand) is None:
+                est = _score(model, cluster, training, cand, topology, params)
+                if est.fits and (best_free is None or (rank_key(est), total) < best_free[0]):
+                    best_free = ((rank_key(est), total), est)
             continue
         est = _score(model, cluster, training, cand, topology, params)
+        if free_best and est.fits and (best_free is None or (rank_key(est), total) < best_free[0]):
+            best_free = ((rank_key(est), total), est)
         if est.fits:
             survivors.append(est)
         else:
@@ -197,7 +213,8 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     if not ranked and not allow_empty:
         raise DoesNotFitError(_no_fit_message(model, cluster, training, pruned, targets))
     return Plan(model=model, cluster=cluster, training=training, candidates=ranked, pruned=dict(pruned),
-                examples=examples, total=total, targets=targets)
+                examples=examples, total=total, targets=targets,
+                free_best=None if best_free is None else replace(best_free[1], rank=1))
 
 
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,

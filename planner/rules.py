@@ -520,8 +520,6 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
     ``emit``: also what its emitter cannot write (FSDP is emitted as a torchtitan job, whose one dense model
     is Llama's; plain PyTorch FSDP, which `plan --framework fsdp` costs, runs any model).
     """
-    from planner.emit.facts import DEFAULT_ROPE_THETA, rope_theta
-
     out: list[Violation] = []
     fw, flavor = target.framework, target.flavor
     if training.precision == "bf16" and cluster.gpu.peak_bf16_flops is None:
@@ -537,13 +535,13 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                                                      f"with one of {', '.join(MEGATRON_OPTIMIZERS)}"))
     cannot: list[tuple[bool, str]] = []
     if fw == "megatron-deepspeed" and flavor == "bigscience":
+        theta = _other_rope_base(model)
         cannot = [(model.kv_heads != model.heads, f"grouped-query attention ({model.kv_heads} kv heads)"),
                   (training.flash_attention, "FlashAttention (plan with --no-flash-attention)"),
                   (model.norm == "rmsnorm", "RMSNorm"),
                   (not model.tied_embeddings, "untied input/output embeddings"),
                   (not model.bias, "linear layers without biases"),
-                  (model.position == "rope" and rope_theta(model) != DEFAULT_ROPE_THETA,
-                   f"RoPE base {rope_theta(model):g} (its rotary base is fixed at 10000)"),
+                  (theta is not None, f"RoPE base {theta or 0:g} (its rotary base is fixed at 10000)"),
                   (moe.is_moe(model), "mixture-of-experts layers"), (bool(model.kv_lora_rank), "multi-latent attention")]
         fix = "use --emit-flavor microsoft or --framework megatron-lm"
     elif fw == "megatron-deepspeed":
@@ -578,6 +576,17 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                                                    "hidden/heads) is emitted for --emit megatron-lm only "
                                                    "(--kv-channels); plan it here, or emit for megatron-lm"))
     return out
+
+
+def _other_rope_base(model: ModelSpec) -> float | None:
+    """The model's RoPE base when it is not the BigScience fork's fixed 10000; None otherwise (and without
+    importing the emitters for a model without RoPE: `plan`'s start-up)."""
+    if model.position != "rope":
+        return None
+    from planner.emit.facts import DEFAULT_ROPE_THETA, rope_theta
+
+    theta = rope_theta(model)
+    return None if theta == DEFAULT_ROPE_THETA else theta
 
 
 def setup_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
