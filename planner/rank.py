@@ -20,7 +20,7 @@ from planner.memory import MemoryBreakdown, memory_breakdown
 from planner.model import ModelSpec
 from planner.rules import (Checker, Reason, Target, Violation, iter_violations, knob_values, memory_advice,
                            memory_violations, target_of)
-from planner.space import Candidate, TrainingSpec, enumerate_candidates
+from planner.space import Candidate, TrainingSpec, enumerate_groups
 from planner.topology import Topology
 
 
@@ -155,6 +155,27 @@ def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand:
                     advice=tuple(memory_advice(mem, cluster, training)))
 
 
+def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, knobs: dict,
+                               checker: Checker, pruned: Counter, examples: dict, *, keep_rampup: bool):
+    """`enumerate_candidates`' candidates in its order, except that a group (one TP, PP, CP, MBS) broken by a rule on
+    its degrees or batches, which all its candidates share, is counted under that rule (with its first candidate as
+    the example, as one by one would) and yielded as its size instead. ``keep_rampup``: groups broken only by the
+    rampup are yielded one by one (`plan`'s free_best scores them without the rampup)."""
+    for group in enumerate_groups(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
+        size = group.size
+        if not size:
+            continue
+        first_cand = group.first()
+        v = checker.shared(first_cand)
+        if v is None or (keep_rampup and v.reason is Reason.RAMPUP):
+            yield from group.candidates()
+            continue
+        pruned[v.reason] += size
+        if v.reason not in examples:
+            examples[v.reason] = (first_cand, v)
+        yield size
+
+
 def rank_key(e: Estimate) -> tuple:
     """Model TFLOPs first; ties (same to 0.1%) toward less memory, then fewer GPUs per replica."""
     assert e.throughput is not None and e.memory is not None
@@ -187,7 +208,11 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     free = Checker(model, cluster, replace(training, rampup=None), targets) \
         if free_best and training.rampup is not None else None
     best_free: tuple[tuple, Estimate] | None = None   # ((rank_key, enumeration index), estimate)
-    for cand in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
+    for cand in _survivors_of_shared_rules(model, cluster, training, knobs, checker, pruned, examples,
+                                           keep_rampup=free is not None):
+        if type(cand) is int:   # a group ruled out whole by a rule on degrees or batches: counted, never built
+            total += cand
+            continue
         total += 1
         first = checker.first(cand)
         if first is not None:   # most of a plain product: counted, no Estimate built

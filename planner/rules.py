@@ -475,8 +475,9 @@ class Checker:
         self._extras: dict[tuple, Violation | None] = {}
         self._targets: dict[tuple, Violation | None] = {}
 
-    def first(self, c: Candidate) -> Violation | None:
-        """For candidates of `enumerate_candidates` (well-formed by construction: no INVALID check)."""
+    def shared(self, c: Candidate) -> Violation | None:
+        """The first broken rule on (TP, PP, DP, CP) or on (MBS, DP, GAS, PP): the same for every candidate of a
+        `planner.space.Group`, and `first`'s answer whenever it is not None."""
         key = (c.tp, c.pp, c.dp, c.cp)
         if key not in self._degrees:
             self._degrees[key] = next(_degrees(self.model, c, self.cluster), None)
@@ -486,6 +487,11 @@ class Checker:
             if key not in self._batches:
                 self._batches[key] = next(_batches(c, self.training), None)
             v = self._batches[key]
+        return v
+
+    def first(self, c: Candidate) -> Violation | None:
+        """For candidates of `enumerate_candidates` (well-formed by construction: no INVALID check)."""
+        v = self.shared(c)
         if v is None:
             v = next(_redundant(c), None)
         if v is None:  # the frameworks' rules read no CP / EP / MBS: one answer per EP and CP value
