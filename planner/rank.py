@@ -158,8 +158,9 @@ def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand:
 def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, knobs: dict,
                                checker: Checker, pruned: Counter, examples: dict, *, keep_rampup: bool):
     """`enumerate_candidates`' candidates in its order, except that a group (one TP, PP, CP, MBS) broken by a rule on
-    its degrees or batches, which all its candidates share, is counted under that rule (with its first candidate as
-    the example, as one by one would) and yielded as its size instead. ``keep_rampup``: groups broken only by the
+    its degrees or batches, which all its candidates share, or a row of it (one recompute, ZeRO, SP, VPP, hybrid)
+    broken by a redundancy or framework rule, which read no EP/ETP, is counted under that rule (with its first
+    candidate as the example, as one by one would) and yielded as its size instead. ``keep_rampup``: groups broken only by the
     rampup are yielded one by one (`plan`'s free_best scores them without the rampup)."""
     for group in enumerate_groups(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
         size = group.size
@@ -167,8 +168,24 @@ def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training:
             continue
         first_cand = group.first()
         v = checker.shared(first_cand)
-        if v is None or (keep_rampup and v.reason is Reason.RAMPUP):
+        if keep_rampup and v is not None and v.reason is Reason.RAMPUP:
             yield from group.candidates()
+            continue
+        if v is None:   # then per row (one recompute, ZeRO, SP, VPP, hybrid): the rules that read no EP/ETP
+            for recompute, zero, sp, vpp, hybrid, eps in group.rows():
+                if not eps:
+                    continue
+                head = group.make(recompute, zero, sp, vpp, hybrid, *eps[0])
+                w = checker.row(head)
+                if w is None:
+                    yield head
+                    for ep, etp in eps[1:]:
+                        yield group.make(recompute, zero, sp, vpp, hybrid, ep, etp)
+                    continue
+                pruned[w.reason] += len(eps)
+                if w.reason not in examples:
+                    examples[w.reason] = (head, w)
+                yield len(eps)
             continue
         pruned[v.reason] += size
         if v.reason not in examples:

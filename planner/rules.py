@@ -489,16 +489,22 @@ class Checker:
             v = self._batches[key]
         return v
 
-    def first(self, c: Candidate) -> Violation | None:
-        """For candidates of `enumerate_candidates` (well-formed by construction: no INVALID check)."""
-        v = self.shared(c)
-        if v is None:
-            v = next(_redundant(c), None)
+    def row(self, c: Candidate) -> Violation | None:
+        """After `shared`: the redundancy and framework rules, which read no CP, EP, ETP or MBS (the same for every
+        candidate of a row of `planner.space.Group.rows`)."""
+        v = next(_redundant(c), None)
         if v is None:  # the frameworks' rules read no CP / EP / MBS: one answer per EP and CP value
             key = (c.tp, c.pp, c.dp, c.gas, c.zero, c.recompute, c.sp, c.vpp, c.hybrid)
             if key not in self._targets:
                 self._targets[key] = next(_target_rules_but_extras(self.model, c, self.cluster, self.targets), None)
             v = self._targets[key]
+        return v
+
+    def first(self, c: Candidate) -> Violation | None:
+        """For candidates of `enumerate_candidates` (well-formed by construction: no INVALID check)."""
+        v = self.shared(c)
+        if v is None:
+            v = self.row(c)
         if v is None:  # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training)
             key = (c.tp, c.cp, c.dp, c.ep, c.etp, c.sp)
             if key not in self._extras:

@@ -287,16 +287,24 @@ class Group:
     def first(self) -> Candidate:
         return next(self.candidates())
 
-    def candidates(self) -> Iterator[Candidate]:
-        tp, pp, dp, mbs, gas, cp = self.tp, self.pp, self.dp, self.mbs, self.gas, self.cp
+    def rows(self) -> Iterator[tuple[str, int, bool, int, bool, tuple[tuple[int, int], ...]]]:
+        """(recompute, ZeRO, SP, VPP, hybrid, its (EP, ETP) pairs) in order: a row's candidates differ only in EP/ETP."""
         for recompute in self.recompute:
             for zero in self.zero:
                 for sp in self.sp:
+                    eps = self.ep_etps if sp else self.ep_no_sp
                     for vpp in self.vpp:
                         for hybrid in self.hybrid:
-                            for ep, etp in (self.ep_etps if sp else self.ep_no_sp):
-                                yield Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute,
-                                                zero=zero, sp=sp, vpp=vpp, hybrid=hybrid, cp=cp, ep=ep, etp=etp)
+                            yield recompute, zero, sp, vpp, hybrid, eps
+
+    def make(self, recompute: str, zero: int, sp: bool, vpp: int, hybrid: bool, ep: int, etp: int) -> Candidate:
+        return Candidate(tp=self.tp, pp=self.pp, dp=self.dp, mbs=self.mbs, gas=self.gas, recompute=recompute,
+                         zero=zero, sp=sp, vpp=vpp, hybrid=hybrid, cp=self.cp, ep=ep, etp=etp)
+
+    def candidates(self) -> Iterator[Candidate]:
+        for recompute, zero, sp, vpp, hybrid, eps in self.rows():
+            for ep, etp in eps:
+                yield self.make(recompute, zero, sp, vpp, hybrid, ep, etp)
 
 
 def _groups(model: ModelSpec, world: int, training: TrainingSpec, knobs: dict[str, tuple], pins: dict[str, int],
