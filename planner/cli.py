@@ -441,8 +441,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.explain == "":
         raise InputError('--explain needs a configuration, e.g. --explain "tp=4,pp=12,mbs=2,recompute=full,zero=1"')
+    want_schedule = training.rampup is not None and (args.rampup_schedule or args.format == "table")
     t0 = time.perf_counter()
-    result = plan(model, cluster, training, targets=targets)
+    # the schedule's layout is the training's own target's (a second --emit target is not asked of it)
+    same_rules = targets == targets_for(training, None)
+    result = plan(model, cluster, training, targets=targets, free_best=want_schedule and same_rules)
     elapsed = time.perf_counter() - t0
     chosen = None
     if args.emit:
@@ -455,8 +458,7 @@ def run(args: argparse.Namespace) -> int:
         # refuse before printing anything: render() checks every rule and writes nothing
         render(_setup(model, cluster, training, chosen), args.emit, flavor=training.flavor,
                reservation=args.reservation, time_hours=args.time_limit)
-    schedule = _schedule(model, cluster, training) if training.rampup and (
-        args.rampup_schedule or args.format == "table") else None
+    schedule = _schedule(result, same_rules) if want_schedule else None
     if args.format == "table":
         print(render_table(result, args.top, elapsed, framework_why=why))
         if schedule:
@@ -477,12 +479,18 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _schedule(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list:
-    """Seed 003's NNODES / BS / MBS table, from the plan without the rampup constraint."""
+def _schedule(result: Plan, same_rules: bool) -> list:
+    """Seed 003's NNODES / BS / MBS table, from the best layout of the training's target without the rampup
+    constraint: `Plan.free_best`, found in the plan's own pass, when the plan had no other target."""
     from planner.rampup import rampup_schedule
 
+    training = result.training
     assert training.rampup is not None
-    free = plan(model, cluster, replace(training, rampup=None), allow_empty=True)
+    free_training = replace(training, rampup=None)
+    if not same_rules:
+        return rampup_schedule(plan(result.model, result.cluster, free_training, allow_empty=True), training.rampup)
+    free = replace(result, training=free_training,
+                   candidates=[result.free_best] if result.free_best is not None else [])
     return rampup_schedule(free, training.rampup)
 
 

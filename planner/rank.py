@@ -20,7 +20,7 @@ from planner.memory import MemoryBreakdown, memory_breakdown
 from planner.model import ModelSpec
 from planner.rules import (Checker, Reason, Target, Violation, iter_violations, knob_values, memory_advice,
                            memory_violations, target_of)
-from planner.space import Candidate, TrainingSpec, enumerate_candidates
+from planner.space import Candidate, TrainingSpec, enumerate_groups
 from planner.topology import Topology
 
 
@@ -99,6 +99,9 @@ class Plan:
     """ruled-out candidates counted by their first reason"""
     examples: dict[Reason, tuple[Candidate, Violation]] = field(default_factory=dict)
     total: int = 0
+    free_best: Estimate | None = None
+    """with ``plan(..., free_best=True)``: the best layout the same plan gives without its rampup rule (what
+    ``plan(model, cluster, replace(training, rampup=None)).best`` is, found in the same pass); None otherwise"""
 
     @property
     def best(self) -> Estimate:
@@ -152,6 +155,44 @@ def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand:
                     advice=tuple(memory_advice(mem, cluster, training)))
 
 
+def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, knobs: dict,
+                               checker: Checker, pruned: Counter, examples: dict, *, keep_rampup: bool):
+    """`enumerate_candidates`' candidates in its order, except that a group (one TP, PP, CP, MBS) broken by a rule on
+    its degrees or batches, which all its candidates share, or a row of it (one recompute, ZeRO, SP, VPP, hybrid)
+    broken by a redundancy or framework rule, which read no EP/ETP, is counted under that rule (with its first
+    candidate as the example, as one by one would) and yielded as its size instead. ``keep_rampup``: groups broken only by the
+    rampup are yielded one by one (`plan`'s free_best scores them without the rampup)."""
+    for group in enumerate_groups(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
+        size = group.size
+        if not size:
+            continue
+        first_cand = group.first()
+        v = checker.shared(first_cand)
+        if keep_rampup and v is not None and v.reason is Reason.RAMPUP:
+            yield from group.candidates()
+            continue
+        if v is None:   # then per row (one recompute, ZeRO, SP, VPP, hybrid): the rules that read no EP/ETP
+            for recompute, zero, sp, vpp, hybrid, eps in group.rows():
+                if not eps:
+                    continue
+                head = group.make(recompute, zero, sp, vpp, hybrid, *eps[0])
+                w = checker.row(head)
+                if w is None:
+                    yield head
+                    for ep, etp in eps[1:]:
+                        yield group.make(recompute, zero, sp, vpp, hybrid, ep, etp)
+                    continue
+                pruned[w.reason] += len(eps)
+                if w.reason not in examples:
+                    examples[w.reason] = (head, w)
+                yield len(eps)
+            continue
+        pruned[v.reason] += size
+        if v.reason not in examples:
+            examples[v.reason] = (first_cand, v)
+        yield size
+
+
 def rank_key(e: Estimate) -> tuple:
     """Model TFLOPs first; ties (same to 0.1%) toward less memory, then fewer GPUs per replica."""
     assert e.throughput is not None and e.memory is not None
@@ -161,11 +202,15 @@ def rank_key(e: Estimate) -> tuple:
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
          params: CostParams = CostParams(), allow_empty: bool = False,
-         targets: Target | tuple[Target, ...] | None = None) -> Plan:
+         targets: Target | tuple[Target, ...] | None = None, free_best: bool = False) -> Plan:
     """Enumerate, prune with reasons, score and rank. Raises DoesNotFitError when nothing fits.
 
     ``targets``: what every survivor must run on (default: the training's framework and flavour);
     `tune` adds the torch-native probe and an ``--emit`` target, so that nothing it measures is unemittable.
+    ``free_best``: also find the best layout without the rampup rule (`Plan.free_best`, for the rampup
+    schedule) in the same pass: the rampup rule is the only one the two plans differ in, so the rampup-free
+    survivors are this plan's survivors plus the candidates whose first broken rule is the rampup and that pass
+    every later rule and fit; ties break in enumeration order, as `plan()`'s stable sort does.
     """
     model = prepare(model, training)
     targets = (target_of(training),) if targets is None else (targets,) if isinstance(targets, Target) \
@@ -177,15 +222,28 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     total = 0
     knobs = knob_values(targets[0], training)
     checker = Checker(model, cluster, training, targets)
-    for cand in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
+    free = Checker(model, cluster, replace(training, rampup=None), targets) \
+        if free_best and training.rampup is not None else None
+    best_free: tuple[tuple, Estimate] | None = None   # ((rank_key, enumeration index), estimate)
+    for cand in _survivors_of_shared_rules(model, cluster, training, knobs, checker, pruned, examples,
+                                           keep_rampup=free is not None):
+        if type(cand) is int:   # a group ruled out whole by a rule on degrees or batches: counted, never built
+            total += cand
+            continue
         total += 1
         first = checker.first(cand)
         if first is not None:   # most of a plain product: counted, no Estimate built
             pruned[first.reason] += 1
             if first.reason not in examples:
                 examples[first.reason] = (cand, first)
+            if free is not None and first.reason is Reason.RAMPUP and free.first(cand) is None:
+                est = _score(model, cluster, training, cand, topology, params)
+                if est.fits and (best_free is None or (rank_key(est), total) < best_free[0]):
+                    best_free = ((rank_key(est), total), est)
             continue
         est = _score(model, cluster, training, cand, topology, params)
+        if free_best and est.fits and (best_free is None or (rank_key(est), total) < best_free[0]):
+            best_free = ((rank_key(est), total), est)
         if est.fits:
             survivors.append(est)
         else:
@@ -197,7 +255,8 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     if not ranked and not allow_empty:
         raise DoesNotFitError(_no_fit_message(model, cluster, training, pruned, targets))
     return Plan(model=model, cluster=cluster, training=training, candidates=ranked, pruned=dict(pruned),
-                examples=examples, total=total, targets=targets)
+                examples=examples, total=total, targets=targets,
+                free_best=None if best_free is None else replace(best_free[1], rank=1))
 
 
 def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,

@@ -453,8 +453,9 @@ class Checker:
         self._extras: dict[tuple, Violation | None] = {}
         self._targets: dict[tuple, Violation | None] = {}
 
-    def first(self, c: Candidate) -> Violation | None:
-        """For candidates of `enumerate_candidates` (well-formed by construction: no INVALID check)."""
+    def shared(self, c: Candidate) -> Violation | None:
+        """The first broken rule on (TP, PP, DP, CP) or on (MBS, DP, GAS, PP): the same for every candidate of a
+        `planner.space.Group`, and `first`'s answer whenever it is not None."""
         key = (c.tp, c.pp, c.dp, c.cp)
         if key not in self._degrees:
             self._degrees[key] = next(_degrees(self.model, c, self.cluster), None)
@@ -464,13 +465,24 @@ class Checker:
             if key not in self._batches:
                 self._batches[key] = next(_batches(c, self.training), None)
             v = self._batches[key]
-        if v is None:
-            v = next(_redundant(c), None)
+        return v
+
+    def row(self, c: Candidate) -> Violation | None:
+        """After `shared`: the redundancy and framework rules, which read no CP, EP, ETP or MBS (the same for every
+        candidate of a row of `planner.space.Group.rows`)."""
+        v = next(_redundant(c), None)
         if v is None:  # the frameworks' rules read no CP / EP / MBS: one answer per EP and CP value
             key = (c.tp, c.pp, c.dp, c.gas, c.zero, c.recompute, c.sp, c.vpp, c.hybrid)
             if key not in self._targets:
                 self._targets[key] = next(_target_rules_but_extras(self.model, c, self.cluster, self.targets), None)
             v = self._targets[key]
+        return v
+
+    def first(self, c: Candidate) -> Violation | None:
+        """For candidates of `enumerate_candidates` (well-formed by construction: no INVALID check)."""
+        v = self.shared(c)
+        if v is None:
+            v = self.row(c)
         if v is None:  # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training)
             key = (c.tp, c.cp, c.dp, c.ep, c.etp, c.sp)
             if key not in self._extras:
@@ -498,8 +510,6 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
     ``emit``: also what its emitter cannot write (FSDP is emitted as a torchtitan job, whose one dense model
     is Llama's; plain PyTorch FSDP, which `plan --framework fsdp` costs, runs any model).
     """
-    from planner.emit.facts import DEFAULT_ROPE_THETA, rope_theta
-
     out: list[Violation] = []
     fw, flavor = target.framework, target.flavor
     if training.precision == "bf16" and cluster.gpu.peak_bf16_flops is None:
@@ -515,13 +525,13 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                                                      f"with one of {', '.join(MEGATRON_OPTIMIZERS)}"))
     cannot: list[tuple[bool, str]] = []
     if fw == "megatron-deepspeed" and flavor == "bigscience":
+        theta = _other_rope_base(model)
         cannot = [(model.kv_heads != model.heads, f"grouped-query attention ({model.kv_heads} kv heads)"),
                   (training.flash_attention, "FlashAttention (plan with --no-flash-attention)"),
                   (model.norm == "rmsnorm", "RMSNorm"),
                   (not model.tied_embeddings, "untied input/output embeddings"),
                   (not model.bias, "linear layers without biases"),
-                  (model.position == "rope" and rope_theta(model) != DEFAULT_ROPE_THETA,
-                   f"RoPE base {rope_theta(model):g} (its rotary base is fixed at 10000)"),
+                  (theta is not None, f"RoPE base {theta or 0:g} (its rotary base is fixed at 10000)"),
                   (moe.is_moe(model), "mixture-of-experts layers"), (bool(model.kv_lora_rank), "multi-latent attention")]
         fix = "use --emit-flavor microsoft or --framework megatron-lm"
     elif fw == "megatron-deepspeed":
@@ -556,6 +566,17 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                                                    "hidden/heads) is emitted for --emit megatron-lm only "
                                                    "(--kv-channels); plan it here, or emit for megatron-lm"))
     return out
+
+
+def _other_rope_base(model: ModelSpec) -> float | None:
+    """The model's RoPE base when it is not the BigScience fork's fixed 10000; None otherwise (and without
+    importing the emitters for a model without RoPE: `plan`'s start-up)."""
+    if model.position != "rope":
+        return None
+    from planner.emit.facts import DEFAULT_ROPE_THETA, rope_theta
+
+    theta = rope_theta(model)
+    return None if theta == DEFAULT_ROPE_THETA else theta
 
 
 def setup_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,

@@ -235,30 +235,94 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int, train
             for cp in cps:
                 if world % (tp * pp * cp):
                     continue
-                yield from _inner(model, world, training, knobs, pins, tp, pp, cp)
+                for group in _groups(model, world, training, knobs, pins, tp, pp, cp):
+                    yield from group.candidates()
 
 
-def _inner(model: ModelSpec, world: int, training: TrainingSpec, knobs: dict[str, tuple], pins: dict[str, int],
-           tp: int, pp: int, cp: int) -> Iterator[Candidate]:
-    """The rest of the product for one (TP, PP, CP)."""
+def enumerate_groups(model: ModelSpec, world: int, gpus_per_node: int, training: TrainingSpec,
+                     knobs: dict[str, tuple]) -> Iterator[Group]:
+    """`enumerate_candidates`' product in the same order, as groups of one (TP, PP, CP, MBS): the candidates of a
+    group share DP and GAS, so every rule on degrees and batches has one answer for the whole group (`plan`
+    counts a group those rules rule out without building its candidates)."""
+    pins = dict(training.pins)
+    tps = [pins["tp"]] if "tp" in pins else [t for t in divisors(world) if t <= 2 * gpus_per_node]
+    for tp in tps:
+        if world % tp:
+            continue
+        pps = [pins["pp"]] if "pp" in pins else [p for p in divisors(world // tp) if p <= model.layers + 1]
+        for pp in pps:
+            if world % (tp * pp):
+                continue
+            cps = knobs["cp"] or context_parallel.cp_choices(training.seq_len, world // (tp * pp), training.cp_options)
+            for cp in cps:
+                if world % (tp * pp * cp):
+                    continue
+                yield from _groups(model, world, training, knobs, pins, tp, pp, cp)
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """The candidates of one (TP, PP, CP, MBS) in enumeration order: the product of the remaining knobs."""
+
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    mbs: int
+    gas: int
+    recompute: tuple[str, ...]
+    zero: tuple[int, ...]
+    sp: tuple[bool, ...]
+    vpp: tuple[int, ...]
+    hybrid: tuple[bool, ...]
+    ep_etps: tuple[tuple[int, int], ...]
+    ep_no_sp: tuple[tuple[int, int], ...]
+
+    @property
+    def size(self) -> int:
+        """How many candidates the group holds (without building them)."""
+        eps = sum(len(self.ep_etps if sp else self.ep_no_sp) for sp in self.sp)
+        return len(self.recompute) * len(self.zero) * len(self.vpp) * len(self.hybrid) * eps
+
+    def first(self) -> Candidate:
+        return next(self.candidates())
+
+    def rows(self) -> Iterator[tuple[str, int, bool, int, bool, tuple[tuple[int, int], ...]]]:
+        """(recompute, ZeRO, SP, VPP, hybrid, its (EP, ETP) pairs) in order: a row's candidates differ only in EP/ETP."""
+        for recompute in self.recompute:
+            for zero in self.zero:
+                for sp in self.sp:
+                    eps = self.ep_etps if sp else self.ep_no_sp
+                    for vpp in self.vpp:
+                        for hybrid in self.hybrid:
+                            yield recompute, zero, sp, vpp, hybrid, eps
+
+    def make(self, recompute: str, zero: int, sp: bool, vpp: int, hybrid: bool, ep: int, etp: int) -> Candidate:
+        return Candidate(tp=self.tp, pp=self.pp, dp=self.dp, mbs=self.mbs, gas=self.gas, recompute=recompute,
+                         zero=zero, sp=sp, vpp=vpp, hybrid=hybrid, cp=self.cp, ep=ep, etp=etp)
+
+    def candidates(self) -> Iterator[Candidate]:
+        for recompute, zero, sp, vpp, hybrid, eps in self.rows():
+            for ep, etp in eps:
+                yield self.make(recompute, zero, sp, vpp, hybrid, ep, etp)
+
+
+def _groups(model: ModelSpec, world: int, training: TrainingSpec, knobs: dict[str, tuple], pins: dict[str, int],
+            tp: int, pp: int, cp: int) -> Iterator[Group]:
+    """The rest of the product for one (TP, PP, CP), one group per MBS."""
     dp = world // (tp * pp * cp)
     if "dp" in pins and dp != pins["dp"]:
         return
     per_replica = training.global_batch // dp if training.global_batch % dp == 0 else 0
     mbss = [pins["mbs"]] if "mbs" in pins else mbs_values(per_replica, training.max_mbs)
     vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"]
-    ep_etps = knobs["ep"] or moe.ep_choices(model, tp, cp, dp, training.ep_options)
+    ep_etps = tuple(knobs["ep"] or moe.ep_choices(model, tp, cp, dp, training.ep_options))
     # Megatron needs SP under MoE with EP and TP (planner.moe.violations): sp=0 is enumerated with EP=1 only
-    ep_no_sp = [pe for pe in ep_etps if pe[0] == 1] if knobs["moe_needs_sp"] and tp > 1 else ep_etps
+    ep_no_sp = tuple(pe for pe in ep_etps if pe[0] == 1) if knobs["moe_needs_sp"] and tp > 1 else ep_etps
     for mbs in mbss:
         gas = max(training.global_batch // (mbs * dp), 1)
         if "gas" in pins and gas != pins["gas"]:
             continue
-        for recompute in knobs["recompute"]:
-            for zero in knobs["zero"]:
-                for sp in knobs["sp"]:
-                    for vpp in vpps:
-                        for hybrid in knobs["hybrid"]:
-                            for ep, etp in (ep_etps if sp else ep_no_sp):
-                                yield Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute,
-                                                zero=zero, sp=sp, vpp=vpp, hybrid=hybrid, cp=cp, ep=ep, etp=etp)
+        yield Group(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, gas=gas, recompute=tuple(knobs["recompute"]),
+                    zero=tuple(knobs["zero"]), sp=tuple(knobs["sp"]), vpp=tuple(vpps), hybrid=tuple(knobs["hybrid"]),
+                    ep_etps=ep_etps, ep_no_sp=ep_no_sp)

@@ -113,3 +113,32 @@ def test_cli_huge_global_batch_with_rampup_answers(gbs):
     if proc.returncode == 0:
         rows = json.loads(proc.stdout).get("rampup_schedule") or []
         assert len(rows) <= 45
+
+
+@pytest.mark.parametrize("model_name, gpus, gpu, framework, rampup, gbs", [
+    ("176B", 384, "A100-80GB", "megatron-deepspeed", Rampup(start=192, increment=16, samples=9_765_625), 2048),
+    ("176B", 384, "A100-80GB", "megatron-deepspeed", Rampup(start=32, increment=32, samples=6_000_000), 2048),
+    # a ramp that rules out DP 8 (steps of 4): the rampup-free best is a candidate this plan prunes for the rampup
+    ("176B", 384, "A100-80GB", "megatron-deepspeed", Rampup(start=12, increment=4, samples=6_000_000), 2048),
+    ("1B3", 16, "V100-32GB", "megatron-deepspeed", Rampup(start=16, increment=16, samples=100_000), 512),
+    ("llama3-8b", 64, "H100-SXM", "megatron-lm", Rampup(start=24, increment=24, samples=100_000), 504),
+])
+def test_free_best_is_the_rampup_free_plans_best(model_name, gpus, gpu, framework, rampup, gbs):
+    """`plan(..., free_best=True)` finds in one pass what a second plan without the rampup rule ranks first (the
+    rampup schedule's layout), and its own ranking and pruned counts are those of the plan without the flag."""
+    from dataclasses import replace
+
+    model = get_preset(model_name)
+    cluster = make_cluster(gpu=gpu, gpus=gpus, gpus_per_node=4 if gpu.startswith("V100") else 8)
+    training = TrainingSpec(global_batch=gbs, seq_len=2048, precision="fp16" if gpu.startswith("V100") else "bf16",
+                            framework=framework, rampup=rampup,
+                            flash_attention=framework != "megatron-deepspeed")
+    one = plan(model, cluster, training, allow_empty=True, free_best=True)
+    plain = plan(model, cluster, training, allow_empty=True)
+    free = plan(model, cluster, replace(training, rampup=None), allow_empty=True)
+    assert one.pruned == plain.pruned and one.total == plain.total
+    assert [e.candidate for e in one.candidates] == [e.candidate for e in plain.candidates]
+    assert one.free_best is not None and free.candidates
+    assert one.free_best.candidate == free.best.candidate
+    assert one.free_best.step_time_s == free.best.step_time_s
+    assert plain.free_best is None

@@ -1,0 +1,62 @@
+"""`plan` counts a group of candidates ruled out by a shared rule without building them: the same totals, reasons,
+examples and ranking as checking every candidate of the plain product one by one."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from planner.hardware import make_cluster
+from planner.model import get_preset
+from planner.rank import plan, prepare
+from planner.rules import Checker, Reason, knob_values, target_of
+from planner.space import TrainingSpec, enumerate_candidates, enumerate_groups
+
+CASES = [  # (model, GPUs, GPU, training)
+    ("176B", 384, "A100-80GB", dict(global_batch=2048, seq_len=2048, flash_attention=False)),
+    ("mixtral-8x7b", 256, "H100", dict(global_batch=256, seq_len=4096, framework="megatron-lm")),
+    ("llama3-8b", 64, "H100", dict(global_batch=512, seq_len=32768, framework="megatron-lm", precision="fp8")),
+    ("llama3-8b", 64, "A100-80GB", dict(global_batch=512, seq_len=8192, framework="fsdp")),
+]
+
+
+def _one_by_one(model, cluster, training):
+    """What plan() counted before groups: every candidate's first layout rule."""
+    model = prepare(model, training)
+    target = target_of(training)
+    checker = Checker(model, cluster, training, (target,))
+    firsts, examples = Counter(), {}
+    cands = list(enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training,
+                                      knob_values(target, training)))
+    for c in cands:
+        v = checker.first(c)
+        if v is not None:
+            firsts[v.reason] += 1
+            examples.setdefault(v.reason, (c, v))
+    return cands, firsts, examples
+
+
+@pytest.mark.parametrize("name, gpus, gpu, kw", CASES)
+def test_groups_are_the_product_in_order(name, gpus, gpu, kw):
+    model, cluster, training = get_preset(name), make_cluster(gpu=gpu, gpus=gpus), TrainingSpec(**kw)
+    model = prepare(model, training)
+    knobs = knob_values(target_of(training), training)
+    groups = list(enumerate_groups(model, gpus, cluster.gpus_per_node, training, knobs))
+    flat = [c for g in groups for c in g.candidates()]
+    assert flat == list(enumerate_candidates(model, gpus, cluster.gpus_per_node, training, knobs))
+    assert [g.size for g in groups] == [len(list(g.candidates())) for g in groups]
+
+
+@pytest.mark.parametrize("name, gpus, gpu, kw", CASES)
+def test_plan_counts_every_candidate_with_its_first_reason(name, gpus, gpu, kw):
+    model, cluster, training = get_preset(name), make_cluster(gpu=gpu, gpus=gpus), TrainingSpec(**kw)
+    p = plan(model, cluster, training, allow_empty=True)
+    cands, firsts, examples = _one_by_one(model, cluster, training)
+    assert p.total == len(cands)
+    scored = len(cands) - sum(firsts.values())   # the candidates that reach the memory model
+    assert set(p.pruned) - set(firsts) <= {Reason.MEMORY_TOTAL}
+    assert len(p.candidates) + p.pruned.get(Reason.MEMORY_TOTAL, 0) == scored
+    for reason, n in firsts.items():
+        assert p.pruned[reason] == n
+        assert p.examples[reason][0] == examples[reason][0]
