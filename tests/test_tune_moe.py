@@ -189,6 +189,28 @@ def test_replay_over_ep_layouts_finds_the_measured_best_and_keeps_layouts_apart(
         assert t.user_attrs["measured_step_s"] == steps[t.user_attrs["config"]]   # its own row answered it
 
 
+def test_a_trial_queued_by_an_older_tune_probes_its_cp1_ep1_layout(tmp_path, capsys):
+    """A study made before cp/ep/etp were parameters: its queued trial names none of them and means 1, never a
+    sampled degree (the sampler would pick another layout's EP)."""
+    csv_path, steps, _ = _table(tmp_path)
+    space = SearchSpace.from_plan(moe_plan(tmp_path), keep=set(steps))
+    dense = [e.candidate for e in space.survivors if (e.candidate.cp, e.candidate.ep) == (1, 1)
+             and any(o.candidate.ep > 1 and (o.candidate.pp, o.candidate.dp, o.candidate.mbs) ==
+                     (e.candidate.pp, e.candidate.dp, e.candidate.mbs) for o in space.survivors)][-1]
+    storage = f"sqlite:///{tmp_path}/t.db"
+    old = optuna.create_study(study_name="moe", storage=storage, direction="maximize")
+    old.enqueue_trial({k: v for k, v in params_of(dense).items() if k not in ("cp", "ep", "etp")},
+                      user_attrs={"phase": "analytic"})
+    argv = ["--model", str(moe_yaml(tmp_path)), *SETUP, "--backend", "replay", "--results", str(csv_path),
+            "--study", "moe", "--storage", storage, "--no-progress", "--confirm-top", "0", "--top-k", "0",
+            "--max-probes", "1", "--sampler", "random", "--seed", "3", "--format", "json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    first = min(out["trials"], key=lambda t: t["number"])
+    assert first["config"] == dense.label()
+    assert first["measured_step_s"] == steps[dense.label()]
+
+
 def test_replay_without_an_ep_column_reads_every_row_as_ep_1(tmp_path, capsys):
     survivors = [e.candidate for e in moe_plan(tmp_path).candidates]
     rows = ["tp,pp,dp,micro_batch,context_parallel,status,seconds_per_iteration"]
