@@ -1,7 +1,7 @@
 """`tune` over context- and expert-parallel layouts of a mixture-of-experts model.
 
     python -m pytest tests/test_tune_moe.py -q                  # fast: parameters, replay, the probe's rules
-    python -m pytest tests/test_tune_moe.py -q -m slow          # one CPU tune with real gloo probes (~2-4 min)
+    python -m pytest tests/test_tune_moe.py -q -m slow          # two CPU tunes (EP 2, CP 2), real gloo probes
 
 A tiny 4-expert top-2 model on 4 CPU "GPUs", planned for Megatron-LM with CP 1/2 and EP 1/2/4: layouts that
 differ only in CP or EP must stay separate trials (search.space keys and Optuna parameters), replay must
@@ -228,9 +228,10 @@ def test_replay_without_an_ep_column_reads_every_row_as_ep_1(tmp_path, capsys):
 # -- a real local tune ------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_local_cpu_tune_measures_an_expert_parallel_layout(tmp_path):
-    """4 gloo processes, the tiny MoE, the probe's rules: an EP>1 layout is probed end to end and measured."""
-    argv = [sys.executable, "-m", "search.cli", "--model", str(moe_yaml(tmp_path)), *SETUP, "--ep", "2",
+@pytest.mark.parametrize("degree,flags", [("ep", ("--ep", "2")), ("cp", ("--cp", "2", "--ep", "1"))])
+def test_local_cpu_tune_measures_an_expert_or_context_parallel_layout(degree, flags, tmp_path):
+    """4 gloo processes, the tiny MoE, the probe's rules: an EP 2 (or CP 2) layout is probed end to end."""
+    argv = [sys.executable, "-m", "search.cli", "--model", str(moe_yaml(tmp_path)), *SETUP, *flags,
             "--probe-device", "cpu", "--probe-steps", "2", "--probe-warmup", "1", "--probe-timeout", "900",
             "--top-k", "1", "--max-probes", "2", "--confirm-top", "0", "--sampler", "analytic", "--study", "moe",
             "--storage", f"sqlite:///{tmp_path}/t.db", "--workdir", str(tmp_path / "runs"), "--seed", "0",
@@ -238,13 +239,13 @@ def test_local_cpu_tune_measures_an_expert_parallel_layout(tmp_path):
     run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout)
-    ok = [t for t in out["trials"] if t["outcome"] == "ok"]
-    assert ok, out["trials"]
+    assert [t for t in out["trials"] if t["outcome"] == "ok"], out["trials"]
     assert all(t["outcome"] != "invalid" for t in out["trials"]), "probed a layout the probe refuses"
     study = optuna.load_study(study_name="moe", storage=f"sqlite:///{tmp_path}/t.db")
-    measured_ep = [t for t in study.trials if t.user_attrs.get("outcome") == "ok" and t.params.get("ep", 1) > 1]
-    assert measured_ep, [t.user_attrs.get("config") for t in study.trials]
-    t = measured_ep[0]
+    measured = [t for t in study.trials if t.user_attrs.get("outcome") == "ok" and t.params.get(degree, 1) > 1]
+    assert measured, [t.user_attrs.get("config") for t in study.trials]
+    t = measured[0]
     result = json.loads((Path(t.user_attrs["workdir"]) / "result.json").read_text())
-    assert result["extra"]["extent"]["ep"] == 2 and result["extra"]["extent"]["num_experts"] == 4
-    assert result["world_size"] == t.user_attrs["candidate"]["dp"] * t.user_attrs["candidate"]["cp"]
+    assert result["extra"]["extent"][degree] == 2 and result["extra"]["extent"]["num_experts"] == 4
+    c = t.user_attrs["candidate"]
+    assert result["world_size"] == c["tp"] * c["cp"] * c["pp"] * c["dp"] == 4
