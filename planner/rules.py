@@ -374,6 +374,32 @@ def probe_extent_violations(model: ModelSpec, c: Candidate, *, cp: int, ep: int,
             yield Violation(Reason.INVALID, f"ep {ep} must divide the data-parallel ranks run ({dp_run})")
         if c.pp > 1 or dp_impl != "ddp":
             yield Violation(Reason.FRAMEWORK_LIMIT, f"ep {ep} is probed with pp = 1 and zero = 0 (DDP) only")
+    if c.etp > 1:
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"etp {c.etp}: the probe has no expert tensor parallelism; use etp = 1")
+
+
+def probe_dp_impl(c: Candidate, dp_run: int) -> str:
+    """The probe's data-parallel wrapper for ``dp_run`` ranks (none | ddp | fsdp), as `probes.layout.resolve_layout`
+    picks it: DDP only for plain replicas without TP/PP, FSDP2 for sharding, hybrid or replicas under TP/PP."""
+    if dp_run <= 1:
+        return "none"
+    return "ddp" if c.zero == 0 and not c.hybrid and c.tp == 1 and c.pp == 1 else "fsdp"
+
+
+def probe_model_violations(model: ModelSpec) -> Iterator[Violation]:
+    """What the probe's model (probes/gpt.py) cannot build: its MoE puts top-k routed experts of the dense MLP's
+    width in every layer, without shared experts, and its attention is multi-head/grouped-query."""
+    if not moe.is_moe(model):
+        return
+    cannot = [(model.moe_ffn_hidden not in (0, model.ffn_hidden), f"experts {model.moe_ffn_hidden} wide (the probe's "
+                                                                   f"are the MLP's {model.ffn_hidden})"),
+              (model.shared_experts > 0, f"{model.shared_experts} shared experts"),
+              (model.moe_layer_freq != 1 or model.first_dense_layers > 0, "dense layers between MoE layers"),
+              (bool(model.kv_lora_rank), "multi-latent attention")]
+    for bad, what in cannot:
+        if bad:
+            yield Violation(Reason.MODEL_FEATURE, f"the torch-native probe cannot build {what}; tune this model with "
+                                                  "--probe megatron, or probe a model without it")
 
 
 def _probe(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
@@ -386,7 +412,8 @@ _TP_REASONS = (Reason.TP_HEADS, Reason.TP_KV_HEADS, Reason.TP_FFN, Reason.MICROB
 def parallel_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                     target: Target) -> Iterator[Violation]:
     """Context parallel, experts (EP/ETP, MoE layers) and FP8 on ``target``: Megatron-LM has all of them,
-    torchtitan (fsdp) CP, EP and float8 (no ETP), the Megatron-DeepSpeed forks and the probe none."""
+    torchtitan (fsdp) CP, EP and float8 (no ETP), the torch-native probe its own CP and MoE/EP
+    (`probe_extent_violations`), the Megatron-DeepSpeed forks none."""
     fw = target.framework
     if fw in ("megatron-lm", "fsdp"):
         for rules in (context_parallel.violations, moe.violations, fp8.violations):
@@ -395,6 +422,14 @@ def parallel_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, traini
         if fw == "fsdp" and moe.is_moe(model) and c.ep > 1 and not c.cp <= c.ep <= c.dp * c.cp:
             yield Violation(Reason.EP_GROUP, f"torchtitan needs CP <= EP <= DP*CP (job_config.py "
                                              f"expert_parallel_degree), got CP={c.cp} EP={c.ep} DP={c.dp}")
+        return
+    if fw == PROBE:   # its own CP and MoE/EP (probes.extent), on the full layout (dp_run = DP)
+        yield from probe_model_violations(model)
+        yield from probe_extent_violations(model, c, cp=c.cp, ep=c.ep, num_experts=model.num_experts,
+                                           moe_top_k=model.moe_topk, dp_run=c.dp, dp_impl=probe_dp_impl(c, c.dp))
+        if training.precision == "fp8":
+            yield Violation(Reason.FRAMEWORK_LIMIT, "the torch-native probe has no FP8 training; use --precision bf16 "
+                                                    "or --probe megatron")
         return
     fix = "use --framework megatron-lm (or fsdp: torchtitan)"
     if c.cp > 1:
@@ -448,6 +483,7 @@ class Checker:
                  targets: Target | Sequence[Target] | None = None) -> None:
         self.model, self.cluster, self.training = model, cluster, training
         self.targets = _targets(training, targets)
+        self._probe = any(t.framework == PROBE for t in self.targets)
         self._degrees: dict[tuple, Violation | None] = {}
         self._batches: dict[tuple, Violation | None] = {}
         self._extras: dict[tuple, Violation | None] = {}
@@ -483,8 +519,9 @@ class Checker:
         v = self.shared(c)
         if v is None:
             v = self.row(c)
-        if v is None:  # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training)
-            key = (c.tp, c.cp, c.dp, c.ep, c.etp, c.sp)
+        if v is None:  # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training);
+            # the probe's also pp, zero and hybrid (probe_extent_violations, probe_dp_impl)
+            key = (c.tp, c.cp, c.dp, c.ep, c.etp, c.sp) + ((c.pp, c.zero, c.hybrid) if self._probe else ())
             if key not in self._extras:
                 self._extras[key] = next((x for t in self.targets
                                           for x in parallel_extras(self.model, c, self.cluster, self.training, t)), None)
@@ -621,5 +658,6 @@ def first(violations: Iterable[Violation]) -> Violation | None:
 
 __all__ = ["Checker", "FLAVORS", "MEGATRON_OPTIMIZERS", "PP_SCHEDULES", "PROBE", "Reason", "TARGET_FRAMEWORKS", "Target",
            "VPP_OPTIONS", "Violation", "iter_violations", "knob_values", "layout_violations", "megatron_lm_stages",
-           "memory_advice", "memory_violations", "model_violations", "parallel_extras", "probe_layout_violations", "setup_violations",
+           "memory_advice", "memory_violations", "model_violations", "parallel_extras", "probe_dp_impl",
+           "probe_extent_violations", "probe_layout_violations", "probe_model_violations", "setup_violations",
            "structural_violations", "target_of"]

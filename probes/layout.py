@@ -89,7 +89,9 @@ def model_spec(spec: ProbeSpec) -> ModelSpec:
 
 
 def candidate(spec: ProbeSpec) -> Candidate:
-    return Candidate(**spec.candidate)
+    """The spec's TP/PP/DP layout; its context-parallel degree is the spec's ``cp`` (`probes.extent`), so a
+    candidate dict that records cp (tune passes the planner's whole candidate) is read with cp = 1 here."""
+    return replace(Candidate(**spec.candidate), cp=1)
 
 
 def model_run(spec: ProbeSpec, layout: ProbeLayout) -> ModelSpec:

@@ -151,7 +151,7 @@ def build_run_parser() -> argparse.ArgumentParser:
                    help="--backend replay: seconds each probe takes (tests of concurrency and interruption)")
     b.add_argument("--local-procs", type=_pos_int, default=None,
                    help="--backend local: processes this node can run (default --gpus-per-node); a candidate "
-                        "needing more runs one DP replica (TP*PP processes), projected to the full DP")
+                        "needing more runs one DP replica (TP*CP*PP processes), projected to the full DP")
     b.add_argument("--reservation", help="SLURM reservation (--backend slurm; also written into launch.sbatch)")
     b.add_argument("--partition", help="SLURM partition (--backend slurm)")
     b.add_argument("--account", help="SLURM account (--backend slurm)")
@@ -288,9 +288,10 @@ def _check_numbers(table) -> None:
 
 
 def _local_backend(capacity: int):
-    """LocalBackend with as many processes as the candidate needs when this node has them, one DP
-    replica (TP*PP processes, reported as reduced and projected by the probe) when only that fits."""
+    """LocalBackend with as many processes as the candidate needs (TP*CP*PP*DP) when this node has them, one DP
+    replica (TP*CP*PP processes, reported as reduced and projected by the probe) when only that fits."""
     from probes.backend import LocalBackend, ProbeBackend
+    from probes.extent import probe_world
     from probes.result import ProbeResult
 
     class OneNode(ProbeBackend):
@@ -298,13 +299,13 @@ def _local_backend(capacity: int):
 
         def run(self, spec, *, workdir, timeout_s):
             c = spec.candidate
-            world, model_parallel = c["tp"] * c["pp"] * c["dp"], c["tp"] * c["pp"]
+            world, model_parallel = probe_world(spec), c["tp"] * c["pp"] * spec.cp
             if world <= capacity:
                 return LocalBackend(nproc=world).run(spec, workdir=workdir, timeout_s=timeout_s)
             if model_parallel <= capacity:
                 return LocalBackend(nproc=model_parallel).run(spec, workdir=workdir, timeout_s=timeout_s)
             return ProbeResult(status="invalid", wall_s=0.0, reason=(
-                f"needs TP*PP = {model_parallel} processes, this node runs {capacity} (--local-procs); "
+                f"needs TP*CP*PP = {model_parallel} processes, this node runs {capacity} (--local-procs); "
                 "probe it with --backend slurm"))
 
     return OneNode()
@@ -316,11 +317,14 @@ def _command_line(argv: list[str]) -> str:
 
 def _targets(args: argparse.Namespace, training) -> tuple:
     """What every configuration of the space must run on (planner.rules): the planned framework, the
-    --emit target and, for --probe megatron, the fork it runs, so that the study only measures what it can
-    emit and launch."""
-    from planner.rules import Target
+    --emit target, the torch-native probe when it probes (its TP/PP, CP and MoE/EP rules: never a layout it
+    refuses) and, for --probe megatron, the fork it runs, so that the study only measures what it can
+    emit and launch. A replay probes nothing: its table says what ran."""
+    from planner.rules import PROBE, Target
 
     targets = [Target(training.framework, training.flavor)]
+    if args.probe == "train" and getattr(args, "backend", "local") != "replay":
+        targets.append(Target(PROBE))
     if args.probe == "megatron":
         targets.append(Target("megatron-deepspeed", args.emit_flavor))
     if args.emit:
@@ -469,6 +473,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from search.study import Progress, TuneSettings, open_study, storage_url
     from search.study import run as run_study
 
+    from planner.rules import PROBE
+
     model, cluster, training = setup_from_args(args)
     targets = _targets(args, training)
     if args.storage:
@@ -481,6 +487,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         for problem in (_calibration_problem(args, cluster), _probe_device_problem(args, cluster)):
             if problem:
                 raise TuneError(problem)
+        if any(t.framework == PROBE for t in targets):
+            from planner.rules import probe_model_violations
+
+            for v in probe_model_violations(model):
+                raise TuneError(v.detail)
         full = plan(model, cluster, training, targets=targets)
         if table is not None:
             keep, orphans = table.restrict(full)

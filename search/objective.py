@@ -40,7 +40,7 @@ from probes.result import ProbeResult, ProbeSpec
 
 from search._base import DERIVED, PROBED, BackendError
 from search.calibration import Measurement, refit
-from search.space import SearchSpace, config_key, params_of
+from search.space import PARAMS, SearchSpace, config_key, params_of, with_defaults
 
 FINAL = PROBED + DERIVED
 COUNTED = ("ok", "oom", "timeout", "crash")
@@ -272,11 +272,12 @@ class Objective:
     def _ruled_out_reason(self, params: dict) -> tuple[str, str]:
         """(label, reason) of parameters that name no survivor."""
         tp, pp, mbs = int(params.get("tp", 1)), int(params.get("pp", 1)), int(params.get("mbs", 1))
-        dp = max(self.cluster.world_size // max(tp * pp, 1), 1)
+        cp, ep, etp = (int(params.get(n, 1)) for n in ("cp", "ep", "etp"))
+        dp = max(self.cluster.world_size // max(tp * pp * cp, 1), 1)
         cand = Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=max(self.training.global_batch // (mbs * dp), 1),
                          recompute=params.get("recompute", "none"), zero=int(params.get("zero", 0)),
                          sp=bool(params.get("sp", False)), vpp=int(params.get("vpp", 1)),
-                         hybrid=bool(params.get("hybrid", False)))
+                         hybrid=bool(params.get("hybrid", False)), cp=cp, ep=ep, etp=etp)
         est = estimate(self.model, self.cluster, self.training, cand)
         why = "; ".join(v.detail for v in est.reasons) or "outside the restricted space"
         return cand.label(), f"{cand.label()} is not a survivor of the plan ({why}); never probed"
@@ -331,7 +332,10 @@ class Objective:
         phase = trial_phase(ua, frozen.system_attrs)
         # enqueued or retried parameters from an older space may lie outside this one's distributions
         given = {**(frozen.system_attrs.get("fixed_params") or {}), **frozen.params}
-        params = given if given and self.space.lookup(given) is None else suggest(trial, self.distributions)
+        # one enqueued before cp/ep/etp were parameters lacks them: their defaults (1), never a sampled value
+        old = bool(given) and any(n not in given for n in PARAMS if n in self.distributions)
+        params = (with_defaults(given) if given and (old or self.space.lookup(given) is None)
+                  else suggest(trial, self.distributions))
         est = self.space.lookup(params)
         if est is None:
             label, reason = self._ruled_out_reason(params)
@@ -363,11 +367,19 @@ class Objective:
         result = self._probe(trial, cand)
         return self._record(trial, cand, result, ledger)
 
+    def probe_spec(self, cand: Candidate) -> ProbeSpec:
+        """What the probe runs for ``cand``: the whole candidate (cp, ep, etp included), its context and expert
+        degrees as the probe's ``cp``/``ep``, and the model's experts (``num_experts``, ``moe_top_k``)."""
+        s = self.settings
+        return ProbeSpec(model=self.model.to_dict(), candidate=cand.to_dict(), precision=self.training.precision,
+                         warmup_steps=s.warmup_steps, steps=s.steps,
+                         layers_run=probe_layers(s.layers, cand, self.model.layers), device=s.device, max_cv=s.max_cv,
+                         cp=cand.cp, ep=cand.ep, num_experts=self.model.num_experts,
+                         **({"moe_top_k": self.model.moe_topk} if self.model.num_experts else {}))
+
     def _probe(self, trial: optuna.Trial, cand: Candidate) -> ProbeResult:
         s = self.settings
-        spec = ProbeSpec(model=self.model.to_dict(), candidate=cand.to_dict(), precision=self.training.precision,
-                         warmup_steps=s.warmup_steps, steps=s.steps,
-                         layers_run=probe_layers(s.layers, cand, self.model.layers), device=s.device, max_cv=s.max_cv)
+        spec = self.probe_spec(cand)
         study_dir = s.workdir or Path("tune-probes")
         workdir = study_dir / f"trial-{trial.number:04d}"
         timeout = s.timeout_s

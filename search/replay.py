@@ -10,9 +10,11 @@ be matched, never ignored):
 
 - configuration, matched against the candidate: ``tp, pp, dp, micro_batch`` (required),
   ``activation_recompute`` (none | selective | full), ``zero_stage`` (0-3), ``sequence_parallel``,
-  ``virtual_pipeline``, ``hybrid_shard`` (also spelled ``mbs``, ``recompute``, ``zero``, ``sp``, ``vpp``,
-  ``hybrid`` as the candidate names them). An absent ``sequence_parallel``/``virtual_pipeline``/
-  ``hybrid_shard`` column means off (0, 1, 0). An absent recompute or ZeRO column matches any value,
+  ``virtual_pipeline``, ``hybrid_shard``, ``context_parallel``, ``expert_parallel``,
+  ``expert_tensor_parallel`` (also spelled ``mbs``, ``recompute``, ``zero``, ``sp``, ``vpp``, ``hybrid``,
+  ``cp``, ``ep``, ``etp`` as the candidate names them). An absent ``sequence_parallel``/``virtual_pipeline``/
+  ``hybrid_shard``/``context_parallel``/``expert_parallel``/``expert_tensor_parallel`` column means off
+  (0, 1, 0, 1, 1, 1); ``dp`` is the data-parallel degree (world = TP·CP·PP·DP). An absent recompute or ZeRO column matches any value,
   and a row that then matches several configurations of the plan is refused (add the column or
   plan with one ``--recompute``/``--zero``).
 - measurement: ``status`` (ok | oom | timeout | crash | invalid; required), ``seconds_per_iteration``,
@@ -49,15 +51,17 @@ NOT_MEASURED = "not measured"
 STATUSES = ("ok", "oom", "timeout", "crash", "invalid")
 DIMENSION_COLUMNS = {"tp": "tp", "pp": "pp", "dp": "dp", "micro_batch": "mbs", "activation_recompute": "recompute",
                      "zero_stage": "zero", "sequence_parallel": "sp", "virtual_pipeline": "vpp",
-                     "hybrid_shard": "hybrid"}
+                     "hybrid_shard": "hybrid", "context_parallel": "cp", "expert_parallel": "ep",
+                     "expert_tensor_parallel": "etp"}
 """CSV column -> Candidate field it must match"""
-OFF_WHEN_ABSENT = {"sp": False, "vpp": 1, "hybrid": False}
+OFF_WHEN_ABSENT = {"sp": False, "vpp": 1, "hybrid": False, "cp": 1, "ep": 1, "etp": 1}
 """a table without the column measured these off"""
 MEASURE_COLUMNS = ("status", "seconds_per_iteration", "memory_gb")
 CONTEXT_COLUMNS = ("table", "global_batch", "seq_len", "nodes", "gpus_per_node")
 DESCRIPTION_COLUMNS = ("gpu", "gpu_mem_gb", "tflops_per_gpu", "grad_accum", "notes", "source", "id")
 ALIASES = {"zero": "zero_stage", "sp": "sequence_parallel", "vpp": "virtual_pipeline", "hybrid": "hybrid_shard",
-           "mbs": "micro_batch", "recompute": "activation_recompute", "step_time_s": "seconds_per_iteration"}
+           "mbs": "micro_batch", "recompute": "activation_recompute", "step_time_s": "seconds_per_iteration",
+           "cp": "context_parallel", "ep": "expert_parallel", "etp": "expert_tensor_parallel"}
 """other spellings of a column (the candidate's own field names)"""
 KNOWN_COLUMNS = (*DIMENSION_COLUMNS, *MEASURE_COLUMNS, *CONTEXT_COLUMNS, *DESCRIPTION_COLUMNS)
 _REQUIRED = ("tp", "pp", "dp", "micro_batch", "status")
@@ -77,6 +81,9 @@ class ReplayRow:
     sp: bool | None = None
     vpp: int | None = None
     hybrid: bool | None = None
+    cp: int | None = None
+    ep: int | None = None
+    etp: int | None = None
     status: str = "ok"
     step_time_s: float | None = None
     memory_gb: float | None = None
@@ -118,6 +125,7 @@ class ReplayRow:
             parts.append(f"vpp={self.vpp}")
         if self.hybrid:
             parts.append("hybrid=1")
+        parts += [f"{n}={getattr(self, n)}" for n in ("cp", "ep", "etp") if (getattr(self, n) or 1) > 1]
         return ",".join(parts)
 
 
@@ -159,6 +167,13 @@ def row_from_record(r: dict, *, where: str, line: int) -> ReplayRow:
     if zero is not None and zero not in (0, 1, 2, 3):
         raise TuneError(f"{where}: zero_stage {zero}: use 0, 1, 2 or 3")
     vpp = _num(r.get("virtual_pipeline"), int, what="virtual_pipeline", where=where)
+    degrees = {n: _num(r.get(col), int, what=col, where=where)
+               for col, n in (("context_parallel", "cp"), ("expert_parallel", "ep"), ("expert_tensor_parallel", "etp"))}
+    for n, v in degrees.items():
+        if v is not None and v < 1:
+            raise TuneError(f"{where}: {n} {v} must be a positive integer (1: off)")
+    if vpp is not None and vpp < 1:
+        raise TuneError(f"{where}: virtual_pipeline {vpp} must be a positive integer (1: off)")
     status = (r.get("status") or "").strip().lower()
     if status not in STATUSES:
         raise TuneError(f"{where}: status {status!r}: use one of {', '.join(STATUSES)}")
@@ -170,7 +185,7 @@ def row_from_record(r: dict, *, where: str, line: int) -> ReplayRow:
     gpn = _num(r.get("gpus_per_node"), int, what="gpus_per_node", where=where)
     return ReplayRow(tp=tp, pp=pp, dp=dp, mbs=mbs, recompute=recompute, zero=zero,
                      sp=_flag(r.get("sequence_parallel"), what="sequence_parallel", where=where),
-                     vpp=vpp, hybrid=_flag(r.get("hybrid_shard"), what="hybrid_shard", where=where),
+                     vpp=vpp, hybrid=_flag(r.get("hybrid_shard"), what="hybrid_shard", where=where), **degrees,
                      status=status, step_time_s=step,
                      memory_gb=_num(r.get("memory_gb"), float, what="memory_gb", where=where),
                      global_batch=_num(r.get("global_batch"), int, what="global_batch", where=where),
@@ -301,7 +316,8 @@ def candidate_of(row: ReplayRow, plan: Plan) -> Candidate:
                                                   (t.zero_options[0] if len(t.zero_options) == 1 else 0))
     gas = max(t.global_batch // (row.mbs * row.dp), 1)
     return Candidate(tp=row.tp, pp=row.pp, dp=row.dp, mbs=row.mbs, gas=gas, recompute=recompute, zero=zero,
-                     sp=bool(row.sp), vpp=row.vpp or 1, hybrid=bool(row.hybrid))
+                     sp=bool(row.sp), vpp=row.vpp or 1, hybrid=bool(row.hybrid), cp=row.cp or 1, ep=row.ep or 1,
+                     etp=row.etp or 1)
 
 
 def enumerated_labels(plan: Plan) -> set[str]:
@@ -316,7 +332,7 @@ def why_not_probed(row: ReplayRow, plan: Plan, enumerated: set[str] | None = Non
     t, cluster, model = plan.training, plan.cluster, plan.model
     c = candidate_of(row, plan)
     if c.world != cluster.world_size:
-        return f"TP*PP*DP = {c.world} is not the plan's {cluster.world_size} GPUs (not enumerated)"
+        return f"TP*CP*PP*DP = {c.world} is not the plan's {cluster.world_size} GPUs (not enumerated)"
     if row.recompute is not None and row.recompute not in t.recompute_options:
         return f"recompute={row.recompute} is not enumerated (--recompute {','.join(t.recompute_options)})"
     if row.zero is not None and c.dp > 1 and row.zero not in t.zero_options:
@@ -332,6 +348,9 @@ def why_not_probed(row: ReplayRow, plan: Plan, enumerated: set[str] | None = Non
             return f"sequence parallelism is not enumerated for --framework {t.framework} with TP {c.tp}"
         if c.vpp > 1:
             return f"VPP {c.vpp} is not enumerated for --framework {t.framework} with PP {c.pp}"
+        if c.cp > 1 or c.ep > 1 or c.etp > 1:
+            return (f"CP {c.cp}, EP {c.ep}, ETP {c.etp} is not enumerated for --framework {t.framework} "
+                    "(context and expert parallelism: megatron-lm, fsdp; sizes: --cp, --ep)")
         if c.zero and c.dp == 1:
             return f"ZeRO-{c.zero} with DP=1 is not enumerated (the same as ZeRO-0)"
         return f"{c.label()} is not enumerated by the plan's space"

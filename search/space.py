@@ -4,10 +4,11 @@
     >>> space = SearchSpace.from_plan(planner.plan(model, cluster, training))
     >>> space.lookup({"tp": 1, "pp": 2, "mbs": 4, "recompute": "full", "zero": 1})   # an Estimate, or None
 
-A configuration is a point of (tp, pp, mbs, recompute, zero, sp, vpp, hybrid); dp and gas follow
-from the world size and the global batch. Only survivors of `planner.plan` are points of the space:
-a sampler's proposal is mapped to the nearest survivor (`SearchSpace.nearest`), so a configuration
-the planner ruled out is never probed. No optuna import at module level (``distributions`` imports it).
+A configuration is a point of (tp, pp, mbs, recompute, zero, sp, vpp, hybrid, cp, ep, etp); dp and gas
+follow from the world size and the global batch. A parameter a trial does not record (a study made before
+cp/ep/etp were parameters) takes its default (`DEFAULTS`: 1). Only survivors of `planner.plan` are
+points of the space: a sampler's proposal is mapped to the nearest survivor (`SearchSpace.nearest`), so
+a configuration the planner ruled out is never probed. No optuna import at module level (``distributions`` imports it).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from planner.space import RECOMPUTE
 
 from search._base import RECOMPUTE_MEMORY_ORDER
 
-PARAMS = ("tp", "pp", "mbs", "recompute", "zero", "sp", "vpp", "hybrid")
+PARAMS = ("tp", "pp", "mbs", "recompute", "zero", "sp", "vpp", "hybrid", "cp", "ep", "etp")
 """the structured parameters a trial records (Optuna param names)"""
-LOG2_PARAMS = ("tp", "pp", "mbs", "vpp")
+DEFAULTS = {"cp": 1, "ep": 1, "etp": 1}
+"""the value of a parameter a stored trial lacks (studies created before context and expert parallelism)"""
+LOG2_PARAMS = ("tp", "pp", "mbs", "vpp", "cp", "ep", "etp")
 """sizes compared on a log2 scale by the nearest-survivor distance"""
 
 
@@ -35,15 +38,20 @@ def params_of(candidate: Candidate) -> dict:
     return {name: getattr(candidate, name) for name in PARAMS}
 
 
+def with_defaults(params: dict) -> dict:
+    """``params`` with every parameter it lacks that has a default (`DEFAULTS`) filled in."""
+    return {**{k: v for k, v in DEFAULTS.items() if k not in params}, **params}
+
+
 def _key_of_params(params: dict) -> tuple:
-    return tuple(params.get(name) for name in PARAMS)
+    return tuple(params.get(name, DEFAULTS.get(name)) for name in PARAMS)
 
 
 def distance(a: dict, b: dict) -> float:
     """How far two configurations are: log2 steps of sizes, ZeRO stages, recompute levels, flag flips."""
     d = 0.0
     for name in PARAMS:
-        x, y = a.get(name), b.get(name)
+        x, y = a.get(name, DEFAULTS.get(name)), b.get(name, DEFAULTS.get(name))
         if x is None or y is None or x == y:
             continue
         if name in LOG2_PARAMS:
@@ -58,13 +66,13 @@ def distance(a: dict, b: dict) -> float:
 def needs_more_memory(candidate: Candidate, than: Candidate) -> bool:
     """True when ``candidate`` needs at least the memory of ``than`` on the same layout (and is not it).
 
-    Same layout: tp, pp, dp, vpp and hybrid equal. At least as much memory: MBS not smaller,
+    Same layout: tp, pp, dp, vpp, hybrid, cp, ep and etp equal. At least as much memory: MBS not smaller,
     recompute not more aggressive (none > selective > full in memory), ZeRO stage not higher
     (less sharding), sequence parallelism not added. An OOM of ``than`` then implies an OOM of
     ``candidate`` (every term of the activation and model-state memory is monotone in these).
     """
     c, t = candidate, than
-    if (c.tp, c.pp, c.dp, c.vpp, c.hybrid) != (t.tp, t.pp, t.dp, t.vpp, t.hybrid):
+    if (c.tp, c.pp, c.dp, c.vpp, c.hybrid, c.cp, c.ep, c.etp) != (t.tp, t.pp, t.dp, t.vpp, t.hybrid, t.cp, t.ep, t.etp):
         return False
     if c == t:
         return False
@@ -146,4 +154,5 @@ class SearchSpace:
         return next((o for o in ooms if needs_more_memory(candidate, o)), None)
 
 
-__all__ = ["LOG2_PARAMS", "PARAMS", "SearchSpace", "config_key", "distance", "needs_more_memory", "params_of"]
+__all__ = ["DEFAULTS", "LOG2_PARAMS", "PARAMS", "SearchSpace", "config_key", "distance", "needs_more_memory", "params_of",
+           "with_defaults"]

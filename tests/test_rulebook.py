@@ -21,9 +21,10 @@ from planner.emit.write import emit
 from planner.hardware import make_cluster
 from planner.model import get_preset
 from planner.rank import plan
-from planner.rules import PROBE, Reason, Target, megatron_lm_stages, model_violations, setup_violations
+from planner.rules import (PROBE, Reason, Target, layout_violations, megatron_lm_stages, model_violations,
+                           setup_violations)
 from planner.space import Candidate, TrainingSpec
-from probes.layout import resolve_layout
+from probes.layout import LayoutError, resolve_layout
 from probes.result import ProbeSpec
 
 GQA = replace(get_preset("llama3-8b"), name="gqa-32h-4kv", kv_heads=4)
@@ -249,7 +250,9 @@ def test_tune_plans_with_the_emit_target(tmp_path):
     assert _targets(args, _training(Target("megatron-lm"), gbs, seq, model)) == (
         Target("megatron-lm"), Target("megatron-deepspeed", "microsoft"), Target("fsdp"))
     training = _training(Target("fsdp"), gbs, seq, model)      # tune --emit fsdp plans FSDP (no --framework)
-    args = argparse.Namespace(probe="train", emit="fsdp", emit_flavor="bigscience")
+    local = argparse.Namespace(probe="train", emit="fsdp", emit_flavor="bigscience", backend="local")
+    assert _targets(local, training) == (Target("fsdp"), Target(PROBE))   # probing: also the probe's rules
+    args = argparse.Namespace(probe="train", emit="fsdp", emit_flavor="bigscience", backend="replay")
     targets = _targets(args, training)
     assert targets == (Target("fsdp"),)
     p = plan(model, cluster, training, targets=targets, allow_empty=True)
@@ -284,7 +287,7 @@ PARALLEL_CASES = {
 @pytest.mark.parametrize("name", PARALLEL_CASES)
 def test_cp_and_moe_survivors_emit_and_read_back(name, tmp_path):
     """MoE (EP/ETP) and CP layouts: every survivor renders for its target, reads back identical and re-renders
-    byte-identical; the torch-native probe, which has neither, refuses them by rule."""
+    byte-identical; the torch-native probe target refuses exactly what the probe cannot run."""
     model, gpus, gbs, seq, target, extra = PARALLEL_CASES[name]
     cluster = make_cluster(gpu="H100-SXM", gpus=gpus)
     training = _training(target, gbs, seq, model)
@@ -303,8 +306,26 @@ def test_cp_and_moe_survivors_emit_and_read_back(name, tmp_path):
         assert render(loaded, target.framework) == files
         c = est.candidate
         if c.cp > 1 or c.ep > 1 or model.num_experts:
-            probe = setup_violations(model, c, cluster, training, Target(PROBE))
-            assert any(v.reason == Reason.FRAMEWORK_LIMIT for v in probe), c.label()
+            _probe_rules_agree(p.model, c, cluster, training)
+
+
+def _probe_rules_agree(model, c, cluster, training):
+    """What `plan` prunes for the torch-native probe target is what the probe itself refuses (probes.extent), on the
+    full layout; the plan may refuse more only for a model feature the probe's GPT cannot build."""
+    from probes.extent import resolve_probe
+
+    planned = layout_violations(model, c, cluster, training, Target(PROBE))
+    spec = ProbeSpec(model=model.to_dict(), candidate=c.to_dict(), precision="bf16", cp=c.cp, ep=c.ep,
+                     num_experts=model.num_experts, **({"moe_top_k": model.moe_topk} if model.num_experts else {}))
+    try:
+        resolve_probe(spec, world=c.world)
+        refused = ""
+    except LayoutError as err:
+        refused = str(err)
+    if refused:
+        assert planned, f"{c.label()}: the probe refuses ({refused}) what the plan keeps"
+    else:
+        assert all(v.reason == Reason.MODEL_FEATURE for v in planned), (c.label(), planned)
 
 
 def test_moe_and_cp_are_refused_by_the_megatron_deepspeed_forks():
