@@ -149,9 +149,9 @@ def test_a_probe_model_it_cannot_build_is_refused_with_the_reason(tmp_path, caps
 # -- replay ------------------------------------------------------------------------------------------------
 
 def _table(tmp: Path) -> tuple[Path, dict[str, float], str]:
-    """One row per survivor without TP, step times the reverse of the planner's order (its last is the measured
+    """One row per survivor without TP or interleaving (the CSV has no VPP column), step times the reverse of the planner's order (its last is the measured
     best); the replay's space is these rows."""
-    survivors = [e.candidate for e in moe_plan(tmp).candidates if e.candidate.tp == 1]
+    survivors = [e.candidate for e in moe_plan(tmp).candidates if e.candidate.tp == 1 and e.candidate.vpp == 1]
     lines = ["tp,pp,dp,micro_batch,context_parallel,expert_parallel,expert_tensor_parallel,status,"
              "seconds_per_iteration,global_batch,seq_len"]
     steps = {}
