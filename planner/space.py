@@ -221,22 +221,8 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int, train
         from planner.rules import knob_values, target_of
 
         knobs = knob_values(target_of(training), training)
-    pins = dict(training.pins)
-    tps = [pins["tp"]] if "tp" in pins else [t for t in divisors(world) if t <= 2 * gpus_per_node]
-    for tp in tps:
-        if world % tp:
-            continue
-        pps = [pins["pp"]] if "pp" in pins else [p for p in divisors(world // tp) if p <= model.layers + 1]
-        for pp in pps:
-            if world % (tp * pp):
-                continue
-            # CP sizes: the target's (planner.rules.knob_values: None = planner.context_parallel.cp_choices)
-            cps = knobs["cp"] or context_parallel.cp_choices(training.seq_len, world // (tp * pp), training.cp_options)
-            for cp in cps:
-                if world % (tp * pp * cp):
-                    continue
-                for group in _groups(model, world, training, knobs, pins, tp, pp, cp):
-                    yield from group.candidates()
+    for group in enumerate_groups(model, world, gpus_per_node, training, knobs):
+        yield from group.candidates()
 
 
 def enumerate_groups(model: ModelSpec, world: int, gpus_per_node: int, training: TrainingSpec,

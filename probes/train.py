@@ -55,7 +55,6 @@ import torch
 import torch.distributed as dist
 
 from planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, tflops_per_gpu
-from probes.gpt import lm_loss
 from probes.launch import die_with_parent
 from torch.distributed.tensor.parallel import loss_parallel
 

@@ -57,7 +57,7 @@ from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 from planner import CostParams
 from planner.space import RECOMPUTE
 
-from search._base import NOT_FINAL, PROBED, TuneError
+from search._base import NOT_FINAL, TuneError
 from search.calibration import Terms, TermModel, expected_improvement
 from search.objective import (RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, ProbeFailed, TrialRecord,
                               worker_dead)
