@@ -38,13 +38,17 @@ def _one_by_one(model, cluster, training):
 
 
 @pytest.mark.parametrize("name, gpus, gpu, kw", CASES)
-def test_groups_are_the_product_in_order(name, gpus, gpu, kw):
+def test_groups_hold_one_degree_and_batch_each_and_no_layout_twice(name, gpus, gpu, kw):
     model, cluster, training = get_preset(name), make_cluster(gpu=gpu, gpus=gpus), TrainingSpec(**kw)
     model = prepare(model, training)
     knobs = knob_values(target_of(training), training)
     groups = list(enumerate_groups(model, gpus, cluster.gpus_per_node, training, knobs))
     flat = [c for g in groups for c in g.candidates()]
-    assert flat == list(enumerate_candidates(model, gpus, cluster.gpus_per_node, training, knobs))
+    assert len(flat) == len(set(flat))                       # no layout twice
+    for g in groups:                                         # a group is one (TP, PP, CP, MBS) with one DP and GAS
+        members = list(g.candidates())
+        assert len({(c.tp, c.pp, c.cp, c.mbs, c.dp, c.gas) for c in members}) == 1
+        assert all(c.world == gpus for c in members)
     assert [g.size for g in groups] == [len(list(g.candidates())) for g in groups]
 
 
