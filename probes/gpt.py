@@ -128,8 +128,18 @@ class ExpertParallel:
     rank: int
 
 
+class RMSNorm(nn.RMSNorm):
+    """RMSNorm in the input's dtype: under autocast the residual stream is bf16, and torch's fused kernel
+    needs weight and input of one dtype (an fp32 weight makes it fall back to several fp32 kernels that
+    keep fp32 intermediates). Megatron's fused norms likewise take bf16 input with the fp32 weight."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight.to(x.dtype) if self.weight is not None else None
+        return F.rms_norm(x, self.normalized_shape, w, self.eps)
+
+
 def _norm(m: ModelSpec) -> nn.Module:
-    return nn.LayerNorm(m.hidden) if m.norm == "layernorm" else nn.RMSNorm(m.hidden)
+    return nn.LayerNorm(m.hidden) if m.norm == "layernorm" else RMSNorm(m.hidden)
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -372,7 +382,11 @@ class Embedding(nn.Module):
             else:
                 positions = torch.arange(tokens.shape[1], device=tokens.device)
             x = x + self.pos(positions)[None]
-        return self.norm(x) if self.norm is not None else x
+        x = self.norm(x) if self.norm is not None else x
+        dev = x.device.type
+        # the residual stream in the compute dtype, as Megatron keeps it (--fp32-residual-connection off) and
+        # the planner counts it; fp32 master weights would otherwise make every residual add and norm input fp32
+        return x.to(torch.get_autocast_dtype(dev)) if torch.is_autocast_enabled(dev) else x
 
 
 class Head(nn.Module):

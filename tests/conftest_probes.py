@@ -12,7 +12,7 @@ from probes.result import ProbeResult, ProbeSpec
 TINY = dict(name="tiny", layers=4, hidden=64, heads=4, kv_heads=4, ffn_hidden=256, vocab=128, seq_len=32,
             tied_embeddings=False)
 """4 layers, hidden 64, 4 heads, seq 32, vocab 128; untied so every layout builds the same weights"""
-PROBE_TIMEOUT_S = 90.0
+PROBE_TIMEOUT_S = 300.0
 
 
 def tiny_model(**changes: object) -> ModelSpec:

@@ -19,7 +19,7 @@ from probes.megatron import (MegatronProbe, parse_iteration_line, parse_log, par
                              render_command, split_template, summarize, worker_argv)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest_probes import no_process_left, tiny_model, tiny_spec  # noqa: E402
+from conftest_probes import PROBE_TIMEOUT_S, no_process_left, tiny_model, tiny_spec  # noqa: E402
 
 LOGS = Path(__file__).resolve().parent / "fixtures" / "megatron_logs"
 FAKE = Path(__file__).resolve().parent / "fake_megatron.py"
@@ -186,7 +186,7 @@ def test_end_to_end_local(tmp_path, fmt, flavor):
                           "--fake-step-ms 120", LocalBackend(nproc=2), flavor)
     spec = tiny_spec(model=tiny_model(tied_embeddings=True), tp=1, pp=2, dp=1, mbs=2, gas=2, precision="bf16",
                      warmup_steps=1, steps=3)
-    result = probe.run(spec, workdir=tmp_path, timeout_s=60)
+    result = probe.run(spec, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
     assert result.status == "ok", result.reason
     assert result.extra["log_format"] == fmt
     assert len(result.step_times_s) == 3  # 4 iterations, the first skipped
@@ -226,7 +226,7 @@ def test_layout_the_fork_refuses_is_a_crash_with_its_message(tmp_path):
     # ds_config.json edited to disagree: the fake (like DeepSpeed) asserts at start-up
     probe = MegatronProbe(f"python {FAKE} {{args}} --global-batch-size 6", LocalBackend(nproc=2))
     spec = tiny_spec(model=tiny_model(tied_embeddings=True), dp=2, mbs=1, gas=2, precision="bf16")
-    result = probe.run(spec, workdir=tmp_path, timeout_s=60)
+    result = probe.run(spec, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
     assert result.status == "crash"
     assert "AssertionError" in result.reason
 
@@ -238,7 +238,7 @@ def test_any_backend_without_run_command_runs_here_one_replica_when_too_big(tmp_
 
     probe = MegatronProbe(f"python {FAKE} {{args}} --fake-step-ms 50", Wrapper(), max_local_procs=2)
     spec = tiny_spec(model=tiny_model(tied_embeddings=True), tp=1, pp=2, dp=4, mbs=1, gas=2, precision="bf16")
-    result = probe.run(spec, workdir=tmp_path, timeout_s=60)
+    result = probe.run(spec, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
     assert result.status == "ok", result.reason
     assert result.world_size == 2 and result.reduced  # one DP replica of the 8-rank candidate
     assert result.extra["global_batch"] == 2  # MBS 1 x DP 1 x GAS 2
@@ -250,7 +250,7 @@ def test_any_backend_without_run_command_runs_here_one_replica_when_too_big(tmp_
 def test_invalid_candidate_is_refused_before_running(tmp_path):
     probe = _bloom_like_probe()
     spec = tiny_spec(model=tiny_model(), dp=2, precision="bf16")  # untied embeddings: not in the bigscience fork
-    result = probe.run(spec, workdir=tmp_path, timeout_s=60)
+    result = probe.run(spec, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
     assert result.status == "invalid" and "untied" in result.reason
 
 
@@ -265,8 +265,8 @@ def test_a_reduced_run_projects_the_full_candidate(tmp_path):
     log = (LOGS / "microsoft_gpt3_175b.log").read_text()
     step = StepOutcome(returncode=0, timed_out=False, stdout=log, stderr="", wall_s=1.0, hosts=("localhost",),
                        world=2, job_id="", step_name="")
-    result = probe._result(step, setup, workdir=tmp_path, timeout_s=60, warmup_iters=1, reduced=True, max_cv=1.0,
-                           full=full)
+    result = probe._result(step, setup, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S, warmup_iters=1, reduced=True,
+                           max_cv=1.0, full=full)
     assert result.status == "ok" and result.reduced
     assert result.projected["step_time_s"] == result.step_time_median_s > 0
     assert result.projected["world_size"] == 8 and result.projected["global_batch"] == 8

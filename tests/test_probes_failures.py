@@ -52,7 +52,7 @@ def test_hang_is_timeout_and_every_process_is_killed(tmp_path):
     assert result.status == "timeout", result.reason
     assert len(result.extra["pids"]) >= 3                      # torchrun + 2 workers
     assert not no_process_left(result)
-    assert result.wall_s < 12 + 15
+    assert result.wall_s < 12 + 120                         # killed, not left to finish
 
 
 @pytest.mark.slow

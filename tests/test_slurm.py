@@ -25,7 +25,7 @@ from probes.slurm import (SlicePool, Slice, SlurmBackend, SlurmError, expand_nod
 from probes.slurm_cluster import LocalSlurmCluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from conftest_probes import tiny_model, tiny_spec  # noqa: E402
+from conftest_probes import PROBE_TIMEOUT_S, tiny_model, tiny_spec  # noqa: E402
 
 FAKE = Path(__file__).resolve().parent / "fake_megatron.py"
 from conftest import SLURM_RESERVATION as RESERVATION  # noqa: E402
@@ -141,13 +141,26 @@ def _squeue(cluster: LocalSlurmCluster, *args: str) -> str:
                           check=False).stdout
 
 
-def _leaves_queue(cluster: LocalSlurmCluster, job: str, timeout_s: float = 20) -> bool:
-    """Wait until ``job`` is no longer listed (a cancelled job shows as COMPLETING for a moment)."""
-    deadline = time.monotonic() + timeout_s
-    while job in _squeue(cluster, "-o", "%i").split():
+CLOSED_STATES = {"CANCELLED", "COMPLETED", "COMPLETING", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
+"""job states after which SLURM holds none of the job's resources (COMPLETING: being released now)"""
+
+
+def _given_back(cluster: LocalSlurmCluster, job: str) -> bool:
+    """The job has ended or is releasing its nodes; a job slurmctld no longer knows has ended too."""
+    shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=cluster.env(), capture_output=True, text=True,
+                           timeout=30, check=False).stdout
+    state = next((f.split("=", 1)[1] for f in shown.split() if f.startswith("JobState=")), None)
+    return state is None or state in CLOSED_STATES
+
+
+def _wait_until_ended(cluster: LocalSlurmCluster, job: str, time_limit_min: int) -> bool:
+    """Wait for a running job to end. The bound is the job's own --time: SLURM ends it then (plus its
+    KillWait), so the wait does not depend on how fast this machine runs the job."""
+    deadline = time.monotonic() + time_limit_min * 60 + 60
+    while not _given_back(cluster, job):
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.2)
+        time.sleep(0.5)
     return True
 
 
@@ -158,12 +171,12 @@ def test_probe_on_the_reservation(slurm_cluster, tmp_path):
         shown = subprocess.run(["scontrol", "show", "job", str(job)], env=slurm_cluster.env(), capture_output=True,
                                text=True, timeout=30, check=False).stdout
         assert f"Reservation={RESERVATION}" in shown
-        result = backend.run(tiny_spec(dp=2), workdir=tmp_path, timeout_s=90)
+        result = backend.run(tiny_spec(dp=2), workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
         assert result.status == "ok", result.reason
         assert result.world_size == 2 and result.step_time_median_s > 0
         assert result.extra["hosts"] == [slurm_cluster.hostname]
         assert (tmp_path / "rank0.stdout").exists() and (tmp_path / "rank1.stdout").exists()
-    assert _leaves_queue(slurm_cluster, str(job))  # the allocation was given back
+    assert _given_back(slurm_cluster, str(job))  # the allocation was given back
 
 
 @pytest.mark.slow
@@ -183,7 +196,7 @@ def test_inside_an_existing_allocation(slurm_cluster, tmp_path):
         with backend:
             assert backend.job_id == job and not backend.owns_allocation
             assert backend.pool.order == [slurm_cluster.hostname]
-            result = backend.run(tiny_spec(), workdir=tmp_path, timeout_s=90)
+            result = backend.run(tiny_spec(), workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
         assert result.status == "ok", result.reason
         assert job in _squeue(slurm_cluster, "-o", "%i").split()  # not ours to give back
     finally:
@@ -194,7 +207,7 @@ def test_inside_an_existing_allocation(slurm_cluster, tmp_path):
 def test_run_many_runs_probes_side_by_side(slurm_cluster, tmp_path):
     with _backend(slurm_cluster, gres=None) as backend:  # CPU slots: steps ask --cpus-per-task, not GPUs
         started = time.monotonic()
-        results = backend.run_many([tiny_spec(), tiny_spec(mbs=1, gas=4)], workdir=tmp_path, timeout_s=90)
+        results = backend.run_many([tiny_spec(), tiny_spec(mbs=1, gas=4)], workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
         wall = time.monotonic() - started
     assert [r.status for r in results] == ["ok", "ok"], [r.reason for r in results]
     assert all(r.world_size == 1 for r in results)
@@ -205,7 +218,8 @@ def test_run_many_runs_probes_side_by_side(slurm_cluster, tmp_path):
 def test_cpu_slots_overcommitted_like_srun_n4_on_2_cpus(slurm_cluster, tmp_path):
     """4 slots on the 2-CPU node (CPU_PROBES.md: srun -n4 on 2 CPUs needs --overcommit): two 2-rank probes."""
     with _backend(slurm_cluster, gres=None, overcommit=True, gpus_per_node=4) as backend:
-        results = backend.run_many([tiny_spec(dp=2), tiny_spec(dp=2, mbs=1, gas=4)], workdir=tmp_path, timeout_s=90)
+        results = backend.run_many([tiny_spec(dp=2), tiny_spec(dp=2, mbs=1, gas=4)], workdir=tmp_path,
+                                   timeout_s=PROBE_TIMEOUT_S)
     assert [r.status for r in results] == ["ok", "ok"], [r.reason for r in results]
     argv = (tmp_path / "probe-0000" / "command.json").read_text()
     assert "--overcommit" in argv and "--cpus-per-task=2" in argv
@@ -220,7 +234,7 @@ def test_hung_probe_is_cancelled_and_its_slice_reused(slurm_cluster, tmp_path):
         assert hung.extra["cancelled_step"].startswith(f"{backend.job_id}.")
         assert hung.extra["step_name"] not in _squeue(slurm_cluster, "-s", "-o", "%j").split()  # scancel'ed
         del backend.env["PLANTUNE_PROBE_FAULT"]
-        again = backend.run(tiny_spec(dp=2), workdir=tmp_path / "again", timeout_s=90)
+        again = backend.run(tiny_spec(dp=2), workdir=tmp_path / "again", timeout_s=PROBE_TIMEOUT_S)
         assert again.status == "ok", again.reason
         assert backend.set_aside == {}  # one timeout is not enough to set a node aside
 
@@ -285,7 +299,7 @@ def test_emitted_sbatch_script_runs_under_slurm(slurm_cluster, tmp_path):
                                capture_output=True, text=True, timeout=60, check=False)
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
-    assert _leaves_queue(slurm_cluster, job, timeout_s=120)  # sbatch --wait polls every few seconds; quicker
+    assert _wait_until_ended(slurm_cluster, job, time_limit_min=5)  # sbatch --time=5 above
     shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True, timeout=30,
                            check=False).stdout
     outputs = list(tmp_path.glob("plantune-*.out"))

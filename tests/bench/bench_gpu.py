@@ -12,7 +12,11 @@
    model and layout on the catalog GPU matching this one. Goal: within 10% -- the probe's peak
    reserved + non-allocator memory (context, NCCL, cuBLAS) against the planner's total, and the
    probe's peak allocated against the planner's total less context and buffers.
-3. ``largest``: the deepest model of that shape (layers added) that trains at mbs 1: the planner's
+3. ``kernels``: one profiled step of the same probe, in this process: device time by kernel, the
+   top ones and a summary by kind (GEMM, attention, optimizer, copies, other elementwise).
+4. ``memsweep``: peak allocated memory against the planner over micro-batch sizes and recompute modes
+   (the slope is the activation bytes per token, the intercept the model states).
+5. ``largest``: the deepest model of that shape (layers added) that trains at mbs 1: the planner's
    largest predicted fit, then probes up and down from it (``--max-tries`` probes at most).
 
 Prints ``SKIP: ...`` and exits 0 when torch sees no CUDA device. Each probe is a separate
@@ -33,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from planner.flops import layer_forward_matmul_flops, logits_forward_flops  # noqa: E402
 from planner.hardware import ALIASES, CATALOG, make_cluster  # noqa: E402
-from planner.memory import stage_memory  # noqa: E402
+from planner.memory import stage_memory, verdict  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
 from planner.space import Candidate, TrainingSpec  # noqa: E402
 from probes.launch import run_local  # noqa: E402
@@ -158,6 +162,80 @@ def part_memory(args, r: ProbeResult) -> None:
     print(f"  precision: {r.precision_recipe}")
 
 
+KERNEL_KINDS = (("gemm", ("gemm", "xmma", "cutlass", "nvjet", "cublas")), ("attention", ("flash", "fmha", "attention")),
+                ("optimizer", ("adam",)), ("copy", ("memcpy", "memset", "copy")), ("nccl", ("nccl",)))
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, marks in KERNEL_KINDS if any(m in low for m in marks)), "other")
+
+
+def part_kernels(args) -> None:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from probes.extent import resolve_probe
+    from probes.train import Trainer
+
+    m = replace(MODEL_1B, seq_len=args.seq)
+    cand = Candidate(tp=1, pp=1, dp=1, mbs=args.mbs, gas=1)
+    spec = ProbeSpec(model=m.to_dict(), candidate=cand.to_dict(), precision="bf16", device="cuda")
+    layout, ext = resolve_probe(spec, world=1)
+    trainer = Trainer(spec, layout, 0, 1, torch.device("cuda", 0), ext)
+    for step in range(3):
+        trainer.step(step)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        trainer.step(3)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    by_name: dict[str, list[float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CPU or getattr(e, "is_user_annotation", False):
+            continue
+        rec = by_name.setdefault(e.name, [0.0, 0])
+        rec[0] += e.time_range.elapsed_us() / 1e3
+        rec[1] += 1
+    total = sum(v[0] for v in by_name.values())
+    by_kind: dict[str, float] = {}
+    for name, (ms, _) in by_name.items():
+        by_kind[kernel_kind(name)] = by_kind.get(kernel_kind(name), 0.0) + ms
+    print(f"kernels: one step {wall * 1e3:.1f} ms wall, {total:.1f} ms of device time in {len(by_name)} kernels")
+    print("  by kind: " + ", ".join(f"{k} {v:.1f} ms ({v / total:.0%})" for k, v in
+                                    sorted(by_kind.items(), key=lambda kv: -kv[1])))
+    for name, (ms, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:args.top]:
+        print(f"  {ms:8.2f} ms {n:5d}x  {kernel_kind(name):9s} {name[:110]}")
+    del trainer
+    torch.cuda.empty_cache()
+
+
+def part_memsweep(args, tmp: Path) -> None:
+    import torch
+
+    m = replace(MODEL_1B, seq_len=args.seq)
+    gpu = catalog_gpu(torch.cuda.get_device_name(0))
+    cluster = make_cluster(gpu=gpu, gpus_per_node=8, nodes=1)
+    print(f"memsweep on {gpu}: peak allocated (GB) vs the planner's total less context and buffers")
+    for recompute in ("none", "selective", "full"):
+        for mbs in (1, 2, 4, 8):
+            cand = Candidate(tp=1, pp=1, dp=1, mbs=mbs, gas=1, recompute=recompute)
+            training = TrainingSpec(global_batch=mbs, seq_len=m.seq_len, precision="bf16", framework="megatron-lm")
+            (plan,) = stage_memory(m, cand, cluster, training)
+            want = plan.total_bytes - plan.context_bytes - plan.buffers_bytes
+            spec = ProbeSpec(model=m.to_dict(), candidate=cand.to_dict(), precision="bf16", warmup_steps=1, steps=2,
+                             device="cuda", max_cv=10.0)
+            r = run_local(spec, nproc=1, workdir=tmp / f"sweep-{recompute}-{mbs}", timeout_s=PROBE_TIMEOUT_S)
+            if not r.ok:
+                print(f"  {recompute:9s} mbs {mbs}: {r.status} (planner {want / 1e9:.2f})")
+                continue
+            got = r.memory_per_rank[0]["peak_allocated_bytes"]
+            print(f"  {recompute:9s} mbs {mbs}: probe {got / 1e9:6.2f}  planner {want / 1e9:6.2f} "
+                  f"(activations {plan.activations_bytes / 1e9:5.2f}, logits {plan.logits_bytes / 1e9:4.2f})  "
+                  f"{got / want - 1:+.1%}")
+
+
 def part_largest(args, tmp: Path) -> None:
     import torch
 
@@ -166,16 +244,18 @@ def part_largest(args, tmp: Path) -> None:
     base = replace(MODEL_1B, seq_len=args.seq)
     cand = Candidate(tp=1, pp=1, dp=1, mbs=1, gas=1, recompute="full")
     training = TrainingSpec(global_batch=1, seq_len=base.seq_len, precision="bf16", framework="megatron-lm")
-    capacity = cluster.gpu.memory_bytes
+    visible = torch.cuda.mem_get_info(0)[1]
 
-    def predicted(layers: int) -> float:
-        return max(b.total_bytes for b in stage_memory(replace(base, layers=layers), cand, cluster, training))
+    def fits(layers: int) -> bool:        # the planner's own rule: total within (1 - headroom) of the catalog's HBM
+        return all(verdict(b, cluster, training).fits
+                   for b in stage_memory(replace(base, layers=layers), cand, cluster, training))
 
     layers = 1
-    while predicted(layers + 1) <= capacity:
+    while fits(layers + 1):
         layers += 1
     print(f"largest: planner predicts {layers} layers ({replace(base, layers=layers).params / 1e9:.2f}B params) fit "
-          f"{capacity / 2**30:.0f} GiB at mbs 1, full recompute")
+          f"at mbs 1, full recompute ({gpu}: {cluster.gpu.memory_bytes / 2**30:.2f} GiB in the catalog, "
+          f"{training.memory_headroom:.0%} headroom; CUDA sees {visible / 2**30:.2f} GiB on this device)")
     ok, bad, tries = 0, None, 0
     step = max(1, layers // 10)
     cur = layers
@@ -202,11 +282,12 @@ def part_largest(args, tmp: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("all", "matmul", "memory", "largest"), default="all")
+    parser.add_argument("--part", choices=("all", "matmul", "memory", "kernels", "memsweep", "largest"), default="all")
     parser.add_argument("--mbs", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--max-tries", type=int, default=5)
+    parser.add_argument("--top", type=int, default=25, help="kernels: how many of the costliest kernels to list")
     args = parser.parse_args(argv)
     try:
         import torch
@@ -223,6 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             r = part_matmul(args, tmp)
             if args.part in ("all", "memory"):
                 part_memory(args, r)
+        if args.part in ("all", "kernels"):
+            part_kernels(args)
+        if args.part == "memsweep":           # not in "all": 12 probes
+            part_memsweep(args, tmp)
         if args.part in ("all", "largest"):
             part_largest(args, tmp)
     return 0
