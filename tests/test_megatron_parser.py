@@ -1,0 +1,227 @@
+"""Every Megatron-LM argument set plantune emits goes through Megatron-LM's own ``parse_args`` and ``validate_args``.
+
+What is parsed is what a user launches: args.txt plus launch.sbatch's SITE_ARGS (as bash expands them), with the
+world size the layout needs in WORLD_SIZE and the environment launch.sbatch exports. The sets are the emit
+contract's: the Megatron-LM cases of tests/test_emit_cases.py and tests/test_emit_parallel.py (dense GQA, VPP,
+uneven PP, CP 16, EP/ETP with --moe-grouped-gemm, MLA, FP8), the best `plan` survivors of
+tests/test_rulebook.py's models, and the issue-14 targets (Llama-3.1-405B at 128K on 16,384 H100s, Mixtral-8x22B
+and DeepSeek-V3 in FP8 on 1,024/2,048 H100s).
+
+Where Megatron-LM comes from. No PyPI distribution carries ``megatron/training`` (megatron-core 0.2.0 to 0.16.1,
+wheels and sdists, ship ``megatron/core`` only; megatron-bridge ships its own compat shim), so the parser runs from
+a Megatron-LM checkout named by ``MEGATRON_LM_SRC`` (the folder holding ``megatron/``), in the interpreter
+``MEGATRON_LM_PYTHON`` (default: this one). Its import chain needs ``triton``, whose PyPI wheel installs and imports
+on a CPU-only x86_64 machine; transformer-engine and apex are not imported by parse/validate. Python 3.11 runs
+tags core_v0.16.1 and core_v0.17.1; core_v0.18.0 and later import ``typing.override`` (Python >= 3.12).
+Without a checkout the parser tests skip, saying so; the fast tests below still pin what the sets cover.
+
+``validate_args`` asks the GPU for its compute capability (grouped GEMM needs >= 8.0; TP or CP before 10.0 need
+CUDA_DEVICE_MAX_CONNECTIONS=1). On a CPU machine the driver answers those two torch.cuda queries with the planned
+GPU's capability (NVIDIA's CUDA GPU table, developer.nvidia.com/cuda-gpus: A100 8.0, H100/H200 9.0, B200 10.0);
+nothing of Megatron or its dependencies is replaced. ``core_transformer_config_from_args`` is not run: it needs
+transformer-engine (RoPE fusion, FP8, MLA checks), which has no CPU build.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+COMPUTE_CAPABILITY = {"A100": (8, 0), "H100": (9, 0), "H200": (9, 0), "B200": (10, 0)}
+"""NVIDIA CUDA GPUs table (developer.nvidia.com/cuda-gpus): compute capability by accelerator family."""
+SURVIVORS_PER_PLAN = 6
+"""best `plan` survivors parsed per model (each plan's top layouts differ in TP/PP/VPP/CP/EP/MBS)"""
+# Issue 14's done-criterion layouts: (preset, H100s, sequence, global batch, precision).
+ISSUE_TARGETS = [("llama3.1-405b", 16384, 131072, 128, "bf16"), ("mixtral-8x22b", 1024, 8192, 1024, "fp8"),
+                 ("deepseek-v3", 2048, 4096, 4096, "fp8"), ("qwen3-30b-a3b", 64, 4096, 512, "bf16")]
+GROUPS = ["emit-cases", "emit-parallel", "rulebook-survivors", "issue14-targets"]
+
+
+@dataclass(frozen=True)
+class ArgSet:
+    group: str
+    id: str
+    argv: tuple[str, ...]
+    world: int
+    env: dict = field(hash=False)
+    capability: tuple[int, int]
+    expect: dict = field(hash=False)
+    """parsed attribute -> value Megatron must end up with (degrees, MoE, FP8)"""
+
+
+def _capability(setup) -> tuple[int, int]:
+    gpu = setup.cluster.gpu.id
+    return next(cap for family, cap in COMPUTE_CAPABILITY.items() if gpu.startswith(family))
+
+
+def arg_set(group: str, case_id: str, setup) -> ArgSet:
+    """What `plan --emit megatron-lm` writes for ``setup``, as the launcher hands it to pretrain_gpt.py."""
+    from planner.emit import render
+    from test_emit_argnames import _sbatch_site_args
+
+    files = render(setup, "megatron-lm")
+    argv = [tok for line in files["args.txt"].splitlines() for tok in line.split()]
+    argv += [tok for arg in _sbatch_site_args(files["launch.sbatch"]) for tok in arg]
+    env = dict(re.findall(r"^export ([A-Z_]+)=(\S+)", files["launch.sbatch"], re.M))
+    c, m = setup.candidate, setup.model
+    expect = {"tensor_model_parallel_size": c.tp, "pipeline_model_parallel_size": c.pp,
+              "context_parallel_size": c.cp, "data_parallel_size": c.dp, "micro_batch_size": c.mbs,
+              "global_batch_size": setup.training.global_batch, "num_layers": m.layers,
+              "expert_model_parallel_size": c.ep if m.num_experts else 1,
+              "num_experts": m.num_experts or None, "fp8": "hybrid" if setup.training.precision == "fp8" else None,
+              "sequence_parallel": c.sp and c.tp > 1}
+    return ArgSet(group, case_id, tuple(argv), c.world, env, _capability(setup), expect)
+
+
+@functools.lru_cache(maxsize=1)
+def all_arg_sets() -> tuple[ArgSet, ...]:
+    from planner.emit import RunSetup
+    from planner.hardware import make_cluster
+    from planner.model import get_preset
+    from planner.rank import plan
+    from planner.rules import Target, model_violations
+    from planner.space import TrainingSpec
+    from test_emit_cases import VALID_CASES, llama
+    from test_emit_parallel import CASES
+    from test_rulebook import MODELS, _training
+
+    sets = [arg_set("emit-cases", c.id, c.setup) for c in VALID_CASES if c.kind == "megatron-lm"]
+    sets.append(arg_set("emit-cases", "llama3-405b-uneven-pp",
+                        llama("llama3-405b", gpus=2048, tp=8, pp=16, dp=16, gas=64, recompute="full")))
+    sets += [arg_set("emit-parallel", name, setup) for name, setup in CASES.items()]
+    target = Target("megatron-lm")
+
+    def survivors(group, name, model, cluster, training):
+        p = plan(model, cluster, training, targets=(target,), allow_empty=True)
+        return [arg_set(group, f"{name}:{e.candidate.label()}",
+                        RunSetup(model=p.model, cluster=cluster, training=training, candidate=e.candidate))
+                for e in p.candidates[:SURVIVORS_PER_PLAN]]
+
+    for name, (model, gpus, gpu, gbs, seq) in MODELS.items():
+        cluster, training = make_cluster(gpu=gpu, gpus=gpus), _training(target, gbs, seq, model)
+        if not model_violations(model, training, cluster, target):
+            sets += survivors("rulebook-survivors", name, model, cluster, training)
+    for name, gpus, seq, gbs, precision in ISSUE_TARGETS:
+        training = TrainingSpec(global_batch=gbs, seq_len=seq, framework="megatron-lm", precision=precision,
+                                zero_options=(1,), recompute_options=("selective", "full"))
+        sets += survivors("issue14-targets", name, get_preset(name), make_cluster(gpu="H100", gpus=gpus), training)
+    return tuple(sets)
+
+
+# ---- fast: what the parser run covers, and the launch environment rule it found --------------------------------
+
+def test_the_parsed_sets_cover_every_emitted_feature():
+    """The parser test is only as good as its sets: each Megatron-LM feature plantune emits is in at least one."""
+    flags = {tok for s in all_arg_sets() for tok in s.argv if tok.startswith("--")}
+    assert {"--group-query-attention", "--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
+            "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+            "--context-parallel-size", "--cp-comm-type", "--expert-model-parallel-size",
+            "--expert-tensor-parallel-size", "--num-experts", "--moe-grouped-gemm", "--moe-layer-freq",
+            "--moe-shared-expert-intermediate-size", "--moe-expert-capacity-factor", "--multi-latent-attention",
+            "--q-lora-rank", "--kv-channels", "--fp8-format", "--fp8-recipe", "--use-rope-scaling",
+            "--rampup-batch-size", "--sequence-parallel", "--use-distributed-optimizer",
+            "--recompute-granularity", "--recompute-method", "--train-samples"} <= flags
+    assert {s.group for s in all_arg_sets()} == set(GROUPS)
+    assert len(all_arg_sets()) >= 40
+
+
+def test_tp_or_cp_launches_with_one_cuda_connection():
+    """Megatron-LM's validate_args (megatron/training/arguments.py at core_v0.16.1 and core_v0.17.1) asserts
+    CUDA_DEVICE_MAX_CONNECTIONS == "1" whenever TP > 1 or CP > 1 on GPUs before Blackwell; found by the parser run
+    below (plantune exported it only with --sequence-parallel)."""
+    seen = 0
+    for s in all_arg_sets():
+        needs = s.expect["tensor_model_parallel_size"] > 1 or s.expect["context_parallel_size"] > 1
+        assert (s.env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == (needs or s.expect["sequence_parallel"]), s.id
+        seen += needs and not s.expect["sequence_parallel"]
+    assert seen > 0   # a TP or CP layout without SP is among the sets
+
+
+# ---- slow: Megatron-LM's own parser --------------------------------------------------------------------------
+
+def _megatron_source() -> str:
+    src = os.environ.get("MEGATRON_LM_SRC")
+    if not src:
+        pytest.skip("MEGATRON_LM_SRC is not set: Megatron-LM's megatron/training is on no PyPI distribution; set it "
+                    "to a Megatron-LM checkout (tag core_v0.17.1 runs on Python 3.11; pip install triton)")
+    if not (Path(src) / "megatron" / "training" / "arguments.py").is_file():
+        pytest.fail(f"MEGATRON_LM_SRC={src} holds no megatron/training/arguments.py")
+    return src
+
+
+@pytest.fixture(scope="module")
+def parsed() -> dict[str, dict]:
+    """One interpreter imports Megatron-LM once and parses every set: {set id: driver result}."""
+    src = _megatron_source()
+    sets = all_arg_sets()
+    payload = json.dumps([{"id": s.id, "argv": s.argv, "world": s.world, "env": s.env, "capability": s.capability,
+                           "attrs": sorted(s.expect)} for s in sets])
+    env = {**os.environ, "PYTHONPATH": src, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([os.environ.get("MEGATRON_LM_PYTHON", sys.executable), __file__], input=payload,
+                          capture_output=True, text=True, env=env, cwd=src)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {r["id"]: r for r in results}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", GROUPS)
+def test_megatron_lm_parses_and_validates_the_emitted_arguments(group, parsed):
+    sets = [s for s in all_arg_sets() if s.group == group]
+    assert sets
+    problems = []
+    for s in sets:
+        r = parsed[s.id]
+        if r["stage"] != "ok":
+            problems.append(f"{s.id}: {r['stage']}: {r['error']}")
+            continue
+        wrong = {k: (r["attrs"][k], v) for k, v in s.expect.items() if r["attrs"][k] != v}
+        if wrong:
+            problems.append(f"{s.id}: parsed (got, want) {wrong}")
+    assert problems == []
+
+
+# ---- the driver, run by `parsed` in Megatron-LM's interpreter --------------------------------------------------
+
+def _drive() -> None:
+    import types
+
+    import torch
+    from megatron.training import arguments
+
+    for case in json.load(sys.stdin):
+        major, minor = case["capability"]
+        # validate_args asks the (absent) GPU for its compute capability: answer with the planned GPU's.
+        torch.cuda.get_device_capability = lambda *a, **k: (major, minor)
+        torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(major=major, minor=minor)
+        for name in ("CUDA_DEVICE_MAX_CONNECTIONS", "WORLD_SIZE", "RANK"):
+            os.environ.pop(name, None)
+        os.environ.update(case["env"], WORLD_SIZE=str(case["world"]), RANK="0")
+        sys.argv = ["pretrain_gpt.py", *case["argv"]]
+        out = {"id": case["id"], "stage": "parse_args"}
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                args = arguments.parse_args(ignore_unknown_args=False)
+                out["stage"] = "validate_args"
+                arguments.validate_args(args)
+            out.update(stage="ok", attrs={k: getattr(args, k, "<absent>") for k in case["attrs"]})
+        except SystemExit:   # argparse: "pretrain_gpt.py: error: ..."
+            out["error"] = err.getvalue().strip().splitlines()[-1:]
+        except Exception as e:   # validate_args asserts
+            out["error"] = f"{type(e).__name__}: {e}"
+        print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    _drive()
