@@ -1,25 +1,33 @@
-"""Every Megatron-LM argument set plantune emits goes through Megatron-LM's own ``parse_args`` and ``validate_args``.
+"""Every Megatron argument set plantune emits goes through the framework's own ``parse_args`` and ``validate_args``.
 
 What is parsed is what a user launches: args.txt plus launch.sbatch's SITE_ARGS (as bash expands them), with the
-world size the layout needs in WORLD_SIZE and the environment launch.sbatch exports. The sets are the emit
-contract's: the Megatron-LM cases of tests/test_emit_cases.py and tests/test_emit_parallel.py (dense GQA, VPP,
-uneven PP, CP 16, EP/ETP with --moe-grouped-gemm, MLA, FP8), the best `plan` survivors of
-tests/test_rulebook.py's models, and the issue-14 targets (Llama-3.1-405B at 128K on 16,384 H100s, Mixtral-8x22B
-and DeepSeek-V3 in FP8 on 1,024/2,048 H100s).
+world size the layout needs in WORLD_SIZE and the environment launch.sbatch exports. Megatron-LM's sets are the
+emit contract's: the Megatron-LM cases of tests/test_emit_cases.py and tests/test_emit_parallel.py (dense GQA, VPP,
+uneven PP, CP 16, EP/ETP with --moe-grouped-gemm, MLA, FP8), the best `plan` survivors of tests/test_rulebook.py's
+models, and the issue-14 targets (Llama-3.1-405B at 128K on 16,384 H100s, Mixtral-8x22B and DeepSeek-V3 in FP8 on
+1,024/2,048 H100s). Each Megatron-DeepSpeed fork gets its emit cases and the rulebook models' best survivors.
 
-Where Megatron-LM comes from. No PyPI distribution carries ``megatron/training`` (megatron-core 0.2.0 to 0.16.1,
-wheels and sdists, ship ``megatron/core`` only; megatron-bridge ships its own compat shim), so the parser runs from
-a Megatron-LM checkout named by ``MEGATRON_LM_SRC`` (the folder holding ``megatron/``), in the interpreter
-``MEGATRON_LM_PYTHON`` (default: this one). Its import chain needs ``triton``, whose PyPI wheel installs and imports
-on a CPU-only x86_64 machine; transformer-engine and apex are not imported by parse/validate. Python 3.11 runs
-tags core_v0.16.1 and core_v0.17.1; core_v0.18.0 and later import ``typing.override`` (Python >= 3.12).
+Where the parsers come from. No PyPI distribution carries them: megatron-core 0.2.0 to 0.16.1 (wheels and sdists)
+ship ``megatron/core`` only, megatron-bridge ships its own compat shim, and the Megatron-DeepSpeed forks are not
+packaged. So each runs from a checkout named by an environment variable, in an interpreter that may be named too:
+- ``MEGATRON_LM_SRC`` (the folder holding ``megatron/``), ``MEGATRON_LM_PYTHON`` (default: this one). Its import
+  chain needs ``triton``, whose PyPI wheel installs and imports on a CPU-only x86_64 machine; transformer-engine
+  and apex are not imported by parse/validate. Python 3.11 runs tags core_v0.16.1 and core_v0.17.1;
+  core_v0.18.0 and later import ``typing.override`` (Python >= 3.12).
+- ``MEGATRON_DEEPSPEED_MICROSOFT_SRC`` / ``_PYTHON``: deepspeedai/Megatron-DeepSpeed with ``deepspeed`` (PyPI,
+  ``DS_BUILD_OPS=0``, CPU accelerator) and ``transformers`` importable.
+- ``MEGATRON_DEEPSPEED_BIGSCIENCE_SRC`` / ``_PYTHON``: bigscience-workshop/Megatron-DeepSpeed with the DeepSpeed it
+  runs with (``deepspeed>=0.7.3,<0.9``, which imports only with ``pydantic<2`` and ``numpy<2``) and
+  ``transformers``. This fork validates inside ``parse_args``.
 Without a checkout the parser tests skip, saying so; the fast tests below still pin what the sets cover.
 
-``validate_args`` asks the GPU for its compute capability (grouped GEMM needs >= 8.0; TP or CP before 10.0 need
-CUDA_DEVICE_MAX_CONNECTIONS=1). On a CPU machine the driver answers those two torch.cuda queries with the planned
-GPU's capability (NVIDIA's CUDA GPU table, developer.nvidia.com/cuda-gpus: A100 8.0, H100/H200 9.0, B200 10.0);
-nothing of Megatron or its dependencies is replaced. ``core_transformer_config_from_args`` is not run: it needs
-transformer-engine (RoPE fusion, FP8, MLA checks), which has no CPU build.
+Megatron-LM's ``validate_args`` asks the GPU for its compute capability (grouped GEMM needs >= 8.0; TP or CP before
+10.0 need CUDA_DEVICE_MAX_CONNECTIONS=1). On a CPU machine the driver answers those two torch.cuda queries with the
+planned GPU's capability (NVIDIA's CUDA GPU table, developer.nvidia.com/cuda-gpus: A100 8.0, H100/H200 9.0,
+B200 10.0); nothing of Megatron or its dependencies is replaced. DeepSpeed picks its CPU accelerator there, so the
+microsoft fork's CUDA-only CUDA_DEVICE_MAX_CONNECTIONS check does not run. Megatron-LM's
+``core_transformer_config_from_args`` is not run: it needs transformer-engine (RoPE fusion, FP8, MLA checks),
+which has no CPU build.
 """
 
 from __future__ import annotations
@@ -64,31 +72,44 @@ def _capability(setup) -> tuple[int, int]:
     return next(cap for family, cap in COMPUTE_CAPABILITY.items() if gpu.startswith(family))
 
 
-def arg_set(group: str, case_id: str, setup) -> ArgSet:
-    """What `plan --emit megatron-lm` writes for ``setup``, as the launcher hands it to pretrain_gpt.py."""
+def arg_set(group: str, case_id: str, setup, kind: str = "megatron-lm", flavor: str = "bigscience") -> ArgSet:
+    """What `plan --emit <kind>` writes for ``setup``, as the launcher hands it to pretrain_gpt.py."""
     from planner.emit import render
     from test_emit_argnames import _sbatch_site_args
 
-    files = render(setup, "megatron-lm")
+    files = render(setup, kind, flavor=flavor)
     argv = [tok for line in files["args.txt"].splitlines() for tok in line.split()]
     argv += [tok for arg in _sbatch_site_args(files["launch.sbatch"]) for tok in arg]
     env = dict(re.findall(r"^export ([A-Z_]+)=(\S+)", files["launch.sbatch"], re.M))
     c, m = setup.candidate, setup.model
-    expect = {"tensor_model_parallel_size": c.tp, "pipeline_model_parallel_size": c.pp,
-              "context_parallel_size": c.cp, "data_parallel_size": c.dp, "micro_batch_size": c.mbs,
-              "global_batch_size": setup.training.global_batch, "num_layers": m.layers,
-              "expert_model_parallel_size": c.ep if m.num_experts else 1,
-              "num_experts": m.num_experts or None, "fp8": "hybrid" if setup.training.precision == "fp8" else None,
-              "sequence_parallel": c.sp and c.tp > 1}
+    expect = {"tensor_model_parallel_size": c.tp, "pipeline_model_parallel_size": c.pp, "data_parallel_size": c.dp,
+              "micro_batch_size": c.mbs, "global_batch_size": setup.training.global_batch, "num_layers": m.layers}
+    if kind == "megatron-lm":
+        expect |= {"context_parallel_size": c.cp, "expert_model_parallel_size": c.ep if m.num_experts else 1,
+                   "num_experts": m.num_experts or None,
+                   "fp8": "hybrid" if setup.training.precision == "fp8" else None}
+    if kind == "megatron-lm" or flavor == "microsoft":   # the bigscience fork has no sequence parallelism
+        expect["sequence_parallel"] = c.sp and c.tp > 1
     return ArgSet(group, case_id, tuple(argv), c.world, env, _capability(setup), expect)
+
+
+def _survivors(group: str, name: str, model, cluster, training, kind: str, flavor: str) -> list[ArgSet]:
+    from planner.emit import RunSetup
+    from planner.rank import plan
+    from planner.rules import Target
+
+    target = Target(kind, flavor if kind == "megatron-deepspeed" else None)
+    p = plan(model, cluster, training, targets=(target,), allow_empty=True)
+    return [arg_set(group, f"{name}:{e.candidate.label()}",
+                    RunSetup(model=p.model, cluster=cluster, training=training, candidate=e.candidate), kind, flavor)
+            for e in p.candidates[:SURVIVORS_PER_PLAN]]
 
 
 @functools.lru_cache(maxsize=1)
 def all_arg_sets() -> tuple[ArgSet, ...]:
-    from planner.emit import RunSetup
+    """Megatron-LM's sets (groups GROUPS)."""
     from planner.hardware import make_cluster
     from planner.model import get_preset
-    from planner.rank import plan
     from planner.rules import Target, model_violations
     from planner.space import TrainingSpec
     from test_emit_cases import VALID_CASES, llama
@@ -100,22 +121,41 @@ def all_arg_sets() -> tuple[ArgSet, ...]:
                         llama("llama3-405b", gpus=2048, tp=8, pp=16, dp=16, gas=64, recompute="full")))
     sets += [arg_set("emit-parallel", name, setup) for name, setup in CASES.items()]
     target = Target("megatron-lm")
-
-    def survivors(group, name, model, cluster, training):
-        p = plan(model, cluster, training, targets=(target,), allow_empty=True)
-        return [arg_set(group, f"{name}:{e.candidate.label()}",
-                        RunSetup(model=p.model, cluster=cluster, training=training, candidate=e.candidate))
-                for e in p.candidates[:SURVIVORS_PER_PLAN]]
-
     for name, (model, gpus, gpu, gbs, seq) in MODELS.items():
         cluster, training = make_cluster(gpu=gpu, gpus=gpus), _training(target, gbs, seq, model)
         if not model_violations(model, training, cluster, target):
-            sets += survivors("rulebook-survivors", name, model, cluster, training)
+            sets += _survivors("rulebook-survivors", name, model, cluster, training, "megatron-lm", "bigscience")
     for name, gpus, seq, gbs, precision in ISSUE_TARGETS:
         training = TrainingSpec(global_batch=gbs, seq_len=seq, framework="megatron-lm", precision=precision,
                                 zero_options=(1,), recompute_options=("selective", "full"))
-        sets += survivors("issue14-targets", name, get_preset(name), make_cluster(gpu="H100", gpus=gpus), training)
+        sets += _survivors("issue14-targets", name, get_preset(name), make_cluster(gpu="H100", gpus=gpus), training,
+                           "megatron-lm", "bigscience")
     return tuple(sets)
+
+
+@functools.lru_cache(maxsize=2)
+def fork_arg_sets(flavor: str) -> tuple[ArgSet, ...]:
+    """A Megatron-DeepSpeed fork's sets: its emit cases and the rulebook models' best survivors."""
+    from planner.hardware import make_cluster
+    from planner.rules import Target, model_violations
+    from test_emit_cases import VALID_CASES
+    from test_rulebook import MODELS, _training
+
+    sets = [arg_set("cases", c.id, c.setup, c.kind, c.flavor) for c in VALID_CASES
+            if c.kind == "megatron-deepspeed" and c.flavor == flavor]
+    target = Target("megatron-deepspeed", flavor)
+    for name, (model, gpus, gpu, gbs, seq) in MODELS.items():
+        cluster, training = make_cluster(gpu=gpu, gpus=gpus), _training(target, gbs, seq, model)
+        if not model_violations(model, training, cluster, target):
+            sets += _survivors("survivors", name, model, cluster, training, "megatron-deepspeed", flavor)
+    return tuple(sets)
+
+
+SOURCES = {  # target -> (environment variable prefix, the parser's module, the argument sets)
+    "megatron-lm": ("MEGATRON_LM", "megatron/training/arguments.py", all_arg_sets),
+    "microsoft": ("MEGATRON_DEEPSPEED_MICROSOFT", "megatron/arguments.py", lambda: fork_arg_sets("microsoft")),
+    "bigscience": ("MEGATRON_DEEPSPEED_BIGSCIENCE", "megatron/arguments.py", lambda: fork_arg_sets("bigscience")),
+}
 
 
 # ---- fast: what the parser run covers, and the launch environment rule it found --------------------------------
@@ -147,39 +187,38 @@ def test_tp_or_cp_launches_with_one_cuda_connection():
     assert seen > 0   # a TP or CP layout without SP is among the sets
 
 
-# ---- slow: Megatron-LM's own parser --------------------------------------------------------------------------
+# ---- slow: the frameworks' own parsers -------------------------------------------------------------------------
 
-def _megatron_source() -> str:
-    src = os.environ.get("MEGATRON_LM_SRC")
+def _source(target: str) -> str:
+    prefix, module, _ = SOURCES[target]
+    src = os.environ.get(f"{prefix}_SRC")
     if not src:
-        pytest.skip("MEGATRON_LM_SRC is not set: Megatron-LM's megatron/training is on no PyPI distribution; set it "
-                    "to a Megatron-LM checkout (tag core_v0.17.1 runs on Python 3.11; pip install triton)")
-    if not (Path(src) / "megatron" / "training" / "arguments.py").is_file():
-        pytest.fail(f"MEGATRON_LM_SRC={src} holds no megatron/training/arguments.py")
+        pytest.skip(f"{prefix}_SRC is not set: {module} is on no PyPI distribution; set it to a checkout "
+                    "(see this module's docstring)")
+    if not (Path(src) / module).is_file():
+        pytest.fail(f"{prefix}_SRC={src} holds no {module}")
     return src
 
 
-@pytest.fixture(scope="module")
-def parsed() -> dict[str, dict]:
-    """One interpreter imports Megatron-LM once and parses every set: {set id: driver result}."""
-    src = _megatron_source()
-    sets = all_arg_sets()
+@functools.lru_cache(maxsize=None)
+def _parsed(target: str) -> dict[str, dict]:
+    """One interpreter imports the framework once and parses every set: {set id: driver result}."""
+    src = _source(target)
+    prefix, _, sets = SOURCES[target]
     payload = json.dumps([{"id": s.id, "argv": s.argv, "world": s.world, "env": s.env, "capability": s.capability,
-                           "attrs": sorted(s.expect)} for s in sets])
+                           "attrs": sorted(s.expect)} for s in sets()])
     env = {**os.environ, "PYTHONPATH": src, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([os.environ.get("MEGATRON_LM_PYTHON", sys.executable), __file__], input=payload,
+    proc = subprocess.run([os.environ.get(f"{prefix}_PYTHON", sys.executable), __file__], input=payload,
                           capture_output=True, text=True, env=env, cwd=src)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     return {r["id"]: r for r in results}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("group", GROUPS)
-def test_megatron_lm_parses_and_validates_the_emitted_arguments(group, parsed):
-    sets = [s for s in all_arg_sets() if s.group == group]
+def _problems(target: str, group: str) -> list[str]:
+    sets = [s for s in SOURCES[target][2]() if s.group == group]
     assert sets
-    problems = []
+    parsed, problems = _parsed(target), []
     for s in sets:
         r = parsed[s.id]
         if r["stage"] != "ok":
@@ -188,7 +227,20 @@ def test_megatron_lm_parses_and_validates_the_emitted_arguments(group, parsed):
         wrong = {k: (r["attrs"][k], v) for k, v in s.expect.items() if r["attrs"][k] != v}
         if wrong:
             problems.append(f"{s.id}: parsed (got, want) {wrong}")
-    assert problems == []
+    return problems
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", GROUPS)
+def test_megatron_lm_parses_and_validates_the_emitted_arguments(group):
+    assert _problems("megatron-lm", group) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("group", ["cases", "survivors"])
+@pytest.mark.parametrize("flavor", ["microsoft", "bigscience"])
+def test_megatron_deepspeed_parses_and_validates_the_emitted_arguments(flavor, group):
+    assert _problems(flavor, group) == []
 
 
 # ---- the driver, run by `parsed` in Megatron-LM's interpreter --------------------------------------------------
@@ -196,8 +248,12 @@ def test_megatron_lm_parses_and_validates_the_emitted_arguments(group, parsed):
 def _drive() -> None:
     import types
 
+    import importlib
+
     import torch
-    from megatron.training import arguments
+    # Megatron-LM: megatron/training/arguments.py; the Megatron-DeepSpeed forks: megatron/arguments.py
+    lm = os.path.isfile(os.path.join("megatron", "training", "arguments.py"))   # cwd: the checkout
+    arguments = importlib.import_module("megatron.training.arguments" if lm else "megatron.arguments")
 
     for case in json.load(sys.stdin):
         major, minor = case["capability"]
@@ -214,7 +270,8 @@ def _drive() -> None:
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
                 args = arguments.parse_args(ignore_unknown_args=False)
                 out["stage"] = "validate_args"
-                arguments.validate_args(args)
+                if hasattr(arguments, "validate_args"):   # the bigscience fork validates inside parse_args
+                    arguments.validate_args(args)
             out.update(stage="ok", attrs={k: getattr(args, k, "<absent>") for k in case["attrs"]})
         except SystemExit:   # argparse: "pretrain_gpt.py: error: ..."
             out["error"] = err.getvalue().strip().splitlines()[-1:]
