@@ -7,18 +7,22 @@ uneven PP, CP 16, EP/ETP with --moe-grouped-gemm, MLA, FP8), the best `plan` sur
 models, and the issue-14 targets (Llama-3.1-405B at 128K on 16,384 H100s, Mixtral-8x22B and DeepSeek-V3 in FP8 on
 1,024/2,048 H100s). Each Megatron-DeepSpeed fork gets its emit cases and the rulebook models' best survivors.
 
-Where the parsers come from. No PyPI distribution carries them: megatron-core 0.2.0 to 0.16.1 (wheels and sdists)
-ship ``megatron/core`` only, megatron-bridge ships its own compat shim, and the Megatron-DeepSpeed forks are not
-packaged. So each runs from a checkout named by an environment variable, in an interpreter that may be named too:
-- ``MEGATRON_LM_SRC`` (the folder holding ``megatron/``), ``MEGATRON_LM_PYTHON`` (default: this one). Its import
-  chain needs ``triton``, whose PyPI wheel installs and imports on a CPU-only x86_64 machine; transformer-engine
-  and apex are not imported by parse/validate. Python 3.11 runs tags core_v0.16.1 and core_v0.17.1;
-  core_v0.18.0 and later import ``typing.override`` (Python >= 3.12).
-- ``MEGATRON_DEEPSPEED_MICROSOFT_SRC`` / ``_PYTHON``: deepspeedai/Megatron-DeepSpeed with ``deepspeed`` (PyPI,
-  ``DS_BUILD_OPS=0``, CPU accelerator) and ``transformers`` importable.
-- ``MEGATRON_DEEPSPEED_BIGSCIENCE_SRC`` / ``_PYTHON``: bigscience-workshop/Megatron-DeepSpeed with the DeepSpeed it
-  runs with (``deepspeed>=0.7.3,<0.9``, which imports only with ``pydantic<2`` and ``numpy<2``) and
-  ``transformers``. This fork validates inside ``parse_args``.
+Where the parsers come from. Megatron-LM's: the megatron-core wheel on PyPI ships ``megatron/training`` from 0.17.0
+on (0.2.0 to 0.16.1, wheels and sdists, ship ``megatron/core`` only). 0.17.x declares Python >= 3.12, yet its
+parse/validate path imports and runs on 3.11 (0.18.0 and later import ``typing.override``, Python >= 3.12); the
+import chain needs ``triton``, whose PyPI wheel installs and imports on a CPU-only x86_64 machine; transformer-engine
+and apex are not imported. .ci/run installs ``megatron-core==0.17.1 triton==3.9.0`` with ``--no-deps
+--ignore-requires-python --target build/megatron-lm`` (torch, numpy, packaging and pyyaml come from ``.[test]``)
+and names that folder in ``MEGATRON_LM_SRC``; an installed megatron-core >= 0.17 is found without it, and a
+Megatron-LM git checkout works as well (tags core_v0.16.1 and core_v0.17.1 checked). The Megatron-DeepSpeed forks
+are on no package index, so each runs from a checkout:
+- ``MEGATRON_DEEPSPEED_MICROSOFT_SRC``: deepspeedai/Megatron-DeepSpeed with ``deepspeed`` (PyPI, ``DS_BUILD_OPS=0``,
+  CPU accelerator) and ``transformers`` importable;
+- ``MEGATRON_DEEPSPEED_BIGSCIENCE_SRC``: bigscience-workshop/Megatron-DeepSpeed with the DeepSpeed it runs with
+  (``deepspeed>=0.7.3,<0.9``, which imports only with ``pydantic<2`` and ``numpy<2``) and ``transformers``; this
+  fork validates inside ``parse_args``.
+``<PREFIX>_PYTHON`` names another interpreter for a target (default: this one); the driver,
+tests/test_megatron_parser_driver.py, needs no pytest there.
 Without a checkout the parser tests skip, saying so; the fast tests below still pin what the sets cover.
 
 Megatron-LM's ``validate_args`` asks the GPU for its compute capability (grouped GEMM needs >= 8.0; TP or CP before
@@ -32,9 +36,8 @@ which has no CPU build.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
+import importlib.util
 import json
 import os
 import re
@@ -45,6 +48,8 @@ from pathlib import Path
 
 import pytest
 
+DRIVER = Path(__file__).with_name("test_megatron_parser_driver.py")
+"""run in the framework's interpreter (needs no pytest there)"""
 COMPUTE_CAPABILITY = {"A100": (8, 0), "H100": (9, 0), "H200": (9, 0), "B200": (10, 0)}
 """NVIDIA CUDA GPUs table (developer.nvidia.com/cuda-gpus): compute capability by accelerator family."""
 SURVIVORS_PER_PLAN = 6
@@ -189,12 +194,21 @@ def test_tp_or_cp_launches_with_one_cuda_connection():
 
 # ---- slow: the frameworks' own parsers -------------------------------------------------------------------------
 
+def _installed(module: str) -> str | None:
+    """The site folder of an installed ``megatron`` package holding ``module`` (megatron-core >= 0.17.0 wheels
+    ship megatron/training), found without importing it."""
+    spec = importlib.util.find_spec("megatron")
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(location).parent / module).is_file():
+            return str(Path(location).parent)
+    return None
+
+
 def _source(target: str) -> str:
     prefix, module, _ = SOURCES[target]
-    src = os.environ.get(f"{prefix}_SRC")
+    src = os.environ.get(f"{prefix}_SRC") or (_installed(module) if target == "megatron-lm" else None)
     if not src:
-        pytest.skip(f"{prefix}_SRC is not set: {module} is on no PyPI distribution; set it to a checkout "
-                    "(see this module's docstring)")
+        pytest.skip(f"{prefix}_SRC is not set and no installed package holds {module}: see this module's docstring")
     if not (Path(src) / module).is_file():
         pytest.fail(f"{prefix}_SRC={src} holds no {module}")
     return src
@@ -208,7 +222,7 @@ def _parsed(target: str) -> dict[str, dict]:
     payload = json.dumps([{"id": s.id, "argv": s.argv, "world": s.world, "env": s.env, "capability": s.capability,
                            "attrs": sorted(s.expect)} for s in sets()])
     env = {**os.environ, "PYTHONPATH": src, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([os.environ.get(f"{prefix}_PYTHON", sys.executable), __file__], input=payload,
+    proc = subprocess.run([os.environ.get(f"{prefix}_PYTHON", sys.executable), str(DRIVER)], input=payload,
                           capture_output=True, text=True, env=env, cwd=src)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -241,44 +255,3 @@ def test_megatron_lm_parses_and_validates_the_emitted_arguments(group):
 @pytest.mark.parametrize("flavor", ["microsoft", "bigscience"])
 def test_megatron_deepspeed_parses_and_validates_the_emitted_arguments(flavor, group):
     assert _problems(flavor, group) == []
-
-
-# ---- the driver, run by `parsed` in Megatron-LM's interpreter --------------------------------------------------
-
-def _drive() -> None:
-    import types
-
-    import importlib
-
-    import torch
-    # Megatron-LM: megatron/training/arguments.py; the Megatron-DeepSpeed forks: megatron/arguments.py
-    lm = os.path.isfile(os.path.join("megatron", "training", "arguments.py"))   # cwd: the checkout
-    arguments = importlib.import_module("megatron.training.arguments" if lm else "megatron.arguments")
-
-    for case in json.load(sys.stdin):
-        major, minor = case["capability"]
-        # validate_args asks the (absent) GPU for its compute capability: answer with the planned GPU's.
-        torch.cuda.get_device_capability = lambda *a, **k: (major, minor)
-        torch.cuda.get_device_properties = lambda *a, **k: types.SimpleNamespace(major=major, minor=minor)
-        for name in ("CUDA_DEVICE_MAX_CONNECTIONS", "WORLD_SIZE", "RANK"):
-            os.environ.pop(name, None)
-        os.environ.update(case["env"], WORLD_SIZE=str(case["world"]), RANK="0")
-        sys.argv = ["pretrain_gpt.py", *case["argv"]]
-        out = {"id": case["id"], "stage": "parse_args"}
-        err = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                args = arguments.parse_args(ignore_unknown_args=False)
-                out["stage"] = "validate_args"
-                if hasattr(arguments, "validate_args"):   # the bigscience fork validates inside parse_args
-                    arguments.validate_args(args)
-            out.update(stage="ok", attrs={k: getattr(args, k, "<absent>") for k in case["attrs"]})
-        except SystemExit:   # argparse: "pretrain_gpt.py: error: ..."
-            out["error"] = err.getvalue().strip().splitlines()[-1:]
-        except Exception as e:   # validate_args asserts
-            out["error"] = f"{type(e).__name__}: {e}"
-        print(json.dumps(out), flush=True)
-
-
-if __name__ == "__main__":
-    _drive()

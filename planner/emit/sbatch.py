@@ -129,8 +129,8 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
     if needs_samples:
         site.append('--train-samples "$TRAIN_SAMPLES"')
     c = setup.candidate
-    # Megatron-LM's validate_args (megatron/training/arguments.py, core_v0.16.1) asserts it for TP > 1 or CP > 1
-    # (before Blackwell); the forks ask for it with --sequence-parallel only.
+    # Megatron-LM's validate_args (megatron/training/arguments.py, core_v0.16.1 to main d98e8a6) asserts it for
+    # TP > 1 or CP > 1 (before Blackwell); the forks ask for it with --sequence-parallel only.
     needs_max_connections = c.sp or (flavor == "megatron-lm" and (c.tp > 1 or c.cp > 1))
     exports = ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron refuses TP/CP/--sequence-parallel without it"] \
         if needs_max_connections else []
