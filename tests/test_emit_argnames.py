@@ -271,14 +271,4 @@ def test_every_torchtitan_field_is_torchtitans(case) -> None:
         assert d[section][key] in allowed
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", [c for c in VALID_CASES if c.kind == "megatron-lm"], ids=lambda c: c.id)
-def test_megatron_lm_parser_accepts_the_args(case, monkeypatch) -> None:
-    """With Megatron-LM installed (never fetched at test time), its own parser reads args.txt."""
-    arguments = pytest.importorskip("megatron.training.arguments")
-    from planner.emit.megatron_lm import megatron_lm_args
-
-    argv = [v for a in megatron_lm_args(case.setup) for v in a]
-    monkeypatch.setattr("sys.argv", ["pretrain_gpt.py", *argv])
-    args = arguments.parse_args()
-    assert args.tensor_model_parallel_size == case.setup.candidate.tp
+# Megatron-LM's own parse_args/validate_args over every emitted set: tests/test_megatron_parser.py.

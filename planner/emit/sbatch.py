@@ -128,8 +128,12 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
             *_HYPER, _OUTPUT, f"--exit-duration-in-mins {time_hours * 60 - 10}"]
     if needs_samples:
         site.append('--train-samples "$TRAIN_SAMPLES"')
-    exports = ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron refuses --sequence-parallel without it"] \
-        if setup.candidate.sp else []
+    c = setup.candidate
+    # Megatron-LM's validate_args (megatron/training/arguments.py, core_v0.16.1 to main d98e8a6) asserts it for
+    # TP > 1 or CP > 1 (before Blackwell); the forks ask for it with --sequence-parallel only.
+    needs_max_connections = c.sp or (flavor == "megatron-lm" and (c.tp > 1 or c.cp > 1))
+    exports = ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron refuses TP/CP/--sequence-parallel without it"] \
+        if needs_max_connections else []
     world = setup.candidate.world
     text = "\n".join([
         "#!/bin/bash",
