@@ -133,8 +133,8 @@ def stage_params(model: ModelSpec, cand: Candidate, stage: str, framework: str =
                                                             else model.params_per_layer)   # experts: moe.add_expert_states
     word = model.vocab * model.hidden
     embedding_in = model.embedding_params - (0 if model.tied_embeddings else word)
-    if stage == "only":
-        total = model.params
+    if stage == "only":   # routed experts are added (over EP) by moe.add_expert_states, not here
+        total = model.params - moe.moe_layer_count(model) * moe.expert_layer_params(model)
     elif stage == "first":
         total = layers + embedding_in
     else:  # last: the LM head (a second copy of the tied word embedding under PP, Megatron) + final norm

@@ -249,3 +249,20 @@ def test_plan_ranks_mixtral_8x22b_fp8_on_1024_h100():
     assert p.best.fits and p.best.throughput.mfu > 0.3   # MFU against the bf16 peak
     assert {e.candidate.ep for e in p.candidates} >= {1, 2, 4, 8}
     assert any(e.candidate.etp == 1 and e.candidate.tp > 1 for e in p.candidates)
+
+
+def test_pp1_memory_counts_routed_experts_once():
+    """Without PP the GPU holds the non-expert weights and 1/EP of the routed experts (Megatron-Core EP): Qwen3-30B-A3B
+    (30.5B total, Qwen3 report Table 2) at EP 8 keeps about 1.5B + 29B/8, and fits 8 B200s as Megatron-Bridge 25.11's
+    DGX-B200 row ran it (TP1 PP1 EP8, MBS 1)."""
+    from planner import make_cluster
+    from planner.rank import estimate
+    from planner.space import Candidate, TrainingSpec
+
+    m = load_model("qwen3-30b-a3b")
+    t = TrainingSpec(global_batch=512, seq_len=4096, precision="fp8", framework="megatron-lm")
+    c = Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=64, recompute="full", zero=1)
+    e = estimate(m, make_cluster(gpu="B200", gpus=8), t, c)
+    experts = moe.moe_layer_count(m) * moe.expert_layer_params(m)
+    assert e.memory.params_on_gpu == pytest.approx(m.params - experts + experts / 8, rel=1e-6)
+    assert m.params == pytest.approx(30.5e9, rel=0.02) and e.fits
