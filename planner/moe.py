@@ -34,6 +34,15 @@ if TYPE_CHECKING:  # no import cycle at run time: model.py calls into this modul
 # imbalance is small; a capacity factor (Fedus et al. 2021 "Switch Transformers", arXiv 2101.03961,
 # Sec. 2.2: capacity = tokens/experts x capacity factor, 1.0-1.25 in their runs) bounds it.
 DROPLESS_CAPACITY = 1.0
+# Per local expert, the launches a Megatron-Core MoE layer's forward makes after the dispatcher's host sync:
+# Transformer Engine GroupedLinear's FC1 and FC2 GEMMs, one cuBLAS call each per expert split (m_splits); under FP8
+# also each GEMM input's quantization per split (TE split_quantize), so 4.
+MOE_KERNELS_PER_EXPERT = 2
+# Host seconds per such launch (TE's Python wrapper, the per-split bookkeeping, the launch itself). FITTED on the
+# Megatron-Bridge 25.11 DGX-B200 Qwen3-30B-A3B row (MBS 1: the host-bound one, 16 local experts; tokens/s per
+# GPU, tests/bench/validate_moe_cp.py), checked on its DGX-H100 Qwen3 and DGX-B200 DeepSeek-V3 (32 local) rows;
+# a fifth of the ~100 us per eager PyTorch op with autograd that planner.framework's EAGER_HOST_S counts.
+KERNEL_LAUNCH_S = 20e-6
 
 
 # -- shape --------------------------------------------------------------------------------------------
@@ -245,14 +254,49 @@ def mlp_time_adjustment_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpe
         return (gemm_s(rows, glu * ffn // split, h, batch=batch) + gemm_s(rows, h, max(1, ffn // split), batch=batch))
 
     dense = mlp(tokens, m.ffn_hidden, t)
-    local_experts = max(1, m.num_experts // c.ep)
-    rows = max(1, math.ceil(tokens * m.moe_topk * c.ep / m.num_experts * capacity(training)))
-    routed = mlp(rows, expert_ffn(m), c.etp, batch=local_experts)
+    routed = routed_gemm_s(m, c, training, tokens, gemm_s)
     shared = mlp(tokens, m.shared_experts * expert_ffn(m), t) if m.shared_experts else 0.0
     router = gemm_s(tokens, m.num_experts, h)
     n_moe = moe_layer_count(m)
     mean = (n_moe * (routed + shared + router) + (m.layers - n_moe) * dense) / m.layers
     return mean - dense
+
+
+def routed_gemm_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
+                  gemm_s: Callable[..., float]) -> float:
+    """Forward seconds of one MoE layer's routed experts: a grouped GEMM over the E/EP local experts, each with
+    tokens·k·EP/E rows (balanced routing, x the capacity factor) and expert_ffn/ETP columns (SwiGLU: FC1 2x wide)."""
+    glu = 2 if m.glu else 1
+    local_experts = max(1, m.num_experts // c.ep)
+    rows = max(1, math.ceil(tokens * m.moe_topk * c.ep / m.num_experts * capacity(training)))
+    ffn = expert_ffn(m)
+    return (gemm_s(rows, glu * ffn // c.etp, m.hidden, batch=local_experts)
+            + gemm_s(rows, m.hidden, max(1, ffn // c.etp), batch=local_experts))
+
+
+def host_sync_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
+                gemm_s: Callable[..., float]) -> tuple[float, float]:
+    """(host seconds, GPU seconds) of the part of a MoE layer's forward that runs after the host waits on the GPU,
+    as means over all layers (0, 0 for dense models and for EP 1 with one local expert).
+
+    Megatron-Core's dropless all-to-all dispatcher copies the per-expert token counts to the host and synchronizes
+    before the EP all-to-all (megatron/core/transformer/moe/token_dispatcher.py, ``cuda_sync_point =
+    "before_ep_alltoall"``: the all-to-all splits and the grouped GEMM's m_splits are host lists). The host then
+    cannot run ahead of the GPU: what it launches after the sync (all-to-all, permute, per-expert FC1, activation,
+    FC2, combine, unpermute; Transformer Engine's GroupedLinear issues one GEMM per local expert, FP8 one
+    quantization per expert and GEMM input) runs no faster than it is launched, so that part takes the longer of
+    its GPU time and ``kernels per expert x local experts x KERNEL_LAUNCH_S``. Megatron-Core MoE
+    (arXiv 2603.07685, "Compute wall": small per-expert GEMMs and many kernel launches make fine-grained MoE
+    host-bound; its CUDA-graph scopes moe_router / moe_preprocess remove exactly these launches).
+    """
+    local = m.num_experts // c.ep if is_moe(m) else 0
+    if not is_moe(m) or (c.ep <= 1 and local <= 1):
+        return 0.0, 0.0   # (a capacity factor syncs too, before the first permutation: same cost)
+    per_expert = MOE_KERNELS_PER_EXPERT * (2 if training.precision == "fp8" else 1)
+    host = per_expert * local * KERNEL_LAUNCH_S
+    gpu = routed_gemm_s(m, c, training, tokens, gemm_s)
+    share = moe_layer_count(m) / m.layers
+    return host * share, gpu * share
 
 
 def elementwise_extra_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int) -> float:
@@ -300,7 +344,7 @@ def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link
 
 __all__ = ["active_params", "add_expert_states", "all_to_all_layer_s", "attention_params", "capacity",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
-           "is_moe", "layer_forward_matmul_flops", "mean_layer_params", "mlp_time_adjustment_s", "moe_layer_count",
+           "host_sync_s", "is_moe", "routed_gemm_s", "layer_forward_matmul_flops", "mean_layer_params", "mlp_time_adjustment_s", "moe_layer_count",
            "needs_own_shape", "total_params"]
 
 

@@ -266,3 +266,56 @@ def test_pp1_memory_counts_routed_experts_once():
     experts = moe.moe_layer_count(m) * moe.expert_layer_params(m)
     assert e.memory.params_on_gpu == pytest.approx(m.params - experts + experts / 8, rel=1e-6)
     assert m.params == pytest.approx(30.5e9, rel=0.02) and e.fits
+
+
+# Megatron-Bridge docs/performance-summary.md, 25.11 container (MoE runs force-balanced and dropless): tokens/s per GPU
+BRIDGE_MOE = {  # name: (model, gpu, GPUs, GBS, MBS, PP, VPP, EP, recompute, published tokens/s/GPU)
+    "qwen3-b200": ("qwen3-30b-a3b", "B200", 8, 512, 1, 1, 1, 8, "none", 9299),
+    "qwen3-h100": ("qwen3-30b-a3b", "H100", 16, 512, 2, 2, 24, 8, "full", 5275),
+    "deepseek-v3-b200": ("deepseek-v3", "B200", 256, 2048, 1, 16, 1, 8, "full", 2139),
+}
+
+
+def _bridge_tokens_per_gpu(row: str, **moe_overrides) -> float:
+    from planner import make_cluster
+    from planner.rank import estimate
+    from planner.space import Candidate, TrainingSpec
+
+    name, gpu, gpus, gbs, mbs, pp, vpp, ep, recompute, _ = BRIDGE_MOE[row]
+    t = TrainingSpec(global_batch=gbs, seq_len=4096, precision="fp8", framework="megatron-lm")
+    dp = gpus // pp
+    c = Candidate(tp=1, pp=pp, dp=dp, ep=ep, mbs=mbs, gas=gbs // (mbs * dp), recompute=recompute, zero=1, vpp=vpp)
+    e = estimate(load_model(name), make_cluster(gpu=gpu, gpus=gpus), t, c)
+    assert e.fits and not e.reasons, [r.detail for r in e.reasons]
+    return e.throughput.tokens_per_s / gpus
+
+
+def test_host_sync_launches_scale_with_local_experts_and_fp8():
+    """The experts' launches after the dispatcher's host sync: per local expert (E/EP), twice as many under FP8."""
+    from planner.space import Candidate, TrainingSpec
+
+    m = load_model("qwen3-30b-a3b")
+    gemm = lambda rows, n, k, batch=1: 0.0   # noqa: E731 - launch-bound: no GPU time
+    fp8 = TrainingSpec(global_batch=8, seq_len=4096, precision="fp8", framework="megatron-lm")
+    bf16 = TrainingSpec(global_batch=8, seq_len=4096, precision="bf16", framework="megatron-lm")
+    ep8, ep4 = Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=1), Candidate(tp=1, pp=1, dp=8, ep=4, mbs=1, gas=1)
+    h8 = moe.host_sync_s(m, ep8, fp8, 4096, gemm)[0]
+    assert h8 == pytest.approx(16 * 2 * moe.MOE_KERNELS_PER_EXPERT * moe.KERNEL_LAUNCH_S)   # 128 / 8 local experts
+    assert moe.host_sync_s(m, ep4, fp8, 4096, gemm)[0] == pytest.approx(2 * h8)
+    assert moe.host_sync_s(m, ep8, bf16, 4096, gemm)[0] == pytest.approx(h8 / 2)
+    assert moe.host_sync_s(get_preset("llama3-70b"), Candidate(tp=1, pp=1, dp=8, mbs=1, gas=1), fp8, 4096, gemm) == (0, 0)
+
+
+@pytest.mark.parametrize("row,tol", [("qwen3-b200", 0.10), ("deepseek-v3-b200", 0.25)])
+def test_bridge_moe_rows_tokens_per_gpu(row, tol):
+    """Fitted on the B200 Qwen3 row (MBS 1, launch-bound); DeepSeek-V3 (32 local experts) is the check."""
+    published = BRIDGE_MOE[row][-1]
+    assert _bridge_tokens_per_gpu(row) == pytest.approx(published, rel=tol)
+
+
+def test_small_expert_launches_narrow_the_qwen3_h100_gap():
+    """Qwen3-30B-A3B on 16 H100 was predicted 1.84x too fast (tokens/s) without the post-sync launch model; with
+    it the gap must shrink by a third at least (what is left: tests/bench/validate_moe_cp.py and the README)."""
+    published = BRIDGE_MOE["qwen3-h100"][-1]
+    with_launches = _bridge_tokens_per_gpu("qwen3-h100") / published
+    assert with_launches < 1.7
