@@ -236,6 +236,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
     logits_s = 3 * _gemm_s(tokens, vocab_t, model.hidden, g16)
     logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
+    logits_s += model.mtp_layers * (layer_s + logits_s)
     split = megatron_lm_split(model.layers, cand.pp, cand.vpp) if training.framework == "megatron-lm" else None
     if cand.pp == 1:
         stage_compute = lps * layer_s + logits_s

@@ -15,7 +15,9 @@ expert tensor parallelism (ETP) shard experts and in which process groups.
 What is approximated: per-stage counts use per-layer *averages* of dense and MoE layers (DeepSeek-V3's
 three dense layers are spread over all stages); MLA's RoPE key and the compressed-KV path are counted
 exactly as parameters and FLOPs, but activation memory treats MLA like GQA with ``kv_heads == heads``;
-DeepSeek-V3's multi-token-prediction module (14B) is not counted, as in its 671B figure; Qwen3's
+DeepSeek-V3's multi-token-prediction module is kept out of ``total_params`` and ``active_params`` (the report's
+671B / 37B exclude it) but counted where it runs: memory and time of the last stage, and model FLOPs (as
+Megatron counts them); the MTP layer's time is a mean layer's; Qwen3's
 per-head q/k norms (256 parameters a layer) are ignored.
 """
 
@@ -136,6 +138,34 @@ def active_params(m: "ModelSpec") -> int:
     return m.embedding_params + active_layers_params(m) + m.norm_params
 
 
+# -- multi-token prediction (DeepSeek-V3 report Sec. 2.2, Fig. 3) ----------------------------------------
+def mtp_non_expert_params(m: "ModelSpec") -> int:
+    """What TP shards of the MTP modules: each has RMSNorms on the hidden state and on the next token's embedding,
+    a projection M_k of [h; h] -> h (2h·h), one transformer layer (DeepSeek-V3's is a MoE layer: HF layer 61) and
+    a final norm; the embedding and output head are the main model's (report Sec. 2.2, 'shared')."""
+    if not m.mtp_layers:
+        return 0
+    layer = moe_layer_non_expert_params(m) if is_moe(m) else dense_layer_params(m)
+    return m.mtp_layers * (2 * m.hidden * m.hidden + 3 * m.norm_params + layer)
+
+
+def mtp_expert_params(m: "ModelSpec") -> int:
+    """The MTP layers' routed experts (sharded over EP x ETP like the others)."""
+    return m.mtp_layers * expert_layer_params(m) if is_moe(m) else 0
+
+
+def mtp_params(m: "ModelSpec") -> int:
+    """All MTP parameters: DeepSeek-V3's HF checkpoint (685B) holds 14B beyond the report's 671B, i.e. these
+    plus its own copies of the embedding and output head (2·V·h)."""
+    return mtp_non_expert_params(m) + mtp_expert_params(m)
+
+
+def mtp_forward_flops(m: "ModelSpec", tokens: int, layer_flops: float, logits_flops: float) -> float:
+    """Forward FLOPs of the MTP modules: the projection 2·t·2h·h, a layer and a second LM head each (Megatron-
+    Bridge flop_utils.py adds mtp_num_layers layers and (1 + mtp_num_layers) logits)."""
+    return m.mtp_layers * (2.0 * tokens * 2 * m.hidden * m.hidden + layer_flops + logits_flops)
+
+
 def mean_layer_params(m: "ModelSpec") -> int:
     return round(layers_params(m) / m.layers)
 
@@ -203,10 +233,13 @@ def expert_data_parallel(c: "Candidate") -> int:
 
 def add_expert_states(m: "ModelSpec", c: "Candidate", layers_on_stage: int, pb: object,
                       states: tuple[int, float, float, float],
-                      shard_fn: Callable) -> tuple[int, float, float, float]:
-    """(params, weights, grads, optimizer) of the non-expert part plus the routed experts, whose
-    ZeRO/distributed-optimizer sharding runs over the expert data-parallel group."""
+                      shard_fn: Callable, *, last_stage: bool = False) -> tuple[int, float, float, float]:
+    """(params, weights, grads, optimizer) of the non-expert part plus the routed experts (and, on the last
+    stage, the MTP layers' experts), whose ZeRO/distributed-optimizer sharding runs over the expert
+    data-parallel group."""
     n = expert_params_on_gpu(m, c, layers_on_stage)
+    if last_stage and mtp_expert_params(m):
+        n += math.ceil(mtp_expert_params(m) / (c.ep * c.etp))
     if not n:
         return states
     w, g, o = shard_fn(n, pb, c, expert_data_parallel(c))
@@ -344,8 +377,9 @@ def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link
 
 __all__ = ["active_params", "add_expert_states", "all_to_all_layer_s", "attention_params", "capacity",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
-           "host_sync_s", "is_moe", "routed_gemm_s", "layer_forward_matmul_flops", "mean_layer_params", "mlp_time_adjustment_s", "moe_layer_count",
-           "needs_own_shape", "total_params"]
+           "host_sync_s", "is_moe", "layer_forward_matmul_flops", "mean_layer_params", "mlp_time_adjustment_s",
+           "moe_layer_count", "mtp_forward_flops", "mtp_non_expert_params", "mtp_params", "needs_own_shape",
+           "routed_gemm_s", "total_params"]
 
 
 # -- input --------------------------------------------------------------------------------------------
@@ -353,7 +387,7 @@ def shape_problems(m: "ModelSpec") -> list[str]:
     """What makes a MoE / MLA shape meaningless (checked by ModelSpec on construction)."""
     out = []
     for name in ("num_experts", "moe_topk", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
-                 "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+                 "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
         value = getattr(m, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             out.append(f"{name} must be a non-negative integer, got {value!r}")
@@ -392,6 +426,8 @@ def hf_fields(d: dict) -> dict:
         out.update(kv_lora_rank=int(d["kv_lora_rank"]), q_lora_rank=int(d.get("q_lora_rank") or 0),
                    qk_rope_head_dim=int(d.get("qk_rope_head_dim") or 0), v_head_dim=int(d.get("v_head_dim") or 0),
                    kv_channels=int(d.get("qk_nope_head_dim") or 0) or None)   # MLA's per-head width
+    if d.get("num_nextn_predict_layers"):   # DeepseekV3ForCausalLM: the MTP modules
+        out["mtp_layers"] = int(d["num_nextn_predict_layers"])
     scaling = d.get("rope_scaling")
     if isinstance(scaling, dict) and scaling.get("factor"):
         out.update(rope_scaling=str(scaling.get("rope_type") or scaling.get("type") or ""),
@@ -401,7 +437,7 @@ def hf_fields(d: dict) -> dict:
 
 YAML_KEYS = {"num_experts", "moe_topk", "moe_ffn_hidden", "shared_experts", "moe_layer_freq", "first_dense_layers",
              "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "rope_scaling",
-             "rope_scaling_factor"}
+             "rope_scaling_factor", "mtp_layers"}
 """plantune model YAML keys for the fields above (the ModelSpec field names)."""
 YAML_DEFAULTS = {k: (1 if k == "moe_layer_freq" else 1.0 if k == "rope_scaling_factor" else "" if k == "rope_scaling"
                      else 0) for k in YAML_KEYS}

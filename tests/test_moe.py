@@ -48,7 +48,7 @@ def test_model_flops_follow_active_params(name):
 
     At a short sequence the attention core is a small share, so the planner's model FLOPs per token
     must sit within 5% of 6·N_active (word embedding lookup excluded, LM head included)."""
-    m = get_preset(name).with_overrides(seq_len=128)
+    m = get_preset(name).with_overrides(seq_len=128, mtp_layers=0)   # active params exclude MTP (its own test)
     per_token = flops.model_flops_per_iteration(m, 1) / m.seq_len
     n = m.active_params - m.vocab * m.hidden   # the input embedding is a lookup, no FLOPs
     assert per_token == pytest.approx(6 * n, rel=0.05)
@@ -86,7 +86,7 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepse
                "max_position_embeddings": 163840, "hidden_act": "silu", "rms_norm_eps": 1e-6,
                "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3,
                "moe_layer_freq": 1, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-               "qk_rope_head_dim": 64, "v_head_dim": 128, "tie_word_embeddings": False,
+               "qk_rope_head_dim": 64, "v_head_dim": 128, "tie_word_embeddings": False, "num_nextn_predict_layers": 1,
                "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096}}
 LLAMA31_405B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16384,
                 "intermediate_size": 53248, "num_attention_heads": 128, "num_hidden_layers": 126,
@@ -104,8 +104,8 @@ def test_hf_config_reads_into_the_same_model(cfg, preset, tmp_path):
     path.write_text(json.dumps(cfg))
     m, p = load_model(str(path)), get_preset(preset)
     assert (m.params, m.active_params) == (p.params, p.active_params)
-    assert (m.num_experts, m.moe_topk, m.shared_experts, m.first_dense_layers) == \
-        (p.num_experts, p.moe_topk, p.shared_experts, p.first_dense_layers)
+    assert (m.num_experts, m.moe_topk, m.shared_experts, m.first_dense_layers, m.mtp_layers) == \
+        (p.num_experts, p.moe_topk, p.shared_experts, p.first_dense_layers, p.mtp_layers)
 
 
 def test_hf_rope_scaling_keys(tmp_path):
@@ -320,3 +320,37 @@ def test_small_expert_launches_narrow_the_qwen3_h100_gap():
     published = BRIDGE_MOE["qwen3-h100"][-1]
     with_launches = _bridge_tokens_per_gpu("qwen3-h100") / published
     assert with_launches < 1.7
+
+
+def test_deepseek_v3_mtp_module_matches_the_published_14b():
+    """DeepSeek-V3 report Sec. 2.2: one MTP module (D = 1) sharing the embedding and head; the HF model card: 685B
+    = 671B main model + 14B MTP weights (the checkpoint stores its own embedding and head copies, 2·V·h)."""
+    m = get_preset("deepseek-v3")
+    assert m.mtp_layers == 1
+    assert moe.mtp_params(m) + 2 * m.vocab * m.hidden == pytest.approx(14e9, rel=0.05)
+    assert m.params == pytest.approx(671e9, rel=0.005)            # the report's total excludes the MTP module
+    assert m.active_params == pytest.approx(37e9, rel=0.02)       # and so does its 37B active
+
+
+def test_mtp_counts_in_flops_and_the_last_stage_only():
+    """Megatron-Bridge flop_utils.py counts mtp_num_layers more layers and (1 + mtp) logits; Megatron builds the
+    MTP module on the last pipeline stage, so its weights and activations land there."""
+    from planner import make_cluster
+    from planner.memory import stage_memory
+    from planner.space import Candidate, TrainingSpec
+
+    m = get_preset("deepseek-v3").with_overrides(seq_len=4096)
+    plain = m.with_overrides(mtp_layers=0)
+    tokens = 4096
+    layer = flops.layer_forward_matmul_flops(m, tokens)
+    logits = flops.logits_forward_flops(m, tokens)
+    extra = flops.model_flops_per_iteration(m, 1) - flops.model_flops_per_iteration(plain, 1)
+    assert extra == pytest.approx(3 * (layer + logits + 2 * tokens * 2 * m.hidden ** 2))
+    t = TrainingSpec(global_batch=2048, seq_len=4096, precision="bf16", framework="megatron-lm")
+    c = Candidate(tp=1, pp=16, dp=16, ep=8, mbs=1, gas=128, recompute="full", zero=1)
+    cluster = make_cluster(gpu="H100", gpus=256)
+    with_mtp = {s.stage: s for s in stage_memory(m, c, cluster, t)}
+    without = {s.stage: s for s in stage_memory(plain, c, cluster, t)}
+    assert with_mtp["first"].params_on_gpu == without["first"].params_on_gpu
+    added = with_mtp["last"].params_on_gpu - without["last"].params_on_gpu
+    assert added == pytest.approx(moe.mtp_non_expert_params(m) + moe.mtp_expert_params(m) / 8, rel=1e-6)
