@@ -323,8 +323,8 @@ def host_sync_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens
     host-bound; its CUDA-graph scopes moe_router / moe_preprocess remove exactly these launches).
     """
     local = m.num_experts // c.ep if is_moe(m) else 0
-    if not is_moe(m) or (c.ep <= 1 and local <= 1):
-        return 0.0, 0.0   # (a capacity factor syncs too, before the first permutation: same cost)
+    if not is_moe(m) or (c.ep <= 1 and local <= 1) or training.framework != "megatron-lm":
+        return 0.0, 0.0   # torchtitan runs the experts as one torch._grouped_mm; a capacity factor syncs too
     per_expert = MOE_KERNELS_PER_EXPERT * (2 if training.precision == "fp8" else 1)
     host = per_expert * local * KERNEL_LAUNCH_S
     gpu = routed_gemm_s(m, c, training, tokens, gemm_s)
