@@ -11,6 +11,9 @@ plantune's count the full s^2 (Narayanan et al. 2021), so their TFLOP/s ratio is
 - Llama 3: Dubey et al. 2024 (arXiv 2407.21783) Table 4 (BF16, H100, 16M-token batches).
 - Megatron-Bridge: NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md, 25.11 container, DGX-H100 and
   DGX-B200 pre-training tables (FP8 current scaling on H100, MXFP8 on B200; MoE runs force-balanced, dropless).
+  Its GB200 rows are left out: the catalog's GB200 has no FP8 peak, the NVL72 domain is not modelled, and its
+  DeepSeek-V3 PP4 x VP4 split of 61 layers needs --pipeline-model-parallel-layout, which plan does not search.
+The MoE launch cost (planner.moe.KERNEL_LAUNCH_S) is FITTED on the B200 Qwen3-30B-A3B row; the others check it.
 """
 
 from __future__ import annotations
