@@ -332,6 +332,20 @@ def host_sync_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens
     return host * share, gpu * share
 
 
+def mlp_gemm_input_widths(m: "ModelSpec", c: "Candidate") -> tuple[float, float]:
+    """Per-token widths of the MLP GEMM inputs FP8 quantizes (FC1, FC2), mean over layers: a dense MLP reads h and
+    ffn/TP; a MoE layer's GroupedLinear quantizes the permuted copies, k·h and k·expert_ffn/ETP (dropless), plus
+    the shared experts' h and shared·expert_ffn/TP (Transformer Engine quantizes each TE linear's input)."""
+    h, dense = m.hidden, (m.hidden, m.ffn_hidden / c.tp)
+    if not is_moe(m):
+        return dense
+    fc1 = m.moe_topk * h + (h if m.shared_experts else 0)
+    fc2 = m.moe_topk * expert_ffn(m) / c.etp + m.shared_experts * expert_ffn(m) / c.tp
+    n_moe = moe_layer_count(m)
+    mean = lambda moe_w, dense_w: (n_moe * moe_w + (m.layers - n_moe) * dense_w) / m.layers   # noqa: E731
+    return mean(fc1, dense[0]), mean(fc2, dense[1])
+
+
 def elementwise_extra_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int) -> float:
     """Mean forward HBM bytes a layer moves beyond the dense formula's (which charged the activation
     function on ffn_hidden/TP): MoE layers permute each token's hidden vector into top-k expert
