@@ -213,10 +213,12 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     # the host launches a layer's kernels asynchronously: a pass takes the longer of the GPU's work and
     # the host's (framework.host_s_per_layer_forward; the backward launches about twice as many kernels)
     host = fw.host_s_per_layer_forward
-    fwd = max(dense + core + elem, host)
+    # MoE: the dispatcher's host sync; what is launched after it runs at the longer of its GPU and host time
+    sync_host, sync_gpu = moe.host_sync_s(model, cand, training, tokens, lambda m, n, k, batch=1: _gemm_s(m, n, k, g, batch))
+    fwd = max(dense + core + elem - sync_gpu, host) + max(sync_gpu, sync_host)
     extra = fwd if cand.recompute == "full" else (core if cand.recompute == "selective" else 0.0)
-    # backward = 2x forward (seed 001 "forward vs backward")
-    layer_s = fwd + max(2 * (dense + core + elem), 2 * host) + extra
+    # backward = 2x forward (seed 001 "forward vs backward"); it launches the experts' kernels without a sync
+    layer_s = fwd + max(2 * (dense + core + elem), 2 * (host + sync_host)) + extra
 
     # TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed (Megatron Sec. 3.1)
     tp_msgs = 4 + (2 if cand.recompute == "full" else 0)
@@ -234,6 +236,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
     logits_s = 3 * _gemm_s(tokens, vocab_t, model.hidden, g16)
     logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
+    logits_s += model.mtp_layers * (layer_s + logits_s)
     split = megatron_lm_split(model.layers, cand.pp, cand.vpp) if training.framework == "megatron-lm" else None
     if cand.pp == 1:
         stage_compute = lps * layer_s + logits_s

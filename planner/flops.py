@@ -49,7 +49,8 @@ def model_flops_per_iteration(model: ModelSpec, global_batch: int) -> float:
     with 3 in place of 4.
     """
     tokens = global_batch * model.seq_len
-    fwd = model.layers * layer_forward_matmul_flops(model, tokens) + logits_forward_flops(model, tokens)
+    layer, logits = layer_forward_matmul_flops(model, tokens), logits_forward_flops(model, tokens)
+    fwd = model.layers * layer + logits + moe.mtp_forward_flops(model, tokens, layer, logits)   # + MTP (DeepSeek-V3)
     return 3.0 * fwd
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from planner import moe
+
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
     from planner.model import ModelSpec
@@ -69,11 +71,13 @@ def activation_saving_bytes(c: "Candidate", precision: str, sbh: float, f_ratio:
 
 
 def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, tokens: int) -> float:
-    """HBM bytes of quantizing one layer's GEMM inputs in the forward (QKV, projection, FC1, FC2)."""
+    """HBM bytes of quantizing one layer's GEMM inputs in the forward (QKV, projection, FC1, FC2); MoE layers
+    quantize each token's k permuted copies (`planner.moe.mlp_gemm_input_widths`)."""
     if precision != "fp8":
         return 0.0
     t, h = c.tp, model.hidden
-    elements = tokens * (h + model.q_dim / t + h + model.ffn_hidden / t)
+    fc1, fc2 = moe.mlp_gemm_input_widths(model, c)
+    elements = tokens * (h + model.q_dim / t + fc1 + fc2)
     return CAST_BYTES_PER_ELEMENT * elements
 
 

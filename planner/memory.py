@@ -133,12 +133,14 @@ def stage_params(model: ModelSpec, cand: Candidate, stage: str, framework: str =
                                                             else model.params_per_layer)   # experts: moe.add_expert_states
     word = model.vocab * model.hidden
     embedding_in = model.embedding_params - (0 if model.tied_embeddings else word)
-    if stage == "only":
-        total = model.params
+    if stage == "only":   # routed experts are added (over EP) by moe.add_expert_states, not here
+        total = model.params - moe.moe_layer_count(model) * moe.expert_layer_params(model)
     elif stage == "first":
         total = layers + embedding_in
     else:  # last: the LM head (a second copy of the tied word embedding under PP, Megatron) + final norm
         total = layers + word + model.norm_params
+    if stage != "first":   # DeepSeek-V3's MTP module sits after the last layer (Megatron builds it on the last stage)
+        total += moe.mtp_non_expert_params(model)
     return math.ceil(total / cand.tp)
 
 
@@ -324,9 +326,10 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
         params = stage_params(model, cand, stage, training.framework)
         weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
         params, weights, grads, optimizer = moe.add_expert_states(model, cand, lps, pb, (params, weights, grads, optimizer),
-                                                                  sharded_static_bytes)   # routed experts over EP
+                                                                  sharded_static_bytes, last_stage=stage != "first")   # routed experts over EP
         in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
-        activations = ALLOCATOR_OVERHEAD * (in_flight * (lps * act.stored_bytes + embed_out) + act.working_bytes)
+        stored = lps + (model.mtp_layers if stage != "first" else 0)   # MTP layers: a layer's activations each
+        activations = ALLOCATOR_OVERHEAD * (in_flight * (stored * act.stored_bytes + embed_out) + act.working_bytes)
         logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
         activations, logits = context_parallel.split_activations(activations, logits, model, cand, training)
         out.append(MemoryBreakdown(stage=stage, params_on_gpu=params, weights_bytes=weights, grads_bytes=grads,

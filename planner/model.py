@@ -101,6 +101,9 @@ class ModelSpec:
     rope_scaling: str = ""
     """RoPE scaling type from config.json (llama3, yarn); empty = none"""
     rope_scaling_factor: float = 1.0
+    mtp_layers: int = 0
+    """multi-token-prediction modules after the last layer (Megatron --mtp-num-layers; DeepSeek-V3: 1), each a
+    transformer layer of the model's own kind plus a 2h x h projection, sharing the embedding and LM head"""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
@@ -246,9 +249,10 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
                   "moe_intermediate_size 768); NVIDIA NeMo recipes/qwen3_30b_a3b.py (GBS 32, one node)"),
     _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048,
            shared_experts=1, first_dense_layers=3, kv_channels=128, q_lora_rank=1536, kv_lora_rank=512,
-           qk_rope_head_dim=64, v_head_dim=128, global_batch=15360, train_tokens=14.8e12,
+           qk_rope_head_dim=64, v_head_dim=128, global_batch=15360, train_tokens=14.8e12, mtp_layers=1,
            source="DeepSeek-AI 2024 arXiv 2412.19437 Sec. 4.2 (61 layers, h 7168, 128 heads, MLA ranks 1536/512, "
-                  "1 shared + 256 routed experts of 2048, top-8, first 3 layers dense; 671B total, 37B active; "
+                  "1 shared + 256 routed experts of 2048, top-8, first 3 layers dense; 671B total, 37B active; 1 MTP module "
+                  "(Sec. 2.2, 4.2: depth D = 1; 14B more in the HF checkpoint); "
                   "batch 15360 x 4K; 14.8T tokens); HF DeepSeek-V3 config.json"),
 )}
 

@@ -15,7 +15,9 @@ expert tensor parallelism (ETP) shard experts and in which process groups.
 What is approximated: per-stage counts use per-layer *averages* of dense and MoE layers (DeepSeek-V3's
 three dense layers are spread over all stages); MLA's RoPE key and the compressed-KV path are counted
 exactly as parameters and FLOPs, but activation memory treats MLA like GQA with ``kv_heads == heads``;
-DeepSeek-V3's multi-token-prediction module (14B) is not counted, as in its 671B figure; Qwen3's
+DeepSeek-V3's multi-token-prediction module is kept out of ``total_params`` and ``active_params`` (the report's
+671B / 37B exclude it) but counted where it runs: memory and time of the last stage, and model FLOPs (as
+Megatron counts them); the MTP layer's time is a mean layer's; Qwen3's
 per-head q/k norms (256 parameters a layer) are ignored.
 """
 
@@ -34,6 +36,15 @@ if TYPE_CHECKING:  # no import cycle at run time: model.py calls into this modul
 # imbalance is small; a capacity factor (Fedus et al. 2021 "Switch Transformers", arXiv 2101.03961,
 # Sec. 2.2: capacity = tokens/experts x capacity factor, 1.0-1.25 in their runs) bounds it.
 DROPLESS_CAPACITY = 1.0
+# Per local expert, the launches a Megatron-Core MoE layer's forward makes after the dispatcher's host sync:
+# Transformer Engine GroupedLinear's FC1 and FC2 GEMMs, one cuBLAS call each per expert split (m_splits); under FP8
+# also each GEMM input's quantization per split (TE split_quantize), so 4.
+MOE_KERNELS_PER_EXPERT = 2
+# Host seconds per such launch (TE's Python wrapper, the per-split bookkeeping, the launch itself). FITTED on the
+# Megatron-Bridge 25.11 DGX-B200 Qwen3-30B-A3B row (MBS 1: the host-bound one, 16 local experts; tokens/s per
+# GPU, tests/bench/validate_moe_cp.py), checked on its DGX-H100 Qwen3 and DGX-B200 DeepSeek-V3 (32 local) rows;
+# a fifth of the ~100 us per eager PyTorch op with autograd that planner.framework's EAGER_HOST_S counts.
+KERNEL_LAUNCH_S = 20e-6
 
 
 # -- shape --------------------------------------------------------------------------------------------
@@ -127,6 +138,34 @@ def active_params(m: "ModelSpec") -> int:
     return m.embedding_params + active_layers_params(m) + m.norm_params
 
 
+# -- multi-token prediction (DeepSeek-V3 report Sec. 2.2, Fig. 3) ----------------------------------------
+def mtp_non_expert_params(m: "ModelSpec") -> int:
+    """What TP shards of the MTP modules: each has RMSNorms on the hidden state and on the next token's embedding,
+    a projection M_k of [h; h] -> h (2h·h), one transformer layer (DeepSeek-V3's is a MoE layer: HF layer 61) and
+    a final norm; the embedding and output head are the main model's (report Sec. 2.2, 'shared')."""
+    if not m.mtp_layers:
+        return 0
+    layer = moe_layer_non_expert_params(m) if is_moe(m) else dense_layer_params(m)
+    return m.mtp_layers * (2 * m.hidden * m.hidden + 3 * m.norm_params + layer)
+
+
+def mtp_expert_params(m: "ModelSpec") -> int:
+    """The MTP layers' routed experts (sharded over EP x ETP like the others)."""
+    return m.mtp_layers * expert_layer_params(m) if is_moe(m) else 0
+
+
+def mtp_params(m: "ModelSpec") -> int:
+    """All MTP parameters: DeepSeek-V3's HF checkpoint (685B) holds 14B beyond the report's 671B, i.e. these
+    plus its own copies of the embedding and output head (2·V·h)."""
+    return mtp_non_expert_params(m) + mtp_expert_params(m)
+
+
+def mtp_forward_flops(m: "ModelSpec", tokens: int, layer_flops: float, logits_flops: float) -> float:
+    """Forward FLOPs of the MTP modules: the projection 2·t·2h·h, a layer and a second LM head each (Megatron-
+    Bridge flop_utils.py adds mtp_num_layers layers and (1 + mtp_num_layers) logits)."""
+    return m.mtp_layers * (2.0 * tokens * 2 * m.hidden * m.hidden + layer_flops + logits_flops)
+
+
 def mean_layer_params(m: "ModelSpec") -> int:
     return round(layers_params(m) / m.layers)
 
@@ -194,10 +233,13 @@ def expert_data_parallel(c: "Candidate") -> int:
 
 def add_expert_states(m: "ModelSpec", c: "Candidate", layers_on_stage: int, pb: object,
                       states: tuple[int, float, float, float],
-                      shard_fn: Callable) -> tuple[int, float, float, float]:
-    """(params, weights, grads, optimizer) of the non-expert part plus the routed experts, whose
-    ZeRO/distributed-optimizer sharding runs over the expert data-parallel group."""
+                      shard_fn: Callable, *, last_stage: bool = False) -> tuple[int, float, float, float]:
+    """(params, weights, grads, optimizer) of the non-expert part plus the routed experts (and, on the last
+    stage, the MTP layers' experts), whose ZeRO/distributed-optimizer sharding runs over the expert
+    data-parallel group."""
     n = expert_params_on_gpu(m, c, layers_on_stage)
+    if last_stage and mtp_expert_params(m):
+        n += math.ceil(mtp_expert_params(m) / (c.ep * c.etp))
     if not n:
         return states
     w, g, o = shard_fn(n, pb, c, expert_data_parallel(c))
@@ -245,14 +287,63 @@ def mlp_time_adjustment_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpe
         return (gemm_s(rows, glu * ffn // split, h, batch=batch) + gemm_s(rows, h, max(1, ffn // split), batch=batch))
 
     dense = mlp(tokens, m.ffn_hidden, t)
-    local_experts = max(1, m.num_experts // c.ep)
-    rows = max(1, math.ceil(tokens * m.moe_topk * c.ep / m.num_experts * capacity(training)))
-    routed = mlp(rows, expert_ffn(m), c.etp, batch=local_experts)
+    routed = routed_gemm_s(m, c, training, tokens, gemm_s)
     shared = mlp(tokens, m.shared_experts * expert_ffn(m), t) if m.shared_experts else 0.0
     router = gemm_s(tokens, m.num_experts, h)
     n_moe = moe_layer_count(m)
     mean = (n_moe * (routed + shared + router) + (m.layers - n_moe) * dense) / m.layers
     return mean - dense
+
+
+def routed_gemm_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
+                  gemm_s: Callable[..., float]) -> float:
+    """Forward seconds of one MoE layer's routed experts: a grouped GEMM over the E/EP local experts, each with
+    tokens·k·EP/E rows (balanced routing, x the capacity factor) and expert_ffn/ETP columns (SwiGLU: FC1 2x wide)."""
+    glu = 2 if m.glu else 1
+    local_experts = max(1, m.num_experts // c.ep)
+    rows = max(1, math.ceil(tokens * m.moe_topk * c.ep / m.num_experts * capacity(training)))
+    ffn = expert_ffn(m)
+    return (gemm_s(rows, glu * ffn // c.etp, m.hidden, batch=local_experts)
+            + gemm_s(rows, m.hidden, max(1, ffn // c.etp), batch=local_experts))
+
+
+def host_sync_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
+                gemm_s: Callable[..., float]) -> tuple[float, float]:
+    """(host seconds, GPU seconds) of the part of a MoE layer's forward that runs after the host waits on the GPU,
+    as means over all layers (0, 0 for dense models and for EP 1 with one local expert).
+
+    Megatron-Core's dropless all-to-all dispatcher copies the per-expert token counts to the host and synchronizes
+    before the EP all-to-all (megatron/core/transformer/moe/token_dispatcher.py, ``cuda_sync_point =
+    "before_ep_alltoall"``: the all-to-all splits and the grouped GEMM's m_splits are host lists). The host then
+    cannot run ahead of the GPU: what it launches after the sync (all-to-all, permute, per-expert FC1, activation,
+    FC2, combine, unpermute; Transformer Engine's GroupedLinear issues one GEMM per local expert, FP8 one
+    quantization per expert and GEMM input) runs no faster than it is launched, so that part takes the longer of
+    its GPU time and ``kernels per expert x local experts x KERNEL_LAUNCH_S``. Megatron-Core MoE
+    (arXiv 2603.07685, "Compute wall": small per-expert GEMMs and many kernel launches make fine-grained MoE
+    host-bound; its CUDA-graph scopes moe_router / moe_preprocess remove exactly these launches).
+    """
+    local = m.num_experts // c.ep if is_moe(m) else 0
+    if not is_moe(m) or (c.ep <= 1 and local <= 1) or training.framework != "megatron-lm":
+        return 0.0, 0.0   # torchtitan runs the experts as one torch._grouped_mm; a capacity factor syncs too
+    per_expert = MOE_KERNELS_PER_EXPERT * (2 if training.precision == "fp8" else 1)
+    host = per_expert * local * KERNEL_LAUNCH_S
+    gpu = routed_gemm_s(m, c, training, tokens, gemm_s)
+    share = moe_layer_count(m) / m.layers
+    return host * share, gpu * share
+
+
+def mlp_gemm_input_widths(m: "ModelSpec", c: "Candidate") -> tuple[float, float]:
+    """Per-token widths of the MLP GEMM inputs FP8 quantizes (FC1, FC2), mean over layers: a dense MLP reads h and
+    ffn/TP; a MoE layer's GroupedLinear quantizes the permuted copies, k·h and k·expert_ffn/ETP (dropless), plus
+    the shared experts' h and shared·expert_ffn/TP (Transformer Engine quantizes each TE linear's input)."""
+    h, dense = m.hidden, (m.hidden, m.ffn_hidden / c.tp)
+    if not is_moe(m):
+        return dense
+    fc1 = m.moe_topk * h + (h if m.shared_experts else 0)
+    fc2 = m.moe_topk * expert_ffn(m) / c.etp + m.shared_experts * expert_ffn(m) / c.tp
+    n_moe = moe_layer_count(m)
+    mean = lambda moe_w, dense_w: (n_moe * moe_w + (m.layers - n_moe) * dense_w) / m.layers   # noqa: E731
+    return mean(fc1, dense[0]), mean(fc2, dense[1])
 
 
 def elementwise_extra_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int) -> float:
@@ -300,8 +391,9 @@ def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link
 
 __all__ = ["active_params", "add_expert_states", "all_to_all_layer_s", "attention_params", "capacity",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
-           "is_moe", "layer_forward_matmul_flops", "mean_layer_params", "mlp_time_adjustment_s", "moe_layer_count",
-           "needs_own_shape", "total_params"]
+           "host_sync_s", "is_moe", "layer_forward_matmul_flops", "mean_layer_params", "mlp_time_adjustment_s",
+           "moe_layer_count", "mtp_forward_flops", "mtp_non_expert_params", "mtp_params", "needs_own_shape",
+           "routed_gemm_s", "total_params"]
 
 
 # -- input --------------------------------------------------------------------------------------------
@@ -309,7 +401,7 @@ def shape_problems(m: "ModelSpec") -> list[str]:
     """What makes a MoE / MLA shape meaningless (checked by ModelSpec on construction)."""
     out = []
     for name in ("num_experts", "moe_topk", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
-                 "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+                 "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
         value = getattr(m, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             out.append(f"{name} must be a non-negative integer, got {value!r}")
@@ -348,6 +440,8 @@ def hf_fields(d: dict) -> dict:
         out.update(kv_lora_rank=int(d["kv_lora_rank"]), q_lora_rank=int(d.get("q_lora_rank") or 0),
                    qk_rope_head_dim=int(d.get("qk_rope_head_dim") or 0), v_head_dim=int(d.get("v_head_dim") or 0),
                    kv_channels=int(d.get("qk_nope_head_dim") or 0) or None)   # MLA's per-head width
+    if d.get("num_nextn_predict_layers"):   # DeepseekV3ForCausalLM: the MTP modules
+        out["mtp_layers"] = int(d["num_nextn_predict_layers"])
     scaling = d.get("rope_scaling")
     if isinstance(scaling, dict) and scaling.get("factor"):
         out.update(rope_scaling=str(scaling.get("rope_type") or scaling.get("type") or ""),
@@ -357,7 +451,7 @@ def hf_fields(d: dict) -> dict:
 
 YAML_KEYS = {"num_experts", "moe_topk", "moe_ffn_hidden", "shared_experts", "moe_layer_freq", "first_dense_layers",
              "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "rope_scaling",
-             "rope_scaling_factor"}
+             "rope_scaling_factor", "mtp_layers"}
 """plantune model YAML keys for the fields above (the ModelSpec field names)."""
 YAML_DEFAULTS = {k: (1 if k == "moe_layer_freq" else 1.0 if k == "rope_scaling_factor" else "" if k == "rope_scaling"
                      else 0) for k in YAML_KEYS}

@@ -46,9 +46,10 @@ def _candidates(layers: int, pp: int, vpp: int):
         total = layers + emb + loss
         k = total // pp
         # Megatron builds k/VPP - 1 layers in the chunk that holds the embedding (loss) and accepts 0
-        # (transformer_block.get_num_layers_to_build); plantune keeps every chunk at least one layer, so that the
-        # torch-native probe (equal stages, PP*VPP <= layers) can run every layout it ranks
-        if total % n == 0 and k // vpp >= 2:
+        # (transformer_block.get_num_layers_to_build: 'assert num_layers_to_build >= 0'): Llama 3 405B's 126 + 2 =
+        # 16 x 8 x 1 runs PP 16 x VPP 8 with an embedding-only and a loss-only chunk (Llama 3 paper Sec. 3.3.2,
+        # Table 4); the torch-native probe has its own rule (equal stages, rules.py)
+        if total % n == 0 and k // vpp >= 1:
             yield StageSplit(k - emb, k if pp > 2 else 0, k - loss, account_embedding=emb, account_loss=loss)
     # --decoder-first/last-pipeline-num-layers: independent first and last sizes (multiples of VPP), the rest equal
     # over the PP-2 middle stages (multiples of VPP); edges kept at most a middle stage (they also hold embedding/loss)

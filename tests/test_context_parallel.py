@@ -123,3 +123,17 @@ def test_llama3_table4_within_25_percent(row):
     gpus, tp, cp, pp, dp, seq, published = row
     predicted = _best_tflops(gpus, tp, cp, pp, dp, seq)
     assert predicted == pytest.approx(published, rel=0.25), f"{row}: predicted {predicted:.0f} TFLOPs/GPU"
+
+
+@pytest.mark.parametrize("seq,cp", [(8192, 1), (131072, 16)])
+def test_llama3_16k_gpu_rows_vpp8_on_pp16_is_legal(seq, cp):
+    """Llama 3 Table 4's 16,384-GPU rows ran PP 16 with VPP 8 (126 + embedding + loss = 16 x 8 chunks, two of them
+    without a transformer layer, which Megatron accepts): plan must rank that layout, not prune it."""
+    model = load_model("llama3.1-405b" if seq > 8192 else "llama3-405b")
+    cluster = make_cluster(gpu="H100", gpus=16384)
+    gbs = 16 * 2**20 // seq
+    dp = 16384 // (8 * 16 * cp)
+    t = TrainingSpec(global_batch=gbs, seq_len=seq, framework="megatron-lm")
+    e = estimate(model, cluster, t, Candidate(tp=8, pp=16, dp=dp, cp=cp, mbs=1, gas=gbs // dp, recompute="full",
+                                              zero=1, sp=True, vpp=8))
+    assert not e.reasons and e.fits, [r.detail for r in e.reasons]

@@ -89,3 +89,17 @@ def test_cli_refuses_fp8_on_a100_in_one_line(capsys):
                  "--framework", "megatron-lm"]) == 2
     err = capsys.readouterr().err
     assert "no FP8 tensor cores" in err and err.count("\n") == 1
+
+
+def test_moe_fp8_casts_quantize_the_permuted_copies():
+    """Transformer Engine's GroupedLinear quantizes its input, the k permuted copies of each token: Mixtral's FC1
+    input is 2·h per token (top-2), its FC2 input 2·14336 (Jiang et al. 2024 Sec. 2), against h and ffn for a dense MLP."""
+    from planner import fp8, moe
+    from planner.model import get_preset
+    from planner.space import Candidate
+
+    m, c = get_preset("mixtral-8x7b"), Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=1)
+    assert moe.mlp_gemm_input_widths(m, c) == (2 * 4096, 2 * 14336)
+    tokens = 4096
+    assert fp8.cast_traffic_bytes(m, c, "fp8", tokens) == pytest.approx(
+        fp8.CAST_BYTES_PER_ELEMENT * tokens * (4096 + 4096 + 2 * 4096 + 2 * 14336))
