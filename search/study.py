@@ -4,12 +4,15 @@
     >>> study = open_study(settings, space, inputs)
     >>> run(study, objective, space, settings, Progress(total=len(space), budget_s=7200))   # search, confirm
 
-Sampler design (`SurvivorSampler`): after the enqueued analytic top-k, ``--sampler ei`` (the default)
-probes the unprobed survivor with the largest expected improvement over the best measured time per
-sample, under the refitted per-term model (`search.calibration.TermModel`: a global level and
-corrections of compute, TP, PP and DP time, regularised toward 1) and its uncertainty (the
-parameters' posterior through the candidate's term mix, plus the measured residual spread); every
-survivor's terms are cached once, so a choice costs no planner call. ``tpe``: Optuna's TPE proposes
+Sampler design (`SurvivorSampler`): after the enqueued analytic top-k (1 by default with ei), ``--sampler ei``
+(the default) probes the unprobed survivor with the largest expected improvement over the best measured
+time per sample, under the planner's terms refitted to every measurement (`refit_terms`: compute and
+communication scales, the CostParams `tune` records) with the measured residual spread as the error of
+every prediction; so a probe that shows communication (TP, PP, DP) cheaper or dearer than planned
+re-orders the rest. Every survivor's terms are cached once, so a choice costs no planner call. Measured
+on tests/bench/bench_search.py: the per-term model with a per-candidate posterior (`TermModel`, the
+exploration EI adds) never moved a choice on the dev tables and trailed this refit on the robustness
+benchmark. ``tpe``: Optuna's TPE proposes
 a point of the structured space (log2 tp, pp, mbs, vpp; ZeRO stage; recompute; flags) and the
 proposal is mapped to the nearest survivor that is not measured, not running, not queued and not
 implied out of memory (`SearchSpace.nearest`, ties to the better calibrated prediction). The mapped
@@ -58,7 +61,7 @@ from planner import CostParams
 from planner.space import RECOMPUTE
 
 from search._base import NOT_FINAL, TuneError
-from search.calibration import Terms, TermModel, expected_improvement
+from search.calibration import SIGMA_PRIOR, Terms, TermModel, expected_improvement, refit_terms, residual_sigma
 from search.objective import (RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, ProbeFailed, TrialRecord,
                               worker_dead)
 from search.space import SearchSpace, config_key, params_of
@@ -132,6 +135,8 @@ class SurvivorSampler(BaseSampler):
         self._gbs = {config_key(e.candidate): e.candidate.global_batch for e in space.survivors}
         self._fit_key: tuple | None = None
         self._fit = TermModel()
+        self._refit_key: tuple | None = None
+        self._refit: tuple[CostParams, float] = (CostParams(), SIGMA_PRIOR)
 
     def order(self, study: optuna.Study) -> dict[str, int]:
         """Survivor -> rank under the study's latest calibration (CostParams over the cached terms)."""
@@ -152,21 +157,32 @@ class SurvivorSampler(BaseSampler):
             self._fit = TermModel.fit([(self._terms[k], s) for k, s in data])
         return self._fit
 
+    def refitted(self, study: optuna.Study, ledger: Ledger | None = None) -> tuple[CostParams, float, list]:
+        """(CostParams refitted to every measurement so far, their residual spread, the data), from the cached
+        terms (cached by the measurements)."""
+        data = measured_data(ledger or Ledger.of(study), self.space, self._terms)
+        key = tuple((k, round(s, 9)) for k, s in data)
+        if key != self._refit_key:
+            pairs = [(self._terms[k], s) for k, s in data]
+            params = refit_terms(pairs)
+            self._refit_key, self._refit = key, (params, residual_sigma(pairs, params) if pairs else SIGMA_PRIOR)
+        return (*self._refit, data)
+
     def ei_pick(self, study: optuna.Study, remaining: list[str], ledger: Ledger | None = None) -> str:
-        """The remaining survivor with the largest expected improvement (per-sample step time, log) over
-        the best measured so far, under the refitted term model and its measured error; ties (and no
-        measurement yet) to the refitted order."""
-        ledger = ledger or Ledger.of(study)
-        fit = self.term_model(study, ledger)
-        order = rank_by(self.space, lambda k: fit.predict_step_s(self._terms[k]) / self._gbs[k])
-        data = measured_data(ledger, self.space, self._terms)
+        """The remaining survivor with the largest expected improvement (per-sample step time, log) over the best
+        measured so far: its prediction under the refitted CostParams (compute and communication scales,
+        `refit_terms`), with the measured residual spread as its error; ties (and no measurement yet) to the
+        refitted order. Every candidate gets the same spread, so this is the refitted model's best prediction:
+        a per-candidate parameter uncertainty (`TermModel`) was measured to cost probes (tests/bench/bench_search.py)."""
+        params, sigma, data = self.refitted(study, ledger)
+        order = rank_by(self.space, lambda k: self._terms[k].step_s(params) / self._gbs[k])
         if not data:
             return min(remaining, key=lambda k: order.get(k, len(order)))
         best = min(math.log(s / self._gbs[k]) for k, s in data)
 
         def score(k: str) -> tuple[float, int]:
-            mean, sd = fit.predict_log(self._terms[k])
-            return (-expected_improvement(mean - math.log(self._gbs[k]), sd, best), order.get(k, len(order)))
+            mean = math.log(self._terms[k].step_s(params) / self._gbs[k])
+            return (-expected_improvement(mean, sigma, best), order.get(k, len(order)))
         return min(remaining, key=score)
 
     def infer_relative_search_space(self, study, trial) -> dict:
