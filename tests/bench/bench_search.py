@@ -11,7 +11,9 @@ of published_dev.yaml and the Hagemann et al. Llama 13B sheets (hagemann_13b_dev
 survivors that a row matches (`ReplayTable.restrict`: every dimension matched); the target is the
 fastest measured row in that space (``best in space``; ``table best pruned`` says when the table's
 own best is a row the planner rules out, which no strategy can reach). Tables whose space holds
-fewer than 3 configurations are listed as skipped.
+fewer than 3 configurations are listed as skipped. ``oom/slower probed ahead``: the probes the plan's order
+makes before the best, those that ran out of memory (a configuration the planner predicted to fit) and those
+measured slower.
 
 A strategy probes until it first measures the target; probes-to-best counts every probe up to and
 including it (OOMs count; configurations an OOM rules out without a probe do not). Strategies:
@@ -184,6 +186,26 @@ def perturb(case: Case, term: str, factor: float) -> Case:
     return replace(case, name=f"{case.name} [{label}]", space=space, planner_rank=rank)
 
 
+def ahead_of_best(case: Case) -> tuple[int, int]:
+    """(OOM probes, slower measured probes) the plan's order makes before the best: configurations an earlier
+    OOM implies out of memory are not probed (`SearchSpace.implied_oom`), as in `tune`."""
+    from search.space import config_key
+
+    ooms, oom, slower = [], 0, 0
+    for e in case.space.survivors:
+        if config_key(e.candidate) in case.target:
+            break
+        if case.space.implied_oom(e.candidate, ooms):
+            continue
+        row = case.table.find(e.candidate)
+        if row is not None and row.status == "oom":
+            ooms.append(e.candidate)
+            oom += 1
+        else:
+            slower += 1
+    return oom, slower
+
+
 def probes_to_best(case: Case, strategy: str, seed: int) -> int:
     import optuna
 
@@ -213,7 +235,9 @@ def probes_to_best(case: Case, strategy: str, seed: int) -> int:
 def run(cases: list[Case], seeds: int, strategies=tuple(STRATEGIES)) -> list[dict]:
     rows = []
     for case in cases:
+        oom, slower = ahead_of_best(case)
         row = {"table": case.name, "configs": len(case.space), "planner_rank": case.planner_rank,
+               "oom_ahead": oom, "slower_ahead": slower,
                "table_best_pruned": case.table_best_pruned, "resid_sd": round(case.resid_sd, 3)}
         for strategy in strategies:
             counts = [probes_to_best(case, strategy, s) for s in (range(seeds) if strategy in SEEDED else [0])]
@@ -384,11 +408,14 @@ def main(argv: list[str] | None = None) -> int:
     from tabulate import tabulate
 
     resid = statistics.median(r["resid_sd"] for r in rows)
-    print(tabulate([[r["table"], r["configs"], r["planner_rank"], "yes" if r["table_best_pruned"] else "",
+    print(tabulate([[r["table"], r["configs"], r["planner_rank"], f"{r['oom_ahead']}/{r['slower_ahead']}",
+                     "yes" if r["table_best_pruned"] else "",
                      f"{r['resid_sd']:.3f}", *(f"{r[s]:.3g}" for s in strategies)] for r in rows]
-                   + [["mean over tables", "", "", "", f"median {resid:.3f}",
+                   + [["mean over tables", "", "", f"{sum(r['oom_ahead'] for r in rows)}/"
+                       f"{sum(r['slower_ahead'] for r in rows)}", "", f"median {resid:.3f}",
                        *(f"{summary[s]:.3g}" for s in strategies)]],
-                   headers=["table", "configs", "planner rank of best", "table best pruned", "resid sd",
+                   headers=["table", "configs", "planner rank of best", "oom/slower probed ahead", "table best pruned",
+                            "resid sd",
                             *(f"{s}{' (mean)' if s in SEEDED else ''}" for s in strategies)]))
     print(f"\nei worse than the planner's order on {len(verdict['ei_worse_than_planner'])} tables "
           f"{verdict['ei_worse_than_planner']}, better on {len(verdict['ei_better_than_planner'])}")
