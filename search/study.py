@@ -37,7 +37,8 @@ re-probes included, with the same share (at most half) kept for confirmation.
 
 Faults: a RUNNING trial whose tuner ran on this host and is gone (its pid is dead) is failed at once
 and probed again; one with no worker recorded (killed between ask() and the first heartbeat) after
-``--grace-s``; others by the heartbeat. Before printing a result, `run` waits for trials RUNNING
+``--grace-s`` (at most `ORPHAN_S`); one whose tuner (any host) recorded its worker but never a heartbeat,
+``--grace-s`` after it started; others by the heartbeat (``--grace-s`` after the last one). Before printing a result, `run` waits for trials RUNNING
 elsewhere (or re-runs them once their tuner is found dead), so no best is printed while a
 configuration is unmeasured.
 """
@@ -305,10 +306,29 @@ ORPHAN_S = 60.0
 it right after ask() (`Objective.__call__`), so it was killed in between"""
 
 
+def heartbeat_recorded(study: optuna.Study, trial_id: int) -> bool | None:
+    """Whether the storage holds a heartbeat of this trial (None: not an RDB storage, or Optuna's tables
+    changed). Optuna's own stale-trial rule (`fail_stale_trials`) skips a RUNNING trial with no heartbeat
+    at all, so `reap` gives it a bound of its own."""
+    storage = getattr(study._storage, "_backend", study._storage)
+    try:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        with _create_scoped_session(storage.scoped_session) as session:
+            return session.query(models.TrialHeartbeatModel).filter(
+                models.TrialHeartbeatModel.trial_id == trial_id).count() > 0
+    except (ImportError, AttributeError):
+        return None
+
+
 def reap(study: optuna.Study, grace_s: float) -> list[int]:
-    """Fail RUNNING trials whose tuner is gone: its pid on this host is dead (at once), or it never recorded
-    which worker runs it (killed between ask() and the first heartbeat) for ``grace_s`` or `ORPHAN_S`. They get outcome
-    ``interrupted``, so `requeue` probes them again. Returns their numbers."""
+    """Fail RUNNING trials whose tuner is gone: its pid on this host is dead (at once); it never recorded
+    which worker runs it (killed between ask() and the first heartbeat) for ``grace_s`` or `ORPHAN_S`; or it
+    recorded its worker (on any host) but never a heartbeat for ``grace_s`` since it started (a live tuner's
+    first heartbeat comes with the trial: `open_storage` always enables them; the heartbeat rule itself
+    covers trials that did beat). They get outcome ``interrupted``, so `requeue` probes them again. Returns
+    their numbers."""
     from optuna.trial import TrialState
 
     storage = study._storage
@@ -316,10 +336,14 @@ def reap(study: optuna.Study, grace_s: float) -> list[int]:
     now = time.time()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         r = TrialRecord.from_trial(t)
+        old = r.started is not None and now - r.started > grace_s
         if worker_dead(r):
             why = f"its tuner ({r.attrs['worker']}) was killed while it ran"
         elif "worker" not in r.attrs and r.started is not None and now - r.started > min(grace_s, ORPHAN_S):
             why = "its tuner died before the trial started"
+        elif "worker" in r.attrs and old and heartbeat_recorded(study, t._trial_id) is False:
+            why = (f"its tuner ({r.attrs['worker']}) recorded no heartbeat in --grace-s {grace_s:g} s since the "
+                   "trial started")
         else:
             continue
         try:

@@ -423,3 +423,35 @@ def test_progress_on_a_terminal_is_one_live_line(tmp_path):
     p.note("trial 4 done")
     p.close()
     assert "\r\x1b[2K[tune] trial 4 done\n" in out.getvalue()     # the live line is replaced, not scrolled
+
+
+def test_a_trial_on_another_host_that_never_beat_is_failed_after_the_grace(tmp_path):
+    """A RUNNING trial whose tuner on another host recorded its worker but never a heartbeat: Optuna's stale rule
+    skips it (no heartbeat row), so `reap` fails it once --grace-s has passed since it started; one that beat
+    recently is left to the heartbeat rule."""
+    from datetime import datetime, timedelta
+
+    from optuna.trial import FrozenTrial, TrialState
+
+    from search.study import TuneSettings, heartbeat_recorded, open_storage
+
+    settings = TuneSettings(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", heartbeat_s=60, grace_s=120)
+    study = optuna.create_study(study_name="s", storage=open_storage(settings), direction="maximize")
+
+    def running(minutes_ago: float) -> FrozenTrial:
+        t = FrozenTrial(number=0, state=TrialState.RUNNING, value=None,
+                        datetime_start=datetime.now() - timedelta(minutes=minutes_ago), datetime_complete=None,
+                        params={}, distributions={}, user_attrs={"worker": "elsewhere.example:4242"},
+                        system_attrs={}, intermediate_values={}, trial_id=0)
+        return study._storage.get_trial(study._storage.create_new_trial(study._study_id, template_trial=t))
+
+    silent_old, silent_new, beating = running(180), running(0), running(180)
+    study._storage.record_heartbeat(beating._trial_id)
+    assert heartbeat_recorded(study, silent_old._trial_id) is False
+    assert heartbeat_recorded(study, beating._trial_id) is True
+    assert reap(study, grace_s=3600) == [silent_old.number]       # 3 h > the 1 h grace, no heartbeat ever
+    after = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert after[silent_old.number].state.name == "FAIL"
+    assert "no heartbeat" in after[silent_old.number].user_attrs["reason"]
+    assert after[silent_new.number].state.name == "RUNNING"        # within the grace: may be alive
+    assert after[beating.number].state.name == "RUNNING"           # the heartbeat rule decides for this one
