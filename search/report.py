@@ -125,7 +125,8 @@ def _f(x: float | None, digits: int = 4) -> str:
 
 
 def short(config: str) -> str:
-    return ",".join(p for p in config.split(",") if not p.startswith(("dp=", "gas=")))
+    """The configuration without gas (GBS / (mbs x dp) gives it); dp stays, as the layout's third degree."""
+    return ",".join(p for p in config.split(",") if not p.startswith("gas="))
 
 
 def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:

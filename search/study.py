@@ -556,10 +556,10 @@ class Progress:
 
 
 def _short(label: str | None) -> str:
-    """tp=1,pp=2,mbs=4,recompute=full,zero=1 (dp and gas follow from them)."""
+    """tp=1,pp=2,dp=4,mbs=4,recompute=full,zero=1 (gas follows from them)."""
     if not label:
         return "?"
-    return ",".join(p for p in label.split(",") if not p.startswith(("dp=", "gas=")))
+    return ",".join(p for p in label.split(",") if not p.startswith("gas="))
 
 
 # -- the run --------------------------------------------------------------------------------------

@@ -376,7 +376,7 @@ def test_progress_in_a_log_is_sparse_and_says_probe_n_of_n_and_the_step_time(tmp
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and "\r" not in out.getvalue()
     assert "probe 1 of 4" in lines[0] and "of 0:10:00" in lines[0] and "step 3: 0.245 s" in lines[0]
-    assert "tp=1,pp=2,mbs=1" in lines[0] and "budget left" in lines[0]
+    assert "tp=1,pp=2,dp=4,mbs=1" in lines[0] and "budget left" in lines[0]
 
 
 @pytest.mark.parametrize("cell", ["inf", "nan", "fast", "-3", ""])
