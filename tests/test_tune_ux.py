@@ -455,3 +455,24 @@ def test_a_trial_on_another_host_that_never_beat_is_failed_after_the_grace(tmp_p
     assert "no heartbeat" in after[silent_old.number].user_attrs["reason"]
     assert after[silent_new.number].state.name == "RUNNING"        # within the grace: may be alive
     assert after[beating.number].state.name == "RUNNING"           # the heartbeat rule decides for this one
+
+
+def test_the_by_layout_plot_has_a_cp_and_an_ep_panel_where_the_study_varies_them(tmp_path):
+    from search.objective import TrialRecord
+    from search.report import layout_dims, write_plots
+
+    def rec(n: int, value: float, **c) -> TrialRecord:
+        cand = {"tp": 2, "pp": 1, "dp": 4, "mbs": 1, "recompute": "none", "zero": 1, **c}
+        return TrialRecord(number=n, state="COMPLETE", params={}, config=f"c{n}", slot=f"c{n}", phase="sampler",
+                           outcome="ok", reason="", value=value,
+                           attrs={"candidate": cand, "outcome": "ok", "measured_step_s": 1.0})
+
+    dense = [rec(0, 100.0), rec(1, 90.0, tp=4, dp=2)]
+    assert layout_dims(dense) == ["tp", "pp", "mbs"]                # DP follows TP x PP: no panel of its own
+    moe = [rec(0, 100.0, ep=1), rec(1, 110.0, ep=2), rec(2, 95.0, cp=2, dp=2)]
+    assert layout_dims(moe) == ["tp", "pp", "mbs", "cp", "ep"]
+    old = [rec(0, 100.0), rec(1, 90.0, ep=4)]                        # a record without cp/ep reads as 1
+    del old[0].attrs["candidate"]["dp"]
+    assert "ep" in layout_dims(old) and "cp" not in layout_dims(old)
+    paths = write_plots(moe, tmp_path)
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
