@@ -186,12 +186,14 @@ def perturb(case: Case, term: str, factor: float) -> Case:
     return replace(case, name=f"{case.name} [{label}]", space=space, planner_rank=rank)
 
 
-def ahead_of_best(case: Case) -> tuple[int, int]:
-    """(OOM probes, slower measured probes) the plan's order makes before the best: configurations an earlier
-    OOM implies out of memory are not probed (`SearchSpace.implied_oom`), as in `tune`."""
+def ahead_of_best(case: Case) -> tuple[int, int, int]:
+    """(OOM probes, slower measured probes, slower probes made after a measurement) the plan's order makes before
+    the best; configurations an earlier OOM implies out of memory are not probed (`SearchSpace.implied_oom`), as in
+    `tune`. Only the last kind can a strategy that learns step times from measurements save: before the first
+    measurement it knows nothing the plan does not, and an OOM is a memory prediction."""
     from search.space import config_key
 
-    ooms, oom, slower = [], 0, 0
+    ooms, oom, slower, informed = [], 0, 0, 0
     for e in case.space.survivors:
         if config_key(e.candidate) in case.target:
             break
@@ -202,8 +204,9 @@ def ahead_of_best(case: Case) -> tuple[int, int]:
             ooms.append(e.candidate)
             oom += 1
         else:
+            informed += slower > 0
             slower += 1
-    return oom, slower
+    return oom, slower, informed
 
 
 def probes_to_best(case: Case, strategy: str, seed: int) -> int:
@@ -235,9 +238,9 @@ def probes_to_best(case: Case, strategy: str, seed: int) -> int:
 def run(cases: list[Case], seeds: int, strategies=tuple(STRATEGIES)) -> list[dict]:
     rows = []
     for case in cases:
-        oom, slower = ahead_of_best(case)
+        oom, slower, informed = ahead_of_best(case)
         row = {"table": case.name, "configs": len(case.space), "planner_rank": case.planner_rank,
-               "oom_ahead": oom, "slower_ahead": slower,
+               "oom_ahead": oom, "slower_ahead": slower, "slower_after_a_measurement": informed,
                "table_best_pruned": case.table_best_pruned, "resid_sd": round(case.resid_sd, 3)}
         for strategy in strategies:
             counts = [probes_to_best(case, strategy, s) for s in (range(seeds) if strategy in SEEDED else [0])]
@@ -417,7 +420,11 @@ def main(argv: list[str] | None = None) -> int:
                    headers=["table", "configs", "planner rank of best", "oom/slower probed ahead", "table best pruned",
                             "resid sd",
                             *(f"{s}{' (mean)' if s in SEEDED else ''}" for s in strategies)]))
-    print(f"\nei worse than the planner's order on {len(verdict['ei_worse_than_planner'])} tables "
+    print(f"\nprobes the plan's order makes before the best: {sum(r['oom_ahead'] for r in rows)} out of memory, "
+          f"{sum(r['slower_ahead'] for r in rows)} slower, of which "
+          f"{sum(r['slower_after_a_measurement'] for r in rows)} after a measurement (what learning step times "
+          "can save)")
+    print(f"ei worse than the planner's order on {len(verdict['ei_worse_than_planner'])} tables "
           f"{verdict['ei_worse_than_planner']}, better on {len(verdict['ei_better_than_planner'])}")
     for name, why in skipped:
         print(f"skipped {name}: {why}")
