@@ -204,3 +204,23 @@ def test_default_top_k_is_one_for_ei_only():
 
     assert default_top_k("ei") == 1
     assert all(default_top_k(s) == 3 for s in ("tpe", "random", "grid", "analytic", "planner"))
+
+
+def test_ei_is_never_behind_the_plans_order_on_the_dev_tables_nor_their_perturbed_replays():
+    """Every replay table of tests/bench/bench_search.py (tests/data copies), as published and under each planner
+    made wrong on purpose (`PERTURBATIONS`): ei (the default, top-1) measures the best in no more probes than the
+    plan's order, and in fewer on some of the perturbed replays."""
+    bench = _bench()
+    cases = []
+    for setup in [*bench.seed003_setups(), *bench.published_setups(ROOT / "tests" / "data")]:
+        case, _ = bench.make_case(*setup)
+        if case is not None:
+            cases.append(case)
+    assert len(cases) == 20
+    behind, ahead = [], []
+    for case in cases:
+        for c in [case, *(bench.perturb(case, term, f) for term, f in bench.PERTURBATIONS)]:
+            ei, planner = bench.probes_to_best(c, "ei", 0), bench.probes_to_best(c, "planner", 0)
+            (behind if ei > planner else ahead if ei < planner else []).append(c.name)
+    assert behind == []
+    assert len(ahead) >= 4
