@@ -55,7 +55,8 @@ FITTED: small enough that 2-3 probes cannot push a term 2x, large enough to lear
 SIGMA_PRIOR = 0.07
 """prior residual spread (log) of the plan's step time on one configuration, before probes say otherwise:
 FITTED as the median, over the 17 replay tables of tests/bench/bench_search.py (seed 003, tr11, Hagemann),
-of each table's spread of log(measured / planned) after its own global scale (column "resid sd"; 0.02-0.18)"""
+of each table's spread of log(measured / planned) after its own global scale (column "resid sd"; 0.02-0.18).
+`--sampler ei` gives every candidate the same spread (`residual_sigma`), so its choice does not depend on this value"""
 SIGMA_PRIOR_WEIGHT = 2.0
 """how many measurements the prior spread counts as"""
 
