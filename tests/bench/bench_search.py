@@ -11,7 +11,10 @@ of published_dev.yaml and the Hagemann et al. Llama 13B sheets (hagemann_13b_dev
 survivors that a row matches (`ReplayTable.restrict`: every dimension matched); the target is the
 fastest measured row in that space (``best in space``; ``table best pruned`` says when the table's
 own best is a row the planner rules out, which no strategy can reach). Tables whose space holds
-fewer than 3 configurations are listed as skipped. ``oom/slower probed ahead``: the probes the plan's order
+fewer than 3 configurations are listed as skipped. The other groups of published_dev.yaml are no sweeps to
+replay: DeepSpeed's autotuning GPT-2 rows change the global batch with the micro batch (GAS 1) under HF
+DDP / ZeRO-1, Narayanan et al.'s Table 2 pairs ZeRO-3 with PTD-P at each GPU count (two rows, two
+frameworks), and the torchtitan and fms-fsdp rows are one run per model. ``oom/slower probed ahead``: the probes the plan's order
 makes before the best, those that ran out of memory (a configuration the planner predicted to fit) and those
 measured slower.
 
