@@ -19,7 +19,8 @@ Two fits share the cache:
   the ridge keeps a scale no measurement informs at 1. Exact for `planner.cost` except the
   overlap max() of sharded DP communication, which the cache freezes at the unscaled value.
 - `TermModel` (per-term corrections with a posterior; not what `--sampler ei` ranks by since the replay
-  benchmark showed the `refit` order with the residual spread (`residual_sigma`) needs fewer probes): log t = g + log(c_compute·(compute + rest) + c_tp·tp + c_pp·(bubble + p2p)
+  benchmark showed the `refit` order with the residual spread (`residual_sigma`) needs fewer probes):
+  log t = g + log(c_compute·(compute + rest) + c_tp·tp + c_pp·(bubble + p2p)
   + c_dp·dp), a global level g (weak prior) and per-term log-corrections c (prior N(0, TERM_PRIOR_SD^2):
   regularised toward 1, so a few probes cannot run away; a term moves only where probes separate it).
   MAP by Gauss-Newton, then the Laplace posterior of the parameters; the predictive spread of a

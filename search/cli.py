@@ -82,11 +82,6 @@ def parse_duration(text: str) -> float:
 _nonneg_float = number(float, allow_zero=True)
 _nonneg_int = number(int, allow_zero=True)
 
-
-def default_top_k(sampler: str) -> int:
-    """--top-k when not given: 1 for ei (measured on tests/bench/bench_search.py: top-1 needs the fewest probes to
-    the best, dev tables and robustness benchmark alike), 3 for the others (TPE models after a few measurements)."""
-    return 1 if sampler == "ei" else 3
 _pos_int = number(int)
 _pos_float = number(float)
 
@@ -515,7 +510,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         storage = storage_of(args, create=True)
         settings = TuneSettings(study_name=args.study, storage_url=storage, budget_s=args.budget,
                                 max_probes=args.max_probes,
-                                top_k=default_top_k(args.sampler) if args.top_k is None else args.top_k,
+                                top_k=args.top_k,
                                 sampler=args.sampler, seed=args.seed,
                                 startup_trials=args.startup_trials, confirm_top=args.confirm_top,
                                 repeats=args.repeats, heartbeat_s=args.heartbeat_s, grace_s=args.grace_s,

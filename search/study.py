@@ -79,7 +79,8 @@ class TuneSettings:
     budget_s: float | None = None
     max_probes: int | None = None
     """search-phase probes in the study, all runs together (None: until the space is exhausted)"""
-    top_k: int = 3
+    top_k: int | None = None
+    """the plan's best K probed first; None: `default_top_k` of the sampler"""
     sampler: str = "ei"
     seed: int | None = None
     startup_trials: int = 4
@@ -89,6 +90,13 @@ class TuneSettings:
     heartbeat_s: int = 60
     grace_s: int = 120
     max_retry: int = 3
+
+
+def default_top_k(sampler: str) -> int:
+    """--top-k when not given: 1 for ei (measured on tests/bench/bench_search.py: top-1 needs the fewest probes to
+    the best, dev tables and robustness benchmark alike; --loto chooses it on every held-out table), 3 for the
+    others (TPE models after a few measurements)."""
+    return 1 if sampler == "ei" else 3
 
 
 # -- the sampler --------------------------------------------------------------------------------
@@ -174,7 +182,8 @@ class SurvivorSampler(BaseSampler):
         measured so far: its prediction under the refitted CostParams (compute and communication scales,
         `refit_terms`), with the measured residual spread as its error; ties (and no measurement yet) to the
         refitted order. Every candidate gets the same spread, so this is the refitted model's best prediction:
-        a per-candidate parameter uncertainty (`TermModel`) was measured to cost probes (tests/bench/bench_search.py)."""
+        a per-candidate parameter uncertainty (`TermModel`) was measured to cost probes
+        (tests/bench/bench_search.py)."""
         params, sigma, data = self.refitted(study, ledger)
         order = rank_by(self.space, lambda k: self._terms[k].step_s(params) / self._gbs[k])
         if not data:
@@ -710,7 +719,8 @@ def run(study: optuna.Study, objective: Objective, space: SearchSpace, settings:
     if settings.budget_s is not None:
         objective.deadline = progress.started + settings.budget_s
         objective.on_budget_cut = progress.spend
-    recover(study, space, settings.top_k, settings.grace_s)
+    recover(study, space, default_top_k(settings.sampler) if settings.top_k is None else settings.top_k,
+            settings.grace_s)
     try:
         while True:
             before = len(study.get_trials(deepcopy=False))
@@ -754,5 +764,5 @@ def _say_left(study: optuna.Study, space: SearchSpace, settings: TuneSettings, p
 
 
 __all__ = ["INPUTS_ATTR", "Progress", "SAMPLERS", "SurvivorSampler", "TuneSettings", "await_others", "confirm",
-           "confirmation_slots", "grid_order", "last_step_time", "open_storage", "open_study", "reap", "recover",
-           "requeue", "run", "search", "storage_url"]
+           "confirmation_slots", "default_top_k", "grid_order", "heartbeat_recorded", "last_step_time", "open_storage",
+           "open_study", "reap", "recover", "requeue", "run", "search", "storage_url"]

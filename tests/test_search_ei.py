@@ -200,7 +200,7 @@ def test_a_probe_off_the_plan_reorders_the_rest():
 
 
 def test_default_top_k_is_one_for_ei_only():
-    from search.cli import default_top_k
+    from search.study import default_top_k
 
     assert default_top_k("ei") == 1
     assert all(default_top_k(s) == 3 for s in ("tpe", "random", "grid", "analytic", "planner"))

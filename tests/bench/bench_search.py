@@ -14,9 +14,9 @@ own best is a row the planner rules out, which no strategy can reach). Tables wh
 fewer than 3 configurations are listed as skipped. The other groups of published_dev.yaml are no sweeps to
 replay: DeepSpeed's autotuning GPT-2 rows change the global batch with the micro batch (GAS 1) under HF
 DDP / ZeRO-1, Narayanan et al.'s Table 2 pairs ZeRO-3 with PTD-P at each GPU count (two rows, two
-frameworks), and the torchtitan and fms-fsdp rows are one run per model. ``oom/slower probed ahead``: the probes the plan's order
-makes before the best, those that ran out of memory (a configuration the planner predicted to fit) and those
-measured slower.
+frameworks), and the torchtitan and fms-fsdp rows are one run per model.
+``oom/slower probed ahead``: the probes the plan's order makes before the best, those that ran out of
+memory (a configuration the planner predicted to fit) and those measured slower.
 
 A strategy probes until it first measures the target; probes-to-best counts every probe up to and
 including it (OOMs count; configurations an OOM rules out without a probe do not). Strategies:
@@ -61,7 +61,8 @@ if str(ROOT) not in sys.path:
 SEED003 = ROOT / "tests" / "data" / "bigscience_1b3_v100.csv"
 SEED003_TABLES = {"v100-32gb-recompute": ("V100-32GB", "full"), "v100-32gb-no-recompute": ("V100-32GB", "none"),
                   "v100-16gb-recompute": ("V100-16GB", "full")}
-STRATEGIES = {"ei": ("ei", 1), "ei-k2": ("ei", 2), "ei-k3": ("ei", 3), "planner": ("planner", 0), "analytic": ("analytic", 3), "tpe": ("tpe", 3),
+STRATEGIES = {"ei": ("ei", 1), "ei-k2": ("ei", 2), "ei-k3": ("ei", 3), "planner": ("planner", 0),
+              "analytic": ("analytic", 3), "tpe": ("tpe", 3),
               "random": ("random", 0), "grid": ("grid", 0)}
 SEEDED = ("tpe", "random")
 MIN_SPACE = 3
