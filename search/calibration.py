@@ -2,7 +2,7 @@
 
     >>> from search.calibration import Measurement, refit, TermModel
     >>> params = refit(model, cluster, training, [Measurement(candidate=c, step_time_s=28.0)])
-    >>> fit = TermModel.fit([terms_of(e.time) for e in measured], steps)      # the search's model
+    >>> fit = TermModel.fit([terms_of(e.time) for e in measured], steps)      # per-term corrections
     >>> mean, sd = fit.predict_log(terms_of(other.time))
 
 A candidate's predicted step time is a sum of terms the planner already computed
@@ -18,7 +18,9 @@ Two fits share the cache:
   sum_i (log measured_i - log t_i)^2 + RIDGE·((log a)^2 + (log b)^2) by Gauss-Newton in (log a, log b);
   the ridge keeps a scale no measurement informs at 1. Exact for `planner.cost` except the
   overlap max() of sharded DP communication, which the cache freezes at the unscaled value.
-- `TermModel` (the search's model): log t = g + log(c_compute·(compute + rest) + c_tp·tp + c_pp·(bubble + p2p)
+- `TermModel` (per-term corrections with a posterior; not what `--sampler ei` ranks by since the replay
+  benchmark showed the `refit` order with the residual spread (`residual_sigma`) needs fewer probes):
+  log t = g + log(c_compute·(compute + rest) + c_tp·tp + c_pp·(bubble + p2p)
   + c_dp·dp), a global level g (weak prior) and per-term log-corrections c (prior N(0, TERM_PRIOR_SD^2):
   regularised toward 1, so a few probes cannot run away; a term moves only where probes separate it).
   MAP by Gauss-Newton, then the Laplace posterior of the parameters; the predictive spread of a
@@ -54,7 +56,8 @@ FITTED: small enough that 2-3 probes cannot push a term 2x, large enough to lear
 SIGMA_PRIOR = 0.07
 """prior residual spread (log) of the plan's step time on one configuration, before probes say otherwise:
 FITTED as the median, over the 17 replay tables of tests/bench/bench_search.py (seed 003, tr11, Hagemann),
-of each table's spread of log(measured / planned) after its own global scale (column "resid sd"; 0.02-0.18)"""
+of each table's spread of log(measured / planned) after its own global scale (column "resid sd"; 0.02-0.18).
+`--sampler ei` gives every candidate the same spread (`residual_sigma`), so its choice does not depend on this value"""
 SIGMA_PRIOR_WEIGHT = 2.0
 """how many measurements the prior spread counts as"""
 
@@ -296,6 +299,13 @@ class TermModel:
         return cls(theta=tuple(theta), cov=tuple(tuple(r) for r in cov), sigma=sigma, n=len(data))
 
 
+def residual_sigma(data: list[tuple[Terms, float]], params: CostParams) -> float:
+    """Spread (log) of measured vs predicted under ``params``, shrunk toward `SIGMA_PRIOR` (worth
+    `SIGMA_PRIOR_WEIGHT` measurements): what one configuration's refitted prediction may be off by."""
+    res2 = sum(math.log(step / t.step_s(params)) ** 2 for t, step in data)
+    return math.sqrt((SIGMA_PRIOR_WEIGHT * SIGMA_PRIOR ** 2 + res2) / (SIGMA_PRIOR_WEIGHT + len(data)))
+
+
 def expected_improvement(mean: float, sd: float, best: float) -> float:
     """E[max(best - Y, 0)] for Y ~ N(mean, sd^2): the expected gain in log step time over ``best``
     (minimisation; Jones, Schonlau & Welch 1998, Eq. 15)."""
@@ -308,4 +318,4 @@ def expected_improvement(mean: float, sd: float, best: float) -> float:
 
 
 __all__ = ["Measurement", "TERMS", "TermModel", "Terms", "expected_improvement", "measured_terms",
-           "predicted_step_s", "refit", "refit_terms", "rms_log_error", "terms_of"]
+           "predicted_step_s", "refit", "refit_terms", "residual_sigma", "rms_log_error", "terms_of"]

@@ -81,6 +81,7 @@ def parse_duration(text: str) -> float:
 
 _nonneg_float = number(float, allow_zero=True)
 _nonneg_int = number(int, allow_zero=True)
+
 _pos_int = number(int)
 _pos_float = number(float)
 
@@ -122,7 +123,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-probes", "--n-trials", dest="max_probes", type=_pos_int,
                    help="probes run in the study, all runs and confirmation re-probes included (ok, oom, timeout, "
                         "crash; default: until every survivor is done)")
-    s.add_argument("--top-k", type=_nonneg_int, default=3, help="the planner's best K are probed first (default 3)")
+    s.add_argument("--top-k", type=_nonneg_int, default=None,
+                   help="the planner's best K are probed first (default 1 with --sampler ei, whose refitted order "
+                        "continues from the first measurement; 3 with the others)")
     s.add_argument("--sampler", choices=("ei", "tpe", "random", "grid", "analytic", "planner"), default="ei",
                    help="after the top-k: ei (expected improvement under the refitted model, default), tpe, random, "
                         "grid, analytic (refitted order), planner (the plan's order)")
@@ -506,7 +509,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             _check_emittable(args, model, cluster, training, space)
         storage = storage_of(args, create=True)
         settings = TuneSettings(study_name=args.study, storage_url=storage, budget_s=args.budget,
-                                max_probes=args.max_probes, top_k=args.top_k, sampler=args.sampler, seed=args.seed,
+                                max_probes=args.max_probes,
+                                top_k=args.top_k,
+                                sampler=args.sampler, seed=args.seed,
                                 startup_trials=args.startup_trials, confirm_top=args.confirm_top,
                                 repeats=args.repeats, heartbeat_s=args.heartbeat_s, grace_s=args.grace_s,
                                 max_retry=args.max_retry)

@@ -125,7 +125,8 @@ def _f(x: float | None, digits: int = 4) -> str:
 
 
 def short(config: str) -> str:
-    return ",".join(p for p in config.split(",") if not p.startswith(("dp=", "gas=")))
+    """The configuration without gas (GBS / (mbs x dp) gives it); dp stays, as the layout's third degree."""
+    return ",".join(p for p in config.split(",") if not p.startswith("gas="))
 
 
 def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
@@ -310,13 +311,35 @@ def _plot_cost(records: list[TrialRecord], path: Path) -> None:
     fig.savefig(path)
 
 
+LAYOUT_DIMS = ("tp", "pp", "mbs")
+"""the by-layout plot's panels, always; `layout_dims` adds CP and EP where the measurements vary them"""
+VARYING_DIMS = ("cp", "ep", "dp")
+
+
+def layout_dims(measured: list[TrialRecord]) -> list[str]:
+    """Panels of the by-layout plot: TP, PP, MBS, then CP, EP and DP each where the measured configurations do not
+    all share one value (a long-context or MoE study; DP where the world size is not fixed by TP x PP x CP)."""
+    def values(name: str) -> set:
+        return {r.attrs.get("candidate", {}).get(name, 1) for r in measured}
+    return [*LAYOUT_DIMS, *(d for d in VARYING_DIMS if len(values(d)) > 1 and (d != "dp" or not _dp_follows(measured)))]
+
+
+def _dp_follows(measured: list[TrialRecord]) -> bool:
+    """DP is world / (TP x PP x CP) in every measurement: a DP panel would only mirror the TP and PP panels."""
+    worlds = {c.get("tp", 1) * c.get("pp", 1) * c.get("cp", 1) * c.get("dp", 1)
+              for c in (r.attrs.get("candidate", {}) for r in measured)}
+    return len(worlds) <= 1
+
+
 def _plot_layout(measured: list[TrialRecord], path: Path) -> None:
-    """How does each parallel dimension matter? Measured TFLOPs by TP, PP and MBS; marker = recompute, colour = ZeRO."""
-    fig = _figure(11.0, 3.9)
-    axes = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
-    for i, (ax, name) in enumerate(zip(axes, ("tp", "pp", "mbs"))):
+    """How does each parallel dimension matter? Measured TFLOPs by TP, PP and MBS (and CP, EP where the study varies
+    them); marker = recompute, colour = ZeRO."""
+    dims = layout_dims(measured)
+    fig = _figure(3.7 * len(dims), 3.9)
+    axes = [fig.add_subplot(1, len(dims), i + 1) for i in range(len(dims))]
+    for i, (ax, name) in enumerate(zip(axes, dims)):
         for r in measured:
-            c = r.attrs.get("candidate", {})
+            c = {"cp": 1, "ep": 1, **r.attrs.get("candidate", {})}
             if c.get(name) is None:
                 continue
             recompute, zero = _layout_key(c)
@@ -325,7 +348,7 @@ def _plot_layout(measured: list[TrialRecord], path: Path) -> None:
             ax.scatter([x], [r.value], marker=RECOMPUTE_MARKERS.get(recompute, "x"),
                        color=ZERO_COLORS.get(int(zero), "tab:brown"), alpha=0.8, edgecolors="none")
         ax.set_xscale("log", base=2)
-        ticks = sorted({r.attrs.get("candidate", {}).get(name) for r in measured} - {None})
+        ticks = sorted({{"cp": 1, "ep": 1, **r.attrs.get("candidate", {})}.get(name) for r in measured} - {None})
         if ticks:
             ax.set_xticks(ticks, [str(t) for t in ticks])
             ax.minorticks_off()
@@ -339,7 +362,8 @@ def _plot_layout(measured: list[TrialRecord], path: Path) -> None:
         axes[-1].scatter([], [], marker=RECOMPUTE_MARKERS.get(rc, "x"), color="gray", label=f"recompute {rc}")
     for z in present_z:
         axes[-1].scatter([], [], marker="o", color=ZERO_COLORS.get(int(z), "tab:brown"), label=f"ZeRO {z}")
-    fig.suptitle("Measured TFLOPs by TP / PP / MBS (marker: recompute; colour: ZeRO)", fontsize=10)
+    fig.suptitle(f"Measured TFLOPs by {' / '.join(d.upper() for d in dims)} (marker: recompute; colour: ZeRO)",
+                 fontsize=10)
     _legend_outside(axes[-1])
     fig.savefig(path)
 
@@ -386,4 +410,5 @@ def write_plots(records: list[TrialRecord], out_dir: Path, *, study: str = "") -
     return paths
 
 
-__all__ = ["CONFIRM_SPREAD", "ConfigSummary", "PLOTS", "best", "format_table", "format_trials", "report_dict", "short", "summarize", "write_plots"]
+__all__ = ["CONFIRM_SPREAD", "ConfigSummary", "PLOTS", "best", "format_table", "format_trials", "layout_dims",
+           "report_dict", "short", "summarize", "write_plots"]

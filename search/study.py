@@ -4,12 +4,15 @@
     >>> study = open_study(settings, space, inputs)
     >>> run(study, objective, space, settings, Progress(total=len(space), budget_s=7200))   # search, confirm
 
-Sampler design (`SurvivorSampler`): after the enqueued analytic top-k, ``--sampler ei`` (the default)
-probes the unprobed survivor with the largest expected improvement over the best measured time per
-sample, under the refitted per-term model (`search.calibration.TermModel`: a global level and
-corrections of compute, TP, PP and DP time, regularised toward 1) and its uncertainty (the
-parameters' posterior through the candidate's term mix, plus the measured residual spread); every
-survivor's terms are cached once, so a choice costs no planner call. ``tpe``: Optuna's TPE proposes
+Sampler design (`SurvivorSampler`): after the enqueued analytic top-k (1 by default with ei), ``--sampler ei``
+(the default) probes the unprobed survivor with the largest expected improvement over the best measured
+time per sample, under the planner's terms refitted to every measurement (`refit_terms`: compute and
+communication scales, the CostParams `tune` records) with the measured residual spread as the error of
+every prediction; so a probe that shows communication (TP, PP, DP) cheaper or dearer than planned
+re-orders the rest. Every survivor's terms are cached once, so a choice costs no planner call. Measured
+on tests/bench/bench_search.py: the per-term model with a per-candidate posterior (`TermModel`, the
+exploration EI adds) never moved a choice on the dev tables and trailed this refit on the robustness
+benchmark. ``tpe``: Optuna's TPE proposes
 a point of the structured space (log2 tp, pp, mbs, vpp; ZeRO stage; recompute; flags) and the
 proposal is mapped to the nearest survivor that is not measured, not running, not queued and not
 implied out of memory (`SearchSpace.nearest`, ties to the better calibrated prediction). The mapped
@@ -34,7 +37,8 @@ re-probes included, with the same share (at most half) kept for confirmation.
 
 Faults: a RUNNING trial whose tuner ran on this host and is gone (its pid is dead) is failed at once
 and probed again; one with no worker recorded (killed between ask() and the first heartbeat) after
-``--grace-s``; others by the heartbeat. Before printing a result, `run` waits for trials RUNNING
+``--grace-s`` (at most `ORPHAN_S`); one whose tuner (any host) recorded its worker but never a heartbeat,
+``--grace-s`` after it started; others by the heartbeat (``--grace-s`` after the last one). Before printing a result, `run` waits for trials RUNNING
 elsewhere (or re-runs them once their tuner is found dead), so no best is printed while a
 configuration is unmeasured.
 """
@@ -58,7 +62,7 @@ from planner import CostParams
 from planner.space import RECOMPUTE
 
 from search._base import NOT_FINAL, TuneError
-from search.calibration import Terms, TermModel, expected_improvement
+from search.calibration import SIGMA_PRIOR, Terms, TermModel, expected_improvement, refit_terms, residual_sigma
 from search.objective import (RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, ProbeFailed, TrialRecord,
                               worker_dead)
 from search.space import SearchSpace, config_key, params_of
@@ -75,7 +79,8 @@ class TuneSettings:
     budget_s: float | None = None
     max_probes: int | None = None
     """search-phase probes in the study, all runs together (None: until the space is exhausted)"""
-    top_k: int = 3
+    top_k: int | None = None
+    """the plan's best K probed first; None: `default_top_k` of the sampler"""
     sampler: str = "ei"
     seed: int | None = None
     startup_trials: int = 4
@@ -85,6 +90,13 @@ class TuneSettings:
     heartbeat_s: int = 60
     grace_s: int = 120
     max_retry: int = 3
+
+
+def default_top_k(sampler: str) -> int:
+    """--top-k when not given: 1 for ei (measured on tests/bench/bench_search.py: top-1 needs the fewest probes to
+    the best, dev tables and robustness benchmark alike; --loto chooses it on every held-out table), 3 for the
+    others (TPE models after a few measurements)."""
+    return 1 if sampler == "ei" else 3
 
 
 # -- the sampler --------------------------------------------------------------------------------
@@ -132,6 +144,8 @@ class SurvivorSampler(BaseSampler):
         self._gbs = {config_key(e.candidate): e.candidate.global_batch for e in space.survivors}
         self._fit_key: tuple | None = None
         self._fit = TermModel()
+        self._refit_key: tuple | None = None
+        self._refit: tuple[CostParams, float] = (CostParams(), SIGMA_PRIOR)
 
     def order(self, study: optuna.Study) -> dict[str, int]:
         """Survivor -> rank under the study's latest calibration (CostParams over the cached terms)."""
@@ -152,21 +166,33 @@ class SurvivorSampler(BaseSampler):
             self._fit = TermModel.fit([(self._terms[k], s) for k, s in data])
         return self._fit
 
+    def refitted(self, study: optuna.Study, ledger: Ledger | None = None) -> tuple[CostParams, float, list]:
+        """(CostParams refitted to every measurement so far, their residual spread, the data), from the cached
+        terms (cached by the measurements)."""
+        data = measured_data(ledger or Ledger.of(study), self.space, self._terms)
+        key = tuple((k, round(s, 9)) for k, s in data)
+        if key != self._refit_key:
+            pairs = [(self._terms[k], s) for k, s in data]
+            params = refit_terms(pairs)
+            self._refit_key, self._refit = key, (params, residual_sigma(pairs, params) if pairs else SIGMA_PRIOR)
+        return (*self._refit, data)
+
     def ei_pick(self, study: optuna.Study, remaining: list[str], ledger: Ledger | None = None) -> str:
-        """The remaining survivor with the largest expected improvement (per-sample step time, log) over
-        the best measured so far, under the refitted term model and its measured error; ties (and no
-        measurement yet) to the refitted order."""
-        ledger = ledger or Ledger.of(study)
-        fit = self.term_model(study, ledger)
-        order = rank_by(self.space, lambda k: fit.predict_step_s(self._terms[k]) / self._gbs[k])
-        data = measured_data(ledger, self.space, self._terms)
+        """The remaining survivor with the largest expected improvement (per-sample step time, log) over the best
+        measured so far: its prediction under the refitted CostParams (compute and communication scales,
+        `refit_terms`), with the measured residual spread as its error; ties (and no measurement yet) to the
+        refitted order. Every candidate gets the same spread, so this is the refitted model's best prediction:
+        a per-candidate parameter uncertainty (`TermModel`) was measured to cost probes
+        (tests/bench/bench_search.py)."""
+        params, sigma, data = self.refitted(study, ledger)
+        order = rank_by(self.space, lambda k: self._terms[k].step_s(params) / self._gbs[k])
         if not data:
             return min(remaining, key=lambda k: order.get(k, len(order)))
         best = min(math.log(s / self._gbs[k]) for k, s in data)
 
         def score(k: str) -> tuple[float, int]:
-            mean, sd = fit.predict_log(self._terms[k])
-            return (-expected_improvement(mean - math.log(self._gbs[k]), sd, best), order.get(k, len(order)))
+            mean = math.log(self._terms[k].step_s(params) / self._gbs[k])
+            return (-expected_improvement(mean, sigma, best), order.get(k, len(order)))
         return min(remaining, key=score)
 
     def infer_relative_search_space(self, study, trial) -> dict:
@@ -289,10 +315,29 @@ ORPHAN_S = 60.0
 it right after ask() (`Objective.__call__`), so it was killed in between"""
 
 
+def heartbeat_recorded(study: optuna.Study, trial_id: int) -> bool | None:
+    """Whether the storage holds a heartbeat of this trial (None: not an RDB storage, or Optuna's tables
+    changed). Optuna's own stale-trial rule (`fail_stale_trials`) skips a RUNNING trial with no heartbeat
+    at all, so `reap` gives it a bound of its own."""
+    storage = getattr(study._storage, "_backend", study._storage)
+    try:
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+
+        with _create_scoped_session(storage.scoped_session) as session:
+            return session.query(models.TrialHeartbeatModel).filter(
+                models.TrialHeartbeatModel.trial_id == trial_id).count() > 0
+    except (ImportError, AttributeError):
+        return None
+
+
 def reap(study: optuna.Study, grace_s: float) -> list[int]:
-    """Fail RUNNING trials whose tuner is gone: its pid on this host is dead (at once), or it never recorded
-    which worker runs it (killed between ask() and the first heartbeat) for ``grace_s`` or `ORPHAN_S`. They get outcome
-    ``interrupted``, so `requeue` probes them again. Returns their numbers."""
+    """Fail RUNNING trials whose tuner is gone: its pid on this host is dead (at once); it never recorded
+    which worker runs it (killed between ask() and the first heartbeat) for ``grace_s`` or `ORPHAN_S`; or it
+    recorded its worker (on any host) but never a heartbeat for ``grace_s`` since it started (a live tuner's
+    first heartbeat comes with the trial: `open_storage` always enables them; the heartbeat rule itself
+    covers trials that did beat). They get outcome ``interrupted``, so `requeue` probes them again. Returns
+    their numbers."""
     from optuna.trial import TrialState
 
     storage = study._storage
@@ -300,10 +345,14 @@ def reap(study: optuna.Study, grace_s: float) -> list[int]:
     now = time.time()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         r = TrialRecord.from_trial(t)
+        old = r.started is not None and now - r.started > grace_s
         if worker_dead(r):
             why = f"its tuner ({r.attrs['worker']}) was killed while it ran"
         elif "worker" not in r.attrs and r.started is not None and now - r.started > min(grace_s, ORPHAN_S):
             why = "its tuner died before the trial started"
+        elif "worker" in r.attrs and old and heartbeat_recorded(study, t._trial_id) is False:
+            why = (f"its tuner ({r.attrs['worker']}) recorded no heartbeat in --grace-s {grace_s:g} s since the "
+                   "trial started")
         else:
             continue
         try:
@@ -516,10 +565,10 @@ class Progress:
 
 
 def _short(label: str | None) -> str:
-    """tp=1,pp=2,mbs=4,recompute=full,zero=1 (dp and gas follow from them)."""
+    """tp=1,pp=2,dp=4,mbs=4,recompute=full,zero=1 (gas follows from them)."""
     if not label:
         return "?"
-    return ",".join(p for p in label.split(",") if not p.startswith(("dp=", "gas=")))
+    return ",".join(p for p in label.split(",") if not p.startswith("gas="))
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -670,7 +719,8 @@ def run(study: optuna.Study, objective: Objective, space: SearchSpace, settings:
     if settings.budget_s is not None:
         objective.deadline = progress.started + settings.budget_s
         objective.on_budget_cut = progress.spend
-    recover(study, space, settings.top_k, settings.grace_s)
+    recover(study, space, default_top_k(settings.sampler) if settings.top_k is None else settings.top_k,
+            settings.grace_s)
     try:
         while True:
             before = len(study.get_trials(deepcopy=False))
@@ -714,5 +764,5 @@ def _say_left(study: optuna.Study, space: SearchSpace, settings: TuneSettings, p
 
 
 __all__ = ["INPUTS_ATTR", "Progress", "SAMPLERS", "SurvivorSampler", "TuneSettings", "await_others", "confirm",
-           "confirmation_slots", "grid_order", "last_step_time", "open_storage", "open_study", "reap", "recover",
-           "requeue", "run", "search", "storage_url"]
+           "confirmation_slots", "default_top_k", "grid_order", "heartbeat_recorded", "last_step_time", "open_storage",
+           "open_study", "reap", "recover", "requeue", "run", "search", "storage_url"]

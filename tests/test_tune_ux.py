@@ -376,7 +376,7 @@ def test_progress_in_a_log_is_sparse_and_says_probe_n_of_n_and_the_step_time(tmp
     lines = out.getvalue().splitlines()
     assert len(lines) == 1 and "\r" not in out.getvalue()
     assert "probe 1 of 4" in lines[0] and "of 0:10:00" in lines[0] and "step 3: 0.245 s" in lines[0]
-    assert "tp=1,pp=2,mbs=1" in lines[0] and "budget left" in lines[0]
+    assert "tp=1,pp=2,dp=4,mbs=1" in lines[0] and "budget left" in lines[0]
 
 
 @pytest.mark.parametrize("cell", ["inf", "nan", "fast", "-3", ""])
@@ -423,3 +423,56 @@ def test_progress_on_a_terminal_is_one_live_line(tmp_path):
     p.note("trial 4 done")
     p.close()
     assert "\r\x1b[2K[tune] trial 4 done\n" in out.getvalue()     # the live line is replaced, not scrolled
+
+
+def test_a_trial_on_another_host_that_never_beat_is_failed_after_the_grace(tmp_path):
+    """A RUNNING trial whose tuner on another host recorded its worker but never a heartbeat: Optuna's stale rule
+    skips it (no heartbeat row), so `reap` fails it once --grace-s has passed since it started; one that beat
+    recently is left to the heartbeat rule."""
+    from datetime import datetime, timedelta
+
+    from optuna.trial import FrozenTrial, TrialState
+
+    from search.study import TuneSettings, heartbeat_recorded, open_storage
+
+    settings = TuneSettings(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", heartbeat_s=60, grace_s=120)
+    study = optuna.create_study(study_name="s", storage=open_storage(settings), direction="maximize")
+
+    def running(minutes_ago: float) -> FrozenTrial:
+        t = FrozenTrial(number=0, state=TrialState.RUNNING, value=None,
+                        datetime_start=datetime.now() - timedelta(minutes=minutes_ago), datetime_complete=None,
+                        params={}, distributions={}, user_attrs={"worker": "elsewhere.example:4242"},
+                        system_attrs={}, intermediate_values={}, trial_id=0)
+        return study._storage.get_trial(study._storage.create_new_trial(study._study_id, template_trial=t))
+
+    silent_old, silent_new, beating = running(180), running(0), running(180)
+    study._storage.record_heartbeat(beating._trial_id)
+    assert heartbeat_recorded(study, silent_old._trial_id) is False
+    assert heartbeat_recorded(study, beating._trial_id) is True
+    assert reap(study, grace_s=3600) == [silent_old.number]       # 3 h > the 1 h grace, no heartbeat ever
+    after = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert after[silent_old.number].state.name == "FAIL"
+    assert "no heartbeat" in after[silent_old.number].user_attrs["reason"]
+    assert after[silent_new.number].state.name == "RUNNING"        # within the grace: may be alive
+    assert after[beating.number].state.name == "RUNNING"           # the heartbeat rule decides for this one
+
+
+def test_the_by_layout_plot_has_a_cp_and_an_ep_panel_where_the_study_varies_them(tmp_path):
+    from search.objective import TrialRecord
+    from search.report import layout_dims, write_plots
+
+    def rec(n: int, value: float, **c) -> TrialRecord:
+        cand = {"tp": 2, "pp": 1, "dp": 4, "mbs": 1, "recompute": "none", "zero": 1, **c}
+        return TrialRecord(number=n, state="COMPLETE", params={}, config=f"c{n}", slot=f"c{n}", phase="sampler",
+                           outcome="ok", reason="", value=value,
+                           attrs={"candidate": cand, "outcome": "ok", "measured_step_s": 1.0})
+
+    dense = [rec(0, 100.0), rec(1, 90.0, tp=4, dp=2)]
+    assert layout_dims(dense) == ["tp", "pp", "mbs"]                # DP follows TP x PP: no panel of its own
+    moe = [rec(0, 100.0, ep=1), rec(1, 110.0, ep=2), rec(2, 95.0, cp=2, dp=2)]
+    assert layout_dims(moe) == ["tp", "pp", "mbs", "cp", "ep"]
+    old = [rec(0, 100.0), rec(1, 90.0, ep=4)]                        # a record without cp/ep reads as 1
+    del old[0].attrs["candidate"]["dp"]
+    assert "ep" in layout_dims(old) and "cp" not in layout_dims(old)
+    paths = write_plots(moe, tmp_path)
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)

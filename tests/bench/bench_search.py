@@ -11,19 +11,36 @@ of published_dev.yaml and the Hagemann et al. Llama 13B sheets (hagemann_13b_dev
 survivors that a row matches (`ReplayTable.restrict`: every dimension matched); the target is the
 fastest measured row in that space (``best in space``; ``table best pruned`` says when the table's
 own best is a row the planner rules out, which no strategy can reach). Tables whose space holds
-fewer than 3 configurations are listed as skipped.
+fewer than 3 configurations are listed as skipped. The other groups of published_dev.yaml are no sweeps to
+replay: DeepSpeed's autotuning GPT-2 rows change the global batch with the micro batch (GAS 1) under HF
+DDP / ZeRO-1, Narayanan et al.'s Table 2 pairs ZeRO-3 with PTD-P at each GPU count (two rows, two
+frameworks), and the torchtitan and fms-fsdp rows are one run per model.
+``oom/slower probed ahead``: the probes the plan's order makes before the best, those that ran out of
+memory (a configuration the planner predicted to fit) and those measured slower.
 
 A strategy probes until it first measures the target; probes-to-best counts every probe up to and
 including it (OOMs count; configurations an OOM rules out without a probe do not). Strategies:
 
-- ``ei``: the default of `tune`: the analytic top-3, then expected improvement under the refitted
-  per-term model (`search.calibration.TermModel`);
+- ``ei``: the default of `tune`: the analytic top-1, then expected improvement under the refitted
+  CostParams and the measured residual spread (`SurvivorSampler.ei_pick`); ``ei-k2``/``ei-k3``: the
+  same after the analytic top-2 / top-3;
 - ``planner``: the plain analytic order (the plan's ranking, never refitted);
 - ``analytic``: top-3, then the refitted CostParams order (greedy, no uncertainty);
 - ``tpe``: top-3, then Optuna's TPE mapped to survivors (the default before);
 - ``random`` (mean over seeds) and ``grid`` ((tp, pp, dp, mbs, ...) order).
 
 The deterministic strategies are run once (their result does not depend on the seed).
+
+    python tests/bench/bench_search.py --robustness          # held-out style: the planner made wrong on purpose
+    python tests/bench/bench_search.py --loto                # leave-one-table-out choice of the top-k
+
+``--robustness`` (a robustness benchmark, NOT the dev-table result): every table replayed again under a
+planner with one time term mis-scaled (`PERTURBATIONS`: TP, PP or DP time x1/3 or x3, or its FITTED
+per-micro-batch framework overhead dropped), so that the plan's rank of the measured best moves (to 5-10
+on some), as on a held-out sheet where the planner is off; the measured rows and so the target are
+unchanged. ``analytic`` is left out there: its refit (`Objective`) calls the real planner, not the
+perturbed one. ``--loto``: for each table, the top-k (1, 2 or 3) that is best on the other tables (their
+dev and perturbed cases together) is chosen, then scored on the held-out table.
 """
 
 from __future__ import annotations
@@ -44,7 +61,8 @@ if str(ROOT) not in sys.path:
 SEED003 = ROOT / "tests" / "data" / "bigscience_1b3_v100.csv"
 SEED003_TABLES = {"v100-32gb-recompute": ("V100-32GB", "full"), "v100-32gb-no-recompute": ("V100-32GB", "none"),
                   "v100-16gb-recompute": ("V100-16GB", "full")}
-STRATEGIES = {"ei": ("ei", 3), "planner": ("planner", 0), "analytic": ("analytic", 3), "tpe": ("tpe", 3),
+STRATEGIES = {"ei": ("ei", 1), "ei-k2": ("ei", 2), "ei-k3": ("ei", 3), "planner": ("planner", 0),
+              "analytic": ("analytic", 3), "tpe": ("tpe", 3),
               "random": ("random", 0), "grid": ("grid", 0)}
 SEEDED = ("tpe", "random")
 MIN_SPACE = 3
@@ -128,6 +146,73 @@ def make_case(name, model, cluster, training, table) -> tuple[Case | None, str]:
                 planner_rank=rank, resid_sd=resid), ""
 
 
+PERTURBATIONS = (("tp", 1 / 3), ("tp", 3.0), ("pp", 1 / 3), ("pp", 3.0), ("dp", 1 / 3), ("dp", 3.0),
+                 ("no-overhead", 0.0))
+"""robustness benchmark: the planner's time term scaled by a factor (TP all-reduces, PP bubble + p2p, exposed DP),
+or its FITTED per-micro-batch framework overhead dropped; stated before any run, the same for every table"""
+
+
+def perturbed_time(time, term: str, factor: float):
+    """A `planner.cost.TimeBreakdown` with one term mis-scaled (the step time moves by the same seconds)."""
+    from dataclasses import replace
+
+    if term == "tp":
+        delta = time.tp_comm_s * (factor - 1)
+        return replace(time, tp_comm_s=time.tp_comm_s + delta, step_time_s=time.step_time_s + delta)
+    if term == "dp":
+        delta = time.dp_comm_s * (factor - 1)
+        return replace(time, dp_comm_s=time.dp_comm_s + delta, step_time_s=time.step_time_s + delta)
+    if term == "pp":
+        p2p, bubble = time.pp_p2p_s - time.pp_overhead_s, time.pp_bubble_s - time.bubble_overhead_s
+        d_p2p, d_bubble = p2p * (factor - 1), bubble * (factor - 1)
+        return replace(time, pp_p2p_s=time.pp_p2p_s + d_p2p, pp_bubble_s=time.pp_bubble_s + d_bubble,
+                       step_time_s=time.step_time_s + d_p2p + d_bubble)
+    if term == "no-overhead":
+        delta = time.pp_overhead_s + time.bubble_overhead_s
+        return replace(time, pp_p2p_s=time.pp_p2p_s - time.pp_overhead_s,
+                       pp_bubble_s=time.pp_bubble_s - time.bubble_overhead_s, pp_overhead_s=0.0,
+                       bubble_overhead_s=0.0, step_time_s=time.step_time_s - delta)
+    raise ValueError(term)
+
+
+def perturb(case: Case, term: str, factor: float) -> Case:
+    """The same table planned by a wrong planner: every survivor's time perturbed, the plan's order re-ranked by
+    it (the measured rows, and so the target, are unchanged)."""
+    from dataclasses import replace
+
+    from search.space import SearchSpace, config_key
+
+    survivors = [replace(e, time=perturbed_time(e.time, term, factor)) for e in case.space.survivors]
+    survivors.sort(key=lambda e: e.time.step_time_s / e.candidate.global_batch)
+    space = SearchSpace(plan=case.space.plan, survivors=tuple(survivors), restricted_out=case.space.restricted_out)
+    rank = min(i + 1 for i, e in enumerate(space.survivors) if config_key(e.candidate) in case.target)
+    label = f"{term} x{factor:.3g}" if term != "no-overhead" else term
+    return replace(case, name=f"{case.name} [{label}]", space=space, planner_rank=rank)
+
+
+def ahead_of_best(case: Case) -> tuple[int, int, int]:
+    """(OOM probes, slower measured probes, slower probes made after a measurement) the plan's order makes before
+    the best; configurations an earlier OOM implies out of memory are not probed (`SearchSpace.implied_oom`), as in
+    `tune`. Only the last kind can a strategy that learns step times from measurements save: before the first
+    measurement it knows nothing the plan does not, and an OOM is a memory prediction."""
+    from search.space import config_key
+
+    ooms, oom, slower, informed = [], 0, 0, 0
+    for e in case.space.survivors:
+        if config_key(e.candidate) in case.target:
+            break
+        if case.space.implied_oom(e.candidate, ooms):
+            continue
+        row = case.table.find(e.candidate)
+        if row is not None and row.status == "oom":
+            ooms.append(e.candidate)
+            oom += 1
+        else:
+            informed += slower > 0
+            slower += 1
+    return oom, slower, informed
+
+
 def probes_to_best(case: Case, strategy: str, seed: int) -> int:
     import optuna
 
@@ -157,7 +242,9 @@ def probes_to_best(case: Case, strategy: str, seed: int) -> int:
 def run(cases: list[Case], seeds: int, strategies=tuple(STRATEGIES)) -> list[dict]:
     rows = []
     for case in cases:
+        oom, slower, informed = ahead_of_best(case)
         row = {"table": case.name, "configs": len(case.space), "planner_rank": case.planner_rank,
+               "oom_ahead": oom, "slower_ahead": slower, "slower_after_a_measurement": informed,
                "table_best_pruned": case.table_best_pruned, "resid_sd": round(case.resid_sd, 3)}
         for strategy in strategies:
             counts = [probes_to_best(case, strategy, s) for s in (range(seeds) if strategy in SEEDED else [0])]
@@ -204,12 +291,83 @@ def overhead(repeats: int = 5) -> list[dict]:
         picks = []
         for i in range(repeats):
             t0 = time.perf_counter()
-            sampler._fit_key = None            # refit every time, as after a new measurement
+            sampler._refit_key = None          # refit every time, as after a new measurement
             sampler.ei_pick(study, space.keys[10:])
             picks.append(time.perf_counter() - t0)
         out.append({"space": label, "survivors": len(space), "refit_10_s": statistics.median(times),
                     "ei_choice_s": statistics.median(picks)})
     return out
+
+
+ROBUST_STRATEGIES = ("ei", "ei-k2", "ei-k3", "planner", "tpe", "random", "grid")
+HARD_RANKS = (5, 10)
+"""the held-out style cases of the robustness benchmark: the plan's rank of the measured best in 5-10"""
+
+
+def _verdict(rows: list[dict], strategies) -> dict:
+    out = {}
+    for s in strategies:
+        out[s] = {"mean": round(statistics.mean(r[s] for r in rows), 3) if rows else None,
+                  "worse_than_planner": sum(1 for r in rows if r[s] > r["planner"]),
+                  "better_than_planner": sum(1 for r in rows if r[s] < r["planner"]),
+                  "worst_excess_over_planner": max((r[s] - r["planner"] for r in rows), default=0)}
+    return out
+
+
+def robustness(cases: list[Case], seeds: int, fmt: str) -> int:
+    started = time.perf_counter()
+    perturbed = [perturb(c, term, f) for c in cases for term, f in PERTURBATIONS]
+    rows = run(perturbed, seeds, ROBUST_STRATEGIES)
+    hard = [r for r in rows if HARD_RANKS[0] <= r["planner_rank"] <= HARD_RANKS[1]]
+    report = {"all": _verdict(rows, ROBUST_STRATEGIES), "hard": _verdict(hard, ROBUST_STRATEGIES),
+              "cases": len(rows), "hard_cases": len(hard),
+              "differs": [r for r in rows if any(r[s] != r["planner"] for s in ("ei", "ei-k2", "ei-k3"))]}
+    if fmt == "json":
+        print(json.dumps(report, indent=1))
+        return 0
+    print("ROBUSTNESS BENCHMARK (planner perturbed on purpose; not the dev-table result)")
+    for label, key, n in (("all perturbed cases", "all", len(rows)),
+                          (f"plan's rank of the best {HARD_RANKS[0]}-{HARD_RANKS[1]}", "hard", len(hard))):
+        print(f"{label} ({n}):")
+        for s in ROBUST_STRATEGIES:
+            v = report[key][s]
+            print(f"  {s:8s} mean {v['mean']:.3g}  worse than planner on {v['worse_than_planner']}, better on "
+                  f"{v['better_than_planner']}, worst excess {v['worst_excess_over_planner']:+.3g}")
+    print("cases where an ei variant differs from the plan's order:")
+    for r in report["differs"]:
+        print(f"  {r['table']}: plan rank {r['planner_rank']}, " + ", ".join(
+            f"{s} {r[s]:.3g}" for s in ("ei", "ei-k2", "ei-k3", "planner")))
+    print(f"({time.perf_counter() - started:.1f} s; {seeds} seeds for {', '.join(SEEDED)})")
+    return 0
+
+
+def loto(cases: list[Case], fmt: str) -> int:
+    """Leave one table out: choose ei's top-k on the other tables (dev + perturbed), score it on the held-out one."""
+    ks = ("ei", "ei-k2", "ei-k3")
+    per_table = []
+    for c in cases:
+        group = [c] + [perturb(c, term, f) for term, f in PERTURBATIONS]
+        per_table.append({s: [probes_to_best(g, s, 0) for g in group] for s in (*ks, "planner")})
+    rows = []
+    for i, c in enumerate(cases):
+        others = [t for j, t in enumerate(per_table) if j != i]
+        chosen = min(ks, key=lambda s: (statistics.mean(x for t in others for x in t[s]), ks.index(s)))
+        held = per_table[i]
+        rows.append({"table": c.name, "chosen": chosen, "dev": held[chosen][0], "dev_planner": held["planner"][0],
+                     "perturbed": statistics.mean(held[chosen][1:]),
+                     "perturbed_planner": statistics.mean(held["planner"][1:])})
+    if fmt == "json":
+        print(json.dumps(rows, indent=1))
+        return 0
+    for r in rows:
+        print(f"{r['table'][:70]:70s} chosen {r['chosen']:6s} dev {r['dev']} (planner {r['dev_planner']}), "
+              f"perturbed mean {r['perturbed']:.3g} (planner {r['perturbed_planner']:.3g})")
+    print(f"held-out dev mean {statistics.mean(r['dev'] for r in rows):.3g} vs planner "
+          f"{statistics.mean(r['dev_planner'] for r in rows):.3g}; worse on "
+          f"{sum(r['dev'] > r['dev_planner'] for r in rows)} tables; held-out perturbed mean "
+          f"{statistics.mean(r['perturbed'] for r in rows):.3g} vs planner "
+          f"{statistics.mean(r['perturbed_planner'] for r in rows):.3g}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -219,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="folder of published_dev.yaml and hagemann_13b_dev.yaml (default ../shared/data)")
     p.add_argument("--format", choices=("table", "json"), default="table")
     p.add_argument("--overhead", action="store_true", help="only time the search's own work per probe")
+    p.add_argument("--robustness", action="store_true",
+                   help="replay every table under planners with one term mis-scaled (a robustness benchmark)")
+    p.add_argument("--loto", action="store_true", help="leave-one-table-out choice of the top-k of ei")
     args = p.parse_args(argv)
     import optuna
 
@@ -239,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     for setup in [*seed003_setups(), *published_setups(Path(args.data))]:
         case, why = make_case(*setup)
         (cases.append(case) if case else skipped.append((setup[0], why)))
+    if args.robustness:
+        return robustness(cases, args.seeds, args.format)
+    if args.loto:
+        return loto(cases, args.format)
     rows = run(cases, args.seeds)
     strategies = list(STRATEGIES)
     summary = {s: statistics.mean(r[s] for r in rows) for s in strategies}
@@ -250,13 +415,20 @@ def main(argv: list[str] | None = None) -> int:
     from tabulate import tabulate
 
     resid = statistics.median(r["resid_sd"] for r in rows)
-    print(tabulate([[r["table"], r["configs"], r["planner_rank"], "yes" if r["table_best_pruned"] else "",
+    print(tabulate([[r["table"], r["configs"], r["planner_rank"], f"{r['oom_ahead']}/{r['slower_ahead']}",
+                     "yes" if r["table_best_pruned"] else "",
                      f"{r['resid_sd']:.3f}", *(f"{r[s]:.3g}" for s in strategies)] for r in rows]
-                   + [["mean over tables", "", "", "", f"median {resid:.3f}",
+                   + [["mean over tables", "", "", f"{sum(r['oom_ahead'] for r in rows)}/"
+                       f"{sum(r['slower_ahead'] for r in rows)}", "", f"median {resid:.3f}",
                        *(f"{summary[s]:.3g}" for s in strategies)]],
-                   headers=["table", "configs", "planner rank of best", "table best pruned", "resid sd",
+                   headers=["table", "configs", "planner rank of best", "oom/slower probed ahead", "table best pruned",
+                            "resid sd",
                             *(f"{s}{' (mean)' if s in SEEDED else ''}" for s in strategies)]))
-    print(f"\nei worse than the planner's order on {len(verdict['ei_worse_than_planner'])} tables "
+    print(f"\nprobes the plan's order makes before the best: {sum(r['oom_ahead'] for r in rows)} out of memory, "
+          f"{sum(r['slower_ahead'] for r in rows)} slower, of which "
+          f"{sum(r['slower_after_a_measurement'] for r in rows)} after a measurement (what learning step times "
+          "can save)")
+    print(f"ei worse than the planner's order on {len(verdict['ei_worse_than_planner'])} tables "
           f"{verdict['ei_worse_than_planner']}, better on {len(verdict['ei_better_than_planner'])}")
     for name, why in skipped:
         print(f"skipped {name}: {why}")
