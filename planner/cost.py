@@ -305,6 +305,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                                      group=cand.dp * cand.cp) * params.comm_scale
             if cand.zero >= 1:
                 dp_s *= fw.zero12_traffic
+            dp_s *= fp8.param_gather_traffic(cand, training)   # --fp8-param-gather: the all-gather half in FP8
             if dp_link.kind == "inter":
                 dp_s /= fw.dp_inter_node_efficiency
             if training.framework == "fsdp":

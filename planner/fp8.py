@@ -81,6 +81,12 @@ def fp8_param_gather(c: "Candidate", training: "TrainingSpec") -> bool:
     return training.precision == "fp8" and training.framework == "megatron-lm" and c.zero >= 1
 
 
+def param_gather_traffic(c: "Candidate", training: "TrainingSpec") -> float:
+    """Bus traffic of the distributed optimizer's reduce-scatter + all-gather relative to 16-bit both ways: under
+    --fp8-param-gather the all-gather carries the FP8 weights, 1 byte (arguments.py help), (2 + 1) / (2 + 2)."""
+    return (2 + 1) / (2 + 2) if fp8_param_gather(c, training) else 1.0
+
+
 def model_param_bytes(pb: "ParamBytes", c: "Candidate", training: "TrainingSpec") -> "ParamBytes":
     """``pb`` with the forward's weights as --fp8-param-gather keeps them: FP8 and its transpose, 2 bytes, no bf16
     copy (the embedding, norms and LM head stay bf16: 2 bytes as well)."""
@@ -122,7 +128,8 @@ def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, token
 
 
 __all__ = ["FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_traffic_bytes",
-           "compute_precision", "fp8_param_gather", "model_param_bytes", "violations", "weight_bytes"]
+           "compute_precision", "fp8_param_gather", "model_param_bytes",
+           "param_gather_traffic", "violations", "weight_bytes"]
 
 
 def require_hardware(gpu: object, precision: str) -> None:
