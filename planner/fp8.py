@@ -93,19 +93,30 @@ def model_param_bytes(pb: "ParamBytes", c: "Candidate", training: "TrainingSpec"
     return replace(pb, weights=FP8_PARAM_BYTES) if fp8_param_gather(c, training) else pb
 
 
+def fc1_input_copies(model: "ModelSpec", training: "TrainingSpec") -> float:
+    """FC1 inputs per token, in units of h, whose saved copy FP8 shrinks (mean over layers): a dense MLP's norm output,
+    1; a MoE layer's expert GroupedLinear input, the k permuted copies x capacity, 16-bit in `moe.dispatch_activation_sbh`
+    (the dispatcher's permute backward needs only the row map, so under FP8 only TE's FP8 copy stays)."""
+    if not moe.is_moe(model):
+        return 1.0
+    n = moe.moe_layer_count(model)
+    return (n * model.moe_topk * moe.capacity(training) + (model.layers - n)) / model.layers
+
+
 def activation_saving_bytes(c: "Candidate", precision: str, sbh: float, f_ratio: float,
-                            flash_attention: bool = True) -> float:
+                            flash_attention: bool = True, fc1_copies: float = 1.0) -> float:
     """Bytes per layer and micro-batch that FP8 saves on stored activations. TE Linear keeps its quantized
     input (1 byte) for the weight gradient instead of the 16-bit one: the QKV and FC1 inputs (the norms'
     outputs) and the FC2 input (the activation's output) shrink from 2 to 1 byte. The output projection's
     input is the attention core's output, which FlashAttention keeps in bf16 for its own backward (it reads O):
     TE's FP8 copy comes on top, 1 byte more. In Korthikanti et al. 2022's units (bytes per s·b·h): QKV and
-    FC1 inputs 1 each (split by TP only with SP), FC2 input f/h, projection input -1 (split by TP)."""
+    FC1 inputs 1 each (split by TP only with SP; FC1 ``fc1_copies``, `fc1_input_copies`), FC2 input f/h, projection
+    input -1 (split by TP)."""
     if precision != "fp8":
         return 0.0
     t = c.tp
     proj = -1 if flash_attention else 1
-    return sbh * ((1 + 1) / (t if c.sp else 1) + (proj + f_ratio) / t)
+    return sbh * ((1 + fc1_copies) / (t if c.sp else 1) + (proj + f_ratio) / t)
 
 
 def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, tokens: int,
@@ -128,7 +139,7 @@ def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, token
 
 
 __all__ = ["FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_traffic_bytes",
-           "compute_precision", "fp8_param_gather", "model_param_bytes",
+           "compute_precision", "fc1_input_copies", "fp8_param_gather", "model_param_bytes",
            "param_gather_traffic", "violations", "weight_bytes"]
 
 

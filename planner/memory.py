@@ -225,7 +225,8 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
     scores = 0.0 if training.flash_attention else 5 * model.heads * s * s * b / t
     not_tp_bytes = not_tp * sbh / (t if cand.sp else 1)
     full = not_tp_bytes + (attn_tp + mlp_tp) * sbh / t + scores
-    full -= fp8.activation_saving_bytes(cand, training.precision, sbh, f_ratio, training.flash_attention)   # FP8 GEMM inputs
+    full -= fp8.activation_saving_bytes(cand, training.precision, sbh, f_ratio, training.flash_attention,
+                                        fp8.fc1_input_copies(model, training))   # FP8 GEMM inputs
     layer_input = 2 * sbh / (t if cand.sp else 1)
     mode = cand.recompute
     if mode == "full":

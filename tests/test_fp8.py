@@ -195,3 +195,17 @@ def test_fp8_param_gather_all_gathers_one_byte_weights():
     (f8, _), (b16, _) = _bridge_estimate(row), _bridge_estimate(row, precision="bf16")
     assert b16.time.dp_comm_s > 0
     assert f8.time.dp_comm_s == pytest.approx(0.75 * b16.time.dp_comm_s)
+
+
+def test_moe_fp8_keeps_the_permuted_copies_in_fp8_and_qwen3_fits_as_published():
+    """A MoE layer's expert FC1 input is the k permuted copies (Qwen3-30B-A3B: top-8 of 128 experts, HF config
+    num_experts_per_tok), kept by TE GroupedLinear in FP8; Megatron-Bridge ran it on 16 H100 at PP 2 x VP 24, EP 8,
+    MBS 2, seq 4096, without recompute (set_qwen3_common_configs: recompute_granularity None), so it must fit."""
+    from planner.model import get_preset
+
+    m = get_preset("qwen3-30b-a3b")
+    t = TrainingSpec(global_batch=512, seq_len=4096, precision="fp8", framework="megatron-lm",
+                     fp8_recipe="tensorwise", grad_reduce_dtype="bf16")
+    assert fp8.fc1_input_copies(m, t) == 8 and fp8.fc1_input_copies(load_model("llama3-70b"), t) == 1
+    c = Candidate(tp=1, pp=2, dp=8, ep=8, mbs=2, gas=32, recompute="none", zero=1, vpp=24)
+    assert estimate(m, make_cluster(gpu="H100", gpus=16), t, c).fits
