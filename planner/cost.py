@@ -178,7 +178,7 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
                    + (6 if model.glu else 4) * tokens * model.ffn_hidden / t)
     if not training.flash_attention:
         elementwise += 9 * b * model.heads * s * s / t
-    elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens)   # FP8 quantization of GEMM inputs
+    elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens, training.fp8_recipe)   # FP8 quantization of GEMM inputs
     elementwise *= fw.elementwise_traffic
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
@@ -305,6 +305,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                                      group=cand.dp * cand.cp) * params.comm_scale
             if cand.zero >= 1:
                 dp_s *= fw.zero12_traffic
+            dp_s *= fp8.param_gather_traffic(cand, training)   # --fp8-param-gather: the all-gather half in FP8
             if dp_link.kind == "inter":
                 dp_s /= fw.dp_inter_node_efficiency
             if training.framework == "fsdp":

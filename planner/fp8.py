@@ -13,12 +13,14 @@ higher MFU, not as a different denominator.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from planner import moe
 
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
+    from planner.memory import ParamBytes
     from planner.model import ModelSpec
     from planner.space import Candidate, TrainingSpec
 
@@ -30,6 +32,22 @@ FP8_WEIGHT_CACHE_BYTES = 2.0
 # LayerNormMLP and the fused activation emit FP8 directly; cast-transpose kernels elsewhere), so what is
 # added is writing the FP8 copy and its FP8 transpose for the backward: 1 + 1 (TE docs, "FP8 cast-transpose").
 CAST_BYTES_PER_ELEMENT = 2.0
+# Megatron-LM --fp8-param-gather ("Keep the compute param in fp8 (do not use any other intermediate dtype) and perform
+# the param all-gather in fp8", megatron/training/arguments.py; needs --use-distributed-optimizer, which keeps the fp32
+# main params): the weight is the FP8 tensor, 1 byte, plus the columnwise (transposed) copy Hopper's dgrad GEMM reads,
+# 1 byte (megatron/core/fp8_utils.py keeps the columnwise data after the all-gather); no bf16 copy. Megatron-Bridge's
+# FP8 recipes set it (bf16_with_fp8_current_scaling_mixed: fp8_param_gather=True).
+FP8_PARAM_BYTES = 1.0 + 1.0
+# Transformer Engine scaling recipes plan models (Megatron-LM --fp8-recipe): delayed scaling takes the scale from the
+# amax history, so the norm writes FP8 directly and a cast computes amax in the same pass; per-tensor current scaling
+# ("tensorwise", Megatron-Bridge's H100 FP8-CS runs: fp8_recipe="tensorwise") needs the tensor's amax first.
+FP8_RECIPES = ("delayed", "tensorwise")
+# Extra HBM bytes per GEMM-input element under current scaling (TE csrc normalization.cpp: a Float8Quantizer takes
+# FULLY_FUSED, a Float8CurrentScalingQuantizer FUSED_NORM_AMAX_FP8 = "compute norm and amax in high precision, then
+# quantize"): a norm-fed input (QKV, FC1) is written in bf16 and read back by the cast, 2 + 2; any other input (output
+# projection, FC2, the experts' permuted tokens) is read once more by the amax reduction before the cast, 2.
+CURRENT_SCALING_NORM_FED_BYTES = 2.0 + 2.0
+CURRENT_SCALING_AMAX_READ_BYTES = 2.0
 
 
 def compute_precision(precision: str) -> str:
@@ -58,31 +76,71 @@ def weight_bytes(base: float, precision: str) -> float:
     return base + FP8_WEIGHT_CACHE_BYTES if precision == "fp8" else base
 
 
-def activation_saving_bytes(c: "Candidate", precision: str, sbh: float, f_ratio: float) -> float:
-    """Bytes per layer and micro-batch that FP8 saves on stored activations: the inputs of the QKV,
-    output-projection, FC1 and FC2 GEMMs are saved as FP8 (1 byte) instead of 16-bit (TE Linear keeps
-    its quantized input for the weight gradient). In Korthikanti et al. 2022's units (bytes per
-    s·b·h): QKV and FC1 inputs 2 each (split by TP only with SP), projection input 2 and FC2 input
-    2·f/h (split by TP)."""
+def fp8_param_gather(c: "Candidate", training: "TrainingSpec") -> bool:
+    """Whether plan runs FP8 with Megatron-LM's --fp8-param-gather: FP8 there, with the distributed optimizer it needs."""
+    return training.precision == "fp8" and training.framework == "megatron-lm" and c.zero >= 1
+
+
+def param_gather_traffic(c: "Candidate", training: "TrainingSpec") -> float:
+    """Bus traffic of the distributed optimizer's reduce-scatter + all-gather relative to 16-bit both ways: under
+    --fp8-param-gather the all-gather carries the FP8 weights, 1 byte (arguments.py help), (2 + 1) / (2 + 2)."""
+    return (2 + 1) / (2 + 2) if fp8_param_gather(c, training) else 1.0
+
+
+def model_param_bytes(pb: "ParamBytes", c: "Candidate", training: "TrainingSpec") -> "ParamBytes":
+    """``pb`` with the forward's weights as --fp8-param-gather keeps them: FP8 and its transpose, 2 bytes, no bf16
+    copy (the embedding, norms and LM head stay bf16: 2 bytes as well)."""
+    return replace(pb, weights=FP8_PARAM_BYTES) if fp8_param_gather(c, training) else pb
+
+
+def fc1_input_copies(model: "ModelSpec", training: "TrainingSpec") -> float:
+    """FC1 inputs per token, in units of h, whose saved copy FP8 shrinks (mean over layers): a dense MLP's norm output,
+    1; a MoE layer's expert GroupedLinear input, the k permuted copies x capacity, 16-bit in `moe.dispatch_activation_sbh`
+    (the dispatcher's permute backward needs only the row map, so under FP8 only TE's FP8 copy stays)."""
+    if not moe.is_moe(model):
+        return 1.0
+    n = moe.moe_layer_count(model)
+    return (n * model.moe_topk * moe.capacity(training) + (model.layers - n)) / model.layers
+
+
+def activation_saving_bytes(c: "Candidate", precision: str, sbh: float, f_ratio: float,
+                            flash_attention: bool = True, fc1_copies: float = 1.0) -> float:
+    """Bytes per layer and micro-batch that FP8 saves on stored activations. TE Linear keeps its quantized
+    input (1 byte) for the weight gradient instead of the 16-bit one: the QKV and FC1 inputs (the norms'
+    outputs) and the FC2 input (the activation's output) shrink from 2 to 1 byte. The output projection's
+    input is the attention core's output, which FlashAttention keeps in bf16 for its own backward (it reads O):
+    TE's FP8 copy comes on top, 1 byte more. In Korthikanti et al. 2022's units (bytes per s·b·h): QKV and
+    FC1 inputs 1 each (split by TP only with SP; FC1 ``fc1_copies``, `fc1_input_copies`), FC2 input f/h, projection
+    input -1 (split by TP)."""
     if precision != "fp8":
         return 0.0
     t = c.tp
-    return sbh * ((1 + 1) / (t if c.sp else 1) + (1 + f_ratio) / t)
+    proj = -1 if flash_attention else 1
+    return sbh * ((1 + fc1_copies) / (t if c.sp else 1) + (proj + f_ratio) / t)
 
 
-def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, tokens: int) -> float:
+def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, tokens: int,
+                       recipe: str = "delayed") -> float:
     """HBM bytes of quantizing one layer's GEMM inputs in the forward (QKV, projection, FC1, FC2); MoE layers
-    quantize each token's k permuted copies (`planner.moe.mlp_gemm_input_widths`)."""
+    quantize each token's k permuted copies (`planner.moe.mlp_gemm_input_widths`). Current scaling
+    (``recipe`` tensorwise) adds the bf16 round trip of the norm-fed inputs and the amax read of the others."""
     if precision != "fp8":
         return 0.0
     t, h = c.tp, model.hidden
     fc1, fc2 = moe.mlp_gemm_input_widths(model, c)
     elements = tokens * (h + model.q_dim / t + fc1 + fc2)
-    return CAST_BYTES_PER_ELEMENT * elements
+    out = CAST_BYTES_PER_ELEMENT * elements
+    if recipe == "tensorwise":
+        # norm-fed: the QKV input and a dense FC1's (a MoE layer's FC1 reads the permuted tokens: amax read)
+        norm_fed = h + (h if not moe.is_moe(model) else 0.0)
+        out += tokens * (CURRENT_SCALING_NORM_FED_BYTES * norm_fed
+                         + CURRENT_SCALING_AMAX_READ_BYTES * (h + model.q_dim / t + fc1 + fc2 - norm_fed))
+    return out
 
 
-__all__ = ["FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_traffic_bytes", "compute_precision",
-           "violations", "weight_bytes"]
+__all__ = ["FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_traffic_bytes",
+           "compute_precision", "fc1_input_copies", "fp8_param_gather", "model_param_bytes",
+           "param_gather_traffic", "violations", "weight_bytes"]
 
 
 def require_hardware(gpu: object, precision: str) -> None:

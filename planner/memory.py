@@ -19,7 +19,7 @@ nvidia-smi peaks, torchtitan and fms-fsdp runs).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner import context_parallel, fp8, moe
 from planner.hardware import ClusterSpec
@@ -209,8 +209,10 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
     # norms 4; which parts TP divides follows Korthikanti Sec. 4.1.
     attn_tp = 2 + 4 * kv + 2                                    # Q, K+V, proj input
     mlp_tp = f_ratio * (2 * (2 if model.glu else 1) + 2)        # fc1 output(s) + activation output
-    if model.glu:
+    if model.glu and training.framework != "megatron-lm":
         mlp_tp += 2 * f_ratio   # SwiGLU: the product act(gate)·up is a fourth ffn-wide tensor (down-proj input)
+    # Megatron-LM's fused SwiGLU (default; --no-bias-swiglu-fusion turns it off) saves only its input, the FC1
+    # output (megatron/core/fusions/fused_bias_swiglu.py save_for_backward(input)): gate and up, then the FC2 input
     not_tp = 2 + 1 + 2 + 1 + 4                                  # QKV input, attn dropout mask, MLP input, MLP mask, norms
     if model.glu:
         not_tp -= 2   # Llama-family recipes train without dropout (Touvron et al. 2023): no masks to keep
@@ -223,7 +225,8 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
     scores = 0.0 if training.flash_attention else 5 * model.heads * s * s * b / t
     not_tp_bytes = not_tp * sbh / (t if cand.sp else 1)
     full = not_tp_bytes + (attn_tp + mlp_tp) * sbh / t + scores
-    full -= fp8.activation_saving_bytes(cand, training.precision, sbh, f_ratio)   # FP8 GEMM inputs
+    full -= fp8.activation_saving_bytes(cand, training.precision, sbh, f_ratio, training.flash_attention,
+                                        fp8.fc1_input_copies(model, training))   # FP8 GEMM inputs
     layer_input = 2 * sbh / (t if cand.sp else 1)
     mode = cand.recompute
     if mode == "full":
@@ -316,6 +319,9 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
                  training: TrainingSpec, *, fused_norm: bool | None = None) -> list[MemoryBreakdown]:
     """Memory of a GPU on the first and on the last pipeline stage (one entry, 'only', without PP)."""
     pb = param_bytes(training.precision, training.optimizer, training.framework)
+    pb = fp8.model_param_bytes(pb, cand, training)   # --fp8-param-gather: FP8 weights, no bf16 copy
+    if training.grad_reduce_dtype == "bf16" and training.framework == "megatron-lm":
+        pb = replace(pb, grads=2)   # --grad-reduce-in-bf16 (arguments.py): the main-grad buffer in bf16, not fp32
     shard = shard_group_size(cand, cluster.gpus_per_node)
     act = layer_activations(model, cand, training, fused_norm=fused_norm)
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer

@@ -58,6 +58,10 @@ class TrainingSpec:
     """expert-parallel sizes to enumerate (--ep 1,8); None = the divisors of the expert count"""
     moe_capacity_factor: float | None = None
     """MoE expert capacity factor (--moe-expert-capacity-factor); None = dropless"""
+    fp8_recipe: str = "delayed"
+    """Transformer Engine FP8 scaling under --precision fp8 (Megatron-LM --fp8-recipe): delayed | tensorwise"""
+    grad_reduce_dtype: str = "fp32"
+    """Megatron-LM's main grads under bf16: fp32 (its default) | bf16 (--grad-reduce-in-bf16)"""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -86,6 +90,10 @@ class TrainingSpec:
             raise InputError(f"--recompute: {bad or 'empty'}; choose from {', '.join(RECOMPUTE)}")
         if not self.zero_options or any(z not in (0, 1, 2, 3) for z in self.zero_options):
             raise InputError(f"--zero: {list(self.zero_options)}; choose stages from 0, 1, 2, 3")
+        if self.grad_reduce_dtype not in ("fp32", "bf16"):
+            raise InputError(f"unknown gradient reduce dtype {self.grad_reduce_dtype!r}; use fp32 or bf16")
+        if self.fp8_recipe not in ("delayed", "tensorwise"):   # planner.fp8.FP8_RECIPES
+            raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed or tensorwise")
         if self.moe_capacity_factor is not None and not self.moe_capacity_factor >= 1:
             raise InputError(f"--moe-capacity-factor must be >= 1, got {self.moe_capacity_factor}")
         if any(not isinstance(v, int) or v < 1 for v in (self.cp_options or ()) + (self.ep_options or ())):

@@ -146,7 +146,7 @@ MEGATRON_LM = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank", "--sequence-parallel",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",   # TransformerConfig bools
-    "--use-distributed-optimizer",
+    "--use-distributed-optimizer", "--grad-reduce-in-bf16",
     # training (TrainingConfig fields, arguments.py literals)
     "--micro-batch-size", "--global-batch-size", "--rampup-batch-size", "--train-samples", "--train-iters",
     "--optimizer", "--clip-grad", "--lr", "--min-lr", "--lr-decay-style", "--lr-warmup-samples",

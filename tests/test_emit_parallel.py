@@ -41,6 +41,7 @@ MEGATRON_FLAGS = {
     "--multi-latent-attention": False, "--q-lora-rank": True, "--kv-lora-rank": True, "--qk-head-dim": True,
     "--qk-pos-emb-head-dim": True, "--v-head-dim": True, "--kv-channels": True,
     "--fp8-format": True, "--fp8-recipe": True, "--fp8-amax-history-len": True, "--fp8-amax-compute-algo": True,
+    "--fp8-param-gather": False,
     "--use-rope-scaling": False, "--rope-scaling-factor": True,
 }
 CHOICES = {"--fp8-format": ["e4m3", "hybrid"], "--fp8-recipe": ["tensorwise", "delayed", "mxfp8"],

@@ -76,6 +76,8 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
         args.append(("--recompute-granularity", "selective"))
     if c.zero == 1:
         args.append(("--use-distributed-optimizer",))
+    if t.grad_reduce_dtype == "bf16":
+        args.append(("--grad-reduce-in-bf16",))
     args += [tuple(f) for f in parallel_extras.megatron_lm_flags(setup)]   # CP / EP / MoE / MLA / FP8 / RoPE scaling
     return args
 
