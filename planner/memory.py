@@ -97,23 +97,26 @@ class MemoryBreakdown:
     @property
     def static_bytes(self) -> float:
         """weights + grads + optimizer: what seed 004's 18-bytes rule bounds"""
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+        return model_states_bytes(self.weights_bytes, self.grads_bytes, self.optimizer_bytes)
 
     @property
     def total_bytes(self) -> float:
-        return total_bytes(self.weights_bytes, self.grads_bytes, self.optimizer_bytes, self.activations_bytes,
-                           self.logits_bytes, self.buffers_bytes, self.context_bytes)
+        return total_bytes(self.static_bytes, self.activations_bytes, self.logits_bytes, self.buffers_bytes,
+                           self.context_bytes)
 
     @property
     def total_gb(self) -> float:
         return self.total_bytes / 1e9
 
 
-def total_bytes(weights: float, grads: float, optimizer: float, activations: float, logits: float, buffers: float,
-                context: float) -> float:
-    """One GPU's total: the model states (weights + grads + optimizer), then the rest, summed in this order (the
-    one place the sum is written: `MemoryBreakdown` and `PlanMemory` give the same float)."""
-    return weights + grads + optimizer + activations + logits + buffers + context
+def model_states_bytes(weights: float, grads: float, optimizer: float) -> float:
+    return weights + grads + optimizer
+
+
+def total_bytes(static: float, activations: float, logits: float, buffers: float, context: float) -> float:
+    """One GPU's total: the model states (`model_states_bytes`), then the rest, summed in this order (the one place
+    the sum is written: `MemoryBreakdown` and `PlanMemory` give the same float)."""
+    return static + activations + logits + buffers + context
 
 
 def layers_per_stage(model: ModelSpec, pp: int) -> int:
@@ -378,27 +381,36 @@ class PlanMemory:
         self.pb = param_bytes(training.precision, training.optimizer, training.framework)
         self.usable_bytes = usable_bytes(cluster, training)
         self._states: dict[tuple, tuple] = {}
+        """per stage: `stage_states` and their `model_states_bytes`"""
         self._layers: dict[tuple, LayerActivations] = {}
         self._dynamic: dict[tuple, tuple] = {}
+        """per stage: `stage_dynamic`"""
+        self._last: tuple[Candidate | None, tuple] = (None, ())
+        """the last candidate's dynamic part (a row's candidates share it: plan() asks for them in a run)"""
 
     def _parts(self, c: Candidate, ep: int, etp: int) -> tuple[tuple, tuple]:
-        """(per stage: `stage_states`), (per stage: `stage_dynamic`) of ``c`` with EP ``ep`` and ETP ``etp``, in
-        `pipeline_stages` order."""
+        """(per stage: `stage_states` + their sum), (per stage: `stage_dynamic`) of ``c`` with EP ``ep`` and ETP
+        ``etp``, in `pipeline_stages` order."""
         key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, ep, etp)
         states = self._states.get(key)
         if states is None:
             with_ep = c if (c.ep, c.etp) == (ep, etp) else replace(c, ep=ep, etp=etp)
-            states = self._states[key] = tuple(stage_states(self.model, with_ep, self.cluster, self.training, stage,
-                                                            self.pb) for stage in pipeline_stages(c))
-        key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas)
-        dynamic = self._dynamic.get(key)
-        if dynamic is None:
-            layer_key = (c.tp, c.sp, c.mbs, c.recompute)
-            act = self._layers.get(layer_key)
-            if act is None:
-                act = self._layers[layer_key] = layer_activations(self.model, c, self.training, fused_norm=self.fused_norm)
-            dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act)
-                                                 for stage in pipeline_stages(c))
+            states = self._states[key] = tuple(
+                (s := stage_states(self.model, with_ep, self.cluster, self.training, stage, self.pb))
+                + (model_states_bytes(*s[1:4]),) for stage in pipeline_stages(c))
+        last, dynamic = self._last
+        if last is not c:
+            key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas)
+            dynamic = self._dynamic.get(key)
+            if dynamic is None:
+                layer_key = (c.tp, c.sp, c.mbs, c.recompute)
+                act = self._layers.get(layer_key)
+                if act is None:
+                    act = self._layers[layer_key] = layer_activations(self.model, c, self.training,
+                                                                      fused_norm=self.fused_norm)
+                dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act)
+                                                     for stage in pipeline_stages(c))
+            self._last = (c, dynamic)
         return states, dynamic
 
     def total_bytes(self, c: Candidate, ep: int | None = None, etp: int | None = None) -> float:
@@ -406,7 +418,12 @@ class PlanMemory:
         ``etp`` (the candidates of a row of `planner.space.Group` differ only in those: none of them is built)."""
         states, dynamic = self._parts(c, c.ep if ep is None else ep, c.etp if etp is None else etp)
         context = self.cluster.context_bytes
-        return max(total_bytes(*s[1:4], *d, s[4], context) for s, d in zip(states, dynamic))
+        s, d = states[0], dynamic[0]
+        total = total_bytes(s[5], d[0], d[1], s[4], context)
+        if len(states) > 1:   # first and last stage: the larger
+            s, d = states[1], dynamic[1]
+            total = max(total, total_bytes(s[5], d[0], d[1], s[4], context))
+        return total
 
     def fits(self, c: Candidate, ep: int | None = None, etp: int | None = None) -> bool:
         """`verdict(memory_breakdown(...)).fits` of ``c`` (with EP ``ep`` and ETP ``etp``), without building the
@@ -416,7 +433,7 @@ class PlanMemory:
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
         """`memory_breakdown(model, c, cluster, training)`, equal field for field."""
         states, dynamic = self._parts(c, c.ep, c.etp)
-        return max((_breakdown(stage, s, d, self.cluster) for stage, s, d in zip(pipeline_stages(c), states, dynamic)),
+        return max((_breakdown(stage, s[:5], d, self.cluster) for stage, s, d in zip(pipeline_stages(c), states, dynamic)),
                    key=lambda m: m.total_bytes)
 
 

@@ -153,13 +153,10 @@ def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand:
                     advice=tuple(memory_advice(mem, cluster, training)))
 
 
-def _count_memory(cand: Candidate, memory: PlanMemory, pruned: Counter, examples: dict) -> None:
-    """Count a candidate that passed every layout rule but not the memory rule; the reason's words (which need the
-    breakdown) only for the first, the example."""
-    pruned[Reason.MEMORY_TOTAL] += 1
-    if Reason.MEMORY_TOTAL not in examples:
-        examples[Reason.MEMORY_TOTAL] = (cand, memory_violations(memory.breakdown(cand), memory.cluster,
-                                                                 memory.training)[0])
+def _memory_example(cand: Candidate, memory: PlanMemory) -> tuple[Candidate, Violation]:
+    """A candidate that passed every layout rule but not the memory rule, with the rule's words (which need the
+    breakdown: `plan` builds them for its example only)."""
+    return cand, memory_violations(memory.breakdown(cand), memory.cluster, memory.training)[0]
 
 
 def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, knobs: dict,
@@ -279,7 +276,9 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                 if first.reason not in examples:
                     examples[first.reason] = (item.candidate(i), first)
             elif not memory.fits(head, ep, etp):
-                _count_memory(item.candidate(i), memory, pruned, examples)
+                pruned[Reason.MEMORY_TOTAL] += 1
+                if Reason.MEMORY_TOTAL not in examples:
+                    examples[Reason.MEMORY_TOTAL] = _memory_example(item.candidate(i), memory)
             else:
                 est = _score(model, cluster, training, item.candidate(i), topology, params, memory)
                 if free_best:
