@@ -385,12 +385,10 @@ class PlanMemory:
         self._layers: dict[tuple, LayerActivations] = {}
         self._dynamic: dict[tuple, tuple] = {}
         """per stage: `stage_dynamic`"""
-        self._last: tuple[Candidate | None, tuple] = (None, ())
-        """the last candidate's dynamic part (a row's candidates share it: plan() asks for them in a run)"""
 
-    def _parts(self, c: Candidate, ep: int, etp: int) -> tuple[tuple, tuple]:
-        """(per stage: `stage_states` + their sum), (per stage: `stage_dynamic`) of ``c`` with EP ``ep`` and ETP
-        ``etp``, in `pipeline_stages` order."""
+    def _states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
+        """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``, and their
+        `model_states_bytes`."""
         key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, ep, etp)
         states = self._states.get(key)
         if states is None:
@@ -398,43 +396,49 @@ class PlanMemory:
             states = self._states[key] = tuple(
                 (s := stage_states(self.model, with_ep, self.cluster, self.training, stage, self.pb))
                 + (model_states_bytes(*s[1:4]),) for stage in pipeline_stages(c))
-        last, dynamic = self._last
-        if last is not c:
-            key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas)
-            dynamic = self._dynamic.get(key)
-            if dynamic is None:
-                layer_key = (c.tp, c.sp, c.mbs, c.recompute)
-                act = self._layers.get(layer_key)
-                if act is None:
-                    act = self._layers[layer_key] = layer_activations(self.model, c, self.training,
-                                                                      fused_norm=self.fused_norm)
-                dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act)
-                                                     for stage in pipeline_stages(c))
-            self._last = (c, dynamic)
-        return states, dynamic
+        return states
 
-    def total_bytes(self, c: Candidate, ep: int | None = None, etp: int | None = None) -> float:
-        """`memory_breakdown(...).total_bytes` (the busiest stage's total) of ``c``, or of ``c`` with EP ``ep`` and ETP
-        ``etp`` (the candidates of a row of `planner.space.Group` differ only in those: none of them is built)."""
-        states, dynamic = self._parts(c, c.ep if ep is None else ep, c.etp if etp is None else etp)
+    def _dynamic_of(self, c: Candidate) -> tuple:
+        """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c``."""
+        key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas)
+        dynamic = self._dynamic.get(key)
+        if dynamic is None:
+            layer_key = (c.tp, c.sp, c.mbs, c.recompute)
+            act = self._layers.get(layer_key)
+            if act is None:
+                act = self._layers[layer_key] = layer_activations(self.model, c, self.training, fused_norm=self.fused_norm)
+            dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act)
+                                                 for stage in pipeline_stages(c))
+        return dynamic
+
+    def _busiest(self, states: tuple, dynamic: tuple) -> float:
+        """The larger stage total, as `memory_breakdown` picks it."""
         context = self.cluster.context_bytes
         s, d = states[0], dynamic[0]
         total = total_bytes(s[5], d[0], d[1], s[4], context)
-        if len(states) > 1:   # first and last stage: the larger
+        if len(states) > 1:   # the first and the last stage
             s, d = states[1], dynamic[1]
             total = max(total, total_bytes(s[5], d[0], d[1], s[4], context))
         return total
 
-    def fits(self, c: Candidate, ep: int | None = None, etp: int | None = None) -> bool:
-        """`verdict(memory_breakdown(...)).fits` of ``c`` (with EP ``ep`` and ETP ``etp``), without building the
-        breakdown."""
-        return self.total_bytes(c, ep, etp) <= self.usable_bytes
+    def total_bytes(self, c: Candidate) -> float:
+        """`memory_breakdown(...).total_bytes`: the busiest stage's total."""
+        return self._busiest(self._states_of(c, c.ep, c.etp), self._dynamic_of(c))
+
+    def fits(self, c: Candidate) -> bool:
+        """`verdict(memory_breakdown(...)).fits`, without building the breakdown."""
+        return self.total_bytes(c) <= self.usable_bytes
+
+    def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
+        """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the
+        row's candidates differ only in those), none of them built."""
+        dynamic, usable = self._dynamic_of(head), self.usable_bytes
+        return [self._busiest(self._states_of(head, ep, etp), dynamic) <= usable for ep, etp in eps]
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
         """`memory_breakdown(model, c, cluster, training)`, equal field for field."""
-        states, dynamic = self._parts(c, c.ep, c.etp)
-        return max((_breakdown(stage, s[:5], d, self.cluster) for stage, s, d in zip(pipeline_stages(c), states, dynamic)),
-                   key=lambda m: m.total_bytes)
+        parts = zip(pipeline_stages(c), self._states_of(c, c.ep, c.etp), self._dynamic_of(c))
+        return max((_breakdown(stage, s[:5], d, self.cluster) for stage, s, d in parts), key=lambda m: m.total_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

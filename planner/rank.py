@@ -268,6 +268,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                 best_free = _better(best_free, _score(model, cluster, training, item, topology, params, memory), total)
             continue
         head = item.head   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its candidate is built
+        fits = memory.row_fits(head, item.eps)
         for i, (ep, etp) in enumerate(item.eps):
             total += 1
             first = checker.extras(head, ep, etp)
@@ -275,7 +276,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                 pruned[first.reason] += 1
                 if first.reason not in examples:
                     examples[first.reason] = (item.candidate(i), first)
-            elif not memory.fits(head, ep, etp):
+            elif not fits[i]:
                 pruned[Reason.MEMORY_TOTAL] += 1
                 if Reason.MEMORY_TOTAL not in examples:
                     examples[Reason.MEMORY_TOTAL] = _memory_example(item.candidate(i), memory)
