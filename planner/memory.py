@@ -385,6 +385,8 @@ class PlanMemory:
         self._layers: dict[tuple, LayerActivations] = {}
         self._dynamic: dict[tuple, tuple] = {}
         """per stage: `stage_dynamic`"""
+        self._rows: dict[tuple, tuple] = {}
+        """`_states_of` for each (EP, ETP) of a row"""
 
     def _states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
         """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``, and their
@@ -432,8 +434,12 @@ class PlanMemory:
     def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
         """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the
         row's candidates differ only in those), none of them built."""
-        dynamic, usable = self._dynamic_of(head), self.usable_bytes
-        return [self._busiest(self._states_of(head, ep, etp), dynamic) <= usable for ep, etp in eps]
+        key = (head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)
+        states = self._rows.get(key)
+        if states is None:
+            states = self._rows[key] = tuple(self._states_of(head, ep, etp) for ep, etp in eps)
+        dynamic, usable, busiest = self._dynamic_of(head), self.usable_bytes, self._busiest
+        return [busiest(s, dynamic) <= usable for s in states]
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
         """`memory_breakdown(model, c, cluster, training)`, equal field for field."""
