@@ -161,12 +161,12 @@ def _memory_example(cand: Candidate, memory: PlanMemory) -> tuple[Candidate, Vio
 
 def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, knobs: dict,
                                checker: Checker, pruned: Counter, examples: dict, *, keep_rampup: bool):
-    """`enumerate_candidates`' candidates in its order, except that a group (one TP, PP, CP, MBS) broken by a rule on
-    its degrees or batches, which all its candidates share, or a row of it (one recompute, ZeRO, SP, VPP, hybrid)
-    broken by a redundancy or framework rule, which read no EP/ETP, is counted under that rule (with its first
-    candidate as the example, as one by one would) and yielded as its size instead; a row that passes them is yielded
-    as a `_Row`, its candidates not built. ``keep_rampup``: groups broken only by the rampup are yielded one by one
-    (`plan`'s free_best scores them without the rampup)."""
+    """`enumerate_candidates`' product in its order, row by row (one TP, PP, CP, MBS, recompute, ZeRO, SP, VPP, hybrid:
+    its candidates differ only in EP/ETP). A group (one TP, PP, CP, MBS) broken by a rule on its degrees or batches,
+    which all its candidates share, or a row broken by a redundancy or framework rule, which read no EP/ETP, is counted
+    under that rule (with its first candidate as the example, as one by one would) and yielded as its size; a row that
+    passes them is yielded as a `_Row`, its candidates not built. ``keep_rampup``: the candidates of groups broken only
+    by the rampup are yielded one by one (`plan`'s free_best scores them without the rampup)."""
     for group in enumerate_groups(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
         size = group.size
         if not size:
