@@ -408,7 +408,8 @@ class PlanMemory:
             layer_key = (c.tp, c.sp, c.mbs, c.recompute)
             act = self._layers.get(layer_key)
             if act is None:
-                act = self._layers[layer_key] = layer_activations(self.model, c, self.training, fused_norm=self.fused_norm)
+                act = self._layers[layer_key] = layer_activations(self.model, c, self.training,
+                                                                  fused_norm=self.fused_norm)
             dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act)
                                                  for stage in pipeline_stages(c))
         return dynamic

@@ -49,8 +49,8 @@ def measure(model: str, gpus: int, gbs: int, seq: int, precision: str) -> tuple[
 COMMANDS = [  # `plan` argv: the CASES as flags, and the presets' own sequence and batch
     [*f"--model {m} --gpus {g} --gpu H100 --global-batch {b} --seq-len {s} --framework megatron-lm".split(), *prec]
     for m, g, b, s in CASES for prec in ([], ["--precision", "fp8"])
-] + [f"--model {m} --gpus {g} --gpu H100-SXM".split() + prec for m, g in (("mixtral-8x22b", 1024), ("deepseek-v3", 2048))
-     for prec in ([], ["--precision", "fp8"])]
+] + [f"--model {m} --gpus {g} --gpu H100-SXM".split() + prec
+       for m, g in (("mixtral-8x22b", 1024), ("deepseek-v3", 2048)) for prec in ([], ["--precision", "fp8"])]
 
 
 def new_process(argv: list[str]) -> tuple[float, float]:
