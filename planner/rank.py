@@ -178,10 +178,10 @@ def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training:
             continue
         if v is None:   # then per row (one recompute, ZeRO, SP, VPP, hybrid): the rules that read no EP/ETP
             for row in group.rows():
-                eps = row[5]
+                recompute, zero, sp, vpp, hybrid, eps = row
                 if not eps:
                     continue
-                head = group.make(*row[:5], *eps[0])
+                head = group.make(recompute, zero, sp, vpp, hybrid, *eps[0])
                 w = checker.row(head)
                 if w is None:
                     yield _Row(group, row, head)
