@@ -14,6 +14,7 @@ one-line hooks.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
@@ -84,9 +85,14 @@ def layer_forward_s(layer_fn: Callable, model: "ModelSpec", c: "Candidate", clus
     rank, i.e. CP times the attention core of an s/CP-token sequence."""
     if c.cp <= 1:
         return layer_fn(model, c, cluster, training, *args)
-    local = model.with_overrides(seq_len=max(1, model.seq_len // c.cp))
-    dense, core, elem = layer_fn(local, c, cluster, training, *args)
+    dense, core, elem = layer_fn(rank_model(model, c.cp), c, cluster, training, *args)
     return dense, core * c.cp, elem
+
+
+@lru_cache(maxsize=64)   # pure in a frozen ModelSpec; one object per CP size keeps the model's lru_caches (moe) hitting
+def rank_model(model: "ModelSpec", cp: int) -> "ModelSpec":
+    """The model as one CP rank runs its token-local work: s/CP tokens."""
+    return model.with_overrides(seq_len=max(1, model.seq_len // cp))
 
 
 def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "TrainingSpec", link: object,

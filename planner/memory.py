@@ -97,16 +97,26 @@ class MemoryBreakdown:
     @property
     def static_bytes(self) -> float:
         """weights + grads + optimizer: what seed 004's 18-bytes rule bounds"""
-        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+        return model_states_bytes(self.weights_bytes, self.grads_bytes, self.optimizer_bytes)
 
     @property
     def total_bytes(self) -> float:
-        return (self.static_bytes + self.activations_bytes + self.logits_bytes + self.buffers_bytes
-                + self.context_bytes)
+        return total_bytes(self.static_bytes, self.activations_bytes, self.logits_bytes, self.buffers_bytes,
+                           self.context_bytes)
 
     @property
     def total_gb(self) -> float:
         return self.total_bytes / 1e9
+
+
+def model_states_bytes(weights: float, grads: float, optimizer: float) -> float:
+    return weights + grads + optimizer
+
+
+def total_bytes(static: float, activations: float, logits: float, buffers: float, context: float) -> float:
+    """One GPU's total: the model states (`model_states_bytes`), then the rest, summed in this order (the one place
+    the sum is written: `MemoryBreakdown` and `PlanMemory` give the same float)."""
+    return static + activations + logits + buffers + context
 
 
 def layers_per_stage(model: ModelSpec, pp: int) -> int:
@@ -315,34 +325,142 @@ def memory_breakdown(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
     return max(stage_memory(model, cand, cluster, training, fused_norm=fused_norm), key=lambda m: m.total_bytes)
 
 
+def pipeline_stages(cand: Candidate) -> tuple[str, ...]:
+    """The stages the memory model charges: the first and the last under PP, else the only one."""
+    return ("only",) if cand.pp == 1 else ("first", "last")
+
+
 def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
                  training: TrainingSpec, *, fused_norm: bool | None = None) -> list[MemoryBreakdown]:
     """Memory of a GPU on the first and on the last pipeline stage (one entry, 'only', without PP)."""
+    pb = training_param_bytes(training)
+    act = layer_activations(model, cand, training, fused_norm=fused_norm)
+    return [_breakdown(stage, stage_states(model, cand, cluster, training, stage, pb),
+                       stage_dynamic(model, cand, training, stage, act), cluster)
+            for stage in pipeline_stages(cand)]
+
+
+def training_param_bytes(training: TrainingSpec) -> ParamBytes:
+    """Bytes per parameter for the run's precision, optimizer and framework, and its gradient-reduce dtype."""
     pb = param_bytes(training.precision, training.optimizer, training.framework)
-    pb = fp8.model_param_bytes(pb, cand, training)   # --fp8-param-gather: FP8 weights, no bf16 copy
     if training.grad_reduce_dtype == "bf16" and training.framework == "megatron-lm":
         pb = replace(pb, grads=2)   # --grad-reduce-in-bf16 (arguments.py): the main-grad buffer in bf16, not fp32
+    return pb
+
+
+def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
+                 pb: ParamBytes) -> tuple[int, float, float, float, float]:
+    """(parameters, weights, grads, optimizer, buffers) of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
+    ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`."""
+    pb = fp8.model_param_bytes(pb, cand, training)   # --fp8-param-gather (ZeRO >= 1): FP8 weights, no bf16 copy
     shard = shard_group_size(cand, cluster.gpus_per_node)
-    act = layer_activations(model, cand, training, fused_norm=fused_norm)
+    lps = stage_layers(model, cand, training.framework, stage)
+    params = stage_params(model, cand, stage, training.framework)
+    weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
+    params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
+        model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes, last_stage=stage != "first")
+    return params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model)
+
+
+def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage: str,
+                  act: LayerActivations) -> tuple[float, float]:
+    """(activations, logits) of a GPU on ``stage``, from ``act`` (`layer_activations` of the candidate): what reads
+    TP, PP, VPP, CP, MBS and GAS besides ``act``'s TP, SP, MBS and recompute."""
+    lps = stage_layers(model, cand, training.framework, stage)
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer
-    stages = ("only",) if cand.pp == 1 else ("first", "last")
-    out = []
-    for stage in stages:
-        lps = stage_layers(model, cand, training.framework, stage)
-        params = stage_params(model, cand, stage, training.framework)
-        weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
-        params, weights, grads, optimizer = moe.add_expert_states(model, cand, lps, pb, (params, weights, grads, optimizer),
-                                                                  sharded_static_bytes, last_stage=stage != "first")   # routed experts over EP
-        in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
-        stored = lps + (model.mtp_layers if stage != "first" else 0)   # MTP layers: a layer's activations each
-        activations = ALLOCATOR_OVERHEAD * (in_flight * (stored * act.stored_bytes + embed_out) + act.working_bytes)
-        logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
-        activations, logits = context_parallel.split_activations(activations, logits, model, cand, training)
-        out.append(MemoryBreakdown(stage=stage, params_on_gpu=params, weights_bytes=weights, grads_bytes=grads,
-                             optimizer_bytes=optimizer, activations_bytes=activations, logits_bytes=logits,
-                             buffers_bytes=framework_buffers_bytes(params, cand, training, pb, model),
-                             context_bytes=cluster.context_bytes))
-    return out
+    in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
+    stored = lps + (model.mtp_layers if stage != "first" else 0)   # MTP layers: a layer's activations each
+    activations = ALLOCATOR_OVERHEAD * (in_flight * (stored * act.stored_bytes + embed_out) + act.working_bytes)
+    logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
+    return context_parallel.split_activations(activations, logits, model, cand, training)
+
+
+def _breakdown(stage: str, states: tuple[int, float, float, float, float], dynamic: tuple[float, float],
+               cluster: ClusterSpec) -> MemoryBreakdown:
+    params, weights, grads, optimizer, buffers = states
+    return MemoryBreakdown(stage=stage, params_on_gpu=params, weights_bytes=weights, grads_bytes=grads,
+                           optimizer_bytes=optimizer, activations_bytes=dynamic[0], logits_bytes=dynamic[1],
+                           buffers_bytes=buffers, context_bytes=cluster.context_bytes)
+
+
+class PlanMemory:
+    """`memory_breakdown` and its fit for the many candidates of one plan (create one per plan), exactly as they
+    compute them, with each part computed once per distinct value of the fields it reads: `stage_states` per (TP, PP,
+    DP, CP, VPP, ZeRO, hybrid, EP, ETP), `layer_activations` per (TP, SP, MBS, recompute), `stage_dynamic` per those
+    and PP, VPP, CP, GAS. A candidate's busiest-stage total is then a sum (`total_bytes`); its `MemoryBreakdown` is
+    built only when asked for."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
+                 fused_norm: bool | None = None) -> None:
+        self.model, self.cluster, self.training, self.fused_norm = model, cluster, training, fused_norm
+        self.pb = training_param_bytes(training)
+        self.usable_bytes = usable_bytes(cluster, training)
+        self._states: dict[tuple, tuple] = {}
+        """per stage: `stage_states` and their `model_states_bytes`"""
+        self._layers: dict[tuple, LayerActivations] = {}
+        self._dynamic: dict[tuple, tuple] = {}
+        """per stage: `stage_dynamic`"""
+        self._rows: dict[tuple, tuple] = {}
+        """`_states_of` for each (EP, ETP) of a row"""
+
+    def _states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
+        """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``, and their
+        `model_states_bytes`."""
+        key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, ep, etp)
+        states = self._states.get(key)
+        if states is None:
+            with_ep = c if (c.ep, c.etp) == (ep, etp) else replace(c, ep=ep, etp=etp)
+            states = self._states[key] = tuple(
+                (s := stage_states(self.model, with_ep, self.cluster, self.training, stage, self.pb))
+                + (model_states_bytes(*s[1:4]),) for stage in pipeline_stages(c))
+        return states
+
+    def _dynamic_of(self, c: Candidate) -> tuple:
+        """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c``."""
+        key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas)
+        dynamic = self._dynamic.get(key)
+        if dynamic is None:
+            layer_key = (c.tp, c.sp, c.mbs, c.recompute)
+            act = self._layers.get(layer_key)
+            if act is None:
+                act = self._layers[layer_key] = layer_activations(self.model, c, self.training,
+                                                                  fused_norm=self.fused_norm)
+            dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act)
+                                                 for stage in pipeline_stages(c))
+        return dynamic
+
+    def _busiest(self, states: tuple, dynamic: tuple) -> float:
+        """The larger stage total, as `memory_breakdown` picks it."""
+        context = self.cluster.context_bytes
+        s, d = states[0], dynamic[0]
+        total = total_bytes(s[5], d[0], d[1], s[4], context)
+        if len(states) > 1:   # the first and the last stage
+            s, d = states[1], dynamic[1]
+            total = max(total, total_bytes(s[5], d[0], d[1], s[4], context))
+        return total
+
+    def total_bytes(self, c: Candidate) -> float:
+        """`memory_breakdown(...).total_bytes`: the busiest stage's total."""
+        return self._busiest(self._states_of(c, c.ep, c.etp), self._dynamic_of(c))
+
+    def fits(self, c: Candidate) -> bool:
+        """`verdict(memory_breakdown(...)).fits`, without building the breakdown."""
+        return self.total_bytes(c) <= self.usable_bytes
+
+    def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
+        """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the
+        row's candidates differ only in those), none of them built."""
+        key = (head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)
+        states = self._rows.get(key)
+        if states is None:
+            states = self._rows[key] = tuple(self._states_of(head, ep, etp) for ep, etp in eps)
+        dynamic, usable, busiest = self._dynamic_of(head), self.usable_bytes, self._busiest
+        return [busiest(s, dynamic) <= usable for s in states]
+
+    def breakdown(self, c: Candidate) -> MemoryBreakdown:
+        """`memory_breakdown(model, c, cluster, training)`, equal field for field."""
+        parts = zip(pipeline_stages(c), self._states_of(c, c.ep, c.etp), self._dynamic_of(c))
+        return max((_breakdown(stage, s[:5], d, self.cluster) for stage, s, d in parts), key=lambda m: m.total_bytes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -363,6 +481,11 @@ class MemoryVerdict:
 
 def verdict(mem: MemoryBreakdown, cluster: ClusterSpec, training: TrainingSpec) -> MemoryVerdict:
     """The one memory verdict the rules use: the total must stay within (1 - headroom) of device memory."""
-    usable = (1 - training.memory_headroom) * cluster.gpu.memory_bytes
+    usable = usable_bytes(cluster, training)
     return MemoryVerdict(fits=mem.total_bytes <= usable, total_bytes=mem.total_bytes, usable_bytes=usable,
                          stage=mem.stage)
+
+
+def usable_bytes(cluster: ClusterSpec, training: TrainingSpec) -> float:
+    """Device memory minus the headroom kept free: what the predicted total must stay within."""
+    return (1 - training.memory_headroom) * cluster.gpu.memory_bytes

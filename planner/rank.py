@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, throughput
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
-from planner.memory import MemoryBreakdown, memory_breakdown
+from planner.memory import MemoryBreakdown, PlanMemory, memory_breakdown
 from planner.model import ModelSpec
 from planner.rules import (Checker, Reason, Target, Violation, iter_violations, knob_values, memory_advice,
                            memory_violations, target_of)
-from planner.space import Candidate, TrainingSpec, enumerate_groups
+from planner.space import Candidate, Group, TrainingSpec, enumerate_groups
 from planner.topology import Topology
 
 
@@ -144,24 +144,29 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, can
 
 
 def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand: Candidate, topology: Topology,
-           params: CostParams) -> Estimate:
-    """Like estimate() for a candidate that passed every layout rule; stops at the memory rule (plan()'s path)."""
-    mem = memory_breakdown(model, cand, cluster, training)
-    reasons = memory_violations(mem, cluster, training)
-    if reasons:
-        return Estimate(candidate=cand, memory=mem, reasons=tuple(reasons))
+           params: CostParams, memory: PlanMemory) -> Estimate:
+    """Like estimate() for a candidate that passed every layout rule and the memory rule (``memory.fits``): plan()'s
+    path."""
+    mem = memory.breakdown(cand)
     time = estimate_time(model, cand, cluster, training, topology, params)
     return Estimate(candidate=cand, memory=mem, time=time, throughput=throughput(model, cand, cluster, training, time),
                     advice=tuple(memory_advice(mem, cluster, training)))
 
 
+def _memory_example(cand: Candidate, memory: PlanMemory) -> tuple[Candidate, Violation]:
+    """A candidate that passed every layout rule but not the memory rule, with the rule's words (which need the
+    breakdown: `plan` builds them for its example only)."""
+    return cand, memory_violations(memory.breakdown(cand), memory.cluster, memory.training)[0]
+
+
 def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, knobs: dict,
                                checker: Checker, pruned: Counter, examples: dict, *, keep_rampup: bool):
-    """`enumerate_candidates`' candidates in its order, except that a group (one TP, PP, CP, MBS) broken by a rule on
-    its degrees or batches, which all its candidates share, or a row of it (one recompute, ZeRO, SP, VPP, hybrid)
-    broken by a redundancy or framework rule, which read no EP/ETP, is counted under that rule (with its first
-    candidate as the example, as one by one would) and yielded as its size instead. ``keep_rampup``: groups broken only by the
-    rampup are yielded one by one (`plan`'s free_best scores them without the rampup)."""
+    """`enumerate_candidates`' product in its order, row by row (one TP, PP, CP, MBS, recompute, ZeRO, SP, VPP, hybrid:
+    its candidates differ only in EP/ETP). A group (one TP, PP, CP, MBS) broken by a rule on its degrees or batches,
+    which all its candidates share, or a row broken by a redundancy or framework rule, which read no EP/ETP, is counted
+    under that rule (with its first candidate as the example, as one by one would) and yielded as its size; a row that
+    passes them is yielded as a `_Row`, its candidates not built. ``keep_rampup``: the candidates of groups broken only
+    by the rampup are yielded one by one (`plan`'s free_best scores them without the rampup)."""
     for group in enumerate_groups(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
         size = group.size
         if not size:
@@ -172,15 +177,14 @@ def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training:
             yield from group.candidates()
             continue
         if v is None:   # then per row (one recompute, ZeRO, SP, VPP, hybrid): the rules that read no EP/ETP
-            for recompute, zero, sp, vpp, hybrid, eps in group.rows():
+            for row in group.rows():
+                recompute, zero, sp, vpp, hybrid, eps = row
                 if not eps:
                     continue
                 head = group.make(recompute, zero, sp, vpp, hybrid, *eps[0])
                 w = checker.row(head)
                 if w is None:
-                    yield head
-                    for ep, etp in eps[1:]:
-                        yield group.make(recompute, zero, sp, vpp, hybrid, ep, etp)
+                    yield _Row(group, row, head)
                     continue
                 pruned[w.reason] += len(eps)
                 if w.reason not in examples:
@@ -191,6 +195,30 @@ def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training:
         if v.reason not in examples:
             examples[v.reason] = (first_cand, v)
         yield size
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """A row of a `planner.space.Group` that passed every rule but the CP / EP / FP8 ones: its candidates differ only
+    in (EP, ETP), ``row[5]``; ``head`` is the first."""
+
+    group: Group
+    row: tuple
+    head: Candidate
+
+    @property
+    def eps(self) -> tuple[tuple[int, int], ...]:
+        return self.row[5]
+
+    def candidate(self, i: int) -> Candidate:
+        """The row's ``i``-th candidate (``eps[i]``)."""
+        return self.head if i == 0 else self.group.make(*self.row[:5], *self.row[5][i])
+
+
+def _better(best: tuple[tuple, Estimate] | None, est: Estimate, index: int) -> tuple[tuple, Estimate]:
+    """The better of ``best`` ((rank_key, enumeration index), estimate) and ``est``, the ``index``-th enumerated."""
+    key = (rank_key(est), index)
+    return (key, est) if best is None or key < best[0] else best
 
 
 def rank_key(e: Estimate) -> tuple:
@@ -222,34 +250,41 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     total = 0
     knobs = knob_values(targets[0], training)
     checker = Checker(model, cluster, training, targets)
+    memory = PlanMemory(model, cluster, training)
     free = Checker(model, cluster, replace(training, rampup=None), targets) \
         if free_best and training.rampup is not None else None
     best_free: tuple[tuple, Estimate] | None = None   # ((rank_key, enumeration index), estimate)
-    for cand in _survivors_of_shared_rules(model, cluster, training, knobs, checker, pruned, examples,
+    for item in _survivors_of_shared_rules(model, cluster, training, knobs, checker, pruned, examples,
                                            keep_rampup=free is not None):
-        if type(cand) is int:   # a group ruled out whole by a rule on degrees or batches: counted, never built
-            total += cand
+        if type(item) is int:   # a group or row ruled out whole by a rule they share: counted, never built
+            total += item
             continue
-        total += 1
-        first = checker.first(cand)
-        if first is not None:   # most of a plain product: counted, no Estimate built
+        if type(item) is Candidate:   # of a group broken by the rampup alone: counted, and scored without the rampup
+            total += 1
+            first = checker.first(item)
             pruned[first.reason] += 1
-            if first.reason not in examples:
-                examples[first.reason] = (cand, first)
-            if free is not None and first.reason is Reason.RAMPUP and free.first(cand) is None:
-                est = _score(model, cluster, training, cand, topology, params)
-                if est.fits and (best_free is None or (rank_key(est), total) < best_free[0]):
-                    best_free = ((rank_key(est), total), est)
+            examples.setdefault(first.reason, (item, first))
+            if free.first(item) is None and memory.fits(item):
+                best_free = _better(best_free, _score(model, cluster, training, item, topology, params, memory), total)
             continue
-        est = _score(model, cluster, training, cand, topology, params)
-        if free_best and est.fits and (best_free is None or (rank_key(est), total) < best_free[0]):
-            best_free = ((rank_key(est), total), est)
-        if est.fits:
-            survivors.append(est)
-        else:
-            first = est.reasons[0]
-            pruned[first.reason] += 1
-            examples.setdefault(first.reason, (cand, first))
+        head = item.head   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its candidate is built
+        fits = memory.row_fits(head, item.eps)
+        for i, (ep, etp) in enumerate(item.eps):
+            total += 1
+            first = checker.extras(head, ep, etp)
+            if first is not None:
+                pruned[first.reason] += 1
+                if first.reason not in examples:
+                    examples[first.reason] = (item.candidate(i), first)
+            elif not fits[i]:
+                pruned[Reason.MEMORY_TOTAL] += 1
+                if Reason.MEMORY_TOTAL not in examples:
+                    examples[Reason.MEMORY_TOTAL] = _memory_example(item.candidate(i), memory)
+            else:
+                est = _score(model, cluster, training, item.candidate(i), topology, params, memory)
+                if free_best:
+                    best_free = _better(best_free, est, total)
+                survivors.append(est)
     survivors.sort(key=rank_key)
     ranked = [replace(e, rank=i + 1) for i, e in enumerate(survivors)]
     if not ranked and not allow_empty:

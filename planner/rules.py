@@ -21,7 +21,7 @@ torchtitan CP, EP and float8, the Megatron-DeepSpeed forks and the torch-native 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
@@ -518,14 +518,21 @@ class Checker:
         v = self.shared(c)
         if v is None:
             v = self.row(c)
-        if v is None:  # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training);
-            # the probe's also pp, zero and hybrid (probe_extent_violations, probe_dp_impl)
-            key = (c.tp, c.cp, c.dp, c.ep, c.etp, c.sp) + ((c.pp, c.zero, c.hybrid) if self._probe else ())
-            if key not in self._extras:
-                self._extras[key] = next((x for t in self.targets
-                                          for x in parallel_extras(self.model, c, self.cluster, self.training, t)), None)
-            v = self._extras[key]
+        if v is None:
+            v = self.extras(c, c.ep, c.etp)
         return v
+
+    def extras(self, c: Candidate, ep: int, etp: int) -> Violation | None:
+        """After `row`: the CP / EP / FP8 rules for ``c`` with EP ``ep`` and ETP ``etp`` (a row's candidates differ
+        only in those; ``c`` with them is built only when the answer is not known yet)."""
+        # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training);
+        # the probe's also pp, zero and hybrid (probe_extent_violations, probe_dp_impl)
+        key = (c.tp, c.cp, c.dp, ep, etp, c.sp) + ((c.pp, c.zero, c.hybrid) if self._probe else ())
+        if key not in self._extras:
+            c = c if (c.ep, c.etp) == (ep, etp) else replace(c, ep=ep, etp=etp)
+            self._extras[key] = next((x for t in self.targets
+                                      for x in parallel_extras(self.model, c, self.cluster, self.training, t)), None)
+        return self._extras[key]
 
 
 def structural_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,

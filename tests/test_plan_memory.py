@@ -1,0 +1,96 @@
+"""`plan()`'s shortcuts change no result: `PlanMemory` gives `memory_breakdown`'s floats exactly, and `plan()` ranks,
+counts and exemplifies as scoring every candidate one by one with `memory_breakdown`, `memory_violations` and
+`estimate_time` does."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from planner.cost import CostParams, estimate_time, throughput
+from planner.hardware import make_cluster
+from planner.memory import PlanMemory, memory_breakdown
+from planner.model import Rampup, get_preset
+from planner.rank import Estimate, plan, prepare, rank_key
+from planner.rules import Checker, Reason, knob_values, memory_advice, memory_violations, target_of
+from planner.space import TrainingSpec, enumerate_candidates
+from planner.topology import Topology
+
+CASES = [  # (model, GPUs, GPU, training): PP and not, MoE with EP/ETP, CP, FP8, ZeRO-3/FSDP, DeepSpeed, rampup
+    ("mixtral-8x7b", 32, "H100", dict(global_batch=128, seq_len=8192, framework="megatron-lm", max_mbs=4)),
+    ("mixtral-8x7b", 32, "H100", dict(global_batch=128, seq_len=8192, framework="megatron-lm", max_mbs=4,
+                                      precision="fp8")),
+    ("llama3-8b", 16, "H100", dict(global_batch=64, seq_len=32768, framework="megatron-lm", max_mbs=4)),
+    ("llama3-8b", 32, "A100-80GB", dict(global_batch=256, seq_len=8192, framework="fsdp")),
+    ("1B3", 16, "V100-32GB", dict(global_batch=512, seq_len=2048, precision="fp16", flash_attention=False,
+                                  rampup=Rampup(start=32, increment=32, samples=2_000_000))),
+]
+
+
+def _setup(name, gpus, gpu, kw):
+    training = TrainingSpec(**kw)
+    return prepare(get_preset(name), training), make_cluster(gpu=gpu, gpus=gpus), training
+
+
+def _passing(model, cluster, training):
+    """The candidates that pass every layout rule, in enumeration order."""
+    target = target_of(training)
+    checker = Checker(model, cluster, training, (target,))
+    return [c for c in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training,
+                                            knob_values(target, training)) if checker.first(c) is None]
+
+
+@pytest.mark.parametrize("name, gpus, gpu, kw", CASES)
+def test_plan_memory_is_memory_breakdown_to_the_last_bit(name, gpus, gpu, kw):
+    model, cluster, training = _setup(name, gpus, gpu, kw)
+    memory = PlanMemory(model, cluster, training)
+    cands = _passing(model, cluster, training)
+    assert cands
+    for c in cands:
+        mem = memory_breakdown(model, c, cluster, training)
+        assert memory.breakdown(c) == mem
+        assert memory.total_bytes(c) == mem.total_bytes
+        assert memory.fits(c) == (not memory_violations(mem, cluster, training))
+    head = cands[0]   # a row: one candidate with other (EP, ETP), none of them built by PlanMemory
+    eps = ((1, 1), (2, 1), (1, 2), (4, 2))
+    assert memory.row_fits(head, eps) == [memory.fits(replace(head, ep=ep, etp=etp)) for ep, etp in eps]
+
+
+def _one_by_one(model, cluster, training):
+    """plan() as the plain product scored one candidate at a time."""
+    target = target_of(training)
+    checker = Checker(model, cluster, training, (target,))
+    topology, params = Topology(cluster), CostParams()
+    pruned, examples, survivors, total = Counter(), {}, [], 0
+    for c in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training,
+                                  knob_values(target, training)):
+        total += 1
+        first = checker.first(c)
+        if first is None:
+            mem = memory_breakdown(model, c, cluster, training)
+            reasons = memory_violations(mem, cluster, training)
+            if not reasons:
+                time = estimate_time(model, c, cluster, training, topology, params)
+                survivors.append(Estimate(candidate=c, memory=mem, time=time,
+                                          throughput=throughput(model, c, cluster, training, time),
+                                          advice=tuple(memory_advice(mem, cluster, training))))
+                continue
+            first = reasons[0]
+        pruned[first.reason] += 1
+        examples.setdefault(first.reason, (c, first))
+    return total, pruned, examples, survivors
+
+
+@pytest.mark.parametrize("name, gpus, gpu, kw", CASES)
+def test_plan_ranks_counts_and_exemplifies_as_one_by_one(name, gpus, gpu, kw):
+    model, cluster, training = _setup(name, gpus, gpu, kw)
+    p = plan(model, cluster, training, allow_empty=True)
+    total, pruned, examples, survivors = _one_by_one(model, cluster, training)
+    assert p.total == total
+    assert p.pruned == dict(pruned)
+    assert p.examples == examples
+    assert Reason.MEMORY_TOTAL in p.pruned or training.rampup is not None
+    ranked = [replace(e, rank=i + 1) for i, e in enumerate(sorted(survivors, key=rank_key))]   # stable: ties in order
+    assert p.candidates == ranked
