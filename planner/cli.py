@@ -97,6 +97,11 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
     add("--precision", choices=PRECISIONS, default=None, help="bf16 (default; fp16 on GPUs without bf16) | fp16 | fp32")
     add("--optimizer", choices=OPTIMIZERS, default="adamw")
+    add("--fp8-recipe", choices=("delayed", "tensorwise"), default=None,
+        help="with --precision fp8: Transformer Engine's scaling, delayed (default; amax history) or tensorwise "
+             "(current scaling, as Megatron-Bridge's H100 recipes)")
+    add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
+        help="Megatron-LM's main-grad buffer and its reduce: fp32 (default) or bf16 (--grad-reduce-in-bf16)")
     add("--rampup", nargs=3, type=_positive_int, metavar=("START", "INCREMENT", "SAMPLES"),
         help="batch-size rampup; every rampup batch size becomes a constraint (default: the model's own)")
     add("--no-rampup", action="store_true", help="ignore the model's default rampup")
@@ -200,6 +205,12 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
     flavor = getattr(args, "emit_flavor", None) or "bigscience"
     flash = _flash_default(args, framework, flavor)
     pins = _pins(args, cluster)
+    if getattr(args, "fp8_recipe", None) and precision != "fp8":
+        raise InputError(f"--fp8-recipe applies to FP8 training only (precision here: {precision}); "
+                         "add --precision fp8 or drop --fp8-recipe")
+    if getattr(args, "grad_reduce_dtype", None) and framework != "megatron-lm":
+        raise InputError(f"--grad-reduce-dtype is Megatron-LM's (--grad-reduce-in-bf16); the framework here is "
+                         f"{framework}: add --framework megatron-lm or drop --grad-reduce-dtype")
     gbs = args.global_batch or model.global_batch
     if gbs is None:
         raise InputError(f"model {model.name} has no default global batch; give --global-batch N")
@@ -212,7 +223,9 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         recompute_options=_split(args.recompute, str, "--recompute") or RECOMPUTE,
                         zero_options=_split(args.zero, int, "--zero") or (0, 1, 2, 3),
                         cp_options=_split(args.cp, int, "--cp"), ep_options=_split(args.ep, int, "--ep"),
-                        moe_capacity_factor=args.moe_capacity_factor)
+                        moe_capacity_factor=args.moe_capacity_factor,
+                        fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
+                        grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32")
 
 
 def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:

@@ -80,6 +80,8 @@ def test_explain_table():
     (["--model", "176B", "--gpus", "384", "--zero", "5"], "--zero"),
     (["--model", "1B3", "--gpus", "8", "--gpu", "V100-32GB", "--precision", "bf16"], "no bf16"),
     (["--gpus", "8"], "give --model"),
+    (["--model", "llama3-8b", "--gpus", "8", "--gpu", "H100-SXM", "--fp8-recipe", "tensorwise"], "FP8 training only"),
+    (["--model", "176B", "--gpus", "384", "--grad-reduce-dtype", "bf16"], "Megatron-LM's"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     proc = plan(*args, check=False)
@@ -133,3 +135,19 @@ def test_planner_never_imports_torch():
            "sys.exit(int('torch' in sys.modules or 'optuna' in sys.modules))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_fp8_recipe_and_bf16_grad_reduce_reach_the_plan_and_the_arguments(tmp_path):
+    """--fp8-recipe tensorwise and --grad-reduce-dtype bf16: the planner's memory (2-byte main grads) and
+    Megatron-LM's arguments (--fp8-recipe tensorwise, --grad-reduce-in-bf16)."""
+    base = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "H100-SXM", "--precision", "fp8", "--framework",
+            "megatron-lm", "--tp", "1", "--pp", "1", "--mbs", "1", "--recompute", "full", "--zero", "1"]
+    fp32 = json.loads(plan(*base, "--format", "json").stdout)["candidates"][0]
+    bf16 = json.loads(plan(*base, "--format", "json", "--grad-reduce-dtype", "bf16").stdout)["candidates"][0]
+    assert {k: bf16[k] for k in ("dp", "gas", "vpp")} == {k: fp32[k] for k in ("dp", "gas", "vpp")}
+    assert bf16["memory_gb_per_gpu"] < fp32["memory_gb_per_gpu"]
+    out = tmp_path / "emit"
+    plan(*base, "--fp8-recipe", "tensorwise", "--grad-reduce-dtype", "bf16", "--emit", "megatron-lm", "--out", str(out))
+    args = (out / "args.txt").read_text().split()
+    assert args[args.index("--fp8-recipe") + 1] == "tensorwise"
+    assert "--grad-reduce-in-bf16" in args
