@@ -13,6 +13,7 @@ by `python tests/bench/validate.py`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -132,6 +133,7 @@ def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: 
     return base * tile_eff * wave_eff * k / (k + GEMM_K_HALF)
 
 
+@functools.lru_cache(maxsize=1 << 16)   # pure: a plan asks for a few hundred shapes, tens of thousands of times
 def _gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bool = False) -> float:
     if min(m, n, k) <= 0:  # a dimension split to nothing (vocab 1 over TP 2) does no work
         return 0.0
@@ -195,15 +197,18 @@ def balanced_stage_s(layers: int, pp: int, layer_s: float, head_s: float) -> tup
     return best, best_last
 
 
-def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
-                  topology: Topology, params: CostParams = CostParams()) -> TimeBreakdown:
+LAYER_KEY_FIELDS = ("tp", "sp", "mbs", "cp", "ep", "etp", "recompute")
+"""the candidate fields a layer's compute time reads (`layer_compute_s`): plan() shares it among candidates"""
+
+
+def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                    ) -> tuple[float, float]:
+    """(attention-core forward, forward + backward + recompute) seconds of one layer for one micro-batch on one CP
+    rank: what reads only `LAYER_KEY_FIELDS` of the candidate."""
     acc = cluster.gpu
     fw = get_framework(training.framework)
     g = gemm_context(cluster, training)
-    g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
-    half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
-
     dense, core, elem = context_parallel.layer_forward_s(layer_forward_s, model, cand, cluster, training, g, fw)
     # MoE: grouped expert GEMMs (at the FP8 peak under FP8) instead of the dense MLP
     dense += moe.mlp_time_adjustment_s(model, cand, training, tokens,
@@ -219,6 +224,27 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     extra = fwd if cand.recompute == "full" else (core if cand.recompute == "selective" else 0.0)
     # backward = 2x forward (seed 001 "forward vs backward"); it launches the experts' kernels without a sync
     layer_s = fwd + max(2 * (dense + core + elem), 2 * (host + sync_host)) + extra
+    return core, layer_s
+
+
+def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                  topology: Topology, params: CostParams = CostParams(),
+                  layer_memo: dict | None = None) -> TimeBreakdown:
+    """One candidate's step time, by term. ``layer_memo``: a dict plan() keeps for one plan, `layer_compute_s` by
+    `LAYER_KEY_FIELDS` (the same floats, computed once)."""
+    acc = cluster.gpu
+    fw = get_framework(training.framework)
+    g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
+    tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
+    half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
+    if layer_memo is None:
+        core, layer_s = layer_compute_s(model, cand, cluster, training)
+    else:
+        key = (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, cand.recompute)   # LAYER_KEY_FIELDS
+        parts = layer_memo.get(key)
+        if parts is None:
+            parts = layer_memo[key] = layer_compute_s(model, cand, cluster, training)
+        core, layer_s = parts
 
     # TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed (Megatron Sec. 3.1)
     tp_msgs = 4 + (2 if cand.recompute == "full" else 0)

@@ -144,11 +144,11 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, can
 
 
 def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand: Candidate, topology: Topology,
-           params: CostParams, memory: PlanMemory) -> Estimate:
+           params: CostParams, memory: PlanMemory, layer_times: dict) -> Estimate:
     """Like estimate() for a candidate that passed every layout rule and the memory rule (``memory.fits``): plan()'s
-    path."""
+    path (``layer_times``: plan()'s memo for `estimate_time`)."""
     mem = memory.breakdown(cand)
-    time = estimate_time(model, cand, cluster, training, topology, params)
+    time = estimate_time(model, cand, cluster, training, topology, params, layer_times)
     return Estimate(candidate=cand, memory=mem, time=time, throughput=throughput(model, cand, cluster, training, time),
                     advice=tuple(memory_advice(mem, cluster, training)))
 
@@ -251,6 +251,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     knobs = knob_values(targets[0], training)
     checker = Checker(model, cluster, training, targets)
     memory = PlanMemory(model, cluster, training)
+    layer_times: dict[tuple, tuple] = {}   # planner.cost.layer_compute_s by its key, for this plan's candidates
     free = Checker(model, cluster, replace(training, rampup=None), targets) \
         if free_best and training.rampup is not None else None
     best_free: tuple[tuple, Estimate] | None = None   # ((rank_key, enumeration index), estimate)
@@ -265,7 +266,8 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             pruned[first.reason] += 1
             examples.setdefault(first.reason, (item, first))
             if free.first(item) is None and memory.fits(item):
-                best_free = _better(best_free, _score(model, cluster, training, item, topology, params, memory), total)
+                est = _score(model, cluster, training, item, topology, params, memory, layer_times)
+                best_free = _better(best_free, est, total)
             continue
         head = item.head   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its candidate is built
         fits = memory.row_fits(head, item.eps)
@@ -281,7 +283,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                 if Reason.MEMORY_TOTAL not in examples:
                     examples[Reason.MEMORY_TOTAL] = _memory_example(item.candidate(i), memory)
             else:
-                est = _score(model, cluster, training, item.candidate(i), topology, params, memory)
+                est = _score(model, cluster, training, item.candidate(i), topology, params, memory, layer_times)
                 if free_best:
                     best_free = _better(best_free, est, total)
                 survivors.append(est)
