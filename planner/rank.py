@@ -181,6 +181,12 @@ def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training:
                 recompute, zero, sp, vpp, hybrid, eps = row
                 if not eps:
                     continue
+                known, w = checker.row_known(checker.row_key(group.tp, group.pp, group.dp, group.cp, group.gas,
+                                                             recompute, zero, sp, vpp, hybrid))
+                if known and w is not None and w.reason in examples:   # broken like a row seen before: counted,
+                    pruned[w.reason] += len(eps)                         # no candidate built
+                    yield len(eps)
+                    continue
                 head = group.make(recompute, zero, sp, vpp, hybrid, *eps[0])
                 w = checker.row(head)
                 if w is None:

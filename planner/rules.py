@@ -487,6 +487,7 @@ class Checker:
         self._batches: dict[tuple, Violation | None] = {}
         self._extras: dict[tuple, Violation | None] = {}
         self._targets: dict[tuple, Violation | None] = {}
+        self._rows: dict[tuple, Violation | None] = {}
 
     def shared(self, c: Candidate) -> Violation | None:
         """The first broken rule on (TP, PP, DP, CP) or on (MBS, DP, GAS, PP): the same for every candidate of a
@@ -502,9 +503,26 @@ class Checker:
             v = self._batches[key]
         return v
 
+    def row_key(self, tp: int, pp: int, dp: int, cp: int, gas: int, recompute: str, zero: int, sp: bool, vpp: int,
+                hybrid: bool) -> tuple:
+        """What `row` reads: the frameworks' rules read GAS only as GAS % PP == 0 (interleaved 1F1B), the probe's
+        GAS itself (its schedules' rounds)."""
+        return (tp, pp, dp, cp, gas if self._probe else gas % pp == 0, recompute, zero, sp, vpp, hybrid)
+
+    def row_known(self, key: tuple) -> tuple[bool, Violation | None]:
+        """(whether `row` was answered for ``key`` (`row_key`), its answer): a known row needs no candidate built.
+        The answer's words may name another GAS of the same key; `plan` shows only the first of each reason."""
+        return (key in self._rows, self._rows.get(key))
+
     def row(self, c: Candidate) -> Violation | None:
-        """After `shared`: the redundancy and framework rules, which read no CP, EP, ETP or MBS (the same for every
-        candidate of a row of `planner.space.Group.rows`)."""
+        """After `shared`: the redundancy and framework rules, which read no EP, ETP or MBS (the same for every
+        candidate of a row of `planner.space.Group.rows`), remembered by `row_key`."""
+        key = self.row_key(c.tp, c.pp, c.dp, c.cp, c.gas, c.recompute, c.zero, c.sp, c.vpp, c.hybrid)
+        if key not in self._rows:
+            self._rows[key] = self._row(c)
+        return self._rows[key]
+
+    def _row(self, c: Candidate) -> Violation | None:
         v = next(_redundant(c), None)
         if v is None:  # the frameworks' rules read no CP / EP / MBS: one answer per EP and CP value
             key = (c.tp, c.pp, c.dp, c.gas, c.zero, c.recompute, c.sp, c.vpp, c.hybrid)
