@@ -21,6 +21,7 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
+import sqlalchemy.exc
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG_S = 1800
@@ -117,9 +118,11 @@ def _wait_for_probe(tmp: Path, storage: str, timeout_s: float = HANG_S) -> optun
     """The first RUNNING trial once its probe's worker processes have started."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            trials = optuna.load_study(study_name="cpu", storage=storage).trials
-        except (KeyError, ValueError):
+        try:   # read only: creating the schema here would race the tuner's own creation of it
+            reader = optuna.storages.RDBStorage(storage, skip_table_creation=True)
+            trials = optuna.load_study(study_name="cpu", storage=reader).trials
+        except (KeyError, ValueError, sqlalchemy.exc.OperationalError,
+                optuna.exceptions.StorageInternalError):   # no study, or no tables, yet
             trials = []
         for t in trials:
             if t.state.name == "RUNNING" and len(list((tmp / "runs" / f"trial-{t.number:04d}").glob("pid-rank*"))) == 2:
@@ -174,7 +177,12 @@ def _start_endless_probe(tmp_path: Path, storage: str, *extra: str):
     argv = tiny_argv(tmp_path, "--confirm-top", "0", "--max-probes", "2", "--top-k", "2", "--grace-s", "3600",
                      "--probe-steps", "100000", "--probe-timeout", "3600", *extra)
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    running = _wait_for_probe(tmp_path, storage)
+    try:
+        running = _wait_for_probe(tmp_path, storage)
+    except BaseException:   # a failed wait leaves no endless tuner behind (its workers die with it)
+        proc.kill()
+        proc.communicate()
+        raise
     folder = tmp_path / "runs" / f"trial-{running.number:04d}"
     return proc, running, [int(p.read_text()) for p in folder.glob("pid-rank*")]
 
