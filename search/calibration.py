@@ -1,16 +1,14 @@
 """Refit the planner's cost model to measured step times, over cached term breakdowns (cheap).
 
-    >>> from search.calibration import Measurement, refit, TermModel
+    >>> from search.calibration import Measurement, refit
     >>> params = refit(model, cluster, training, [Measurement(candidate=c, step_time_s=28.0)])
-    >>> fit = TermModel.fit([terms_of(e.time) for e in measured], steps)      # per-term corrections
-    >>> mean, sd = fit.predict_log(terms_of(other.time))
 
 A candidate's predicted step time is a sum of terms the planner already computed
 (`planner.cost.TimeBreakdown`): compute, TP all-reduces, PP bubble and p2p, exposed DP
 communication, and the rest (optimizer step, anything newer). `Terms` caches them once per
 candidate; every refit after that is arithmetic over the cache, never a new `planner.estimate`.
 
-Two fits share the cache:
+The fit over the cache:
 
 - `refit` -> `planner.CostParams` (compute_scale a, comm_scale b), as `tune` records and emits:
   t(a, b) = a·compute + b·(tp + p2p + dp) + bubble·(a·f + b·(1 - f)) + rest, where f is the
@@ -18,15 +16,11 @@ Two fits share the cache:
   sum_i (log measured_i - log t_i)^2 + RIDGE·((log a)^2 + (log b)^2) by Gauss-Newton in (log a, log b);
   the ridge keeps a scale no measurement informs at 1. Exact for `planner.cost` except the
   overlap max() of sharded DP communication, which the cache freezes at the unscaled value.
-- `TermModel` (per-term corrections with a posterior; not what `--sampler ei` ranks by since the replay
-  benchmark showed the `refit` order with the residual spread (`residual_sigma`) needs fewer probes):
-  log t = g + log(c_compute·(compute + rest) + c_tp·tp + c_pp·(bubble + p2p)
-  + c_dp·dp), a global level g (weak prior) and per-term log-corrections c (prior N(0, TERM_PRIOR_SD^2):
-  regularised toward 1, so a few probes cannot run away; a term moves only where probes separate it).
-  MAP by Gauss-Newton, then the Laplace posterior of the parameters; the predictive spread of a
-  candidate is its term mix through that posterior plus the measured residual spread (`sigma`).
+- `residual_sigma`: the measured spread around that refit, what `--sampler ei` takes as every prediction's
+  error (a per-term model with a per-candidate posterior, measured on tests/bench/bench_search.py, needed
+  more probes and was dropped).
 
-Pure Python (5x5 linear algebra), no numpy.
+Pure Python, no numpy.
 """
 
 from __future__ import annotations
@@ -44,15 +38,6 @@ ITERATIONS = 8
 SCALE_RANGE = (0.02, 50.0)
 """scales are clamped to this range (a probe 50x off the model is a broken probe, not a calibration)"""
 
-TERMS = ("compute", "tp", "pp", "dp")
-"""the per-term corrections `TermModel` learns: compute (+ optimizer and the rest), TP all-reduces,
-PP bubble + p2p, exposed DP communication"""
-LEVEL_PRIOR_SD = 2.0
-"""prior sd of the global log level g: effectively free (a CPU probe of a GPU plan may be 30x off)"""
-TERM_PRIOR_SD = 0.25
-"""prior sd of each per-term log correction: a term moves ~25% only when probes separate it (chosen, not
-FITTED: small enough that 2-3 probes cannot push a term 2x, large enough to learn a 1.5x comm error; 0.1 to
-1.0 give the same probes-to-best on the bench_search.py tables but for one probe on one table)"""
 SIGMA_PRIOR = 0.07
 """prior residual spread (log) of the plan's step time on one configuration, before probes say otherwise:
 FITTED as the median, over the 17 replay tables of tests/bench/bench_search.py (seed 003, tr11, Hagemann),
@@ -99,7 +84,7 @@ class Terms:
                 + self.bubble * (a * f + b * (1 - f)) + self.rest)
 
     def parts(self) -> tuple[float, float, float, float]:
-        """The `TERMS` parts: (compute + rest, tp, bubble + p2p, dp)."""
+        """(compute + rest, tp, bubble + p2p, dp)."""
         return (self.compute + self.rest, self.tp, self.bubble + self.p2p, self.dp)
 
 
@@ -189,116 +174,6 @@ def rms_log_error(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     return math.sqrt(sum(e * e for e in errs) / len(errs))
 
 
-# -- the search's model: a global level and per-term corrections with a posterior ---------------------
-
-def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """Gauss-Jordan with partial pivoting for a small symmetric positive definite system."""
-    n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
-    for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
-        m[col], m[piv] = m[piv], m[col]
-        p = m[col][col]
-        if abs(p) < 1e-300:
-            raise ZeroDivisionError("singular system")
-        for r in range(n):
-            if r != col and m[r][col] != 0.0:
-                f = m[r][col] / p
-                for c in range(col, n + 1):
-                    m[r][c] -= f * m[col][c]
-    return [m[i][n] / m[i][i] for i in range(n)]
-
-
-def _inverse(a: list[list[float]]) -> list[list[float]]:
-    n = len(a)
-    cols = [_solve(a, [1.0 if i == j else 0.0 for i in range(n)]) for j in range(n)]
-    return [[cols[j][i] for j in range(n)] for i in range(n)]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TermModel:
-    """The refitted model the search ranks and bets with: ``theta`` = (g, log corrections of `TERMS`)."""
-
-    theta: tuple[float, ...] = (0.0,) * (1 + len(TERMS))
-    cov: tuple[tuple[float, ...], ...] = ()
-    """posterior covariance of theta (Laplace); empty: the prior"""
-    sigma: float = SIGMA_PRIOR
-    """residual spread (log) of measured vs refitted predictions, shrunk toward SIGMA_PRIOR"""
-    n: int = 0
-
-    @property
-    def level(self) -> float:
-        return math.exp(self.theta[0])
-
-    @property
-    def corrections(self) -> dict[str, float]:
-        return {name: math.exp(v) for name, v in zip(TERMS, self.theta[1:])}
-
-    def _prior_var(self) -> list[float]:
-        return [LEVEL_PRIOR_SD ** 2] + [TERM_PRIOR_SD ** 2] * len(TERMS)
-
-    def _mean_and_grad(self, terms: Terms, theta: tuple[float, ...] | None = None) -> tuple[float, list[float]]:
-        th = self.theta if theta is None else theta
-        parts = [math.exp(c) * p for c, p in zip(th[1:], terms.parts())]
-        total = sum(parts)
-        if total <= 0:
-            return th[0] + math.log(max(terms.total, 1e-12)), [1.0] + [0.0] * len(TERMS)
-        return th[0] + math.log(total), [1.0] + [p / total for p in parts]
-
-    def predict_log(self, terms: Terms) -> tuple[float, float]:
-        """(mean, sd) of log step time for a candidate with these terms."""
-        mu, grad = self._mean_and_grad(terms)
-        cov = self.cov or tuple(tuple(v if i == j else 0.0 for j in range(len(grad)))
-                                for i, v in enumerate(self._prior_var()))
-        var = sum(grad[i] * cov[i][j] * grad[j] for i in range(len(grad)) for j in range(len(grad)))
-        return mu, math.sqrt(max(var, 0.0) + self.sigma ** 2)
-
-    def predict_step_s(self, terms: Terms) -> float:
-        return math.exp(self._mean_and_grad(terms)[0])
-
-    @classmethod
-    def fit(cls, data: list[tuple[Terms, float]], *, rounds: int = 2) -> "TermModel":
-        """MAP fit to (terms, measured step) pairs, then the residual spread and the posterior."""
-        prior = cls()
-        if not data:
-            return prior
-        k = 1 + len(TERMS)
-        inv_prior = [1.0 / v for v in prior._prior_var()]
-        sigma = SIGMA_PRIOR
-        theta = [0.0] * k
-        # the level alone first: log of the median ratio measured/predicted (a robust start)
-        ratios = sorted(math.log(step / max(t.total, 1e-12)) for t, step in data)
-        theta[0] = ratios[len(ratios) // 2]
-        model = prior
-        for _ in range(rounds):
-            for _ in range(ITERATIONS):
-                h = [[inv_prior[i] * (sigma ** 2) if i == j else 0.0 for j in range(k)] for i in range(k)]
-                g = [-inv_prior[i] * (sigma ** 2) * theta[i] for i in range(k)]
-                for t, step in data:
-                    mu, grad = prior._mean_and_grad(t, tuple(theta))
-                    r = math.log(step) - mu
-                    for i in range(k):
-                        g[i] += grad[i] * r
-                        for j in range(k):
-                            h[i][j] += grad[i] * grad[j]
-                step_ = _solve(h, g)
-                theta = [th + d for th, d in zip(theta, step_)]
-                if max(abs(d) for d in step_) < 1e-7:
-                    break
-            model = cls(theta=tuple(theta), sigma=sigma, n=len(data))
-            res2 = sum((math.log(step) - model._mean_and_grad(t)[0]) ** 2 for t, step in data)
-            sigma = math.sqrt((SIGMA_PRIOR_WEIGHT * SIGMA_PRIOR ** 2 + res2) / (SIGMA_PRIOR_WEIGHT + len(data)))
-        # posterior covariance at the MAP: (J^T J / sigma^2 + prior precision)^-1
-        h = [[inv_prior[i] if i == j else 0.0 for j in range(k)] for i in range(k)]
-        for t, _ in data:
-            _, grad = model._mean_and_grad(t)
-            for i in range(k):
-                for j in range(k):
-                    h[i][j] += grad[i] * grad[j] / sigma ** 2
-        cov = _inverse(h)
-        return cls(theta=tuple(theta), cov=tuple(tuple(r) for r in cov), sigma=sigma, n=len(data))
-
-
 def residual_sigma(data: list[tuple[Terms, float]], params: CostParams) -> float:
     """Spread (log) of measured vs predicted under ``params``, shrunk toward `SIGMA_PRIOR` (worth
     `SIGMA_PRIOR_WEIGHT` measurements): what one configuration's refitted prediction may be off by."""
@@ -317,5 +192,5 @@ def expected_improvement(mean: float, sd: float, best: float) -> float:
     return (best - mean) * cdf + sd * pdf
 
 
-__all__ = ["Measurement", "TERMS", "TermModel", "Terms", "expected_improvement", "measured_terms",
+__all__ = ["Measurement", "Terms", "expected_improvement", "measured_terms",
            "predicted_step_s", "refit", "refit_terms", "residual_sigma", "rms_log_error", "terms_of"]

@@ -10,9 +10,8 @@ time per sample, under the planner's terms refitted to every measurement (`refit
 communication scales, the CostParams `tune` records) with the measured residual spread as the error of
 every prediction; so a probe that shows communication (TP, PP, DP) cheaper or dearer than planned
 re-orders the rest. Every survivor's terms are cached once, so a choice costs no planner call. Measured
-on tests/bench/bench_search.py: the per-term model with a per-candidate posterior (`TermModel`, the
-exploration EI adds) never moved a choice on the dev tables and trailed this refit on the robustness
-benchmark. ``tpe``: Optuna's TPE proposes
+on tests/bench/bench_search.py: a per-term model with a per-candidate posterior (the exploration EI adds)
+never moved a choice on the dev tables and trailed this refit on the robustness benchmark. ``tpe``: Optuna's TPE proposes
 a point of the structured space (log2 tp, pp, mbs, vpp; ZeRO stage; recompute; flags) and the
 proposal is mapped to the nearest survivor that is not measured, not running, not queued and not
 implied out of memory (`SearchSpace.nearest`, ties to the better calibrated prediction). The mapped
@@ -62,7 +61,7 @@ from planner import CostParams
 from planner.space import RECOMPUTE
 
 from search._base import NOT_FINAL, TuneError
-from search.calibration import SIGMA_PRIOR, Terms, TermModel, expected_improvement, refit_terms, residual_sigma
+from search.calibration import SIGMA_PRIOR, Terms, expected_improvement, refit_terms, residual_sigma
 from search.objective import (RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, ProbeFailed, TrialRecord,
                               worker_dead)
 from search.space import SearchSpace, config_key, params_of
@@ -142,8 +141,6 @@ class SurvivorSampler(BaseSampler):
         self._orders: dict[tuple[float, float], dict[str, int]] = {}
         self._terms = {config_key(e.candidate): Terms.of(e.time) for e in space.survivors}
         self._gbs = {config_key(e.candidate): e.candidate.global_batch for e in space.survivors}
-        self._fit_key: tuple | None = None
-        self._fit = TermModel()
         self._refit_key: tuple | None = None
         self._refit: tuple[CostParams, float] = (CostParams(), SIGMA_PRIOR)
 
@@ -156,15 +153,6 @@ class SurvivorSampler(BaseSampler):
         if key not in self._orders:
             self._orders[key] = rank_by(self.space, lambda k: self._terms[k].step_s(params) / self._gbs[k])
         return self._orders[key]
-
-    def term_model(self, study: optuna.Study, ledger: Ledger | None = None) -> TermModel:
-        """The refitted per-term model of every measurement so far (cached by the measurements)."""
-        data = measured_data(ledger or Ledger.of(study), self.space, self._terms)
-        key = tuple((k, round(s, 9)) for k, s in data)
-        if key != self._fit_key:
-            self._fit_key = key
-            self._fit = TermModel.fit([(self._terms[k], s) for k, s in data])
-        return self._fit
 
     def refitted(self, study: optuna.Study, ledger: Ledger | None = None) -> tuple[CostParams, float, list]:
         """(CostParams refitted to every measurement so far, their residual spread, the data), from the cached
@@ -182,7 +170,7 @@ class SurvivorSampler(BaseSampler):
         measured so far: its prediction under the refitted CostParams (compute and communication scales,
         `refit_terms`), with the measured residual spread as its error; ties (and no measurement yet) to the
         refitted order. Every candidate gets the same spread, so this is the refitted model's best prediction:
-        a per-candidate parameter uncertainty (`TermModel`) was measured to cost probes
+        a per-candidate parameter uncertainty was measured to cost probes
         (tests/bench/bench_search.py)."""
         params, sigma, data = self.refitted(study, ledger)
         order = rank_by(self.space, lambda k: self._terms[k].step_s(params) / self._gbs[k])

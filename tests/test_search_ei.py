@@ -1,4 +1,4 @@
-"""The search's refitted per-term model and its expected-improvement choice.
+"""The search's refit of the planner's terms and its expected-improvement choice.
 
     python -m pytest tests/test_search_ei.py -q
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from planner import CostParams, TrainingSpec, load_model, make_cluster, plan
-from search.calibration import TERMS, TermModel, Terms, expected_improvement
+from search.calibration import Terms, expected_improvement
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = load_model("176B")
@@ -36,49 +36,6 @@ def test_terms_reproduce_the_planners_step_time(survivors):
         t = Terms.of(e.time)
         assert t.total == pytest.approx(e.step_time_s, rel=1e-9)
         assert t.step_s(CostParams()) == pytest.approx(e.step_time_s, rel=1e-9)
-
-
-def test_learns_a_term_where_probes_separate_it(survivors):
-    picked = sorted(survivors, key=lambda e: e.time.tp_comm_s / e.step_time_s)
-    spread = [Terms.of(e.time) for e in picked[::max(1, len(picked) // 12)]]
-    fit = TermModel.fit([(t, truth(t, tp=2.0)) for t in spread])
-    assert fit.corrections["tp"] > 1.25           # toward 2, shrunk by the prior (TERM_PRIOR_SD)
-    # level and compute correction are nearly collinear (compute dominates every step): their product is 1.3
-    assert fit.level * fit.corrections["compute"] == pytest.approx(1.3, rel=0.05)
-    # and then predicts an unmeasured candidate within a few percent
-    other = Terms.of(picked[len(picked) // 2 + 1].time)
-    assert fit.predict_step_s(other) == pytest.approx(truth(other, tp=2.0), rel=0.05)
-
-
-def test_few_probes_cannot_run_away(survivors):
-    """Two probes with the same term mix: the level moves, the per-term corrections stay near 1."""
-    ts = [Terms.of(e.time) for e in survivors[:2]]
-    fit = TermModel.fit([(t, truth(t, level=3.0, tp=2.0)) for t in ts])
-    assert fit.level * fit.corrections["compute"] == pytest.approx(3.0, rel=0.1)
-    assert all(abs(math.log(c)) < 0.5 for c in fit.corrections.values())
-    assert set(fit.corrections) == set(TERMS)
-
-
-def _terms(compute: float, tp: float = 0.0, pp: float = 0.0, dp: float = 0.0) -> Terms:
-    return Terms(compute=compute, tp=tp, p2p=0.0, bubble=pp, dp=dp, rest=0.0, bubble_compute_share=1.0)
-
-
-def test_uncertainty_shrinks_where_measured_and_stays_elsewhere():
-    """A controlled setup (not the planner's exact numbers): six measured layouts with no TP time at all and
-    varied compute/pipeline/DP shares, one unmeasured layout that is mostly TP all-reduce. The posterior is
-    tight where measured; the TP correction, which no measurement informs, keeps its prior exactly."""
-    from search.calibration import TERM_PRIOR_SD
-
-    measured = [_terms(10, pp=p, dp=d) for p, d in ((0, 0), (2, 0), (0, 3), (4, 1), (1, 5), (6, 6))]
-    fit = TermModel.fit([(t, truth(t)) for t in measured])
-    _, sd_measured = fit.predict_log(measured[0])
-    far = _terms(1, tp=9)
-    _, sd_far = fit.predict_log(far)
-    i = 1 + TERMS.index("tp")
-    assert fit.cov[i][i] == pytest.approx(TERM_PRIOR_SD ** 2, rel=1e-9)       # nothing measured moves it
-    assert all(fit.cov[i][j] == pytest.approx(0.0, abs=1e-12) for j in range(len(fit.cov)) if j != i)
-    assert sd_far > sd_measured
-    assert TermModel().predict_log(measured[0])[1] > sd_measured     # the prior is wider than the posterior
 
 
 def test_expected_improvement():
