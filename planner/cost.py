@@ -180,7 +180,8 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
                    + (6 if model.glu else 4) * tokens * model.ffn_hidden / t)
     if not training.flash_attention:
         elementwise += 9 * b * model.heads * s * s / t
-    elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens, training.fp8_recipe)   # FP8 quantization of GEMM inputs
+    # FP8 quantization of the GEMM inputs
+    elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens, training.fp8_recipe)
     elementwise *= fw.elementwise_traffic
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
@@ -219,7 +220,8 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     # the host's (framework.host_s_per_layer_forward; the backward launches about twice as many kernels)
     host = fw.host_s_per_layer_forward
     # MoE: the dispatcher's host sync; what is launched after it runs at the longer of its GPU and host time
-    sync_host, sync_gpu = moe.host_sync_s(model, cand, training, tokens, lambda m, n, k, batch=1: _gemm_s(m, n, k, g, batch))
+    sync_host, sync_gpu = moe.host_sync_s(model, cand, training, tokens,
+                                          lambda m, n, k, batch=1: _gemm_s(m, n, k, g, batch))
     fwd = max(dense + core + elem - sync_gpu, host) + max(sync_gpu, sync_host)
     extra = fwd if cand.recompute == "full" else (core if cand.recompute == "selective" else 0.0)
     # backward = 2x forward (seed 001 "forward vs backward"); it launches the experts' kernels without a sync

@@ -77,7 +77,8 @@ def weight_bytes(base: float, precision: str) -> float:
 
 
 def fp8_param_gather(c: "Candidate", training: "TrainingSpec") -> bool:
-    """Whether plan runs FP8 with Megatron-LM's --fp8-param-gather: FP8 there, with the distributed optimizer it needs."""
+    """Whether plan runs FP8 with Megatron-LM's --fp8-param-gather: FP8 there, with the distributed optimizer it
+    needs."""
     return training.precision == "fp8" and training.framework == "megatron-lm" and c.zero >= 1
 
 
@@ -95,7 +96,8 @@ def model_param_bytes(pb: "ParamBytes", c: "Candidate", training: "TrainingSpec"
 
 def fc1_input_copies(model: "ModelSpec", training: "TrainingSpec") -> float:
     """FC1 inputs per token, in units of h, whose saved copy FP8 shrinks (mean over layers): a dense MLP's norm output,
-    1; a MoE layer's expert GroupedLinear input, the k permuted copies x capacity, 16-bit in `moe.dispatch_activation_sbh`
+    1; a MoE layer's expert GroupedLinear input, the k permuted copies x capacity, 16-bit in
+    `moe.dispatch_activation_sbh`
     (the dispatcher's permute backward needs only the row map, so under FP8 only TE's FP8 copy stays)."""
     if not moe.is_moe(model):
         return 1.0

@@ -11,7 +11,8 @@ communication scales, the CostParams `tune` records) with the measured residual 
 every prediction; so a probe that shows communication (TP, PP, DP) cheaper or dearer than planned
 re-orders the rest. Every survivor's terms are cached once, so a choice costs no planner call. Measured
 on tests/bench/bench_search.py: a per-term model with a per-candidate posterior (the exploration EI adds)
-never moved a choice on the dev tables and trailed this refit on the robustness benchmark. ``tpe``: Optuna's TPE proposes
+never moved a choice on the dev tables and trailed this refit on the robustness benchmark.
+``tpe``: Optuna's TPE proposes
 a point of the structured space (log2 tp, pp, mbs, vpp; ZeRO stage; recompute; flags) and the
 proposal is mapped to the nearest survivor that is not measured, not running, not queued and not
 implied out of memory (`SearchSpace.nearest`, ties to the better calibrated prediction). The mapped
@@ -37,7 +38,8 @@ re-probes included, with the same share (at most half) kept for confirmation.
 Faults: a RUNNING trial whose tuner ran on this host and is gone (its pid is dead) is failed at once
 and probed again; one with no worker recorded (killed between ask() and the first heartbeat) after
 ``--grace-s`` (at most `ORPHAN_S`); one whose tuner (any host) recorded its worker but never a heartbeat,
-``--grace-s`` after it started; others by the heartbeat (``--grace-s`` after the last one). Before printing a result, `run` waits for trials RUNNING
+``--grace-s`` after it started; others by the heartbeat (``--grace-s`` after the last one). Before printing a
+result, `run` waits for trials RUNNING
 elsewhere (or re-runs them once their tuner is found dead), so no best is printed while a
 configuration is unmeasured.
 """

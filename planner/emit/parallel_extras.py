@@ -58,7 +58,8 @@ def megatron_lm_flags(setup) -> list[list[str]]:
     if t.precision == "fp8":
         out += [["--fp8-format", "hybrid"], ["--fp8-recipe", t.fp8_recipe]]
         if t.fp8_recipe == "delayed":
-            out += [["--fp8-amax-history-len", str(FP8_AMAX_HISTORY_LEN)], ["--fp8-amax-compute-algo", FP8_AMAX_COMPUTE_ALGO]]
+            out += [["--fp8-amax-history-len", str(FP8_AMAX_HISTORY_LEN)],
+                    ["--fp8-amax-compute-algo", FP8_AMAX_COMPUTE_ALGO]]
         if c.zero >= 1:   # FP8 weights, all-gathered in FP8 by the distributed optimizer (planner.fp8.FP8_PARAM_BYTES)
             out.append(["--fp8-param-gather"])
     if m.rope_scaling == "llama3":
