@@ -198,14 +198,15 @@ def balanced_stage_s(layers: int, pp: int, layer_s: float, head_s: float) -> tup
     return best, best_last
 
 
-LAYER_KEY_FIELDS = ("tp", "sp", "mbs", "cp", "ep", "etp", "recompute")
-"""the candidate fields a layer's compute time reads (`layer_compute_s`): plan() shares it among candidates"""
+def layer_key(cand: Candidate) -> tuple:
+    """The candidate fields `layer_compute_s` reads: plan() computes it once per distinct key."""
+    return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, cand.recompute)
 
 
 def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                     ) -> tuple[float, float]:
     """(attention-core forward, forward + backward + recompute) seconds of one layer for one micro-batch on one CP
-    rank: what reads only `LAYER_KEY_FIELDS` of the candidate."""
+    rank: what reads only the candidate's `layer_key`."""
     acc = cluster.gpu
     fw = get_framework(training.framework)
     g = gemm_context(cluster, training)
@@ -233,7 +234,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                   topology: Topology, params: CostParams = CostParams(),
                   layer_memo: dict | None = None) -> TimeBreakdown:
     """One candidate's step time, by term. ``layer_memo``: a dict plan() keeps for one plan, `layer_compute_s` by
-    `LAYER_KEY_FIELDS` (the same floats, computed once)."""
+    `layer_key` (the same floats, computed once)."""
     acc = cluster.gpu
     fw = get_framework(training.framework)
     g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
@@ -242,7 +243,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     if layer_memo is None:
         core, layer_s = layer_compute_s(model, cand, cluster, training)
     else:
-        key = (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, cand.recompute)   # LAYER_KEY_FIELDS
+        key = layer_key(cand)
         parts = layer_memo.get(key)
         if parts is None:
             parts = layer_memo[key] = layer_compute_s(model, cand, cluster, training)

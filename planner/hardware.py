@@ -150,6 +150,23 @@ ALIASES = {"V100": "V100-32GB", "A100": "A100-80GB", "H100": "H100-SXM", "H100-8
            "H200-141GB": "H200", "B200-180GB": "B200"}
 
 
+def catalog_id_for_device(name: str) -> str:
+    """The catalog id for a device name as CUDA reports it ('NVIDIA H100 80GB HBM3' -> 'H100-SXM'): the catalog id or
+    alias sharing the family and the most of its other parts with the name (the shorter on a tie)."""
+    upper = name.upper().replace(" ", "-")
+    best, score = None, 0
+    for key in [*CATALOG, *ALIASES]:
+        parts = key.upper().split("-")
+        if parts[0] not in upper:
+            continue
+        hits = sum(part in upper for part in parts)
+        if hits > score or (hits == score and best is not None and len(key) < len(best)):
+            best, score = key, hits
+    if best is None:
+        raise InputError(f"no catalog entry for the device {name!r}; add it to planner/hardware.py or give --gpu")
+    return ALIASES.get(best, best)
+
+
 def get_accelerator(gpu_id: str) -> Accelerator:
     """Exact catalog id (case-insensitive) or a listed alias; anything else fails with the list."""
     by_lower = {k.lower(): k for k in CATALOG} | {k.lower(): v for k, v in ALIASES.items()}

@@ -20,6 +20,16 @@ def data_dir() -> Path:
     return DATA
 
 
+def seed003_plan():
+    """The plan the search tests replay against: BigScience's 1B3 on 8 V100-32GB (2 nodes of 4), GBS 512, fp16,
+    full recompute, ZeRO-1 (seed 003's setting)."""
+    from planner import TrainingSpec, load_model, make_cluster, plan
+
+    return plan(load_model("1B3"), make_cluster(gpu="V100-32GB", gpus=8, gpus_per_node=4),
+                TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", recompute_options=("full",),
+                             zero_options=(1,), flash_attention=False, max_mbs=8))
+
+
 SLURM_RESERVATION = "plantune_test"
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import InputError
-from planner.hardware import CATALOG, apply_calibration, get_accelerator, load_cluster, make_cluster
+from planner.hardware import (CATALOG, apply_calibration, catalog_id_for_device, get_accelerator, load_cluster,
+                              make_cluster)
 
 REQUIRED = {"V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200", "MI250X",
             "MI300X"}
@@ -80,3 +81,17 @@ def test_cluster_presets_carry_their_network(preset, gpu, nics, gbps):
 
 def test_default_network_says_it_is_a_default():
     assert "default" in make_cluster(gpu="A100-80GB", gpus=16).network_line()
+
+
+@pytest.mark.parametrize("device, gpu", [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"),       # nvidia-smi / torch.cuda.get_device_name on the lent H100
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("NVIDIA H200", "H200"),
+    ("Tesla V100-SXM2-32GB", "V100-32GB"),
+])
+def test_cuda_device_names_map_to_the_catalog(device, gpu):
+    assert catalog_id_for_device(device) == gpu
+
+
+def test_an_unknown_device_is_one_clear_error():
+    with pytest.raises(InputError, match="no catalog entry"):
+        catalog_id_for_device("Some Accelerator 9000")

@@ -16,7 +16,7 @@ from dataclasses import replace
 import pytest
 
 from conftest_probes import PROBE_TIMEOUT_S, tiny_model, tiny_spec
-from planner.hardware import make_cluster
+from planner.hardware import catalog_id_for_device, make_cluster
 from planner.memory import stage_memory
 from planner.space import Candidate, TrainingSpec
 
@@ -40,8 +40,7 @@ def cuda_spec(**kw):
 def _planned(spec, precision):
     m = tiny_model(**MEDIUM)
     cand = Candidate(**spec.candidate)
-    gpu = "H100-SXM" if "H100" in torch.cuda.get_device_name(0) else "A100-80GB"
-    cluster = make_cluster(gpu=gpu, gpus_per_node=8, nodes=1)
+    cluster = make_cluster(gpu=catalog_id_for_device(torch.cuda.get_device_name(0)), gpus_per_node=8, nodes=1)
     training = TrainingSpec(global_batch=cand.global_batch, seq_len=m.seq_len, precision=precision,
                             framework="megatron-lm")
     (only,) = stage_memory(m, cand, cluster, training)

@@ -10,13 +10,13 @@ from pathlib import Path
 import optuna
 import pytest
 
-from planner import TrainingSpec, load_model, make_cluster, plan
 from probes.backend import ProbeBackend
 from probes.result import ProbeResult
 from search._base import BackendError
 from search.objective import Ledger, Objective, ProbeFailed, ProbeSettings
 from search.space import SearchSpace, config_key, params_of
 from search.study import Progress, SurvivorSampler, TuneSettings, confirmation_slots, open_study, run
+from conftest import seed003_plan  # noqa: E402
 
 INPUTS = {"test": 1}
 
@@ -44,9 +44,7 @@ class Fake(ProbeBackend):
 
 @pytest.fixture(scope="module")
 def space() -> SearchSpace:
-    p = plan(load_model("1B3"), make_cluster(gpu="V100-32GB", gpus=8, gpus_per_node=4),
-             TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", recompute_options=("full",),
-                          zero_options=(1,), flash_attention=False, max_mbs=8))
+    p = seed003_plan()
     return SearchSpace.from_plan(p)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,7 +16,6 @@ from pathlib import Path
 import optuna
 import pytest
 
-from planner import TrainingSpec, load_model, make_cluster, plan
 from probes.backend import ProbeBackend
 from probes.outcome import classify, parse_first_observed
 from probes.result import ProbeResult
@@ -26,6 +24,7 @@ from search.objective import Ledger, Objective, ProbeSettings
 from search.report import ConfigSummary, best, format_table
 from search.space import SearchSpace, config_key, params_of
 from search.study import Progress, TuneSettings, last_step_time, open_study, reap, run, storage_url
+from conftest import seed003_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "bigscience_1b3_v100.csv"
@@ -196,9 +195,7 @@ class Fake(ProbeBackend):
 
 @pytest.fixture(scope="module")
 def space() -> SearchSpace:
-    p = plan(load_model("1B3"), make_cluster(gpu="V100-32GB", gpus=8, gpus_per_node=4),
-             TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", recompute_options=("full",),
-                          zero_options=(1,), flash_attention=False, max_mbs=8))
+    p = seed003_plan()
     keep = {config_key(e.candidate) for e in p.candidates[:4]}
     return SearchSpace.from_plan(p, keep=keep)
 

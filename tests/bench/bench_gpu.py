@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from planner.flops import layer_forward_matmul_flops, logits_forward_flops  # noqa: E402
-from planner.hardware import ALIASES, CATALOG, make_cluster  # noqa: E402
+from planner.hardware import catalog_id_for_device, make_cluster  # noqa: E402
 from planner.memory import stage_memory, verdict  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
 from planner.space import Candidate, TrainingSpec  # noqa: E402
@@ -49,22 +49,6 @@ MODEL_1B = ModelSpec(name="llama-1.1b", layers=22, hidden=2048, heads=32, kv_hea
 MATMUL_GOAL = 0.60
 MEMORY_GOAL = 0.10
 PROBE_TIMEOUT_S = 900.0
-
-
-def catalog_gpu(name: str) -> str:
-    """The planner catalog id for torch's device name ('NVIDIA H100 80GB HBM3' -> 'H100-SXM')."""
-    upper = name.upper().replace(" ", "-")
-    best, score = None, 0
-    for key in [*CATALOG, *ALIASES]:
-        parts = key.upper().split("-")
-        if parts[0] not in upper:
-            continue
-        hits = sum(part in upper for part in parts)
-        if hits > score or (hits == score and best is not None and len(key) < len(best)):
-            best, score = key, hits
-    if best is not None:
-        return ALIASES.get(best, best)
-    raise SystemExit(f"no planner catalog entry for GPU {name!r}: add it to planner/hardware.py")
 
 
 def probe(model: ModelSpec, mbs: int, *, steps: int, workdir: Path, recompute: str = "none") -> ProbeResult:
@@ -136,7 +120,7 @@ def part_memory(args, r: ProbeResult) -> None:
     if not r.ok:
         return
     m = replace(MODEL_1B, seq_len=args.seq)
-    gpu = catalog_gpu(torch.cuda.get_device_name(0))
+    gpu = catalog_id_for_device(torch.cuda.get_device_name(0))
     cluster = make_cluster(gpu=gpu, gpus_per_node=8, nodes=1)
     cand = Candidate(tp=1, pp=1, dp=1, mbs=args.mbs, gas=1)
     training = TrainingSpec(global_batch=args.mbs, seq_len=m.seq_len, precision="bf16", framework="megatron-lm")
@@ -215,7 +199,7 @@ def part_memsweep(args, tmp: Path) -> None:
     import torch
 
     m = replace(MODEL_1B, seq_len=args.seq)
-    gpu = catalog_gpu(torch.cuda.get_device_name(0))
+    gpu = catalog_id_for_device(torch.cuda.get_device_name(0))
     cluster = make_cluster(gpu=gpu, gpus_per_node=8, nodes=1)
     print(f"memsweep on {gpu}: peak allocated (GB) vs the planner's total less context and buffers")
     for recompute in ("none", "selective", "full"):
@@ -239,7 +223,7 @@ def part_memsweep(args, tmp: Path) -> None:
 def part_largest(args, tmp: Path) -> None:
     import torch
 
-    gpu = catalog_gpu(torch.cuda.get_device_name(0))
+    gpu = catalog_id_for_device(torch.cuda.get_device_name(0))
     cluster = make_cluster(gpu=gpu, gpus_per_node=8, nodes=1)
     base = replace(MODEL_1B, seq_len=args.seq)
     cand = Candidate(tp=1, pp=1, dp=1, mbs=1, gas=1, recompute="full")
