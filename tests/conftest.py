@@ -30,6 +30,36 @@ def seed003_plan():
                              zero_options=(1,), flash_attention=False, max_mbs=8))
 
 
+def study_trials(storage: str, study_name: str) -> list:
+    """A study's trials as a poller beside a running tuner sees them: [] until the tuner has finished creating
+    the storage. Optuna's RDBStorage writes its version rows on construction (even with skip_table_creation),
+    which races the tuner's own first write ('UNIQUE constraint failed: alembic_version'), so the storage is
+    opened only once its alembic revision is stamped, and then writes nothing."""
+    import optuna
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(storage)
+    try:
+        with engine.connect() as conn:
+            stamped = conn.execute(sqlalchemy.text("SELECT version_num FROM alembic_version")).first()
+    except sqlalchemy.exc.OperationalError:   # no file or no table yet
+        stamped = None
+    finally:
+        engine.dispose()
+    if stamped is None:
+        return []
+    try:
+        reader = optuna.storages.RDBStorage(storage, skip_table_creation=True)
+    except (sqlalchemy.exc.OperationalError, optuna.exceptions.StorageInternalError):   # locked by the tuner
+        return []
+    try:
+        return optuna.load_study(study_name=study_name, storage=reader).trials
+    except (KeyError, sqlalchemy.exc.OperationalError, optuna.exceptions.StorageInternalError):
+        return []   # no study yet, or the database locked by the tuner's write: the poller asks again
+    finally:
+        reader.engine.dispose()
+
+
 SLURM_RESERVATION = "plantune_test"
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
-import sqlalchemy.exc
+from conftest import study_trials
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "bigscience_1b3_v100.csv"
@@ -38,12 +38,7 @@ def test_sigkill_then_rerun_keeps_finished_and_reprobes_the_killed_trial(tmp_pat
     deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:               # the event: 3 finished, one probing (it takes 2 s)
         time.sleep(0.2)
-        try:   # read only: creating the schema here would race the tuner's own creation of it
-            reader = optuna.storages.RDBStorage(storage, skip_table_creation=True)
-            trials = optuna.load_study(study_name="kill", storage=reader).trials
-        except (KeyError, ValueError, sqlalchemy.exc.OperationalError,
-                optuna.exceptions.StorageInternalError):   # no study, or no tables, yet
-            continue
+        trials = study_trials(storage, "kill")
         done = [t for t in trials if t.state.name == "COMPLETE"]
         running = [t for t in trials if t.state.name == "RUNNING" and "config" in t.user_attrs]
         if len(done) >= 3 and running:

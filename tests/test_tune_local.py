@@ -21,7 +21,7 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
-import sqlalchemy.exc
+from conftest import study_trials
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG_S = 1800
@@ -118,13 +118,7 @@ def _wait_for_probe(tmp: Path, storage: str, timeout_s: float = HANG_S) -> optun
     """The first RUNNING trial once its probe's worker processes have started."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:   # read only: creating the schema here would race the tuner's own creation of it
-            reader = optuna.storages.RDBStorage(storage, skip_table_creation=True)
-            trials = optuna.load_study(study_name="cpu", storage=reader).trials
-        except (KeyError, ValueError, sqlalchemy.exc.OperationalError,
-                optuna.exceptions.StorageInternalError):   # no study, or no tables, yet
-            trials = []
-        for t in trials:
+        for t in study_trials(storage, "cpu"):
             if t.state.name == "RUNNING" and len(list((tmp / "runs" / f"trial-{t.number:04d}").glob("pid-rank*"))) == 2:
                 return t
         time.sleep(0.3)
