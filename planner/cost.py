@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from planner import context_parallel, flops, fp8, moe
 from planner.framework import Framework, get_framework, padded_vocab
 from planner.hardware import ClusterSpec
-from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params
+from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params, training_param_bytes
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
@@ -334,7 +334,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                                      group=cand.dp * cand.cp) * params.comm_scale
             if cand.zero >= 1:
                 dp_s *= fw.zero12_traffic
-            dp_s *= fp8.param_gather_traffic(cand, training)   # --fp8-param-gather: the all-gather half in FP8
+            dp_s *= dp_traffic_factor(cand, training, half)
             if dp_link.kind == "inter":
                 dp_s /= fw.dp_inter_node_efficiency
             if training.framework == "fsdp":
@@ -397,3 +397,16 @@ def throughput(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training
     return Throughput(samples_per_s=samples, tokens_per_s=tokens, model_tflops_per_gpu=model_tflops,
                       hardware_tflops_per_gpu=hw_tflops, mfu=model_tflops * 1e12 / peak,
                       hfu=hw_tflops * 1e12 / peak, days_to_train=days, gpu_hours_to_train=hours)
+
+
+def dp_traffic_factor(cand: Candidate, training: TrainingSpec, half: int) -> float:
+    """Data-parallel bus bytes relative to a 16-bit gradient all-reduce. Megatron-LM reduces its main-grad buffer as
+    it keeps it: fp32 under bf16/FP8 unless --grad-reduce-in-bf16 (arguments.py accumulate_allreduce_grads_in_fp32 ->
+    DistributedDataParallelConfig.grad_reduce_in_fp32); the distributed optimizer then all-gathers the 16-bit (or,
+    with --fp8-param-gather, FP8) weights: ZeRO-0 reduce/half, ZeRO-1/2 (reduce + gather) / (2·half)."""
+    fp32_main_grads = (training.framework == "megatron-lm" and training.precision in ("bf16", "fp8")
+                       and training.grad_reduce_dtype == "fp32")   # only under --bf16 (fp16 reduces in fp16)
+    reduce = training_param_bytes(training).grads if fp32_main_grads else half
+    if cand.zero == 0:
+        return reduce / half
+    return (reduce + fp8.param_gather_bytes(cand, training, half)) / (2 * half)

@@ -82,10 +82,10 @@ def fp8_param_gather(c: "Candidate", training: "TrainingSpec") -> bool:
     return training.precision == "fp8" and training.framework == "megatron-lm" and c.zero >= 1
 
 
-def param_gather_traffic(c: "Candidate", training: "TrainingSpec") -> float:
-    """Bus traffic of the distributed optimizer's reduce-scatter + all-gather relative to 16-bit both ways: under
-    --fp8-param-gather the all-gather carries the FP8 weights, 1 byte (arguments.py help), (2 + 1) / (2 + 2)."""
-    return (2 + 1) / (2 + 2) if fp8_param_gather(c, training) else 1.0
+def param_gather_bytes(c: "Candidate", training: "TrainingSpec", half: int) -> int:
+    """Bytes per parameter the distributed optimizer's all-gather carries: under --fp8-param-gather the FP8
+    weights, 1 byte (arguments.py help); otherwise the 16-bit weights."""
+    return 1 if fp8_param_gather(c, training) else half
 
 
 def model_param_bytes(pb: "ParamBytes", c: "Candidate", training: "TrainingSpec") -> "ParamBytes":
@@ -142,7 +142,7 @@ def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, token
 
 __all__ = ["FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_traffic_bytes",
            "compute_precision", "fc1_input_copies", "fp8_param_gather", "model_param_bytes",
-           "param_gather_traffic", "violations", "weight_bytes"]
+           "param_gather_bytes", "violations", "weight_bytes"]
 
 
 def require_hardware(gpu: object, precision: str) -> None:

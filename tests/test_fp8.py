@@ -197,6 +197,30 @@ def test_fp8_param_gather_all_gathers_one_byte_weights():
     assert f8.time.dp_comm_s == pytest.approx(0.75 * b16.time.dp_comm_s)
 
 
+def test_megatron_lm_reduces_fp32_main_grads_under_bf16():
+    """Megatron-LM under --bf16 accumulates and reduces gradients in fp32 (arguments.py sets
+    accumulate_allreduce_grads_in_fp32 -> DistributedDataParallelConfig.grad_reduce_in_fp32) unless
+    --grad-reduce-in-bf16; the distributed optimizer then all-gathers 16-bit weights: ZeRO-1 traffic (4 + 2) / (2 + 2),
+    ZeRO-0 4 / 2 of the bf16 reduce. fp16 keeps fp16 gradients (only args.bf16 turns fp32 reduce on). The Llama 3
+    paper (Sec. 3.3.2) reduce-scatters in FP32 as well."""
+    name, gpus, gbs, mbs, seq, tp, pp, cp, vp, ep, _ = row = MEGATRON_BRIDGE_H100[1]
+    m, cluster, dp = load_model(name), make_cluster(gpu="H100", gpus=gpus), gpus // (tp * pp * cp)
+    times = {}
+    for precision in ("bf16", "fp16"):
+        for dtype in ("fp32", "bf16"):
+            t = TrainingSpec(global_batch=gbs, seq_len=seq, framework="megatron-lm", precision=precision,
+                             grad_reduce_dtype=dtype)
+            for zero in (0, 1):
+                c = Candidate(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, gas=gbs // (mbs * dp), zero=zero, sp=True, vpp=vp)
+                times[precision, dtype, zero] = estimate(m, cluster, t, c).time.dp_comm_s
+    assert times["bf16", "bf16", 1] > 0
+    assert times["bf16", "fp32", 1] == pytest.approx(1.5 * times["bf16", "bf16", 1])
+    assert times["bf16", "fp32", 0] == pytest.approx(2.0 * times["bf16", "bf16", 0])
+    assert times["fp16", "fp32", 1] == pytest.approx(times["fp16", "bf16", 1]) == pytest.approx(times["bf16", "bf16", 1])
+    f8, _ = _bridge_estimate(row, grad_reduce_dtype="fp32")   # FP8 weights gathered, fp32 grads reduced: (4 + 1) / 4
+    assert f8.time.dp_comm_s == pytest.approx(1.25 * times["bf16", "bf16", 1])
+
+
 def test_moe_fp8_keeps_the_permuted_copies_in_fp8_and_qwen3_fits_as_published():
     """A MoE layer's expert FC1 input is the k permuted copies (Qwen3-30B-A3B: top-8 of 128 experts, HF config
     num_experts_per_tok), kept by TE GroupedLinear in FP8; Megatron-Bridge ran it on 16 H100 at PP 2 x VP 24, EP 8,
