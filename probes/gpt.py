@@ -142,16 +142,22 @@ def _norm(m: ModelSpec) -> nn.Module:
     return nn.LayerNorm(m.hidden) if m.norm == "layernorm" else RMSNorm(m.hidden)
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    """Rotary position embedding on (batch, seq, heads, head_dim), base 10000 (Su et al. 2021)."""
-    s, d = x.shape[1], x.shape[-1]
-    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))
-    pos = torch.arange(s, device=x.device) if positions is None else positions
+def _rope_tables(s: int, d: int, positions: torch.Tensor | None, device: torch.device,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin of RoPE's angles, (1, s, 1, d), base 10000 (Su et al. 2021), for `_rope`: computed in fp32,
+    kept in ``dtype``; the sin's first half negated, so that rotate_half(x)·sin = roll(x, d/2)·signed sin."""
+    inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d))
+    pos = torch.arange(s, device=device) if positions is None else positions
     angles = torch.outer(pos.to(torch.float32), inv)
-    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
-    x1, x2 = x.float()[..., 0::2], x.float()[..., 1::2]
-    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-    return out.type_as(x)
+    cos, sin = angles.cos().repeat(1, 2), torch.cat((-angles.sin(), angles.sin()), dim=-1)
+    return cos[None, :, None, :].to(dtype), sin[None, :, None, :].to(dtype)
+
+
+def _rope(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotary position embedding on (batch, seq, heads, head_dim), rotate-half form (GPT-NeoX, Megatron's
+    default), in the input's dtype: x·cos + rotate_half(x)·sin, ``tables`` from `_rope_tables` (three kernels)."""
+    cos, signed_sin = tables
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)
 
 
 def _attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -200,6 +206,8 @@ class Attention(nn.Module):
         self.rope = m.position == "rope"
         self.recompute_core = recompute_core
         self.cp: ContextParallel | None = None
+        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        """`_rope_tables` by (local sequence length, device, dtype)"""
         self.wq = nn.Linear(m.hidden, m.hidden, bias=m.bias)
         self.wk = nn.Linear(m.hidden, m.kv_dim, bias=m.bias)
         self.wv = nn.Linear(m.hidden, m.kv_dim, bias=m.bias)
@@ -213,7 +221,10 @@ class Attention(nn.Module):
         cp = self.cp
         positions = cp.positions(device=x.device) if cp is not None else None
         if self.rope:
-            q, k = _rope(q, positions), _rope(k, positions)
+            key = (s, x.device, q.dtype)   # this rank's positions never change: the tables are made once
+            if key not in self._rope_cache:
+                self._rope_cache[key] = _rope_tables(s, self.head_dim, positions, x.device, q.dtype)
+            q, k = _rope(q, self._rope_cache[key]), _rope(k, self._rope_cache[key])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         mask = None
         if cp is not None:            # K/V exchange: every rank's chunks, then the causal mask by global position
@@ -227,6 +238,22 @@ class Attention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
+class _SwiGLU(torch.autograd.Function):
+    """silu(gate)·up keeping only its inputs for the backward, as Megatron-LM's fused SwiGLU
+    (megatron/core/fusions/fused_bias_swiglu.py saves its input and recomputes the activation); eager
+    autograd would also keep silu(gate), one ffn-wide tensor more per layer than the planner counts."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        gate, up = ctx.saved_tensors
+        return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
+
+
 class MLP(nn.Module):
     def __init__(self, m: ModelSpec) -> None:
         super().__init__()
@@ -237,7 +264,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w3 is not None:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+            return self.w2(_SwiGLU.apply(self.w1(x), self.w3(x)))
         return self.w2(F.gelu(self.w1(x)))
 
 
@@ -427,6 +454,8 @@ class GPTStage(nn.Module):
         for sub in self.modules():
             if isinstance(sub, (Attention, Embedding)):
                 sub.cp = cp
+            if isinstance(sub, Attention):
+                sub._rope_cache.clear()   # positions change with the CP layout
 
     def set_expert_parallel(self, ep: ExpertParallel) -> None:
         for sub in self.modules():

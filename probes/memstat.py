@@ -28,6 +28,7 @@ def reset_peak_memory(device) -> bool:
     if device.type == "cuda":
         import torch
 
+        torch.cuda.init()   # the counter exists once CUDA is initialised (a no-op after the first call)
         torch.cuda.reset_peak_memory_stats(device)
         return True
     try:

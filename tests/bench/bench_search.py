@@ -370,6 +370,85 @@ def loto(cases: list[Case], fmt: str) -> int:
     return 0
 
 
+def _states(m) -> float:
+    return m.weights_bytes + m.grads_bytes + m.optimizer_bytes
+
+
+IMPLICATION_RULES = {
+    "same layout (tune's)": None,
+    "every memory term": lambda m: (m.weights_bytes, m.grads_bytes, m.optimizer_bytes, m.activations_bytes,
+                                    m.logits_bytes, m.buffers_bytes),
+    "states, activations, rest": lambda m: (_states(m), m.activations_bytes, m.logits_bytes + m.buffers_bytes),
+    "states, rest": lambda m: (_states(m), m.activations_bytes + m.logits_bytes + m.buffers_bytes),
+    "total": lambda m: (m.total_bytes,),
+}
+"""OOM inference rules ("b needs at least a's memory, so a's OOM implies b's"): `tune`'s structural one
+(`search.space.needs_more_memory`), and dominance in the planner's own memory terms, finest to coarsest"""
+
+
+def _implied(rule, b, a) -> bool:
+    """Under ``rule``, estimate ``b`` needs at least the memory of estimate ``a`` (and is not it)."""
+    from search.space import needs_more_memory
+
+    if b is a:
+        return False
+    if rule is None:
+        return needs_more_memory(b.candidate, a.candidate)
+    return all(x >= y * (1 - 1e-9) for x, y in zip(rule(b.memory), rule(a.memory)))
+
+
+def implications(cases: list[Case], setups: list, fmt: str) -> int:
+    """How far OOM inference can go on the sheets: for each rule, the pairs (a ran out of memory, so b must) it
+    draws among a sheet's measured rows, how many the sheet contradicts (b ran), and what the rule would change
+    in the plan's order (OOM probes it saves before the best; tables where it rules out the best)."""
+    from planner import plan
+
+    out = {}
+    for name, rule in IMPLICATION_RULES.items():
+        pairs = contradicted = saved = best_lost = 0
+        for setup in setups:
+            full = plan(*setup[1:4], allow_empty=True)
+            rows = [(e, r.status) for e in full.candidates
+                    if (r := setup[4].find(e.candidate)) is not None and r.status in ("ok", "oom")]
+            for a, status in rows:
+                if status == "oom":
+                    implied = [s for b, s in rows if _implied(rule, b, a)]
+                    pairs += len(implied)
+                    contradicted += implied.count("ok")
+        for case in cases:
+            ooms = []
+            for e in case.space.survivors:
+                if any(_implied(rule, e, o) for o in ooms):
+                    if config_key_of(e) in case.target:
+                        best_lost += 1
+                        break
+                    row = case.table.find(e.candidate)
+                    saved += row is not None and row.status == "oom"
+                    continue
+                if config_key_of(e) in case.target:
+                    break
+                row = case.table.find(e.candidate)
+                if row is not None and row.status == "oom":
+                    ooms.append(e)
+        out[name] = {"implied_pairs": pairs, "contradicted": contradicted, "oom_probes_saved": saved,
+                     "tables_best_ruled_out": best_lost}
+    if fmt == "json":
+        print(json.dumps(out, indent=1))
+        return 0
+    print("OOM inference on the sheets (pairs among each sheet's measured rows; probes in the plan's order)")
+    for name, v in out.items():
+        print(f"  {name:28s} implied {v['implied_pairs']:4d}, contradicted by the sheet {v['contradicted']:3d}; "
+              f"in the plan's order: OOM probes saved {v['oom_probes_saved']}, tables whose best it rules out "
+              f"{v['tables_best_ruled_out']}")
+    return 0
+
+
+def config_key_of(e) -> str:
+    from search.space import config_key
+
+    return config_key(e.candidate)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=20, help="seeds for the random strategies (tpe, random)")
@@ -380,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--robustness", action="store_true",
                    help="replay every table under planners with one term mis-scaled (a robustness benchmark)")
     p.add_argument("--loto", action="store_true", help="leave-one-table-out choice of the top-k of ei")
+    p.add_argument("--implications", action="store_true",
+                   help="how far OOM inference rules hold on the sheets (implied, contradicted, probes saved)")
     args = p.parse_args(argv)
     import optuna
 
@@ -397,9 +478,12 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     started = time.perf_counter()
     cases, skipped = [], []
-    for setup in [*seed003_setups(), *published_setups(Path(args.data))]:
+    setups = [*seed003_setups(), *published_setups(Path(args.data))]
+    for setup in setups:
         case, why = make_case(*setup)
         (cases.append(case) if case else skipped.append((setup[0], why)))
+    if args.implications:
+        return implications(cases, setups, args.format)
     if args.robustness:
         return robustness(cases, args.seeds, args.format)
     if args.loto:
