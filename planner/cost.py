@@ -404,9 +404,8 @@ def dp_traffic_factor(cand: Candidate, training: TrainingSpec, half: int) -> flo
     it keeps it: fp32 under bf16/FP8 unless --grad-reduce-in-bf16 (arguments.py accumulate_allreduce_grads_in_fp32 ->
     DistributedDataParallelConfig.grad_reduce_in_fp32); the distributed optimizer then all-gathers the 16-bit (or,
     with --fp8-param-gather, FP8) weights: ZeRO-0 reduce/half, ZeRO-1/2 (reduce + gather) / (2·half)."""
-    # the main-grad buffer as memory counts it (--grad-reduce-in-bf16 included); only under --bf16 (fp16 reduces in fp16)
-    megatron_bf16 = training.framework == "megatron-lm" and training.precision in ("bf16", "fp8")
-    reduce = training_param_bytes(training).grads if megatron_bf16 else half
+    # the main-grad buffer as memory counts it (fp16: 2 bytes; bf16: 4 unless --grad-reduce-in-bf16)
+    reduce = training_param_bytes(training).grads if training.framework == "megatron-lm" else half
     if cand.zero == 0:
         return reduce / half
     return (reduce + fp8.param_gather_bytes(cand, training, half)) / (2 * half)

@@ -343,8 +343,12 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
 def training_param_bytes(training: TrainingSpec) -> ParamBytes:
     """Bytes per parameter for the run's precision, optimizer and framework, and its gradient-reduce dtype."""
     pb = param_bytes(training.precision, training.optimizer, training.framework)
-    if training.grad_reduce_dtype == "bf16" and training.framework == "megatron-lm":
-        pb = replace(pb, grads=2)   # --grad-reduce-in-bf16 (arguments.py): the main-grad buffer in bf16, not fp32
+    if training.framework == "megatron-lm" and pb.master and (
+            training.grad_reduce_dtype == "bf16" or training.precision == "fp16"):
+        # Megatron-LM's main-grad buffer is fp32 only under --bf16 (arguments.py: "bfloat16 requires gradient
+        # accumulation and all-reduce to be done in fp32" -> grad_reduce_in_fp32); --fp16 keeps it in the params'
+        # fp16 (param_and_grad_buffer grad_dtype), and --grad-reduce-in-bf16 turns the fp32 off
+        pb = replace(pb, grads=2)
     return pb
 
 

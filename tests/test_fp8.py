@@ -221,6 +221,24 @@ def test_megatron_lm_reduces_fp32_main_grads_under_bf16():
     assert f8.time.dp_comm_s == pytest.approx(1.25 * times["bf16", "bf16", 1])
 
 
+def test_megatron_lm_main_grad_buffer_memory_follows_the_reduce_dtype():
+    """The grad buffer memory and the DP traffic read one fact: Megatron-LM's main grads are fp32 only under --bf16
+    (arguments.py accumulate_allreduce_grads_in_fp32; --grad-reduce-in-bf16 turns it off); --fp16 keeps them in
+    the parameters' fp16 (param_and_grad_buffer grad_dtype): 18 bytes per parameter with bf16 (seed 001, Megatron's
+    theoretical_memory_usage.py), 16 with fp16 or a bf16 reduce, the ZeRO paper's 2 + 2 + 12."""
+    from planner.memory import training_param_bytes
+
+    def per_param(precision, dtype="fp32"):
+        pb = training_param_bytes(TrainingSpec(global_batch=8, seq_len=128, framework="megatron-lm",
+                                               precision=precision, grad_reduce_dtype=dtype))
+        return pb.weights + pb.master + pb.grads + pb.optimizer, pb.grads
+
+    assert per_param("bf16") == (18, 4)
+    assert per_param("bf16", "bf16") == (16, 2)
+    assert per_param("fp16") == (16, 2)
+    assert per_param("fp32") == (16, 4)    # no master copy: the fp32 weights are the gradients' dtype
+
+
 def test_moe_fp8_keeps_the_permuted_copies_in_fp8_and_qwen3_fits_as_published():
     """A MoE layer's expert FC1 input is the k permuted copies (Qwen3-30B-A3B: top-8 of 128 experts, HF config
     num_experts_per_tok), kept by TE GroupedLinear in FP8; Megatron-Bridge ran it on 16 H100 at PP 2 x VP 24, EP 8,
