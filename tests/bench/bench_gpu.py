@@ -220,6 +220,42 @@ def part_memsweep(args, tmp: Path) -> None:
                   f"{got / want - 1:+.1%}")
 
 
+def part_timesweep(args, tmp: Path) -> None:
+    """The planner's ranking on this GPU: one global batch (8 sequences) laid out as MBS 1-8 x no/selective/full
+    recompute, each probed; measured step time against the planner's Megatron-LM estimate (ratio per row and
+    Spearman's rank correlation over the rows, tests/bench/validate.py's)."""
+    import torch
+
+    from planner.rank import estimate
+    from validate import spearman
+
+    m, gbs = replace(MODEL_1B, seq_len=args.seq), 8
+    gpu = catalog_id_for_device(torch.cuda.get_device_name(0))
+    cluster = make_cluster(gpu=gpu, gpus_per_node=8, nodes=1)
+    training = TrainingSpec(global_batch=gbs, seq_len=m.seq_len, precision="bf16", framework="megatron-lm")
+    print(f"timesweep on {gpu}: {m.name}, {gbs} sequences of {m.seq_len} a step; measured vs the planner's step time")
+    rows = []
+    for recompute in ("none", "selective", "full"):
+        for mbs in (1, 2, 4, 8):
+            cand = Candidate(tp=1, pp=1, dp=1, mbs=mbs, gas=gbs // mbs, recompute=recompute)
+            planned = estimate(m, cluster, training, cand).time.step_time_s
+            spec = ProbeSpec(model=m.to_dict(), candidate=cand.to_dict(), precision="bf16", warmup_steps=1, steps=3,
+                             device="cuda", max_cv=10.0)
+            r = run_local(spec, nproc=1, workdir=tmp / f"time-{recompute}-{mbs}", timeout_s=PROBE_TIMEOUT_S)
+            if not r.ok:
+                print(f"  {recompute:9s} mbs {mbs} gas {gbs // mbs}: {r.status} (planner {planned * 1e3:.0f} ms)")
+                continue
+            got = r.step_time_median_s
+            rows.append((planned, got))
+            print(f"  {recompute:9s} mbs {mbs} gas {gbs // mbs}: probe {got * 1e3:6.1f} ms  planner {planned * 1e3:6.1f} ms"
+                  f"  planner/probe {planned / got:.2f}")
+    if len(rows) >= 3:
+        ratios = [p / g for p, g in rows]
+        print(f"Spearman (planner vs probe step time, {len(rows)} layouts): "
+              f"{spearman([p for p, _ in rows], [g for _, g in rows]):.2f}; planner/probe geometric mean "
+              f"{statistics.geometric_mean(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}")
+
+
 def part_largest(args, tmp: Path) -> None:
     import torch
 
@@ -266,7 +302,8 @@ def part_largest(args, tmp: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("all", "matmul", "memory", "kernels", "memsweep", "largest"), default="all")
+    parser.add_argument("--part", choices=("all", "matmul", "memory", "kernels", "memsweep", "timesweep", "largest"),
+                        default="all")
     parser.add_argument("--mbs", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
     parser.add_argument("--steps", type=int, default=10)
@@ -292,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
             part_kernels(args)
         if args.part == "memsweep":           # not in "all": 12 probes
             part_memsweep(args, tmp)
+        if args.part == "timesweep":          # not in "all": 12 probes
+            part_timesweep(args, tmp)
         if args.part in ("all", "largest"):
             part_largest(args, tmp)
     return 0
