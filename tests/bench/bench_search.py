@@ -33,6 +33,7 @@ The deterministic strategies are run once (their result does not depend on the s
 
     python tests/bench/bench_search.py --robustness          # held-out style: the planner made wrong on purpose
     python tests/bench/bench_search.py --loto                # leave-one-table-out choice of the top-k
+    python tests/bench/bench_search.py --implications        # how far OOM inference holds on the sheets
 
 ``--robustness`` (a robustness benchmark, NOT the dev-table result): every table replayed again under a
 planner with one time term mis-scaled (`PERTURBATIONS`: TP, PP or DP time x1/3 or x3, or its FITTED
@@ -40,7 +41,10 @@ per-micro-batch framework overhead dropped), so that the plan's rank of the meas
 on some), as on a held-out sheet where the planner is off; the measured rows and so the target are
 unchanged. ``analytic`` is left out there: its refit (`Objective`) calls the real planner, not the
 perturbed one. ``--loto``: for each table, the top-k (1, 2 or 3) that is best on the other tables (their
-dev and perturbed cases together) is chosen, then scored on the held-out table.
+dev and perturbed cases together) is chosen, then scored on the held-out table. ``--implications``: for each
+OOM inference rule (`IMPLICATION_RULES`: `tune`'s same-layout rule, then dominance in the planner's memory terms,
+finest to coarsest), the (OOM, so OOM) pairs it draws among each sheet's measured rows, how many the sheet
+contradicts (the second ran), and what it would save or lose in the plan's order.
 """
 
 from __future__ import annotations
