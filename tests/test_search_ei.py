@@ -181,3 +181,15 @@ def test_ei_is_never_behind_the_plans_order_on_the_dev_tables_nor_their_perturbe
             (behind if ei > planner else ahead if ei < planner else []).append(c.name)
     assert behind == []
     assert len(ahead) >= 4
+
+
+def test_tunes_oom_inference_is_never_contradicted_by_the_published_sheets():
+    """`tune` skips a configuration that an OOM implies out of memory (`search.space.needs_more_memory`): among
+    every sheet's measured rows no such implication meets a configuration that ran. A rule reading the planner's
+    memory terms instead (each term at least as large) would be contradicted: the README's reason not to use it."""
+    bench = _bench()
+    setups = [*bench.seed003_setups(), *bench.published_setups(ROOT / "tests" / "data")]
+    same_layout = bench.sheet_implications(setups, bench.IMPLICATION_RULES["same layout (tune's)"])
+    every_term = bench.sheet_implications(setups, bench.IMPLICATION_RULES["every memory term"])
+    assert same_layout[0] >= 10 and same_layout[1] == 0
+    assert every_term[1] > 0

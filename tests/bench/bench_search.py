@@ -401,24 +401,31 @@ def _implied(rule, b, a) -> bool:
     return all(x >= y * (1 - 1e-9) for x, y in zip(rule(b.memory), rule(a.memory)))
 
 
+def sheet_implications(setups: list, rule) -> tuple[int, int]:
+    """(pairs, contradicted): the (a ran out of memory, so b must) pairs ``rule`` draws among each sheet's measured
+    rows that the plan keeps, and how many of them the sheet contradicts (b ran)."""
+    from planner import plan
+
+    pairs = contradicted = 0
+    for setup in setups:
+        full = plan(*setup[1:4], allow_empty=True)
+        rows = [(e, r.status) for e in full.candidates
+                if (r := setup[4].find(e.candidate)) is not None and r.status in ("ok", "oom")]
+        for a, status in rows:
+            if status == "oom":
+                implied = [s for b, s in rows if _implied(rule, b, a)]
+                pairs, contradicted = pairs + len(implied), contradicted + implied.count("ok")
+    return pairs, contradicted
+
+
 def implications(cases: list[Case], setups: list, fmt: str) -> int:
     """How far OOM inference can go on the sheets: for each rule, the pairs (a ran out of memory, so b must) it
     draws among a sheet's measured rows, how many the sheet contradicts (b ran), and what the rule would change
     in the plan's order (OOM probes it saves before the best; tables where it rules out the best)."""
-    from planner import plan
-
     out = {}
     for name, rule in IMPLICATION_RULES.items():
-        pairs = contradicted = saved = best_lost = 0
-        for setup in setups:
-            full = plan(*setup[1:4], allow_empty=True)
-            rows = [(e, r.status) for e in full.candidates
-                    if (r := setup[4].find(e.candidate)) is not None and r.status in ("ok", "oom")]
-            for a, status in rows:
-                if status == "oom":
-                    implied = [s for b, s in rows if _implied(rule, b, a)]
-                    pairs += len(implied)
-                    contradicted += implied.count("ok")
+        pairs, contradicted = sheet_implications(setups, rule)
+        saved = best_lost = 0
         for case in cases:
             ooms = []
             for e in case.space.survivors:
