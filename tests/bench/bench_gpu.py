@@ -58,6 +58,13 @@ def probe(model: ModelSpec, mbs: int, *, steps: int, workdir: Path, recompute: s
     return run_local(spec, nproc=1, workdir=workdir, timeout_s=PROBE_TIMEOUT_S)
 
 
+def sweep_probe(model: ModelSpec, cand: Candidate, *, steps: int, workdir: Path) -> ProbeResult:
+    """One short, unprofiled probe of a sweep (memsweep, timesweep): one warm-up step, no spread limit."""
+    spec = ProbeSpec(model=model.to_dict(), candidate=cand.to_dict(), precision="bf16", warmup_steps=1, steps=steps,
+                     device="cuda", max_cv=10.0)
+    return run_local(spec, nproc=1, workdir=workdir, timeout_s=PROBE_TIMEOUT_S)
+
+
 def gemm_shapes(m: ModelSpec, tokens: int) -> list[tuple[int, int, int, int]]:
     """(M, K, N, count) of one training step's GEMMs: each forward X(MxK) W(KxN), its dX and dW."""
     h, f, kv = m.hidden, m.ffn_hidden, m.kv_dim
@@ -208,9 +215,7 @@ def part_memsweep(args, tmp: Path) -> None:
             training = TrainingSpec(global_batch=mbs, seq_len=m.seq_len, precision="bf16", framework="megatron-lm")
             (plan,) = stage_memory(m, cand, cluster, training)
             want = plan.total_bytes - plan.context_bytes - plan.buffers_bytes
-            spec = ProbeSpec(model=m.to_dict(), candidate=cand.to_dict(), precision="bf16", warmup_steps=1, steps=2,
-                             device="cuda", max_cv=10.0)
-            r = run_local(spec, nproc=1, workdir=tmp / f"sweep-{recompute}-{mbs}", timeout_s=PROBE_TIMEOUT_S)
+            r = sweep_probe(m, cand, steps=2, workdir=tmp / f"sweep-{recompute}-{mbs}")
             if not r.ok:
                 print(f"  {recompute:9s} mbs {mbs}: {r.status} (planner {want / 1e9:.2f})")
                 continue
@@ -239,9 +244,7 @@ def part_timesweep(args, tmp: Path) -> None:
         for mbs in (1, 2, 4, 8):
             cand = Candidate(tp=1, pp=1, dp=1, mbs=mbs, gas=gbs // mbs, recompute=recompute)
             planned = estimate(m, cluster, training, cand).time.step_time_s
-            spec = ProbeSpec(model=m.to_dict(), candidate=cand.to_dict(), precision="bf16", warmup_steps=1, steps=3,
-                             device="cuda", max_cv=10.0)
-            r = run_local(spec, nproc=1, workdir=tmp / f"time-{recompute}-{mbs}", timeout_s=PROBE_TIMEOUT_S)
+            r = sweep_probe(m, cand, steps=3, workdir=tmp / f"time-{recompute}-{mbs}")
             if not r.ok:
                 print(f"  {recompute:9s} mbs {mbs} gas {gbs // mbs}: {r.status} (planner {planned * 1e3:.0f} ms)")
                 continue

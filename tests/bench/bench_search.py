@@ -374,16 +374,12 @@ def loto(cases: list[Case], fmt: str) -> int:
     return 0
 
 
-def _states(m) -> float:
-    return m.weights_bytes + m.grads_bytes + m.optimizer_bytes
-
-
 IMPLICATION_RULES = {
     "same layout (tune's)": None,
     "every memory term": lambda m: (m.weights_bytes, m.grads_bytes, m.optimizer_bytes, m.activations_bytes,
                                     m.logits_bytes, m.buffers_bytes),
-    "states, activations, rest": lambda m: (_states(m), m.activations_bytes, m.logits_bytes + m.buffers_bytes),
-    "states, rest": lambda m: (_states(m), m.activations_bytes + m.logits_bytes + m.buffers_bytes),
+    "states, activations, rest": lambda m: (m.static_bytes, m.activations_bytes, m.logits_bytes + m.buffers_bytes),
+    "states, rest": lambda m: (m.static_bytes, m.activations_bytes + m.logits_bytes + m.buffers_bytes),
     "total": lambda m: (m.total_bytes,),
 }
 """OOM inference rules ("b needs at least a's memory, so a's OOM implies b's"): `tune`'s structural one
@@ -422,6 +418,8 @@ def implications(cases: list[Case], setups: list, fmt: str) -> int:
     """How far OOM inference can go on the sheets: for each rule, the pairs (a ran out of memory, so b must) it
     draws among a sheet's measured rows, how many the sheet contradicts (b ran), and what the rule would change
     in the plan's order (OOM probes it saves before the best; tables where it rules out the best)."""
+    from search.space import config_key
+
     out = {}
     for name, rule in IMPLICATION_RULES.items():
         pairs, contradicted = sheet_implications(setups, rule)
@@ -430,13 +428,13 @@ def implications(cases: list[Case], setups: list, fmt: str) -> int:
             ooms = []
             for e in case.space.survivors:
                 if any(_implied(rule, e, o) for o in ooms):
-                    if config_key_of(e) in case.target:
+                    if config_key(e.candidate) in case.target:
                         best_lost += 1
                         break
                     row = case.table.find(e.candidate)
                     saved += row is not None and row.status == "oom"
                     continue
-                if config_key_of(e) in case.target:
+                if config_key(e.candidate) in case.target:
                     break
                 row = case.table.find(e.candidate)
                 if row is not None and row.status == "oom":
@@ -452,12 +450,6 @@ def implications(cases: list[Case], setups: list, fmt: str) -> int:
               f"in the plan's order: OOM probes saved {v['oom_probes_saved']}, tables whose best it rules out "
               f"{v['tables_best_ruled_out']}")
     return 0
-
-
-def config_key_of(e) -> str:
-    from search.space import config_key
-
-    return config_key(e.candidate)
 
 
 def main(argv: list[str] | None = None) -> int:
