@@ -18,21 +18,21 @@ import math
 from dataclasses import dataclass
 
 from planner import context_parallel, flops, fp8, moe
+from planner.constants import (DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFICIENCY, GEMM_K_HALF, RANKING_ERROR,
+                               SHARDED_OVERLAP)
 from planner.framework import Framework, get_framework, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params, training_param_bytes
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
+from planner.terms import COMMUNICATION, COMPUTE, FIXED, MEMORY, Overlap, StepTime, Term, evaluate, scale_of
 from planner.topology import Topology, collective_time_s
 
 # Tile of the GEMM kernels cuBLAS picks for large shapes (128x128 thread-block tiles; NVIDIA "Matrix
 # Multiplication Background" user guide, "Tile Quantization").
 GEMM_TILE = 128
-# Inner size at which a GEMM is half as efficient as a long one (k / (k + GEMM_K_HALF)): short inner
-# dimensions cannot hide load latency. FITTED by hand on Megatron-LM 2021 Table 1 and Korthikanti 2022
-# Table 5 (small-hidden rows), checked on seed 003 (hidden 2048).
-GEMM_K_HALF = 64
+# Inner size at which a GEMM is half as efficient as a long one (k / (k + GEMM_K_HALF)): planner.constants.
 # 16-bit tensor-core GEMMs want every dimension a multiple of 8 elements (NVIDIA "Matrix Multiplication
 # Background" user guide, "Tensor Core Requirements"). The attention's batched GEMMs (QK^T, AV) over a
 # head_dim that is not are modelled at the CUDA-core FP32 rate (datasheet `peak_fp32_flops`): checked on
@@ -41,27 +41,18 @@ GEMM_K_HALF = 64
 # noise of aligned ones; dense GEMMs with an odd-sized dimension (a vocabulary of 50257 unpadded) run at
 # about half speed: nanoGPT (karpathy/nanoGPT model.py, "vocab_size ... padded up to nearest multiple of
 # 64 for efficiency") measured ~25% faster GPT-2 training from 50257 -> 50304, the LM head being ~30% of
-# the FLOPs; also the DeepSpeed autotuning HF GPT-2 dev tables.
+# the FLOPs (DENSE_MISALIGNED_EFFICIENCY, planner.constants); also the DeepSpeed autotuning HF GPT-2 dev tables.
 TENSOR_CORE_MULTIPLE = 8
-DENSE_ALIGNMENT, DENSE_MISALIGNED_EFFICIENCY = 4, 0.5
-# Fraction of HBM bandwidth element-wise kernels (norms, dropout, softmax, optimizer) sustain: copy
-# kernels reach 80-90% of HBM peak (BabelStream results on V100/A100), fused PyTorch kernels less.
-# FITTED by hand on seed 003's V100 tables (no-recompute vs recompute rows) and Korthikanti 2022 Table 5.
-ELEMENTWISE_BW_EFFICIENCY = 0.7
-# Share of the ZeRO-3/FSDP gathers hidden under compute by prefetching (Zhao et al. 2023, PyTorch FSDP,
-# arXiv 2304.11277 Sec. 3.3: forward/backward prefetch overlaps the next all-gather with this layer's
-# compute). FITTED by hand on the torchtitan and fms-fsdp dev tables and Narayanan 2021 Table 2 ZeRO-3
-# rows (where communication dominates and the compute hides under it).
-SHARDED_OVERLAP = 0.8
+DENSE_ALIGNMENT = 4
+# Fraction of HBM bandwidth element-wise kernels sustain (ELEMENTWISE_BW_EFFICIENCY) and share of the ZeRO-3/FSDP
+# gathers prefetching hides (SHARDED_OVERLAP): fitted, planner.constants.
 # Bytes per logit the cross-entropy reads and writes, forward and backward: 16-bit logits read, fp32
 # softmax written and read back, 16-bit gradient written (Megatron's vocab-parallel cross-entropy).
 LOSS_BYTES_PER_LOGIT = 6
 
 
-# How far apart two candidates' predictions must be before the ranking between them means something:
-# the spread of predicted/measured throughput inside one table of published runs (sd of the log ratio,
-# 0.096 over the 30 dev tables: `python tests/bench/validate.py`). Closer candidates are tied.
-RANKING_ERROR = 0.10
+# How far apart two candidates' predictions must be before the ranking between them means something: RANKING_ERROR
+# (planner.constants). Closer candidates are tied.
 
 
 def tied(best_step_s: float, step_s: float) -> bool:
@@ -116,6 +107,10 @@ class TimeBreakdown:
     """exposed ring-attention K/V exchange (context parallel)"""
     ep_comm_s: float = 0.0
     """MoE all-to-all dispatch and combine (expert parallel)"""
+    terms: StepTime | None = None
+    """the terms every line above is the sum of (`TERMS`): what `tune` caches and refits"""
+    params: CostParams = CostParams()
+    """the CostParams the lines are under"""
 
 
 def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
@@ -230,36 +225,54 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     return core, layer_s
 
 
-def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
-                  topology: Topology, params: CostParams = CostParams(),
-                  layer_memo: dict | None = None) -> TimeBreakdown:
-    """One candidate's step time, by term. ``layer_memo``: a dict plan() keeps for one plan, `layer_compute_s` by
-    `layer_key` (the same floats, computed once)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepContext:
+    """What the terms of one candidate's step share, computed once (`step_context`); every term reads it."""
+
+    model: ModelSpec
+    cand: Candidate
+    cluster: ClusterSpec
+    training: TrainingSpec
+    topology: Topology
+    fw: Framework
+    tokens: int
+    """tokens of one micro-batch on one CP rank"""
+    half: int
+    """bytes of a 16-bit (or fp32) activation / gradient value"""
+    core_s: float
+    """one layer's attention-core forward (one micro-batch, one CP rank)"""
+    layer_s: float
+    """one layer's forward + backward (+ recompute), with its host time"""
+    stage_layers: int
+    """layers on the busiest stage"""
+    stage_compute_s: float
+    """one micro-batch's compute on the busiest stage (its layers, and the LM head on the last)"""
+    params_gpu: int
+    """parameters on the GPU of the stage with the most"""
+    shard: int
+    """ZeRO-3/FSDP shard group"""
+
+
+def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                layer_memo: dict | None) -> tuple[float, float]:
+    """`layer_compute_s`, from ``layer_memo`` (plan()'s dict by `layer_key`) when given."""
+    if layer_memo is None:
+        return layer_compute_s(model, cand, cluster, training)
+    key = layer_key(cand)
+    parts = layer_memo.get(key)
+    if parts is None:
+        parts = layer_memo[key] = layer_compute_s(model, cand, cluster, training)
+    return parts
+
+
+def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                 topology: Topology, layer_memo: dict | None = None) -> StepContext:
     acc = cluster.gpu
     fw = get_framework(training.framework)
     g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
     half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
-    if layer_memo is None:
-        core, layer_s = layer_compute_s(model, cand, cluster, training)
-    else:
-        key = layer_key(cand)
-        parts = layer_memo.get(key)
-        if parts is None:
-            parts = layer_memo[key] = layer_compute_s(model, cand, cluster, training)
-        core, layer_s = parts
-
-    # TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed (Megatron Sec. 3.1)
-    tp_msgs = 4 + (2 if cand.recompute == "full" else 0)
-    tp_link = topology.tp_link(cand.tp)
-    tp_layer_s = tp_msgs * collective_time_s(tp_link, kind="all_reduce", message_bytes=tokens * model.hidden * half,
-                                             group=cand.tp) * params.comm_scale
-    # CP: ring attention's exposed K/V exchange (CP group strides by TP); EP: MoE all-to-all (EP group strides by ETP)
-    cp_layer_s = context_parallel.ring_exchange_exposed_s(model, cand, training, cand.cp > 1 and topology.dp_link(
-        cand.tp, cand.cp), collective_time_s, core, half) * params.comm_scale
-    ep_layer_s = moe.all_to_all_layer_s(model, cand, training, tokens, cand.ep > 1 and topology.dp_link(
-        cand.etp, cand.ep), collective_time_s, half) * params.comm_scale
-
+    core, layer_s = layer_times(model, cand, cluster, training, layer_memo)
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
     vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
@@ -278,96 +291,173 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         lps = max(last_layers, -(-(model.layers - last_layers) // (cand.pp - 1)))
     else:
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
-    stage_compute *= params.compute_scale
-    stage_tp = lps * tp_layer_s
-    stage_cp, stage_ep = lps * cp_layer_s, lps * ep_layer_s
+    params_gpu = max(stage_params(model, cand, s, training.framework)
+                     for s in (("only",) if cand.pp == 1 else ("first", "last")))
+    return StepContext(model=model, cand=cand, cluster=cluster, training=training, topology=topology, fw=fw,
+                       tokens=tokens, half=half, core_s=core, layer_s=layer_s, stage_layers=lps,
+                       stage_compute_s=stage_compute, params_gpu=params_gpu,
+                       shard=shard_group_size(cand, cluster.gpus_per_node))
 
-    # p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t,
-    # DeepSpeed's pipeline engine the activation as 1/t and the gradient whole (planner.framework)
-    p2p = overhead = 0.0
-    if cand.pp > 1:
-        pp_link = topology.pp_link(cand.tp, cand.dp * cand.cp, cand.pp)
-        act = tokens * model.hidden * half
-        sends = (act / cand.tp if fw.p2p_activation_split else act) + (act / cand.tp if fw.p2p_grad_split else act)
-        p2p = cand.vpp * collective_time_s(pp_link, kind="send", message_bytes=sends, group=2) * params.comm_scale
-        # the framework's cost per micro-batch and stage (DeepSpeed's partitioned-activation pipeline, TP > 1)
-        if cand.tp > 1:
-            overhead = fw.microbatch_overhead_s
-            p2p += overhead
 
-    slot = stage_compute + stage_tp + stage_cp + stage_ep + p2p
-    bubble_slots = (cand.pp - 1) / cand.vpp
-    compute_s = cand.gas * stage_compute
-    tp_s = cand.gas * stage_tp
-    cp_s, ep_s = cand.gas * stage_cp, cand.gas * stage_ep
-    pp_p2p_s = cand.gas * p2p
-    bubble_s = bubble_slots * slot
+# -- the terms (planner.terms explains the declaration; TERMS below lists them) ------------------------------------
+def compute_s(ctx: StepContext) -> float:
+    """One micro-batch's GEMMs, attention, element-wise work and host time on the busiest stage."""
+    return ctx.stage_compute_s
 
-    # DP / ZeRO / FSDP
-    params_gpu = max(stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))
-    shard = shard_group_size(cand, cluster.gpus_per_node)
+
+def tp_comm_s(ctx: StepContext) -> float:
+    """TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed (Megatron Sec. 3.1)."""
+    cand = ctx.cand
+    msgs = 4 + (2 if cand.recompute == "full" else 0)
+    return ctx.stage_layers * (msgs * collective_time_s(
+        ctx.topology.tp_link(cand.tp), kind="all_reduce", message_bytes=ctx.tokens * ctx.model.hidden * ctx.half,
+        group=cand.tp))
+
+
+def pp_p2p_s(ctx: StepContext) -> float:
+    """p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t,
+    DeepSpeed's pipeline engine the activation as 1/t and the gradient whole (planner.framework); vpp chunks."""
+    cand, fw = ctx.cand, ctx.fw
+    if cand.pp <= 1:
+        return 0.0
+    act = ctx.tokens * ctx.model.hidden * ctx.half
+    sends = (act / cand.tp if fw.p2p_activation_split else act) + (act / cand.tp if fw.p2p_grad_split else act)
+    return cand.vpp * collective_time_s(ctx.topology.pp_link(cand.tp, cand.dp * cand.cp, cand.pp), kind="send",
+                                        message_bytes=sends, group=2)
+
+
+def pp_microbatch_overhead_s(ctx: StepContext) -> float:
+    """The framework's fixed cost per micro-batch and stage (DeepSpeed's partitioned-activation pipeline, TP > 1)."""
+    return ctx.fw.microbatch_overhead_s if ctx.cand.pp > 1 and ctx.cand.tp > 1 else 0.0
+
+
+def dp_grads_s(ctx: StepContext) -> float:
+    """Data-parallel gradient traffic of a step: all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2)
+    after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP); under ZeRO-3/FSDP the
+    parameters all-gathered for the forward and again for the backward and the gradients reduce-scattered
+    (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch."""
+    cand, fw, topology = ctx.cand, ctx.fw, ctx.topology
+    if cand.dp * cand.cp <= 1:
+        return 0.0
+    grad_bytes = ctx.params_gpu * ctx.half
+    shard = ctx.shard
+    if cand.zero >= 3:
+        shard_link = topology.dp_link(cand.tp, shard)   # HYBRID_SHARD: the shard group stays inside a node
+        if fw.sharded_gather_per_rail and shard_link.kind == "inter":
+            shard_link = topology.rail_link(shard_link)
+        gather = collective_time_s(shard_link, kind="all_gather", message_bytes=grad_bytes, group=shard)
+        scatter = collective_time_s(shard_link, kind="reduce_scatter", message_bytes=grad_bytes, group=shard)
+        gathers = 3 if cand.recompute == "full" else 2   # a recomputed forward gathers them once more
+        comm = cand.gas * (gathers * gather + scatter)
+        if cand.hybrid and cand.dp > shard:
+            inter = topology.dp_link(cand.tp * shard, cand.dp // shard)
+            comm += collective_time_s(inter, kind="all_reduce", message_bytes=grad_bytes / shard,
+                                      group=cand.dp // shard)
+        return comm
     dp_link = topology.dp_link(cand.tp, cand.dp * cand.cp)   # gradients reduce over DP x CP (tp-cp-dp rank order)
-    grad_bytes = params_gpu * half
-    dp_s = 0.0
-    if cand.dp * cand.cp > 1:
-        if cand.zero >= 3:
-            shard_link = topology.dp_link(cand.tp, shard)   # HYBRID_SHARD: the shard group stays inside a node
-            if fw.sharded_gather_per_rail and shard_link.kind == "inter":
-                shard_link = topology.rail_link(shard_link)
-            gather = collective_time_s(shard_link, kind="all_gather", message_bytes=grad_bytes, group=shard)
-            scatter = collective_time_s(shard_link, kind="reduce_scatter", message_bytes=grad_bytes, group=shard)
-            # parameters all-gathered for the forward and again for the backward, gradients reduce-scattered
-            # (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch; a
-            # recomputed forward gathers them once more (checkpointed layers re-run their forward)
-            gathers = 3 if cand.recompute == "full" else 2
-            comm = cand.gas * (gathers * gather + scatter)
-            if cand.hybrid and cand.dp > shard:
-                inter = topology.dp_link(cand.tp * shard, cand.dp // shard)
-                comm += collective_time_s(inter, kind="all_reduce", message_bytes=grad_bytes / shard,
-                                          group=cand.dp // shard)
-            comm *= params.comm_scale
-            dp_s = max(comm * (1 - SHARDED_OVERLAP), comm - compute_s)
-        else:
-            # all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2): the same bus traffic,
-            # after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP)
-            dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes,
-                                     group=cand.dp * cand.cp) * params.comm_scale
-            if cand.zero >= 1:
-                dp_s *= fw.zero12_traffic
-            dp_s *= dp_traffic_factor(cand, training, half)
-            if dp_link.kind == "inter":
-                dp_s /= fw.dp_inter_node_efficiency
-            if training.framework == "fsdp":
-                dp_s = max(dp_s * (1 - SHARDED_OVERLAP), dp_s - compute_s)
+    dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes, group=cand.dp * cand.cp)
+    if cand.zero >= 1:
+        dp_s *= fw.zero12_traffic
+    dp_s *= dp_traffic_factor(cand, ctx.training, ctx.half)
+    if dp_link.kind == "inter":
+        dp_s /= fw.dp_inter_node_efficiency
+    return dp_s
 
-    # tied input/output embeddings under PP: the first and last stages all-reduce the word embedding's gradient
-    # every step, after the backward, not overlapped (Megatron-LM _allreduce_embedding_grads; DeepSpeed
-    # PipelineModule.allreduce_tied_weight_gradients); the two stages are (PP-1)·TP·DP ranks apart
-    tied_s = 0.0
-    if model.tied_embeddings and cand.pp > 1:
-        emb_bytes = padded_vocab(model.vocab, cand.tp, fw) // cand.tp * model.hidden * half
-        tied_link = topology.strided_link((cand.pp - 1) * cand.tp * cand.cp * cand.dp, 2)
-        tied_s = collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2) * params.comm_scale
-        dp_s += tied_s
 
-    edp = moe.expert_data_parallel(cand)   # routed-expert gradients: their own reduce over the expert-DP group
-    dp_s += moe.expert_grad_reduce_s(model, cand, lps, moe.is_moe(model) and edp > 1 and topology.dp_link(
-        cand.etp * cand.ep, edp), collective_time_s, half) * params.comm_scale
+def dp_grads_overlap(ctx: StepContext) -> Overlap | None:
+    """ZeRO-3 / FSDP prefetch hides the gathers under the step's compute, up to SHARDED_OVERLAP of them."""
+    if ctx.cand.zero >= 3 or ctx.training.framework == "fsdp":
+        return Overlap(under="compute", window=ctx.cand.gas, exposed_min=1 - SHARDED_OVERLAP)
+    return None
+
+
+def tied_embedding_s(ctx: StepContext) -> float:
+    """Tied input/output embeddings under PP: the first and last stages all-reduce the word embedding's gradient
+    every step, after the backward, not overlapped (Megatron-LM _allreduce_embedding_grads; DeepSpeed
+    PipelineModule.allreduce_tied_weight_gradients); the two stages are (PP-1)·TP·CP·DP ranks apart."""
+    cand, model = ctx.cand, ctx.model
+    if not (model.tied_embeddings and cand.pp > 1):
+        return 0.0
+    emb_bytes = padded_vocab(model.vocab, cand.tp, ctx.fw) // cand.tp * model.hidden * ctx.half
+    tied_link = ctx.topology.strided_link((cand.pp - 1) * cand.tp * cand.cp * cand.dp, 2)
+    return collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2)
+
+
+def optimizer_s(ctx: StepContext) -> float:
+    """The optimizer step at HBM bandwidth: master weights and states read and written, gradients read, weights
+    written (sharded by ZeRO-1+; the routed experts' over the expert-DP group)."""
+    cand, training, model = ctx.cand, ctx.training, ctx.model
     pb = param_bytes(training.precision, training.optimizer)
-    shard_opt = shard if cand.zero >= 1 else 1
-    opt_bytes = params_gpu / shard_opt * (2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
-    opt_bytes += moe.expert_params_on_gpu(model, cand, lps) / (edp if cand.zero >= 1 else 1) * (
-        2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
-    optimizer_s = opt_bytes / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    per_param = 2 * (pb.master + pb.optimizer) + pb.grads + pb.weights
+    shard_opt = ctx.shard if cand.zero >= 1 else 1
+    opt_bytes = ctx.params_gpu / shard_opt * per_param
+    edp = moe.expert_data_parallel(cand)
+    opt_bytes += moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
+    return opt_bytes / (ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
-    step = compute_s + tp_s + cp_s + ep_s + pp_p2p_s + bubble_s + dp_s + optimizer_s
+
+TERMS: tuple[Term, ...] = (
+    Term(name="compute", kind=COMPUTE, group="compute_s", per_microbatch=True, seconds=compute_s,
+         source="GEMMs at peak x tile/wave/inner-dimension efficiency (NVIDIA 'Matrix Multiplication Background'), "
+                "element-wise at HBM bandwidth, backward = 2x forward (seed 001), host-bound passes (framework)",
+         constants=("GEMM_K_HALF", "DENSE_MISALIGNED_EFFICIENCY", "ELEMENTWISE_BW_EFFICIENCY", "EAGER_HOST_S",
+                    "MEGATRON_HOST_S", "EAGER_ELEMENTWISE_TRAFFIC", "KERNEL_LAUNCH_S")),
+    Term(name="tp_comm", kind=COMMUNICATION, group="tp_comm_s", per_microbatch=True, seconds=tp_comm_s,
+         source="Narayanan et al. 2021 Sec. 3.1 / Shoeybi et al. 2019: 2 all-reduces forward, 2 backward a layer",
+         constants=("LINK_EFFICIENCY", "HALF_BANDWIDTH_BYTES_INTRA", "HALF_BANDWIDTH_BYTES_INTER",
+                    "COLLECTIVE_LATENCY_S_INTRA", "COLLECTIVE_LATENCY_S_INTER")),
+    context_parallel.RING_EXCHANGE,
+    moe.ALL_TO_ALL,
+    Term(name="pp_p2p", kind=COMMUNICATION, group="pp_p2p_s", per_microbatch=True, seconds=pp_p2p_s,
+         source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p); DeepSpeed runtime/pipe/engine.py",
+         constants=("LINK_EFFICIENCY",)),
+    Term(name="pp_microbatch_overhead", kind=FIXED, group="pp_p2p_s", per_microbatch=True,
+         seconds=pp_microbatch_overhead_s, source="DeepSpeed runtime/pipe/engine.py (partitioned activations)",
+         constants=("DS_MICROBATCH_OVERHEAD_S",)),
+    Term(name="dp_grads", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False, seconds=dp_grads_s,
+         overlap=dp_grads_overlap, hides_under="compute (ZeRO-3/FSDP prefetch)",
+         flag="FSDP forward/backward prefetch (default on)",
+         source="ring all-reduce / reduce-scatter + all-gather bus bytes (nccl-tests PERFORMANCE.md); ZeRO Sec. 7.2.2",
+         constants=("LINK_EFFICIENCY", "SHARDED_OVERLAP", "DS_DP_INTER_NODE_EFFICIENCY")),
+    Term(name="tied_embedding", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
+         seconds=tied_embedding_s, source="Megatron-LM _allreduce_embedding_grads; DeepSpeed allreduce_tied_weight_"
+                                          "gradients", constants=("LINK_EFFICIENCY",)),
+    moe.EXPERT_GRAD_REDUCE,
+    Term(name="optimizer", kind=MEMORY, group="optimizer_s", per_microbatch=False, seconds=optimizer_s,
+         source="seed 001 bytes per parameter, read and written at HBM bandwidth",
+         constants=("ELEMENTWISE_BW_EFFICIENCY",)),
+)
+
+
+def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                  topology: Topology, params: CostParams = CostParams(),
+                  layer_memo: dict | None = None) -> TimeBreakdown:
+    """One candidate's step time, by term (`TERMS`). ``layer_memo``: a dict plan() keeps for one plan,
+    `layer_compute_s` by `layer_key` (the same floats, computed once)."""
+    ctx = step_context(model, cand, cluster, training, topology, layer_memo)
+    step = evaluate(TERMS, ctx, microbatches=cand.gas, bubble_slots=(cand.pp - 1) / cand.vpp)
     gbs = cand.global_batch
-    return TimeBreakdown(compute_s=compute_s, tp_comm_s=tp_s, pp_bubble_s=bubble_s, pp_p2p_s=pp_p2p_s,
-                         dp_comm_s=dp_s, optimizer_s=optimizer_s, step_time_s=step,
-                         model_flops=flops.model_flops_per_iteration(model, gbs),
-                         hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute),
-                         pp_overhead_s=cand.gas * overhead, bubble_overhead_s=bubble_slots * overhead,
-                         tied_embedding_s=tied_s, cp_comm_s=cp_s, ep_comm_s=ep_s)
+    return breakdown(step, params, model_flops=flops.model_flops_per_iteration(model, gbs),
+                     hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute))
+
+
+def breakdown(step: StepTime, params: CostParams, *, model_flops: float, hardware_flops: float) -> TimeBreakdown:
+    """The breakdown's lines, each the sum of its terms (`StepTime.groups`), under ``params``."""
+    per_mb, bubble, per_step = step.groups(params)
+    overhead = step.by_name("pp_microbatch_overhead")
+    overhead_s = overhead.seconds if overhead else 0.0
+    tied = step.by_name("tied_embedding")
+    lines = dict(per_mb)
+    for g, v in per_step.items():   # a group with terms of both kinds
+        lines[g] = lines[g] + v if g in lines else v
+    return TimeBreakdown(compute_s=lines.get("compute_s", 0.0), tp_comm_s=lines.get("tp_comm_s", 0.0),
+                         pp_bubble_s=bubble, pp_p2p_s=lines.get("pp_p2p_s", 0.0),
+                         dp_comm_s=lines.get("dp_comm_s", 0.0), optimizer_s=lines.get("optimizer_s", 0.0),
+                         step_time_s=step.step_s(params), model_flops=model_flops, hardware_flops=hardware_flops,
+                         pp_overhead_s=step.microbatches * overhead_s, bubble_overhead_s=step.bubble_slots * overhead_s,
+                         tied_embedding_s=tied.seconds * scale_of(tied.kind, params) if tied else 0.0,
+                         cp_comm_s=lines.get("cp_comm_s", 0.0), ep_comm_s=lines.get("ep_comm_s", 0.0),
+                         terms=step, params=params)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

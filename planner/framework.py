@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.constants import (DS_DP_INTER_NODE_EFFICIENCY, DS_MICROBATCH_OVERHEAD_S, EAGER_ELEMENTWISE_TRAFFIC,
+                               EAGER_HOST_S, MEGATRON_HOST_S)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Framework:
@@ -44,27 +47,15 @@ class Framework:
 # each a blocking torch.distributed call); with TP > 1 it sends activations partitioned over TP
 # (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the receiver)
 # but gradients whole (is_grad_partitioned = False).
-DS_MICROBATCH_OVERHEAD_S = 0.05
-"""FITTED on the BLOOM tr11 dev tables (chronicles-prequel 02-20..23, MBS sweeps at fixed TP8/PP/DP): the
-within-table spread of predicted/measured is flat from 0.02 to 0.05 s (sd of log ratio 0.048-0.050) and
-the pick per model shape is best from 0.05 s; seed 003's TP1 pipelines show no such cost (< 0.01 s),
-hence only with TP > 1"""
+# its fixed cost per micro-batch and stage: DS_MICROBATCH_OVERHEAD_S (planner.constants)
 
-# Host time per layer forward. Eager Hugging Face blocks launch ~40 small kernels per layer forward
-# (reshapes, splits, dropout, masks, adds), ~100 us each with Python and autograd: FITTED on the DeepSpeed
-# autotuning HF GPT-2 dev tables (0.12B-1.5B on 16 V100, step times nearly flat in the micro-batch).
-EAGER_HOST_S = 4e-3
-# Megatron's fused layer launches a third as many: a third of the eager figure (by the same count).
-MEGATRON_HOST_S = EAGER_HOST_S / 3
+# Host time per layer forward, eager (EAGER_HOST_S) and Megatron's fused layer (MEGATRON_HOST_S): planner.constants.
 
 # DeepSpeed ZeRO-1/2 under its pipeline engine (runtime/zero/stage_1_and_2.py, 2022): the gradients
 # are all-reduced in buckets (reduce_gradients(pipeline_parallel=True) -> buffered all-reduce), then
 # the updated 16-bit parameters all-gathered (all_gather_dp_groups): 1.5x one all-reduce's bytes.
 DS_ZERO12_TRAFFIC = 1.5
-DS_DP_INTER_NODE_EFFICIENCY = 0.5
-"""FITTED on the BLOOM tr11 dev tables (the PP 4-12 sweep at TP8: shallow pipelines, larger DP
-reductions across nodes, measured slower than predicted; the issue saw 5-15x the predicted DP time),
-bucket-by-bucket synchronous reductions over 48 nodes; with it all 9 tr11 model shapes pick within 1%"""
+# its cross-node reduction rate: DS_DP_INTER_NODE_EFFICIENCY (planner.constants)
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(name="megatron-lm", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=True,
@@ -77,12 +68,11 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               balances_stages=True, sharded_gather_per_rail=True,
               source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); PipelineModule "
                      "partition_method (balanced stages; BLOOM: 'type:transformer|embedding'); Megatron vocab padding; "
-                     "ZeRO-3 gathers per rail FITTED on Narayanan 2021 Table 2 ZeRO-3 rows"),
+                     "ZeRO-3 gathers per rail: a FITTED choice on Narayanan 2021 Table 2 ZeRO-3 rows"),
     # an eager PyTorch model (seed 002 trains a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and
     # SwiGLU as several unfused kernels each, reading and writing the activations about twice as often as
-    # Megatron's fused kernels: elementwise_traffic 2.0 set by hand, checked on the torchtitan, fms-fsdp
-    # and DeepSpeed autotuning HF GPT-2 dev tables (tests/bench/validate.py)
-    Framework(name="fsdp", elementwise_traffic=2.0, p2p_activation_split=False, p2p_grad_split=False,
+    # Megatron's fused kernels: EAGER_ELEMENTWISE_TRAFFIC (planner.constants)
+    Framework(name="fsdp", elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, p2p_activation_split=False, p2p_grad_split=False,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=EAGER_HOST_S, pads_vocab=False,
               zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False, source="PyTorch FSDP / torchtitan / Hugging Face eager modules (seed 002)"),
 )}

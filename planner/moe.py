@@ -27,7 +27,12 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
+from planner.constants import KERNEL_LAUNCH_S
+from planner.terms import COMMUNICATION, Term
+from planner.topology import collective_time_s
+
 if TYPE_CHECKING:  # no import cycle at run time: model.py calls into this module
+    from planner.cost import StepContext
     from planner.model import ModelSpec
     from planner.space import Candidate, TrainingSpec
 
@@ -40,11 +45,7 @@ DROPLESS_CAPACITY = 1.0
 # Transformer Engine GroupedLinear's FC1 and FC2 GEMMs, one cuBLAS call each per expert split (m_splits); under FP8
 # also each GEMM input's quantization per split (TE split_quantize), so 4.
 MOE_KERNELS_PER_EXPERT = 2
-# Host seconds per such launch (TE's Python wrapper, the per-split bookkeeping, the launch itself). FITTED on the
-# Megatron-Bridge 25.11 DGX-B200 Qwen3-30B-A3B row (MBS 1: the host-bound one, 16 local experts; tokens/s per
-# GPU, tests/bench/validate_moe_cp.py), checked on its DGX-H100 Qwen3 and DGX-B200 DeepSeek-V3 (32 local) rows;
-# a fifth of the ~100 us per eager PyTorch op with autograd that planner.framework's EAGER_HOST_S counts.
-KERNEL_LAUNCH_S = 20e-6
+# Host seconds per such launch: KERNEL_LAUNCH_S, fitted (planner.constants).
 
 
 # -- shape --------------------------------------------------------------------------------------------
@@ -389,7 +390,33 @@ def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link
     return collective_s(link, kind="all_reduce", message_bytes=n * bytes_per_grad, group=edp)
 
 
-__all__ = ["active_params", "add_expert_states", "all_to_all_layer_s", "attention_params", "capacity",
+def all_to_all_s(ctx: "StepContext") -> float:
+    """The term: the busiest stage's EP all-to-alls for one micro-batch (the EP group strides by ETP)."""
+    c = ctx.cand
+    link = c.ep > 1 and ctx.topology.dp_link(c.etp, c.ep)
+    return ctx.stage_layers * all_to_all_layer_s(ctx.model, c, ctx.training, ctx.tokens, link, collective_time_s,
+                                                 ctx.half)
+
+
+def expert_grad_reduce_term_s(ctx: "StepContext") -> float:
+    """The term: routed-expert gradients reduced over the expert-DP group once a step."""
+    c, m = ctx.cand, ctx.model
+    edp = expert_data_parallel(c)
+    link = is_moe(m) and edp > 1 and ctx.topology.dp_link(c.etp * c.ep, edp)
+    return expert_grad_reduce_s(m, c, ctx.stage_layers, link, collective_time_s, ctx.half)
+
+
+ALL_TO_ALL = Term(name="ep_all_to_all", kind=COMMUNICATION, group="ep_comm_s", per_microbatch=True,
+                  seconds=all_to_all_s, source="Megatron-Core MoE alltoall token dispatcher (dispatch + combine, "
+                                               "forward and backward); nccl-tests alltoall busbw",
+                  constants=("LINK_EFFICIENCY",))
+EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
+                          seconds=expert_grad_reduce_term_s,
+                          source="Megatron DDP: expert parameters in their own buckets and expert-DP group",
+                          constants=("LINK_EFFICIENCY",))
+
+
+__all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "active_params", "add_expert_states", "all_to_all_layer_s", "attention_params", "capacity",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
            "host_sync_s", "is_moe", "layer_forward_matmul_flops", "mean_layer_params", "mlp_time_adjustment_s",
            "moe_layer_count", "mtp_forward_flops", "mtp_non_expert_params", "mtp_params", "needs_own_shape",
