@@ -340,6 +340,10 @@ def render_explain(e: Estimate, cluster: ClusterSpec) -> str:
         out.append("\nStep time (s):")
         out.append(tabulate([[k.removesuffix("_s"), v] for k, v in d["time_breakdown_s"].items()]
                             + [["step", d["step_time_s"]]], floatfmt=".3f"))
+        out.append("\nTerms (the lines above are their sums; per-micro-batch terms also fill the bubble):")
+        out.append(tabulate([[r["name"], r["kind"], r["exposed_s"], r["hidden_s"], r["flag"] if r["overlaps"] else "-"]
+                             for r in d["terms"]], headers=["term", "kind", "exposed s", "hidden s", "overlap flag"],
+                            floatfmt=".3f"))
         out.append(f"\nmodel TFLOPs/GPU {d['model_tflops_per_gpu']:.1f}, hardware TFLOPs/GPU "
                    f"{d['hardware_tflops_per_gpu']:.1f}, MFU {d['mfu']:.1%}, {d['tokens_per_s']:,.0f} tokens/s")
     return "\n".join(out)

@@ -441,6 +441,23 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                      hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute))
 
 
+def term_rows(time: TimeBreakdown) -> list[dict]:
+    """Each term of the step with its declaration (`TERMS`): seconds exposed on the step outside the bubble, seconds
+    hidden under another term, kind, what it hides under and the flag that turns that on, source, constants."""
+    if time.terms is None:
+        return []
+    decl = {t.name: t for t in TERMS}
+    rows = []
+    for name, (exposed, hidden) in time.terms.step_seconds_by_term(time.params).items():
+        tt, d = time.terms.by_name(name), decl.get(name)
+        rows.append({"name": name, "kind": tt.kind, "line": tt.group, "exposed_s": exposed, "hidden_s": hidden,
+                     "per_microbatch": tt.per_microbatch, "overlaps": tt.overlap is not None,
+                     "hides_under": d.hides_under if d else "",
+                     "flag": d.flag if d else "", "source": d.source if d else "",
+                     "constants": list(d.constants) if d else []})
+    return rows
+
+
 def breakdown(step: StepTime, params: CostParams, *, model_flops: float, hardware_flops: float) -> TimeBreakdown:
     """The breakdown's lines, each the sum of its terms (`StepTime.groups`), under ``params``."""
     per_mb, bubble, per_step = step.groups(params)

@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, throughput
+from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, term_rows, throughput
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
 from planner.memory import MemoryBreakdown, PlanMemory, memory_breakdown
@@ -79,6 +79,8 @@ class Estimate:
                 d["time_breakdown_s"] = {k: _r(getattr(self.time, k), 4) for k in (
                     "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s", "dp_comm_s",
                     "optimizer_s")}
+                d["terms"] = [{k: _r(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+                              for row in term_rows(self.time)]
         return d
 
 
