@@ -102,6 +102,10 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
              "(current scaling, as Megatron-Bridge's H100 recipes)")
     add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
         help="Megatron-LM's main-grad buffer and its reduce: fp32 (default) or bf16 (--grad-reduce-in-bf16)")
+    add("--overlap", default=None, metavar="LIST",
+        help="Megatron-LM communication overlapped with compute: a comma list of grad-reduce, param-gather, tp-comm, "
+             "p2p, or none (default grad-reduce,param-gather,p2p: --overlap-grad-reduce --overlap-param-gather and "
+             "Megatron's overlapped p2p in interleaved 1F1B; tp-comm adds --tp-comm-overlap, with SP)")
     add("--rampup", nargs=3, type=_positive_int, metavar=("START", "INCREMENT", "SAMPLES"),
         help="batch-size rampup; every rampup batch size becomes a constraint (default: the model's own)")
     add("--no-rampup", action="store_true", help="ignore the model's default rampup")
@@ -225,7 +229,16 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         cp_options=_split(args.cp, int, "--cp"), ep_options=_split(args.ep, int, "--ep"),
                         moe_capacity_factor=args.moe_capacity_factor,
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
-                        grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32")
+                        grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
+                        overlap=_overlap(getattr(args, "overlap", None)))
+
+
+def _overlap(text: str | None) -> tuple[str, ...] | None:
+    """--overlap LIST -> the names (TrainingSpec checks them); "none" -> ()."""
+    if text is None:
+        return None
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    return () if names == ("none",) else names
 
 
 def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from planner import context_parallel, flops, fp8, moe
 from planner.constants import (DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFICIENCY, GEMM_K_HALF, RANKING_ERROR,
                                SHARDED_OVERLAP)
-from planner.framework import Framework, get_framework, padded_vocab
+from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params, training_param_bytes
 from planner.model import ModelSpec
@@ -331,7 +331,7 @@ def pp_microbatch_overhead_s(ctx: StepContext) -> float:
     return ctx.fw.microbatch_overhead_s if ctx.cand.pp > 1 and ctx.cand.tp > 1 else 0.0
 
 
-def dp_grads_s(ctx: StepContext) -> float:
+def dp_comm_s(ctx: StepContext) -> float:
     """Data-parallel gradient traffic of a step: all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2)
     after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP); under ZeRO-3/FSDP the
     parameters all-gathered for the forward and again for the backward and the gradients reduce-scattered
@@ -364,10 +364,80 @@ def dp_grads_s(ctx: StepContext) -> float:
     return dp_s
 
 
+def param_gather_share(ctx: StepContext) -> float:
+    """Share of `dp_comm_s` that is Megatron-LM's distributed-optimizer parameter all-gather (the rest is the
+    gradient reduce-scatter): `dp_traffic_factor`'s two parts; 0 elsewhere (DeepSpeed and FSDP are one term)."""
+    cand, training = ctx.cand, ctx.training
+    if training.framework != "megatron-lm" or cand.zero == 0 or cand.zero >= 3:
+        return 0.0
+    gather = fp8.param_gather_bytes(cand, training, ctx.half)
+    return gather / (training_param_bytes(training).grads + gather)
+
+
+def dp_grads_s(ctx: StepContext) -> float:
+    """The gradient reduction (all of `dp_comm_s` but Megatron-LM's parameter all-gather)."""
+    share = param_gather_share(ctx)
+    return dp_comm_s(ctx) * (1 - share) if share else dp_comm_s(ctx)
+
+
+def dp_param_gather_s(ctx: StepContext) -> float:
+    """Megatron-LM's distributed optimizer all-gathers the updated 16-bit (or FP8) parameters after the step."""
+    share = param_gather_share(ctx)
+    return dp_comm_s(ctx) * share if share else 0.0
+
+
+def ddp_bucket_share(ctx: StepContext) -> float:
+    """One Megatron DDP bucket's share of the stage's parameters: buckets of max(40M, 1M x DP) parameters
+    (megatron/core/distributed/distributed_data_parallel.py, bucket_size default), DP the gradient group (DP x CP)."""
+    bucket = max(40_000_000, 1_000_000 * ctx.cand.dp * ctx.cand.cp)
+    return min(1.0, bucket / max(1, ctx.params_gpu))
+
+
+def backward_share(cand: Candidate) -> float:
+    """Backward (with a recomputed forward) share of a micro-batch's compute: backward = 2x forward (seed 001)."""
+    r = 1 if cand.recompute == "full" else 0
+    return (2 + r) / (3 + r)
+
+
 def dp_grads_overlap(ctx: StepContext) -> Overlap | None:
-    """ZeRO-3 / FSDP prefetch hides the gathers under the step's compute, up to SHARDED_OVERLAP of them."""
-    if ctx.cand.zero >= 3 or ctx.training.framework == "fsdp":
-        return Overlap(under="compute", window=ctx.cand.gas, exposed_min=1 - SHARDED_OVERLAP)
+    """ZeRO-3 / FSDP prefetch hides the gathers under the step's compute, up to SHARDED_OVERLAP of them. Megatron-LM
+    with --overlap-grad-reduce reduces each bucket as its gradients are ready, under the last micro-batch's backward;
+    the last bucket's reduce starts when the backward ends (megatron/core/distributed/param_and_grad_buffer.py)."""
+    cand, training = ctx.cand, ctx.training
+    if cand.zero >= 3 or training.framework == "fsdp":
+        return Overlap(under="compute", window=cand.gas, exposed_min=1 - SHARDED_OVERLAP)
+    if training.framework == "megatron-lm" and "grad-reduce" in overlaps(training):
+        return Overlap(under="compute", window=backward_share(cand), exposed_min=ddp_bucket_share(ctx))
+    return None
+
+
+def dp_param_gather_overlap(ctx: StepContext) -> Overlap | None:
+    """--overlap-param-gather: each bucket's all-gather is waited for when the next step's forward reaches it, so it
+    hides under the first micro-batch's forward but for the first bucket (distributed_data_parallel.py forward
+    pre-hooks)."""
+    if "param-gather" in overlaps(ctx.training):
+        return Overlap(under="compute", window=1 - backward_share(ctx.cand), exposed_min=ddp_bucket_share(ctx))
+    return None
+
+
+def tp_comm_overlap(ctx: StepContext) -> Overlap | None:
+    """--tp-comm-overlap (Transformer Engine userbuffers, with SP): each all-gather / reduce-scatter is split into TP
+    chunks pipelined with the GEMM's chunks, so all but one chunk's transfer hides under the layer's GEMMs
+    (TransformerEngine comm_gemm_overlap, ring-exchange / pipelined split); the GEMMs taken as the stage's compute."""
+    cand = ctx.cand
+    if cand.tp > 1 and cand.sp and "tp-comm" in overlaps(ctx.training):
+        return Overlap(under="compute", window=1.0, exposed_min=1 / cand.tp)
+    return None
+
+
+def pp_p2p_overlap(ctx: StepContext) -> Overlap | None:
+    """Megatron's interleaved 1F1B with overlap_p2p_comm posts each chunk's sends and receives asynchronously and
+    waits for them only before the chunk that needs them: they run beside the other chunks' compute
+    (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving). Not overlapped in
+    plain 1F1B (Megatron turns the option off without VPP)."""
+    cand = ctx.cand
+    if cand.vpp > 1 and ctx.training.framework == "megatron-lm" and "p2p" in overlaps(ctx.training):
+        return Overlap(under="compute", window=1.0, exposed_min=0.0)
     return None
 
 
@@ -403,22 +473,34 @@ TERMS: tuple[Term, ...] = (
          constants=("GEMM_K_HALF", "DENSE_MISALIGNED_EFFICIENCY", "ELEMENTWISE_BW_EFFICIENCY", "EAGER_HOST_S",
                     "MEGATRON_HOST_S", "EAGER_ELEMENTWISE_TRAFFIC", "KERNEL_LAUNCH_S")),
     Term(name="tp_comm", kind=COMMUNICATION, group="tp_comm_s", per_microbatch=True, seconds=tp_comm_s,
+         overlap=tp_comm_overlap, hides_under="the layer's GEMMs, all but one of TP chunks",
+         flag="--tp-comm-overlap (--overlap tp-comm; needs --sequence-parallel)",
          source="Narayanan et al. 2021 Sec. 3.1 / Shoeybi et al. 2019: 2 all-reduces forward, 2 backward a layer",
          constants=("LINK_EFFICIENCY", "HALF_BANDWIDTH_BYTES_INTRA", "HALF_BANDWIDTH_BYTES_INTER",
                     "COLLECTIVE_LATENCY_S_INTRA", "COLLECTIVE_LATENCY_S_INTER")),
     context_parallel.RING_EXCHANGE,
     moe.ALL_TO_ALL,
     Term(name="pp_p2p", kind=COMMUNICATION, group="pp_p2p_s", per_microbatch=True, seconds=pp_p2p_s,
+         overlap=pp_p2p_overlap, hides_under="the other model chunks' compute (interleaved 1F1B)",
+         flag="Megatron overlap_p2p_comm (default with VPP; --overlap p2p)",
          source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p); DeepSpeed runtime/pipe/engine.py",
          constants=("LINK_EFFICIENCY",)),
     Term(name="pp_microbatch_overhead", kind=FIXED, group="pp_p2p_s", per_microbatch=True,
          seconds=pp_microbatch_overhead_s, source="DeepSpeed runtime/pipe/engine.py (partitioned activations)",
          constants=("DS_MICROBATCH_OVERHEAD_S",)),
     Term(name="dp_grads", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False, seconds=dp_grads_s,
-         overlap=dp_grads_overlap, hides_under="compute (ZeRO-3/FSDP prefetch)",
-         flag="FSDP forward/backward prefetch (default on)",
+         overlap=dp_grads_overlap,
+         hides_under="the step's compute (ZeRO-3/FSDP prefetch); the last micro-batch's backward but the last "
+                     "bucket (Megatron)",
+         flag="FSDP forward/backward prefetch (default on); Megatron --overlap-grad-reduce (--overlap grad-reduce)",
          source="ring all-reduce / reduce-scatter + all-gather bus bytes (nccl-tests PERFORMANCE.md); ZeRO Sec. 7.2.2",
          constants=("LINK_EFFICIENCY", "SHARDED_OVERLAP", "DS_DP_INTER_NODE_EFFICIENCY")),
+    Term(name="dp_param_gather", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
+         seconds=dp_param_gather_s, overlap=dp_param_gather_overlap,
+         hides_under="the next step's first forward but the first bucket",
+         flag="Megatron --overlap-param-gather (--overlap param-gather)",
+         source="Megatron distributed optimizer: reduce-scatter grads, all-gather params (distrib_optimizer.py)",
+         constants=("LINK_EFFICIENCY",)),
     Term(name="tied_embedding", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
          seconds=tied_embedding_s, source="Megatron-LM _allreduce_embedding_grads; DeepSpeed allreduce_tied_weight_"
                                           "gradients", constants=("LINK_EFFICIENCY",)),

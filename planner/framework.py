@@ -40,6 +40,8 @@ class Framework:
     sharded_gather_per_rail: bool
     """ZeRO-3 gathers reach one NIC's rate per GPU, not the node's aggregate"""
     source: str
+    default_overlaps: tuple[str, ...] = ()
+    """the `OVERLAPS` a run of this framework has unless told otherwise (what plantune's emitted run sets)"""
 
 
 # Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022): executes a Python
@@ -57,11 +59,21 @@ class Framework:
 DS_ZERO12_TRAFFIC = 1.5
 # its cross-node reduction rate: DS_DP_INTER_NODE_EFFICIENCY (planner.constants)
 
+# Communication a run can overlap with compute (planner.cost's terms hide under compute when on), with the
+# Megatron-LM flag that turns each on (megatron/training/arguments.py; --tp-comm-overlap is ModelParallelConfig's
+# tp_comm_overlap, which needs --sequence-parallel). Megatron-Core / NeMo / Megatron-Bridge recipes run the first
+# two and overlapped p2p (Megatron's default for the interleaved schedule); TP comm overlap needs Transformer
+# Engine's userbuffers and is off unless asked for.
+OVERLAPS = {"grad-reduce": "--overlap-grad-reduce", "param-gather": "--overlap-param-gather",
+            "tp-comm": "--tp-comm-overlap", "p2p": "overlap_p2p_comm (default; --no-overlap-p2p-communication: off)"}
+MEGATRON_OVERLAPS = ("grad-reduce", "param-gather", "p2p")
+
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(name="megatron-lm", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=True,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=MEGATRON_HOST_S, pads_vocab=True,
               zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False, source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
-                     "_vocab_size_with_padding (--make-vocab-size-divisible-by 128, times TP)"),
+                     "_vocab_size_with_padding (--make-vocab-size-divisible-by 128, times TP)",
+              default_overlaps=MEGATRON_OVERLAPS),
     Framework(name="megatron-deepspeed", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=False,
               microbatch_overhead_s=DS_MICROBATCH_OVERHEAD_S, host_s_per_layer_forward=MEGATRON_HOST_S,
               pads_vocab=True, zero12_traffic=DS_ZERO12_TRAFFIC, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
@@ -80,6 +92,12 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
 
 def get_framework(name: str) -> Framework:
     return FRAMEWORKS[name]
+
+
+def overlaps(training: object) -> tuple[str, ...]:
+    """The overlaps the training runs with: its own ``overlap`` list, else its framework's defaults."""
+    chosen = getattr(training, "overlap", None)
+    return chosen if chosen is not None else FRAMEWORKS[training.framework].default_overlaps  # type: ignore
 
 
 # Megatron's --make-vocab-size-divisible-by default (megatron/arguments.py), multiplied by TP.

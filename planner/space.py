@@ -12,6 +12,7 @@ from typing import Iterator
 
 from planner import context_parallel, moe
 from planner.errors import InputError
+from planner.framework import OVERLAPS
 from planner.model import ModelSpec, Rampup
 
 RECOMPUTE = ("none", "selective", "full")
@@ -62,6 +63,9 @@ class TrainingSpec:
     """Transformer Engine FP8 scaling under --precision fp8 (Megatron-LM --fp8-recipe): delayed | tensorwise"""
     grad_reduce_dtype: str = "fp32"
     """Megatron-LM's main grads under bf16: fp32 (its default) | bf16 (--grad-reduce-in-bf16)"""
+    overlap: tuple[str, ...] | None = None
+    """Megatron-LM communication overlapped with compute (planner.framework.OVERLAPS: grad-reduce, param-gather,
+    tp-comm, p2p); None = the framework's default (Megatron-LM: grad-reduce, param-gather, p2p; --overlap)"""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -90,6 +94,16 @@ class TrainingSpec:
             raise InputError(f"--recompute: {bad or 'empty'}; choose from {', '.join(RECOMPUTE)}")
         if not self.zero_options or any(z not in (0, 1, 2, 3) for z in self.zero_options):
             raise InputError(f"--zero: {list(self.zero_options)}; choose stages from 0, 1, 2, 3")
+        if self.overlap is not None:
+            bad = [o for o in self.overlap if o not in OVERLAPS]
+            if bad:
+                raise InputError(f"unknown overlap {', '.join(bad)}; use some of {', '.join(OVERLAPS)} (or none)")
+            if self.overlap and self.framework != "megatron-lm":
+                raise InputError(f"--overlap {','.join(self.overlap)} is Megatron-LM's; the framework here is "
+                                 f"{self.framework}: add --framework megatron-lm or drop --overlap")
+            if "param-gather" in self.overlap and "grad-reduce" not in self.overlap:
+                raise InputError("--overlap param-gather needs grad-reduce too (Megatron-LM arguments.py: 'Must use "
+                                 "--overlap-param-gather with --overlap-grad-reduce'); add grad-reduce")
         if self.grad_reduce_dtype not in ("fp32", "bf16"):
             raise InputError(f"unknown gradient reduce dtype {self.grad_reduce_dtype!r}; use fp32 or bf16")
         if self.fp8_recipe not in ("delayed", "tensorwise"):   # planner.fp8.FP8_RECIPES

@@ -175,8 +175,9 @@ def table2_run(r: dict, line: int = 0) -> PublishedRun:
     gpus, gbs = hw["total_gpus"], p["global_batch"]
     zero3 = p["zero_stage"] == 3
     fw = "megatron-deepspeed" if zero3 else "megatron-lm"
+    # Megatron-LM of 2021 overlapped nothing (--overlap-grad-reduce / --overlap-param-gather came with Megatron-Core)
     training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="fp16", framework=fw,
-                            flash_attention=False)
+                            flash_attention=False, overlap=None if zero3 else ())
     cand = Candidate(tp=p["tp"], pp=p["pp"], dp=p["dp"], mbs=p["micro_batch"],
                      gas=gbs // (p["micro_batch"] * p["dp"]), recompute="full", zero=3 if zero3 else 0)
     eq3 = flops.megatron_eq3_flops(global_batch=gbs, seq_len=md["seq_len"], layers=md["layers"],

@@ -49,8 +49,10 @@ def published_case(run: dict) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Can
     cluster = make_cluster(gpu="A100-80GB", gpus=run["hardware"]["total_gpus"], gpus_per_node=8)
     ac = p["activation_recompute"]
     recompute = "selective" if "selective" in ac else ("full" if "full" in ac else "none")
+    # Megatron-LM of 2021-22 overlapped no communication (--overlap-grad-reduce / --overlap-param-gather and
+    # overlap_p2p_comm came with Megatron-Core, 2023)
     training = TrainingSpec(global_batch=p["global_batch"], seq_len=md["seq_len"], precision="fp16",
-                            framework="megatron-lm", flash_attention=False)
+                            framework="megatron-lm", flash_attention=False, overlap=())
     cand = Candidate(tp=p["tp"], pp=p["pp"], dp=p["dp"], mbs=p["micro_batch"],
                      gas=p["global_batch"] // (p["micro_batch"] * p["dp"]), recompute=recompute,
                      sp=bool(p.get("sequence_parallel")), vpp=p.get("virtual_pipeline") or 1)
