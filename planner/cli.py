@@ -29,7 +29,7 @@ from typing import Callable
 
 import yaml
 
-from planner import fp8
+from planner import flops, fp8
 from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
 from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
@@ -102,6 +102,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
              "(current scaling, as Megatron-Bridge's H100 recipes)")
     add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
         help="Megatron-LM's main-grad buffer and its reduce: fp32 (default) or bf16 (--grad-reduce-in-bf16)")
+    add("--flops-attention", choices=flops.ATTENTION_COUNTS, default="full",
+        help="how TFLOPs and MFU count attention's s^2 work: full (default; Narayanan et al. 2021 Eq. 3) or causal "
+             "(half: Megatron-Bridge, recent NeMo); step times do not change")
     add("--overlap", default=None, metavar="LIST",
         help="Megatron-LM communication overlapped with compute: a comma list of grad-reduce, param-gather, tp-comm, "
              "p2p, or none (default grad-reduce,param-gather,p2p: --overlap-grad-reduce --overlap-param-gather and "
@@ -230,7 +233,8 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         moe_capacity_factor=args.moe_capacity_factor,
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
                         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
-                        overlap=_overlap(getattr(args, "overlap", None)))
+                        overlap=_overlap(getattr(args, "overlap", None)),
+                        flops_attention=getattr(args, "flops_attention", None) or "full")
 
 
 def _overlap(text: str | None) -> tuple[str, ...] | None:
@@ -315,7 +319,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
     headers = ["#", "TP", "PP", "DP", *(k.upper() for k in extra), "MBS", "GAS", "recompute",
                "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s", "note"]
-    lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it)")
+    lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it; "
+                 f"{flops.ATTENTION_COUNT_WORDS[t.flops_attention]})")
     lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * (10 + len(extra)) + (".1f", "", ".2f", ".1f",
                                                                                           ".1f", ".3f", ".0f", "")))
     if any(e.advice for e in p.candidates[:top]):
@@ -334,7 +339,7 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
     return "\n".join(lines)
 
 
-def render_explain(e: Estimate, cluster: ClusterSpec) -> str:
+def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | None = None) -> str:
     from tabulate import tabulate
 
     d = e.to_dict(detail=True)
@@ -359,6 +364,8 @@ def render_explain(e: Estimate, cluster: ClusterSpec) -> str:
                             floatfmt=".3f"))
         out.append(f"\nmodel TFLOPs/GPU {d['model_tflops_per_gpu']:.1f}, hardware TFLOPs/GPU "
                    f"{d['hardware_tflops_per_gpu']:.1f}, MFU {d['mfu']:.1%}, {d['tokens_per_s']:,.0f} tokens/s")
+        if training is not None:
+            out.append(flops.ATTENTION_COUNT_WORDS[training.flops_attention])
     return "\n".join(out)
 
 
@@ -441,7 +448,7 @@ def _from_yaml(args: argparse.Namespace) -> int:
         print(f"wrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}")
     if args.explain is not None or not args.emit:
         print(_dump(est.to_dict(detail=True), args.format) if args.format in ("json", "yaml")
-              else render_explain(est, setup.cluster))
+              else render_explain(est, setup.cluster, training))
     return 0
 
 
@@ -466,7 +473,7 @@ def run(args: argparse.Namespace) -> int:
         if args.format in ("json", "yaml"):
             print(_dump(est.to_dict(detail=True), args.format))
         else:
-            print(render_explain(est, cluster))
+            print(render_explain(est, cluster, training))
         sys.stderr.write(note)
         return 0
     if args.explain == "":

@@ -519,8 +519,9 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     ctx = step_context(model, cand, cluster, training, topology, layer_memo)
     step = evaluate(TERMS, ctx, microbatches=cand.gas, bubble_slots=(cand.pp - 1) / cand.vpp)
     gbs = cand.global_batch
-    return breakdown(step, params, model_flops=flops.model_flops_per_iteration(model, gbs),
-                     hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute))
+    count = training.flops_attention
+    return breakdown(step, params, model_flops=flops.model_flops_per_iteration(model, gbs, count),
+                     hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute, count))
 
 
 def term_rows(time: TimeBreakdown) -> list[dict]:

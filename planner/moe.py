@@ -190,9 +190,15 @@ def attention_matmul_flops(m: "ModelSpec", tokens: int) -> float:
     weights = attention_params(m) - (m.q_lora_rank + m.kv_lora_rank if m.kv_lora_rank else 0)
     if m.bias and not m.kv_lora_rank:
         weights -= m.q_dim + 2 * m.kv_dim + m.hidden
+    return 2.0 * tokens * weights + attention_core_flops(m, tokens)
+
+
+def attention_core_flops(m: "ModelSpec", tokens: int) -> float:
+    """QK^T and AV over the full s x s scores: 2·tokens·s·(q/k width + v width), MLA's widths nope+rope and
+    v_head_dim."""
     qk = m.heads * (m.head_dim + m.qk_rope_head_dim) if m.kv_lora_rank else m.q_dim
     v = m.heads * (m.v_head_dim or m.head_dim) if m.kv_lora_rank else m.q_dim
-    return 2.0 * tokens * weights + 2.0 * tokens * m.seq_len * (qk + v)
+    return 2.0 * tokens * m.seq_len * (qk + v)
 
 
 def mlp_matmul_flops(m: "ModelSpec", tokens: int, ffn: int) -> float:

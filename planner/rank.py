@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+from planner import flops
 from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, term_rows, throughput
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
@@ -114,7 +115,10 @@ class Plan:
         return {"model": self.model.name, "cluster": self.cluster.to_dict(), "global_batch": self.training.global_batch,
                 "seq_len": self.training.seq_len, "framework": self.training.framework,
                 "targets": [str(t) for t in self.targets],
-                "precision": self.training.precision, "enumerated": self.total, "survivors": len(self.candidates),
+                "precision": self.training.precision, "flops_attention": self.training.flops_attention,
+                "flops_definition": "model: 3 x forward matmuls, no recompute; hardware: with the recomputed "
+                                    f"forward; {flops.ATTENTION_COUNT_WORDS[self.training.flops_attention]}",
+                "enumerated": self.total, "survivors": len(self.candidates),
                 "candidates": [e.to_dict() for e in cands],
                 "pruned": {r.value: n for r, n in self.pruned.items()},
                 "pruned_examples": {r.value: {"candidate": c.label(), "detail": v.detail}

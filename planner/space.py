@@ -63,6 +63,8 @@ class TrainingSpec:
     """Transformer Engine FP8 scaling under --precision fp8 (Megatron-LM --fp8-recipe): delayed | tensorwise"""
     grad_reduce_dtype: str = "fp32"
     """Megatron-LM's main grads under bf16: fp32 (its default) | bf16 (--grad-reduce-in-bf16)"""
+    flops_attention: str = "full"
+    """how model / hardware FLOPs (TFLOPs, MFU) count attention's s^2 work: full | causal (planner.flops)"""
     overlap: tuple[str, ...] | None = None
     """Megatron-LM communication overlapped with compute (planner.framework.OVERLAPS: grad-reduce, param-gather,
     tp-comm, p2p); None = the framework's default (Megatron-LM: grad-reduce, param-gather, p2p; --overlap)"""
@@ -94,6 +96,8 @@ class TrainingSpec:
             raise InputError(f"--recompute: {bad or 'empty'}; choose from {', '.join(RECOMPUTE)}")
         if not self.zero_options or any(z not in (0, 1, 2, 3) for z in self.zero_options):
             raise InputError(f"--zero: {list(self.zero_options)}; choose stages from 0, 1, 2, 3")
+        if self.flops_attention not in ("full", "causal"):
+            raise InputError(f"--flops-attention {self.flops_attention!r}: use full or causal")
         if self.overlap is not None:
             bad = [o for o in self.overlap if o not in OVERLAPS]
             if bad:
