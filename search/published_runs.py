@@ -305,6 +305,96 @@ def hagemann_run(r: dict, line: int = 0) -> PublishedRun:
                         step_time_s=t, source_row=line)
 
 
+# -- published_modern_dev.yaml: MT-NLG 530B, MegaScale 175B, torchtitan Dec-2024 H100, NeMo 24.07 H100 FP8 -----------
+MODERN_SOURCES = {"mtnlg530b": "MT-NLG 530B (Smith et al. 2022)", "megascale": "MegaScale 2024 Table 2",
+                  "torchtitan_2024_12": "torchtitan Dec-2024 H100", "nemo_2407": "NeMo 24.07 H100 FP8"}
+# MegaScale does not give its network: ASSUMED 8x200 Gb/s HDR per node, as Selene (A100 generation)
+MEGASCALE_GBPS = 1600.0
+# torchtitan's Grand Teton hosts: 400 Gb/s RDMA per GPU (the benchmark file); NeMo's DGX-H100: 8 NDR 400 Gb/s NICs
+TITAN_GBPS = NEMO_GBPS = 3200.0
+# GPT-3 uses GPT-2's BPE vocabulary (Brown et al. 2020 Sec. 2.1): 50257, where NeMo's table gives no vocabulary
+GPT3_VOCAB = 50257
+
+
+def modern_source(group: str) -> str | None:
+    return next((name for prefix, name in MODERN_SOURCES.items() if group.startswith(prefix)), None)
+
+
+def _int_in(text: object) -> int | None:
+    m = re.search(r"\d+", str(text))
+    return int(m.group()) if m else None
+
+
+def modern_run(r: dict, line: int = 0) -> PublishedRun | None:
+    """One run of published_modern_dev.yaml, or None where the row lacks the architecture or a throughput.
+
+    ASSUMED where the sources are silent (each the framework's default or the common practice of the time):
+    MegaScale's and NeMo's recompute is selective (Megatron's --recompute-activations) with SP at TP > 1 and the
+    distributed optimizer (ZeRO-1); MegaScale's micro-batch is 1; MT-NLG ran bf16, micro-batch 1, full recompute,
+    ZeRO-1 (Smith et al. 2022 Sec. 2); torchtitan's pipeline splits a rank's local batch into PP micro-batches and
+    its interleaved schedule runs 2 stages a rank (torchtitan defaults); MegaScale's baseline Megatron overlaps
+    nothing and MegaScale's own runs overlap TP, PP and DP communication (its Table 3 ablation), NeMo overlaps as
+    Megatron-LM's default here. torch.compile, async TP and the H100s' 500 W cap (torchtitan) are not modelled."""
+    g, md, p, hw, me = str(r.get("group", "")), r["model"], r["parallel"], r["hardware"], r["measured"]
+    source = modern_source(g)
+    if source is None or not all(k in md for k in ("layers", "hidden", "heads")):
+        return None
+    gpus, seq = hw["total_gpus"], md["seq_len"]
+    tp, pp, cp = p.get("tp", 1), p.get("pp", 1), p.get("cp", 1) or 1
+    dp = p.get("dp") or gpus // (tp * pp * cp)
+    llama = "llama" in md["name"].lower()
+    if llama:
+        model = _llama_model(md, md["name"])
+    else:
+        model = _gpt_model(md["name"], md["layers"], md["hidden"], md["heads"], md.get("vocab") or GPT3_VOCAB, seq,
+                           md.get("ffn_hidden"))
+    precision_text = str(p.get("precision", "")).lower()
+    precision = "fp8" if "fp8" in precision_text or "float8" in precision_text else "bf16"
+    vpp = p.get("virtual_pipeline") or 1
+    if source.startswith("torchtitan"):
+        framework, zero, flash, overlap = "fsdp", 3, True, None
+        local = _int_in(p.get("micro_batch")) if not isinstance(p.get("micro_batch"), int) else None
+        gbs = p.get("global_batch") or (local or 1) * dp
+        mbs = p["micro_batch"] if isinstance(p.get("micro_batch"), int) else max(1, (local or gbs // dp) // pp)
+        ac = str(p.get("activation_recompute", "none")).lower()   # Dec-2024 configs: selective_ac_option = "op"
+        recompute = "selective-op" if "selective" in ac and "layer" not in ac else fsdp_recompute(ac, fms=False)
+        vpp = 2 if "interleaved" in str(p.get("pipeline_schedule", "")).lower() else 1
+        cluster, sp = _cluster("H100-SXM", gpus, 8, TITAN_GBPS), tp > 1
+    elif source.startswith("MT-NLG"):
+        framework, zero, flash, overlap, mbs, recompute = "megatron-deepspeed", 1, False, None, 1, "full"
+        gbs, sp = p["global_batch"], False
+        cluster = _cluster("A100-80GB", gpus, 8, SELENE_GBPS)
+    else:   # Megatron-LM: MegaScale's baseline and its own, NeMo 24.07
+        framework, zero, flash, recompute, sp = "megatron-lm", 1, True, "selective", tp > 1
+        gbs = p["global_batch"]
+        mbs = p["micro_batch"] if isinstance(p.get("micro_batch"), int) else 1
+        if source.startswith("MegaScale"):
+            ours = "megascale" in r["id"].split("_")[3]
+            overlap = ("grad-reduce", "param-gather", "tp-comm", "p2p") if ours else ()
+            cluster = _cluster("A100-80GB", gpus, 8, MEGASCALE_GBPS)
+        else:
+            overlap = None
+            cluster = _cluster("H100-SXM", gpus, 8, NEMO_GBPS)
+    tps = me.get("tokens_per_s_per_gpu")
+    step = me.get("seconds_per_iteration")
+    if not tps and step:
+        tps = gbs * seq / step / gpus
+    if not tps:
+        return None
+    training = TrainingSpec(global_batch=gbs, seq_len=seq, precision=precision, framework=framework,
+                            flash_attention=flash, overlap=overlap)
+    cand = Candidate(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, gas=max(1, gbs // (mbs * dp)), recompute=recompute,
+                     zero=zero, sp=sp, vpp=vpp)
+    return PublishedRun(id=r["id"], table=f"{source}: {g}", framework=source, model=model, cluster=cluster,
+                        training=training, cand=cand, tokens_per_s_per_gpu=tps, memory_gib=None, oom=False,
+                        step_time_s=step, source_row=line)
+
+
+def modern_runs(rows: list[dict]) -> list[PublishedRun]:
+    """The usable runs of published_modern_dev.yaml (rows without an architecture or a throughput left out)."""
+    return [x for i, r in enumerate(rows, 1) if (x := modern_run(r, i)) is not None]
+
+
 # -- the files ---------------------------------------------------------------------------------------------
 def read_rows(path: str | Path) -> list[dict]:
     data = yaml.safe_load(Path(path).read_text())
