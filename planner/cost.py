@@ -225,9 +225,10 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     return core, layer_s
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)   # not frozen: plan() builds one per candidate, and frozen init is slower
 class StepContext:
-    """What the terms of one candidate's step share, computed once (`step_context`); every term reads it."""
+    """What the terms of one candidate's step share, computed once (`step_context`); every term reads it (and none
+    writes it)."""
 
     model: ModelSpec
     cand: Candidate
@@ -251,6 +252,10 @@ class StepContext:
     """parameters on the GPU of the stage with the most"""
     shard: int
     """ZeRO-3/FSDP shard group"""
+    overlaps: tuple[str, ...]
+    """the communication the run overlaps (planner.framework.overlaps)"""
+    dp_traffic_s: float
+    """`dp_comm_s`: the step's data-parallel traffic, shared by the DP terms"""
 
 
 def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
@@ -293,10 +298,11 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
     params_gpu = max(stage_params(model, cand, s, training.framework)
                      for s in (("only",) if cand.pp == 1 else ("first", "last")))
+    shard = shard_group_size(cand, cluster.gpus_per_node)
     return StepContext(model=model, cand=cand, cluster=cluster, training=training, topology=topology, fw=fw,
                        tokens=tokens, half=half, core_s=core, layer_s=layer_s, stage_layers=lps,
-                       stage_compute_s=stage_compute, params_gpu=params_gpu,
-                       shard=shard_group_size(cand, cluster.gpus_per_node))
+                       stage_compute_s=stage_compute, params_gpu=params_gpu, shard=shard, overlaps=overlaps(training),
+                       dp_traffic_s=dp_comm_s(cand, training, topology, fw, params_gpu * half, shard, half))
 
 
 # -- the terms (planner.terms explains the declaration; TERMS below lists them) ------------------------------------
@@ -331,16 +337,14 @@ def pp_microbatch_overhead_s(ctx: StepContext) -> float:
     return ctx.fw.microbatch_overhead_s if ctx.cand.pp > 1 and ctx.cand.tp > 1 else 0.0
 
 
-def dp_comm_s(ctx: StepContext) -> float:
+def dp_comm_s(cand: Candidate, training: TrainingSpec, topology: Topology, fw: Framework, grad_bytes: float,
+              shard: int, half: int) -> float:
     """Data-parallel gradient traffic of a step: all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2)
     after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP); under ZeRO-3/FSDP the
     parameters all-gathered for the forward and again for the backward and the gradients reduce-scattered
     (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch."""
-    cand, fw, topology = ctx.cand, ctx.fw, ctx.topology
     if cand.dp * cand.cp <= 1:
         return 0.0
-    grad_bytes = ctx.params_gpu * ctx.half
-    shard = ctx.shard
     if cand.zero >= 3:
         shard_link = topology.dp_link(cand.tp, shard)   # HYBRID_SHARD: the shard group stays inside a node
         if fw.sharded_gather_per_rail and shard_link.kind == "inter":
@@ -358,7 +362,7 @@ def dp_comm_s(ctx: StepContext) -> float:
     dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes, group=cand.dp * cand.cp)
     if cand.zero >= 1:
         dp_s *= fw.zero12_traffic
-    dp_s *= dp_traffic_factor(cand, ctx.training, ctx.half)
+    dp_s *= dp_traffic_factor(cand, training, half)
     if dp_link.kind == "inter":
         dp_s /= fw.dp_inter_node_efficiency
     return dp_s
@@ -377,13 +381,13 @@ def param_gather_share(ctx: StepContext) -> float:
 def dp_grads_s(ctx: StepContext) -> float:
     """The gradient reduction (all of `dp_comm_s` but Megatron-LM's parameter all-gather)."""
     share = param_gather_share(ctx)
-    return dp_comm_s(ctx) * (1 - share) if share else dp_comm_s(ctx)
+    return ctx.dp_traffic_s * (1 - share) if share else ctx.dp_traffic_s
 
 
 def dp_param_gather_s(ctx: StepContext) -> float:
     """Megatron-LM's distributed optimizer all-gathers the updated 16-bit (or FP8) parameters after the step."""
     share = param_gather_share(ctx)
-    return dp_comm_s(ctx) * share if share else 0.0
+    return ctx.dp_traffic_s * share if share else 0.0
 
 
 def ddp_bucket_share(ctx: StepContext) -> float:
@@ -406,7 +410,7 @@ def dp_grads_overlap(ctx: StepContext) -> Overlap | None:
     cand, training = ctx.cand, ctx.training
     if cand.zero >= 3 or training.framework == "fsdp":
         return Overlap(under="compute", window=cand.gas, exposed_min=1 - SHARDED_OVERLAP)
-    if training.framework == "megatron-lm" and "grad-reduce" in overlaps(training):
+    if training.framework == "megatron-lm" and "grad-reduce" in ctx.overlaps:
         return Overlap(under="compute", window=backward_share(cand), exposed_min=ddp_bucket_share(ctx))
     return None
 
@@ -415,7 +419,7 @@ def dp_param_gather_overlap(ctx: StepContext) -> Overlap | None:
     """--overlap-param-gather: each bucket's all-gather is waited for when the next step's forward reaches it, so it
     hides under the first micro-batch's forward but for the first bucket (distributed_data_parallel.py forward
     pre-hooks)."""
-    if "param-gather" in overlaps(ctx.training):
+    if "param-gather" in ctx.overlaps:
         return Overlap(under="compute", window=1 - backward_share(ctx.cand), exposed_min=ddp_bucket_share(ctx))
     return None
 
@@ -425,7 +429,7 @@ def tp_comm_overlap(ctx: StepContext) -> Overlap | None:
     chunks pipelined with the GEMM's chunks, so all but one chunk's transfer hides under the layer's GEMMs
     (TransformerEngine comm_gemm_overlap, ring-exchange / pipelined split); the GEMMs taken as the stage's compute."""
     cand = ctx.cand
-    if cand.tp > 1 and cand.sp and "tp-comm" in overlaps(ctx.training):
+    if cand.tp > 1 and cand.sp and "tp-comm" in ctx.overlaps:
         return Overlap(under="compute", window=1.0, exposed_min=1 / cand.tp)
     return None
 
@@ -436,7 +440,7 @@ def pp_p2p_overlap(ctx: StepContext) -> Overlap | None:
     (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving). Not overlapped in
     plain 1F1B (Megatron turns the option off without VPP)."""
     cand = ctx.cand
-    if cand.vpp > 1 and ctx.training.framework == "megatron-lm" and "p2p" in overlaps(ctx.training):
+    if cand.vpp > 1 and ctx.training.framework == "megatron-lm" and "p2p" in ctx.overlaps:
         return Overlap(under="compute", window=1.0, exposed_min=0.0)
     return None
 
@@ -543,7 +547,7 @@ def term_rows(time: TimeBreakdown) -> list[dict]:
 
 def breakdown(step: StepTime, params: CostParams, *, model_flops: float, hardware_flops: float) -> TimeBreakdown:
     """The breakdown's lines, each the sum of its terms (`StepTime.groups`), under ``params``."""
-    per_mb, bubble, per_step = step.groups(params)
+    per_mb, bubble, per_step = groups = step.groups(params)
     overhead = step.by_name("pp_microbatch_overhead")
     overhead_s = overhead.seconds if overhead else 0.0
     tied = step.by_name("tied_embedding")
@@ -553,7 +557,7 @@ def breakdown(step: StepTime, params: CostParams, *, model_flops: float, hardwar
     return TimeBreakdown(compute_s=lines.get("compute_s", 0.0), tp_comm_s=lines.get("tp_comm_s", 0.0),
                          pp_bubble_s=bubble, pp_p2p_s=lines.get("pp_p2p_s", 0.0),
                          dp_comm_s=lines.get("dp_comm_s", 0.0), optimizer_s=lines.get("optimizer_s", 0.0),
-                         step_time_s=step.step_s(params), model_flops=model_flops, hardware_flops=hardware_flops,
+                         step_time_s=step.total(*groups), model_flops=model_flops, hardware_flops=hardware_flops,
                          pp_overhead_s=step.microbatches * overhead_s, bubble_overhead_s=step.bubble_slots * overhead_s,
                          tied_embedding_s=tied.seconds * scale_of(tied.kind, params) if tied else 0.0,
                          cp_comm_s=lines.get("cp_comm_s", 0.0), ep_comm_s=lines.get("ep_comm_s", 0.0),

@@ -26,14 +26,13 @@ No planner imports: pure arithmetic over the terms.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 COMPUTE, COMMUNICATION, MEMORY, HOST, FIXED = "compute", "communication", "memory", "host", "fixed"
 KINDS = (COMPUTE, COMMUNICATION, MEMORY, HOST, FIXED)
 
 
-@dataclass(frozen=True, slots=True)
-class Overlap:
+class Overlap(NamedTuple):
     """How a term hides under another on one candidate."""
 
     under: str
@@ -60,13 +59,12 @@ class Term:
     flag: str = ""
 
     def evaluate(self, ctx: Any) -> "TermTime":
-        return TermTime(name=self.name, kind=self.kind, group=self.group, per_microbatch=self.per_microbatch,
-                        seconds=self.seconds(ctx), overlap=self.overlap(ctx) if self.overlap else None)
+        return TermTime(self.name, self.kind, self.group, self.per_microbatch, self.seconds(ctx),
+                        self.overlap(ctx) if self.overlap else None)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TermTime:
-    """One term of one candidate: what `tune` caches and refits."""
+class TermTime(NamedTuple):
+    """One term of one candidate: what `tune` caches and refits (a named tuple: plan() makes ten per candidate)."""
 
     name: str
     kind: str
@@ -86,8 +84,7 @@ def scale_of(kind: str, params: Any) -> float:
     return 1.0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Exposed:
+class Exposed(NamedTuple):
     """A term under given CostParams: exposed seconds per unit (slot or step) and how they split by scale."""
 
     term: TermTime
@@ -113,26 +110,33 @@ class StepTime:
 
     def exposed(self, params: Any) -> list[Exposed]:
         """Each term's exposed seconds per unit (per slot or per step) under ``params``."""
-        raw = {t.name: t.seconds * scale_of(t.kind, params) for t in self.terms}
+        scale = {COMPUTE: params.compute_scale, COMMUNICATION: params.comm_scale}
+        raw = [t.seconds * scale.get(t.kind, 1.0) for t in self.terms]
         out = []
-        for t in self.terms:
-            mine = raw[t.name]
+        for t, mine in zip(self.terms, raw):
             o = t.overlap
             if o is None:
-                out.append(Exposed(term=t, seconds=mine, own=1.0, hider=0.0))
+                out.append(Exposed(t, mine, 1.0, 0.0))
                 continue
-            floor, beside = mine * o.exposed_min, mine - o.window * raw[o.under]
-            out.append(Exposed(term=t, seconds=beside, own=1.0, hider=o.window) if beside > floor
-                       else Exposed(term=t, seconds=floor, own=o.exposed_min, hider=0.0))
+            under = next(r for u, r in zip(self.terms, raw) if u.name == o.under)
+            floor, beside = mine * o.exposed_min, mine - o.window * under
+            out.append(Exposed(t, beside, 1.0, o.window) if beside > floor else Exposed(t, floor, o.exposed_min, 0.0))
         return out
 
     def groups(self, params: Any) -> tuple[dict[str, float], float, dict[str, float]]:
         """(per-micro-batch groups' seconds per step, bubble seconds, per-step groups' seconds): the breakdown lines."""
         slot_groups: dict[str, float] = {}
         step_groups: dict[str, float] = {}
-        for e in self.exposed(params):
-            where = slot_groups if e.term.per_microbatch else step_groups
-            where[e.term.group] = where[e.term.group] + e.seconds if e.term.group in where else e.seconds
+        a, b = params.compute_scale, params.comm_scale
+        raw = [t.seconds * (a if t.kind == COMPUTE else b if t.kind == COMMUNICATION else 1.0) for t in self.terms]
+        for t, seconds in zip(self.terms, raw):   # `exposed`, inline: plan() sums ten terms per candidate
+            o = t.overlap
+            if o is not None:
+                under = raw[next(i for i, u in enumerate(self.terms) if u.name == o.under)]
+                seconds = max(seconds * o.exposed_min, seconds - o.window * under)
+            where = slot_groups if t.per_microbatch else step_groups
+            g = t.group
+            where[g] = where[g] + seconds if g in where else seconds
         slot = 0.0
         for i, v in enumerate(slot_groups.values()):
             slot = v if i == 0 else slot + v
@@ -141,7 +145,11 @@ class StepTime:
 
     def step_s(self, params: Any) -> float:
         """The step time under ``params``: the planner's (at CostParams()) and the refit's prediction."""
-        per_mb, bubble, per_step = self.groups(params)
+        return self.total(*self.groups(params))
+
+    @staticmethod
+    def total(per_mb: dict[str, float], bubble: float, per_step: dict[str, float]) -> float:
+        """`step_s` from `groups`' lines (in their order: the planner's sum, bit for bit)."""
         total = 0.0
         for v in per_mb.values():
             total += v
@@ -178,12 +186,14 @@ class StepTime:
 
     def scaled(self, names: tuple[str, ...], factor: float) -> "StepTime":
         """The same step with the named terms' raw seconds times ``factor`` (benchmarks of a mis-scaled model)."""
-        return replace(self, terms=tuple(replace(t, seconds=t.seconds * factor) if t.name in names else t
+        return replace(self, terms=tuple(t._replace(seconds=t.seconds * factor) if t.name in names else t
                                          for t in self.terms))
 
 
 def evaluate(terms: tuple[Term, ...], ctx: Any, *, microbatches: int, bubble_slots: float) -> StepTime:
-    return StepTime(terms=tuple(t.evaluate(ctx) for t in terms), microbatches=microbatches, bubble_slots=bubble_slots)
+    return StepTime(terms=tuple([TermTime(t.name, t.kind, t.group, t.per_microbatch, t.seconds(ctx),
+                                          t.overlap(ctx) if t.overlap else None) for t in terms]),
+                    microbatches=microbatches, bubble_slots=bubble_slots)
 
 
 __all__ = ["COMMUNICATION", "COMPUTE", "FIXED", "HOST", "KINDS", "MEMORY", "Exposed", "Overlap", "StepTime", "Term",
