@@ -260,12 +260,18 @@ def _f(x: float | str | None, fmt: str = ".0%") -> str:
     return format(x, fmt)
 
 
+TABLE_HEADER = f"{'table':62} {'runs':>4} {'err':>5} {'floor':>5} {'pred/meas':>9} {'Spearman':>8} {'regret':>6}"
+
+
+def _table_line(t: TableResult) -> str:
+    return (f"{t.name[:62]:62} {len(t.rows):4} {_f(t.mape):>5} {_f(t.floor_mape):>5} {_f(t.bias, '.2f'):>9} "
+            f"{_f(t.spearman, '.2f'):>8} {_f(t.regret):>6}")
+
+
 def render(s: Summary, rows: bool = False) -> str:
-    out = [f"{'table':62} {'runs':>4} {'err':>5} {'floor':>5} {'pred/meas':>9} {'Spearman':>8} {'regret':>6} "
-           f"{'w/ rules':>8} {'mem err':>7}"]
+    out = [f"{TABLE_HEADER} {'w/ rules':>8} {'mem err':>7}"]
     for t in s.tables:
-        out.append(f"{t.name[:62]:62} {len(t.rows):4} {_f(t.mape):>5} {_f(t.floor_mape):>5} {_f(t.bias, '.2f'):>9} "
-                   f"{_f(t.spearman, '.2f'):>8} {_f(t.regret):>6} {_f(t.regret_rules):>8} {_f(t.mem_mape):>7}")
+        out.append(f"{_table_line(t)} {_f(t.regret_rules):>8} {_f(t.mem_mape):>7}")
         if rows:
             for r in t.rows:
                 c = r.case.cand
@@ -306,11 +312,9 @@ def render(s: Summary, rows: bool = False) -> str:
 
 def render_modern(s: Summary, rows: bool = False) -> str:
     """The modern dev runs: per table, then per source the planner's error beside its one-constant-MFU floor."""
-    out = ["", "Modern dev runs (published_modern_dev.yaml), floor = one constant MFU per source", "",
-           f"{'table':62} {'runs':>4} {'err':>5} {'floor':>5} {'pred/meas':>9} {'Spearman':>8} {'regret':>6}"]
+    out = ["", "Modern dev runs (published_modern_dev.yaml), floor = one constant MFU per source", "", TABLE_HEADER]
     for t in s.tables:
-        out.append(f"{t.name[:62]:62} {len(t.rows):4} {_f(t.mape):>5} {_f(t.floor_mape):>5} {_f(t.bias, '.2f'):>9} "
-                   f"{_f(t.spearman, '.2f'):>8} {_f(t.regret):>6}")
+        out.append(_table_line(t))
         if rows:
             for r in t.rows:
                 c = r.case.cand
