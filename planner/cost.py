@@ -1,14 +1,20 @@
-"""Step time, throughput and TFLOPs for one candidate: small pure functions, one TimeBreakdown.
+"""Step time, throughput and TFLOPs for one candidate: a list of named terms (`TERMS`) over one `StepContext`.
 
-Model: every GEMM of a layer timed at peak x a GEMM efficiency that penalises tile and wave
-quantization and short inner dimensions; memory-bound element-wise work timed at HBM bandwidth;
-TP all-reduces on the TP group's link, not overlapped (Megatron); 1F1B pipeline with its bubble
-(m + p - 1 micro-batch slots, interleaving divides the bubble by v) and p2p sends; DP gradient
-all-reduce or ZeRO/FSDP gathers on the DP group's bottleneck link, overlapped only where the
-framework overlaps; optimizer step at HBM bandwidth. FLOPs come from `planner.flops` only; what
-each framework does differently (p2p splitting, per-micro-batch cost, stage balancing, ZeRO traffic,
-host launch time, vocabulary padding) from `planner.framework`. Validated on every published dev table
-by `python tests/bench/validate.py`.
+The step is the sum of `TERMS` (planner.terms: each a small pure function ``seconds(ctx)``, with its kind, the
+breakdown line it adds to, whether it fills a pipeline slot, what it can hide under and the flag that turns that on,
+its source and the fitted constants it reads from planner.constants). `estimate_time` builds the context once
+(`step_context`: the layer's compute, the busiest stage, its parameters, the DP traffic), evaluates every term,
+and sums them (`planner.terms.StepTime`); `TimeBreakdown`'s lines, `--explain`'s term table, the JSON and `tune`'s
+refit (search.calibration) all read that one list. A new term: a function here or in its feature's module
+(context_parallel.RING_EXCHANGE, moe.ALL_TO_ALL, moe.EXPERT_GRAD_REDUCE), a `Term` declaration, one entry in TERMS.
+
+Physics: every GEMM of a layer timed at peak x a GEMM efficiency that penalises tile and wave quantization and short
+inner dimensions; memory-bound element-wise work at HBM bandwidth; TP all-reduces on the TP group's link; 1F1B with
+its bubble (m + (p - 1) / v slots) and p2p sends; DP gradient reduction or ZeRO/FSDP gathers on the DP group's
+bottleneck link; overlaps where the framework makes them (FSDP prefetch; Megatron-LM's --overlap-grad-reduce,
+--overlap-param-gather, --tp-comm-overlap, interleaved p2p: `TrainingSpec.overlap`); the optimizer step at HBM
+bandwidth. FLOPs come from `planner.flops` only; what each framework does differently from `planner.framework`.
+Validated on every published dev table by `python tests/bench/validate.py`.
 """
 
 from __future__ import annotations
