@@ -58,10 +58,6 @@ class Term:
     hides_under: str = ""
     flag: str = ""
 
-    def evaluate(self, ctx: Any) -> "TermTime":
-        return TermTime(self.name, self.kind, self.group, self.per_microbatch, self.seconds(ctx),
-                        self.overlap(ctx) if self.overlap else None)
-
 
 class TermTime(NamedTuple):
     """One term of one candidate: what `tune` caches and refits (a named tuple: plan() makes ten per candidate)."""
