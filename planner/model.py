@@ -280,6 +280,20 @@ def get_preset(name: str) -> ModelSpec:
     return PRESETS[key]
 
 
+# RoPE base (the rules judge it, the emitters write it)
+ROPE_THETA = {"llama3": 500000.0}
+"""RoPE base by model family (Llama 3, Dubey et al. 2024, Sec. 3.1.1: 500,000); RoFormer's 10,000 otherwise"""
+DEFAULT_ROPE_THETA = 10000.0
+
+
+def rope_theta(model: ModelSpec) -> float:
+    given = getattr(model, "rope_theta", None)
+    if given:
+        return float(given)
+    family = model.name.lower().replace("-", "").replace("_", "")
+    return next((v for k, v in ROPE_THETA.items() if family.startswith(k)), DEFAULT_ROPE_THETA)
+
+
 HF_DEFAULT_SEQ_LEN = 4096
 """training length assumed for a HF config.json that does not say it: Llama 2's pretraining context
 (Touvron et al. 2023, Table 1); max_position_embeddings is the context limit, not a run's length"""

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator, Sequence
 from planner import context_parallel, fp8, moe
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown
-from planner.model import ModelSpec
+from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
 from planner.space import FRAMEWORKS, RECOMPUTE, Candidate, TrainingSpec
@@ -630,12 +630,9 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
 
 
 def _other_rope_base(model: ModelSpec) -> float | None:
-    """The model's RoPE base when it is not the BigScience fork's fixed 10000; None otherwise (and without
-    importing the emitters for a model without RoPE: `plan`'s start-up)."""
+    """The model's RoPE base when it is not the BigScience fork's fixed 10000; None otherwise."""
     if model.position != "rope":
         return None
-    from planner.emit.facts import DEFAULT_ROPE_THETA, rope_theta
-
     theta = rope_theta(model)
     return None if theta == DEFAULT_ROPE_THETA else theta
 

@@ -1,14 +1,15 @@
 """Model and run facts the emitters write, taken from the model and the token budget (never BLOOM's for all).
 
-A ModelSpec field of the same name wins when the model file gives one (``rope_theta``, ``dropout``,
-``init_std``, ``lr``); otherwise the defaults below, each with its source.
+A ModelSpec field of the same name wins when the model file gives one (``dropout``, ``init_std``, ``lr``; the RoPE
+base is a model fact, `planner.model.rope_theta`, re-exported here for the emitters); otherwise the defaults below,
+each with its source.
 """
 
 from __future__ import annotations
 
 import math
 
-from planner.model import ModelSpec
+from planner.model import ModelSpec, rope_theta
 from planner.space import TrainingSpec
 
 WARMUP_TOKENS = 375e6
@@ -20,19 +21,8 @@ MIN_LR_RATIO = 0.1
 GPT3_LR = ((125e6, 6.0e-4), (350e6, 3.0e-4), (760e6, 2.5e-4), (1.3e9, 2.0e-4), (2.7e9, 1.6e-4), (6.7e9, 1.2e-4),
            (13e9, 1.0e-4), (175e9, 0.6e-4))
 """peak learning rate by parameter count (GPT-3, Brown et al. 2020, Table 2.1)"""
-ROPE_THETA = {"llama3": 500000.0}
-"""RoPE base by model family (Llama 3, Dubey et al. 2024, Sec. 3.1.1: 500,000); RoFormer's 10,000 otherwise"""
-DEFAULT_ROPE_THETA = 10000.0
 LLAMA_INIT_STD = 0.02
 """Llama's initializer_range (Hugging Face LlamaConfig, the published checkpoints' config.json)"""
-
-
-def rope_theta(model: ModelSpec) -> float:
-    given = getattr(model, "rope_theta", None)
-    if given:
-        return float(given)
-    family = model.name.lower().replace("-", "").replace("_", "")
-    return next((v for k, v in ROPE_THETA.items() if family.startswith(k)), DEFAULT_ROPE_THETA)
 
 
 def dropout(model: ModelSpec) -> float | None:
