@@ -34,6 +34,7 @@ from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
 from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
 from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
+from planner.rampup_schedule import rampup_schedule
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
 from planner.schema import check_flags, check_training
@@ -519,8 +520,6 @@ def run(args: argparse.Namespace) -> int:
 def _schedule(result: Plan, same_rules: bool) -> list:
     """Seed 003's NNODES / BS / MBS table, from the best layout of the training's target without the rampup
     constraint: `Plan.free_best`, found in the plan's own pass, when the plan had no other target."""
-    from planner.rampup import rampup_schedule
-
     training = result.training
     assert training.rampup is not None
     free_training = replace(training, rampup=None)
