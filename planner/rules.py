@@ -31,10 +31,8 @@ from planner.memory import MemoryBreakdown
 from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
-from planner.space import FRAMEWORKS, RECOMPUTE, Candidate, TrainingSpec
+from planner.space import FLAVORS, FRAMEWORKS, RECOMPUTE, Candidate, TrainingSpec
 
-FLAVORS = ("bigscience", "microsoft")
-"""Megatron-DeepSpeed forks: bigscience-workshop/Megatron-DeepSpeed, microsoft (now deepspeedai)/Megatron-DeepSpeed"""
 PROBE = "probe"
 """the torch-native probe `tune` runs (probes/train.py)"""
 TARGET_FRAMEWORKS = (*FRAMEWORKS, PROBE)
