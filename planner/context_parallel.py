@@ -136,5 +136,6 @@ RING_EXCHANGE = Term(name="cp_ring_exchange", kind=COMMUNICATION, group="cp_comm
                      constants=("LINK_EFFICIENCY",))
 
 
-__all__ = ["FRAMEWORKS_WITH_CP", "RING_EXCHANGE", "MIN_CHUNK_TOKENS", "cp_choices", "layer_forward_s", "ring_exchange_exposed_s",
+__all__ = ["FRAMEWORKS_WITH_CP", "RING_EXCHANGE", "MIN_CHUNK_TOKENS", "cp_choices", "layer_forward_s",
+           "ring_exchange_exposed_s",
            "split_activations", "violations"]

@@ -84,7 +84,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     # an eager PyTorch model (seed 002 trains a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and
     # SwiGLU as several unfused kernels each, reading and writing the activations about twice as often as
     # Megatron's fused kernels: EAGER_ELEMENTWISE_TRAFFIC (planner.constants)
-    Framework(name="fsdp", elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, p2p_activation_split=False, p2p_grad_split=False,
+    Framework(name="fsdp", elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, p2p_activation_split=False,
+              p2p_grad_split=False,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=EAGER_HOST_S, pads_vocab=False,
               zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False, source="PyTorch FSDP / torchtitan / Hugging Face eager modules (seed 002)"),
 )}

@@ -217,7 +217,8 @@ def test_megatron_lm_reduces_fp32_main_grads_under_bf16():
     assert times["bf16", "fp32", 1] == pytest.approx(1.5 * times["bf16", "bf16", 1])
     assert times["bf16", "fp32", 0] == pytest.approx(2.0 * times["bf16", "bf16", 0])
     assert times["fp16", "fp32", 1] == pytest.approx(times["fp16", "bf16", 1]) == pytest.approx(times["bf16", "bf16", 1])
-    f8, _ = _bridge_estimate(row, grad_reduce_dtype="fp32", overlap=())   # FP8 weights gathered, fp32 grads reduced: (4 + 1) / 4
+    # FP8 weights gathered, fp32 grads reduced: (4 + 1) / 4
+    f8, _ = _bridge_estimate(row, grad_reduce_dtype="fp32", overlap=())
     assert f8.time.dp_comm_s == pytest.approx(1.25 * times["bf16", "bf16", 1])
 
 

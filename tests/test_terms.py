@@ -50,7 +50,8 @@ def test_every_fitted_constant_has_value_unit_source_and_where_it_was_fitted():
     # two structures, e.g. which gradient accounting, is not a constant)
     root = Path(__file__).resolve().parents[1] / "planner"
     stray = [f"{p.name}:{i}" for p in root.rglob("*.py") if p.name != "constants.py"
-             for i, line in enumerate(p.read_text().splitlines(), 1) if "FITTED" in line and "FITTED choice" not in line]
+             for i, line in enumerate(p.read_text().splitlines(), 1)
+             if "FITTED" in line and "FITTED choice" not in line]
     assert stray == []
 
 
