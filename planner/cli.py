@@ -29,7 +29,7 @@ from typing import Callable
 
 import yaml
 
-from planner import fp8
+from planner import fp8, recompute as recompute_modes
 from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
 from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
@@ -105,7 +105,11 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--rampup", nargs=3, type=_positive_int, metavar=("START", "INCREMENT", "SAMPLES"),
         help="batch-size rampup; every rampup batch size becomes a constraint (default: the model's own)")
     add("--no-rampup", action="store_true", help="ignore the model's default rampup")
-    add("--recompute", help=f"comma list of recompute modes to consider ({','.join(RECOMPUTE)})")
+    add("--recompute", help="comma list of recompute modes to consider: none, selective, full; Megatron-LM's "
+                            "partial recompute block (the first N layers of each model chunk checkpointed; plan "
+                            "picks the smallest N that fits; block-N fixes N) and uniform[-N]; torchtitan's "
+                            "selective-op and selective-layer[-N] (plan's default: none,selective,full,block; "
+                            "tune's: none,selective,full)")
     add("--zero", help="comma list of ZeRO stages / FSDP strategies to consider (0,1,2,3)")
     add("--cp", help="comma list of context-parallel sizes to consider (default: powers of two keeping >= 8K tokens a rank)")
     add("--ep", help="comma list of expert-parallel sizes to consider (default: divisors of the expert count)")
@@ -220,7 +224,8 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         memory_fraction=args.memory_fraction, memory_headroom=args.memory_headroom,
                         flash_attention=flash, train_tokens=args.train_tokens or model.train_tokens,
                         max_mbs=args.max_mbs,
-                        recompute_options=_split(args.recompute, str, "--recompute") or RECOMPUTE,
+                        recompute_options=_split(args.recompute, str, "--recompute") or getattr(
+                            args, "recompute_default", RECOMPUTE),
                         zero_options=_split(args.zero, int, "--zero") or (0, 1, 2, 3),
                         cp_options=_split(args.cp, int, "--cp"), ep_options=_split(args.ep, int, "--ep"),
                         moe_capacity_factor=args.moe_capacity_factor,
@@ -240,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="plan", description="Rank the parallel layouts of a training run: TP, PP, DP, MBS, GAS, "
                                          "recompute, ZeRO/FSDP, with predicted memory and TFLOPs per GPU.")
     add_setup_arguments(p, model_required=False)
+    p.set_defaults(recompute_default=recompute_modes.PLAN_DEFAULT)   # tune's parser keeps the classic three
     p.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.add_argument("--explain", nargs="?", const="", default=None, metavar="CONFIG",

@@ -17,7 +17,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from planner import context_parallel, flops, fp8, moe
+from planner import context_parallel, flops, fp8, moe, recompute
 from planner.framework import Framework, get_framework, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params, training_param_bytes
@@ -200,7 +200,7 @@ def balanced_stage_s(layers: int, pp: int, layer_s: float, head_s: float) -> tup
 
 def layer_key(cand: Candidate) -> tuple:
     """The candidate fields `layer_compute_s` reads: plan() computes it once per distinct key."""
-    return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, cand.recompute)
+    return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, *recompute.time_key(cand))
 
 
 def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
@@ -224,7 +224,8 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     sync_host, sync_gpu = moe.host_sync_s(model, cand, training, tokens,
                                           lambda m, n, k, batch=1: _gemm_s(m, n, k, g, batch))
     fwd = max(dense + core + elem - sync_gpu, host) + max(sync_gpu, sync_host)
-    extra = fwd if cand.recompute == "full" else (core if cand.recompute == "selective" else 0.0)
+    rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
+    extra = rc.layers * fwd + rc.core * core + rc.matmul * dense
     # backward = 2x forward (seed 001 "forward vs backward"); it launches the experts' kernels without a sync
     layer_s = fwd + max(2 * (dense + core + elem), 2 * (host + sync_host)) + extra
     return core, layer_s
@@ -250,7 +251,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         core, layer_s = parts
 
     # TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed (Megatron Sec. 3.1)
-    tp_msgs = 4 + (2 if cand.recompute == "full" else 0)
+    rc = recompute.recomputed_of(model, cand, training.framework)
+    tp_msgs = 4 + 2 * rc.layers
     tp_link = topology.tp_link(cand.tp)
     tp_layer_s = tp_msgs * collective_time_s(tp_link, kind="all_reduce", message_bytes=tokens * model.hidden * half,
                                              group=cand.tp) * params.comm_scale
@@ -319,7 +321,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             # parameters all-gathered for the forward and again for the backward, gradients reduce-scattered
             # (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch; a
             # recomputed forward gathers them once more (checkpointed layers re-run their forward)
-            gathers = 3 if cand.recompute == "full" else 2
+            gathers = 2 + rc.layers
             comm = cand.gas * (gathers * gather + scatter)
             if cand.hybrid and cand.dp > shard:
                 inter = topology.dp_link(cand.tp * shard, cand.dp // shard)
@@ -365,7 +367,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     return TimeBreakdown(compute_s=compute_s, tp_comm_s=tp_s, pp_bubble_s=bubble_s, pp_p2p_s=pp_p2p_s,
                          dp_comm_s=dp_s, optimizer_s=optimizer_s, step_time_s=step,
                          model_flops=flops.model_flops_per_iteration(model, gbs),
-                         hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute),
+                         hardware_flops=flops.hardware_flops_per_iteration(model, gbs, rc),
                          pp_overhead_s=cand.gas * overhead, bubble_overhead_s=bubble_slots * overhead,
                          tied_embedding_s=tied_s, cp_comm_s=cp_s, ep_comm_s=ep_s)
 

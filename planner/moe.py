@@ -27,6 +27,8 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
+from planner.recompute import recomputed_of
+
 if TYPE_CHECKING:  # no import cycle at run time: model.py calls into this module
     from planner.model import ModelSpec
     from planner.space import Candidate, TrainingSpec
@@ -374,7 +376,7 @@ def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec",
         return 0.0
     message = tokens * m.moe_topk * capacity(training) * m.hidden * bytes_per_value / max(1, c.tp // c.etp)
     per = collective_s(link, kind="all_gather", message_bytes=message, group=c.ep)
-    calls = 4 + (2 if c.recompute == "full" else 0)
+    calls = 4 + 2 * recomputed_of(m, c, training.framework).layers   # full: the pair again; block-N: its share
     return calls * per * moe_layer_count(m) / m.layers
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
-from planner import context_parallel, fp8, moe
+from planner import context_parallel, fp8, moe, recompute as recompute_modes
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown
 from planner.model import ModelSpec
@@ -42,7 +42,6 @@ PP_SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 """the torch-native probe's pipeline schedules (torch.distributed.pipelining)"""
 MEGATRON_OPTIMIZERS = {"adamw": "adam", "sgd": "sgd"}
 """plantune optimizer -> Megatron's --optimizer (Megatron's adam is AdamW: decoupled weight decay)"""
-VPP_OPTIONS = (1, 2, 3, 4, 6, 8)
 """virtual pipeline stages enumerated for Megatron-LM (interleaved 1F1B)"""
 
 
@@ -137,10 +136,13 @@ def knob_values(target: Target, training: TrainingSpec) -> dict[str, tuple]:
     zeros = tuple(training.zero_options)
     cp_ep = fw in ("megatron-lm", "fsdp")   # the targets with context and expert parallelism
     return {
-        "recompute": tuple(training.recompute_options),
+        # partial and torchtitan modes only where the framework has them (an explicit --recompute list keeps them)
+        "recompute": tuple(r for r in training.recompute_options if r in recompute_modes.CLASSIC
+                           or recompute_modes.kind(r) in recompute_modes.FRAMEWORK_MODES.get(fw, PROBE_RECOMPUTE)
+                           or training.recompute_options != recompute_modes.PLAN_DEFAULT),
         "zero": zeros,
         "sp": (False, True) if fw == "megatron-lm" or target.flavor == "microsoft" else (False,),
-        "vpp": VPP_OPTIONS if fw == "megatron-lm" else (1,),
+        "vpp": None if fw == "megatron-lm" else (1,),   # None: every VPP Megatron accepts (pipeline_split.vpp_choices)
         "hybrid": (False, True) if fw == "fsdp" and 3 in zeros else (False,),
         # None: the sizes planner.context_parallel.cp_choices / planner.moe.ep_choices give (a --cp / --ep list is
         # enumerated on every target, so that a target without them says why)
@@ -168,15 +170,15 @@ def _bad_sizes(c: Candidate) -> str | None:
     if (type(c.tp) is int and type(c.pp) is int and type(c.dp) is int and type(c.mbs) is int  # the fast path
             and type(c.gas) is int and type(c.vpp) is int and type(c.cp) is int and type(c.ep) is int
             and type(c.etp) is int and min(c.tp, c.pp, c.dp, c.mbs, c.gas, c.vpp, c.cp, c.ep, c.etp) >= 1
-            and c.zero in (0, 1, 2, 3) and c.recompute in RECOMPUTE):
+            and c.zero in (0, 1, 2, 3) and (c.recompute in RECOMPUTE or recompute_modes.is_valid(c.recompute, search=True))):
         return None
     sizes = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "mbs": c.mbs, "gas": c.gas, "vpp": c.vpp, "cp": c.cp, "ep": c.ep,
              "etp": c.etp}
     bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
     if c.zero not in (0, 1, 2, 3):
         bad.append(f"zero={c.zero} (ZeRO stages are 0-3)")
-    if c.recompute not in RECOMPUTE:
-        bad.append(f"recompute={c.recompute!r} (one of {', '.join(RECOMPUTE)})")
+    if not recompute_modes.is_valid(c.recompute, search=True):
+        bad.append(f"recompute={c.recompute!r} (one of {', '.join(recompute_modes.OPTIONS)})")
     return ", ".join(bad) if bad else None
 
 
@@ -449,10 +451,32 @@ def _target_rules(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training
         yield from parallel_extras(model, c, cluster, training, target)
 
 
+PROBE_RECOMPUTE = recompute_modes.CLASSIC + ("block",)
+"""what the torch-native probe checkpoints (probes/gpt.py): the classic modes and the first N layers of each chunk"""
+
+
+def _recompute(model: ModelSpec, c: Candidate, fw: str) -> Iterator[Violation]:
+    """The recompute modes a framework has (`planner.recompute.FRAMEWORK_MODES`), and partial recompute that
+    checkpoints every layer anyway (block-N with N at least the model chunk's layers is full)."""
+    kind = recompute_modes.kind(c.recompute)
+    has = recompute_modes.FRAMEWORK_MODES.get(fw, PROBE_RECOMPUTE)
+    if kind not in has:
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"recompute={c.recompute} is not one of {fw}'s modes "
+                                                f"({', '.join(has)}); use recompute=full or another of those")
+    elif kind == "block":
+        chunk = recompute_modes.chunk_layers(model, c.pp, c.vpp, fw)
+        n = recompute_modes.parse(c.recompute).n
+        if n >= chunk:
+            yield Violation(Reason.REDUNDANT, f"recompute={c.recompute} checkpoints every layer of the {chunk}-layer "
+                                              "model chunks: the same as recompute=full")
+
+
 def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec,
                              targets: Sequence[Target]) -> Iterator[Violation]:
     for target in targets:
         fw = target.framework
+        if c.recompute not in recompute_modes.CLASSIC:
+            yield from _recompute(model, c, fw)
         if fw == "megatron-deepspeed":
             yield from _megatron_deepspeed(model, c, target.flavor or "bigscience")
         elif fw == "megatron-lm":
@@ -681,7 +705,7 @@ def first(violations: Iterable[Violation]) -> Violation | None:
 
 
 __all__ = ["Checker", "FLAVORS", "MEGATRON_OPTIMIZERS", "PP_SCHEDULES", "PROBE", "Reason", "TARGET_FRAMEWORKS", "Target",
-           "VPP_OPTIONS", "Violation", "iter_violations", "knob_values", "layout_violations", "megatron_lm_stages",
+           "Violation", "iter_violations", "knob_values", "layout_violations", "megatron_lm_stages",
            "memory_advice", "memory_violations", "model_violations", "parallel_extras", "probe_dp_impl",
            "probe_extent_violations", "probe_layout_violations", "probe_model_violations", "setup_violations",
            "structural_violations", "target_of"]

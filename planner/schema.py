@@ -465,7 +465,7 @@ def _required(f: Field) -> Field:
 def plan_schema() -> dict[str, Field]:
     """plantune plan.yaml (planner.emit.plan_yaml): Megatron's names at the top, plantune's under ``plantune:``."""
     from planner.emit.setup import FLAVORS, KINDS
-    from planner.space import FRAMEWORKS, OPTIMIZERS, RECOMPUTE
+    from planner.space import FRAMEWORKS, OPTIMIZERS
 
     size = Int(1, MAX_GPUS, why=WHY_GPUS, required=True)
     batch = Int(1, MAX_GLOBAL_BATCH, why=WHY_GLOBAL_BATCH, required=True)
@@ -476,7 +476,7 @@ def plan_schema() -> dict[str, Field]:
         "optimizer": Enum(*OPTIMIZERS), "framework": Enum(*FRAMEWORKS),
         "memory_fraction": Num(0, 1, open_lo=True), "memory_headroom": Num(0, 0.99),
         "train_tokens": MODEL["train_tokens"], "max_mbs": Int(1, MAX_MBS),
-        "recompute_options": List(Enum(*RECOMPUTE)), "zero_options": List(Enum(0, 1, 2, 3)),
+        "recompute_options": List(Str()), "zero_options": List(Enum(0, 1, 2, 3)),   # TrainingSpec checks the modes
     }
     cluster = {**CLUSTER, "gpus_per_node": _required(CLUSTER["gpus_per_node"]), "nodes": _required(CLUSTER["nodes"]),
                "matmul_efficiency": CALIBRATION["matmul_efficiency"],
@@ -499,11 +499,14 @@ def plan_schema() -> dict[str, Field]:
         "train_samples": Int(1, None, null=True),
         "recompute_granularity": Enum(None, "full", "selective",
                                       what="null, full or selective (Megatron's --recompute-granularity)"),
+        "recompute_method": Enum(None, "uniform", "block", what="null, uniform or block (Megatron's --recompute-method)"),
+        "recompute_num_layers": Int(1, None, null=True),
         "zero_stage": Enum(0, 1, 2, 3),
         "bf16": Bool(required=True), "fp16": Bool(required=True), "use_flash_attn": Bool(required=True),
         "plantune": Map({
             "kind": Enum(*KINDS, required=True), "flavor": Enum(None, *FLAVORS),
             "hybrid_shard": Bool(required=True),
+            "recompute": Str(),   # planner.recompute's mode (torchtitan's selective-op / selective-layer-N too)
             "model": Map(model_rest, required=True),
             "training": Map(training, required=True),
             "cluster": Map(cluster, required=True),

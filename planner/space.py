@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
-from planner import context_parallel, moe
+from planner import context_parallel, moe, recompute as recompute_modes
 from planner.errors import InputError
 from planner.model import ModelSpec, Rampup
+from planner.pipeline_split import vpp_choices
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = recompute_modes.CLASSIC
+"""the classic modes (tune's search space orders them by memory); every mode: `planner.recompute`"""
 FRAMEWORKS = ("megatron-deepspeed", "megatron-lm", "fsdp")
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
@@ -85,9 +87,10 @@ class TrainingSpec:
             raise InputError(f"pins {', '.join(bad_pins)}: pin {', '.join(PINNABLE)} to positive integers")
         if self.max_mbs <= 0:
             raise InputError(f"--max-mbs must be > 0, got {self.max_mbs}")
-        bad = [r for r in self.recompute_options if r not in RECOMPUTE]
+        bad = [r for r in self.recompute_options if not recompute_modes.is_valid(r, search=True)]
         if bad or not self.recompute_options:
-            raise InputError(f"--recompute: {bad or 'empty'}; choose from {', '.join(RECOMPUTE)}")
+            raise InputError(f"--recompute: {bad or 'empty'}; choose from {', '.join(recompute_modes.OPTIONS)} "
+                             "(block-N, uniform-N and selective-layer-N fix N)")
         if not self.zero_options or any(z not in (0, 1, 2, 3) for z in self.zero_options):
             raise InputError(f"--zero: {list(self.zero_options)}; choose stages from 0, 1, 2, 3")
         if self.grad_reduce_dtype not in ("fp32", "bf16"):
@@ -113,6 +116,7 @@ class Candidate:
     mbs: int
     gas: int
     recompute: str = "none"
+    """`planner.recompute` mode: none | selective | full | block-N | uniform-N | selective-op | selective-layer-N"""
     zero: int = 0
     """ZeRO stage 0-3; for FSDP: 0 NO_SHARD, 2 SHARD_GRAD_OP, 3 FULL_SHARD (HYBRID_SHARD with hybrid)"""
     sp: bool = False
@@ -196,8 +200,10 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
     dp = num("dp", max(world // (tp * pp * cp), 1))
     gas = num("gas", max(global_batch // (mbs * dp), 1))
     recompute = fields.get("recompute", "none")
-    if recompute not in RECOMPUTE:
-        raise InputError(f"--explain: recompute={recompute} must be one of {', '.join(RECOMPUTE)}")
+    if not recompute_modes.is_valid(recompute):
+        raise InputError(f"--explain: recompute={recompute} must be one of {', '.join(recompute_modes.CLASSIC)}, "
+                         "block-N, uniform-N (Megatron --recompute-method, N layers per model chunk), selective-op "
+                         "or selective-layer-N (torchtitan)")
     truthy, falsy = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
     for key in ("sp", "hybrid"):
         if fields.get(key, "0") not in truthy | falsy:
@@ -309,7 +315,7 @@ def _groups(model: ModelSpec, world: int, training: TrainingSpec, knobs: dict[st
         return
     per_replica = training.global_batch // dp if training.global_batch % dp == 0 else 0
     mbss = [pins["mbs"]] if "mbs" in pins else mbs_values(per_replica, training.max_mbs)
-    vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"]
+    vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"] or vpp_choices(model.layers, pp)
     ep_etps = tuple(knobs["ep"] or moe.ep_choices(model, tp, cp, dp, training.ep_options))
     # Megatron needs SP under MoE with EP and TP (planner.moe.violations): sp=0 is enumerated with EP=1 only
     ep_no_sp = tuple(pe for pe in ep_etps if pe[0] == 1) if knobs["moe_needs_sp"] and tp > 1 else ep_etps

@@ -55,6 +55,7 @@ import torch
 import torch.distributed as dist
 
 from planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, tflops_per_gpu
+from planner.recompute import Recomputed, recomputed
 from probes.launch import die_with_parent
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -359,7 +360,7 @@ def _projection(spec: ProbeSpec, layout: ProbeLayout, median_s: float,
         "tokens_per_s": gbs * full.seq_len / step_s,
         "model_tflops_per_device": tflops_per_gpu(model_flops_per_iteration(full, gbs), step_s, world),
         "hardware_tflops_per_device": tflops_per_gpu(
-            hardware_flops_per_iteration(full, gbs, layout.recompute), step_s, world),
+            hardware_flops_per_iteration(full, gbs, probe_recomputed(full, layout)), step_s, world),
         "world_size": world,
         "global_batch": gbs,
         "note": (f"step time scaled by layers {layout.layers_full}/{layout.layers_run} (embedding and LM head "
@@ -439,6 +440,12 @@ def profile_split(trainer: Trainer, step: int, world: int) -> dict:
             "note": "one profiled step after timing (rank 0); sums of event durations, overlap not removed"}
 
 
+def probe_recomputed(m, layout) -> Recomputed:
+    """What the probe re-runs (planner.recompute): block-N checkpoints the first N layers of each of the PP x VPP
+    stages, each a PP x VPP-th of ``m``'s layers (probes/gpt.py GPTStage)."""
+    return recomputed(m, layout.recompute, m.layers // max(layout.pp, 1), max(layout.vpp, 1))
+
+
 def flops_model(m, extent: ProbeExtent):
     """The dense model whose planner.flops equal the probe's: an MoE layer runs top_k experts per token
     (the router's 2·h·E FLOPs per token are not counted)."""
@@ -507,7 +514,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
     m = flops_model(trainer.model, extent)
     gbs = layout.global_batch_run
     model_flops = model_flops_per_iteration(m, gbs)
-    hw_flops = hardware_flops_per_iteration(m, gbs, layout.recompute)
+    hw_flops = hardware_flops_per_iteration(m, gbs, probe_recomputed(m, layout))
     if device.type == "cuda":
         peaks, kind = [r["peak_allocated_bytes"] for r in records], "cuda_max_allocated"
     else:

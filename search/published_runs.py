@@ -55,14 +55,8 @@ class PublishedRun:
     """position of the row in its file (1-based)"""
 
     def time_candidate(self) -> Candidate:
-        """`cand` as the planner's time model can cost it: it knows recompute none/selective/full, so torchtitan's
-        selective-op counts as selective (the same attention ops recomputed) and every-N-layers selective-layer
-        as full (an APPROXIMATION: over-counts the recomputed forward by N). Memory uses `cand` as run."""
-        r = self.cand.recompute
-        if r == "selective-op":
-            return replace(self.cand, recompute="selective")
-        if r.startswith("selective-layer"):
-            return replace(self.cand, recompute="full")
+        """`cand` as run: the time model costs every recompute mode (planner.recompute: torchtitan's selective-op
+        re-runs the matmuls op-level SAC does not save, selective-layer-N every N-th layer's forward)."""
         return self.cand
 
 

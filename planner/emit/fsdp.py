@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from planner import recompute as recompute_modes
 from planner.emit import facts, parallel_extras
 from planner.emit.setup import RunSetup, one_line, train_samples
 
@@ -58,8 +59,7 @@ def torchtitan_dict(setup: RunSetup) -> dict[str, dict]:
         "parallelism": {**_mesh(setup), "tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
                         "context_parallel_degree": c.cp, "expert_parallel_degree": c.ep},
         "checkpoint": {"enable": True, "folder": "checkpoint", "interval": 500},
-        "activation_checkpoint": ({"mode": c.recompute, "selective_ac_option": "op"} if c.recompute == "selective"
-                                  else {"mode": c.recompute}),
+        "activation_checkpoint": recompute_modes.torchtitan_activation_checkpoint(c.recompute),
         "compile": {"enable": False},
     }, parallel_extras.torchtitan_dict(setup))   # float8 converter for --precision fp8
 

@@ -12,6 +12,7 @@ The same launch.sbatch as Megatron-DeepSpeed's starts it (torch.distributed.run,
 
 from __future__ import annotations
 
+from planner import recompute as recompute_modes
 from planner.emit import facts, parallel_extras
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
 from planner.pipeline_split import megatron_lm_split
@@ -69,11 +70,7 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
     args += facts.lr_args(m, t)
     if t.precision in ("bf16", "fp16", "fp8"):
         args.append((f"--{'bf16' if t.precision == 'fp8' else t.precision}",))   # FP8 GEMMs inside bf16 training
-    if c.recompute == "full":
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                 ("--recompute-num-layers", "1")]
-    elif c.recompute == "selective":
-        args.append(("--recompute-granularity", "selective"))
+    args += recompute_modes.megatron_lm_args(c.recompute)   # full, selective, block-N, uniform-N
     if c.zero == 1:
         args.append(("--use-distributed-optimizer",))
     if t.grad_reduce_dtype == "bf16":

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 
+from planner import recompute as recompute_modes
 from planner.errors import InputError, PlantuneError
 from planner.files import read_mapping
 from planner.hardware import make_cluster
@@ -84,7 +85,7 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
         "gradient_accumulation_steps": c.gas,
         "rampup_batch_size": t.rampup.as_list() if t.rampup else None,
         "train_samples": train_samples(t),
-        "recompute_granularity": None if c.recompute == "none" else c.recompute,
+        **recompute_modes.plan_yaml_fields(c.recompute),
         "zero_stage": c.zero,
         "bf16": t.precision in ("bf16", "fp8"),
         "fp16": t.precision == "fp16",
@@ -94,6 +95,7 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
             "kind": kind,
             "flavor": flavor if kind == "megatron-deepspeed" else None,
             "hybrid_shard": c.hybrid,
+            "recompute": c.recompute,
             "model": model_rest,
             "training": {k: list(v) if isinstance(v, tuple) else v
                          for k in _TRAINING_EXTRA for v in [getattr(t, k)]},
@@ -107,8 +109,9 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
 def plan_yaml_text(setup: RunSetup, *, kind: str, flavor: str | None) -> str:
     lines = ["plantune plan: Megatron argparse destination names at the top level, plantune-only facts under "
              "'plantune:'.",
-             "recompute_granularity null|full|selective (the Megatron-DeepSpeed forks spell full as "
-             "--checkpoint-activations).",
+             "recompute_granularity null|full|selective, recompute_method uniform|block with recompute_num_layers N "
+             "(Megatron's partial recompute; the Megatron-DeepSpeed forks spell full as --checkpoint-activations); "
+             "plantune.recompute: plantune's mode (torchtitan's selective-op / selective-layer-N).",
              "Read back with planner.emit.load_plan_yaml; regenerate rather than edit by hand."]
     if kind == "megatron-deepspeed" and flavor == "bigscience" and setup.training.precision == "bf16":
         lines.append(f"zero_stage {setup.candidate.zero} is the planned sharding: the bigscience fork's bf16 optimizer "
@@ -183,11 +186,16 @@ def load_plan_yaml(path: Path) -> RunSetup:
             vpp = _need(d, "num_virtual_stages_per_pipeline_rank", "", (int, type(None)), path) or 1
             if vpp < 1:
                 raise InputError(f"plan file {path}: num_virtual_stages_per_pipeline_rank must be >= 1, got {vpp}")
-        recompute = _need(d, "recompute_granularity", "", (str, type(None)), path)
+        recompute = p.get("recompute") or recompute_modes.from_plan_yaml(
+            _need(d, "recompute_granularity", "", (str, type(None)), path), d.get("recompute_method"),
+            d.get("recompute_num_layers"))
+        if not recompute_modes.is_valid(recompute):
+            raise InputError(f"plan file {path}: plantune.recompute {recompute!r} is no recompute mode; use one of "
+                             f"{', '.join(recompute_modes.OPTIONS)} (block-N, uniform-N, selective-layer-N with N)")
         candidate = Candidate(
             tp=_need(d, "tensor_model_parallel_size", "", int, path), pp=pp,
             dp=_need(d, "data_parallel_size", "", int, path), mbs=_need(d, "micro_batch_size", "", int, path),
-            gas=_need(d, "gradient_accumulation_steps", "", int, path), recompute=recompute or "none",
+            gas=_need(d, "gradient_accumulation_steps", "", int, path), recompute=recompute,
             zero=_need(d, "zero_stage", "", int, path), sp=_need(d, "sequence_parallel", "", bool, path),
             vpp=vpp,
             hybrid=_need(p, "hybrid_shard", "plantune.", bool, path),
