@@ -172,7 +172,7 @@ def selected(only: list[str] | None, fast: bool) -> list[Example]:
     known = {e.name for e in EXAMPLES}
     unknown = sorted(set(only or ()) - known)
     if unknown:
-        raise SystemExit(f"readme_examples: unknown example {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise ValueError(f"unknown example {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     return [e for e in EXAMPLES if (not only or e.name in only) and not (fast and e.slow)]
 
 
@@ -185,9 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", metavar="NAME", help="only these examples")
     p.add_argument("--readme", type=Path, default=README)
     args = p.parse_args(argv)
-    text = args.readme.read_text()
-    fresh = {e.name: render(e) for e in selected(args.only, args.fast)}
-    names = stale(text, fresh)
+    try:
+        chosen = selected(args.only, args.fast)
+        text = args.readme.read_text()
+    except (ValueError, OSError) as err:
+        p.error(str(err))
+    fresh = {e.name: render(e) for e in chosen}
+    try:
+        names = stale(text, fresh)
+    except ValueError as err:           # a block missing or twice
+        p.error(str(err))
     if args.write:
         if names:
             args.readme.write_text(replace(text, fresh))
