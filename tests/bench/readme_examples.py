@@ -55,8 +55,6 @@ def plan(*args: str, **cut) -> Step:
     return Step(("plan", *args), **cut)
 
 
-LLAMA405_8K = ("--model", "llama3-405b", "--gpus", "8192", "--gpu", "H100-SXM", "--framework", "megatron-lm",
-               "--seq-len", "8192", "--global-batch", "2048")
 EXAMPLES: tuple[Example, ...] = (
     Example("bloom-top5", (plan("--model", "176B", "--gpus", "384", "--top", "5"),)),
     Example("bloom-explain", (plan("--model", "176B", "--gpus", "384", "--cluster", "jean-zay-a100", "--explain",
@@ -70,8 +68,9 @@ EXAMPLES: tuple[Example, ...] = (
                                   stop="^~ :"),)),
     Example("llama31-405b-top3", (plan("--model", "llama3.1-405b", "--gpus", "16384", "--gpu", "H100-SXM", "--top",
                                        "3", stop="^~ :"),)),
-    Example("llama3-405b-block", (plan(*LLAMA405_8K, "--tp", "8", "--pp", "16", "--top", "3",
-                                       start="^Top ", stop="^~ :"),)),
+    Example("llama3-405b-block", (plan("--model", "llama3-405b", "--gpus", "8192", "--gpu", "H100-SXM", "--framework",
+                                       "megatron-lm", "--seq-len", "8192", "--global-batch", "2048", "--tp", "8",
+                                       "--pp", "16", "--top", "3", start="^Top ", stop="^~ :"),)),
     Example("framework-refused", (plan("--model", "llama3-8b", "--gpus", "64", "--framework", "megatron-deepspeed",
                                        rc=2),)),
     Example("emit-megatron-lm", (plan("--model", "llama3-8b", "--gpus", "64", "--gpu", "H100-SXM", "--emit",
