@@ -82,8 +82,11 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
                                                   "...), a HF config.json, or a plantune model YAML")
     add("--gpus", type=_positive_int, help="total GPUs (a multiple of --gpus-per-node)")
     add("--nodes", type=_positive_int, help="nodes, instead of --gpus")
-    add("--gpu", default=None, help="accelerator id from the catalog (default A100-80GB)")
-    add("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default 8)")
+    add("--gpu", default=None, help="accelerator: a catalog id (default A100-80GB; planner/accelerators.yaml: V100, "
+                                    "A100, H100-SXM/PCIe/NVL, H800, H20, GH200, H200, B200, GB200, L4, L40S, A10, "
+                                    "MI250X, MI300X, MI325X, ...) or a GPU YAML describing yours")
+    add("--gpus-per-node", type=_positive_int, default=None,
+        help="GPUs per node (default: the accelerator's usual node, 8 for most); fewer --gpus plan one partial node")
     add("--cluster", help="cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps or nics_per_node x nic_gbps, "
                           "intra_node_gbps) or a preset: jean-zay-a100, jean-zay-v100, dgx-a100-superpod, "
                           "dgx-h100-superpod")
@@ -141,7 +144,7 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
         if args.gpus is None and args.nodes is None:
             raise InputError("give --gpus N (or --nodes N, or --cluster FILE)")
         cluster = make_cluster(gpu=args.gpu or "A100-80GB", gpus=args.gpus, nodes=args.nodes,
-                               gpus_per_node=args.gpus_per_node or 8, inter_node_gbps=args.inter_node_gbps,
+                               gpus_per_node=args.gpus_per_node, inter_node_gbps=args.inter_node_gbps,
                                intra_node_gbps=args.intra_node_gbps)
     if args.calibration:
         cluster = apply_calibration(cluster, args.calibration)
