@@ -133,15 +133,13 @@ def load_accelerators(path: str | Path, *, known: Mapping[str, Accelerator] | No
     """A GPU YAML: one accelerator (its keys at the top level; id defaults to the file's name), or a catalog of them
     (id -> description, as planner/accelerators.yaml); ``base`` names an entry above or one of ``known``."""
     d = read_mapping(path, "GPU file")
-    if any(k in ACCELERATOR for k in d):   # one accelerator
+    if not d or not all(isinstance(v, dict) for v in d.values()):   # one accelerator: its keys hold values
         acc = accelerator_from(d, f"GPU file {path}", known=known, default_id=Path(path).stem)
         return {acc.id: acc}
     out: dict[str, Accelerator] = {}
     for acc_id, entry in d.items():
-        where = f"GPU file {path}: {acc_id}"
-        if not isinstance(entry, dict):
-            raise InputError(f"{where} must be a mapping of accelerator keys ({', '.join(ACCELERATOR)}), got {entry!r}")
-        out[str(acc_id)] = accelerator_from(entry, where, known={**(known or {}), **out}, default_id=str(acc_id))
+        out[str(acc_id)] = accelerator_from(entry, f"GPU file {path}: {acc_id}", known={**(known or {}), **out},
+                                            default_id=str(acc_id))
     return out
 
 

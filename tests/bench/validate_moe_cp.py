@@ -14,7 +14,7 @@ plantune's count the full s^2 (Narayanan et al. 2021), so their TFLOP/s ratio is
   Its DGX-H100 Qwen3-235B-A22B row (EP 32: the all-to-all crosses 4 nodes over InfiniBand) lacks its GBS cell; GBS
   2048 and TP2/PP8/VP4/EP32 are QWEN3_235B_A22B_H100_FP8_CS_PARALLEL_CONFIG in
   scripts/performance/configs/qwen3/workload_base_configs.py.
-  Its GB200 rows are left out: the catalog's GB200 has no FP8 peak, the NVL72 domain is not modelled, and its
+  Its GB200 rows are left out: the NVL72 domain (72 GPUs on NVLink: --gpus-per-node 72) is not modelled, and its
   DeepSeek-V3 PP4 x VP4 split of 61 layers needs --pipeline-model-parallel-layout, which plan does not search.
 The MoE launch cost (planner.moe.KERNEL_LAUNCH_S) is FITTED on the B200 Qwen3-30B-A3B row; the others check it.
 Megatron-Bridge rows run as its perf scripts do (scripts/performance/configs/*/*_llm_pretrain.py at 25.11,
