@@ -332,8 +332,8 @@ def make_cluster(*, gpu: "str | Accelerator", gpus: int | None = None, gpus_per_
     else:
         rate = acc.nic_gbps
         inter, nics = rate * 1e9 / 8 * gpus_per_node, gpus_per_node
-        network = network or (f"default for {acc.id.split('-')[0]}: one {rate:g} Gb/s NIC per GPU (a DGX-like node); "
-                              "give --cluster PRESET/FILE or --inter-node-gbps for your cluster")
+        network = network or (f"default for {acc.id}: one {rate:g} Gb/s NIC per GPU (a DGX-like node); give "
+                              "--cluster PRESET/FILE or --inter-node-gbps for your cluster")
     intra = intra_node_gbps * 1e9 / 8 if intra_node_gbps else acc.intra_node_bw_bytes_per_s
     return ClusterSpec(name=name or f"{nodes}x{gpus_per_node} {acc.id}", gpu=acc, gpus_per_node=gpus_per_node,
                        nodes=nodes, inter_node_bw_bytes_per_s=inter, intra_node_bw_bytes_per_s=intra,

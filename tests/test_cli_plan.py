@@ -206,6 +206,12 @@ def test_a_gpu_yaml_plans_and_round_trips_through_plan_yaml(tmp_path):
     assert json.loads(back)["fits"] is True
 
 
+def test_the_example_gpu_yaml_plans():
+    d = json.loads(plan("--model", "1B3", "--gpus", "8", "--gpu", str(ROOT / "examples" / "gpu-rtx-4090.yaml"),
+                        "--format", "json", "--top", "1").stdout)
+    assert d["cluster"]["gpu"] == "RTX-4090" and d["candidates"]
+
+
 def test_a_bad_gpu_yaml_is_one_line_exit_2(tmp_path):
     gpu = tmp_path / "g.yaml"
     gpu.write_text("base: H100\nmemory_gb: 96\n")
