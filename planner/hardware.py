@@ -1,7 +1,9 @@
-"""The one hardware catalog (accelerators) and `ClusterSpec`.
+"""The accelerator catalog, `ClusterSpec` and the cluster presets.
 
-Every figure is a dense (no sparsity) datasheet number with its source; units are in field
-names, SI throughout (FLOP/s, bytes, bytes/s). Link bandwidths are per GPU, one direction.
+The catalog is data, planner/accelerators.yaml, read once per process by `load_accelerators`, the same
+code that reads a user's GPU YAML (``--gpu my_gpu.yaml``, a cluster YAML's ``gpu``, a calibration's ``gpu``).
+Every figure is a dense (no sparsity) datasheet number with its source; `Accelerator` fields are SI
+(FLOP/s, bytes, bytes/s), the YAML keys name their unit. Link bandwidths are per GPU, one direction.
 
     >>> from planner.hardware import get_accelerator
     >>> get_accelerator("A100-80GB").peak_bf16_flops / 1e12
@@ -49,14 +51,15 @@ class Accelerator:
     cuda_context_bytes: float
     """memory the runtime takes before the model (seed 003 'calibration': 1113 MiB on V100)"""
     source: str
-    peak_fp8_flops: float | None = None
+    peak_fp8_flops: float | None
     """dense FP8 tensor-core peak (datasheet, no sparsity); None where the chip has no FP8"""
-    gpus_per_node: int = 8
+    gpus_per_node: int
     """the usual node (NVLink domain) size: the default of --gpus-per-node"""
-    nic_gbps: float = 100.0
+    nic_gbps: float
     """the usual inter-node NIC per GPU, Gbit/s per direction: the default network"""
-    power_w: float | None = field(default=None, compare=False)
-    aliases: tuple[str, ...] = field(default=(), compare=False)
+    power_w: float | None = field(compare=False)
+    aliases: tuple[str, ...] = field(compare=False)
+    """other names --gpu accepts (A100 -> A100-80GB)"""
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak for a training precision: bf16 | fp16 | fp32 (fp32 uses TF32 when the chip has it) | fp8."""
