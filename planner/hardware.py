@@ -135,7 +135,7 @@ def accelerator_from(value: object, where: str, *, known: Mapping[str, Accelerat
 def load_accelerators(path: str | Path, *, known: Mapping[str, Accelerator] | None = None) -> dict[str, Accelerator]:
     """A GPU YAML: one accelerator (its keys at the top level; id defaults to the file's name), or a catalog of them
     (id -> description, as planner/accelerators.yaml); ``base`` names an entry above or one of ``known``."""
-    d = read_mapping(path, "GPU file")
+    d = read_mapping(path, "GPU file", packaged=Path(path) == CATALOG_FILE)
     if not d or not all(isinstance(v, dict) for v in d.values()):   # one accelerator: its keys hold values
         acc = accelerator_from(d, f"GPU file {path}", known=known, default_id=Path(path).stem)
         return {acc.id: acc}
