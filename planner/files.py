@@ -1,5 +1,5 @@
-"""The user's files: one mapping from JSON or YAML (``yaml.safe_load``'s loader only), and the files `plan --emit` and `tune`
-write into ``--out`` (never over a user's file without ``--force``, never through a link); one-line errors.
+"""The user's files: one mapping from JSON or YAML (``yaml.safe_load``'s loader only), and the files
+`plan --emit` and `tune` write into ``--out`` (never over a user's file without ``--force``, never through a link); one-line errors.
 
 Whatever the file is (missing, a folder, unreadable, binary, not UTF-8, too large, nested too deeply,
 not a mapping) the answer is one :class:`InputError` line naming the file and the fix.

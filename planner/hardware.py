@@ -88,8 +88,9 @@ class Accelerator:
 
 # GPU YAML key -> (Accelerator field, unit the YAML number is in): one table for reading and writing
 ACCELERATOR_KEYS: dict[str, tuple[str, float | None]] = {
-    "memory_gib": ("memory_bytes", GiB), "bf16_tflops": ("peak_bf16_flops", TB), "fp16_tflops": ("peak_fp16_flops", TB),
-    "fp8_tflops": ("peak_fp8_flops", TB), "tf32_tflops": ("peak_tf32_flops", TB), "fp32_tflops": ("peak_fp32_flops", TB),
+    "memory_gib": ("memory_bytes", GiB), "bf16_tflops": ("peak_bf16_flops", TB),
+    "fp16_tflops": ("peak_fp16_flops", TB), "fp8_tflops": ("peak_fp8_flops", TB),
+    "tf32_tflops": ("peak_tf32_flops", TB), "fp32_tflops": ("peak_fp32_flops", TB),
     "hbm_gb_per_s": ("memory_bw_bytes_per_s", GB), "intra_node_gb_per_s": ("intra_node_bw_bytes_per_s", GB),
     "intra_node_link": ("intra_node_link", None), "gpus_per_node": ("gpus_per_node", None),
     "nic_gbps": ("nic_gbps", None), "sm_count": ("sm_count", None), "gemm_efficiency": ("gemm_efficiency", None),

@@ -562,5 +562,5 @@ def check_plan(data: dict, where: str) -> dict:
     return data
 
 
-__all__ = ["ACCELERATOR", "CALIBRATION", "CLUSTER", "Field", "MODEL", "MAX_GPUS", "MAX_GLOBAL_BATCH", "check", "check_plan",
-           "describe", "did_you_mean", "plan_schema"]
+__all__ = ["ACCELERATOR", "CALIBRATION", "CLUSTER", "Field", "MODEL", "MAX_GPUS", "MAX_GLOBAL_BATCH", "check",
+           "check_plan", "describe", "did_you_mean", "plan_schema"]

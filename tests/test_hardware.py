@@ -103,7 +103,8 @@ def test_an_unknown_device_is_one_clear_error():
 @pytest.mark.parametrize("gpu,bf16,fp8,mem_gib,hbm_gbs,intra_gbs", [
     ("L4", 121, 242.5, 24, 300, 32), ("L40S", 362.05, 733, 48, 864, 32), ("A10", 125, None, 24, 600, 32),
     ("H100-NVL", 835, 1670.5, 94, 3900, 300), ("H800", 989, 1979, 80, 3350, 200), ("H20", 148, 296, 96, 4000, 450),
-    ("GH200", 989, 1979, 96, 4000, 450), ("GB200", 2500, 5000, 186, 8000, 900), ("MI325X", 1307.4, 2614.9, 256, 6000, 448),
+    ("GH200", 989, 1979, 96, 4000, 450), ("GB200", 2500, 5000, 186, 8000, 900),
+    ("MI325X", 1307.4, 2614.9, 256, 6000, 448),
     ("H100-HBM2e-96GB", 989, 1979, 96, 2400, 450),
 ])
 def test_rented_accelerators_carry_their_datasheet_figures(gpu, bf16, fp8, mem_gib, hbm_gbs, intra_gbs):
