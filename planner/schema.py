@@ -265,7 +265,7 @@ MODEL: dict[str, Field] = {
 
 CLUSTER: dict[str, Field] = {
     "name": Str(),
-    "gpu": Str(required=True, what="an accelerator id from the catalog (text)"),
+    "gpu": Any(required=True, what="a catalog id, a GPU YAML path, or a mapping of GPU YAML keys"),
     "gpus_per_node": Int(1, MAX_GPUS_PER_NODE, why=WHY_GPUS_PER_NODE),
     "nodes": Int(1, MAX_GPUS, why=WHY_GPUS),
     "inter_node_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
@@ -282,11 +282,35 @@ CALIBRATION: dict[str, Field] = {
     "intra_node_busbw_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
     "inter_node_busbw_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
     "cuda_context_bytes": Num(0, 1e12, what="bytes in [0, 1e12]"),
+    "gpu": Map(None, what="a mapping of GPU YAML keys (ACCELERATOR) replacing the catalog's figures"),
     # written by `tune calibrate` for the record, not read by the planner
     "device": Any(), "matmul_peak_tflops": Any(), "matmul_peak_source": Any(), "notes": Any(),
     "measurements": Any(),
 }
 """calibration YAML written by `tune calibrate` (planner.hardware.apply_calibration)"""
+
+_TFLOPS = "TFLOP/s, dense (no sparsity)"
+ACCELERATOR: dict[str, Field] = {
+    "id": Str(), "base": Str(what="a catalog id to start from (its keys are kept unless given)"),
+    "memory_gib": Num(0, 65_536, open_lo=True, what="GiB of device memory, a number in (0, 65,536]"),
+    **{k: Num(0, 1e6, open_lo=True, null=True, what=f"{_TFLOPS} in (0, 1e6] or null")
+       for k in ("bf16_tflops", "fp8_tflops", "tf32_tflops")},
+    **{k: Num(0, 1e6, open_lo=True, what=f"{_TFLOPS} in (0, 1e6]") for k in ("fp16_tflops", "fp32_tflops")},
+    "hbm_gb_per_s": Num(0, 1e6, open_lo=True, what="GB/s of memory bandwidth in (0, 1e6]"),
+    "intra_node_gb_per_s": Num(0, 1e6, open_lo=True, what="GB/s per GPU and direction in (0, 1e6] (half the "
+                                                          "datasheet's bidirectional NVLink figure)"),
+    "intra_node_link": Str(),
+    "gpus_per_node": Int(1, MAX_GPUS_PER_NODE, why=WHY_GPUS_PER_NODE),
+    "nic_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
+    "sm_count": Int(1, 100_000),
+    "gemm_efficiency": Num(0, 1, open_lo=True, what="a fraction of the dense peak in (0, 1]"),
+    "cuda_context_gib": Num(0, 1024, what="GiB in [0, 1024]"),
+    "power_w": Num(0, 100_000, open_lo=True, null=True),
+    "source": Str(),
+    "aliases": List(Str()),
+    "notes": Any(),
+}
+"""one accelerator in a GPU YAML, a cluster YAML's gpu, or planner/accelerators.yaml (planner.hardware)"""
 
 
 FLAGS: dict[str, Field] = {
@@ -541,5 +565,5 @@ def check_plan(data: dict, where: str) -> dict:
     return data
 
 
-__all__ = ["CALIBRATION", "CLUSTER", "Field", "MODEL", "MAX_GPUS", "MAX_GLOBAL_BATCH", "check", "check_plan",
-           "describe", "did_you_mean", "plan_schema"]
+__all__ = ["ACCELERATOR", "CALIBRATION", "CLUSTER", "Field", "MODEL", "MAX_GPUS", "MAX_GLOBAL_BATCH", "check",
+           "check_plan", "describe", "did_you_mean", "plan_schema"]

@@ -201,7 +201,7 @@ NAMED = [
     ("cluster", {"intra_node_gbps": -100}, "intra_node_gbps must be a number in (0,"),
     ("cluster", {"nodes": 10**9}, "10x the largest training clusters"),
     ("cluster", {"nodes": 480_000, "gpus_per_node": 8}, "3,840,000 GPUs is over the 1,000,000"),
-    ("cluster", {"gpu": 100}, "gpu must be an accelerator id"),
+    ("cluster", {"gpu": 100}, "gpu must be a catalog id"),
     ("calibration", {"matmul_efficiency": -0.5}, "matmul_efficiency must be a fraction of peak in (0, 1]"),
     ("calibration", {"matmul_efficiency": 5}, "matmul_efficiency must be a fraction of peak in (0, 1]"),
     ("calibration", {"inter_node_busbw_gbps": -10}, "inter_node_busbw_gbps must be a number in (0,"),
