@@ -68,6 +68,8 @@ class ArgSet:
     world: int
     env: dict = field(hash=False)
     capability: tuple[int, int]
+    vocab: int
+    """the tokenizer's vocabulary (the model's), padded by the framework's tokenizer code"""
     expect: dict = field(hash=False)
     """parsed attribute -> value Megatron must end up with (degrees, MoE, FP8)"""
 
@@ -95,7 +97,18 @@ def arg_set(group: str, case_id: str, setup, kind: str = "megatron-lm", flavor: 
                    "fp8": "hybrid" if setup.training.precision == "fp8" else None}
     if kind == "megatron-lm" or flavor == "microsoft":   # the bigscience fork has no sequence parallelism
         expect["sequence_parallel"] = c.sp and c.tp > 1
-    return ArgSet(group, case_id, tuple(argv), c.world, env, _capability(setup), expect)
+    expect["padded_vocab_size"] = expected_padded_vocab(argv, m.vocab, c.tp)
+    return ArgSet(group, case_id, tuple(argv), c.world, env, _capability(setup), m.vocab, expect)
+
+
+def expected_padded_vocab(argv: list[str], vocab: int, tp: int) -> int:
+    """The embedding's rows plantune asked for: --pad-vocab-size-to (BigScience fork), else the vocabulary rounded up
+    to a multiple of --make-vocab-size-divisible-by (default 128) x TP, Megatron's rule (the driver's docstring)."""
+    if "--pad-vocab-size-to" in argv:
+        return int(argv[argv.index("--pad-vocab-size-to") + 1])
+    divisor = int(argv[argv.index("--make-vocab-size-divisible-by") + 1]) if "--make-vocab-size-divisible-by" in argv \
+        else 128
+    return -(-vocab // (divisor * tp)) * divisor * tp
 
 
 def _survivors(group: str, name: str, model, cluster, training, kind: str, flavor: str) -> list[ArgSet]:
@@ -220,7 +233,7 @@ def _parsed(target: str) -> dict[str, dict]:
     src = _source(target)
     prefix, _, sets = SOURCES[target]
     payload = json.dumps([{"id": s.id, "argv": s.argv, "world": s.world, "env": s.env, "capability": s.capability,
-                           "attrs": sorted(s.expect)} for s in sets()])
+                           "attrs": sorted(s.expect), "vocab": s.vocab} for s in sets()])
     env = {**os.environ, "PYTHONPATH": src, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run([os.environ.get(f"{prefix}_PYTHON", sys.executable), str(DRIVER)], input=payload,
                           capture_output=True, text=True, env=env, cwd=src)
