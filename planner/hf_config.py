@@ -46,7 +46,8 @@ class HFFamily:
 
 _LLAMA = dict(glu=True, tied=False, position="rope", norm="rmsnorm", bias=False, activation="silu")
 _GEMMA = dict(_LLAMA, tied=True, activation="gelu_tanh", head_dim=256)
-_DEEPSEEK = dict(norm_topk=False, score="softmax", topk_scale=1.0)
+_DEEPSEEK = dict(norm_topk=False, aux=0.001, seq_aux=True)
+"""DeepSeek's own configuration_deepseek.py (the files' auto_map) defaults: aux_loss_alpha 0.001, seq_aux true"""
 HF_FAMILIES: dict[str, HFFamily] = {
     "llama": HFFamily(**_LLAMA, source="transformers LlamaConfig (SwiGLU, RMSNorm, RoPE, no biases)"),
     "mistral": HFFamily(**_LLAMA, facts={"sliding_window": 4096},
@@ -249,7 +250,7 @@ def _moe_router(d: dict, fam: HFFamily, where: str) -> dict:
     softmax or sigmoid scores, norm_topk_prob, routed_scaling_factor, group-limited and aux-loss-free routing."""
     m = fam.moe
     out = {"moe_aux_loss_coeff": float(d.get("router_aux_loss_coef", d.get("aux_loss_alpha", m.get("aux", 0.0)))),
-           "moe_seq_aux": bool(d.get("seq_aux", False)),
+           "moe_seq_aux": bool(d.get("seq_aux", m.get("seq_aux", False))),
            "moe_norm_topk": bool(d.get("norm_topk_prob", m.get("norm_topk", True))),
            "moe_topk_scale": float(d.get("routed_scaling_factor") or 1.0),
            "moe_score": str(d.get("scoring_func", "softmax"))}
