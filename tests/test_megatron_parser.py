@@ -297,7 +297,8 @@ def test_megatron_lm_parses_and_validates_the_emitted_arguments(group):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group", ["cases", "survivors", "hf-configs"])
-@pytest.mark.parametrize("flavor", ["microsoft", "bigscience"])
+@pytest.mark.parametrize("flavor,group", [("microsoft", "cases"), ("microsoft", "survivors"), ("microsoft", "hf-configs"),
+                                          ("bigscience", "cases"), ("bigscience", "survivors")])   # the published
+# config.json files are all RMSNorm models, which the bigscience fork refuses (tests/test_hf_configs.py)
 def test_megatron_deepspeed_parses_and_validates_the_emitted_arguments(flavor, group):
     assert _problems(flavor, group) == []
