@@ -239,3 +239,38 @@ def test_emit_takes_the_files_positions_not_a_4096_guess(tmp_path):
                         training=TrainingSpec(global_batch=64, seq_len=262144, framework="megatron-lm"))
     with pytest.raises(InputError, match="131072 positions"):
         render(too_long, "megatron-lm")
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B.json", "DeepSeek-V3.json", "Qwen2.5-7B.json"])
+def test_plan_yaml_keeps_every_fact(tmp_path, name):
+    """plan.yaml carries the model's facts (plantune.model), so `plan --from plan.yaml --emit` writes the same set."""
+    from planner.emit import load_plan_yaml
+
+    _, m = _load(name)
+    files = render(_setup(m, "megatron-lm"), "megatron-lm")
+    (tmp_path / "plan.yaml").write_text(files["plan.yaml"])
+    back = load_plan_yaml(tmp_path / "plan.yaml")
+    assert back.model == m
+    assert render(back, "megatron-lm")["args.txt"] == files["args.txt"]
+
+
+def test_a_model_yaml_says_the_facts_too(tmp_path):
+    """A plantune model YAML can state what a config.json does: RoPE base, q/k/v biases, QK norm, norm epsilon,
+    tied embeddings, soft-capping; the emit carries them or refuses the one it cannot write."""
+    import yaml
+
+    doc = {"name": "qwenish", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 4, "ffn_hidden": 1024,
+           "vocab": 32000, "seq_len": 4096, "glu": True, "tied_embeddings": False, "position": "rope",
+           "norm": "rmsnorm", "bias": False, "rope_theta": 1000000.0, "qkv_bias": True, "qk_norm": "head",
+           "norm_eps": 1e-6, "max_positions": 32768}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(doc))
+    m = load_model(str(tmp_path / "m.yaml"))
+    a = _args(render(_setup(m, "megatron-lm"), "megatron-lm")["args.txt"])
+    assert (a["--rotary-base"], a["--norm-epsilon"], a["--max-position-embeddings"]) == (["1000000"], ["1e-06"],
+                                                                                         ["32768"])
+    assert "--add-qkv-bias" in a and "--qk-layernorm" in a and "--untie-embeddings-and-output-weights" in a
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({**doc, "attn_softcap": 50.0}))
+    assert "soft-capped" in _refusal(load_model(str(tmp_path / "m.yaml")), "megatron-lm")
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({**doc, "qk_norm": "yes"}))
+    with pytest.raises(InputError, match="qk_norm must be one of"):
+        load_model(str(tmp_path / "m.yaml"))
