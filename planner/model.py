@@ -335,7 +335,9 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
            source="DeepSeek-AI 2024 arXiv 2412.19437 Sec. 4.2 (61 layers, h 7168, 128 heads, MLA ranks 1536/512, "
                   "1 shared + 256 routed experts of 2048, top-8, first 3 layers dense; 671B total, 37B active; 1 MTP module "
                   "(Sec. 2.2, 4.2: depth D = 1; 14B more in the HF checkpoint); "
-                  "batch 15360 x 4K; 14.8T tokens); HF DeepSeek-V3 config.json"),
+                  "batch 15360 x 4K; 14.8T tokens; init std 0.006; sequence-wise balance loss alpha 0.0001); Sec. "
+                  "2.1.2 (sigmoid affinities, bias-based auxiliary-loss-free balancing); HF DeepSeek-V3 config.json "
+                  "(routed_scaling_factor 2.5, n_group 8, topk_group 4, rms_norm_eps 1e-6)"),
 )}
 
 # Size shorthands a person types; `176B` is BLOOM-176B as in BigScience's usage.

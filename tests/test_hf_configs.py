@@ -274,3 +274,15 @@ def test_a_model_yaml_says_the_facts_too(tmp_path):
     (tmp_path / "m.yaml").write_text(yaml.safe_dump({**doc, "qk_norm": "yes"}))
     with pytest.raises(InputError, match="qk_norm must be one of"):
         load_model(str(tmp_path / "m.yaml"))
+
+
+@pytest.mark.parametrize("preset,theta,eps", [("llama2-7b", 10000, 1e-5), ("llama3-8b", 500000, 1e-5),
+                                              ("llama3.1-405b", 500000, 1e-5), ("mixtral-8x7b", 1000000, 1e-5),
+                                              ("qwen3-30b-a3b", 1000000, 1e-6), ("deepseek-v3", 10000, 1e-6)])
+def test_presets_emit_their_own_rope_base_and_epsilon(preset, theta, eps):
+    """The presets state their RoPE base and norm epsilon (each preset's source: the HF config.json of the model);
+    the emitter no longer guesses them from the name (Mixtral and Qwen3 went out with 10,000)."""
+    from planner.model import get_preset
+
+    a = _args(render(_setup(get_preset(preset), "megatron-lm"), "megatron-lm")["args.txt"])
+    assert (int(_one(a, "--rotary-base")), float(_one(a, "--norm-epsilon"))) == (theta, eps)

@@ -13,8 +13,8 @@ The same launch.sbatch as Megatron-DeepSpeed's starts it (torch.distributed.run,
 from __future__ import annotations
 
 from planner.emit import facts, parallel_extras
-from planner.model import ModelSpec
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
+from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 
 GRADIENT_CLIPPING = 1.0
