@@ -123,8 +123,8 @@ HF_KEYS: dict[str, Field] = {
     # mixture of experts and multi-latent attention (planner.moe.hf_fields)
     **{k: Int(0, 1_000_000) for k in ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
                                       "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
-                                      "moe_layer_freq", "decoder_sparse_step", "first_k_dense_replace", "qk_nope_head_dim",
-                                      "qk_rope_head_dim", "v_head_dim")},
+                                      "moe_layer_freq", "decoder_sparse_step", "first_k_dense_replace",
+                                      "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")},
     "q_lora_rank": Int(0, 1_000_000, null=True), "kv_lora_rank": Int(0, 1_000_000, null=True),
     "router_aux_loss_coef": Num(0), "aux_loss_alpha": Num(0), "norm_topk_prob": Bool(),
     "routed_scaling_factor": Num(0, open_lo=True), "scoring_func": Str(), "topk_method": Str(),
@@ -146,7 +146,8 @@ HF_INERT = frozenset((
     "attention_softmax_in_fp32", "task_specific_params", "id2label", "label2id", "tokenizer_class", "problem_type",
     "finetuning_task", "prefix", "max_length", "output_attentions", "output_hidden_states", "return_dict",
     "use_return_dict", "tie_encoder_decoder", "quantization_config", "attn_implementation", "bos_token_id",
-    "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id", "cache_implementation", "use_bidirectional_attention",
+    "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id", "cache_implementation",
+    "use_bidirectional_attention",
 ))
 """metadata keys that do not describe the network (any value); names ending in _dropout/_pdrop also pass"""
 
@@ -190,7 +191,8 @@ def _rope(d: dict, fam: HFFamily, where: str) -> dict:
     """rope_theta and rope_scaling (transformers <= 4.x) or rope_parameters (5.x): Llama 3.1's llama3 scaling with
     Megatron's and torchtitan's fixed 1/4/8192 (megatron/core/models/common/embeddings/rope_utils.py
     apply_rope_scaling; torchtitan RoPEScalingArgs), YaRN with Megatron MLA's beta 32/1 and 4,096 original positions
-    (MLATransformerConfig), linear interpolation by an integer factor (Megatron --rotary-seq-len-interpolation-factor)."""
+    (MLATransformerConfig), linear interpolation by an integer factor (Megatron
+    --rotary-seq-len-interpolation-factor)."""
     params = d.get("rope_parameters") if isinstance(d.get("rope_parameters"), dict) else {}
     scaling = d.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
     theta = d.get("rope_theta") or d.get("rotary_emb_base") or params.get("rope_theta") or fam.rope_theta
@@ -215,7 +217,8 @@ def _rope(d: dict, fam: HFFamily, where: str) -> dict:
         raise _refuse(where, f"rope_scaling linear by {factor} (Megatron takes a whole factor)")
     out.update(rope_scaling=kind, rope_scaling_factor=float(factor))
     if kind == "yarn":
-        out.update(yarn_mscale=float(scaling.get("mscale", 1.0)), yarn_mscale_all_dim=float(scaling.get("mscale_all_dim", 0.0)))
+        out.update(yarn_mscale=float(scaling.get("mscale", 1.0)),
+                   yarn_mscale_all_dim=float(scaling.get("mscale_all_dim", 0.0)))
     return out
 
 
@@ -329,7 +332,8 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
         if key in d:
             facts[name] = float(d[key] or 0.0)
     extra = moe.hf_fields({**{k: v for k, v in _moe_defaults(fam).items() if k not in d}, **d})
-    extra.pop("rope_scaling", None), extra.pop("rope_scaling_factor", None)
+    for key in ("rope_scaling", "rope_scaling_factor"):   # read (and checked) by _rope
+        extra.pop(key, None)
     if extra.get("num_experts"):
         extra.update(_moe_router(d, fam, where))
     eps = d.get("rms_norm_eps") or d.get("layer_norm_eps") or d.get("layer_norm_epsilon") or fam.norm_eps

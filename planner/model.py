@@ -307,7 +307,8 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
            source="Llama 3 HF config.json; Dubey et al. 2024 arXiv 2407.21783 (15T tokens)"),
     _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, global_batch=512, train_tokens=15e12, **_LLAMA3,
            source="Llama 3 HF config.json; Dubey et al. 2024 arXiv 2407.21783"),
-    _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, global_batch=2048, train_tokens=15.6e12, **_LLAMA3,
+    _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, global_batch=2048, train_tokens=15.6e12,
+           **_LLAMA3,
            source="Dubey et al. 2024 arXiv 2407.21783 Table 3 (shape; 16M-token batch at seq 8192)"),
     _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072, global_batch=128, train_tokens=800e9,
            rope_scaling="llama3", rope_scaling_factor=8.0, **_LLAMA3,
@@ -330,8 +331,8 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
     _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048,
            shared_experts=1, first_dense_layers=3, kv_channels=128, q_lora_rank=1536, kv_lora_rank=512,
            qk_rope_head_dim=64, v_head_dim=128, global_batch=15360, train_tokens=14.8e12, mtp_layers=1,
-           norm_eps=1e-6, init_std=0.006, moe_score="sigmoid", moe_expert_bias=True, moe_topk_scale=2.5, moe_groups=8,
-           moe_group_topk=4, moe_aux_loss_coeff=0.0001, moe_seq_aux=True,
+           norm_eps=1e-6, init_std=0.006, moe_score="sigmoid", moe_expert_bias=True, moe_topk_scale=2.5,
+           moe_groups=8, moe_group_topk=4, moe_aux_loss_coeff=0.0001, moe_seq_aux=True,
            source="DeepSeek-AI 2024 arXiv 2412.19437 Sec. 4.2 (61 layers, h 7168, 128 heads, MLA ranks 1536/512, "
                   "1 shared + 256 routed experts of 2048, top-8, first 3 layers dense; 671B total, 37B active; 1 MTP module "
                   "(Sec. 2.2, 4.2: depth D = 1; 14B more in the HF checkpoint); "

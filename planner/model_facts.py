@@ -21,7 +21,8 @@ ROPE_SCALINGS = ("", "llama3", "yarn", "linear")
 YAML_DEFAULTS: dict[str, object] = {
     "architecture": "", "max_positions": 0, "rope_theta": 0.0, "rotary_percent": 1.0, "norm_eps": 0.0,
     "qkv_bias": False, "qk_norm": "", "norm_placement": "pre", "activation": "", "parallel_residual": False,
-    "attn_softcap": 0.0, "init_std": 0.0, "logit_softcap": 0.0, "sliding_window": 0, "window_full_every": 0, "yarn_mscale": 1.0,
+    "attn_softcap": 0.0, "init_std": 0.0, "logit_softcap": 0.0, "sliding_window": 0, "window_full_every": 0,
+    "yarn_mscale": 1.0,
     "yarn_mscale_all_dim": 0.0, "moe_aux_loss_coeff": 0.0, "moe_seq_aux": False, "moe_score": "softmax",
     "moe_norm_topk": True, "moe_topk_scale": 1.0, "moe_groups": 0, "moe_group_topk": 0, "moe_expert_bias": False,
     "moe_shared_gate": False,

@@ -65,7 +65,8 @@ DROP = {"gpt2": ("hidden_size", "num_attention_heads", "num_hidden_layers", "int
 
 
 def _model(tmp_path, family: str, **changes):
-    cfg = {k: v for k, v in BASE.items() if k not in DROP.get(family, ())} | FAMILIES.get(family, {"model_type": family}) | changes
+    own = FAMILIES.get(family, {"model_type": family})
+    cfg = {k: v for k, v in BASE.items() if k not in DROP.get(family, ())} | own | changes
     path = tmp_path / f"{family}.json"
     path.write_text(json.dumps(cfg))
     return load_model(str(path))
@@ -123,7 +124,8 @@ def test_gemma_families_are_planned_but_refused_by_every_emitter(tmp_path):
     g3 = _model(tmp_path, "gemma3_text")
     assert (g3.sliding_window, g3.window_full_every, g3.qk_norm, g3.rope_theta) == (512, 4, "head", 1e6)
     for m, what in ((g2, "soft-capped logits"), (g3, "GeGLU")):
-        for kind, flavor in (("megatron-lm", "bigscience"), ("megatron-deepspeed", "microsoft"), ("fsdp", "bigscience")):
+        for kind, flavor in (("megatron-lm", "bigscience"), ("megatron-deepspeed", "microsoft"),
+                             ("fsdp", "bigscience")):
             with pytest.raises(InputError, match=what):
                 _render(m, kind, flavor)
     # four norms a layer (input, post-attention, pre- and post-feed-forward: Gemma2DecoderLayer)

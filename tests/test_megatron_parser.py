@@ -297,8 +297,9 @@ def test_megatron_lm_parses_and_validates_the_emitted_arguments(group):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flavor,group", [("microsoft", "cases"), ("microsoft", "survivors"), ("microsoft", "hf-configs"),
-                                          ("bigscience", "cases"), ("bigscience", "survivors")])   # the published
-# config.json files are all RMSNorm models, which the bigscience fork refuses (tests/test_hf_configs.py)
+# the published config.json files are all RMSNorm models, which the bigscience fork refuses (tests/test_hf_configs.py)
+@pytest.mark.parametrize("flavor,group", [("microsoft", "cases"), ("microsoft", "survivors"),
+                                          ("microsoft", "hf-configs"), ("bigscience", "cases"),
+                                          ("bigscience", "survivors")])
 def test_megatron_deepspeed_parses_and_validates_the_emitted_arguments(flavor, group):
     assert _problems(flavor, group) == []
