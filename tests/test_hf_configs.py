@@ -221,7 +221,7 @@ def test_torchtitan_model_args_or_refusal(name):
     assert (args["rope_theta"], args["norm_eps"], args["max_seq_len"]) == (e["theta"], e["eps"], e["positions"])
     # torchtitan/models/llama3/model/model.py FeedForward: int(2 * 4 * dim / 3), times ffn_dim_multiplier, rounded up
     # to multiple_of
-    hidden = int(args["ffn_dim_multiplier"] * int(2 * 4 * args["dim"] / 3))
+    hidden = int((args["ffn_dim_multiplier"] or 1) * int(2 * 4 * args["dim"] / 3))
     assert args["multiple_of"] * math.ceil(hidden / args["multiple_of"]) == e["ffn"]
     scaling = args["rope_scaling_args"]["scaling_factor"]
     assert scaling == (e["scaling"][1] if e["scaling"] else 1.0)

@@ -95,12 +95,14 @@ def norm_eps(model: ModelSpec) -> float | None:
 def torchtitan_model_args(model: ModelSpec) -> dict:
     """torchtitan's llama3 ``TransformerModelArgs`` for the model (torchtitan/models/llama3/model/args.py): the
     feed-forward width comes out of its rounding, hidden = multiple_of * ceil(int(ffn_dim_multiplier * int(8 *
-    dim / 3)) / multiple_of) (model.py FeedForward), exactly with multiple_of = ffn_hidden; RoPE scaling is Llama
-    3.1's (RoPEScalingArgs: factor, 1, 4, 8192), factor 1 leaving every frequency as it is."""
+    dim / 3)) / multiple_of) (model.py FeedForward; no multiplier: int(8 * dim / 3)), exactly ffn_hidden with
+    multiple_of = ffn_hidden and a multiplier only below 1; RoPE scaling is Llama 3.1's (RoPEScalingArgs: factor,
+    1, 4, 8192), factor 1 leaving every frequency as it is."""
     base = int(2 * 4 * model.hidden / 3)
     return {"dim": model.hidden, "n_layers": model.layers, "n_heads": model.heads, "n_kv_heads": model.kv_heads,
             "vocab_size": model.vocab, "multiple_of": model.ffn_hidden,
-            "ffn_dim_multiplier": round(model.ffn_hidden / base, 6), "norm_eps": norm_eps(model) or 1e-5,
+            "ffn_dim_multiplier": None if base <= model.ffn_hidden else model.ffn_hidden / base,
+            "norm_eps": norm_eps(model) or 1e-5,
             "rope_theta": rope_theta(model),
             "rope_scaling_args": {"scaling_factor": model.rope_scaling_factor if model.rope_scaling else 1.0,
                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
