@@ -292,7 +292,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
 
     m, cl, t = p.model, p.cluster, p.training
     active = f" ({m.active_params / 1e9:.1f}B active, {m.num_experts} experts top-{m.moe_topk})" if m.num_experts else ""
-    lines = [f"{m.name}: {m.params / 1e9:.1f}B params{active}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
+    named = f"{m.name} ({m.architecture}, config.json)" if m.architecture else m.name
+    lines = [f"{named}: {m.params / 1e9:.1f}B params{active}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
              f"{f' (kv {m.kv_heads})' if m.kv_heads != m.heads else ''}, seq {t.seq_len}",
              f"cluster: {cl.nodes} nodes x {cl.gpus_per_node} {cl.gpu.id} = {cl.world_size} GPUs "
              f"({cl.gpu.memory_bytes / 2**30:.0f} GiB each); framework {t.framework}"

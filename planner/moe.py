@@ -107,13 +107,15 @@ def expert_layer_params(m: "ModelSpec") -> int:
 
 
 def moe_layer_non_expert_params(m: "ModelSpec") -> int:
-    """One MoE layer without its routed experts: attention, router, shared experts, two norms."""
+    """One MoE layer without its routed experts: attention, router, shared experts (and their sigmoid gate, h x 1:
+    Qwen2MoeSparseMoeBlock shared_expert_gate), norms and the other vectors (ModelSpec.layer_vector_params)."""
     shared = mlp_params(m, m.shared_experts * expert_ffn(m)) if m.shared_experts else 0
-    return attention_params(m) + router_params(m) + shared + 2 * m.norm_params
+    gate = m.hidden if m.moe_shared_gate else 0
+    return attention_params(m) + router_params(m) + shared + gate + m.layer_vector_params
 
 
 def dense_layer_params(m: "ModelSpec") -> int:
-    return attention_params(m) + mlp_params(m, m.ffn_hidden) + 2 * m.norm_params
+    return attention_params(m) + mlp_params(m, m.ffn_hidden) + m.layer_vector_params
 
 
 @lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
