@@ -32,6 +32,7 @@ import yaml
 from planner import fp8, recompute as recompute_modes
 from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
+from planner.files import check_out
 from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
 from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
 from planner.rank import Estimate, Plan, estimate, plan
@@ -82,8 +83,11 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
                                                   "...), a HF config.json, or a plantune model YAML")
     add("--gpus", type=_positive_int, help="total GPUs (a multiple of --gpus-per-node)")
     add("--nodes", type=_positive_int, help="nodes, instead of --gpus")
-    add("--gpu", default=None, help="accelerator id from the catalog (default A100-80GB)")
-    add("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default 8)")
+    add("--gpu", default=None, help="accelerator: a catalog id (default A100-80GB; planner/accelerators.yaml: V100, "
+                                    "A100, H100-SXM/PCIe/NVL, H800, H20, GH200, H200, B200, GB200, L4, L40S, A10, "
+                                    "MI250X, MI300X, MI325X, ...) or a GPU YAML describing yours")
+    add("--gpus-per-node", type=_positive_int, default=None,
+        help="GPUs per node (default: the accelerator's usual node, 8 for most); fewer --gpus plan one partial node")
     add("--cluster", help="cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps or nics_per_node x nic_gbps, "
                           "intra_node_gbps) or a preset: jean-zay-a100, jean-zay-v100, dgx-a100-superpod, "
                           "dgx-h100-superpod")
@@ -145,7 +149,7 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
         if args.gpus is None and args.nodes is None:
             raise InputError("give --gpus N (or --nodes N, or --cluster FILE)")
         cluster = make_cluster(gpu=args.gpu or "A100-80GB", gpus=args.gpus, nodes=args.nodes,
-                               gpus_per_node=args.gpus_per_node or 8, inter_node_gbps=args.inter_node_gbps,
+                               gpus_per_node=args.gpus_per_node, inter_node_gbps=args.inter_node_gbps,
                                intra_node_gbps=args.intra_node_gbps)
     if args.calibration:
         cluster = apply_calibration(cluster, args.calibration)
@@ -259,7 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "bigscience-workshop/Megatron-DeepSpeed) or microsoft (deepspeedai/Megatron-DeepSpeed: "
                         "GQA, RMSNorm, FlashAttention, ZeRO-2/3 without PP, selective recompute, SP); with --from: "
                         "the file's fork unless given")
-    p.add_argument("--out", help="folder for --emit (default run/)")
+    p.add_argument("--out", help="folder for --emit (default run/); files already there need --force")
+    p.add_argument("--force", action="store_true", help="with --emit: replace the files --out already holds")
     p.add_argument("--reservation", help="SLURM reservation for launch.sbatch")
     p.add_argument("--time-limit", "--time_limit", type=_positive_int, default=20, metavar="HOURS",
                    help="launch.sbatch --time in hours (default 20); Megatron exits 10 minutes before it")
@@ -287,7 +292,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
 
     m, cl, t = p.model, p.cluster, p.training
     active = f" ({m.active_params / 1e9:.1f}B active, {m.num_experts} experts top-{m.moe_topk})" if m.num_experts else ""
-    lines = [f"{m.name}: {m.params / 1e9:.1f}B params{active}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
+    named = f"{m.name} ({m.architecture}, config.json)" if m.architecture else m.name
+    lines = [f"{named}: {m.params / 1e9:.1f}B params{active}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
              f"{f' (kv {m.kv_heads})' if m.kv_heads != m.heads else ''}, seq {t.seq_len}",
              f"cluster: {cl.nodes} nodes x {cl.gpus_per_node} {cl.gpu.id} = {cl.world_size} GPUs "
              f"({cl.gpu.memory_bytes / 2**30:.0f} GiB each); framework {t.framework}"
@@ -386,7 +392,8 @@ def _emit(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, trai
     from planner.emit import emit
 
     return emit(_setup(model, cluster, training, est), args.emit, Path(args.out or "run"),
-                flavor=flavor or training.flavor, reservation=args.reservation, time_hours=args.time_limit)
+                flavor=flavor or training.flavor, reservation=args.reservation, time_hours=args.time_limit,
+                force=args.force)
 
 
 def targets_for(training: TrainingSpec, emit: str | None) -> tuple[Target, ...]:
@@ -474,9 +481,10 @@ def run(args: argparse.Namespace) -> int:
         if rank > len(result.candidates):
             raise InputError(f"--pick {rank}: only {len(result.candidates)} configurations fit")
         chosen = result.candidates[rank - 1]
-        # refuse before printing anything: render() checks every rule and writes nothing
-        render(_setup(model, cluster, training, chosen), args.emit, flavor=training.flavor,
-               reservation=args.reservation, time_hours=args.time_limit)
+        # refuse before printing anything: render() checks every rule and writes nothing; --out keeps a user's files
+        files = render(_setup(model, cluster, training, chosen), args.emit, flavor=training.flavor,
+                       reservation=args.reservation, time_hours=args.time_limit)
+        check_out(Path(args.out or "run"), files, force=args.force)
     schedule = _schedule(result, same_rules) if want_schedule else None
     if args.format == "table":
         print(render_table(result, args.top, elapsed, framework_why=why))
@@ -523,9 +531,10 @@ def render_schedule(rows: list) -> str:
                        headers=["BS", "NNODES", "GPUs", "TP", "PP", "DP", "MBS", "recompute", "samples/s"]))
 
 
-_FROM_FLAGS = ("from_yaml", "emit", "emit_flavor", "out", "reservation", "time_limit", "format", "explain", "debug")
+_FROM_FLAGS = ("from_yaml", "emit", "emit_flavor", "out", "reservation", "time_limit", "format", "explain", "debug",
+               "force")
 """what `plan --from` honours; every other flag would be ignored (the file holds the setup)"""
-_EMIT_FLAGS = ("pick", "out", "reservation", "time_limit")
+_EMIT_FLAGS = ("pick", "out", "reservation", "time_limit", "force")
 """flags that only shape what --emit writes (--emit-flavor also picks the rules plan ranks with)"""
 
 

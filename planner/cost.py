@@ -259,8 +259,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     # CP: ring attention's exposed K/V exchange (CP group strides by TP); EP: MoE all-to-all (EP group strides by ETP)
     cp_layer_s = context_parallel.ring_exchange_exposed_s(model, cand, training, cand.cp > 1 and topology.dp_link(
         cand.tp, cand.cp), collective_time_s, core, half) * params.comm_scale
-    ep_layer_s = moe.all_to_all_layer_s(model, cand, training, tokens, cand.ep > 1 and topology.dp_link(
-        cand.etp, cand.ep), collective_time_s, half) * params.comm_scale
+    ep_layer_s = moe.all_to_all_layer_s(model, cand, training, tokens, topology, collective_time_s,
+                                        half) * params.comm_scale
 
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits

@@ -357,7 +357,7 @@ def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     targets: tuple[Target, ...] | None = None) -> int | None:
     """Smallest whole number of nodes on which some configuration fits (by doubling, then bisection)."""
     def fits(nodes: int) -> bool:
-        c = make_cluster(gpu=cluster.gpu.id, nodes=nodes, gpus_per_node=cluster.gpus_per_node,
+        c = make_cluster(gpu=cluster.gpu, nodes=nodes, gpus_per_node=cluster.gpus_per_node,
                          inter_node_gbps=cluster.inter_node_bw_bytes_per_s * 8 / 1e9,
                          intra_node_gbps=cluster.intra_node_bw_bytes_per_s * 8 / 1e9)
         t = replace(training, rampup=None, recompute_options=("full",), max_mbs=1, pins=())

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
-from planner import context_parallel, fp8, moe, recompute as recompute_modes
+from planner import context_parallel, fp8, model_facts, moe, recompute as recompute_modes
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown
 from planner.model import ModelSpec
@@ -641,6 +641,9 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                   (moe.is_moe(model) or bool(model.kv_lora_rank), "mixture-of-experts or multi-latent attention "
                                                                   "layers (the emitted model is torchtitan's llama3)")]
         fix = "plan without --emit fsdp, or use --framework megatron-lm"
+    facts_target = {"megatron-lm": "megatron-lm", "fsdp": "torchtitan", "megatron-deepspeed": flavor}.get(fw)
+    if emit and facts_target:   # the model's own facts (planner.model_facts) its emitter has no argument for
+        cannot += [(True, what) for what in model_facts.unexpressed(model, facts_target)]
     for bad, what in cannot:
         if bad:
             where = "torchtitan (--emit fsdp)" if fw == "fsdp" else str(target)
@@ -668,10 +671,10 @@ def setup_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, train
                      target: Target) -> list[Violation]:
     """Every rule an emitted setup must obey: the model, the layout, and the sequence length."""
     out = model_violations(model, training, cluster, target)
-    if training.seq_len > model.seq_len:
+    if training.seq_len > model.positions:
         out.append(Violation(Reason.SEQ_LEN, f"sequence length {training.seq_len} exceeds the model's "
-                                             f"{model.seq_len} positions; use --seq-len <= {model.seq_len} or raise "
-                                             "the model's seq_len"))
+                                             f"{model.positions} positions; use --seq-len <= {model.positions} or "
+                                             "raise the model's max_positions"))
     return out + layout_violations(model, c, cluster, training, target)
 
 

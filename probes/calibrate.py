@@ -254,7 +254,8 @@ def _parser(prog: str = "python -m probes.calibrate") -> argparse.ArgumentParser
     p.add_argument("--node-rank", "--node_rank", type=int, default=None, help="this node's rank (nnodes > 1)")
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="host:port of the rendezvous (nnodes > 1)")
     p.add_argument("--out", required=True, help="calibration YAML to write")
-    p.add_argument("--gpu", default=None, help="catalog id of the GPU (planner.hardware), for its datasheet peak")
+    p.add_argument("--gpu", default=None,
+                   help="catalog id of the GPU or a GPU YAML (planner.hardware), for its datasheet peak")
     p.add_argument("--model", default=None, help="model preset or file whose GEMM shapes to time")
     p.add_argument("--tokens", type=int, default=None, help="GEMM rows = tokens per micro-batch (default seq_len)")
     p.add_argument("--timeout-s", "--timeout_s", type=float, default=600.0,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from planner.cli import OneLineParser, add_setup_arguments, number, setup_from_args
 from planner.errors import PlantuneError
+from planner.files import check_out, write_files
 
 from search._base import BackendError, TuneError
 
@@ -351,39 +352,6 @@ def _check_emittable(args: argparse.Namespace, model, cluster, training, space) 
 
 def out_dir_of(args: argparse.Namespace) -> Path:
     return Path(args.out) if args.out else workdir_of(args) / "run"
-
-
-def check_out(out: Path, *, force: bool) -> None:
-    """Refuse before probing what --emit could not write safely: a link, a file, a non-empty folder without --force."""
-    if out.is_symlink():
-        raise TuneError(f"--out {out} is a symbolic link; give the real folder (tune never writes through a link)")
-    if out.exists() and not out.is_dir():
-        raise TuneError(f"--out {out} is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise TuneError(f"--out {out} is not empty; give a new folder, or add --force to replace the files tune "
-                        "writes there")
-
-
-def write_files(out: Path, files: dict[str, str], *, force: bool) -> list[Path]:
-    """Write ``files`` into ``out`` without following links: each is written beside its target and renamed over it
-    (a link in its place is replaced, not followed); an existing file is replaced only with ``force``."""
-    import os
-    import tempfile
-
-    check_out(out, force=force)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in files.items():
-        target = out / name
-        if (target.exists() or target.is_symlink()) and not force:
-            raise TuneError(f"--out {target} exists; add --force to replace it")
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755 if name.endswith(".sbatch") else 0o644)
-        os.replace(tmp, target)
-        paths.append(target)
-    return paths
 
 
 def _emit_best(args: argparse.Namespace, model, cluster, training, best_summary, calibration,

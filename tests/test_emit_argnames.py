@@ -142,6 +142,11 @@ MEGATRON_LM = {
     "--position-embedding-type", "--rotary-base", "--rotary-percent", "--attention-dropout", "--hidden-dropout",
     "--swiglu", "--normalization", "--init-method-std", "--make-vocab-size-divisible-by",
     "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--attention-backend",
+    # the model's own facts (planner.emit.megatron_lm.model_fact_args), as megatron-core 0.17.1 spells them:
+    # TransformerConfig layernorm_epsilon (arg_names --norm-epsilon), add_qkv_bias, qk_layernorm; arguments.py
+    # literals --window-size, --window-attn-skip-freq, --rotary-seq-len-interpolation-factor
+    "--norm-epsilon", "--add-qkv-bias", "--qk-layernorm", "--window-size", "--window-attn-skip-freq",
+    "--rotary-seq-len-interpolation-factor",
     # parallelism (ModelParallelConfig fields, arguments.py literals)
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank", "--sequence-parallel",

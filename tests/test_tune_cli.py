@@ -29,7 +29,7 @@ def test_durations(text, seconds):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--model", "nope", "--gpus", "8"], "unknown model"),
-    (["--model", "1B3", "--gpus", "7"], "not a multiple of the node size"),
+    (["--model", "1B3", "--gpus", "12"], "not a multiple of the node size"),
     (["--model", "1B3", "--gpus", "8", "--budget", "soon"], "not a duration"),
     (["--model", "1B3", "--gpus", "8", "--backend", "replay"], "--results"),
     (["--model", "1B3", "--gpus", "8", "--storage", "tune.db"], "not a database URL"),

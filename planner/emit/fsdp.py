@@ -64,6 +64,13 @@ def torchtitan_dict(setup: RunSetup) -> dict[str, dict]:
     }, parallel_extras.torchtitan_dict(setup))   # float8 converter for --precision fp8
 
 
+def _py(v: object) -> str:
+    """A model argument as Python source (RoPEScalingArgs for the rope_scaling_args mapping)."""
+    if isinstance(v, dict):
+        return "RoPEScalingArgs(" + ", ".join(f"{k}={x!r}" for k, x in v.items()) + ")"
+    return repr(v)
+
+
 def _value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -90,10 +97,9 @@ def torchtitan_text(setup: RunSetup) -> str:
             f"{FILE_NAME}",
             "Set [model].hf_assets_path to the tokenizer folder, and [training].dataset / dataset_path to your data."]
     if m.name not in LLAMA3_FLAVORS:
+        model_args = ", ".join(f"{k}={_py(v)}" for k, v in facts.torchtitan_model_args(m).items())
         head.append(f"torchtitan has no flavor {one_line(m.name)!r}: register it in torchtitan/models/llama3/"
-                    f"__init__.py as TransformerModelArgs(dim={m.hidden}, n_layers={m.layers}, n_heads={m.heads}, "
-                    f"n_kv_heads={m.kv_heads}, vocab_size={m.vocab}, rope_theta={facts.rope_theta(m):g}) with "
-                    f"hidden dim {m.ffn_hidden}.")
+                    f"__init__.py as TransformerModelArgs({model_args}) (feed-forward width {m.ffn_hidden}).")
     if train_samples(t) is None:
         head.append("No token budget was given: set [training].steps.")
     return "".join(f"# {line}\n" for line in head) + "\n" + toml_text(d)

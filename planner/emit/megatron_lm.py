@@ -15,10 +15,32 @@ from __future__ import annotations
 from planner import recompute as recompute_modes
 from planner.emit import facts, parallel_extras
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
+from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 
 GRADIENT_CLIPPING = 1.0
 Arg = tuple[str, ...]
+
+
+def model_fact_args(m: ModelSpec) -> list[Arg]:
+    """The model's own facts Megatron-LM takes as arguments (TransformerConfig fields: --norm-epsilon, --add-qkv-bias,
+    --qk-layernorm; megatron/training/arguments.py: --window-size, --window-attn-skip-freq). Facts it cannot take
+    are refused before this runs (planner.model_facts.unexpressed)."""
+    out: list[Arg] = []
+    eps = facts.norm_eps(m)
+    if eps is not None:
+        out.append(("--norm-epsilon", f"{eps:g}"))
+    if m.qkv_bias and not m.bias:
+        out.append(("--add-qkv-bias",))
+    if m.qk_norm == "head":
+        out.append(("--qk-layernorm",))
+    if m.sliding_window:
+        # HF's window holds the token and the W - 1 before it (transformers masking_utils sliding_window_overlay:
+        # kv_idx > q_idx - sliding_window); Megatron's (left, right) attends to [i - left, i + right]
+        out.append(("--window-size", f"{m.sliding_window - 1},0"))
+        if m.window_full_every:
+            out.append(("--window-attn-skip-freq", str(m.window_full_every)))
+    return out
 
 
 def megatron_lm_args(setup: RunSetup) -> list[Arg]:
@@ -28,12 +50,13 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
                        ("--ffn-hidden-size", str(m.ffn_hidden)), ("--num-attention-heads", str(m.heads))]
     if m.kv_heads != m.heads:
         args += [("--group-query-attention",), ("--num-query-groups", str(m.kv_heads))]
-    args += [("--seq-length", str(t.seq_len)), ("--max-position-embeddings", str(m.seq_len))]
+    args += [("--seq-length", str(t.seq_len)), ("--max-position-embeddings", str(m.positions))]
     if m.position == "rope":
         args += [("--position-embedding-type", "rope"), ("--rotary-base", str(int(facts.rope_theta(m)))),
-                 ("--rotary-percent", "1.0")]
+                 ("--rotary-percent", str(float(m.rotary_percent)))]
     else:
         args.append(("--position-embedding-type", "learned_absolute"))
+    args += model_fact_args(m)
     drop = facts.dropout(m)
     if drop is not None:
         args += [("--attention-dropout", f"{drop:g}"), ("--hidden-dropout", f"{drop:g}")]

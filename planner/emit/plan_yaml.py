@@ -19,7 +19,7 @@ import yaml
 from planner import recompute as recompute_modes
 from planner.errors import InputError, PlantuneError
 from planner.files import read_mapping
-from planner.hardware import make_cluster
+from planner.hardware import accelerator_from, accelerator_ref, make_cluster
 from planner.model import ModelSpec, Rampup, model_to_yaml_dict
 from planner.schema import check_plan
 from planner.space import Candidate, TrainingSpec
@@ -50,7 +50,7 @@ def dump_yaml(data: dict) -> str:
 
 def _cluster_dict(setup: RunSetup) -> dict:
     cl = setup.cluster
-    d = {"name": cl.name, "gpu": cl.gpu.id, "gpus_per_node": cl.gpus_per_node, "nodes": cl.nodes,
+    d = {"name": cl.name, "gpu": accelerator_ref(cl.gpu), "gpus_per_node": cl.gpus_per_node, "nodes": cl.nodes,
          "inter_node_gbps": round(cl.inter_node_bw_bytes_per_s * 8 / 1e9, 3),
          "intra_node_gbps": round(cl.intra_node_bw_bytes_per_s * 8 / 1e9, 3)}
     if cl.matmul_efficiency is not None:
@@ -201,7 +201,9 @@ def load_plan_yaml(path: Path) -> RunSetup:
             hybrid=_need(p, "hybrid_shard", "plantune.", bool, path),
             cp=_need(d, "context_parallel_size", "", int, path), ep=_need(d, "expert_model_parallel_size", "", int, path),
             etp=_need(d, "expert_tensor_parallel_size", "", int, path))
-        cluster = make_cluster(gpu=_need(pc, "gpu", "plantune.cluster.", str, path),
+        gpu = accelerator_from(_need(pc, "gpu", "plantune.cluster.", (str, dict), path),
+                               f"plan file {path}: plantune.cluster.gpu")
+        cluster = make_cluster(gpu=gpu,
                                gpus_per_node=_need(pc, "gpus_per_node", "plantune.cluster.", int, path),
                                nodes=_need(pc, "nodes", "plantune.cluster.", int, path),
                                inter_node_gbps=_need(pc, "inter_node_gbps", "plantune.cluster.", num, path),
