@@ -32,7 +32,8 @@ import yaml
 from planner import fp8
 from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
-from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
+from planner.calibration import apply_calibration, compute_line
+from planner.hardware import ClusterSpec, load_cluster, make_cluster
 from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
@@ -291,6 +292,7 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
              cl.network_line(),
+             compute_line(cl, t.framework),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
     extra = [k for k in ("cp", "ep", "etp") if any(getattr(e.candidate, k) > 1 for e in p.candidates[:top])]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from planner.calibration import apply_calibration
 from planner.errors import InputError
-from planner.hardware import (CATALOG, apply_calibration, catalog_id_for_device, get_accelerator, load_cluster,
-                              make_cluster)
+from planner.hardware import CATALOG, catalog_id_for_device, get_accelerator, load_cluster, make_cluster
 
 REQUIRED = {"V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200", "MI250X",
             "MI300X"}
