@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from planner.cost import GemmContext, _gemm_s
@@ -48,9 +49,9 @@ def _timed_gemms(d: dict) -> list[dict]:
     keep = []
     for r in rows or []:
         try:
-            if min(int(r["m"]), int(r["n"]), int(r["k"])) > 0 and float(r["seconds"]) > 0:
+            if min(int(r["m"]), int(r["n"]), int(r["k"])) > 0 and 0 < float(r["seconds"]) < math.inf:
                 keep.append(r)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue
     return keep
 

@@ -29,6 +29,7 @@ import json
 import os
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -291,16 +292,21 @@ def _say(args: argparse.Namespace, rank: int, text: str) -> None:
 
 
 def _parser(prog: str = "python -m probes.calibrate") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="processes (devices) per node")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes (run this command on each, with --rdzv-endpoint)")
-    p.add_argument("--node-rank", "--node_rank", type=int, default=None, help="this node's rank (nnodes > 1)")
+    from planner.cli import OneLineParser, number
+
+    p = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=number(int), default=1,
+                   help="processes (devices) per node")
+    p.add_argument("--nnodes", type=number(int), default=1,
+                   help="nodes (run this command on each, with --rdzv-endpoint)")
+    p.add_argument("--node-rank", "--node_rank", type=number(int, allow_zero=True), default=None,
+                   help="this node's rank (nnodes > 1)")
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="host:port of the rendezvous (nnodes > 1)")
     p.add_argument("--out", required=True, help="calibration YAML to write")
     p.add_argument("--gpu", default=None, help="catalog id of the GPU (planner.hardware), for its datasheet peak")
     p.add_argument("--model", default=None, help="model preset or file whose GEMM shapes to time")
-    p.add_argument("--tokens", type=int, default=None, help="GEMM rows = tokens per micro-batch (default seq_len)")
-    p.add_argument("--timeout-s", "--timeout_s", type=float, default=600.0,
+    p.add_argument("--tokens", type=number(int), default=None, help="GEMM rows = tokens per micro-batch (default seq_len)")
+    p.add_argument("--timeout-s", "--timeout_s", type=number(float), default=600.0,
                    help="stop the measurement after this many seconds (default 600)")
     p.add_argument("--precision", choices=tuple(DTYPES), default=None,
                    help="GEMM and layer dtype: the plan's --precision (default bf16 on a GPU, fp32 on the CPU)")
@@ -315,11 +321,8 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
     args = _parser(prog).parse_args(argv)
     if args.worker:
         return _worker(args)
-    if args.nproc_per_node < 1 or args.nnodes < 1:
-        print("error: --nproc-per-node and --nnodes must be >= 1", file=sys.stderr)
-        return 2
     if args.nnodes > 1 and not args.rdzv_endpoint:
-        print("error: --nnodes > 1 needs --rdzv-endpoint HOST:PORT (and this command run on every node)",
+        print(f"{prog}: error: --nnodes > 1 needs --rdzv-endpoint HOST:PORT (and this command run on every node)",
               file=sys.stderr)
         return 2
     if args.model is not None:                  # a bad --model: one line here, not a traceback from every worker
@@ -329,8 +332,10 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
         try:
             load_model(args.model)
         except PlantuneError as err:
-            print(f"error: --model {args.model}: {err}", file=sys.stderr)
+            print(f"{prog}: error: --model {args.model}: {err}", file=sys.stderr)
             return 2
+        if Path(args.model).is_file():         # the workers run in --out's folder: give them the file, not a name
+            args.model = str(Path(args.model).resolve())
     if args.gpu is not None:
         from planner.errors import PlantuneError
         from planner.hardware import get_accelerator
@@ -338,17 +343,24 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
         try:
             get_accelerator(args.gpu)
         except PlantuneError as err:
-            print(f"error: --gpu {args.gpu}: {err}", file=sys.stderr)
+            print(f"{prog}: error: --gpu {args.gpu}: {err}", file=sys.stderr)
             return 2
     out = Path(args.out)
     if out.is_symlink() or out.is_dir():
-        print(f"error: --out {out} is a {'link' if out.is_symlink() else 'folder'}; give a file name", file=sys.stderr)
+        print(f"{prog}: error: --out {out} is a {'link' if out.is_symlink() else 'folder'}; give a file name", file=sys.stderr)
         return 2
     if out.exists() and not args.force:
-        print(f"error: --out {out} exists; give a new file name, or add --force to replace it", file=sys.stderr)
+        print(f"{prog}: error: --out {out} exists; give a new file name, or add --force to replace it", file=sys.stderr)
         return 2
     out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:                                        # an unwritable --out: one line here, not a traceback from rank 0
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=out.parent, prefix=".calibrate-", delete=True)
+        probe.close()
+    except OSError as err:
+        print(f"{prog}: error: --out {args.out}: cannot write there ({err.strerror or err}); give a file in a "
+              "folder you can write", file=sys.stderr)
+        return 2
     worker_args = ["--worker", "--out", str(out)]
     if args.quiet:
         worker_args.append("--quiet")
@@ -370,10 +382,10 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
     if not args.quiet and returncode == 0 and not timed_out:
         print(f"calibrate: done in {time.monotonic() - started:.0f} s: {out}", file=sys.stderr, flush=True)
     if timed_out:
-        print(f"error: calibration did not finish within {args.timeout_s:g} s; processes killed", file=sys.stderr)
+        print(f"{prog}: error: calibration did not finish within {args.timeout_s:g} s; processes killed", file=sys.stderr)
         return 1
     if returncode != 0 or not out.is_file():
-        print(f"error: calibration failed (torchrun exit code {returncode}); see the output above", file=sys.stderr)
+        print(f"{prog}: error: calibration failed (torchrun exit code {returncode}); see the output above", file=sys.stderr)
         return 1
     return 0
 

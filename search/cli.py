@@ -640,7 +640,11 @@ def report(args: argparse.Namespace) -> int:
             print()
             print(format_trials(records))
     if not args.no_plots:
-        paths = write_plots(records, plots, study=args.study)
+        try:
+            paths = write_plots(records, plots, study=args.study)
+        except OSError as err:
+            raise TuneError(f"--plots {plots}: cannot write there ({err.strerror or err}); give a folder you can "
+                            "write, or --no-plots") from None
         print(f"tune: wrote plots {', '.join(str(p) for p in paths)}", file=sys.stderr)
     print(f"tune: open the study with: optuna-dashboard {storage}", file=sys.stderr)
     return 0
