@@ -471,7 +471,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     from search.calibration import refit
     from search.objective import Ledger, Objective, ProbeSettings
-    from search.report import best, format_table, report_dict, summarize
+    from search.report import best, best_line, format_table, report_dict, summarize
     from search.space import SearchSpace
     from search.study import Progress, TuneSettings, open_study, storage_url
     from search.study import run as run_study
@@ -568,9 +568,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if winner is None:
         print("tune: no configuration measured successfully; see the reasons above", file=sys.stderr)
         return 1
-    print(f"tune: best {winner.config}: {winner.median_tflops:.3g} model TFLOPs/GPU measured"
-          + (f" (median of {len(winner.tflops)}, {winner.agreement})" if len(winner.tflops) > 1 else
-             " (one measurement, not confirmed)"), file=sys.stderr)
+    print(f"tune: {best_line(summaries)}", file=sys.stderr)
     if args.emit:
         written = _emit_best(args, model, cluster, training, winner, calibration, storage)
         print(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}",
@@ -614,7 +612,7 @@ def report(args: argparse.Namespace) -> int:
     import optuna
 
     from search.objective import TrialRecord
-    from search.report import format_table, format_trials, report_dict, summarize, write_plots
+    from search.report import best_line, format_table, format_trials, report_dict, summarize, write_plots
     from search.study import open_storage, TuneSettings
 
     plots = Path(args.plots) if args.plots else workdir_of(args) / "report"
@@ -635,7 +633,9 @@ def report(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report_dict(records, study=args.study, storage=storage), indent=1))
     else:
-        print(format_table(summarize(records), title=f"tune: study {args.study!r}, {len(records)} trials"))
+        summaries = summarize(records)
+        print(format_table(summaries, title=f"tune: study {args.study!r}, {len(records)} trials"))
+        print(f"tune: {best_line(summaries) or 'no configuration measured successfully'}")
         if args.trials:
             print()
             print(format_trials(records))

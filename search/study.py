@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 import sys
 import threading
 import time
@@ -66,6 +67,7 @@ from search._base import NOT_FINAL, TuneError
 from search.calibration import SIGMA_PRIOR, Terms, expected_improvement, refit_terms, residual_sigma
 from search.objective import (RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, ProbeFailed, TrialRecord,
                               worker_dead)
+from search.report import best, summarize
 from search.space import SearchSpace, config_key, params_of
 
 SAMPLERS = ("ei", "tpe", "random", "grid", "analytic", "planner")
@@ -399,6 +401,8 @@ def _hms(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+LIVE_WIDTH = 100
+"""the live line's width when the terminal's cannot be read (shutil.get_terminal_size's fallback)"""
 STEP_MARK = "[probe] step "
 """the line probes.train's rank 0 prints after each timed step: ``[probe] step N 0.123456 s``"""
 
@@ -475,10 +479,9 @@ class Progress:
     def update(self, ledger: Ledger, space: SearchSpace, last: TrialRecord | None = None) -> None:
         self.done = len(ledger.done_keys(space) & set(space.keys))
         self.probes = sum(1 for r in ledger.records if r.counted)
-        ok = [r for r in ledger.records if r.measured]
-        if ok:
-            top = max(ok, key=lambda r: r.value or 0.0)
-            self.best = f"best {top.value:.4g} TFLOPs/GPU ({_short(top.config)})"
+        top = best(summarize(ledger.records))     # the one rule the table and the final line use
+        if top is not None:
+            self.best = f"best {top.median_tflops:.4g} TFLOPs/GPU ({_short(top.config)})"
         if last is not None:
             what = f"{last.value:.4g} TFLOPs/GPU" if last.state == "COMPLETE" and last.value is not None else \
                 (last.reason[:160] or last.state)
@@ -538,6 +541,9 @@ class Progress:
     def _write(self, line: str, *, live: bool) -> None:
         if not self.enabled:
             return
+        if live:                # a live line longer than the terminal wraps, and "\r" then redraws only its last row
+            width = shutil.get_terminal_size((LIVE_WIDTH, 24)).columns - 1
+            line = line if len(line) <= width else line[:max(width - 1, 1)] + "…"
         with self._lock:
             if self._live:
                 self.stream.write("\r\x1b[2K")

@@ -62,6 +62,7 @@ def test_report_table_json_and_plots(tmp_path, capsys):
     assert main(["report", "--study", "r", "--storage", storage, "--plots", str(plots), "--trials"]) == 0
     rep = capsys.readouterr()
     assert "tp=1,pp=1,dp=8,mbs=" in rep.out and f"optuna-dashboard {storage}" in rep.err
+    assert "tune: best tp=" in rep.out and "model TFLOPs/GPU measured" in rep.out      # report names the best too
     assert "analytic" in rep.out and "confirm" in rep.out              # the per-trial table
     for name in ("fastest.png", "predicted_vs_measured.png", "probe_cost.png", "tflops_by_layout.png", "history.png"):
         assert (plots / name).stat().st_size > 5000
