@@ -159,7 +159,8 @@ def build_run_parser() -> argparse.ArgumentParser:
     b.add_argument("--partition", help="SLURM partition (--backend slurm)")
     b.add_argument("--account", help="SLURM account (--backend slurm)")
     b.add_argument("--probe", choices=PROBES, default="train",
-                   help="train: plantune's GPT probe; megatron: your command (--command)")
+                   help="train: plantune's GPT probe; megatron: your command (--command) with the arguments of "
+                        "--framework megatron-lm, else of the Megatron-DeepSpeed fork --emit-flavor names")
     b.add_argument("--command", help="--probe megatron: your training command with {args}, e.g. "
                                      "\"python pretrain_gpt.py {args} --data-path D\"")
     b.add_argument("--probe-layers", type=_pos_int, help="run a reduced model of N layers (step time scaled up)")
@@ -267,11 +268,17 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
         raise TuneError(f"--probe megatron is not available here ({err})") from None
     local = None if args.backend == "slurm" else (args.local_procs or cluster.gpus_per_node)
     try:
-        return MegatronProbe(args.command, backend, flavor=args.emit_flavor, cluster=cluster,
+        return MegatronProbe(args.command, backend, flavor=_megatron_probe_flavor(args, training), cluster=cluster,
                              optimizer=training.optimizer, flash_attention=training.flash_attention,
                              max_local_procs=local), None
     except ValueError as err:
         raise TuneError(f"--command: {err}") from None
+
+
+def _megatron_probe_flavor(args: argparse.Namespace, training) -> str:
+    """--probe megatron runs Megatron-LM's arguments when the layouts are planned for it (--framework megatron-lm),
+    else the Megatron-DeepSpeed fork --emit-flavor names."""
+    return "megatron-lm" if training.framework == "megatron-lm" else args.emit_flavor
 
 
 def _check_numbers(table) -> None:
@@ -329,7 +336,8 @@ def _targets(args: argparse.Namespace, training) -> tuple:
     if args.probe == "train" and getattr(args, "backend", "local") != "replay":
         targets.append(Target(PROBE))
     if args.probe == "megatron":
-        targets.append(Target("megatron-deepspeed", args.emit_flavor))
+        flavor = _megatron_probe_flavor(args, training)
+        targets.append(Target("megatron-lm") if flavor == "megatron-lm" else Target("megatron-deepspeed", flavor))
     if args.emit:
         targets.append(Target(args.emit, args.emit_flavor))
     return tuple(dict.fromkeys(targets))

@@ -55,6 +55,7 @@ def go(space, backend, storage, **kw) -> list:
     return run(study, objective, space, settings, Progress(total=len(space), budget_s=None, enabled=False))
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_whole_space_once_then_nothing(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     fake = Fake()
@@ -66,6 +67,7 @@ def test_whole_space_once_then_nothing(space, tmp_path):
     assert len(go(space, again, storage, confirm_top=0)) == len(records) and again.calls == []
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_confirmation_repeats_the_best_and_is_not_redone(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     fake = Fake()
@@ -79,6 +81,7 @@ def test_confirmation_repeats_the_best_and_is_not_redone(space, tmp_path):
     assert again.calls == []
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_ctrl_c_records_interrupted_and_the_next_run_probes_it_first(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     with pytest.raises(KeyboardInterrupt):
@@ -97,6 +100,7 @@ def test_ctrl_c_records_interrupted_and_the_next_run_probes_it_first(space, tmp_
     assert len(measured) == len(set(measured)) == len(space)
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_backend_failure_stops_the_study_and_is_retried(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     with pytest.raises(BackendError, match="no allocation"):

@@ -51,6 +51,7 @@ def test_help_exits_0():
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_report_table_json_and_plots(tmp_path, capsys):
     storage = f"sqlite:///{tmp_path}/t.db"
     assert main([*REPLAY, "--study", "r", "--storage", storage, "--max-probes", "5", "--confirm-top", "1",

@@ -222,6 +222,7 @@ def test_a_probe_running_at_the_end_of_the_budget_is_stopped_and_probed_again(sp
     assert {r.config for r in records if r.measured} == set(space.keys)
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_invalid_is_probed_again_when_the_resources_change(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     records = go(space, Fake(invalid=True), storage, resources="local:4:auto", confirm_top=0)
@@ -329,6 +330,7 @@ def test_an_old_trial_that_never_recorded_its_worker_neither_blocks_nor_delays_t
     assert waits == []
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_an_external_kill_is_retried_once_then_final(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     first = space.survivors[0].candidate
