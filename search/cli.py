@@ -55,13 +55,6 @@ counts the probes that ran in the study over all runs (ok, oom, timeout, crash; 
 re-probes included; configurations answered from storage, implied out of memory or refused
 without starting a process are not counted).
 """
-SHARED_HELP = {
-    "framework": "training framework the layouts are for (default megatron-deepspeed)",
-    "optimizer": "optimizer, for its memory per parameter (default adamw)",
-    "memory_fraction": "model states (weights, gradients, optimizer) may use this fraction of GPU memory "
-                       "(default 0.75)",
-}
-"""help for the planner's shared flags where it is missing or points at material a user does not have"""
 
 
 def parse_duration(text: str) -> float:
@@ -94,12 +87,12 @@ def _study_name(text: str) -> str:
 
 
 def _fill_help(p: argparse.ArgumentParser) -> None:
-    """Help for every flag: the shared planner flags without one get SHARED_HELP, or their choices."""
+    """Help for every flag: a --no-X without one is "the opposite of --X", any other without one lists its choices
+    (the shared planner flags keep the one help text planner.cli.add_setup_arguments gives them)."""
     for action in p._actions:
-        if action.help is None or "seed 00" in (action.help or ""):
-            action.help = SHARED_HELP.get(action.dest) or (
-                "the opposite of " + action.option_strings[0].replace("--no-", "--") if
-                action.option_strings and action.option_strings[0].startswith("--no-") else action.help)
+        if action.help is None:
+            action.help = ("the opposite of " + action.option_strings[0].replace("--no-", "--") if
+                           action.option_strings and action.option_strings[0].startswith("--no-") else None)
         if action.help is None and action.choices:
             action.help = "one of " + ", ".join(map(str, action.choices))
 
