@@ -275,7 +275,8 @@ def _worker(args: argparse.Namespace) -> int:
                                "units": "seconds per call; tflops = 1e12 FLOP/s; *_gbps = 1e9 bit/s"}
         Path(args.out).write_text(yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False))
         print(f"wrote {args.out}: matmul_efficiency {doc['matmul_efficiency']}, host launch "
-              f"{host['host_s_per_layer_forward'] * 1e3:.3g} ms per layer forward, intra_node_busbw_gbps {doc.get('intra_node_busbw_gbps', 'N/A')}", flush=True)
+              f"{host['host_s_per_layer_forward'] * 1e3:.3g} ms per layer forward, intra_node_busbw_gbps "
+              f"{doc.get('intra_node_busbw_gbps', 'N/A')}", flush=True)
     if world > 1:
         dist.barrier()
     sys.stdout.flush()
@@ -305,7 +306,8 @@ def _parser(prog: str = "python -m probes.calibrate") -> argparse.ArgumentParser
     p.add_argument("--out", required=True, help="calibration YAML to write")
     p.add_argument("--gpu", default=None, help="catalog id of the GPU (planner.hardware), for its datasheet peak")
     p.add_argument("--model", default=None, help="model preset or file whose GEMM shapes to time")
-    p.add_argument("--tokens", type=number(int), default=None, help="GEMM rows = tokens per micro-batch (default seq_len)")
+    p.add_argument("--tokens", type=number(int), default=None,
+                   help="GEMM rows = tokens per micro-batch (default seq_len)")
     p.add_argument("--timeout-s", "--timeout_s", type=number(float), default=600.0,
                    help="stop the measurement after this many seconds (default 600)")
     p.add_argument("--precision", choices=tuple(DTYPES), default=None,
@@ -347,7 +349,8 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
             return 2
     out = Path(args.out)
     if out.is_symlink() or out.is_dir():
-        print(f"{prog}: error: --out {out} is a {'link' if out.is_symlink() else 'folder'}; give a file name", file=sys.stderr)
+        print(f"{prog}: error: --out {out} is a {'link' if out.is_symlink() else 'folder'}; give a file name",
+              file=sys.stderr)
         return 2
     if out.exists() and not args.force:
         print(f"{prog}: error: --out {out} exists; give a new file name, or add --force to replace it", file=sys.stderr)
@@ -382,10 +385,12 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
     if not args.quiet and returncode == 0 and not timed_out:
         print(f"calibrate: done in {time.monotonic() - started:.0f} s: {out}", file=sys.stderr, flush=True)
     if timed_out:
-        print(f"{prog}: error: calibration did not finish within {args.timeout_s:g} s; processes killed", file=sys.stderr)
+        print(f"{prog}: error: calibration did not finish within {args.timeout_s:g} s; processes killed",
+              file=sys.stderr)
         return 1
     if returncode != 0 or not out.is_file():
-        print(f"{prog}: error: calibration failed (torchrun exit code {returncode}); see the output above", file=sys.stderr)
+        print(f"{prog}: error: calibration failed (torchrun exit code {returncode}); see the output above",
+              file=sys.stderr)
         return 1
     return 0
 

@@ -1,4 +1,4 @@
-"""External probe: the user's own Megatron-DeepSpeed or Megatron-LM command, run for a candidate and timed from its log.
+"""External probe: the user's Megatron-DeepSpeed or Megatron-LM command, run for a candidate, timed from its log.
 
     tune ... --probe megatron --command "python pretrain_gpt.py {args} --data-path /data/oscar_text_document"
     tune ... --framework megatron-lm --probe megatron \
@@ -9,8 +9,8 @@
 
 For each candidate the arguments (and, for a Megatron-DeepSpeed fork, ds_config.json) are rendered by
 `planner.emit` exactly as ``plan --emit`` writes them (flavor ``megatron-lm``: ``plan --emit megatron-lm``'s
-arguments, no ds_config; ``{ds_config}`` is then refused), in the probe variant of MEGATRON_DEEPSPEED.md: ``--train-iters N
---log-interval 1``, an eval interval above N, no rampup, no ``--train-samples``, no ``--save``.
+arguments, no ds_config; ``{ds_config}`` is then refused), in the probe variant of MEGATRON_DEEPSPEED.md:
+``--train-iters N --log-interval 1``, an eval interval above N, no rampup, no ``--train-samples``, no ``--save``.
 The template is split with `shlex` into an argument list; ``{args}`` must stand alone and expands
 to every plantune argument, the other placeholders (``{ds_config}``, ``{nproc}``, ``{nnodes}``,
 ``{world}``, ``{train_iters}``, ``{workdir}``) are substituted inside single arguments. Nothing

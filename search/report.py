@@ -163,7 +163,8 @@ def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
                "pred analytic", "pred before", "pred after", "reason"]
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
                      maxcolwidths=[None] * 10 + [REASON_WIDTH])
-    note = (f"#: confirmed rows first, then by measured TFLOPs: model TFLOPs per GPU (median of measurements); ✓ confirmed: re-probed and all measurements "
+    note = (f"#: confirmed rows first, then by measured TFLOPs: model TFLOPs per GPU (median of measurements); "
+            "✓ confirmed: re-probed and all measurements "
             f"within ±{100 * CONFIRM_SPREAD / 2:g}% of each other; ? re-probed but they disagree more (noisy); "
             "pred before/after: calibrated prediction before and after that probe's measurement; "
             "mem GB = 1e9 bytes, peak per rank")
@@ -461,5 +462,5 @@ def write_plots(records: list[TrialRecord], out_dir: Path, *, study: str = "") -
     return paths
 
 
-__all__ = ["CONFIRM_SPREAD", "ConfigSummary", "PLOTS", "best", "best_line", "format_table", "rank_key", "format_trials", "layout_dims",
-           "report_dict", "short", "summarize", "write_plots"]
+__all__ = ["CONFIRM_SPREAD", "ConfigSummary", "PLOTS", "best", "best_line", "format_table", "format_trials",
+           "layout_dims", "rank_key", "report_dict", "short", "summarize", "write_plots"]

@@ -237,7 +237,8 @@ def test_launch_sbatch_names_a_missing_placeholder(tmp_path, missing) -> None:
     env = _stand_ins(tmp_path) | {"SLURM_SUBMIT_DIR": str(out), "DATA_PATH": "/d", "TOKENIZER": "t",
                                   "CHECKPOINT_PATH": "/c", "MEGATRON_DIR": "/m"}
     del env[missing]
-    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=HANG_GUARD_S, env=env)
+    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True,
+                            timeout=HANG_GUARD_S, env=env)
     assert result.returncode != 0 and f"set {missing}" in result.stderr
     assert not (tmp_path / "argv").exists()
 
@@ -247,7 +248,8 @@ def test_launch_sbatch_refuses_another_node_count(tmp_path) -> None:
     emit(bloom(), "megatron-deepspeed", out)
     env = _stand_ins(tmp_path) | {"SLURM_NNODES": "47", "DATA_PATH": "/d", "TOKENIZER": "t", "CHECKPOINT_PATH": "/c",
                                   "MEGATRON_DIR": "/m"}
-    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=HANG_GUARD_S, env=env)
+    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True,
+                            timeout=HANG_GUARD_S, env=env)
     assert result.returncode == 1 and "planned for 48 nodes" in result.stderr
 
 

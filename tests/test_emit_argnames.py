@@ -208,7 +208,8 @@ def _sbatch_site_args(text: str) -> list[list[str]]:
     body = text[text.index("SITE_ARGS=("):]
     body = body[:body.index("\n)\n") + 3]
     out = subprocess.run(["bash", "-c", body + 'printf "%s\\n" "${SITE_ARGS[@]}"'], capture_output=True, text=True,
-                         check=True, timeout=HANG_GUARD_S, env={"DATA_PATH": "D", "TOKENIZER": "T", "CHECKPOINT_PATH": "C",
+                         check=True, timeout=HANG_GUARD_S,
+                         env={"DATA_PATH": "D", "TOKENIZER": "T", "CHECKPOINT_PATH": "C",
                                                       "TRAIN_SAMPLES": "7", "PATH": "/usr/bin:/bin"}).stdout
     return _group(out.split("\n")[:-1])
 

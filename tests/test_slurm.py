@@ -137,7 +137,8 @@ def _backend(cluster: LocalSlurmCluster, **kw: object) -> SlurmBackend:
 
 
 def _squeue(cluster: LocalSlurmCluster, *args: str) -> str:
-    return subprocess.run(["squeue", "-h", *args], env=cluster.env(), capture_output=True, text=True, timeout=HANG_GUARD_S,
+    return subprocess.run(["squeue", "-h", *args], env=cluster.env(), capture_output=True, text=True,
+                          timeout=HANG_GUARD_S,
                           check=False).stdout
 
 
@@ -184,7 +185,8 @@ def test_inside_an_existing_allocation(slurm_cluster, tmp_path):
     """As under an sbatch script: SLURM_JOB_ID/SLURM_JOB_NODELIST given, the job is used, not cancelled."""
     env = slurm_cluster.env()
     granted = subprocess.run(["salloc", "--no-shell", "--nodes=1", "--exclusive", "--time=5",
-                              f"--reservation={RESERVATION}"], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S,
+                              f"--reservation={RESERVATION}"], env=env, capture_output=True, text=True,
+                             timeout=HANG_GUARD_S,
                              check=False)
     job = granted.stderr.split("Granted job allocation")[-1].split()[0]
     try:
@@ -302,7 +304,8 @@ def test_emitted_sbatch_script_runs_under_slurm(slurm_cluster, tmp_path):
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
     assert _wait_until_ended(slurm_cluster, job, time_limit_min=5)  # sbatch --time=5 above
-    shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True, timeout=HANG_GUARD_S,
+    shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True,
+                           timeout=HANG_GUARD_S,
                            check=False).stdout
     outputs = list(tmp_path.glob("plantune-*.out"))
     text = outputs[0].read_text() if outputs else ""
