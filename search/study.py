@@ -69,6 +69,7 @@ from search.objective import (RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, Pr
                               worker_dead)
 from search.report import best, summarize
 from search.space import SearchSpace, config_key, params_of
+from search.trial_attrs import TrialAttrs
 
 SAMPLERS = ("ei", "tpe", "random", "grid", "analytic", "planner")
 INPUTS_ATTR = "plantune_inputs"
@@ -370,7 +371,7 @@ def requeue(study: optuna.Study, space: SearchSpace) -> int:
                 again.append(est)
                 taken.add(r.config)
     for est in again:
-        study.enqueue_trial(params_of(est.candidate), user_attrs={"phase": "retry"})
+        study.enqueue_trial(params_of(est.candidate), user_attrs=TrialAttrs.user_attrs(phase="retry"))
     return len(again)
 
 
@@ -388,7 +389,7 @@ def recover(study: optuna.Study, space: SearchSpace, top_k: int, grace_s: float 
     for est in space.survivors[:top_k]:
         key = config_key(est.candidate)
         if key not in taken:
-            study.enqueue_trial(params_of(est.candidate), user_attrs={"phase": "analytic"})
+            study.enqueue_trial(params_of(est.candidate), user_attrs=TrialAttrs.user_attrs(phase="analytic"))
             taken.add(key)
             analytic += 1
     return {"interrupted": interrupted, "analytic": analytic}
@@ -670,7 +671,7 @@ def confirm(study: optuna.Study, objective: Objective, space: SearchSpace, setti
         slots = slots[:max(0, settings.max_probes - sum(1 for r in ledger.records if r.counted))]
     for key, i in slots:
         study.enqueue_trial(params_of(space.by_key(key).candidate),
-                            user_attrs={"phase": "confirm", "repeat": i, "slot": f"{key}#confirm{i}"})
+                            user_attrs=TrialAttrs.user_attrs(phase="confirm", repeat=i, slot=f"{key}#confirm{i}"))
     waiting = [r for r in Ledger.of(study).records if r.state == "WAITING" and r.phase == "confirm"]
     if waiting:
         study.optimize(objective, n_trials=len(waiting), timeout=progress.remaining_s(), catch=(ProbeFailed,),
