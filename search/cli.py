@@ -474,7 +474,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from search.objective import Ledger, Objective, ProbeSettings
     from search.report import best, best_line, format_table, report_dict, summarize
     from search.space import SearchSpace
-    from search.study import Progress, TuneSettings, open_study, storage_url
+    from search.progress import Progress
+    from search.settings import TuneSettings
+    from search.storage import open_study, storage_url
     from search.study import run as run_study
 
     from planner.rules import PROBE
@@ -614,7 +616,8 @@ def report(args: argparse.Namespace) -> int:
 
     from search.objective import TrialRecord
     from search.report import best_line, format_table, format_trials, report_dict, summarize, write_plots
-    from search.study import open_storage, TuneSettings
+    from search.settings import TuneSettings
+    from search.storage import open_storage
 
     plots = Path(args.plots) if args.plots else workdir_of(args) / "report"
     if not args.no_plots and (plots.is_symlink() or (plots.exists() and not plots.is_dir())):

@@ -15,7 +15,11 @@ from probes.result import ProbeResult
 from search._base import BackendError
 from search.objective import Ledger, Objective, ProbeFailed, ProbeSettings
 from search.space import SearchSpace, config_key, params_of
-from search.study import Progress, SurvivorSampler, TuneSettings, confirmation_slots, open_study, run
+from search.progress import Progress
+from search.sampler import SurvivorSampler
+from search.settings import TuneSettings
+from search.storage import open_study
+from search.study import confirmation_slots, run
 from conftest import seed003_plan  # noqa: E402
 
 INPUTS = {"test": 1}

@@ -24,7 +24,10 @@ from search.cli import build_report_parser, build_run_parser, main, write_files
 from search.objective import Ledger, Objective, ProbeSettings
 from search.report import ConfigSummary, best, best_line, format_table, rank_key
 from search.space import SearchSpace, config_key, params_of
-from search.study import Progress, TuneSettings, last_step_time, open_study, reap, run, storage_url
+from search.progress import Progress, last_step_time
+from search.settings import TuneSettings
+from search.storage import open_study, reap, storage_url
+from search.study import run
 from conftest import seed003_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -463,7 +466,8 @@ def test_a_trial_on_another_host_that_never_beat_is_failed_after_the_grace(tmp_p
 
     from optuna.trial import FrozenTrial, TrialState
 
-    from search.study import TuneSettings, heartbeat_recorded, open_storage
+    from search.settings import TuneSettings
+    from search.storage import heartbeat_recorded, open_storage
 
     settings = TuneSettings(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", heartbeat_s=60, grace_s=120)
     study = optuna.create_study(study_name="s", storage=open_storage(settings), direction="maximize")
