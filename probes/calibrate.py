@@ -133,6 +133,7 @@ def _measure_host(torch, device, dtype, model_name: str | None) -> dict:
     layers = torch.nn.Sequential(*(Block(m, recompute_core=False) for _ in range(HOST_LAYERS))).to(device)
     x = torch.randn(1, m.seq_len, m.hidden, device=device, requires_grad=True)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
     def step():   # under autocast, as the probes run 16-bit precisions (probes.train)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             out = layers(x)
