@@ -65,8 +65,9 @@ def apply_calibration(cluster: ClusterSpec, path: str) -> ClusterSpec:
     if rows:
         base = gemm_base_efficiency(cluster.gpu, rows)
         changes["matmul_efficiency"] = min(base, 1.0)
-        notes.append(f"GEMM base efficiency {base:.3g} fitted to {len(rows)} GEMM shapes timed by tune calibrate "
-                     f"(catalog {cluster.gpu.gemm_efficiency:g})" + (
+        dtypes = "/".join(sorted({DTYPE_PRECISION.get(str(r.get("dtype")), "bf16") for r in rows}))
+        notes.append(f"GEMM base efficiency {base:.3g} fitted to {len(rows)} {dtypes} GEMM shapes timed by tune "
+                     f"calibrate (catalog {cluster.gpu.gemm_efficiency:g}; calibrate in the plan's --precision)" + (
                          f", used as 1: the catalog's {cluster.gpu.id} peak is below what this machine ran"
                          if base > 1 else ""))
     elif "matmul_efficiency" in d:
