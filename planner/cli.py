@@ -32,8 +32,9 @@ import yaml
 from planner import fp8, recompute as recompute_modes
 from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
+from planner.calibration import apply_calibration, compute_line
 from planner.files import check_out
-from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
+from planner.hardware import ClusterSpec, load_cluster, make_cluster
 from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
@@ -100,7 +101,8 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--global-batch", type=_positive_int, help="global batch in sequences (default: the model's)")
     add("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
     add("--precision", choices=PRECISIONS, default=None, help="bf16 (default; fp16 on GPUs without bf16) | fp16 | fp32")
-    add("--optimizer", choices=OPTIMIZERS, default="adamw")
+    add("--optimizer", choices=OPTIMIZERS, default="adamw",
+        help="optimizer, for its memory per parameter (default adamw)")
     add("--fp8-recipe", choices=("delayed", "tensorwise"), default=None,
         help="with --precision fp8: Transformer Engine's scaling, delayed (default; amax history) or tensorwise "
              "(current scaling, as Megatron-Bridge's H100 recipes)")
@@ -124,12 +126,14 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
         add(f"--{name}", type=_positive_int, default=None, dest=f"pin_{name}",
             help=f"pin {name.upper()} (like --gpus): only layouts with this {name.upper()} are considered")
     add("--memory-fraction", type=_positive_float, default=0.75,
-        help="seed 004's first guess: layouts whose model states exceed this fraction of GPU memory are marked "
-             "(advisory, default 0.75); only the predicted total against memory minus headroom rules out")
+        help="layouts whose model states (weights, gradients, optimizer) exceed this fraction of GPU memory are "
+             "marked in the note column (advisory, default 0.75); only the predicted total against memory minus "
+             "--memory-headroom rules a layout out")
     add("--memory-headroom", type=float, default=0.05, help="fraction of GPU memory kept free (default 0.05)")
     p.add_argument("--flash-attention", dest="flash_attention", action="store_true", default=None,
                    help="attention without the s^2 matrices (default: on except for megatron-deepspeed)")
-    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false")
+    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
+                   help="the opposite of --flash-attention: attention scores materialised (s^2 per head)")
     add("--train-tokens", type=_positive_float, help="tokens to train (for days / GPU-hours; default: the model's)")
 
 
@@ -303,6 +307,7 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
              cl.network_line(),
+             compute_line(cl, t.framework),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
     extra = [k for k in ("cp", "ep", "etp") if any(getattr(e.candidate, k) > 1 for e in p.candidates[:top])]

@@ -76,9 +76,7 @@ class GemmContext:
     peak: float
     sm_count: int
     base: float
-    """large-GEMM fraction of peak: the catalog's, or a calibration's measurement"""
-    measured: bool
-    """``base`` was measured on the model's own shapes: used as is, no second tile/wave penalty"""
+    """large-GEMM fraction of peak: the catalog's, or fitted to this machine's timed GEMMs (planner.calibration)"""
     cuda_core_ratio: float
     """CUDA-core rate / tensor-core peak, for shapes tensor cores cannot take"""
 
@@ -137,7 +135,7 @@ def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: 
 def _gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bool = False) -> float:
     if min(m, n, k) <= 0:  # a dimension split to nothing (vocab 1 over TP 2) does no work
         return 0.0
-    eff = g.base if g.measured else gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
+    eff = gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
     if attention and (n % TENSOR_CORE_MULTIPLE or k % TENSOR_CORE_MULTIPLE):
         eff = min(eff, g.base) * g.cuda_core_ratio
     elif n % DENSE_ALIGNMENT or k % DENSE_ALIGNMENT:
@@ -150,10 +148,9 @@ def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | 
     acc = cluster.gpu
     precision = precision or training.precision
     peak = acc.peak_flops(precision)
-    measured = cluster.matmul_efficiency is not None   # a calibration file's measurement wins
-    base = cluster.matmul_efficiency if measured else acc.gemm_efficiency
+    base = acc.gemm_efficiency if cluster.matmul_efficiency is None else cluster.matmul_efficiency
     ratio = min(1.0, acc.peak_fp32_flops / peak) if precision in ("bf16", "fp16", "fp8") else 1.0
-    return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, measured=measured, cuda_core_ratio=ratio)
+    return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, cuda_core_ratio=ratio)
 
 
 def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
@@ -218,8 +215,9 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     elem += moe.elementwise_extra_bytes(model, cand, training, tokens) * fw.elementwise_traffic / (
         acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)   # MoE: token permutation, expert activations
     # the host launches a layer's kernels asynchronously: a pass takes the longer of the GPU's work and
-    # the host's (framework.host_s_per_layer_forward; the backward launches about twice as many kernels)
-    host = fw.host_s_per_layer_forward
+    # the host's (framework.host_s_per_layer_forward, times this host's measured speed from a calibration, 1 without;
+    # the backward launches about twice as many kernels)
+    host = fw.host_s_per_layer_forward * cluster.host_scale
     # MoE: the dispatcher's host sync; what is launched after it runs at the longer of its GPU and host time
     sync_host, sync_gpu = moe.host_sync_s(model, cand, training, tokens,
                                           lambda m, n, k, batch=1: _gemm_s(m, n, k, g, batch))

@@ -20,7 +20,7 @@ from typing import Mapping
 
 from planner.errors import InputError
 from planner.files import read_mapping
-from planner.schema import ACCELERATOR, CALIBRATION, CLUSTER, check, check_world, describe
+from planner.schema import ACCELERATOR, CLUSTER, check, check_world, describe
 
 TB = 1e12
 GB = 1e9
@@ -219,7 +219,12 @@ class ClusterSpec:
     intra_node_bw_bytes_per_s: float
     """per GPU, one direction; defaults to the accelerator's link"""
     matmul_efficiency: float | None = None
-    """measured fraction of peak a large GEMM reaches (from a calibration file), else the model default"""
+    """base efficiency of the planner's GEMM shape model (large-GEMM fraction of peak, before tile/wave/short-k
+    losses) fitted to this machine's timed GEMMs (planner.calibration); None: the catalog's gemm_efficiency"""
+    host_scale: float = 1.0
+    """this host's launch time relative to the frameworks' fitted host constants (planner.calibration)"""
+    calibration: str = field(default="", compare=False)
+    """the calibration file applied and what it changed, for the plan's output ("" when none)"""
     cuda_context_bytes: float | None = None
     nics_per_node: int | None = field(default=None, compare=False)
     """inter-node NICs (rails) per node, shared by the node's GPUs; None when only a total was given"""
@@ -374,35 +379,3 @@ def load_cluster(path: str, *, gpus: int | None = None, nodes: int | None = None
                         inter_node_gbps=d.get("inter_node_gbps"), intra_node_gbps=d.get("intra_node_gbps"),
                         nics_per_node=d.get("nics_per_node"), nic_gbps=d.get("nic_gbps"), name=d.get("name", ""),
                         network=f"cluster file {path}" + (f": {d['source']}" if d.get("source") else ""))
-
-
-def apply_calibration(cluster: ClusterSpec, path: str) -> ClusterSpec:
-    """Override catalog figures with a calibration YAML written by ``tune calibrate``.
-
-    Keys (all optional): ``matmul_efficiency`` (fraction of peak), ``intra_node_busbw_gbps`` and
-    ``inter_node_busbw_gbps`` (measured all-reduce bus bandwidth per GPU, Gbit/s),
-    ``cuda_context_bytes``, and ``gpu``: GPU YAML keys measured or known on this machine (``memory_gib``,
-    ``hbm_gb_per_s``, a power-capped ``bf16_tflops``, ...) that replace the cluster's accelerator figures.
-    """
-    where = f"calibration YAML {path}"
-    d = check(read_mapping(path, "calibration file"), CALIBRATION, where)
-    changes: dict = {}
-    if "gpu" in d:
-        if not isinstance(d["gpu"], dict):
-            raise InputError(f"{where}: gpu must be a mapping of GPU YAML keys to replace on {cluster.gpu.id} "
-                             f"(e.g. gpu: {{memory_gib: 96}}), got {d['gpu']!r}")
-        changes["gpu"] = accelerator_from({"id": cluster.gpu.id, **d["gpu"], "base": cluster.gpu.id}, f"{where}: gpu",
-                                          known={cluster.gpu.id: cluster.gpu})
-    if "matmul_efficiency" in d:
-        changes["matmul_efficiency"] = float(d["matmul_efficiency"])
-    # measured bus bandwidths are used as measured: no link-efficiency derate (planner.topology)
-    if "intra_node_busbw_gbps" in d:
-        changes["intra_node_bw_bytes_per_s"] = float(d["intra_node_busbw_gbps"]) * 1e9 / 8
-        changes["intra_node_bw_measured"] = True
-    if "inter_node_busbw_gbps" in d:
-        changes["inter_node_bw_bytes_per_s"] = float(d["inter_node_busbw_gbps"]) * 1e9 / 8 * cluster.gpus_per_node
-        changes["inter_node_bw_measured"] = True
-        changes["network"] = f"measured by tune calibrate ({path})"
-    if "cuda_context_bytes" in d:
-        changes["cuda_context_bytes"] = float(d["cuda_context_bytes"])
-    return replace(cluster, **changes)

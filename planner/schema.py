@@ -283,11 +283,12 @@ CALIBRATION: dict[str, Field] = {
     "inter_node_busbw_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
     "cuda_context_bytes": Num(0, 1e12, what="bytes in [0, 1e12]"),
     "gpu": Map(None, what="a mapping of GPU YAML keys (ACCELERATOR) replacing the catalog's figures"),
+    "host_s_per_layer_forward": Num(0, 1, open_lo=True, what="seconds in (0, 1]"),
     # written by `tune calibrate` for the record, not read by the planner
     "device": Any(), "matmul_peak_tflops": Any(), "matmul_peak_source": Any(), "notes": Any(),
     "measurements": Any(),
 }
-"""calibration YAML written by `tune calibrate` (planner.hardware.apply_calibration)"""
+"""calibration YAML written by `tune calibrate` (planner.calibration.apply_calibration)"""
 
 _TFLOPS = "TFLOP/s, dense (no sparsity)"
 ACCELERATOR: dict[str, Field] = {
@@ -388,6 +389,7 @@ def plan_schema() -> dict[str, Field]:
     }
     cluster = {**CLUSTER, "gpus_per_node": _required(CLUSTER["gpus_per_node"]), "nodes": _required(CLUSTER["nodes"]),
                "matmul_efficiency": CALIBRATION["matmul_efficiency"],
+               "host_scale": Num(0, 1000, open_lo=True, what="a multiple of the fitted host time in (0, 1000]"),
                "cuda_context_bytes": CALIBRATION["cuda_context_bytes"]}
     prediction = {k: Num(0, required=True) for k in ("memory_gb_per_gpu", "step_time_s", "model_tflops_per_gpu",
                                                       "hardware_tflops_per_gpu")}

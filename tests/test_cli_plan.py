@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import HANG_GUARD_S
 
 from planner.hardware import get_accelerator
 
@@ -19,7 +20,7 @@ CANDIDATE_KEYS = {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vp
 
 def plan(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=HANG_GUARD_S)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -135,7 +136,7 @@ def test_rampup_schedule_seed003():
 def test_planner_never_imports_torch():
     code = "import sys, planner, planner.cli, planner.emit; planner.cli.main(['--model','1B3','--gpus','8','--top','1']); " \
            "sys.exit(int('torch' in sys.modules or 'optuna' in sys.modules))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr
 
 

@@ -19,6 +19,7 @@ from planner.emit import Prediction, emit, load_plan_yaml, plan_target, plan_yam
 from planner.errors import InputError
 from planner.space import Candidate, TrainingSpec
 from test_emit_cases import REFUSED_CASES, VALID_CASES, bloom, llama
+from conftest import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = REPO / "examples" / "bloom-176b-48x8-a100"
@@ -42,7 +43,7 @@ def _args(text: str) -> dict[str, list[str]]:
 
 
 def _bash(script: str, *argv: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", script, "bash", *argv], capture_output=True, text=True, timeout=60,
+    return subprocess.run(["bash", "-c", script, "bash", *argv], capture_output=True, text=True, timeout=HANG_GUARD_S,
                           env=env, cwd=cwd)
 
 
@@ -175,7 +176,7 @@ def test_megatron_deepspeed_files_agree(case, tmp_path) -> None:
 def test_launch_sbatch_passes_bash_n(case, tmp_path) -> None:
     emit(case.setup, case.kind, tmp_path, flavor=case.flavor, reservation="bigscience")
     result = subprocess.run(["bash", "-n", str(tmp_path / "launch.sbatch")], capture_output=True, text=True,
-                            timeout=30)
+                            timeout=HANG_GUARD_S)
     assert result.returncode == 0, result.stderr
     assert "#SBATCH --reservation=bigscience\n" in (tmp_path / "launch.sbatch").read_text()
 
@@ -202,7 +203,7 @@ def test_launch_sbatch_runs_the_real_command_with_stand_ins(tmp_path) -> None:
     emit(bloom(), "megatron-deepspeed", out)
     env = _stand_ins(tmp_path) | {"SLURM_SUBMIT_DIR": str(out), "DATA_PATH": "/data/oscar", "TOKENIZER": "bs/tok",
                                   "CHECKPOINT_PATH": "/ckpt", "PRETRAIN_SCRIPT": "/opt/stand_in.py"}
-    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=60,
+    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=HANG_GUARD_S,
                             env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     srun = (tmp_path / "argv.srun").read_text().split("\n")
@@ -236,7 +237,8 @@ def test_launch_sbatch_names_a_missing_placeholder(tmp_path, missing) -> None:
     env = _stand_ins(tmp_path) | {"SLURM_SUBMIT_DIR": str(out), "DATA_PATH": "/d", "TOKENIZER": "t",
                                   "CHECKPOINT_PATH": "/c", "MEGATRON_DIR": "/m"}
     del env[missing]
-    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True,
+                            timeout=HANG_GUARD_S, env=env)
     assert result.returncode != 0 and f"set {missing}" in result.stderr
     assert not (tmp_path / "argv").exists()
 
@@ -246,7 +248,8 @@ def test_launch_sbatch_refuses_another_node_count(tmp_path) -> None:
     emit(bloom(), "megatron-deepspeed", out)
     env = _stand_ins(tmp_path) | {"SLURM_NNODES": "47", "DATA_PATH": "/d", "TOKENIZER": "t", "CHECKPOINT_PATH": "/c",
                                   "MEGATRON_DIR": "/m"}
-    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True,
+                            timeout=HANG_GUARD_S, env=env)
     assert result.returncode == 1 and "planned for 48 nodes" in result.stderr
 
 
@@ -445,7 +448,7 @@ def test_bigscience_launcher_checks_the_deepspeed_version(tmp_path, version, ok)
     pkg = tmp_path / "deepspeed"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
-    result = subprocess.run([sys.executable, "-c", guard], capture_output=True, text=True, timeout=30,
+    result = subprocess.run([sys.executable, "-c", guard], capture_output=True, text=True, timeout=HANG_GUARD_S,
                             env={"PYTHONPATH": str(tmp_path), "PATH": os.environ["PATH"]})
     assert (result.returncode == 0) == ok, result.stderr
     if not ok:

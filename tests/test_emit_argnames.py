@@ -26,6 +26,7 @@ import pytest
 from planner.emit import render
 from planner.emit.megatron_deepspeed import megatron_args
 from test_emit_cases import VALID_CASES
+from conftest import HANG_GUARD_S
 
 DEEPSPEED_CORE = {"--deepspeed", "--deepspeed_config", "--deepscale", "--deepscale_config"}
 
@@ -212,7 +213,8 @@ def _sbatch_site_args(text: str) -> list[list[str]]:
     body = text[text.index("SITE_ARGS=("):]
     body = body[:body.index("\n)\n") + 3]
     out = subprocess.run(["bash", "-c", body + 'printf "%s\\n" "${SITE_ARGS[@]}"'], capture_output=True, text=True,
-                         check=True, timeout=30, env={"DATA_PATH": "D", "TOKENIZER": "T", "CHECKPOINT_PATH": "C",
+                         check=True, timeout=HANG_GUARD_S,
+                         env={"DATA_PATH": "D", "TOKENIZER": "T", "CHECKPOINT_PATH": "C",
                                                       "TRAIN_SAMPLES": "7", "PATH": "/usr/bin:/bin"}).stdout
     return _group(out.split("\n")[:-1])
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from planner.calibration import apply_calibration
 from planner.errors import InputError
-from planner.hardware import (CATALOG, CATALOG_FILE, accelerator_from, apply_calibration, catalog,
+from planner.hardware import (CATALOG, CATALOG_FILE, accelerator_from, catalog,
                               catalog_id_for_device, get_accelerator, load_accelerators, load_cluster, make_cluster)
 
 REQUIRED = {"V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200", "MI250X",

@@ -303,3 +303,18 @@ def test_megatron_lm_parses_and_validates_the_emitted_arguments(group):
                                           ("bigscience", "survivors")])
 def test_megatron_deepspeed_parses_and_validates_the_emitted_arguments(flavor, group):
     assert _problems(flavor, group) == []
+
+
+@pytest.mark.slow
+def test_the_gpu_sessions_megatron_commands_parse(tmp_path):
+    """tests/bench/megatron_gpu.sh runs NVIDIA's pretrain_gpt.py with what bench_megatron.py renders (probe variant,
+    --transformer-impl local, mock data): Megatron-LM's own parser accepts each command before a GPU is spent on it.
+    MEGATRON_LM_RUN_SRC: a Megatron-LM tree with pretrain_gpt.py (default build/megatron-lm-v0.17.1)."""
+    root = Path(__file__).resolve().parents[1]
+    src = Path(os.environ.get("MEGATRON_LM_RUN_SRC", root / "build" / "megatron-lm-v0.17.1"))
+    if not (src / "pretrain_gpt.py").is_file():
+        pytest.skip(f"no Megatron-LM tree with pretrain_gpt.py at {src}: see tests/bench/megatron_gpu.sh")
+    proc = subprocess.run([sys.executable, str(root / "tests" / "bench" / "bench_megatron.py"), "--megatron-src",
+                           str(src), "--check-args"], capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.count(" ok ") == 4

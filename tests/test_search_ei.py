@@ -53,7 +53,7 @@ def test_the_ei_choice_needs_no_planner_call(survivors, monkeypatch):
 
     import planner.rank
     from search.space import SearchSpace, params_of
-    from search.study import SurvivorSampler
+    from search.sampler import SurvivorSampler
 
     space = SearchSpace.from_plan(plan(MODEL, CLUSTER, TRAINING))
     sampler = SurvivorSampler(space, strategy="ei")
@@ -157,7 +157,7 @@ def test_a_probe_off_the_plan_reorders_the_rest():
 
 
 def test_default_top_k_is_one_for_ei_only():
-    from search.study import default_top_k
+    from search.settings import default_top_k
 
     assert default_top_k("ei") == 1
     assert all(default_top_k(s) == 3 for s in ("tpe", "random", "grid", "analytic", "planner"))

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SLURM_RESERVATION as RESERVATION
+from conftest import HANG_GUARD_S, SLURM_RESERVATION as RESERVATION
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_YAML = "name: tiny\nlayers: 4\nhidden: 64\nheads: 4\nkv_heads: 4\nffn_hidden: 256\nvocab: 128\nseq_len: 32\n"
@@ -37,5 +37,5 @@ def test_tune_probes_on_a_slurm_reservation(slurm_cluster, tmp_path):
     probed = [t for t in out["trials"] if t["outcome"] == "ok"]
     assert len(probed) == 2
     queue = subprocess.run(["squeue", "-h", "-o", "%i"], env=cluster.env(), capture_output=True, text=True,
-                           timeout=30).stdout.split()
+                           timeout=HANG_GUARD_S).stdout.split()
     assert queue == []                                      # the probes' allocation was given back

@@ -55,6 +55,8 @@ def _cluster_dict(setup: RunSetup) -> dict:
          "intra_node_gbps": round(cl.intra_node_bw_bytes_per_s * 8 / 1e9, 3)}
     if cl.matmul_efficiency is not None:
         d["matmul_efficiency"] = cl.matmul_efficiency
+    if cl.host_scale != 1.0:
+        d["host_scale"] = cl.host_scale
     if cl.cuda_context_bytes is not None:
         d["cuda_context_bytes"] = cl.cuda_context_bytes
     return d
@@ -210,7 +212,7 @@ def load_plan_yaml(path: Path) -> RunSetup:
                                intra_node_gbps=_need(pc, "intra_node_gbps", "plantune.cluster.", num, path),
                                name=_need(pc, "name", "plantune.cluster.", str, path))
         cluster = replace(cluster, matmul_efficiency=pc.get("matmul_efficiency"),
-                          cuda_context_bytes=pc.get("cuda_context_bytes"))
+                          host_scale=float(pc.get("host_scale", 1.0)), cuda_context_bytes=pc.get("cuda_context_bytes"))
         pred = p.get("prediction")
         prediction = None if pred is None else Prediction(
             **{f.name: float(_need(pred, f.name, "plantune.prediction.", num, path)) for f in fields(Prediction)})
