@@ -139,8 +139,11 @@ HF_KEYS: dict[str, Field] = {
     "num_nextn_predict_layers": Int(0, 1_000),
     # change neither the trained network, nor what plantune counts, nor an emitted flag
     "output_router_logits": Bool(), "router_jitter_noise": Num(0), "ep_size": Int(1, 1_000_000),
-    "query_pre_attn_scalar": Num(0, null=True), "rope_local_base_freq": Num(0, open_lo=True),
     "original_max_position_embeddings": Int(1, None),
+    # Gemma 2/3's attention scale (query_pre_attn_scalar^-0.5: 168 on Gemma 3 27B, not its head width 128) and Gemma
+    # 3's RoPE base on its windowed layers: they change the network but not what plantune counts, and no emitter
+    # writes a Gemma (each refuses its norm placement and GeGLU, planner.model_facts.unexpressed)
+    "query_pre_attn_scalar": Num(0, null=True), "rope_local_base_freq": Num(0, open_lo=True),
 }
 """config.json keys plantune reads or knows to leave the model alone, with their types"""
 
