@@ -268,7 +268,8 @@ def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
     d, m = _load(name)
     e = _expected(d)
     cannot = {"qwen2": "q/k/v biases", "qwen3": "per-head q/k RMSNorm", "qwen3_moe": "mixture-of-experts",
-              "deepseek_v3": "mixture-of-experts", "gemma2": "soft-capped logits", "gemma3_text": "norms before and after"}
+              "deepseek_v3": "mixture-of-experts", "gemma2": "soft-capped logits",
+              "gemma3_text": "norms before and after"}
     cannot = cannot.get(d["model_type"]) or ("RoPE scaling" if e["scaling"] else None)
     if cannot:
         refusal = _refusal(m, "megatron-deepspeed", "microsoft")
