@@ -40,8 +40,10 @@ class HFFamily:
     """ModelSpec facts the architecture fixes (Qwen2: qkv_bias; Qwen3: qk_norm "head"; OLMo 2: post norms)"""
     moe: dict = field(default_factory=dict)
     """expert settings when the file does not say (the config class's defaults)"""
-    positions: int = 0
-    """max_position_embeddings when the file does not say (FalconConfig: 2048); 0 = unknown"""
+    defaults: dict = field(default_factory=dict)
+    """keys the config class fills in when the file leaves them out, under the file's key names (FalconConfig: 2048
+    positions; Gemma3TextConfig: 8 heads, 4 KV heads, 262,208 tokens: Gemma 3's published text_configs give little
+    more than hidden_size, intermediate_size and num_hidden_layers)"""
 
 
 _LLAMA = dict(glu=True, tied=False, position="rope", norm="rmsnorm", bias=False, activation="silu")
@@ -72,6 +74,9 @@ HF_FAMILIES: dict[str, HFFamily] = {
                               "windowed)"),
     "gemma3_text": HFFamily(**{**_GEMMA, "rope_theta": 1e6}, facts={"norm_placement": "sandwich", "qk_norm": "head",
                                                                      "sliding_window": 4096, "window_full_every": 6},
+                            defaults={"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216,
+                                      "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                                      "max_position_embeddings": 131_072, "initializer_range": 0.02},
                             source="transformers Gemma3TextConfig (GeGLU, sandwich norms, per-head q/k norm, 5 "
                                    "windowed layers to 1 global)"),
     "phi3": HFFamily(**_LLAMA, norm_eps=1e-5, source="transformers Phi3Config (Llama shape, fused qkv/gate_up)"),
@@ -90,7 +95,7 @@ HF_FAMILIES: dict[str, HFFamily] = {
                       norm_eps=1e-5, activation="gelu_tanh",
                       source="transformers BloomConfig (ALiBi, embedding LayerNorm, BloomGelu: tanh GELU)"),
     "falcon": HFFamily(glu=False, tied=True, position="rope", norm="layernorm", bias=False, norm_eps=1e-5,
-                       activation="gelu", facts={"parallel_residual": True}, positions=2048,
+                       activation="gelu", facts={"parallel_residual": True}, defaults={"max_position_embeddings": 2048},
                        source="transformers FalconConfig (parallel attention, multi-query, 4h GELU MLP; Falcon-7B's "
                               "one shared input norm per layer counted as two)"),
 }
@@ -134,8 +139,11 @@ HF_KEYS: dict[str, Field] = {
     "num_nextn_predict_layers": Int(0, 1_000),
     # change neither the trained network, nor what plantune counts, nor an emitted flag
     "output_router_logits": Bool(), "router_jitter_noise": Num(0), "ep_size": Int(1, 1_000_000),
-    "query_pre_attn_scalar": Num(0, null=True), "rope_local_base_freq": Num(0, open_lo=True),
     "original_max_position_embeddings": Int(1, None),
+    # Gemma 2/3's attention scale (query_pre_attn_scalar^-0.5: 168 on Gemma 3 27B, not its head width 128) and Gemma
+    # 3's RoPE base on its windowed layers: they change the network but not what plantune counts, and no emitter
+    # writes a Gemma (each refuses its norm placement and GeGLU, planner.model_facts.unexpressed)
+    "query_pre_attn_scalar": Num(0, null=True), "rope_local_base_freq": Num(0, open_lo=True),
 }
 """config.json keys plantune reads or knows to leave the model alone, with their types"""
 
@@ -285,6 +293,7 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
     where = f"config.json {path}"
     model_type = check_hf(d, where)
     fam = HF_FAMILIES[model_type]
+    d = {**fam.defaults, **d}
     if d.get("use_mrope"):
         raise _refuse(where, "use_mrope true (multimodal rotary sections)")
     if d.get("apply_residual_connection_post_layernorm"):
@@ -300,7 +309,7 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
     hidden = pick("hidden_size", "n_embd", "n_embed", "d_model")
     heads = pick("num_attention_heads", "n_head", "n_heads")
     layers = pick("num_hidden_layers", "n_layer", "num_layers")
-    positions = pick("max_position_embeddings", "n_positions", "n_ctx", default=fam.positions or 0) or 0
+    positions = pick("max_position_embeddings", "n_positions", "n_ctx", default=0) or 0
     if d.get("seq_length") is not None:
         seq, seq_note = d["seq_length"], "from its seq_length"
     elif fam.position == "learned" or (model_type == "falcon" and d.get("alibi")):

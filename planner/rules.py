@@ -641,19 +641,30 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                   (moe.is_moe(model) or bool(model.kv_lora_rank), "mixture-of-experts or multi-latent attention "
                                                                   "layers (the emitted model is torchtitan's llama3)")]
         fix = "plan without --emit fsdp, or use --framework megatron-lm"
+    where = "torchtitan (--emit fsdp)" if fw == "fsdp" else str(target)
+    out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}") for bad, what in cannot if bad]
     facts_target = {"megatron-lm": "megatron-lm", "fsdp": "torchtitan", "megatron-deepspeed": flavor}.get(fw)
     if emit and facts_target:   # the model's own facts (planner.model_facts) its emitter has no argument for
-        cannot += [(True, what) for what in model_facts.unexpressed(model, facts_target)]
-    for bad, what in cannot:
-        if bad:
-            where = "torchtitan (--emit fsdp)" if fw == "fsdp" else str(target)
-            out.append(Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}"))
+        # the fix names the emitters that write every one of the model's facts (none writes Gemma 2's soft-capping)
+        able = [flag for other, flag in _FACT_EMITTERS.items()
+                if other != facts_target and not model_facts.unexpressed(model, other)]
+        facts_fix = f"use {' or '.join(able)}" if able else "no emitter plantune writes has arguments for all of " \
+                                                             "this model's facts: plan without --emit"
+        out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {facts_fix}")
+                for what in model_facts.unexpressed(model, facts_target)]
     if emit and fw != "megatron-lm" and model.kv_channels is not None and not model.kv_lora_rank:
         # a head width apart from hidden/heads (Gemma, Qwen3): only the Megatron-LM emitter writes --kv-channels
         out.append(Violation(Reason.MODEL_FEATURE, f"a head width of {model.kv_channels} (kv_channels, not "
                                                    "hidden/heads) is emitted for --emit megatron-lm only "
                                                    "(--kv-channels); plan it here, or emit for megatron-lm"))
     return out
+
+
+_FACT_EMITTERS = {"megatron-lm": "--framework megatron-lm",
+                  "microsoft": "--framework megatron-deepspeed --emit-flavor microsoft",
+                  "bigscience": "--framework megatron-deepspeed --emit-flavor bigscience",
+                  "torchtitan": "--framework fsdp"}
+"""each planner.model_facts target and how a plan picks its emitter"""
 
 
 def _other_rope_base(model: ModelSpec) -> float | None:

@@ -1,7 +1,9 @@
 """Published Hugging Face config.json files (tests/fixtures/hf_configs, sources in its README.md), read by plantune and
 emitted for Megatron-LM, Megatron-DeepSpeed (both forks) and torchtitan: every emitted set says what the file says,
 or the emit refuses in one line naming what the target cannot express. Parameter counts are held to the published
-sizes (model cards; the DeepSeek-V3 report).
+sizes (model cards; the DeepSeek-V3, Gemma 2 and Gemma 3 reports). Gemma 3's files (4B and up) are
+Gemma3ForConditionalGeneration's: plantune refuses them (the vision tower) and reads their text_config, as it tells
+the user to.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from planner.emit import RunSetup, render
 from planner.emit.facts import torchtitan_model_args
 from planner.errors import InputError
 from planner.hardware import make_cluster
-from planner.model import ModelSpec, load_model
+from planner.hf_config import read_hf
+from planner.model import HF_DEFAULT_SEQ_LEN, HF_SEQ_NOTE, ModelSpec, load_model
 from planner.space import Candidate, TrainingSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
@@ -26,12 +29,16 @@ FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
 @dataclass(frozen=True)
 class Published:
     file: str
-    params: float
+    params: float | None
     """the published total, in parameters"""
     digits: float
     """the precision the size is published to (8.2B: 0.05e9); plantune's count must round to it"""
     source: str
     active: float | None = None
+    non_embedding: float | None = None
+    """the published count without the (tied) embedding table"""
+    non_embedding_digits: float = 0.5
+    """its precision (Gemma 2's report gives it to the parameter, Gemma 3's to the million)"""
 
 
 PUBLISHED = [
@@ -50,13 +57,25 @@ PUBLISHED = [
     Published("Qwen3-30B-A3B.json", 30.5e9, 0.05e9, "Qwen3-30B-A3B model card: 30.5B, 3.3B activated", active=3.3e9),
     Published("DeepSeek-V3.json", 671e9, 0.5e9, "DeepSeek-V3 report arXiv 2412.19437: 671B (MTP module apart)"),
     Published("phi-4.json", 14.7e9, 0.05e9, "HF microsoft/phi-4: 14.7B params"),
+    Published("gemma-2-2b-it.json", 2.61e9, 0.005e9, "HF google/gemma-2-2b-it: 2.61B params; Gemma 2 report "
+              "arXiv 2408.00118 Table 2: 2,024,517,888 non-embedding parameters", non_embedding=2_024_517_888),
+    Published("gemma-3-4b-it.json", None, 0.5e6, "Gemma 3 report arXiv 2503.19786 Table 1: 3,209M non-embedding "
+              "parameters (the 417M vision encoder apart)", non_embedding=3_209e6, non_embedding_digits=0.5e6),
+    Published("gemma-3-27b-it.json", None, 0.5e6, "Gemma 3 report arXiv 2503.19786 Table 1: 25,600M non-embedding "
+              "parameters (the 417M vision encoder apart)", non_embedding=25_600e6, non_embedding_digits=0.5e6),
+    Published("gpt2-large.json", 774e6, 0.5e6, "HF openai-community/gpt2-large model card: the 774M parameter "
+              "version of GPT-2"),
 ]
 FILES = sorted(p.name for p in FIXTURES.glob("*.json"))
 
 
 def _load(name: str) -> tuple[dict, ModelSpec]:
+    """The file and plantune's spec; for a Gemma 3 file, its text_config (the language model) and the spec of it."""
     path = FIXTURES / name
-    return json.loads(path.read_text()), load_model(str(path))
+    d = json.loads(path.read_text())
+    if d["model_type"] == "gemma3":
+        return d["text_config"], ModelSpec(**read_hf(d["text_config"], name, HF_DEFAULT_SEQ_LEN, HF_SEQ_NOTE))
+    return d, load_model(str(path))
 
 
 def test_every_fixture_has_a_published_size_and_a_source():
@@ -68,24 +87,46 @@ def test_every_fixture_has_a_published_size_and_a_source():
 @pytest.mark.parametrize("pub", PUBLISHED, ids=lambda p: p.file)
 def test_parameters_match_the_published_size(pub):
     _, m = _load(pub.file)
-    tolerance = max(pub.digits, 0.01 * pub.params) if pub.file == "Qwen2.5-32B.json" else pub.digits
-    assert abs(m.params - pub.params) <= tolerance, (m.params, pub.source)
+    if pub.params:
+        tolerance = max(pub.digits, 0.01 * pub.params) if pub.file == "Qwen2.5-32B.json" else pub.digits
+        assert abs(m.params - pub.params) <= tolerance, (m.params, pub.source)
+    if pub.non_embedding:
+        embedding = m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
+        assert abs(m.params - embedding - pub.non_embedding) <= pub.non_embedding_digits, (m.params - embedding,
+                                                                                           pub.source)
     if pub.active:
         assert abs(m.active_params - pub.active) <= 0.06e9, (m.active_params, pub.source)
 
 
 # -- what the file says, as plantune reads it ---------------------------------------------------------------------
+CLASS_DEFAULTS = {
+    # transformers Gemma3TextConfig (models/gemma3/configuration_gemma3.py): Gemma 3's published text_configs leave
+    # out all but a few of these
+    "gemma3_text": {"vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "max_position_embeddings": 131_072, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+                    "initializer_range": 0.02, "tie_word_embeddings": True, "sliding_window_pattern": 6},
+    "gemma2": {"tie_word_embeddings": True},   # Gemma2Config
+    "gpt2": {"tie_word_embeddings": True},     # GPT2Config
+}
+"""the transformers config class's value of a key the published file leaves out (tie_word_embeddings is false
+for the other families here)"""
+
+
 def _expected(d: dict) -> dict:
     """The facts every emitted set must carry, straight from the file (the transformers class defaults where the
-    file is silent: tie_word_embeddings false for these families)."""
-    heads = d["num_attention_heads"]
-    head_dim = d.get("head_dim") or d.get("qk_nope_head_dim") or d["hidden_size"] // heads
+    file is silent: CLASS_DEFAULTS)."""
+    d = {**CLASS_DEFAULTS.get(d["model_type"], {}), **d}
+    heads, hidden = d.get("num_attention_heads", d.get("n_head")), d.get("hidden_size", d.get("n_embd"))
+    head_dim = d.get("head_dim") or d.get("qk_nope_head_dim") or hidden // heads
     scaling = d.get("rope_scaling") or {}
-    return {"layers": d["num_hidden_layers"], "hidden": d["hidden_size"], "heads": heads,
-            "kv_heads": d.get("num_key_value_heads", heads), "ffn": d["intermediate_size"], "vocab": d["vocab_size"],
-            "positions": d["max_position_embeddings"], "theta": float(d["rope_theta"]), "eps": float(d["rms_norm_eps"]),
+    return {"layers": d.get("num_hidden_layers", d.get("n_layer")), "hidden": hidden, "heads": heads,
+            "kv_heads": d.get("num_key_value_heads", heads),
+            "ffn": d.get("intermediate_size") or d.get("n_inner") or 4 * hidden,   # GPT2Config: n_inner null = 4h
+            "vocab": d["vocab_size"], "positions": d.get("max_position_embeddings", d.get("n_positions")),
+            "theta": float(d.get("rope_theta", 0.0)), "eps": float(d.get("rms_norm_eps", d.get("layer_norm_epsilon"))),
             "tied": d.get("tie_word_embeddings", False), "head_dim": head_dim,
-            "qkv_bias": d["model_type"] in ("qwen2", "qwen2_moe"), "qk_norm": d["model_type"].startswith("qwen3"),
+            "qkv_bias": d["model_type"] in ("qwen2", "qwen2_moe"),
+            "qk_norm": d["model_type"].startswith("qwen3") or d["model_type"] == "gemma3_text",
             "scaling": (scaling.get("rope_type") or scaling.get("type"), float(scaling["factor"])) if scaling else None,
             "experts": d.get("num_experts") or d.get("n_routed_experts"), "topk": d.get("num_experts_per_tok"),
             # DeepSeek-V3's file leaves aux_loss_alpha to its configuration_deepseek.py (auto_map): 0.001
@@ -102,16 +143,38 @@ def test_the_spec_says_what_the_file_says(name):
     assert (m.rope_theta, m.norm_eps, m.tied_embeddings, m.init_std) == (e["theta"], e["eps"], e["tied"], e["init"])
     assert (m.qkv_bias, m.qk_norm == "head") == (e["qkv_bias"], e["qk_norm"])
     assert ((m.rope_scaling, m.rope_scaling_factor) if m.rope_scaling else None) == e["scaling"]
-    assert m.architecture == d["architectures"][0] and m.name == name.removesuffix(".json")
+    assert m.architecture == d.get("architectures", [""])[0] and m.name == name.removesuffix(".json")
     if e["experts"]:
         assert (m.num_experts, m.moe_topk, m.moe_aux_loss_coeff) == (e["experts"], e["topk"], e["aux"])
 
 
+@pytest.mark.parametrize("name,heads,kv_heads,head_dim", [("gemma-3-4b-it.json", 8, 4, 256),
+                                                          ("gemma-3-27b-it.json", 32, 16, 128)])
+def test_gemma3_files_are_refused_and_their_text_config_read(name, heads, kv_heads, head_dim):
+    """Gemma 3's published 4B and 27B files: the reader refuses the vision model and says to give the text_config.
+    That text_config gives little more than hidden, FFN and layer counts, a 1024-token window and linear RoPE
+    scaling 8; the rest reads from Gemma3TextConfig's defaults, as transformers reads it (the 4B's 8 heads of 256
+    are not hidden / heads)."""
+    with pytest.raises(InputError, match="text_config"):
+        load_model(str(FIXTURES / name))
+    _, m = _load(name)
+    assert (m.heads, m.kv_heads, m.head_dim, m.vocab, m.positions) == (heads, kv_heads, head_dim, 262_208, 131_072)
+    assert (m.sliding_window, m.window_full_every, m.rope_scaling, m.rope_scaling_factor) == (1024, 6, "linear", 8.0)
+    assert m.tied_embeddings and m.qk_norm == "head" and m.norm_placement == "sandwich" and m.init_std == 0.02
+
+
+def test_gemma2_window_soft_caps_and_head_width_are_read():
+    _, m = _load("gemma-2-2b-it.json")
+    assert (m.sliding_window, m.window_full_every, m.attn_softcap, m.logit_softcap) == (4096, 2, 50.0, 30.0)
+    assert (m.activation, m.norm_placement, m.kv_channels) == ("gelu_tanh", "sandwich", 256)
+
+
 # -- emitted sets ------------------------------------------------------------------------------------------------
 def _setup(m: ModelSpec, framework: str) -> RunSetup:
-    """8 H100s, TP=1 PP=1 DP=8 (EP=8 for the MoE models), sequence 4096, global batch 64."""
+    """8 H100s, TP=1 PP=1 DP=8 (EP=8 for the MoE models), sequence 4096 (GPT-2's 1024 positions: 1024), global
+    batch 64."""
     zero = 3 if framework == "fsdp" else 1
-    t = TrainingSpec(global_batch=64, seq_len=4096, framework=framework, precision="bf16",
+    t = TrainingSpec(global_batch=64, seq_len=min(4096, m.positions), framework=framework, precision="bf16",
                      flash_attention=framework != "megatron-deepspeed", zero_options=(zero,))
     c = Candidate(tp=1, pp=1, dp=8, mbs=1, gas=8, zero=zero, recompute="full", ep=8 if m.num_experts else 1)
     return RunSetup(model=m, cluster=make_cluster(gpu="H100", gpus=8), training=t, candidate=c)
@@ -125,15 +188,34 @@ def _one(args: dict, flag: str) -> str:
     return args[flag][0]
 
 
+GEMMA_FACTS = ("norms before and after attention and MLP", "a gated gelu_tanh MLP (GeGLU")
+"""what no emitter writes for Gemma 2 and 3 (Gemma 2 adds soft-capped logits)"""
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_megatron_lm_set_carries_the_files_facts(name):
     d, m = _load(name)
     e = _expected(d)
+    if d["model_type"].startswith("gemma"):
+        refusal = _refusal(m, "megatron-lm")
+        assert all(what in refusal for what in GEMMA_FACTS)
+        assert ("soft-capped logits" in refusal) == (d["model_type"] == "gemma2")
+        # no other emitter writes these either: the refusal says so instead of pointing at the BigScience fork
+        assert "plan without --emit" in refusal and "bigscience" not in refusal
+        return
     a = _args(render(_setup(m, "megatron-lm"), "megatron-lm")["args.txt"])
     assert [int(_one(a, f)) for f in ("--num-layers", "--hidden-size", "--num-attention-heads",
                                       "--max-position-embeddings")] == [e["layers"], e["hidden"], e["heads"],
                                                                         e["positions"]]
-    assert int(_one(a, "--rotary-base")) == e["theta"] and float(_one(a, "--norm-epsilon")) == e["eps"]
+    assert float(_one(a, "--norm-epsilon")) == e["eps"]
+    if d["model_type"] == "gpt2":   # learned positions, LayerNorm, biases, 4h GELU MLP
+        assert _one(a, "--position-embedding-type") == "learned_absolute" and "--rotary-base" not in a
+        assert _one(a, "--normalization") == "LayerNorm" and "--disable-bias-linear" not in a and "--swiglu" not in a
+        # gelu_new is the tanh GELU: Megatron-Core's MLP with biases runs bias_gelu_impl, the tanh form
+        # (megatron/core/transformer/mlp.py, fusions/fused_bias_gelu.py), unless --no-bias-gelu-fusion
+        assert "--no-bias-gelu-fusion" not in a
+    else:
+        assert int(_one(a, "--rotary-base")) == e["theta"]
     assert float(_one(a, "--init-method-std")) == e["init"]
     assert ("--untie-embeddings-and-output-weights" in a) == (not e["tied"])
     assert ("--add-qkv-bias" in a) == e["qkv_bias"] and ("--qk-layernorm" in a) == e["qk_norm"]
@@ -186,23 +268,38 @@ def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
     d, m = _load(name)
     e = _expected(d)
     cannot = {"qwen2": "q/k/v biases", "qwen3": "per-head q/k RMSNorm", "qwen3_moe": "mixture-of-experts",
-              "deepseek_v3": "mixture-of-experts"}.get(d["model_type"]) or ("RoPE scaling" if e["scaling"] else None)
+              "deepseek_v3": "mixture-of-experts", "gemma2": "soft-capped logits",
+              "gemma3_text": "norms before and after"}
+    cannot = cannot.get(d["model_type"]) or ("RoPE scaling" if e["scaling"] else None)
     if cannot:
-        assert cannot in _refusal(m, "megatron-deepspeed", "microsoft")
+        refusal = _refusal(m, "megatron-deepspeed", "microsoft")
+        assert cannot in refusal
+        if d["model_type"] == "qwen3":   # the fix names the emitter that writes per-head q/k norms
+            assert "use --framework megatron-lm" in refusal and "bigscience" not in refusal
         return
     a = _args(render(_setup(m, "megatron-deepspeed"), "megatron-deepspeed", flavor="microsoft")["args.txt"])
-    assert int(_one(a, "--rotary-position-embeddings-theta")) == e["theta"]
+    if d["model_type"] == "gpt2":
+        assert "--use-rotary-position-embeddings" not in a and "--normalization" not in a
+    else:
+        assert int(_one(a, "--rotary-position-embeddings-theta")) == e["theta"]
     assert float(_one(a, "--layernorm-epsilon")) == e["eps"]
-    assert int(_one(a, "--num-key-value-heads")) == e["kv_heads"]
+    assert int(a.get("--num-key-value-heads", [e["heads"]])[0]) == e["kv_heads"]
     assert int(_one(a, "--max-position-embeddings")) == e["positions"]
     assert ("--untie-embeddings-and-output-weights" in a) == (not e["tied"])
 
 
 @pytest.mark.parametrize("name", FILES)
 def test_bigscience_fork_refuses_what_it_cannot_express(name):
-    """The BigScience fork has LayerNorm, biases, tied embeddings and a RoPE base fixed at 10,000: none of these files
-    is a model it can train, and each refusal says why."""
-    _, m = _load(name)
+    """The BigScience fork has LayerNorm, biases, tied embeddings and a RoPE base fixed at 10,000: of these files only
+    GPT-2 is a model it can train; each refusal says why."""
+    d, m = _load(name)
+    if d["model_type"] == "gpt2":
+        a = _args(render(_setup(m, "megatron-deepspeed"), "megatron-deepspeed", flavor="bigscience")["args.txt"])
+        assert [int(_one(a, f)) for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
+                                          "--max-position-embeddings")] == [36, 1280, 20, 5120, 1024]
+        assert float(_one(a, "--layernorm-epsilon")) == 1e-5 and "--glu-activation" not in a
+        assert "--position-embedding-type" not in a or _one(a, "--position-embedding-type") == "absolute"
+        return
     assert "RMSNorm" in _refusal(m, "megatron-deepspeed", "bigscience")
 
 
