@@ -17,7 +17,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from planner import context_parallel, flops, fp8, moe
+from planner import context_parallel, flops, fp8, moe, pipeline_engine
 from planner.framework import Framework, get_framework, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params, training_param_bytes
@@ -278,6 +278,10 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         lps = max(last_layers, -(-(model.layers - last_layers) // (cand.pp - 1)))
     else:
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
+    params_gpu = max(stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))
+    if fw.deepspeed_engine and cand.zero <= 1:   # DeepSpeed adds each micro-batch's gradients (planner.pipeline_engine)
+        stage_compute += pipeline_engine.grad_accumulation_s(
+            params_gpu, training.precision, acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
     stage_compute *= params.compute_scale
     stage_tp = lps * tp_layer_s
     stage_cp, stage_ep = lps * cp_layer_s, lps * ep_layer_s
@@ -290,6 +294,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         act = tokens * model.hidden * half
         sends = (act / cand.tp if fw.p2p_activation_split else act) + (act / cand.tp if fw.p2p_grad_split else act)
         p2p = cand.vpp * collective_time_s(pp_link, kind="send", message_bytes=sends, group=2) * params.comm_scale
+        if fw.deepspeed_engine:   # blocking send and receive, one after the other (planner.pipeline_engine)
+            p2p *= pipeline_engine.p2p_serialization(cand.pp)
         # the framework's cost per micro-batch and stage (DeepSpeed's partitioned-activation pipeline, TP > 1)
         if cand.tp > 1:
             overhead = fw.microbatch_overhead_s
@@ -304,7 +310,6 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     bubble_s = bubble_slots * slot
 
     # DP / ZeRO / FSDP
-    params_gpu = max(stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
     dp_link = topology.dp_link(cand.tp, cand.dp * cand.cp)   # gradients reduce over DP x CP (tp-cp-dp rank order)
     grad_bytes = params_gpu * half

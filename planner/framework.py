@@ -37,6 +37,9 @@ class Framework:
     sharded_gather_per_rail: bool
     """ZeRO-3 gathers reach one NIC's rate per GPU, not the node's aggregate"""
     source: str
+    deepspeed_engine: bool = False
+    """DeepSpeed's engine runs the step: blocking pipeline p2p and per-micro-batch gradient accumulation
+    (planner.pipeline_engine)"""
 
 
 # Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022): executes a Python
@@ -44,7 +47,7 @@ class Framework:
 # each a blocking torch.distributed call); with TP > 1 it sends activations partitioned over TP
 # (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the receiver)
 # but gradients whole (is_grad_partitioned = False).
-DS_MICROBATCH_OVERHEAD_S = 0.05
+DS_MICROBATCH_OVERHEAD_S = 0.04
 """FITTED on the BLOOM tr11 dev tables (chronicles-prequel 02-20..23, MBS sweeps at fixed TP8/PP/DP): the
 within-table spread of predicted/measured is flat from 0.02 to 0.05 s (sd of log ratio 0.048-0.050) and
 the pick per model shape is best from 0.05 s; seed 003's TP1 pipelines show no such cost (< 0.01 s),
@@ -74,7 +77,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(name="megatron-deepspeed", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=False,
               microbatch_overhead_s=DS_MICROBATCH_OVERHEAD_S, host_s_per_layer_forward=MEGATRON_HOST_S,
               pads_vocab=True, zero12_traffic=DS_ZERO12_TRAFFIC, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
-              balances_stages=True, sharded_gather_per_rail=True,
+              balances_stages=True, sharded_gather_per_rail=True, deepspeed_engine=True,
               source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); PipelineModule "
                      "partition_method (balanced stages; BLOOM: 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail FITTED on Narayanan 2021 Table 2 ZeRO-3 rows"),
