@@ -186,18 +186,6 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
 
-def balanced_stage_s(layers: int, pp: int, layer_s: float, head_s: float) -> tuple[float, int]:
-    """(slowest stage's compute, layers on the last stage) when the layers are split so that the last
-    stage's layers plus the LM head balance the others (DeepSpeed's PipelineModule partitioning)."""
-    best, best_last = math.inf, 0
-    for last in range(0, -(-layers // pp) + 1):
-        others = -(-(layers - last) // (pp - 1))
-        t = max(others * layer_s, last * layer_s + head_s)
-        if t < best:
-            best, best_last = t, last
-    return best, best_last
-
-
 def layer_key(cand: Candidate) -> tuple:
     """The candidate fields `layer_compute_s` reads: plan() computes it once per distinct key."""
     return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, cand.recompute)
@@ -273,9 +261,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     elif split is not None:   # the busiest rank of the split Megatron-LM runs (the last also runs the LM head)
         stage_compute = max(split.first * layer_s, split.middle * layer_s, split.last * layer_s + logits_s)
         lps = split.busiest
-    elif fw.balances_stages:
-        stage_compute, last_layers = balanced_stage_s(model.layers, cand.pp, layer_s, logits_s)
-        lps = max(last_layers, -(-(model.layers - last_layers) // (cand.pp - 1)))
+    elif fw.balances_stages:   # DeepSpeed's PipelineModule partition (planner.pipeline_engine)
+        stage_compute, lps = pipeline_engine.stage_compute_s(model.layers, cand.pp, layer_s, logits_s)
     else:
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
     params_gpu = max(stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))

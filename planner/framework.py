@@ -33,7 +33,8 @@ class Framework:
     dp_inter_node_efficiency: float
     """the data-parallel reduction's rate across nodes relative to the ring model"""
     balances_stages: bool
-    """pipeline stages get whole layers so that the last stage's layers + LM head balance the others"""
+    """pipeline stages as DeepSpeed's PipelineModule partitions them: ceil(L/PP) layers each from the first, the
+    last stage the rest plus the LM head (planner.pipeline_engine.deepspeed_stage_layers)"""
     sharded_gather_per_rail: bool
     """ZeRO-3 gathers reach one NIC's rate per GPU, not the node's aggregate"""
     source: str

@@ -61,6 +61,37 @@ CONSTANTS: dict[str, Constant] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class StageLayers:
+    """Transformer layers per pipeline stage as DeepSpeed's PipelineModule partitions them (the bigscience fork's
+    default ``partition_method='type:transformer'``, which `plan`'s command keeps): ``partition_balanced`` over
+    one unit per transformer layer fills each stage up to ceil(L/PP) from the first, so the last stage gets the
+    rest and trailing stages can get none; the embedding sits on the first stage, the LM head on the last."""
+
+    full: int
+    """layers on every stage but the last"""
+    last: int
+    """layers on the last stage (it also runs the LM head and the loss)"""
+    empty: int
+    """stages left without a layer: the fork fails on them (gpt_model.py: 'the current implementation of PP fails
+    unless each stage has at least one transformer layer')"""
+
+
+def deepspeed_stage_layers(layers: int, pp: int) -> StageLayers:
+    """DeepSpeed runtime/utils.py partition_balanced (binary search on the heaviest stage, then _lprobe's greedy
+    fill) with unit weights: checked against that function for L 70-84 on PP 6-48 (70/24: 3 x 23 + 1; 84/48: 42
+    stages of 2, 6 empty)."""
+    full = -(-layers // pp)
+    used = -(-layers // full)
+    return StageLayers(full=full, last=layers - (used - 1) * full if used == pp else 0, empty=pp - used)
+
+
+def stage_compute_s(layers: int, pp: int, layer_s: float, head_s: float) -> tuple[float, int]:
+    """(slowest stage's compute per micro-batch, layers on the busiest stage) under DeepSpeed's partition."""
+    split = deepspeed_stage_layers(layers, pp)
+    return max(split.full * layer_s, split.last * layer_s + head_s), split.full
+
+
 def grad_accumulation_s(params_on_gpu: float, precision: str, bytes_per_s: float) -> float:
     """One micro-batch's gradient accumulation on a stage holding ``params_on_gpu`` parameters (DeepSpeed's engine,
     ZeRO 0-1: ZeRO-2/3 reduce their gradients instead), memory-bound at ``bytes_per_s``."""
@@ -78,4 +109,5 @@ def p2p_serialization(pp: int) -> float:
     return CONSTANTS["blocking_transfers_middle_stage"].value if pp > 2 else 1.0
 
 
-__all__ = ["CONSTANTS", "Constant", "grad_accumulation_s", "p2p_serialization"]
+__all__ = ["CONSTANTS", "Constant", "StageLayers", "deepspeed_stage_layers", "grad_accumulation_s", "p2p_serialization",
+           "stage_compute_s"]
