@@ -324,9 +324,11 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             # after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP)
             dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes,
                                      group=cand.dp * cand.cp) * params.comm_scale
-            if cand.zero >= 1:
-                dp_s *= fw.zero12_traffic
-            dp_s *= dp_traffic_factor(cand, training, half)
+            bf16_optimizer = pipeline_engine.bf16_optimizer_dp_traffic(training)   # the bigscience fork under bf16
+            if bf16_optimizer is not None:
+                dp_s *= bf16_optimizer
+            else:
+                dp_s *= (fw.zero12_traffic if cand.zero >= 1 else 1.0) * dp_traffic_factor(cand, training, half)
             if dp_link.kind == "inter":
                 dp_s /= fw.dp_inter_node_efficiency
             if training.framework == "fsdp":
@@ -337,7 +339,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     # PipelineModule.allreduce_tied_weight_gradients); the two stages are (PP-1)·TP·DP ranks apart
     tied_s = 0.0
     if model.tied_embeddings and cand.pp > 1:
-        emb_bytes = padded_vocab(model.vocab, cand.tp, fw) // cand.tp * model.hidden * half
+        emb_bytes = padded_vocab(model.vocab, cand.tp, fw) // cand.tp * model.hidden * pipeline_engine.reduce_bytes(
+            training, half)   # BF16_Optimizer all-reduces the fp32 gradient
         tied_link = topology.strided_link((cand.pp - 1) * cand.tp * cand.cp * cand.dp, 2)
         tied_s = collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2) * params.comm_scale
         dp_s += tied_s
