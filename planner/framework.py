@@ -43,16 +43,18 @@ class Framework:
     (planner.pipeline_engine)"""
 
 
-# Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022): executes a Python
-# instruction list per micro-batch (load, forward, send/recv activation, backward, send/recv grad,
-# each a blocking torch.distributed call); with TP > 1 it sends activations partitioned over TP
-# (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the receiver)
-# but gradients whole (is_grad_partitioned = False).
+# Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022) with TP > 1 sends activations
+# partitioned over TP (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the
+# receiver, PartitionedTensor.from_meta's meta.tolist() device-to-host sync in the forward and in RecvGrad) but
+# gradients whole (is_grad_partitioned = False). What the engine does at every TP (blocking p2p, gradient
+# accumulation, BF16_Optimizer) is planner.pipeline_engine's.
 DS_MICROBATCH_OVERHEAD_S = 0.04
-"""FITTED on the BLOOM tr11 dev tables (chronicles-prequel 02-20..23, MBS sweeps at fixed TP8/PP/DP): the
-within-table spread of predicted/measured is flat from 0.02 to 0.05 s (sd of log ratio 0.048-0.050) and
-the pick per model shape is best from 0.05 s; seed 003's TP1 pipelines show no such cost (< 0.01 s),
-hence only with TP > 1"""
+"""FITTED on the BLOOM tr11 dev tables (chronicles-prequel 02-20..24, all TP8: MBS sweeps at fixed PP/DP and the
+PP 4-12 sweep), after planner.pipeline_engine's blocking p2p and fp16 gradient accumulation: the tr11 throughput
+error is lowest from 0.035 to 0.045 s (6.6-6.7%), every model shape's pick within 1% from 0.035 s, the spread of
+predicted/measured inside a table flat (sd of the log ratio 0.094-0.096); it was 0.05 s before those terms. Only
+with TP > 1: seed 003's TP1 pipelines (1.3B, PP 2-8, up to 519 micro-batch slots a step) leave no room for a
+per-micro-batch cost at TP1 (planner.pipeline_engine), and the partitioned-activation path exists only with TP > 1"""
 
 # Host time per layer forward. Eager Hugging Face blocks launch ~40 small kernels per layer forward
 # (reshapes, splits, dropout, masks, adds), ~100 us each with Python and autograd: FITTED on the DeepSpeed

@@ -24,9 +24,10 @@ What this module charges (each checked on the dev tables, `python tests/bench/va
 - DeepSpeed's layer partition (`deepspeed_stage_layers`).
 What it does not charge, and why:
 - the host-side work (synchronize, instruction dispatch, meta): seed 003's TP1 pipelines (PP 2-8, up to 519
-  micro-batch slots a step) leave it ~1 ms per micro-batch and stage (their PP8 rows are predicted 1.5% further
-  from the measurement than the PP1 rows), and host time does not grow with the model. The partitioned-activation
-  path (TP > 1) is `planner.framework.DS_MICROBATCH_OVERHEAD_S`, fitted on the TP8 tr11 tables.
+  micro-batch slots a step) leave no room for it (with this module's terms the 16 GB table's TP1 PP8 MBS1 row is
+  predicted at 0.99 of its measurement, the PP1 row at 1.00; without them 1.05 and 1.03: ~1 ms per slot), and host
+  time does not grow with the model. The partitioned-activation path (TP > 1) is
+  `planner.framework.DS_MICROBATCH_OVERHEAD_S`, fitted on the TP8 tr11 tables.
 - BF16_Optimizer.update_hp_grads per micro-batch (cast 2 -> 4 bytes, then add 4 + 4 -> 4: 18 bytes per parameter):
   with it BLOOM's own run (TP4 PP12 MBS2, 104.7 s logged) is predicted 116.5 s, 11% slow, past the measured
   ranking error, and the bf16 sheets of Hagemann et al. (converted as Megatron-DeepSpeed, not run by DeepSpeed's
