@@ -82,7 +82,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               pads_vocab=True, zero12_traffic=DS_ZERO12_TRAFFIC, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
               balances_stages=True, sharded_gather_per_rail=True, deepspeed_engine=True,
               source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); PipelineModule "
-                     "partition_method (balanced stages; BLOOM: 'type:transformer|embedding'); Megatron vocab padding; "
+                     "partition_method 'type:transformer' (the fork's default, which plan's command keeps; BLOOM's "
+                     "run set 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail FITTED on Narayanan 2021 Table 2 ZeRO-3 rows"),
     # an eager PyTorch model (seed 002 trains a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and
     # SwiGLU as several unfused kernels each, reading and writing the activations about twice as often as
