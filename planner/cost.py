@@ -265,7 +265,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         stage_compute, lps = pipeline_engine.stage_compute_s(model.layers, cand.pp, layer_s, logits_s)
     else:
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
-    params_gpu = max(stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))
+    params_gpu = max(stage_params(model, cand, s, training.framework)
+                     for s in (("only",) if cand.pp == 1 else ("first", "last")))
     if fw.deepspeed_engine and cand.zero <= 1:   # DeepSpeed adds each micro-batch's gradients (planner.pipeline_engine)
         stage_compute += pipeline_engine.grad_accumulation_s(
             params_gpu, training.precision, acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
