@@ -29,7 +29,7 @@ What it does not charge, and why:
   time does not grow with the model. The partitioned-activation path (TP > 1) is
   `planner.framework.DS_MICROBATCH_OVERHEAD_S`, fitted on the TP8 tr11 tables.
 - BF16_Optimizer.update_hp_grads per micro-batch (cast 2 -> 4 bytes, then add 4 + 4 -> 4: 18 bytes per parameter):
-  with it BLOOM's own run (TP4 PP12 MBS2, 104.7 s logged) is predicted 116.5 s, 11% slow, past the measured
+  with it BLOOM's own run (TP4 PP12 MBS2, 104.7 s logged) is predicted 116.7 s, 11% slow, past the measured
   ranking error, and the bf16 sheets of Hagemann et al. (converted as Megatron-DeepSpeed, not run by DeepSpeed's
   engine) show no per-micro-batch gradient pass at all; no dev table has a bigscience-fork bf16 run to fit it on.
 """
