@@ -97,9 +97,13 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
     add("--precision", choices=PRECISIONS, default=None, help="bf16 (default; fp16 on GPUs without bf16) | fp16 | fp32")
     add("--optimizer", choices=OPTIMIZERS, default="adamw")
-    add("--fp8-recipe", choices=("delayed", "tensorwise"), default=None,
+    add("--fp8-recipe", choices=("delayed", "tensorwise", "rowwise"), default=None,
         help="with --precision fp8: Transformer Engine's scaling, delayed (default; amax history) or tensorwise "
-             "(current scaling, as Megatron-Bridge's H100 recipes)")
+             "(current scaling, as Megatron-Bridge's H100 recipes); torchtitan float8: tensorwise or rowwise")
+    add("--pp-schedule", choices=PP_SCHEDULES_FSDP, default=None,
+        help="--framework fsdp: torchtitan's pipeline schedule (default 1F1B; Interleaved1F1B where VPP > 1)")
+    add("--torch-compile", action="store_true", help="--framework fsdp: torchtitan with torch.compile")
+    add("--async-tp", action="store_true", help="--framework fsdp: torchtitan's async TP (needs --torch-compile)")
     add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
         help="Megatron-LM's main-grad buffer and its reduce: fp32 (default) or bf16 (--grad-reduce-in-bf16)")
     add("--rampup", nargs=3, type=_positive_int, metavar=("START", "INCREMENT", "SAMPLES"),
@@ -225,7 +229,10 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         cp_options=_split(args.cp, int, "--cp"), ep_options=_split(args.ep, int, "--ep"),
                         moe_capacity_factor=args.moe_capacity_factor,
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
-                        grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32")
+                        grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
+                        pp_schedule=getattr(args, "pp_schedule", None) or "",
+                        torch_compile=bool(getattr(args, "torch_compile", False)),
+                        async_tp=bool(getattr(args, "async_tp", False)))
 
 
 def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner import context_parallel, fp8, moe
+from planner import context_parallel, fp8, fsdp_parallel, moe
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
@@ -312,6 +312,8 @@ def framework_buffers_bytes(params_on_gpu: int, cand: Candidate, training: Train
     nccl = nccl_buffers_bytes(cand)
     if training.framework == "megatron-deepspeed":
         return nccl + 2 * min(5e8, params_on_gpu) * 2
+    if training.framework == "fsdp" and cand.pp > 1:   # torchtitan under PP: the whole stage stays unsharded
+        return nccl + fsdp_parallel.unsharded_stage_bytes(params_on_gpu, cand, training)
     if training.framework == "fsdp" and cand.zero >= 2:
         # 16-bit unsharded parameters (FSDP MixedPrecision param_dtype) and fp32 unsharded gradients (reduce_dtype)
         unsharded = (2.0 + 4.0) if training.precision != "fp32" else 8.0

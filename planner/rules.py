@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
-from planner import context_parallel, fp8, moe
+from planner import context_parallel, fp8, fsdp_parallel, moe
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown
 from planner.model import ModelSpec
@@ -139,8 +139,8 @@ def knob_values(target: Target, training: TrainingSpec) -> dict[str, tuple]:
     return {
         "recompute": tuple(training.recompute_options),
         "zero": zeros,
-        "sp": (False, True) if fw == "megatron-lm" or target.flavor == "microsoft" else (False,),
-        "vpp": VPP_OPTIONS if fw == "megatron-lm" else (1,),
+        "sp": (False, True) if fw in ("megatron-lm", "fsdp") or target.flavor == "microsoft" else (False,),
+        "vpp": VPP_OPTIONS if fw in ("megatron-lm", "fsdp") else (1,),   # fsdp: stages per rank (torchtitan)
         "hybrid": (False, True) if fw == "fsdp" and 3 in zeros else (False,),
         # None: the sizes planner.context_parallel.cp_choices / planner.moe.ep_choices give (a --cp / --ep list is
         # enumerated on every target, so that a target without them says why)
@@ -284,14 +284,16 @@ def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
             yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs micro-batches {c.gas} % PP {c.pp} == 0")
 
 
-def _fsdp(model: ModelSpec, c: Candidate, cluster: ClusterSpec) -> Iterator[Violation]:
-    if c.tp > 1 or c.pp > 1:
-        yield Violation(Reason.FRAMEWORK_LIMIT, "plain FSDP (seed 002) has no tensor or pipeline parallelism")
+def _fsdp(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> Iterator[Violation]:
+    """torchtitan: FSDP2/HSDP x TP (always sequence-parallel) x PP (its schedules) x CP (`planner.fsdp_parallel`)."""
+    if c.tp > 1 and not c.sp:
+        yield Violation(Reason.FRAMEWORK_LIMIT, "torchtitan's tensor parallel is sequence-parallel (norms sharded "
+                                                "over the sequence, parallelize.py apply_tp): set sp=1 with TP > 1")
+    for reason, detail in fsdp_parallel.schedule_violations(model, c, training):
+        yield Violation(Reason(reason), detail)
     if c.zero == 1:
         yield Violation(Reason.FRAMEWORK_LIMIT, "FSDP has no ZeRO-1 strategy: use 0 (NO_SHARD), 2 (SHARD_GRAD_OP) "
                                                 "or 3 (FULL_SHARD)")
-    if c.vpp > 1:
-        yield Violation(Reason.VIRTUAL_PIPELINE, "virtual pipeline stages need --framework megatron-lm")
     if c.hybrid:
         if c.zero != 3:
             yield Violation(Reason.FRAMEWORK_LIMIT, f"hybrid sharding is HYBRID_SHARD (FULL_SHARD inside a node); "
@@ -444,12 +446,12 @@ def parallel_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, traini
 
 def _target_rules(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   targets: Sequence[Target]) -> Iterator[Violation]:
-    yield from _target_rules_but_extras(model, c, cluster, targets)
+    yield from _target_rules_but_extras(model, c, cluster, training, targets)
     for target in targets:
         yield from parallel_extras(model, c, cluster, training, target)
 
 
-def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec,
+def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                              targets: Sequence[Target]) -> Iterator[Violation]:
     for target in targets:
         fw = target.framework
@@ -458,7 +460,7 @@ def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpe
         elif fw == "megatron-lm":
             yield from _megatron_lm(model, c)
         elif fw == "fsdp":
-            yield from _fsdp(model, c, cluster)
+            yield from _fsdp(model, c, cluster, training)
         else:
             yield from _probe(model, c)
 
@@ -483,6 +485,8 @@ class Checker:
         self.model, self.cluster, self.training = model, cluster, training
         self.targets = _targets(training, targets)
         self._probe = any(t.framework == PROBE for t in self.targets)
+        self._gas_read = self._probe or any(t.framework == "fsdp" for t in self.targets)
+        """the rules read GAS itself (the probe's and torchtitan's schedule rounds), not only GAS % PP"""
         self._degrees: dict[tuple, Violation | None] = {}
         self._batches: dict[tuple, Violation | None] = {}
         self._extras: dict[tuple, Violation | None] = {}
@@ -506,8 +510,8 @@ class Checker:
     def row_key(self, tp: int, pp: int, dp: int, cp: int, gas: int, recompute: str, zero: int, sp: bool, vpp: int,
                 hybrid: bool) -> tuple:
         """What `row` reads: the frameworks' rules read GAS only as GAS % PP == 0 (interleaved 1F1B), the probe's
-        GAS itself (its schedules' rounds)."""
-        return (tp, pp, dp, cp, gas if self._probe else gas % pp == 0, recompute, zero, sp, vpp, hybrid)
+        GAS itself (its schedules' rounds), as do torchtitan's (`planner.fsdp_parallel.schedule_violations`)."""
+        return (tp, pp, dp, cp, gas if self._gas_read else gas % pp == 0, recompute, zero, sp, vpp, hybrid)
 
     def row_known(self, key: tuple) -> tuple[bool, Violation | None]:
         """(whether `row` was answered for ``key`` (`row_key`), its answer): a known row needs no candidate built.
@@ -527,7 +531,8 @@ class Checker:
         if v is None:  # the frameworks' rules read no CP / EP / MBS: one answer per EP and CP value
             key = (c.tp, c.pp, c.dp, c.gas, c.zero, c.recompute, c.sp, c.vpp, c.hybrid)
             if key not in self._targets:
-                self._targets[key] = next(_target_rules_but_extras(self.model, c, self.cluster, self.targets), None)
+                self._targets[key] = next(_target_rules_but_extras(self.model, c, self.cluster, self.training,
+                                                                      self.targets), None)
             v = self._targets[key]
         return v
 
