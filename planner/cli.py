@@ -37,7 +37,8 @@ from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
 from planner.schema import check_flags, check_training
-from planner.space import FRAMEWORKS, OPTIMIZERS, PINNABLE, PRECISIONS, RECOMPUTE, TrainingSpec, parse_explain
+from planner.space import (FRAMEWORKS, OPTIMIZERS, PINNABLE, PP_SCHEDULES_FSDP, PRECISIONS, RECOMPUTE, TrainingSpec,
+                           parse_explain)
 
 FORMATS = ("table", "json", "yaml", "csv")
 TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "memory_gb_per_gpu",
