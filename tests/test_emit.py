@@ -17,6 +17,7 @@ import yaml
 
 from planner.emit import Prediction, emit, load_plan_yaml, plan_target, plan_yaml_dict, render
 from planner.errors import InputError
+from planner.emit import fsdp
 from planner.space import Candidate, TrainingSpec
 from test_emit_cases import REFUSED_CASES, VALID_CASES, bloom, llama
 
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = REPO / "examples" / "bloom-176b-48x8-a100"
 FILES = {"megatron-deepspeed": {"plan.yaml", "ds_config.json", "args.txt", "megatron_args.sh", "launch.sbatch"},
          "megatron-lm": {"plan.yaml", "args.txt", "megatron_args.sh", "launch.sbatch"},
-         "fsdp": {"plan.yaml", "torchtitan.toml"}}
+         "fsdp": {"plan.yaml", "torchtitan.toml", "launch_torchtitan.sh"}}
 
 
 def _ids(case) -> str:
@@ -55,7 +56,9 @@ def emitted(request, tmp_path):
 
 def test_writes_every_file_of_its_kind(emitted) -> None:
     case, out, paths = emitted
-    assert {p.name for p in paths} == FILES[case.kind] == {p.name for p in out.iterdir()}
+    custom = case.kind == "fsdp" and case.setup.model.name not in fsdp.LLAMA3_FLAVORS   # plantune_model.py
+    assert {p.name for p in paths} == FILES[case.kind] | ({fsdp.MODEL_FILE} if custom else set()) \
+        == {p.name for p in out.iterdir()}
     assert all(p.parent == out for p in paths)
 
 
@@ -323,7 +326,8 @@ def test_torchtitan_toml(case, tmp_path) -> None:
     else:
         assert par["fsdp_reshard_after_forward"] == {0: "default", 2: "never", 3: "always"}[c.zero]
         assert (par["data_parallel_shard_degree"] == 1) == (c.zero == 0)
-    assert tr["global_batch_size"] == tr["local_batch_size"] * c.dp * c.gas
+    # under PP the local batch is the GAS micro-batches of one step
+    assert tr["global_batch_size"] == tr["local_batch_size"] * c.dp * (1 if c.pp > 1 else c.gas)
     assert d["activation_checkpoint"]["mode"] == c.recompute
     assert tr["mixed_precision_param"] == {"bf16": "bfloat16", "fp32": "float32"}[case.setup.training.precision]
 

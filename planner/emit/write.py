@@ -43,7 +43,7 @@ def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
                 "megatron_args.sh": md.megatron_args_sh(args, title, ds_config=False),
                 "launch.sbatch": sbatch.launch_sbatch(setup, "megatron-lm", reservation=reservation,
                                                       time_hours=time_hours)}
-    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), fsdp.FILE_NAME: fsdp.torchtitan_text(setup)}
+    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), **fsdp.files(setup)}
 
 
 def emit(setup: RunSetup, kind: str, out_dir: Path, *, flavor: str = "bigscience",
@@ -58,7 +58,7 @@ def emit(setup: RunSetup, kind: str, out_dir: Path, *, flavor: str = "bigscience
     for name, text in files.items():
         path = out_dir / name
         path.write_text(text)
-        if name.endswith(".sbatch"):
+        if name.endswith((".sbatch", ".sh")) and not name.endswith("_args.sh"):
             path.chmod(0o755)
         paths.append(path)
     return paths
