@@ -94,6 +94,14 @@ def schedule_violations(model: "ModelSpec", c: "Candidate", training: "TrainingS
     return out
 
 
+def probe_schedule(training: "TrainingSpec") -> str:
+    """The schedule the torch-native probe runs for the training's (probes/parallel.py builds 1F1B, GPipe and
+    Interleaved1F1B): a zero-bubble schedule is probed as Interleaved1F1B over the same stages per rank, an
+    approximation that measures the same stages and micro-batches with the larger interleaved bubble."""
+    name = training.pp_schedule or "1F1B"
+    return "Interleaved1F1B" if name in ZERO_BUBBLE else name
+
+
 def runtime_framework(fw: Framework, training: "TrainingSpec") -> Framework:
     """The framework's element-wise traffic and host time as run: torch.compile (Inductor) fuses each norm, RoPE and
     SwiGLU chain into one kernel, as Megatron's fused kernels do (elementwise_traffic 1.0, a third of the eager launches:
@@ -131,5 +139,5 @@ def unsharded_stage_bytes(stage_params: int, cand: "Candidate", training: "Train
 
 
 __all__ = ["ASYNC_TP_HIDDEN", "MULTI_STAGE_SCHEDULES", "SCHEDULES", "SINGLE_STAGE_SCHEDULES", "bubble_slots",
-           "runtime_framework", "schedule", "schedule_violations", "sharded_collectives", "tp_exposed_fraction",
+           "probe_schedule", "runtime_framework", "schedule", "schedule_violations", "sharded_collectives", "tp_exposed_fraction",
            "unsharded_stage_bytes"]
