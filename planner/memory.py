@@ -267,8 +267,9 @@ def in_flight_microbatches(cand: Candidate) -> float:
     Interleaved 1F1B holds (1 + (p-1)/(p·v)) times more (Korthikanti et al. 2022 Sec. 4.2.3).
     """
     m = min(cand.pp, cand.gas)
-    if cand.vpp > 1:
-        m *= 1 + (cand.pp - 1) / (cand.pp * cand.vpp)
+    if cand.vpp > 1:   # never more than the step's micro-batches (torch ScheduleInterleaved1F1B caps its warm-up
+        # at n_microbatches x stages per rank chunks: GAS whole-stage micro-batches)
+        m = min(m * (1 + (cand.pp - 1) / (cand.pp * cand.vpp)), cand.gas)
     return m
 
 
