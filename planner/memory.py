@@ -315,7 +315,7 @@ def framework_buffers_bytes(params_on_gpu: int, cand: Candidate, training: Train
         return nccl + 2 * min(5e8, params_on_gpu) * 2
     if training.framework == "fsdp" and cand.pp > 1:   # torchtitan under PP: the whole stage stays unsharded
         return nccl + fsdp_parallel.unsharded_stage_bytes(params_on_gpu, cand, training)
-    if training.framework == "fsdp" and cand.zero >= 2:
+    if training.framework in ("fsdp", "megatron-lm") and cand.zero >= 2:   # FSDP; Megatron-FSDP (--use-megatron-fsdp)
         # 16-bit unsharded parameters (FSDP MixedPrecision param_dtype) and fp32 unsharded gradients (reduce_dtype)
         unsharded = (2.0 + 4.0) if training.precision != "fp32" else 8.0
         return nccl + 2 * model.params_per_layer / cand.tp * unsharded

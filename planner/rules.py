@@ -267,9 +267,12 @@ def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
     if c.hybrid:
         yield Violation(Reason.FRAMEWORK_LIMIT, "hybrid sharding is an FSDP strategy; Megatron-LM has no "
                                                 "HYBRID_SHARD (set hybrid=0)")
-    if c.zero >= 2:
-        yield Violation(Reason.FRAMEWORK_LIMIT, f"Megatron-LM has no ZeRO-{c.zero}: it shards only optimizer "
-                                                "states (--use-distributed-optimizer = ZeRO-1); use zero=0 or 1")
+    if c.zero >= 2 and c.pp > 1:
+        # ZeRO-2/3 on Megatron-LM is Megatron-FSDP (--use-megatron-fsdp, planner.emit.megatron_lm), which composes
+        # with TP, CP and EP; Megatron-Core's Megatron-FSDP guide lists no pipeline parallelism
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"ZeRO-{c.zero} on Megatron-LM is Megatron-FSDP, which composes with "
+                                                f"TP, CP and EP, not with PP {c.pp}; use zero=0 or 1 "
+                                                "(--use-distributed-optimizer) with PP, or PP=1")
     if c.pp <= model.layers and megatron_lm_stages(model.layers, c.pp, c.vpp) is None:
         yield Violation(Reason.PP_LAYERS, f"{model.layers} layers cannot be split over PP {c.pp} x VPP {c.vpp}: "
                                           "Megatron-LM needs equal stages (counting the embedding and the loss "

@@ -270,7 +270,8 @@ def test_megatron_lm_args(case, tmp_path) -> None:
     assert int(args["--tensor-model-parallel-size"][0]) * int(args["--pipeline-model-parallel-size"][0]) * c.dp == \
         case.setup.cluster.world_size
     assert int(args["--global-batch-size"][0]) == int(args["--micro-batch-size"][0]) * c.dp * c.gas == t.global_batch
-    assert ("--sequence-parallel" in args) == c.sp and ("--use-distributed-optimizer" in args) == (c.zero == 1)
+    assert ("--sequence-parallel" in args) == c.sp and ("--use-distributed-optimizer" in args) == (c.zero >= 1)
+    assert ("--use-megatron-fsdp" in args) == (c.zero >= 2)   # ZeRO-2/3: Megatron-FSDP
     assert args.get("--recompute-granularity", [None])[0] == (None if c.recompute == "none" else c.recompute)
     assert args.get("--num-virtual-stages-per-pipeline-rank", ["1"])[0] == str(c.vpp)
     assert ("--num-query-groups" in args) == (m.kv_heads != m.heads)

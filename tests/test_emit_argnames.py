@@ -147,6 +147,8 @@ MEGATRON_LM = {
     "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank", "--sequence-parallel",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",   # TransformerConfig bools
     "--use-distributed-optimizer", "--grad-reduce-in-bf16",
+    # Megatron-FSDP (arguments.py literals; --ckpt-format fsdp_dtensor is the format validate_args asks of it)
+    "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--no-gradient-accumulation-fusion", "--ckpt-format",
     # training (TrainingConfig fields, arguments.py literals)
     "--micro-batch-size", "--global-batch-size", "--rampup-batch-size", "--train-samples", "--train-iters",
     "--optimizer", "--clip-grad", "--lr", "--min-lr", "--lr-decay-style", "--lr-warmup-samples",
