@@ -46,6 +46,9 @@ CASES = {
                              torch_compile=True, async_tp=True),
     "405b-tp8-pp8-interleaved": _setup("llama3-405b", 512, Candidate(tp=8, pp=8, dp=8, mbs=1, gas=16, vpp=2,
                                                                      recompute="full", zero=3, sp=True)),
+    "8b-fsdp-rowwise-float8": _setup("llama3-8b", 8, Candidate(tp=1, pp=1, dp=8, mbs=1, gas=1, recompute="selective",
+                                                                zero=3), precision="fp8", fp8_recipe="rowwise",
+                                     torch_compile=True),
     "llama2-7b-hsdp-custom-flavor": _setup("llama2-7b", 32, Candidate(tp=1, pp=1, dp=32, mbs=2, gas=4,
                                                                       recompute="selective", zero=3, hybrid=True)),
 }
@@ -75,6 +78,9 @@ def test_torchtitan_parses_the_emitted_config(name, tmp_path) -> None:
         assert cfg["experimental"]["custom_import"] == "plantune_model"
         assert (tmp_path / fsdp.MODEL_FILE).exists()
     assert cfg["training"]["dataset"].startswith(fsdp.PLACEHOLDER)   # the launcher fills it
+    if setup.training.precision == "fp8":
+        assert cfg["model"]["converters"] == ["quantize.linear.float8"]
+        assert cfg["quantize"]["linear"]["float8"]["recipe_name"] == setup.training.fp8_recipe
 
 
 def test_model_args_give_the_model_ffn() -> None:
