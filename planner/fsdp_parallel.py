@@ -88,6 +88,10 @@ def schedule_violations(model: "ModelSpec", c: "Candidate", training: "TrainingS
             out.append(("virtual_pipeline", f"{name}: micro-batches {c.gas} must be a multiple of their rounds "
                                             f"{rounds} = max(1, {c.gas} // PP) (torch schedules.py)"))
     effective = model.layers + 2 * PP_EDGE_WEIGHT
+    if c.vpp > 1 and -(-effective // layers_per_stage(model, c)) != stages:
+        out.append(("pp_divides_layers", f"no pipeline_parallel_layers_per_stage gives PP {c.pp} x VPP {c.vpp} = "
+                                         f"{stages} stages of {model.layers} layers (+ embedding and head): "
+                                         f"torchtitan makes ceil({effective} / {layers_per_stage(model, c)}) of them"))
     if effective // stages < max(1, PP_EDGE_WEIGHT):
         out.append(("pp_divides_layers", f"{stages} pipeline stages over {model.layers} layers (+ embedding and head as "
                                  f"{PP_EDGE_WEIGHT} each) leave a stage empty (torchtitan pipeline_parallel.py)"))
@@ -100,6 +104,12 @@ def probe_schedule(training: "TrainingSpec") -> str:
     approximation that measures the same stages and micro-batches with the larger interleaved bubble."""
     name = training.pp_schedule or "1F1B"
     return "Interleaved1F1B" if name in ZERO_BUBBLE else name
+
+
+def layers_per_stage(model: "ModelSpec", c: "Candidate") -> int:
+    """torchtitan's pipeline_parallel_layers_per_stage for PP x VPP stages (the embedding and the head count as
+    PP_EDGE_WEIGHT layers each); it builds ceil((layers + edges) / this) stages (pipeline_parallel.py)."""
+    return -(-(model.layers + 2 * PP_EDGE_WEIGHT) // (c.pp * c.vpp))
 
 
 def runtime_framework(fw: Framework, training: "TrainingSpec") -> Framework:
@@ -138,6 +148,6 @@ def unsharded_stage_bytes(stage_params: int, cand: "Candidate", training: "Train
     return stage_params * (param + grad)
 
 
-__all__ = ["ASYNC_TP_HIDDEN", "MULTI_STAGE_SCHEDULES", "SCHEDULES", "SINGLE_STAGE_SCHEDULES", "bubble_slots",
+__all__ = ["ASYNC_TP_HIDDEN", "MULTI_STAGE_SCHEDULES", "SCHEDULES", "SINGLE_STAGE_SCHEDULES", "bubble_slots", "layers_per_stage",
            "probe_schedule", "runtime_framework", "schedule", "schedule_violations", "sharded_collectives", "tp_exposed_fraction",
            "unsharded_stage_bytes"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,18 @@ def test_torchtitan_pipeline_rules():
     # torchtitan's TP is sequence-parallel; 80 layers + 2 cannot fill 4 x 24 stages
     assert "framework_limit" in _rules(Candidate(gas=8, **{**base, "sp": False}))
     assert "pp_divides_layers" in _rules(Candidate(gas=8, vpp=24, **base), "Interleaved1F1B")
+
+
+def test_layers_per_stage_gives_the_stages():
+    """torchtitan builds ceil((layers + 2) / layers_per_stage) stages: 405B (126 layers) on PP 8 x VPP 2 takes 8 per
+    stage (16 stages); VPP 3 has no value giving 24 stages (ceil(128 / 6) = 22)."""
+    m = load_model("llama3-405b")
+    ok = Candidate(tp=8, pp=8, dp=8, mbs=1, gas=16, vpp=2, recompute="full", zero=3, sp=True)
+    assert fsdp_parallel.layers_per_stage(m, ok) == 8
+    training = TrainingSpec(global_batch=128, seq_len=8192, framework="fsdp")
+    assert not fsdp_parallel.schedule_violations(m, ok, training)
+    bad = [reason for reason, _ in fsdp_parallel.schedule_violations(m, replace(ok, vpp=3), training)]
+    assert "pp_divides_layers" in bad
 
 
 def test_published_layouts_pass_the_rules():

@@ -95,9 +95,8 @@ def _parallelism(setup: RunSetup) -> dict:
     if c.pp > 1:
         out |= {"pipeline_parallel_schedule": fsdp_parallel.schedule(c, t),
                 "pipeline_parallel_microbatch_size": c.mbs}
-        if c.vpp > 1:   # stages per rank: torchtitan counts the embedding and the head as a layer each
-            out["pipeline_parallel_layers_per_stage"] = math.ceil(
-                (setup.model.layers + 2 * fsdp_parallel.PP_EDGE_WEIGHT) / (c.pp * c.vpp))
+        if c.vpp > 1:   # VPP stages per rank (the rulebook checks that this gives exactly PP x VPP stages)
+            out["pipeline_parallel_layers_per_stage"] = fsdp_parallel.layers_per_stage(setup.model, c)
     if t.async_tp:
         out["enable_async_tensor_parallel"] = True
     return out
