@@ -14,20 +14,9 @@ import pytest
 
 from planner.fsdp_parallel import probe_schedule
 from planner.space import TrainingSpec
+from test_tune_local import HANG_S, TINY_YAML
 
 ROOT = Path(__file__).resolve().parents[1]
-HANG_S = 1800
-"""a run that has not ended after this long hangs (about a minute on 2 idle cores)"""
-TINY_YAML = """name: tiny
-layers: 4
-hidden: 64
-heads: 4
-kv_heads: 4
-ffn_hidden: 256
-vocab: 128
-seq_len: 32
-tied_embeddings: false
-"""
 
 
 def test_probe_schedule_of_torchtitan_schedules():
