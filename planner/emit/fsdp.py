@@ -21,6 +21,7 @@ enable_async_tensor_parallel.
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import asdict, dataclass
 
 from planner import fsdp_parallel
@@ -219,21 +220,22 @@ def launcher_text(setup: RunSetup) -> str:
         "fi",
         "",
         f"NNODES={cl.nodes}",
-        "NODE_RANK=${SLURM_PROCID:-${NODE_RANK:-0}}",
+        f"GPUS_PER_NODE={cl.gpus_per_node}",
         "if [ -n \"${SLURM_JOB_NODELIST:-}\" ]; then",
-        "    HOSTS=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\")",
+        "    HOSTS=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\")  # no pipe: head would SIGPIPE it under pipefail",
         "    MASTER_ADDR=${HOSTS%%$'\\n'*}",
         "fi",
         "MASTER_ADDR=${MASTER_ADDR:-localhost}",
+        "export PYTHON CONFIG NNODES GPUS_PER_NODE MASTER_ADDR",
         "export PYTHONPATH=\"$PLAN_DIR${PYTHONPATH:+:$PYTHONPATH}\"   # plantune_model.py (custom flavor)",
-        "run=(\"$PYTHON\" -m torch.distributed.run --nnodes \"$NNODES\" "
-        f"--nproc_per_node {cl.gpus_per_node} --node_rank \"$NODE_RANK\"",
-        "     --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:29500\" -m torchtitan.train "
-        "--job.config_file \"$CONFIG\" \"$@\")",
-        "if [ -n \"${SLURM_JOB_ID:-}\" ] && [ -z \"${SLURM_PROCID:-}\" ]; then",
-        "    exec srun --kill-on-bad-exit=1 \"$0\" \"$@\"   # one task per node; each re-enters with SLURM_PROCID",
+        "# one torch.distributed.run per node; its node rank is SLURM_PROCID (one task per node) or NODE_RANK",
+        "RUN=" + shlex.quote('exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc_per_node '
+                             '"$GPUS_PER_NODE" --node_rank "${SLURM_PROCID:-${NODE_RANK:-0}}" --rdzv_backend c10d '
+                             '--rdzv_endpoint "$MASTER_ADDR:29500" -m torchtitan.train --job.config_file "$CONFIG" "$@"'),
+        "if [ -n \"${SLURM_JOB_ID:-}\" ]; then",
+        "    exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \"$RUN\" torchrun \"$@\"",
         "fi",
-        "exec \"${run[@]}\"",
+        "exec bash -c \"$RUN\" torchrun \"$@\"",
         "",
     ]
     return "\n".join(lines)
