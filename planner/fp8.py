@@ -151,7 +151,7 @@ def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, token
 
 
 __all__ = ["FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_traffic_bytes",
-           "compute_precision", "fc1_input_copies", "gemm_rate_factor", "fp8_param_gather", "model_param_bytes",
+           "compute_precision", "fc1_input_copies", "fp8_param_gather", "gemm_rate_factor", "model_param_bytes",
            "param_gather_bytes", "violations", "weight_bytes"]
 
 

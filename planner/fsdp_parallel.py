@@ -80,7 +80,8 @@ def schedule_violations(model: "ModelSpec", c: "Candidate", training: "TrainingS
         out.append(("virtual_pipeline", f"{name} needs at least 2 stages per rank (torchtitan pipeline_parallel.py), "
                                         "got VPP 1; use vpp>=2 or --pp-schedule 1F1B"))
     if name == "ZBVZeroBubble" and c.vpp > 2:
-        out.append(("virtual_pipeline", f"ZBVZeroBubble needs exactly 2 stages per rank (schedules.py), got VPP {c.vpp}"))
+        out.append(("virtual_pipeline", f"ZBVZeroBubble needs exactly 2 stages per rank (schedules.py), "
+                                        f"got VPP {c.vpp}"))
     stages = c.pp * c.vpp   # 1F1B's micro-batches >= PP (torch Schedule1F1B raises): planner.rules._batches
     if name in ("Interleaved1F1B", "InterleavedZeroBubble"):
         rounds = max(1, c.gas // c.pp)
@@ -93,8 +94,9 @@ def schedule_violations(model: "ModelSpec", c: "Candidate", training: "TrainingS
                                          f"{stages} stages of {model.layers} layers (+ embedding and head): "
                                          f"torchtitan makes ceil({effective} / {layers_per_stage(model, c)}) of them"))
     if effective // stages < max(1, PP_EDGE_WEIGHT):
-        out.append(("pp_divides_layers", f"{stages} pipeline stages over {model.layers} layers (+ embedding and head as "
-                                 f"{PP_EDGE_WEIGHT} each) leave a stage empty (torchtitan pipeline_parallel.py)"))
+        out.append(("pp_divides_layers", f"{stages} pipeline stages over {model.layers} layers (+ embedding and "
+                                         f"head as {PP_EDGE_WEIGHT} each) leave a stage empty (torchtitan "
+                                         "pipeline_parallel.py)"))
     return out
 
 
@@ -114,9 +116,9 @@ def layers_per_stage(model: "ModelSpec", c: "Candidate") -> int:
 
 def runtime_framework(fw: Framework, training: "TrainingSpec") -> Framework:
     """The framework's element-wise traffic and host time as run: torch.compile (Inductor) fuses each norm, RoPE and
-    SwiGLU chain into one kernel, as Megatron's fused kernels do (elementwise_traffic 1.0, a third of the eager launches:
-    `planner.framework.MEGATRON_HOST_S`). Checked on torchtitan's Dec-2024 Table 1 (Llama 3.1 8B FSDP on 8 and 128
-    H100: +15.7% and +16.2% tokens/s with compile)."""
+    SwiGLU chain into one kernel, as Megatron's fused kernels do (elementwise_traffic 1.0, a third of the eager
+    launches: `planner.framework.MEGATRON_HOST_S`); nothing fitted. Against torchtitan's Dec-2024 Tables 1 and 3
+    (Llama 3.1 8B FSDP on 8 and 128 H100): predicted +11.9% and +12.0% tokens/s, measured +15.7% and +16.2%."""
     if training.framework != "fsdp" or not training.torch_compile:
         return fw
     return replace(fw, elementwise_traffic=1.0, host_s_per_layer_forward=MEGATRON_HOST_S)
@@ -140,14 +142,15 @@ def sharded_collectives(cand: "Candidate", training: "TrainingSpec") -> tuple[in
 
 def unsharded_stage_bytes(stage_params: int, cand: "Candidate", training: "TrainingSpec") -> float:
     """Bytes FSDP2 holds unsharded for the whole step under PP: the stage's 16-bit parameters (not resharded after
-    forward, see `sharded_collectives`) and the unsharded gradients it accumulates across micro-batches without sync, upcast
-    to the fp32 reduce dtype (torch fully_shard FSDPParam.to_accumulated_grad_if_needed). ``stage_params``: after TP."""
+    forward, see `sharded_collectives`) and the unsharded gradients it accumulates across micro-batches without sync,
+    upcast to the fp32 reduce dtype (torch fully_shard FSDPParam.to_accumulated_grad_if_needed). ``stage_params``:
+    after TP."""
     if training.framework != "fsdp" or cand.pp == 1 or cand.zero < 2:
         return 0.0
     param, grad = (2.0, 4.0) if training.precision != "fp32" else (4.0, 4.0)
     return stage_params * (param + grad)
 
 
-__all__ = ["ASYNC_TP_HIDDEN", "MULTI_STAGE_SCHEDULES", "SCHEDULES", "SINGLE_STAGE_SCHEDULES", "bubble_slots", "layers_per_stage",
-           "probe_schedule", "runtime_framework", "schedule", "schedule_violations", "sharded_collectives", "tp_exposed_fraction",
-           "unsharded_stage_bytes"]
+__all__ = ["ASYNC_TP_HIDDEN", "MULTI_STAGE_SCHEDULES", "PP_EDGE_WEIGHT", "SCHEDULES", "SINGLE_STAGE_SCHEDULES",
+           "ZERO_BUBBLE", "bubble_slots", "layers_per_stage", "probe_schedule", "runtime_framework", "schedule",
+           "schedule_violations", "sharded_collectives", "tp_exposed_fraction", "unsharded_stage_bytes"]

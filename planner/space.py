@@ -103,7 +103,8 @@ class TrainingSpec:
         if self.fp8_recipe not in ("delayed", "tensorwise", "rowwise"):   # planner.fp8.FP8_RECIPES
             raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed, tensorwise or rowwise")
         if self.pp_schedule and self.pp_schedule not in PP_SCHEDULES_FSDP:
-            raise InputError(f"unknown pipeline schedule {self.pp_schedule!r}; use one of {', '.join(PP_SCHEDULES_FSDP)}")
+            raise InputError(f"unknown pipeline schedule {self.pp_schedule!r}; use one of "
+                             f"{', '.join(PP_SCHEDULES_FSDP)}")
         if (self.pp_schedule or self.torch_compile or self.async_tp) and self.framework != "fsdp":
             raise InputError("--pp-schedule, --torch-compile and --async-tp are torchtitan's (--framework fsdp); "
                              f"the framework here is {self.framework}: add --framework fsdp or drop them")

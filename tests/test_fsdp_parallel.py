@@ -1,4 +1,4 @@
-"""The fsdp framework as torchtitan runs it (planner.fsdp_parallel): schedules, rules, and torchtitan's Dec-2024 tables."""
+"""The fsdp framework as torchtitan runs it (planner.fsdp_parallel): schedules, rules, torchtitan's Dec-2024 tables."""
 
 from __future__ import annotations
 

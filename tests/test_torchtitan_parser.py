@@ -71,7 +71,8 @@ def test_torchtitan_parses_the_emitted_config(name, tmp_path) -> None:
     assert cfg["compile"]["enable"] == setup.training.torch_compile
     if c.pp > 1:
         assert par["pipeline_parallel_schedule"] == ("Interleaved1F1B" if c.vpp > 1 else "1F1B")
-        assert cfg["training"]["local_batch_size"] == c.mbs * c.gas and par["pipeline_parallel_microbatch_size"] == c.mbs
+        assert cfg["training"]["local_batch_size"] == c.mbs * c.gas
+        assert par["pipeline_parallel_microbatch_size"] == c.mbs
     flavor = fsdp.LLAMA3_FLAVORS.get(setup.model.name, fsdp.CUSTOM_FLAVOR)
     assert cfg["model"]["flavor"] == flavor
     if flavor == fsdp.CUSTOM_FLAVOR:

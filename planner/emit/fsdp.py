@@ -231,7 +231,8 @@ def launcher_text(setup: RunSetup) -> str:
         "# one torch.distributed.run per node; its node rank is SLURM_PROCID (one task per node) or NODE_RANK",
         "RUN=" + shlex.quote('exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc_per_node '
                              '"$GPUS_PER_NODE" --node_rank "${SLURM_PROCID:-${NODE_RANK:-0}}" --rdzv_backend c10d '
-                             '--rdzv_endpoint "$MASTER_ADDR:29500" -m torchtitan.train --job.config_file "$CONFIG" "$@"'),
+                             '--rdzv_endpoint "$MASTER_ADDR:29500" -m torchtitan.train '
+                             '--job.config_file "$CONFIG" "$@"'),
         "if [ -n \"${SLURM_JOB_ID:-}\" ]; then",
         "    exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \"$RUN\" torchrun \"$@\"",
         "fi",
