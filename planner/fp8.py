@@ -42,11 +42,16 @@ FP8_PARAM_BYTES = 1.0 + 1.0
 # amax history, so the norm writes FP8 directly and a cast computes amax in the same pass; per-tensor current scaling
 # ("tensorwise", Megatron-Bridge's H100 FP8-CS runs: fp8_recipe="tensorwise") needs the tensor's amax first.
 FP8_RECIPES = ("delayed", "tensorwise", "rowwise")
-# torchao's rowwise float8 (torchtitan quantize.linear.float8 recipe_name "rowwise"): a scale per row, the amax pass
-# as tensorwise, and GEMMs with row-scaled epilogues (torch._scaled_mm rowwise), slower than tensorwise's. FITTED on
-# torchtitan commit 7a04053 (Llama 3 8B, 8 H100, torch.compile, local batch 1): bf16 5,760, rowwise 6,424, tensorwise
-# (float8 all-gather) 7,186 tokens/s: the rowwise GEMM rate relative to tensorwise that gives 6,424 / 7,186 (0.894).
-ROWWISE_GEMM_EFFICIENCY = 0.75
+# torchao's rowwise float8 (torchtitan quantize.linear.float8 recipe_name "rowwise"): a scale per row of each GEMM
+# operand, so GEMMs with row-scaled epilogues (torch._scaled_mm rowwise) and, for the weight-gradient GEMM, each input
+# quantized a second time along its other axis (torchao float8 CastConfig AXISWISE per operand).
+# MEASURED: torch._scaled_mm on an H200, torch 2.11 (cuBLAS), Llama 3 8B's four layer GEMMs at 8192 tokens: rowwise
+# 1,235 vs tensorwise 1,314 TFLOP/s, 0.94 (tests/bench/fp8_rowwise_gemm.py). Checked end to end on torchtitan commit
+# 7a04053 (Llama 3 8B, 8 H100, torch.compile, Jan 2025): rowwise / tensorwise = 6,424 / 7,186 = 0.894.
+ROWWISE_GEMM_EFFICIENCY = 0.94
+# Bytes per GEMM-input element of rowwise's second, other-axis quantization: read the bf16 input and its amax pass
+# (2 + 2), write the FP8 copy (1).
+ROWWISE_SECOND_CAST_BYTES = 2.0 + 2.0 + 1.0
 # Extra HBM bytes per GEMM-input element under current scaling (TE csrc normalization.cpp: a Float8Quantizer takes
 # FULLY_FUSED, a Float8CurrentScalingQuantizer FUSED_NORM_AMAX_FP8 = "compute norm and amax in high precision, then
 # quantize"): a norm-fed input (QKV, FC1) is written in bf16 and read back by the cast, 2 + 2; any other input (output
@@ -147,6 +152,8 @@ def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, token
         norm_fed = h + (h if not moe.is_moe(model) else 0.0)
         out += tokens * (CURRENT_SCALING_NORM_FED_BYTES * norm_fed
                          + CURRENT_SCALING_AMAX_READ_BYTES * (h + model.q_dim / t + fc1 + fc2 - norm_fed))
+    if recipe == "rowwise":
+        out += ROWWISE_SECOND_CAST_BYTES * elements
     return out
 
 

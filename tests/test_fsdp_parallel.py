@@ -111,8 +111,10 @@ def test_tp_shards_fsdp_memory():
     assert 0.7 < mem.total_bytes / 2**30 / c.memory_gib < 1.3
 
 
-def test_rowwise_float8_fit():
-    """torchtitan commit 7a04053 (Llama 3 8B on 8 H100, compile): rowwise / tensorwise = 6,424 / 7,186."""
+def test_rowwise_float8_against_torchtitan():
+    """torchtitan commit 7a04053 (Llama 3 8B on 8 H100, compile): rowwise / tensorwise = 6,424 / 7,186 = 0.894, from the
+    measured rowwise GEMM rate (0.94 of tensorwise, tests/bench/fp8_rowwise_gemm.py) and rowwise's second cast; nothing
+    fitted on the pair: predicted 0.92."""
     m = load_model("llama3-8b").with_overrides(seq_len=8192)
     cl = make_cluster(gpu="H100-SXM", gpus=8)
     c = Candidate(tp=1, pp=1, dp=8, mbs=1, gas=1, recompute="selective", zero=3)
@@ -122,8 +124,9 @@ def test_rowwise_float8_fit():
                          fp8_recipe=recipe)
         return estimate(m, cl, t, c).step_time_s
 
-    assert step("tensorwise") / step("rowwise") == pytest.approx(6424 / 7186, rel=0.01)
-    assert fp8.ROWWISE_GEMM_EFFICIENCY < 1
+    assert step("tensorwise") / step("rowwise") == pytest.approx(6424 / 7186, rel=0.05)
+    assert step("tensorwise") < step("rowwise")
+    assert fp8.ROWWISE_GEMM_EFFICIENCY == pytest.approx(1235 / 1314, abs=0.01)
 
 
 def test_plan_ranks_tp_pp_layouts_for_70b_and_405b():
