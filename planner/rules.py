@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, Sequence
 
 from planner import context_parallel, fp8, fsdp_parallel, moe
 from planner.hardware import ClusterSpec
-from planner.memory import MemoryBreakdown
+from planner.memory import MemoryBreakdown, shard_group_size
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
@@ -304,6 +304,16 @@ def _fsdp(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: Traini
         elif c.dp <= cluster.gpus_per_node:
             yield Violation(Reason.REDUNDANT, f"HYBRID_SHARD with DP {c.dp} <= {cluster.gpus_per_node} GPUs per node "
                                               "is FULL_SHARD")
+        else:   # HSDP shards over the node's GPUs left by TP (torchtitan data_parallel_shard_degree)
+            shard = shard_group_size(c, cluster.gpus_per_node)
+            if shard == 1:
+                yield Violation(Reason.REDUNDANT, f"HYBRID_SHARD with TP {c.tp} on {cluster.gpus_per_node} GPUs per "
+                                                  "node shards over 1 GPU: it is NO_SHARD (zero=0)")
+            elif c.dp % shard:
+                yield Violation(Reason.FRAMEWORK_LIMIT, f"HYBRID_SHARD: DP {c.dp} is not a multiple of the shard "
+                                                        f"group {shard} (a node's GPUs / TP); torchtitan needs "
+                                                        "data_parallel_replicate_degree x data_parallel_shard_degree "
+                                                        "= DP")
 
 
 def probe_layout_violations(model: ModelSpec, c: Candidate, *, layers_run: int | None = None,

@@ -73,6 +73,19 @@ def test_layers_per_stage_gives_the_stages():
     assert "pp_divides_layers" in bad
 
 
+def test_hsdp_with_tp_shards_inside_the_node():
+    cl = make_cluster(gpu="H100-SXM", gpus=64)
+    m = load_model("llama3-70b")
+    t = TrainingSpec(global_batch=64, seq_len=8192, framework="fsdp")
+
+    def reasons(tp: int, dp: int) -> set[str]:
+        c = Candidate(tp=tp, pp=1, dp=dp, mbs=1, gas=64 // dp, recompute="full", zero=3, sp=tp > 1, hybrid=True)
+        return {v.reason.value for v in iter_violations(m, c, cl, t) if not v.reason.value.startswith("memory")}
+
+    assert not reasons(2, 32)                 # shard 4 inside a node, replicate 8 across
+    assert "redundant" in reasons(8, 8)       # TP 8 leaves one GPU a node to shard over
+
+
 def test_published_layouts_pass_the_rules():
     """Every torchtitan Dec-2024 layout run with full AC is a layout plan can rank (no structural rule breaks)."""
     for c in modern_torchtitan_cases():
