@@ -39,7 +39,8 @@ from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
 from planner.schema import check_flags, check_training
-from planner.space import FRAMEWORKS, OPTIMIZERS, PINNABLE, PRECISIONS, RECOMPUTE, TrainingSpec, parse_explain
+from planner.space import (FRAMEWORKS, OPTIMIZERS, PINNABLE, PP_SCHEDULES_FSDP, PRECISIONS, RECOMPUTE, TrainingSpec,
+                           parse_explain)
 
 FORMATS = ("table", "json", "yaml", "csv")
 TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "memory_gb_per_gpu",
@@ -103,9 +104,13 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--precision", choices=PRECISIONS, default=None, help="bf16 (default; fp16 on GPUs without bf16) | fp16 | fp32")
     add("--optimizer", choices=OPTIMIZERS, default="adamw",
         help="optimizer, for its memory per parameter (default adamw)")
-    add("--fp8-recipe", choices=("delayed", "tensorwise"), default=None,
+    add("--fp8-recipe", choices=("delayed", "tensorwise", "rowwise"), default=None,
         help="with --precision fp8: Transformer Engine's scaling, delayed (default; amax history) or tensorwise "
-             "(current scaling, as Megatron-Bridge's H100 recipes)")
+             "(current scaling, as Megatron-Bridge's H100 recipes); torchtitan float8: tensorwise or rowwise")
+    add("--pp-schedule", choices=PP_SCHEDULES_FSDP, default=None,
+        help="--framework fsdp: torchtitan's pipeline schedule (default 1F1B; Interleaved1F1B where VPP > 1)")
+    add("--torch-compile", action="store_true", help="--framework fsdp: torchtitan with torch.compile")
+    add("--async-tp", action="store_true", help="--framework fsdp: torchtitan's async TP (needs --torch-compile)")
     add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
         help="Megatron-LM's main-grad buffer and its reduce: fp32 (default) or bf16 (--grad-reduce-in-bf16)")
     add("--rampup", nargs=3, type=_positive_int, metavar=("START", "INCREMENT", "SAMPLES"),
@@ -238,7 +243,10 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         cp_options=_split(args.cp, int, "--cp"), ep_options=_split(args.ep, int, "--ep"),
                         moe_capacity_factor=args.moe_capacity_factor,
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
-                        grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32")
+                        grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
+                        pp_schedule=getattr(args, "pp_schedule", None) or "",
+                        torch_compile=bool(getattr(args, "torch_compile", False)),
+                        async_tp=bool(getattr(args, "async_tp", False)))
 
 
 def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:

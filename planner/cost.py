@@ -17,7 +17,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from planner import context_parallel, flops, fp8, moe, pipeline_engine, recompute
+from planner import context_parallel, flops, fp8, fsdp_parallel, moe, pipeline_engine, recompute
 from planner.framework import Framework, get_framework, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params, training_param_bytes
@@ -149,6 +149,8 @@ def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | 
     precision = precision or training.precision
     peak = acc.peak_flops(precision)
     base = acc.gemm_efficiency if cluster.matmul_efficiency is None else cluster.matmul_efficiency
+    if precision == "fp8":
+        base *= fp8.gemm_rate_factor(training)   # torchao rowwise float8
     ratio = min(1.0, acc.peak_fp32_flops / peak) if precision in ("bf16", "fp16", "fp8") else 1.0
     return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, cuda_core_ratio=ratio)
 
@@ -193,7 +195,7 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     """(attention-core forward, forward + backward + recompute) seconds of one layer for one micro-batch on one CP
     rank: what reads only the candidate's `layer_key`."""
     acc = cluster.gpu
-    fw = get_framework(training.framework)
+    fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
     g = gemm_context(cluster, training)
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
     dense, core, elem = context_parallel.layer_forward_s(layer_forward_s, model, cand, cluster, training, g, fw)
@@ -223,7 +225,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     """One candidate's step time, by term. ``layer_memo``: a dict plan() keeps for one plan, `layer_compute_s` by
     `layer_key` (the same floats, computed once)."""
     acc = cluster.gpu
-    fw = get_framework(training.framework)
+    fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
     g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
     half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
@@ -242,6 +244,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     tp_link = topology.tp_link(cand.tp)
     tp_layer_s = tp_msgs * collective_time_s(tp_link, kind="all_reduce", message_bytes=tokens * model.hidden * half,
                                              group=cand.tp) * params.comm_scale
+    tp_layer_s *= fsdp_parallel.tp_exposed_fraction(training)   # torchtitan async TP
     # CP: ring attention's exposed K/V exchange (CP group strides by TP); EP: MoE all-to-all (EP group strides by ETP)
     cp_layer_s = context_parallel.ring_exchange_exposed_s(model, cand, training, cand.cp > 1 and topology.dp_link(
         cand.tp, cand.cp), collective_time_s, core, half) * params.comm_scale
@@ -290,7 +293,8 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             p2p += overhead
 
     slot = stage_compute + stage_tp + stage_cp + stage_ep + p2p
-    bubble_slots = (cand.pp - 1) / cand.vpp
+    # (PP-1)/VPP slots (1F1B, interleaved); torchtitan's zero-bubble schedules fewer
+    bubble_slots = fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp, cand.recompute)
     compute_s = cand.gas * stage_compute
     tp_s = cand.gas * stage_tp
     cp_s, ep_s = cand.gas * stage_cp, cand.gas * stage_ep
@@ -311,9 +315,10 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
             scatter = collective_time_s(shard_link, kind="reduce_scatter", message_bytes=grad_bytes, group=shard)
             # parameters all-gathered for the forward and again for the backward, gradients reduce-scattered
             # (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch; a
-            # recomputed forward gathers them once more (checkpointed layers re-run their forward)
-            gathers = 2 + rc.layers
-            comm = cand.gas * (gathers * gather + scatter)
+            # recomputed forward gathers them once more (checkpointed layers re-run their forward; torchtitan
+            # under PP: once per step)
+            gathers, scatters = fsdp_parallel.sharded_collectives(cand, training, rc.layers)
+            comm = gathers * gather + scatters * scatter
             if cand.hybrid and cand.dp > shard:
                 inter = topology.dp_link(cand.tp * shard, cand.dp // shard)
                 comm += collective_time_s(inter, kind="all_reduce", message_bytes=grad_bytes / shard,

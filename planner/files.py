@@ -101,7 +101,7 @@ def check_out(out: Path, names: Iterable[str] | None = None, *, force: bool) -> 
 def write_files(out: Path, files: dict[str, str], *, force: bool) -> list[Path]:
     """Write ``files`` (name -> text) into ``out`` without following links: each is written beside its target and
     renamed over it (a link in its place is replaced, not followed); an existing file is replaced only with
-    ``force``; ``*.sbatch`` files are executable."""
+    ``force``; launchers (``*.sbatch``, ``*.sh`` but the sourced ``*_args.sh``) are executable."""
     out = Path(out)
     check_out(out, files, force=force)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,7 +111,8 @@ def write_files(out: Path, files: dict[str, str], *, force: bool) -> list[Path]:
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, 0o755 if name.endswith(".sbatch") else 0o644)
+        launcher = name.endswith(".sbatch") or (name.endswith(".sh") and not name.endswith("_args.sh"))
+        os.chmod(tmp, 0o755 if launcher else 0o644)
         os.replace(tmp, target)
         paths.append(target)
     return paths

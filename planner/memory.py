@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner import context_parallel, fp8, moe, pipeline_engine, recompute
+from planner import context_parallel, fp8, fsdp_parallel, moe, pipeline_engine, recompute
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
@@ -257,8 +257,9 @@ def in_flight_microbatches(cand: Candidate) -> float:
     Interleaved 1F1B holds (1 + (p-1)/(p·v)) times more (Korthikanti et al. 2022 Sec. 4.2.3).
     """
     m = min(cand.pp, cand.gas)
-    if cand.vpp > 1:
-        m *= 1 + (cand.pp - 1) / (cand.pp * cand.vpp)
+    if cand.vpp > 1:   # never more than the step's micro-batches (torch ScheduleInterleaved1F1B caps its warm-up
+        # at n_microbatches x stages per rank chunks: GAS whole-stage micro-batches)
+        m = min(m * (1 + (cand.pp - 1) / (cand.pp * cand.vpp)), cand.gas)
     return m
 
 
@@ -302,7 +303,9 @@ def framework_buffers_bytes(params_on_gpu: int, cand: Candidate, training: Train
     nccl = nccl_buffers_bytes(cand)
     if training.framework == "megatron-deepspeed":
         return nccl + 2 * min(5e8, params_on_gpu) * 2
-    if training.framework == "fsdp" and cand.zero >= 2:
+    if training.framework == "fsdp" and cand.pp > 1:   # torchtitan under PP: the whole stage stays unsharded
+        return nccl + fsdp_parallel.unsharded_stage_bytes(params_on_gpu, cand, training)
+    if training.framework in ("fsdp", "megatron-lm") and cand.zero >= 2:   # FSDP; Megatron-FSDP (--use-megatron-fsdp)
         # 16-bit unsharded parameters (FSDP MixedPrecision param_dtype) and fp32 unsharded gradients (reduce_dtype)
         unsharded = (2.0 + 4.0) if training.precision != "fp32" else 8.0
         return nccl + 2 * model.params_per_layer / cand.tp * unsharded

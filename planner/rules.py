@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
-from planner import context_parallel, fp8, model_facts, moe, pipeline_engine, recompute as recompute_modes
+from planner import context_parallel, fp8, fsdp_parallel, model_facts, moe, pipeline_engine, recompute as recompute_modes
 from planner.hardware import ClusterSpec
-from planner.memory import MemoryBreakdown
+from planner.memory import MemoryBreakdown, shard_group_size
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
@@ -141,8 +141,9 @@ def knob_values(target: Target, training: TrainingSpec) -> dict[str, tuple]:
                            or recompute_modes.kind(r) in recompute_modes.FRAMEWORK_MODES.get(fw, PROBE_RECOMPUTE)
                            or training.recompute_options != recompute_modes.PLAN_DEFAULT),
         "zero": zeros,
-        "sp": (False, True) if fw == "megatron-lm" or target.flavor == "microsoft" else (False,),
-        "vpp": None if fw == "megatron-lm" else (1,),   # None: every VPP Megatron accepts (pipeline_split.vpp_choices)
+        "sp": (False, True) if fw in ("megatron-lm", "fsdp") or target.flavor == "microsoft" else (False,),
+        # None: every VPP the layers split into (pipeline_split.vpp_choices); fsdp: stages per rank (torchtitan)
+        "vpp": None if fw in ("megatron-lm", "fsdp") else (1,),
         "hybrid": (False, True) if fw == "fsdp" and 3 in zeros else (False,),
         # None: the sizes planner.context_parallel.cp_choices / planner.moe.ep_choices give (a --cp / --ep list is
         # enumerated on every target, so that a target without them says why)
@@ -274,9 +275,12 @@ def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
     if c.hybrid:
         yield Violation(Reason.FRAMEWORK_LIMIT, "hybrid sharding is an FSDP strategy; Megatron-LM has no "
                                                 "HYBRID_SHARD (set hybrid=0)")
-    if c.zero >= 2:
-        yield Violation(Reason.FRAMEWORK_LIMIT, f"Megatron-LM has no ZeRO-{c.zero}: it shards only optimizer "
-                                                "states (--use-distributed-optimizer = ZeRO-1); use zero=0 or 1")
+    if c.zero >= 2 and c.pp > 1:
+        # ZeRO-2/3 on Megatron-LM is Megatron-FSDP (--use-megatron-fsdp, planner.emit.megatron_lm), which composes
+        # with TP, CP and EP; Megatron-Core's Megatron-FSDP guide lists no pipeline parallelism
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"ZeRO-{c.zero} on Megatron-LM is Megatron-FSDP, which composes with "
+                                                f"TP, CP and EP, not with PP {c.pp}; use zero=0 or 1 "
+                                                "(--use-distributed-optimizer) with PP, or PP=1")
     if c.pp <= model.layers and megatron_lm_stages(model.layers, c.pp, c.vpp) is None:
         yield Violation(Reason.PP_LAYERS, f"{model.layers} layers cannot be split over PP {c.pp} x VPP {c.vpp}: "
                                           "Megatron-LM needs equal stages (counting the embedding and the loss "
@@ -291,14 +295,16 @@ def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
             yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs micro-batches {c.gas} % PP {c.pp} == 0")
 
 
-def _fsdp(model: ModelSpec, c: Candidate, cluster: ClusterSpec) -> Iterator[Violation]:
-    if c.tp > 1 or c.pp > 1:
-        yield Violation(Reason.FRAMEWORK_LIMIT, "plain FSDP (seed 002) has no tensor or pipeline parallelism")
+def _fsdp(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> Iterator[Violation]:
+    """torchtitan: FSDP2/HSDP x TP (always sequence-parallel) x PP (its schedules) x CP (`planner.fsdp_parallel`)."""
+    if c.tp > 1 and not c.sp:
+        yield Violation(Reason.FRAMEWORK_LIMIT, "torchtitan's tensor parallel is sequence-parallel (norms sharded "
+                                                "over the sequence, parallelize.py apply_tp): set sp=1 with TP > 1")
+    for reason, detail in fsdp_parallel.schedule_violations(model, c, training):
+        yield Violation(Reason(reason), detail)
     if c.zero == 1:
         yield Violation(Reason.FRAMEWORK_LIMIT, "FSDP has no ZeRO-1 strategy: use 0 (NO_SHARD), 2 (SHARD_GRAD_OP) "
                                                 "or 3 (FULL_SHARD)")
-    if c.vpp > 1:
-        yield Violation(Reason.VIRTUAL_PIPELINE, "virtual pipeline stages need --framework megatron-lm")
     if c.hybrid:
         if c.zero != 3:
             yield Violation(Reason.FRAMEWORK_LIMIT, f"hybrid sharding is HYBRID_SHARD (FULL_SHARD inside a node); "
@@ -306,6 +312,16 @@ def _fsdp(model: ModelSpec, c: Candidate, cluster: ClusterSpec) -> Iterator[Viol
         elif c.dp <= cluster.gpus_per_node:
             yield Violation(Reason.REDUNDANT, f"HYBRID_SHARD with DP {c.dp} <= {cluster.gpus_per_node} GPUs per node "
                                               "is FULL_SHARD")
+        else:   # HSDP shards over the node's GPUs left by TP (torchtitan data_parallel_shard_degree)
+            shard = shard_group_size(c, cluster.gpus_per_node)
+            if shard == 1:
+                yield Violation(Reason.REDUNDANT, f"HYBRID_SHARD with TP {c.tp} on {cluster.gpus_per_node} GPUs per "
+                                                  "node shards over 1 GPU: it is NO_SHARD (zero=0)")
+            elif c.dp % shard:
+                yield Violation(Reason.FRAMEWORK_LIMIT, f"HYBRID_SHARD: DP {c.dp} is not a multiple of the shard "
+                                                        f"group {shard} (a node's GPUs / TP); torchtitan needs "
+                                                        "data_parallel_replicate_degree x data_parallel_shard_degree "
+                                                        "= DP")
 
 
 def probe_layout_violations(model: ModelSpec, c: Candidate, *, layers_run: int | None = None,
@@ -451,7 +467,7 @@ def parallel_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, traini
 
 def _target_rules(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   targets: Sequence[Target]) -> Iterator[Violation]:
-    yield from _target_rules_but_extras(model, c, cluster, targets)
+    yield from _target_rules_but_extras(model, c, cluster, training, targets)
     for target in targets:
         yield from parallel_extras(model, c, cluster, training, target)
 
@@ -476,7 +492,7 @@ def _recompute(model: ModelSpec, c: Candidate, fw: str) -> Iterator[Violation]:
                                               "model chunks: the same as recompute=full")
 
 
-def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec,
+def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                              targets: Sequence[Target]) -> Iterator[Violation]:
     for target in targets:
         fw = target.framework
@@ -487,7 +503,7 @@ def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpe
         elif fw == "megatron-lm":
             yield from _megatron_lm(model, c)
         elif fw == "fsdp":
-            yield from _fsdp(model, c, cluster)
+            yield from _fsdp(model, c, cluster, training)
         else:
             yield from _probe(model, c)
 
@@ -512,6 +528,8 @@ class Checker:
         self.model, self.cluster, self.training = model, cluster, training
         self.targets = _targets(training, targets)
         self._probe = any(t.framework == PROBE for t in self.targets)
+        self._gas_read = self._probe or any(t.framework == "fsdp" for t in self.targets)
+        """the rules read GAS itself (the probe's and torchtitan's schedule rounds), not only GAS % PP"""
         self._degrees: dict[tuple, Violation | None] = {}
         self._batches: dict[tuple, Violation | None] = {}
         self._extras: dict[tuple, Violation | None] = {}
@@ -535,8 +553,8 @@ class Checker:
     def row_key(self, tp: int, pp: int, dp: int, cp: int, gas: int, recompute: str, zero: int, sp: bool, vpp: int,
                 hybrid: bool) -> tuple:
         """What `row` reads: the frameworks' rules read GAS only as GAS % PP == 0 (interleaved 1F1B), the probe's
-        GAS itself (its schedules' rounds)."""
-        return (tp, pp, dp, cp, gas if self._probe else gas % pp == 0, recompute, zero, sp, vpp, hybrid)
+        GAS itself (its schedules' rounds), as do torchtitan's (`planner.fsdp_parallel.schedule_violations`)."""
+        return (tp, pp, dp, cp, gas if self._gas_read else gas % pp == 0, recompute, zero, sp, vpp, hybrid)
 
     def row_known(self, key: tuple) -> tuple[bool, Violation | None]:
         """(whether `row` was answered for ``key`` (`row_key`), its answer): a known row needs no candidate built.
@@ -556,7 +574,8 @@ class Checker:
         if v is None:  # the frameworks' rules read no CP / EP / MBS: one answer per EP and CP value
             key = (c.tp, c.pp, c.dp, c.gas, c.zero, c.recompute, c.sp, c.vpp, c.hybrid)
             if key not in self._targets:
-                self._targets[key] = next(_target_rules_but_extras(self.model, c, self.cluster, self.targets), None)
+                self._targets[key] = next(_target_rules_but_extras(self.model, c, self.cluster, self.training,
+                                                                      self.targets), None)
             v = self._targets[key]
         return v
 

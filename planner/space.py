@@ -23,6 +23,8 @@ OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
 FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FLAVORS = ("bigscience", "microsoft")
 """Megatron-DeepSpeed forks (planner.rules.FLAVORS)"""
+PP_SCHEDULES_FSDP = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+"""torchtitan's pipeline_parallel_schedule values plan costs (planner.fsdp_parallel.SCHEDULES)"""
 PINNABLE = ("tp", "pp", "dp", "mbs", "gas", "vpp")
 """degrees a user may pin (--tp 8 --pp 4 ...), like --gpus"""
 
@@ -64,6 +66,12 @@ class TrainingSpec:
     """Transformer Engine FP8 scaling under --precision fp8 (Megatron-LM --fp8-recipe): delayed | tensorwise"""
     grad_reduce_dtype: str = "fp32"
     """Megatron-LM's main grads under bf16: fp32 (its default) | bf16 (--grad-reduce-in-bf16)"""
+    pp_schedule: str = ""
+    """torchtitan's pipeline schedule (planner.fsdp_parallel.SCHEDULES); empty: 1F1B, Interleaved1F1B when VPP > 1"""
+    torch_compile: bool = False
+    """torchtitan [compile] enable: Inductor fuses the element-wise chains (planner.fsdp_parallel.runtime_framework)"""
+    async_tp: bool = False
+    """torchtitan's async tensor parallel (needs torch_compile): planner.fsdp_parallel.tp_exposed_fraction"""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -95,8 +103,19 @@ class TrainingSpec:
             raise InputError(f"--zero: {list(self.zero_options)}; choose stages from 0, 1, 2, 3")
         if self.grad_reduce_dtype not in ("fp32", "bf16"):
             raise InputError(f"unknown gradient reduce dtype {self.grad_reduce_dtype!r}; use fp32 or bf16")
-        if self.fp8_recipe not in ("delayed", "tensorwise"):   # planner.fp8.FP8_RECIPES
-            raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed or tensorwise")
+        if self.fp8_recipe not in ("delayed", "tensorwise", "rowwise"):   # planner.fp8.FP8_RECIPES
+            raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed, tensorwise or rowwise")
+        if self.pp_schedule and self.pp_schedule not in PP_SCHEDULES_FSDP:
+            raise InputError(f"unknown pipeline schedule {self.pp_schedule!r}; use one of "
+                             f"{', '.join(PP_SCHEDULES_FSDP)}")
+        if (self.pp_schedule or self.torch_compile or self.async_tp) and self.framework != "fsdp":
+            raise InputError("--pp-schedule, --torch-compile and --async-tp are torchtitan's (--framework fsdp); "
+                             f"the framework here is {self.framework}: add --framework fsdp or drop them")
+        if self.fp8_recipe == "rowwise" and self.framework != "fsdp":
+            raise InputError("--fp8-recipe rowwise is torchao's (torchtitan float8, --framework fsdp); Transformer "
+                             "Engine plans delayed or tensorwise")
+        if self.async_tp and not self.torch_compile:
+            raise InputError("--async-tp needs --torch-compile (torchtitan: async TP is a torch.compile pass)")
         if self.moe_capacity_factor is not None and not self.moe_capacity_factor >= 1:
             raise InputError(f"--moe-capacity-factor must be >= 1, got {self.moe_capacity_factor}")
         if any(not isinstance(v, int) or v < 1 for v in (self.cp_options or ()) + (self.ep_options or ())):

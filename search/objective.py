@@ -33,7 +33,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from planner import Candidate, CostParams, estimate
+from planner import Candidate, CostParams, estimate, fsdp_parallel
 from planner.flops import model_flops_per_iteration, tflops_per_gpu
 from probes.backend import ProbeBackend
 from probes.result import ProbeResult, ProbeSpec
@@ -381,6 +381,7 @@ class Objective:
                          warmup_steps=s.warmup_steps, steps=s.steps,
                          layers_run=probe_layers(s.layers, cand, self.model.layers), device=s.device, max_cv=s.max_cv,
                          cp=cand.cp, ep=cand.ep, num_experts=self.model.num_experts,
+                         pp_schedule=fsdp_parallel.probe_schedule(self.training),   # torchtitan's --pp-schedule
                          **({"moe_top_k": self.model.moe_topk} if self.model.num_experts else {}))
 
     def _probe(self, trial: optuna.Trial, cand: Candidate) -> ProbeResult:

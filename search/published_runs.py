@@ -232,6 +232,55 @@ def fsdp_runs(r: dict, line: int = 0) -> list[PublishedRun]:
     return out
 
 
+# -- torchtitan Dec 2024 (benchmarks/llama3_h100_202412_torchtitan.md): FSDP2 x TP x PP x CP on H100 -------------
+TORCHTITAN_2412_GROUP = "torchtitan_2024_12_llama31_h100"
+# Grand Teton: "RDMA backend network 400 Gb/s per GPU", 8 GPUs a node
+TORCHTITAN_2412_GBPS = 8 * 400.0
+# "Each H100 GPU is equipped with 96GB HBM2e with 2.4 TB/sec peak memory bandwidth ... the default 500W power limit"
+# (the benchmark file's Hardware section): the H100-SXM's tensor-core peaks (ASSUMED; the 500 W limit, which lowers
+# clocks under load, is not modelled) with that memory and bandwidth
+TORCHTITAN_2412_MEMORY_GB = 96
+TORCHTITAN_2412_HBM_BYTES_PER_S = 2.4e12
+# torchtitan at the benchmarked commit (9dec370, torchtitan/parallelisms/pipelining_utils.py): micro-batches default
+# to the PP degree (experimental.pipeline_parallel_microbatches None -> pp) and a looped schedule builds 2 stages per
+# rank (generate_split_points); float8 is torchao's tensorwise dynamic scaling with float8 all-gather
+# (train_configs/llama3_405b.toml [float8]); selective AC is selective_ac_option "op" (llama3_8b.toml)
+TORCHTITAN_2412_STAGES_PER_RANK = 2
+
+
+def torchtitan_2412_run(r: dict, line: int = 0) -> PublishedRun:
+    """One row of torchtitan's Dec-2024 H100 tables as the layout torchtitan ran (see the constants above)."""
+    md, p, hw, me = r["model"], r["parallel"], r["hardware"], r["measured"]
+    tp, pp, cp, dp = (int(p[k]) for k in ("tp", "pp", "cp", "dp"))
+    local = p["micro_batch"] if isinstance(p["micro_batch"], int) else int(re.findall(r"\d+", p["micro_batch"])[0])
+    gbs = p.get("global_batch") or local * dp   # Table 6 gives the local batch only: global = local x FSDP degree
+    mbs, gas = (local // pp, pp) if pp > 1 else (local, gbs // (local * dp))
+    schedule = str(p.get("pipeline_schedule") or "").replace(" ", "")
+    vpp = TORCHTITAN_2412_STAGES_PER_RANK if schedule.startswith("Interleaved") else 1
+    precision = "fp8" if "float8" in str(p["precision"]).lower() else "bf16"
+    training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision=precision, framework="fsdp",
+                            flash_attention=True, fp8_recipe="tensorwise" if precision == "fp8" else "delayed",
+                            pp_schedule=schedule if pp > 1 else "", torch_compile=bool(p.get("torch_compile")),
+                            async_tp=bool(p.get("async_tp")) and tp > 1)
+    recompute = "selective-op" if "selective" in str(p["activation_recompute"]) else "full"
+    cand = Candidate(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, gas=gas, recompute=recompute, zero=3, sp=tp > 1, vpp=vpp)
+    gpus = hw["total_gpus"]
+    cluster = _cluster("H100-SXM", gpus, 8, TORCHTITAN_2412_GBPS)
+    cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=TORCHTITAN_2412_MEMORY_GB * 1e9,
+                                           memory_bw_bytes_per_s=TORCHTITAN_2412_HBM_BYTES_PER_S))
+    table = r["source"]["table"]
+    return PublishedRun(id=r["id"], table=f"torchtitan 2024-12 {table}: {md['name']} on {gpus} H100",
+                        framework="FSDP2/torchtitan 2024-12", model=_llama_model(md, r["id"]), cluster=cluster,
+                        training=training, cand=cand, tokens_per_s_per_gpu=me["tokens_per_s_per_gpu"],
+                        memory_gib=me.get("memory_gb_per_gpu"), oom=False, memory_stage="max",
+                        memory_definition=str(me.get("memory_definition", "")), source_row=line)
+
+
+def modern_torchtitan_runs(rows: list[dict]) -> list[PublishedRun]:
+    """The torchtitan rows of published_modern_dev.yaml (its other groups are read elsewhere)."""
+    return [torchtitan_2412_run(r, i) for i, r in enumerate(rows, 1) if r.get("group") == TORCHTITAN_2412_GROUP]
+
+
 # -- DeepSpeed autotuning of Hugging Face GPT-2 on one DGX-2 ------------------------------------------------
 def ds_autotuning_run(r: dict, line: int = 0) -> PublishedRun | None:
     md, p, hw, me = r["model"], r["parallel"], r["hardware"], r["measured"]
@@ -317,6 +366,8 @@ def dev_runs(rows: list[dict]) -> list[PublishedRun]:
             out.append(tr8_run(r, i))
         elif g.startswith("megatron2021_table2"):
             out.append(table2_run(r, i))
+        elif g == TORCHTITAN_2412_GROUP:
+            out.append(torchtitan_2412_run(r, i))
         elif g.startswith(("torchtitan", "fms_fsdp")):
             out += fsdp_runs(r, i)
         elif g.startswith("deepspeed_autotuning"):

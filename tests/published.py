@@ -14,7 +14,7 @@ import yaml
 from planner.hardware import ClusterSpec, load_cluster, make_cluster
 from planner.model import ModelSpec, get_preset
 from planner.space import Candidate, TrainingSpec
-from search.published_runs import PublishedRun, read_runs
+from search.published_runs import PublishedRun, modern_torchtitan_runs, read_rows, read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -65,6 +65,11 @@ DevCase = PublishedRun
 def dev_cases() -> list[DevCase]:
     """Every usable dev run as planner inputs (flagged INVALID/EXCLUDE/range rows left out)."""
     return read_runs(DATA / "published_dev.yaml") + read_runs(DATA / "hagemann_13b_dev.yaml")
+
+
+def modern_torchtitan_cases() -> list[DevCase]:
+    """torchtitan's Dec-2024 H100 runs (FSDP2 x TP x PP x CP, float8, compile) of published_modern_dev.yaml."""
+    return modern_torchtitan_runs(read_rows(DATA / "published_modern_dev.yaml"))
 
 
 def seed003_dev_cases() -> list[DevCase]:

@@ -17,6 +17,7 @@ import yaml
 
 from planner.emit import Prediction, emit, load_plan_yaml, plan_target, plan_yaml_dict, render
 from planner.errors import InputError
+from planner.emit import fsdp
 from planner.space import Candidate, TrainingSpec
 from test_emit_cases import REFUSED_CASES, VALID_CASES, bloom, llama
 from conftest import HANG_GUARD_S
@@ -25,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = REPO / "examples" / "bloom-176b-48x8-a100"
 FILES = {"megatron-deepspeed": {"plan.yaml", "ds_config.json", "args.txt", "megatron_args.sh", "launch.sbatch"},
          "megatron-lm": {"plan.yaml", "args.txt", "megatron_args.sh", "launch.sbatch"},
-         "fsdp": {"plan.yaml", "torchtitan.toml"}}
+         "fsdp": {"plan.yaml", "torchtitan.toml", "launch_torchtitan.sh"}}
 
 
 def _ids(case) -> str:
@@ -56,7 +57,9 @@ def emitted(request, tmp_path):
 
 def test_writes_every_file_of_its_kind(emitted) -> None:
     case, out, paths = emitted
-    assert {p.name for p in paths} == FILES[case.kind] == {p.name for p in out.iterdir()}
+    custom = case.kind == "fsdp" and case.setup.model.name not in fsdp.LLAMA3_FLAVORS   # plantune_model.py
+    assert {p.name for p in paths} == FILES[case.kind] | ({fsdp.MODEL_FILE} if custom else set()) \
+        == {p.name for p in out.iterdir()}
     assert all(p.parent == out for p in paths)
 
 
@@ -270,7 +273,8 @@ def test_megatron_lm_args(case, tmp_path) -> None:
     assert int(args["--tensor-model-parallel-size"][0]) * int(args["--pipeline-model-parallel-size"][0]) * c.dp == \
         case.setup.cluster.world_size
     assert int(args["--global-batch-size"][0]) == int(args["--micro-batch-size"][0]) * c.dp * c.gas == t.global_batch
-    assert ("--sequence-parallel" in args) == c.sp and ("--use-distributed-optimizer" in args) == (c.zero == 1)
+    assert ("--sequence-parallel" in args) == c.sp and ("--use-distributed-optimizer" in args) == (c.zero >= 1)
+    assert ("--use-megatron-fsdp" in args) == (c.zero >= 2)   # ZeRO-2/3: Megatron-FSDP
     assert args.get("--recompute-granularity", [None])[0] == (None if c.recompute == "none" else c.recompute)
     assert args.get("--num-virtual-stages-per-pipeline-rank", ["1"])[0] == str(c.vpp)
     assert ("--num-query-groups" in args) == (m.kv_heads != m.heads)
@@ -326,7 +330,8 @@ def test_torchtitan_toml(case, tmp_path) -> None:
     else:
         assert par["fsdp_reshard_after_forward"] == {0: "default", 2: "never", 3: "always"}[c.zero]
         assert (par["data_parallel_shard_degree"] == 1) == (c.zero == 0)
-    assert tr["global_batch_size"] == tr["local_batch_size"] * c.dp * c.gas
+    # under PP the local batch is the GAS micro-batches of one step
+    assert tr["global_batch_size"] == tr["local_batch_size"] * c.dp * (1 if c.pp > 1 else c.gas)
     assert d["activation_checkpoint"]["mode"] == c.recompute
     assert tr["mixed_precision_param"] == {"bf16": "bfloat16", "fp32": "float32"}[case.setup.training.precision]
 

@@ -153,6 +153,8 @@ MEGATRON_LM = {
     "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank", "--sequence-parallel",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",   # TransformerConfig bools
     "--use-distributed-optimizer", "--grad-reduce-in-bf16",
+    # Megatron-FSDP (arguments.py literals; --ckpt-format fsdp_dtensor is the format validate_args asks of it)
+    "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--no-gradient-accumulation-fusion", "--ckpt-format",
     # training (TrainingConfig fields, arguments.py literals)
     "--micro-batch-size", "--global-batch-size", "--rampup-batch-size", "--train-samples", "--train-iters",
     "--optimizer", "--clip-grad", "--lr", "--min-lr", "--lr-decay-style", "--lr-warmup-samples",
@@ -173,13 +175,14 @@ TORCHTITAN = {
     "job": {"dump_folder", "description"}, "metrics": {"log_freq", "enable_tensorboard", "save_tb_folder"},
     "model": {"name", "flavor", "hf_assets_path", "converters"}, "quantize": {"linear"}, "optimizer": {"name", "lr", "eps", "weight_decay"},
     "lr_scheduler": {"warmup_steps", "decay_type", "min_lr_factor"},
-    "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "mixed_precision_param",
-                 "mixed_precision_reduce"},
+    "training": {"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps",
+                 "mixed_precision_param", "mixed_precision_reduce"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                     "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
-                    "expert_parallel_degree"},
+                    "expert_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_layers_per_stage", "enable_async_tensor_parallel"},
     "checkpoint": {"enable", "folder", "interval"}, "activation_checkpoint": {"mode", "selective_ac_option"},
-    "compile": {"enable"},
+    "compile": {"enable", "components"}, "experimental": {"custom_import"},
 }
 TORCHTITAN_CHOICES = {("activation_checkpoint", "mode"): {"selective", "full", "memory_budget", "none"},
                       ("parallelism", "fsdp_reshard_after_forward"): {"default", "always", "never"},

@@ -97,6 +97,9 @@ def arg_set(group: str, case_id: str, setup, kind: str = "megatron-lm", flavor: 
         expect |= {"context_parallel_size": c.cp, "expert_model_parallel_size": c.ep if m.num_experts else 1,
                    "num_experts": m.num_experts or None,
                    "fp8": "hybrid" if setup.training.precision == "fp8" else None}
+    if kind == "megatron-lm" and c.zero >= 2:   # Megatron-FSDP
+        expect |= {"use_megatron_fsdp": True,
+                   "data_parallel_sharding_strategy": {2: "optim_grads", 3: "optim_grads_params"}[c.zero]}
     if kind == "megatron-lm" or flavor == "microsoft":   # the bigscience fork has no sequence parallelism
         expect["sequence_parallel"] = c.sp and c.tp > 1
     expect["padded_vocab_size"] = expected_padded_vocab(argv, m.vocab, c.tp)
@@ -205,7 +208,8 @@ def test_the_parsed_sets_cover_every_emitted_feature():
             "--moe-shared-expert-intermediate-size", "--moe-expert-capacity-factor", "--multi-latent-attention",
             "--q-lora-rank", "--kv-channels", "--fp8-format", "--fp8-recipe", "--use-rope-scaling",
             "--rampup-batch-size", "--sequence-parallel", "--use-distributed-optimizer",
-            "--recompute-granularity", "--recompute-method", "--train-samples"} <= flags
+            "--recompute-granularity", "--recompute-method", "--train-samples", "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy"} <= flags
     assert {s.group for s in all_arg_sets()} == set(GROUPS)
     assert len(all_arg_sets()) >= 40
     hf = {tok for s in all_arg_sets() if s.group == "hf-configs" for tok in s.argv if tok.startswith("--")}
@@ -232,7 +236,10 @@ def test_tp_or_cp_launches_with_one_cuda_connection():
     seen = 0
     for s in all_arg_sets():
         needs = s.expect["tensor_model_parallel_size"] > 1 or s.expect["context_parallel_size"] > 1
-        assert (s.env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == (needs or s.expect["sequence_parallel"]), s.id
+        # Megatron-FSDP asserts the opposite (CUDA_DEVICE_MAX_CONNECTIONS != "1"; with TP/CP only a warning)
+        fsdp = s.expect.get("use_megatron_fsdp", False)
+        assert (s.env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == (
+            (needs or s.expect["sequence_parallel"]) and not fsdp), s.id
         seen += needs and not s.expect["sequence_parallel"]
     assert seen > 0   # a TP or CP layout without SP is among the sets
 

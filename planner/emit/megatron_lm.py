@@ -19,6 +19,8 @@ from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 
 GRADIENT_CLIPPING = 1.0
+MEGATRON_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+"""plantune's ZeRO stage -> Megatron-FSDP's --data-parallel-sharding-strategy (megatron/training/arguments.py)"""
 Arg = tuple[str, ...]
 
 
@@ -96,10 +98,15 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
     args += recompute_modes.megatron_lm_args(c.recompute)   # full, selective, block-N, uniform-N
     if c.zero == 1:
         args.append(("--use-distributed-optimizer",))
+    elif c.zero >= 2:   # Megatron-FSDP: the flags Megatron-Core's Megatron-FSDP guide lists, and the only checkpoint
+        # format validate_args accepts with it (--ckpt-format fsdp_dtensor)
+        args += [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[c.zero]),
+                 ("--use-distributed-optimizer",), ("--no-gradient-accumulation-fusion",),
+                 ("--ckpt-format", "fsdp_dtensor")]
     if t.grad_reduce_dtype == "bf16":
         args.append(("--grad-reduce-in-bf16",))
     args += [tuple(f) for f in parallel_extras.megatron_lm_flags(setup)]   # CP / EP / MoE / MLA / FP8 / RoPE scaling
     return args
 
 
-__all__ = ["megatron_lm_args"]
+__all__ = ["MEGATRON_FSDP_STRATEGY", "megatron_lm_args"]

@@ -108,6 +108,9 @@ def torchtitan_dict(setup) -> dict:
     [parallelism] table."""
     if setup.training.precision != "fp8":
         return {}
+    if setup.training.fp8_recipe == "rowwise":   # torchao: float8 all-gather is for tensorwise scaling only
+        return {"model": {"converters": ["quantize.linear.float8"]},
+                "quantize.linear.float8": {"recipe_name": "rowwise"}}
     return {"model": {"converters": ["quantize.linear.float8"]},
             "quantize.linear.float8": {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": True}}
 

@@ -172,7 +172,7 @@ def load_plan_yaml(path: Path) -> RunSetup:
             else "fp32", rampup=rampup,
             flash_attention=_need(d, "use_flash_attn", "", bool, path),
             **{k: tuple(v) if isinstance(v, list) else v for k in _TRAINING_EXTRA
-               for v in [_need(pt, k, "plantune.training.", (str, int, float, list, type(None)), path)]})
+               for v in [_need(pt, k, "plantune.training.", (str, int, float, bool, list, type(None)), path)]})
         samples = _need(d, "train_samples", "", (int, type(None)), path)
         if samples != train_samples(training):
             raise InputError(f"plan file {path}: train_samples {samples} disagrees with plantune.training.train_tokens"

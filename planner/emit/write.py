@@ -44,7 +44,7 @@ def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
                 "megatron_args.sh": md.megatron_args_sh(args, title, ds_config=False),
                 "launch.sbatch": sbatch.launch_sbatch(setup, "megatron-lm", reservation=reservation,
                                                       time_hours=time_hours)}
-    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), fsdp.FILE_NAME: fsdp.torchtitan_text(setup)}
+    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), **fsdp.files(setup)}
 
 
 def emit(setup: RunSetup, kind: str, out_dir: Path, *, flavor: str = "bigscience",
