@@ -73,7 +73,7 @@ def check_args(src: Path, gpu: str, layouts: tuple[str, ...] = LAYOUTS) -> int:
             setup = probe.probe_setup(MODEL, candidate(layout), precision="bf16", procs=1)
             argv = worker_argv(probe.command_for(setup, workdir=Path(tmp), train_iters=8))
             cases.append({"id": layout, "argv": argv[1:], "world": 1, "env": {}, "capability": [9, 0],
-                          "attrs": ["micro_batch_size", "global_batch_size", "recompute_granularity",
+                          "vocab": MODEL.vocab, "attrs": ["micro_batch_size", "global_batch_size", "recompute_granularity",
                                     "transformer_impl", "mock_data"]})
     env = {**os.environ, "PYTHONPATH": str(src), "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run([sys.executable, str(DRIVER)], input=json.dumps(cases), capture_output=True, text=True,
