@@ -14,7 +14,7 @@
 # validate_args accept every command).
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}   # keeps carried wheels (/tmp/site)
 OUT=${OUT:-$PWD/gpu_out}
 SRC=${MEGATRON_SRC:-$PWD/build/megatron-lm-v0.17.1}
 PARTS=${*:-all}
