@@ -103,7 +103,7 @@ def _gone(pids: list[int]) -> bool:
 
 
 def _kill_probe(worker_pids: list[int]) -> None:
-    """After a failure: the probe's workers and their torchrun, by pid (a killed tuner leaves them running)."""
+    """After a failure: the probe's workers and their torchrun, by pid (never left behind, even by a failing test)."""
     for pid in worker_pids:
         try:
             proc = psutil.Process(pid)
