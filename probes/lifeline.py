@@ -6,8 +6,10 @@
 A lifeline is a wrapper that execs its command (same pid) after asking Linux to SIGKILL the process when
 its parent dies (prctl PR_SET_PDEATHSIG; kept across exec). The launcher starts torchrun (or srun, salloc)
 through one, and torchrun starts each worker through one, so the chain tuner -> torchrun -> workers dies
-together whenever a link is killed -- also while a worker is still importing torch, which takes seconds
-and before which nothing of the worker's own runs.
+together whenever a link is killed -- also while a worker is still importing torch (0.9 s on an idle
+CPU machine, seconds on a busy node), before which nothing of the worker's own runs. Linux counts the
+parent *thread*: whoever starts a lifeline must do it from a thread that lives as long as the command
+(the launchers start and wait in the same thread).
 
 Linux sends the signal only for a parent that dies after the prctl. A parent that died between the fork
 and the prctl is caught by comparing ``getppid()`` with the pid the parent wrote into `PARENT_ENV` before
