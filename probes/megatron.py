@@ -45,6 +45,7 @@ from planner.flops import hardware_flops_per_iteration, model_flops_per_iteratio
 from planner.hardware import ClusterSpec, make_cluster
 from planner.model import ModelSpec
 from planner.space import Candidate, TrainingSpec
+from probes import lifeline
 from probes.backend import ProbeBackend
 from probes.launch import probe_env, run_with_timeout
 from probes.layout import model_spec
@@ -263,9 +264,10 @@ def probe_args(setup: RunSetup, flavor: str, *, train_iters: int,
 
 def run_local_command(worker: Sequence[str], *, procs: int, workdir: Path, timeout_s: float, cwd: Path,
                       env: Mapping[str, str] | None = None) -> StepOutcome:
-    """``python -u -m torch.distributed.run --standalone --nproc_per_node N --tee 3 WORKER`` on this machine."""
+    """``python -u -m torch.distributed.run --standalone --nproc_per_node N --tee 3 WORKER`` on this machine,
+    each worker behind a `probes.lifeline` (it dies with torchrun, torchrun with this process)."""
     argv = [sys.executable, "-u", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs),
-            "--nnodes", "1", "--max_restarts", "0", "--tee", "3", *worker]
+            "--nnodes", "1", "--max_restarts", "0", "--tee", "3", *lifeline.worker_module_args(list(worker))]
     overrides = probe_env(env)
     (workdir / "command.json").write_text(json.dumps({"argv": argv, "cwd": str(cwd), "env": overrides,
                                                       "timeout_s": timeout_s}, indent=1) + "\n")

@@ -33,7 +33,8 @@ loss scaler -- the timing is faithful, the recipe is not. fp32 runs plain.
 
 Debug environment variables (tests): ``PLANTUNE_PROBE_FAULT`` = ``hang:R`` | ``raise:R`` |
 ``exit:R:CODE`` makes rank R misbehave after its first step; ``PLANTUNE_PROBE_RLIMIT_AS_HEADROOM_BYTES``
-caps each CPU rank's address space at its size before the first step plus that many bytes.
+caps each CPU rank's address space at its size before the first step plus that many bytes;
+``PLANTUNE_PROBE_HOLD`` = ``setup[:R]`` | ``teardown[:R]`` stops ranks there (`probes.lifeline.hold`).
 """
 
 from __future__ import annotations
@@ -56,11 +57,11 @@ import torch.distributed as dist
 
 from planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, tflops_per_gpu
 from planner.recompute import Recomputed, recomputed
-from probes.launch import die_with_parent
 from torch.distributed.tensor.parallel import loss_parallel
 
 from probes.extent import ProbeExtent, probe_extent, resolve_probe
 from probes.layout import LayoutError, ProbeLayout, model_run, model_spec
+from probes.lifeline import hold
 from probes.memstat import reset_peak_memory, vm_kib
 from probes.outcome import OOM_MARKERS
 from probes.parallel import (DTYPES, build_mesh, build_schedule, build_stages, expert_groups, local_parameter_count,
@@ -570,8 +571,7 @@ def _finish(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    started = time.time()
-    die_with_parent()   # a killed torchrun (or tuner) takes its workers with it
+    started = time.time()   # started behind a probes.lifeline: a killed torchrun (or tuner) takes it along
     parser = argparse.ArgumentParser(prog="python -m probes.train", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="ProbeSpec JSON file")
     parser.add_argument("--out", required=True, help="probe folder (result.json, error and pid files)")
@@ -598,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             device = torch.device("cpu")
             if "OMP_NUM_THREADS" not in os.environ:
                 torch.set_num_threads(1)
+        hold("setup")
         if world > 1:
             dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
         result = run_probe(spec, layout, rank, world, device, started, extent)
@@ -613,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if rank == 0:
         _emit(ProbeResult(**{**result.to_dict(), "workdir": str(out)}), out)
+    hold("teardown")
     _finish(0)
     return 0
 

@@ -22,6 +22,7 @@ import optuna
 import psutil
 import pytest
 from conftest import study_trials
+from probe_kills import KILL_MOMENTS, kill_tuner_at
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG_S = 1800
@@ -107,7 +108,7 @@ def _gone(pids: list[int]) -> bool:
 
 
 def _kill_probe(worker_pids: list[int]) -> None:
-    """After a failure: the probe's workers and their torchrun, by pid (a killed tuner leaves them running)."""
+    """After a failure: the probe's workers and their torchrun, by pid (never left behind, even by a failing test)."""
     for pid in worker_pids:
         try:
             proc = psutil.Process(pid)
@@ -226,3 +227,16 @@ def test_sigterm_records_the_trial_interrupted_and_exits_143(tmp_path):
     trial = optuna.load_study(study_name="cpu", storage=storage).trials[running.number]
     assert trial.state.name == "FAIL" and trial.user_attrs["outcome"] == "interrupted"
     assert "SIGTERM" in trial.user_attrs["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["torchrun", "worker", "import", "setup", "steps", "teardown"])
+def test_sigkilled_tuner_leaves_no_probe_process_at_any_moment(tmp_path, moment):
+    """Issue 24: the tuner SIGKILLed while torchrun starts, while a worker starts (before and after its lifeline
+    arms, before torch is imported), in the process-group set-up, in the steps, in the teardown."""
+    # endless: a process the kill missed (a released one included) would never end by itself
+    endless = [] if moment == "teardown" else ["--probe-steps", "100000"]
+    argv = tiny_argv(tmp_path, "--confirm-top", "0", "--max-probes", "1", "--top-k", "1", "--probe-timeout", "3600",
+                     "--no-progress", *endless)
+    left = kill_tuner_at(KILL_MOMENTS[moment], argv, folder=tmp_path)
+    assert not left, f"probe processes outlived the tuner killed at '{moment}': {left}"
