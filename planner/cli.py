@@ -29,16 +29,19 @@ from typing import Callable
 
 import yaml
 
-from planner import flops, fp8
+from planner import flops, fp8, recompute as recompute_modes
 from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
-from planner.hardware import ClusterSpec, apply_calibration, load_cluster, make_cluster
+from planner.calibration import apply_calibration, compute_line
+from planner.files import check_out
+from planner.hardware import ClusterSpec, load_cluster, make_cluster
 from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
 from planner.rampup_schedule import rampup_schedule
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
 from planner.schema import check_flags, check_training
-from planner.space import FRAMEWORKS, OPTIMIZERS, PINNABLE, PRECISIONS, RECOMPUTE, TrainingSpec, parse_explain
+from planner.space import (FRAMEWORKS, OPTIMIZERS, PINNABLE, PP_SCHEDULES_FSDP, PRECISIONS, RECOMPUTE, TrainingSpec,
+                           parse_explain)
 
 FORMATS = ("table", "json", "yaml", "csv")
 TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "memory_gb_per_gpu",
@@ -83,8 +86,11 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
                                                   "...), a HF config.json, or a plantune model YAML")
     add("--gpus", type=_positive_int, help="total GPUs (a multiple of --gpus-per-node)")
     add("--nodes", type=_positive_int, help="nodes, instead of --gpus")
-    add("--gpu", default=None, help="accelerator id from the catalog (default A100-80GB)")
-    add("--gpus-per-node", type=_positive_int, default=None, help="GPUs per node (default 8)")
+    add("--gpu", default=None, help="accelerator: a catalog id (default A100-80GB; planner/accelerators.yaml: V100, "
+                                    "A100, H100-SXM/PCIe/NVL, H800, H20, GH200, H200, B200, GB200, L4, L40S, A10, "
+                                    "MI250X, MI300X, MI325X, ...) or a GPU YAML describing yours")
+    add("--gpus-per-node", type=_positive_int, default=None,
+        help="GPUs per node (default: the accelerator's usual node, 8 for most); fewer --gpus plan one partial node")
     add("--cluster", help="cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps or nics_per_node x nic_gbps, "
                           "intra_node_gbps) or a preset: jean-zay-a100, jean-zay-v100, dgx-a100-superpod, "
                           "dgx-h100-superpod")
@@ -97,10 +103,15 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--global-batch", type=_positive_int, help="global batch in sequences (default: the model's)")
     add("--seq-len", type=_positive_int, help="sequence length (default: the model's)")
     add("--precision", choices=PRECISIONS, default=None, help="bf16 (default; fp16 on GPUs without bf16) | fp16 | fp32")
-    add("--optimizer", choices=OPTIMIZERS, default="adamw")
-    add("--fp8-recipe", choices=("delayed", "tensorwise"), default=None,
+    add("--optimizer", choices=OPTIMIZERS, default="adamw",
+        help="optimizer, for its memory per parameter (default adamw)")
+    add("--fp8-recipe", choices=("delayed", "tensorwise", "rowwise"), default=None,
         help="with --precision fp8: Transformer Engine's scaling, delayed (default; amax history) or tensorwise "
-             "(current scaling, as Megatron-Bridge's H100 recipes)")
+             "(current scaling, as Megatron-Bridge's H100 recipes); torchtitan float8: tensorwise or rowwise")
+    add("--pp-schedule", choices=PP_SCHEDULES_FSDP, default=None,
+        help="--framework fsdp: torchtitan's pipeline schedule (default 1F1B; Interleaved1F1B where VPP > 1)")
+    add("--torch-compile", action="store_true", help="--framework fsdp: torchtitan with torch.compile")
+    add("--async-tp", action="store_true", help="--framework fsdp: torchtitan's async TP (needs --torch-compile)")
     add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
         help="Megatron-LM's main-grad buffer and its reduce: fp32 (default) or bf16 (--grad-reduce-in-bf16)")
     add("--flops-attention", choices=flops.ATTENTION_COUNTS, default="full",
@@ -113,7 +124,11 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--rampup", nargs=3, type=_positive_int, metavar=("START", "INCREMENT", "SAMPLES"),
         help="batch-size rampup; every rampup batch size becomes a constraint (default: the model's own)")
     add("--no-rampup", action="store_true", help="ignore the model's default rampup")
-    add("--recompute", help=f"comma list of recompute modes to consider ({','.join(RECOMPUTE)})")
+    add("--recompute", help="comma list of recompute modes to consider: none, selective, full; Megatron-LM's "
+                            "partial recompute block (the first N layers of each model chunk checkpointed; plan "
+                            "picks the smallest N that fits; block-N fixes N) and uniform[-N]; torchtitan's "
+                            "selective-op and selective-layer[-N] (plan's default: none,selective,full,block; "
+                            "tune's: none,selective,full)")
     add("--zero", help="comma list of ZeRO stages / FSDP strategies to consider (0,1,2,3)")
     add("--cp", help="comma list of context-parallel sizes to consider (default: powers of two keeping >= 8K tokens a rank)")
     add("--ep", help="comma list of expert-parallel sizes to consider (default: divisors of the expert count)")
@@ -124,12 +139,14 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
         add(f"--{name}", type=_positive_int, default=None, dest=f"pin_{name}",
             help=f"pin {name.upper()} (like --gpus): only layouts with this {name.upper()} are considered")
     add("--memory-fraction", type=_positive_float, default=0.75,
-        help="seed 004's first guess: layouts whose model states exceed this fraction of GPU memory are marked "
-             "(advisory, default 0.75); only the predicted total against memory minus headroom rules out")
+        help="layouts whose model states (weights, gradients, optimizer) exceed this fraction of GPU memory are "
+             "marked in the note column (advisory, default 0.75); only the predicted total against memory minus "
+             "--memory-headroom rules a layout out")
     add("--memory-headroom", type=float, default=0.05, help="fraction of GPU memory kept free (default 0.05)")
     p.add_argument("--flash-attention", dest="flash_attention", action="store_true", default=None,
                    help="attention without the s^2 matrices (default: on except for megatron-deepspeed)")
-    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false")
+    p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
+                   help="the opposite of --flash-attention: attention scores materialised (s^2 per head)")
     add("--train-tokens", type=_positive_float, help="tokens to train (for days / GPU-hours; default: the model's)")
 
 
@@ -149,7 +166,7 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
         if args.gpus is None and args.nodes is None:
             raise InputError("give --gpus N (or --nodes N, or --cluster FILE)")
         cluster = make_cluster(gpu=args.gpu or "A100-80GB", gpus=args.gpus, nodes=args.nodes,
-                               gpus_per_node=args.gpus_per_node or 8, inter_node_gbps=args.inter_node_gbps,
+                               gpus_per_node=args.gpus_per_node, inter_node_gbps=args.inter_node_gbps,
                                intra_node_gbps=args.intra_node_gbps)
     if args.calibration:
         cluster = apply_calibration(cluster, args.calibration)
@@ -228,14 +245,18 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         memory_fraction=args.memory_fraction, memory_headroom=args.memory_headroom,
                         flash_attention=flash, train_tokens=args.train_tokens or model.train_tokens,
                         max_mbs=args.max_mbs,
-                        recompute_options=_split(args.recompute, str, "--recompute") or RECOMPUTE,
+                        recompute_options=_split(args.recompute, str, "--recompute") or getattr(
+                            args, "recompute_default", RECOMPUTE),
                         zero_options=_split(args.zero, int, "--zero") or (0, 1, 2, 3),
                         cp_options=_split(args.cp, int, "--cp"), ep_options=_split(args.ep, int, "--ep"),
                         moe_capacity_factor=args.moe_capacity_factor,
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
                         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
                         overlap=_overlap(getattr(args, "overlap", None)),
-                        flops_attention=getattr(args, "flops_attention", None) or "full")
+                        flops_attention=getattr(args, "flops_attention", None) or "full",
+                        pp_schedule=getattr(args, "pp_schedule", None) or "",
+                        torch_compile=bool(getattr(args, "torch_compile", False)),
+                        async_tp=bool(getattr(args, "async_tp", False)))
 
 
 def _overlap(text: str | None) -> tuple[str, ...] | None:
@@ -258,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="plan", description="Rank the parallel layouts of a training run: TP, PP, DP, MBS, GAS, "
                                          "recompute, ZeRO/FSDP, with predicted memory and TFLOPs per GPU.")
     add_setup_arguments(p, model_required=False)
+    p.set_defaults(recompute_default=recompute_modes.PLAN_DEFAULT)   # tune's parser keeps the classic three
     p.add_argument("--top", type=_positive_int, default=10, help="rows to show (default 10)")
     p.add_argument("--format", choices=FORMATS, default="table")
     p.add_argument("--explain", nargs="?", const="", default=None, metavar="CONFIG",
@@ -271,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "bigscience-workshop/Megatron-DeepSpeed) or microsoft (deepspeedai/Megatron-DeepSpeed: "
                         "GQA, RMSNorm, FlashAttention, ZeRO-2/3 without PP, selective recompute, SP); with --from: "
                         "the file's fork unless given")
-    p.add_argument("--out", help="folder for --emit (default run/)")
+    p.add_argument("--out", help="folder for --emit (default run/); files already there need --force")
+    p.add_argument("--force", action="store_true", help="with --emit: replace the files --out already holds")
     p.add_argument("--reservation", help="SLURM reservation for launch.sbatch")
     p.add_argument("--time-limit", "--time_limit", type=_positive_int, default=20, metavar="HOURS",
                    help="launch.sbatch --time in hours (default 20); Megatron exits 10 minutes before it")
@@ -299,7 +322,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
 
     m, cl, t = p.model, p.cluster, p.training
     active = f" ({m.active_params / 1e9:.1f}B active, {m.num_experts} experts top-{m.moe_topk})" if m.num_experts else ""
-    lines = [f"{m.name}: {m.params / 1e9:.1f}B params{active}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
+    named = f"{m.name} ({m.architecture}, config.json)" if m.architecture else m.name
+    lines = [f"{named}: {m.params / 1e9:.1f}B params{active}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
              f"{f' (kv {m.kv_heads})' if m.kv_heads != m.heads else ''}, seq {t.seq_len}",
              f"cluster: {cl.nodes} nodes x {cl.gpus_per_node} {cl.gpu.id} = {cl.world_size} GPUs "
              f"({cl.gpu.memory_bytes / 2**30:.0f} GiB each); framework {t.framework}"
@@ -309,6 +333,7 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
              cl.network_line(),
+             compute_line(cl, t.framework),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
     extra = [k for k in ("cp", "ep", "etp") if any(getattr(e.candidate, k) > 1 for e in p.candidates[:top])]
@@ -405,7 +430,8 @@ def _emit(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, trai
     from planner.emit import emit
 
     return emit(_setup(model, cluster, training, est), args.emit, Path(args.out or "run"),
-                flavor=flavor or training.flavor, reservation=args.reservation, time_hours=args.time_limit)
+                flavor=flavor or training.flavor, reservation=args.reservation, time_hours=args.time_limit,
+                force=args.force)
 
 
 def targets_for(training: TrainingSpec, emit: str | None) -> tuple[Target, ...]:
@@ -493,9 +519,10 @@ def run(args: argparse.Namespace) -> int:
         if rank > len(result.candidates):
             raise InputError(f"--pick {rank}: only {len(result.candidates)} configurations fit")
         chosen = result.candidates[rank - 1]
-        # refuse before printing anything: render() checks every rule and writes nothing
-        render(_setup(model, cluster, training, chosen), args.emit, flavor=training.flavor,
-               reservation=args.reservation, time_hours=args.time_limit)
+        # refuse before printing anything: render() checks every rule and writes nothing; --out keeps a user's files
+        files = render(_setup(model, cluster, training, chosen), args.emit, flavor=training.flavor,
+                       reservation=args.reservation, time_hours=args.time_limit)
+        check_out(Path(args.out or "run"), files, force=args.force)
     schedule = _schedule(result, same_rules) if want_schedule else None
     if args.format == "table":
         print(render_table(result, args.top, elapsed, framework_why=why))
@@ -540,9 +567,10 @@ def render_schedule(rows: list) -> str:
                        headers=["BS", "NNODES", "GPUs", "TP", "PP", "DP", "MBS", "recompute", "samples/s"]))
 
 
-_FROM_FLAGS = ("from_yaml", "emit", "emit_flavor", "out", "reservation", "time_limit", "format", "explain", "debug")
+_FROM_FLAGS = ("from_yaml", "emit", "emit_flavor", "out", "reservation", "time_limit", "format", "explain", "debug",
+               "force")
 """what `plan --from` honours; every other flag would be ignored (the file holds the setup)"""
-_EMIT_FLAGS = ("pick", "out", "reservation", "time_limit")
+_EMIT_FLAGS = ("pick", "out", "reservation", "time_limit", "force")
 """flags that only shape what --emit writes (--emit-flavor also picks the rules plan ranks with)"""
 
 

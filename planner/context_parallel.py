@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 from planner.terms import COMMUNICATION, Term
 from planner.topology import collective_time_s
+from planner.recompute import recomputed_of
 
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
@@ -115,7 +116,7 @@ def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "Train
     block = core_s / c.cp                       # one (s/CP x s/CP) block of the forward core
     forward = steps * max(0.0, send - block)
     backward = steps * max(0.0, 2 * send - 2 * block)
-    recompute = forward if c.recompute == "full" else 0.0
+    recompute = forward * recomputed_of(model, c, training.framework).layers   # full: all; block-N: its share
     return forward + backward + recompute
 
 

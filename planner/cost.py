@@ -23,7 +23,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from planner import context_parallel, flops, fp8, moe
+from planner import context_parallel, flops, fp8, fsdp_parallel, moe, pipeline_engine, recompute
 from planner.constants import (DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFICIENCY, GEMM_K_HALF, RANKING_ERROR,
                                SHARDED_OVERLAP)
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
@@ -73,9 +73,7 @@ class GemmContext:
     peak: float
     sm_count: int
     base: float
-    """large-GEMM fraction of peak: the catalog's, or a calibration's measurement"""
-    measured: bool
-    """``base`` was measured on the model's own shapes: used as is, no second tile/wave penalty"""
+    """large-GEMM fraction of peak: the catalog's, or fitted to this machine's timed GEMMs (planner.calibration)"""
     cuda_core_ratio: float
     """CUDA-core rate / tensor-core peak, for shapes tensor cores cannot take"""
 
@@ -138,7 +136,7 @@ def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: 
 def _gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bool = False) -> float:
     if min(m, n, k) <= 0:  # a dimension split to nothing (vocab 1 over TP 2) does no work
         return 0.0
-    eff = g.base if g.measured else gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
+    eff = gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
     if attention and (n % TENSOR_CORE_MULTIPLE or k % TENSOR_CORE_MULTIPLE):
         eff = min(eff, g.base) * g.cuda_core_ratio
     elif n % DENSE_ALIGNMENT or k % DENSE_ALIGNMENT:
@@ -151,10 +149,11 @@ def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | 
     acc = cluster.gpu
     precision = precision or training.precision
     peak = acc.peak_flops(precision)
-    measured = cluster.matmul_efficiency is not None   # a calibration file's measurement wins
-    base = cluster.matmul_efficiency if measured else acc.gemm_efficiency
+    base = acc.gemm_efficiency if cluster.matmul_efficiency is None else cluster.matmul_efficiency
+    if precision == "fp8":
+        base *= fp8.gemm_rate_factor(training)   # torchao rowwise float8
     ratio = min(1.0, acc.peak_fp32_flops / peak) if precision in ("bf16", "fp16", "fp8") else 1.0
-    return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, measured=measured, cuda_core_ratio=ratio)
+    return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, cuda_core_ratio=ratio)
 
 
 def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
@@ -187,21 +186,9 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
 
-def balanced_stage_s(layers: int, pp: int, layer_s: float, head_s: float) -> tuple[float, int]:
-    """(slowest stage's compute, layers on the last stage) when the layers are split so that the last
-    stage's layers plus the LM head balance the others (DeepSpeed's PipelineModule partitioning)."""
-    best, best_last = math.inf, 0
-    for last in range(0, -(-layers // pp) + 1):
-        others = -(-(layers - last) // (pp - 1))
-        t = max(others * layer_s, last * layer_s + head_s)
-        if t < best:
-            best, best_last = t, last
-    return best, best_last
-
-
 def layer_key(cand: Candidate) -> tuple:
     """The candidate fields `layer_compute_s` reads: plan() computes it once per distinct key."""
-    return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, cand.recompute)
+    return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, *recompute.time_key(cand))
 
 
 def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
@@ -209,7 +196,7 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     """(attention-core forward, forward + backward + recompute) seconds of one layer for one micro-batch on one CP
     rank: what reads only the candidate's `layer_key`."""
     acc = cluster.gpu
-    fw = get_framework(training.framework)
+    fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
     g = gemm_context(cluster, training)
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
     dense, core, elem = context_parallel.layer_forward_s(layer_forward_s, model, cand, cluster, training, g, fw)
@@ -219,13 +206,15 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     elem += moe.elementwise_extra_bytes(model, cand, training, tokens) * fw.elementwise_traffic / (
         acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)   # MoE: token permutation, expert activations
     # the host launches a layer's kernels asynchronously: a pass takes the longer of the GPU's work and
-    # the host's (framework.host_s_per_layer_forward; the backward launches about twice as many kernels)
-    host = fw.host_s_per_layer_forward
+    # the host's (framework.host_s_per_layer_forward, times this host's measured speed from a calibration, 1 without;
+    # the backward launches about twice as many kernels)
+    host = fw.host_s_per_layer_forward * cluster.host_scale
     # MoE: the dispatcher's host sync; what is launched after it runs at the longer of its GPU and host time
     sync_host, sync_gpu = moe.host_sync_s(model, cand, training, tokens,
                                           lambda m, n, k, batch=1: _gemm_s(m, n, k, g, batch))
     fwd = max(dense + core + elem - sync_gpu, host) + max(sync_gpu, sync_host)
-    extra = fwd if cand.recompute == "full" else (core if cand.recompute == "selective" else 0.0)
+    rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
+    extra = rc.layers * fwd + rc.core * core + rc.matmul * dense
     # backward = 2x forward (seed 001 "forward vs backward"); it launches the experts' kernels without a sync
     layer_s = fwd + max(2 * (dense + core + elem), 2 * (host + sync_host)) + extra
     return core, layer_s
@@ -250,6 +239,8 @@ class StepContext:
     """one layer's attention-core forward (one micro-batch, one CP rank)"""
     layer_s: float
     """one layer's forward + backward (+ recompute), with its host time"""
+    rc: recompute.Recomputed
+    """what the backward re-runs on the busiest rank (planner.recompute.recomputed_of)"""
     stage_layers: int
     """layers on the busiest stage"""
     stage_compute_s: float
@@ -279,7 +270,7 @@ def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, trainin
 def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                  topology: Topology, layer_memo: dict | None = None) -> StepContext:
     acc = cluster.gpu
-    fw = get_framework(training.framework)
+    fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
     g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
     half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
@@ -297,18 +288,18 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     elif split is not None:   # the busiest rank of the split Megatron-LM runs (the last also runs the LM head)
         stage_compute = max(split.first * layer_s, split.middle * layer_s, split.last * layer_s + logits_s)
         lps = split.busiest
-    elif fw.balances_stages:
-        stage_compute, last_layers = balanced_stage_s(model.layers, cand.pp, layer_s, logits_s)
-        lps = max(last_layers, -(-(model.layers - last_layers) // (cand.pp - 1)))
+    elif fw.balances_stages:   # DeepSpeed's PipelineModule partition (planner.pipeline_engine)
+        stage_compute, lps = pipeline_engine.stage_compute_s(model.layers, cand.pp, layer_s, logits_s)
     else:
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
     params_gpu = max(stage_params(model, cand, s, training.framework)
                      for s in (("only",) if cand.pp == 1 else ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
+    rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
     return StepContext(model=model, cand=cand, cluster=cluster, training=training, topology=topology, fw=fw,
-                       tokens=tokens, half=half, core_s=core, layer_s=layer_s, stage_layers=lps,
+                       tokens=tokens, half=half, core_s=core, layer_s=layer_s, rc=rc, stage_layers=lps,
                        stage_compute_s=stage_compute, params_gpu=params_gpu, shard=shard, overlaps=overlaps(training),
-                       dp_traffic_s=dp_comm_s(cand, training, topology, fw, params_gpu * half, shard, half))
+                       dp_traffic_s=dp_comm_s(cand, training, topology, fw, params_gpu * half, shard, half, rc.layers))
 
 
 # -- the terms (planner.terms explains the declaration; TERMS below lists them) ------------------------------------
@@ -318,9 +309,10 @@ def compute_s(ctx: StepContext) -> float:
 
 
 def tp_comm_s(ctx: StepContext) -> float:
-    """TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed (Megatron Sec. 3.1)."""
+    """TP: 2 all-reduces forward, 2 backward, 2 more for each recomputed forward (Megatron Sec. 3.1; block-N: its
+    share of the layers)."""
     cand = ctx.cand
-    msgs = 4 + (2 if cand.recompute == "full" else 0)
+    msgs = 4 + 2 * ctx.rc.layers
     return ctx.stage_layers * (msgs * collective_time_s(
         ctx.topology.tp_link(cand.tp), kind="all_reduce", message_bytes=ctx.tokens * ctx.model.hidden * ctx.half,
         group=cand.tp))
@@ -334,8 +326,20 @@ def pp_p2p_s(ctx: StepContext) -> float:
         return 0.0
     act = ctx.tokens * ctx.model.hidden * ctx.half
     sends = (act / cand.tp if fw.p2p_activation_split else act) + (act / cand.tp if fw.p2p_grad_split else act)
-    return cand.vpp * collective_time_s(ctx.topology.pp_link(cand.tp, cand.dp * cand.cp, cand.pp), kind="send",
-                                        message_bytes=sends, group=2)
+    p2p = cand.vpp * collective_time_s(ctx.topology.pp_link(cand.tp, cand.dp * cand.cp, cand.pp), kind="send",
+                                       message_bytes=sends, group=2)
+    if fw.deepspeed_engine:   # blocking send and receive, one after the other (planner.pipeline_engine)
+        p2p *= pipeline_engine.p2p_serialization(cand.pp)
+    return p2p
+
+
+def grad_accumulation_s(ctx: StepContext) -> float:
+    """DeepSpeed's engine (ZeRO 0-1) adds each micro-batch's gradients into the stage's gradient buffer: one
+    memory-bound pass over the stage's parameters per micro-batch (planner.pipeline_engine)."""
+    if not (ctx.fw.deepspeed_engine and ctx.cand.zero <= 1):
+        return 0.0
+    return pipeline_engine.grad_accumulation_s(ctx.params_gpu, ctx.training.precision,
+                                               ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
 
 def pp_microbatch_overhead_s(ctx: StepContext) -> float:
@@ -344,11 +348,13 @@ def pp_microbatch_overhead_s(ctx: StepContext) -> float:
 
 
 def dp_comm_s(cand: Candidate, training: TrainingSpec, topology: Topology, fw: Framework, grad_bytes: float,
-              shard: int, half: int) -> float:
+              shard: int, half: int, recomputed_layers: float) -> float:
     """Data-parallel gradient traffic of a step: all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2)
     after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP); under ZeRO-3/FSDP the
     parameters all-gathered for the forward and again for the backward and the gradients reduce-scattered
-    (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch."""
+    (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch, once more for a
+    recomputed forward (``recomputed_layers``: its share of the layers); torchtitan under PP once per step
+    (planner.fsdp_parallel.sharded_collectives)."""
     if cand.dp * cand.cp <= 1:
         return 0.0
     if cand.zero >= 3:
@@ -357,8 +363,8 @@ def dp_comm_s(cand: Candidate, training: TrainingSpec, topology: Topology, fw: F
             shard_link = topology.rail_link(shard_link)
         gather = collective_time_s(shard_link, kind="all_gather", message_bytes=grad_bytes, group=shard)
         scatter = collective_time_s(shard_link, kind="reduce_scatter", message_bytes=grad_bytes, group=shard)
-        gathers = 3 if cand.recompute == "full" else 2   # a recomputed forward gathers them once more
-        comm = cand.gas * (gathers * gather + scatter)
+        gathers, scatters = fsdp_parallel.sharded_collectives(cand, training, recomputed_layers)
+        comm = gathers * gather + scatters * scatter
         if cand.hybrid and cand.dp > shard:
             inter = topology.dp_link(cand.tp * shard, cand.dp // shard)
             comm += collective_time_s(inter, kind="all_reduce", message_bytes=grad_bytes / shard,
@@ -366,9 +372,11 @@ def dp_comm_s(cand: Candidate, training: TrainingSpec, topology: Topology, fw: F
         return comm
     dp_link = topology.dp_link(cand.tp, cand.dp * cand.cp)   # gradients reduce over DP x CP (tp-cp-dp rank order)
     dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes, group=cand.dp * cand.cp)
-    if cand.zero >= 1:
-        dp_s *= fw.zero12_traffic
-    dp_s *= dp_traffic_factor(cand, training, half)
+    bf16_optimizer = pipeline_engine.bf16_optimizer_dp_traffic(training)   # the bigscience fork under bf16
+    if bf16_optimizer is not None:
+        dp_s *= bf16_optimizer
+    else:
+        dp_s *= (fw.zero12_traffic if cand.zero >= 1 else 1.0) * dp_traffic_factor(cand, training, half)
     if dp_link.kind == "inter":
         dp_s /= fw.dp_inter_node_efficiency
     return dp_s
@@ -403,9 +411,10 @@ def ddp_bucket_share(ctx: StepContext) -> float:
     return min(1.0, bucket / max(1, ctx.params_gpu))
 
 
-def backward_share(cand: Candidate) -> float:
-    """Backward (with a recomputed forward) share of a micro-batch's compute: backward = 2x forward (seed 001)."""
-    r = 1 if cand.recompute == "full" else 0
+def backward_share(ctx: StepContext) -> float:
+    """Backward (with its recomputed forward: the share of the layers re-run) share of a micro-batch's compute:
+    backward = 2x forward (seed 001)."""
+    r = ctx.rc.layers
     return (2 + r) / (3 + r)
 
 
@@ -417,7 +426,7 @@ def dp_grads_overlap(ctx: StepContext) -> Overlap | None:
     if cand.zero >= 3 or training.framework == "fsdp":
         return Overlap(under="compute", window=cand.gas, exposed_min=1 - SHARDED_OVERLAP)
     if training.framework == "megatron-lm" and "grad-reduce" in ctx.overlaps:
-        return Overlap(under="compute", window=backward_share(cand), exposed_min=ddp_bucket_share(ctx))
+        return Overlap(under="compute", window=backward_share(ctx), exposed_min=ddp_bucket_share(ctx))
     return None
 
 
@@ -426,17 +435,21 @@ def dp_param_gather_overlap(ctx: StepContext) -> Overlap | None:
     hides under the first micro-batch's forward but for the first bucket (distributed_data_parallel.py forward
     pre-hooks)."""
     if "param-gather" in ctx.overlaps:
-        return Overlap(under="compute", window=1 - backward_share(ctx.cand), exposed_min=ddp_bucket_share(ctx))
+        return Overlap(under="compute", window=1 - backward_share(ctx), exposed_min=ddp_bucket_share(ctx))
     return None
 
 
 def tp_comm_overlap(ctx: StepContext) -> Overlap | None:
     """--tp-comm-overlap (Transformer Engine userbuffers, with SP): each all-gather / reduce-scatter is split into TP
     chunks pipelined with the GEMM's chunks, so all but one chunk's transfer hides under the layer's GEMMs
-    (TransformerEngine comm_gemm_overlap, ring-exchange / pipelined split); the GEMMs taken as the stage's compute."""
+    (TransformerEngine comm_gemm_overlap, ring-exchange / pipelined split); the GEMMs taken as the stage's compute.
+    torchtitan's async TP hides ASYNC_TP_HIDDEN of them (planner.fsdp_parallel.tp_exposed_fraction)."""
     cand = ctx.cand
     if cand.tp > 1 and cand.sp and "tp-comm" in ctx.overlaps:
         return Overlap(under="compute", window=1.0, exposed_min=1 / cand.tp)
+    exposed = fsdp_parallel.tp_exposed_fraction(ctx.training)
+    if exposed < 1.0:
+        return Overlap(under="compute", window=1.0, exposed_min=exposed)
     return None
 
 
@@ -458,7 +471,8 @@ def tied_embedding_s(ctx: StepContext) -> float:
     cand, model = ctx.cand, ctx.model
     if not (model.tied_embeddings and cand.pp > 1):
         return 0.0
-    emb_bytes = padded_vocab(model.vocab, cand.tp, ctx.fw) // cand.tp * model.hidden * ctx.half
+    emb_bytes = padded_vocab(model.vocab, cand.tp, ctx.fw) // cand.tp * model.hidden * pipeline_engine.reduce_bytes(
+        ctx.training, ctx.half)   # BF16_Optimizer all-reduces the fp32 gradient
     tied_link = ctx.topology.strided_link((cand.pp - 1) * cand.tp * cand.cp * cand.dp, 2)
     return collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2)
 
@@ -481,13 +495,19 @@ TERMS: tuple[Term, ...] = (
          source="GEMMs at peak x tile/wave/inner-dimension efficiency (NVIDIA 'Matrix Multiplication Background'), "
                 "element-wise at HBM bandwidth, backward = 2x forward (seed 001), host-bound passes (framework)",
          constants=("GEMM_K_HALF", "DENSE_MISALIGNED_EFFICIENCY", "ELEMENTWISE_BW_EFFICIENCY", "EAGER_HOST_S",
-                    "MEGATRON_HOST_S", "EAGER_ELEMENTWISE_TRAFFIC", "KERNEL_LAUNCH_S")),
+                    "MEGATRON_HOST_S", "EAGER_ELEMENTWISE_TRAFFIC", "KERNEL_LAUNCH_S", "ROWWISE_GEMM_EFFICIENCY")),
+    Term(name="grad_accumulation", kind=MEMORY, group="compute_s", per_microbatch=True, seconds=grad_accumulation_s,
+         source="DeepSpeed engine (ZeRO 0-1): autograd adds each micro-batch's gradients into param.grad, at HBM "
+                "bandwidth (planner.pipeline_engine)",
+         constants=("ELEMENTWISE_BW_EFFICIENCY",)),
     Term(name="tp_comm", kind=COMMUNICATION, group="tp_comm_s", per_microbatch=True, seconds=tp_comm_s,
-         overlap=tp_comm_overlap, hides_under="the layer's GEMMs, all but one of TP chunks",
-         flag="--tp-comm-overlap (--overlap tp-comm; needs --sequence-parallel)",
+         overlap=tp_comm_overlap, hides_under="the layer's GEMMs, all but one of TP chunks (torchtitan async TP: "
+                                              "ASYNC_TP_HIDDEN of them)",
+         flag="--tp-comm-overlap (--overlap tp-comm; needs --sequence-parallel); torchtitan "
+              "parallelism.enable_async_tensor_parallel (--async-tp)",
          source="Narayanan et al. 2021 Sec. 3.1 / Shoeybi et al. 2019: 2 all-reduces forward, 2 backward a layer",
          constants=("LINK_EFFICIENCY", "HALF_BANDWIDTH_BYTES_INTRA", "HALF_BANDWIDTH_BYTES_INTER",
-                    "COLLECTIVE_LATENCY_S_INTRA", "COLLECTIVE_LATENCY_S_INTER")),
+                    "COLLECTIVE_LATENCY_S_INTRA", "COLLECTIVE_LATENCY_S_INTER", "ASYNC_TP_HIDDEN")),
     context_parallel.RING_EXCHANGE,
     moe.ALL_TO_ALL,
     Term(name="pp_p2p", kind=COMMUNICATION, group="pp_p2p_s", per_microbatch=True, seconds=pp_p2p_s,
@@ -527,11 +547,13 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     """One candidate's step time, by term (`TERMS`). ``layer_memo``: a dict plan() keeps for one plan,
     `layer_compute_s` by `layer_key` (the same floats, computed once)."""
     ctx = step_context(model, cand, cluster, training, topology, layer_memo)
-    step = evaluate(TERMS, ctx, microbatches=cand.gas, bubble_slots=(cand.pp - 1) / cand.vpp)
+    # (PP-1)/VPP slots (1F1B, interleaved); torchtitan's zero-bubble schedules fewer
+    bubble = fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp, cand.recompute)
+    step = evaluate(TERMS, ctx, microbatches=cand.gas, bubble_slots=bubble)
     gbs = cand.global_batch
     count = training.flops_attention
     return breakdown(step, params, model_flops=flops.model_flops_per_iteration(model, gbs, count),
-                     hardware_flops=flops.hardware_flops_per_iteration(model, gbs, cand.recompute, count))
+                     hardware_flops=flops.hardware_flops_per_iteration(model, gbs, ctx.rc, count))
 
 
 def term_rows(time: TimeBreakdown) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Reading the user's files: one mapping from JSON or YAML (``yaml.safe_load`` only), one-line errors.
+"""The user's files: one mapping from JSON or YAML (``yaml.safe_load``'s loader only), and the files
+`plan --emit` and `tune` write into ``--out`` (never over a user's file without ``--force``, never through a link); one-line errors.
 
 Whatever the file is (missing, a folder, unreadable, binary, not UTF-8, too large, nested too deeply,
 not a mapping) the answer is one :class:`InputError` line naming the file and the fix.
@@ -7,13 +8,20 @@ not a mapping) the answer is one :class:`InputError` line naming the file and th
 from __future__ import annotations
 
 import json
+import os
 import stat
+import tempfile
 from pathlib import Path
+from typing import Iterable
 
 import yaml
 
 from planner.errors import InputError
 
+PACKAGED_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+"""for the files plantune ships (the accelerator catalog, read by every `plan`): yaml.safe_load's constructor on
+libyaml's parser, ~7x faster (4 ms instead of 30 ms); a user's file keeps the pure-Python SafeLoader, whose
+RecursionError on absurd nesting is answered in one line"""
 MAX_FILE_BYTES = 16 * 2**20
 """a model, cluster, calibration or plan file is a few kB; 16 MiB is far beyond any (calibrations ~50 kB)"""
 
@@ -48,12 +56,14 @@ def read_text(path: str | Path, what: str, *, missing_hint: str = "") -> str:
     return text.removeprefix("\ufeff")
 
 
-def read_mapping(path: str | Path, what: str, *, missing_hint: str = "") -> dict:
-    """The mapping in ``path`` (JSON when it ends in .json, else YAML); InputError naming ``what`` otherwise."""
+def read_mapping(path: str | Path, what: str, *, missing_hint: str = "", packaged: bool = False) -> dict:
+    """The mapping in ``path`` (JSON when it ends in .json, else YAML); InputError naming ``what`` otherwise.
+    ``packaged``: a file plantune ships, parsed by PACKAGED_LOADER."""
     p = Path(path)
     text = read_text(p, what, missing_hint=missing_hint)
     try:
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.safe_load(text)
+        loader = PACKAGED_LOADER if packaged else yaml.SafeLoader
+        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.load(text, Loader=loader)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InputError(f"malformed {what} {path}: {first}; fix the syntax") from None
@@ -65,3 +75,44 @@ def read_mapping(path: str | Path, what: str, *, missing_hint: str = "") -> dict
     if not isinstance(data, dict):
         raise InputError(f"malformed {what} {path}: expected a mapping of keys")
     return data
+
+
+def check_out(out: Path, names: Iterable[str] | None = None, *, force: bool) -> None:
+    """Refuse what --out could not take safely, before any work: a link, a file; without ``force``, a folder that
+    holds any of ``names`` (the files about to be written), or any file at all when ``names`` is None."""
+    out = Path(out)
+    if out.is_symlink():
+        raise InputError(f"--out {out} is a symbolic link; give the real folder (plantune never writes through a link)")
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file, not a folder; give a folder")
+    if force or not out.is_dir():
+        return
+    if names is None:
+        if any(out.iterdir()):
+            raise InputError(f"--out {out} is not empty; give a new folder, or add --force to replace the files "
+                             "written there")
+        return
+    there = [n for n in names if (out / n).exists() or (out / n).is_symlink()]
+    if there:
+        raise InputError(f"--out {out} already holds {', '.join(there)}; give a new folder, or add --force to "
+                         "replace them (edits made there would be lost)")
+
+
+def write_files(out: Path, files: dict[str, str], *, force: bool) -> list[Path]:
+    """Write ``files`` (name -> text) into ``out`` without following links: each is written beside its target and
+    renamed over it (a link in its place is replaced, not followed); an existing file is replaced only with
+    ``force``; launchers (``*.sbatch``, ``*.sh`` but the sourced ``*_args.sh``) are executable."""
+    out = Path(out)
+    check_out(out, files, force=force)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in files.items():
+        target = out / name
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        launcher = name.endswith(".sbatch") or (name.endswith(".sh") and not name.endswith("_args.sh"))
+        os.chmod(tmp, 0o755 if launcher else 0o644)
+        os.replace(tmp, target)
+        paths.append(target)
+    return paths

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from planner import moe
 from planner.model import ModelSpec
+from planner.recompute import Recomputed, recomputed
 
 
 def layer_forward_matmul_flops(model: ModelSpec, tokens: int) -> float:
@@ -83,19 +84,23 @@ def model_flops_per_iteration(model: ModelSpec, global_batch: int, attention: st
     return 3.0 * fwd
 
 
-def hardware_flops_per_iteration(model: ModelSpec, global_batch: int, recompute: str, attention: str = "full") -> float:
+def hardware_flops_per_iteration(model: ModelSpec, global_batch: int, recompute: str | Recomputed,
+                                 attention: str = "full") -> float:
     """Model FLOPs plus the forward recomputed by activation checkpointing (HFU numerator).
 
     ``full`` adds one more forward of every layer: 96·B·s·l·h²·(1 + s/6h + V/16lh), exactly
-    Narayanan et al. 2021 Eq. 3. ``selective`` adds the attention core only (Korthikanti 2022).
+    Narayanan et al. 2021 Eq. 3. ``selective`` adds the attention core only (Korthikanti 2022); partial modes
+    (block-N, selective-layer-N, op-level SAC) their share (`planner.recompute.recomputed_of`: pass its answer
+    for a candidate; a mode name is read on a single stage).
     """
     tokens = global_batch * model.seq_len
-    extra = 0.0
-    if recompute == "full":
-        extra = model.layers * (layer_forward_matmul_flops(model, tokens) - _causal_saving(model, tokens, attention))
-    elif recompute == "selective":
-        core = attention_core_forward_flops(model, tokens)
-        extra = model.layers * (core - _causal_saving(model, tokens, attention) if attention == "causal" else core)
+    if isinstance(recompute, str):
+        recompute = recomputed(model, recompute, model.layers, 1)
+    saving = _causal_saving(model, tokens, attention)   # the recomputed forward counts attention as the model's
+    layer = layer_forward_matmul_flops(model, tokens)
+    core = attention_core_forward_flops(model, tokens)
+    extra = model.layers * (recompute.layers * (layer - saving) + recompute.core * (core - saving)
+                            + recompute.matmul * (layer - core))
     return model_flops_per_iteration(model, global_batch, attention) + extra
 
 

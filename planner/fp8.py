@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from planner import moe
+from planner.constants import ROWWISE_GEMM_EFFICIENCY
 
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
@@ -41,13 +42,25 @@ FP8_PARAM_BYTES = 1.0 + 1.0
 # Transformer Engine scaling recipes plan models (Megatron-LM --fp8-recipe): delayed scaling takes the scale from the
 # amax history, so the norm writes FP8 directly and a cast computes amax in the same pass; per-tensor current scaling
 # ("tensorwise", Megatron-Bridge's H100 FP8-CS runs: fp8_recipe="tensorwise") needs the tensor's amax first.
-FP8_RECIPES = ("delayed", "tensorwise")
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise")
+# torchao's rowwise float8 (torchtitan quantize.linear.float8 recipe_name "rowwise"): a scale per row of each GEMM
+# operand, so GEMMs with row-scaled epilogues (torch._scaled_mm rowwise) and, for the weight-gradient GEMM, each input
+# quantized a second time along its other axis (torchao float8 CastConfig AXISWISE per operand).
+# Their rate relative to tensorwise: ROWWISE_GEMM_EFFICIENCY (planner.constants, measured on an H200).
+# Bytes per GEMM-input element of rowwise's second, other-axis quantization: read the bf16 input and its amax pass
+# (2 + 2), write the FP8 copy (1).
+ROWWISE_SECOND_CAST_BYTES = 2.0 + 2.0 + 1.0
 # Extra HBM bytes per GEMM-input element under current scaling (TE csrc normalization.cpp: a Float8Quantizer takes
 # FULLY_FUSED, a Float8CurrentScalingQuantizer FUSED_NORM_AMAX_FP8 = "compute norm and amax in high precision, then
 # quantize"): a norm-fed input (QKV, FC1) is written in bf16 and read back by the cast, 2 + 2; any other input (output
 # projection, FC2, the experts' permuted tokens) is read once more by the amax reduction before the cast, 2.
 CURRENT_SCALING_NORM_FED_BYTES = 2.0 + 2.0
 CURRENT_SCALING_AMAX_READ_BYTES = 2.0
+
+
+def gemm_rate_factor(training: "TrainingSpec") -> float:
+    """The FP8 GEMMs' rate relative to the FP8 peak's usual efficiency: ROWWISE_GEMM_EFFICIENCY under rowwise."""
+    return ROWWISE_GEMM_EFFICIENCY if training.precision == "fp8" and training.fp8_recipe == "rowwise" else 1.0
 
 
 def compute_precision(precision: str) -> str:
@@ -132,16 +145,18 @@ def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, token
     fc1, fc2 = moe.mlp_gemm_input_widths(model, c)
     elements = tokens * (h + model.q_dim / t + fc1 + fc2)
     out = CAST_BYTES_PER_ELEMENT * elements
-    if recipe == "tensorwise":
+    if recipe in ("tensorwise", "rowwise"):   # current scaling: the amax pass first
         # norm-fed: the QKV input and a dense FC1's (a MoE layer's FC1 reads the permuted tokens: amax read)
         norm_fed = h + (h if not moe.is_moe(model) else 0.0)
         out += tokens * (CURRENT_SCALING_NORM_FED_BYTES * norm_fed
                          + CURRENT_SCALING_AMAX_READ_BYTES * (h + model.q_dim / t + fc1 + fc2 - norm_fed))
+    if recipe == "rowwise":
+        out += ROWWISE_SECOND_CAST_BYTES * elements
     return out
 
 
 __all__ = ["FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_traffic_bytes",
-           "compute_precision", "fc1_input_copies", "fp8_param_gather", "model_param_bytes",
+           "compute_precision", "fc1_input_copies", "fp8_param_gather", "gemm_rate_factor", "model_param_bytes",
            "param_gather_bytes", "violations", "weight_bytes"]
 
 

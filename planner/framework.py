@@ -36,20 +36,24 @@ class Framework:
     dp_inter_node_efficiency: float
     """the data-parallel reduction's rate across nodes relative to the ring model"""
     balances_stages: bool
-    """pipeline stages get whole layers so that the last stage's layers + LM head balance the others"""
+    """pipeline stages as DeepSpeed's PipelineModule partitions them: ceil(L/PP) layers each from the first, the
+    last stage the rest plus the LM head (planner.pipeline_engine.deepspeed_stage_layers)"""
     sharded_gather_per_rail: bool
     """ZeRO-3 gathers reach one NIC's rate per GPU, not the node's aggregate"""
     source: str
     default_overlaps: tuple[str, ...] = ()
     """the `OVERLAPS` a run of this framework has unless told otherwise (what plantune's emitted run sets)"""
+    deepspeed_engine: bool = False
+    """DeepSpeed's engine runs the step: blocking pipeline p2p and per-micro-batch gradient accumulation
+    (planner.pipeline_engine)"""
 
 
-# Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022): executes a Python
-# instruction list per micro-batch (load, forward, send/recv activation, backward, send/recv grad,
-# each a blocking torch.distributed call); with TP > 1 it sends activations partitioned over TP
-# (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the receiver)
-# but gradients whole (is_grad_partitioned = False).
-# its fixed cost per micro-batch and stage: DS_MICROBATCH_OVERHEAD_S (planner.constants)
+# Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022) with TP > 1 sends activations
+# partitioned over TP (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the
+# receiver, PartitionedTensor.from_meta's meta.tolist() device-to-host sync in the forward and in RecvGrad) but
+# gradients whole (is_grad_partitioned = False). What the engine does at every TP (blocking p2p, gradient
+# accumulation, BF16_Optimizer) is planner.pipeline_engine's; its fixed cost per micro-batch and stage with TP > 1:
+# DS_MICROBATCH_OVERHEAD_S (planner.constants).
 
 # Host time per layer forward, eager (EAGER_HOST_S) and Megatron's fused layer (MEGATRON_HOST_S): planner.constants.
 
@@ -71,15 +75,17 @@ MEGATRON_OVERLAPS = ("grad-reduce", "param-gather", "p2p")
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(name="megatron-lm", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=True,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=MEGATRON_HOST_S, pads_vocab=True,
-              zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False, source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
+              zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False,
+              source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
                      "_vocab_size_with_padding (--make-vocab-size-divisible-by 128, times TP)",
               default_overlaps=MEGATRON_OVERLAPS),
     Framework(name="megatron-deepspeed", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=False,
               microbatch_overhead_s=DS_MICROBATCH_OVERHEAD_S, host_s_per_layer_forward=MEGATRON_HOST_S,
               pads_vocab=True, zero12_traffic=DS_ZERO12_TRAFFIC, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
-              balances_stages=True, sharded_gather_per_rail=True,
+              balances_stages=True, sharded_gather_per_rail=True, deepspeed_engine=True,
               source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); PipelineModule "
-                     "partition_method (balanced stages; BLOOM: 'type:transformer|embedding'); Megatron vocab padding; "
+                     "partition_method 'type:transformer' (the fork's default, which plan's command keeps; BLOOM's "
+                     "run set 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail: a FITTED choice on Narayanan 2021 Table 2 ZeRO-3 rows"),
     # an eager PyTorch model (seed 002 trains a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and
     # SwiGLU as several unfused kernels each, reading and writing the activations about twice as often as
@@ -87,7 +93,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(name="fsdp", elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, p2p_activation_split=False,
               p2p_grad_split=False,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=EAGER_HOST_S, pads_vocab=False,
-              zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False, source="PyTorch FSDP / torchtitan / Hugging Face eager modules (seed 002)"),
+              zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False,
+              source="PyTorch FSDP / torchtitan / Hugging Face eager modules (seed 002)"),
 )}
 
 

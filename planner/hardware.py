@@ -1,7 +1,9 @@
-"""The one hardware catalog (accelerators) and `ClusterSpec`.
+"""The accelerator catalog, `ClusterSpec` and the cluster presets.
 
-Every figure is a dense (no sparsity) datasheet number with its source; units are in field
-names, SI throughout (FLOP/s, bytes, bytes/s). Link bandwidths are per GPU, one direction.
+The catalog is data, planner/accelerators.yaml, read once per process by `load_accelerators`, the same
+code that reads a user's GPU YAML (``--gpu my_gpu.yaml``, a cluster YAML's ``gpu``, a calibration's ``gpu``).
+Every figure is a dense (no sparsity) datasheet number with its source; `Accelerator` fields are SI
+(FLOP/s, bytes, bytes/s), the YAML keys name their unit. Link bandwidths are per GPU, one direction.
 
     >>> from planner.hardware import get_accelerator
     >>> get_accelerator("A100-80GB").peak_bf16_flops / 1e12
@@ -10,23 +12,22 @@ names, SI throughout (FLOP/s, bytes, bytes/s). Link bandwidths are per GPU, one 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
-
+from pathlib import Path
+from types import MappingProxyType
+from typing import Mapping
 
 from planner.errors import InputError
 from planner.files import read_mapping
-from planner.schema import CALIBRATION, CLUSTER, check, check_world
+from planner.schema import ACCELERATOR, CLUSTER, check, check_world, describe
 
 TB = 1e12
 GB = 1e9
 GiB = 2**30
 
-
-# gemm_efficiency, the sustained fraction of the dense peak for large bf16/fp16 GEMMs: ~0.8 on V100
-# and A100 (NVIDIA "Matrix Multiplication Background" user guide, Fig. 2-3); ~0.7 on H100/H200/B200,
-# whose datasheet peaks assume boost clocks a 700 W+ power cap does not hold under GEMM load
-# (~700 of 989 TFLOP/s in public cuBLAS benchmarks); ~0.6 MI250X and ~0.5 MI300X (hipBLASLt bf16
-# GEMMs reach ~650 of 1307 TFLOP/s in public MI300X-vs-H100 benchmarks, 2024).
+CATALOG_FILE = Path(__file__).with_name("accelerators.yaml")
+"""the built-in catalog: data, read by the same `load_accelerators` as a user's GPU file"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,8 +51,15 @@ class Accelerator:
     cuda_context_bytes: float
     """memory the runtime takes before the model (seed 003 'calibration': 1113 MiB on V100)"""
     source: str
-    peak_fp8_flops: float | None = None
+    peak_fp8_flops: float | None
     """dense FP8 tensor-core peak (datasheet, no sparsity); None where the chip has no FP8"""
+    gpus_per_node: int
+    """the usual node (NVLink domain) size: the default of --gpus-per-node"""
+    nic_gbps: float
+    """the usual inter-node NIC per GPU, Gbit/s per direction: the default network"""
+    power_w: float | None = field(compare=False)
+    aliases: tuple[str, ...] = field(compare=False)
+    """other names --gpu accepts (A100 -> A100-80GB)"""
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak for a training precision: bf16 | fp16 | fp32 (fp32 uses TF32 when the chip has it) | fp8."""
@@ -69,117 +77,135 @@ class Accelerator:
             return self.peak_tf32_flops or self.peak_fp32_flops
         raise InputError(f"unknown precision {precision!r}; use bf16, fp16 or fp32")
 
+    def to_yaml_dict(self) -> dict:
+        """This accelerator in the keys of a GPU YAML (planner/accelerators.yaml): read back by `accelerator_from`."""
+        d: dict = {"id": self.id}
+        for key, (name, unit) in ACCELERATOR_KEYS.items():
+            value = getattr(self, name)
+            d[key] = list(value) if isinstance(value, tuple) else value / unit if unit and value is not None else value
+        return d
 
-def _acc(**kw: object) -> Accelerator:
-    return Accelerator(**kw)  # type: ignore[arg-type]
+
+# GPU YAML key -> (Accelerator field, unit the YAML number is in): one table for reading and writing
+ACCELERATOR_KEYS: dict[str, tuple[str, float | None]] = {
+    "memory_gib": ("memory_bytes", GiB), "bf16_tflops": ("peak_bf16_flops", TB),
+    "fp16_tflops": ("peak_fp16_flops", TB), "fp8_tflops": ("peak_fp8_flops", TB),
+    "tf32_tflops": ("peak_tf32_flops", TB), "fp32_tflops": ("peak_fp32_flops", TB),
+    "hbm_gb_per_s": ("memory_bw_bytes_per_s", GB), "intra_node_gb_per_s": ("intra_node_bw_bytes_per_s", GB),
+    "intra_node_link": ("intra_node_link", None), "gpus_per_node": ("gpus_per_node", None),
+    "nic_gbps": ("nic_gbps", None), "sm_count": ("sm_count", None), "gemm_efficiency": ("gemm_efficiency", None),
+    "cuda_context_gib": ("cuda_context_bytes", GiB), "power_w": ("power_w", None), "source": ("source", None),
+    "aliases": ("aliases", None),
+}
+ACCELERATOR_DEFAULTS = {"bf16_tflops": None, "fp8_tflops": None, "tf32_tflops": None, "intra_node_link": "",
+                        "gpus_per_node": 8, "nic_gbps": 100.0, "gemm_efficiency": 0.7, "cuda_context_gib": 1.0,
+                        "power_w": None, "source": "", "aliases": []}
+"""what a description without ``base`` may leave out: no bf16/FP8/TF32 peak; gemm_efficiency 0.7, the H100-class
+figure (planner/accelerators.yaml says where each comes from); one 100 Gb/s NIC per GPU; a 1 GiB CUDA context"""
 
 
-_V100 = dict(peak_bf16_flops=None, peak_fp16_flops=125 * TB, peak_tf32_flops=None, peak_fp32_flops=15.7 * TB,
-             memory_bw_bytes_per_s=900 * GB, intra_node_bw_bytes_per_s=150 * GB, intra_node_link="NVLink2",
-             cuda_context_bytes=1113 * 2**20, sm_count=80, gemm_efficiency=0.8,
-             source="NVIDIA V100 datasheet (SXM2: 125 TFLOPS tensor, 15.7 FP32, 900 GB/s HBM2, NVLink 300 GB/s "
-                    "bidirectional); context 1113 MiB measured in seed 003")
-_A100 = dict(peak_bf16_flops=312 * TB, peak_fp16_flops=312 * TB, peak_tf32_flops=156 * TB, peak_fp32_flops=19.5 * TB,
-             intra_node_bw_bytes_per_s=300 * GB, intra_node_link="NVLink3", cuda_context_bytes=0.9 * 2**30, sm_count=108,
-             gemm_efficiency=0.8,
-             source="NVIDIA A100 datasheet (312 TFLOPS bf16/fp16 dense, 156 TF32, 19.5 FP32, NVLink 600 GB/s "
-                    "bidirectional); context 0.9 GiB with torch 1.13 per seed 001")
-_H100_SXM = dict(peak_bf16_flops=989 * TB, peak_fp16_flops=989 * TB, peak_tf32_flops=494.5 * TB,
-                 peak_fp32_flops=67 * TB, memory_bytes=80 * GiB, memory_bw_bytes_per_s=3350 * GB,
-                 intra_node_bw_bytes_per_s=450 * GB, intra_node_link="NVLink4", cuda_context_bytes=0.9 * 2**30, sm_count=132,
-                 gemm_efficiency=0.7, peak_fp8_flops=1979 * TB)   # H100/H200 SXM datasheets: 3958 TFLOPS FP8 with sparsity
+def accelerator_from(value: object, where: str, *, known: Mapping[str, Accelerator] | None = None,
+                     default_id: str = "") -> Accelerator:
+    """An accelerator from what a user wrote: a catalog id or alias, a path to a GPU YAML, or a mapping of GPU YAML
+    keys (ACCELERATOR_KEYS; ``base: ID`` starts from another entry and changes only the keys given)."""
+    if isinstance(value, str):
+        return get_accelerator(value, known=known)
+    if not isinstance(value, dict):
+        raise InputError(f"{where} must be a catalog id (e.g. H100-SXM), a path to a GPU YAML, or a mapping "
+                         f"describing the accelerator, got {value!r}")
+    d = check(value, ACCELERATOR, where)
+    if "base" in d:
+        fields = get_accelerator(d["base"], known=known).to_yaml_dict() | {"aliases": [], "source": ""}
+    else:
+        missing = [k for k in ACCELERATOR_KEYS if k not in d and k not in ACCELERATOR_DEFAULTS]
+        if missing:
+            raise InputError(f"{where}: missing key {missing[0]} ({describe(ACCELERATOR[missing[0]])}); give it from "
+                             "the datasheet, or add base: ID to start from a catalog entry (planner/accelerators.yaml)")
+        fields = dict(ACCELERATOR_DEFAULTS)
+    fields |= {k: v for k, v in d.items() if k not in ("base", "id")}
+    acc_id = d.get("id") or default_id
+    if not acc_id:
+        raise InputError(f"{where}: missing key id (text); name the accelerator, e.g. id: MY-GPU")
+    kw = {name: (tuple(fields[key]) if key == "aliases" else
+                 fields[key] * unit if unit and fields[key] is not None else fields[key])
+          for key, (name, unit) in ACCELERATOR_KEYS.items()}
+    kw["source"] = kw["source"] or (f"{where} on top of {d['base']}" if "base" in d else where)
+    return Accelerator(id=acc_id, **kw)
 
-CATALOG: dict[str, Accelerator] = {a.id: a for a in (
-    _acc(id="V100-16GB", memory_bytes=16 * GiB, **_V100),
-    _acc(id="V100-32GB", memory_bytes=32 * GiB, **_V100),
-    _acc(id="A100-40GB", memory_bytes=40 * GiB, memory_bw_bytes_per_s=1555 * GB, **_A100),
-    _acc(id="A100-80GB", memory_bytes=80 * GiB, memory_bw_bytes_per_s=2039 * GB, **_A100),
-    _acc(id="H100-SXM", **_H100_SXM,
-         source="NVIDIA H100 datasheet, SXM5 (989 TFLOPS bf16 dense, 494.5 TF32, 67 FP32, 80 GB HBM3 3.35 TB/s, "
-                "NVLink 900 GB/s bidirectional)"),
-    _acc(id="H100-PCIe", peak_bf16_flops=756 * TB, peak_fp16_flops=756 * TB, peak_tf32_flops=378 * TB,
-         peak_fp32_flops=51 * TB, memory_bytes=80 * GiB, memory_bw_bytes_per_s=2000 * GB,
-         intra_node_bw_bytes_per_s=64 * GB, intra_node_link="PCIe Gen5 x16", cuda_context_bytes=0.9 * 2**30, sm_count=114,
-         gemm_efficiency=0.7, peak_fp8_flops=1513 * TB,   # datasheet: 3026 TFLOPS FP8 with sparsity
-         source="NVIDIA H100 datasheet, PCIe (756 TFLOPS bf16 dense, 378 TF32, 51 FP32, 2.0 TB/s, "
-                "PCIe Gen5 128 GB/s bidirectional)"),
-    _acc(id="H100-NVL", peak_bf16_flops=835 * TB, peak_fp16_flops=835 * TB, peak_tf32_flops=417.5 * TB,
-         peak_fp32_flops=60 * TB, memory_bytes=94 * GiB, memory_bw_bytes_per_s=3900 * GB,
-         intra_node_bw_bytes_per_s=300 * GB, intra_node_link="NVLink bridge", cuda_context_bytes=0.9 * 2**30,
-         sm_count=132, gemm_efficiency=0.7,
-         source="NVIDIA H100 NVL datasheet (1,671 TFLOPS bf16 with sparsity = 835 dense, 835 TF32 sparse, 60 FP32, "
-                "94 GB HBM3 3.9 TB/s, NVLink bridge 600 GB/s bidirectional)"),
-    _acc(id="H200", **{**_H100_SXM, "memory_bytes": 141 * GiB, "memory_bw_bytes_per_s": 4800 * GB},
-         source="NVIDIA H200 datasheet, SXM (989 TFLOPS bf16 dense, 141 GB HBM3e 4.8 TB/s, NVLink 900 GB/s)"),
-    _acc(id="B200", peak_bf16_flops=2250 * TB, peak_fp16_flops=2250 * TB, peak_tf32_flops=1100 * TB,
-         peak_fp32_flops=80 * TB, memory_bytes=180 * GiB, memory_bw_bytes_per_s=7700 * GB,
-         intra_node_bw_bytes_per_s=900 * GB, intra_node_link="NVLink5", cuda_context_bytes=1.0 * 2**30, sm_count=148,
-         gemm_efficiency=0.7, peak_fp8_flops=4500 * TB,   # HGX B200 datasheet: 72 PFLOPS FP8 sparse / 8 GPUs / 2
-         source="NVIDIA HGX B200 datasheet (2.25 PFLOPS bf16 dense, 1.1 PF TF32, 180 GB HBM3e 7.7 TB/s, "
-                "NVLink 1.8 TB/s bidirectional)"),
-    _acc(id="GB200", peak_bf16_flops=2500 * TB, peak_fp16_flops=2500 * TB, peak_tf32_flops=1250 * TB,
-         peak_fp32_flops=80 * TB, memory_bytes=186 * GiB, memory_bw_bytes_per_s=8000 * GB,
-         intra_node_bw_bytes_per_s=900 * GB, intra_node_link="NVLink5 (NVL72 domain)", cuda_context_bytes=1.0 * 2**30,
-         sm_count=148, gemm_efficiency=0.7,
-         source="NVIDIA GB200 NVL72 datasheet, per GPU (/72): 360 PFLOPS bf16 with sparsity = 2.5 PF dense, "
-                "180 PF TF32 sparse, 13.4 TB HBM3e = 186 GB at 576 TB/s = 8 TB/s, NVLink 130 TB/s = 1.8 TB/s "
-                "bidirectional; FP32 per B200 (80 TF); one NVLink domain of 72 GPUs: --gpus-per-node 72"),
-    _acc(id="MI250X", peak_bf16_flops=383 * TB, peak_fp16_flops=383 * TB, peak_tf32_flops=None,
-         peak_fp32_flops=95.7 * TB, memory_bytes=128 * GiB, memory_bw_bytes_per_s=3277 * GB,
-         intra_node_bw_bytes_per_s=200 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30, sm_count=220,
-         gemm_efficiency=0.6,
-         source="AMD Instinct MI250X datasheet (383 TFLOPS bf16/fp16, 95.7 FP32 matrix, 128 GB HBM2e 3.2 TB/s, "
-                "8 Infinity Fabric links 400 GB/s aggregate peer); one OAM = two GCDs"),
-    _acc(id="MI300X", peak_bf16_flops=1307.4 * TB, peak_fp16_flops=1307.4 * TB, peak_tf32_flops=653.7 * TB,
-         peak_fp32_flops=163.4 * TB, memory_bytes=192 * GiB, memory_bw_bytes_per_s=5300 * GB,
-         intra_node_bw_bytes_per_s=448 * GB, intra_node_link="Infinity Fabric", cuda_context_bytes=1.0 * 2**30, sm_count=304,
-         gemm_efficiency=0.5, peak_fp8_flops=2614.9 * TB,   # MI300X datasheet: 2614.9 TFLOPS FP8 dense
-         source="AMD Instinct MI300X datasheet (1307.4 TFLOPS bf16 dense, 653.7 TF32, 163.4 FP32, 192 GB HBM3 "
-                "5.3 TB/s, 7 Infinity Fabric links 896 GB/s bidirectional)"),
-    # One CPU core as a "device": what CPU probes (gloo, one thread per rank) run on in tests.
-    _acc(id="CPU", peak_bf16_flops=1.2 * TB, peak_fp16_flops=0.08 * TB, peak_tf32_flops=None,
-         peak_fp32_flops=0.08 * TB, memory_bytes=8 * GiB, memory_bw_bytes_per_s=10 * GB,
-         intra_node_bw_bytes_per_s=2 * GB, intra_node_link="shared memory (gloo)", cuda_context_bytes=0.3 * GiB,
-         sm_count=1, gemm_efficiency=0.8,
-         source="measured on a 2-core CI machine (fp32 matmul ~160 GFLOP/s for the "
-                "machine, bf16 AMX 1.1-1.3 TFLOP/s per thread); memory per rank and link are round figures"),
-)}
 
-ALIASES = {"V100": "V100-32GB", "A100": "A100-80GB", "H100": "H100-SXM", "H100-80GB": "H100-SXM",
-           "A100-SXM4-80GB": "A100-80GB", "A100-SXM4-40GB": "A100-40GB", "H100-94GB": "H100-NVL",
-           "H200-141GB": "H200", "B200-180GB": "B200"}
+def load_accelerators(path: str | Path, *, known: Mapping[str, Accelerator] | None = None) -> dict[str, Accelerator]:
+    """A GPU YAML: one accelerator (its keys at the top level; id defaults to the file's name), or a catalog of them
+    (id -> description, as planner/accelerators.yaml); ``base`` names an entry above or one of ``known``."""
+    d = read_mapping(path, "GPU file", packaged=Path(path) == CATALOG_FILE)
+    if not d or not all(isinstance(v, dict) for v in d.values()):   # one accelerator: its keys hold values
+        acc = accelerator_from(d, f"GPU file {path}", known=known, default_id=Path(path).stem)
+        return {acc.id: acc}
+    out: dict[str, Accelerator] = {}
+    for acc_id, entry in d.items():
+        out[str(acc_id)] = accelerator_from(entry, f"GPU file {path}: {acc_id}", known={**(known or {}), **out},
+                                            default_id=str(acc_id))
+    return out
+
+
+@functools.cache
+def catalog() -> Mapping[str, Accelerator]:
+    """The built-in catalog (planner/accelerators.yaml), read once per process, read-only."""
+    return MappingProxyType(load_accelerators(CATALOG_FILE))
+
+
+def __getattr__(name: str) -> object:   # `CATALOG` reads the YAML when first asked for, not at import
+    if name == "CATALOG":
+        return catalog()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def accelerator_ref(acc: Accelerator) -> str | dict:
+    """What a written file (plan.yaml) says for ``acc``: its catalog id, or its whole description when it is not
+    the catalog's entry (a user's GPU YAML, a calibrated figure); `accelerator_from` reads either back."""
+    return acc.id if catalog().get(acc.id) == acc else acc.to_yaml_dict()
+
+
+def _aliases(known: Mapping[str, Accelerator]) -> dict[str, str]:
+    return {alias: acc.id for acc in known.values() for alias in acc.aliases}
 
 
 def catalog_id_for_device(name: str) -> str:
     """The catalog id for a device name as CUDA reports it ('NVIDIA H100 80GB HBM3' -> 'H100-SXM'): the catalog id or
-    alias sharing the family and the most of its other parts with the name (the shorter on a tie)."""
+    alias whose family (first part) is a whole word of the name (L4 is not L40S, H200 not GH200) and which shares the
+    most of its other parts with the name (the shorter on a tie)."""
+    known = catalog()
+    aliases = _aliases(known)
     upper = name.upper().replace(" ", "-")
+    words = set(upper.split("-"))
     best, score = None, 0
-    for key in [*CATALOG, *ALIASES]:
+    for key in [*known, *aliases]:
         parts = key.upper().split("-")
-        if parts[0] not in upper:
+        if parts[0] not in words:
             continue
         hits = sum(part in upper for part in parts)
         if hits > score or (hits == score and best is not None and len(key) < len(best)):
             best, score = key, hits
     if best is None:
-        raise InputError(f"no catalog entry for the device {name!r}; add it to planner/hardware.py or give --gpu")
-    return ALIASES.get(best, best)
+        raise InputError(f"no catalog entry for the device {name!r}; describe it in a GPU YAML and give --gpu FILE "
+                         "(keys as in planner/accelerators.yaml)")
+    return aliases.get(best, best)
 
 
-def get_accelerator(gpu_id: str) -> Accelerator:
-    """Exact catalog id (case-insensitive) or a listed alias; anything else fails with the list."""
-    by_lower = {k.lower(): k for k in CATALOG} | {k.lower(): v for k, v in ALIASES.items()}
+def get_accelerator(gpu_id: str, *, known: Mapping[str, Accelerator] | None = None) -> Accelerator:
+    """A catalog id (case-insensitive), a listed alias, or a path to a GPU YAML; anything else fails with the list."""
+    known = catalog() if known is None else known
+    by_lower = {k.lower(): k for k in known} | {k.lower(): v for k, v in _aliases(known).items()}
     key = by_lower.get(gpu_id.strip().lower())
-    if key is None:
-        raise InputError(f"unknown GPU {gpu_id!r}; known: {', '.join(CATALOG)}")
-    return CATALOG[key]
-
-
-# Inter-node defaults per GPU and direction: 200 Gb/s HDR InfiniBand per GPU (DGX A100 / SuperPOD:
-# 8x HDR per node), 400 Gb/s NDR per GPU for H100/H200/B200 (DGX H100: 8x NDR400).
-DEFAULT_INTER_NODE_GBPS = {"V100": 100.0, "A100": 200.0, "H100": 400.0, "H200": 400.0, "B200": 400.0, "GB200": 400.0,
-                           "MI250X": 200.0, "MI300X": 400.0}
+    if key is not None:
+        return known[key]
+    if gpu_id.lower().endswith((".yaml", ".yml", ".json")) or Path(gpu_id).is_file():
+        found = load_accelerators(gpu_id, known=known)
+        if len(found) != 1:
+            raise InputError(f"GPU file {gpu_id} holds {len(found)} accelerators; --gpu takes a file of one "
+                             "(its keys at the top level)")
+        return next(iter(found.values()))
+    raise InputError(f"unknown GPU {gpu_id!r}; known: {', '.join(known)}, or a GPU YAML file "
+                     "(keys as in planner/accelerators.yaml)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -193,7 +219,12 @@ class ClusterSpec:
     intra_node_bw_bytes_per_s: float
     """per GPU, one direction; defaults to the accelerator's link"""
     matmul_efficiency: float | None = None
-    """measured fraction of peak a large GEMM reaches (from a calibration file), else the model default"""
+    """base efficiency of the planner's GEMM shape model (large-GEMM fraction of peak, before tile/wave/short-k
+    losses) fitted to this machine's timed GEMMs (planner.calibration); None: the catalog's gemm_efficiency"""
+    host_scale: float = 1.0
+    """this host's launch time relative to the frameworks' fitted host constants (planner.calibration)"""
+    calibration: str = field(default="", compare=False)
+    """the calibration file applied and what it changed, for the plan's output ("" when none)"""
     cuda_context_bytes: float | None = None
     nics_per_node: int | None = field(default=None, compare=False)
     """inter-node NICs (rails) per node, shared by the node's GPUs; None when only a total was given"""
@@ -274,25 +305,30 @@ CLUSTER_PRESETS: dict[str, ClusterPreset] = {
 CLUSTER_PRESETS["selene"] = CLUSTER_PRESETS["dgx-a100-superpod"]
 
 
-def make_cluster(*, gpu: str, gpus: int | None = None, gpus_per_node: int = 8, nodes: int | None = None,
-                 inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
+def make_cluster(*, gpu: "str | Accelerator", gpus: int | None = None, gpus_per_node: int | None = None,
+                 nodes: int | None = None, inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
                  name: str = "", nics_per_node: int | None = None, nic_gbps: float | None = None,
                  network: str = "") -> ClusterSpec:
     """A cluster from flags: ``--gpu A100-80GB --gpus 384 --gpus-per-node 8``.
 
-    The inter-node bandwidth per node is ``inter_node_gbps``, else ``nics_per_node`` x ``nic_gbps``,
-    else the accelerator family's default rail (DEFAULT_INTER_NODE_GBPS, one NIC per GPU).
+    ``gpu`` is a catalog id, a GPU YAML path or an `Accelerator`; ``gpus_per_node`` defaults to the accelerator's
+    usual node. Fewer GPUs than a node are one node of that many GPUs (a partial node: the same links inside it).
+    The inter-node bandwidth per node is ``inter_node_gbps``, else ``nics_per_node`` x ``nic_gbps``, else one NIC
+    per GPU at the accelerator's usual rate (its ``nic_gbps``).
     """
-    acc = get_accelerator(gpu)
+    acc = gpu if isinstance(gpu, Accelerator) else get_accelerator(gpu)
+    gpus_per_node = acc.gpus_per_node if gpus_per_node is None else gpus_per_node
     if gpus_per_node <= 0:
         raise InputError(f"--gpus-per-node must be > 0, got {gpus_per_node}")
     if nodes is None:
         if gpus is None or gpus <= 0:
             raise InputError(f"--gpus must be a positive integer, got {gpus}")
+        if gpus < gpus_per_node:   # part of one node: plan the GPUs there are
+            gpus_per_node = gpus
         if gpus % gpus_per_node:
             lo = gpus // gpus_per_node * gpus_per_node
-            raise InputError(f"--gpus {gpus} is not a multiple of the node size {gpus_per_node}; "
-                             f"use {lo or gpus_per_node} or {lo + gpus_per_node}, or set --gpus-per-node")
+            raise InputError(f"--gpus {gpus} is not a multiple of the node size {gpus_per_node}; use {lo} or "
+                             f"{lo + gpus_per_node} (whole nodes), or set --gpus-per-node")
         nodes = gpus // gpus_per_node
     elif gpus is not None and gpus != nodes * gpus_per_node:
         raise InputError(f"--gpus {gpus} != nodes {nodes} x gpus per node {gpus_per_node}")
@@ -303,10 +339,9 @@ def make_cluster(*, gpu: str, gpus: int | None = None, gpus_per_node: int = 8, n
     elif nics_per_node and nic_gbps:
         inter, nics, rate = nics_per_node * nic_gbps * 1e9 / 8, nics_per_node, nic_gbps
     else:
-        family = acc.id.split("-")[0]
-        rate = DEFAULT_INTER_NODE_GBPS.get(family, 100.0)
+        rate = acc.nic_gbps
         inter, nics = rate * 1e9 / 8 * gpus_per_node, gpus_per_node
-        network = network or (f"default for {family}: one {rate:g} Gb/s NIC per GPU (a DGX-like node); give "
+        network = network or (f"default for {acc.id}: one {rate:g} Gb/s NIC per GPU (a DGX-like node); give "
                               "--cluster PRESET/FILE or --inter-node-gbps for your cluster")
     intra = intra_node_gbps * 1e9 / 8 if intra_node_gbps else acc.intra_node_bw_bytes_per_s
     return ClusterSpec(name=name or f"{nodes}x{gpus_per_node} {acc.id}", gpu=acc, gpus_per_node=gpus_per_node,
@@ -326,37 +361,21 @@ def preset_cluster(preset: str, *, gpus: int | None = None, nodes: int | None = 
 
 def load_cluster(path: str, *, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
     """A cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps per node or nics_per_node x nic_gbps,
-    intra_node_gbps per GPU), or the name of a preset (CLUSTER_PRESETS: jean-zay-a100, dgx-h100-superpod, ...)."""
+    intra_node_gbps per GPU), or the name of a preset (CLUSTER_PRESETS: jean-zay-a100, dgx-h100-superpod, ...).
+    ``gpu`` is a catalog id, a GPU YAML (a path beside the cluster file or as given), or the accelerator's
+    description itself (a mapping of GPU YAML keys, ``base: ID`` to change a catalog entry)."""
     if path.strip().lower() in CLUSTER_PRESETS:
         return preset_cluster(path.strip().lower(), gpus=gpus, nodes=nodes)
-    d = check(read_mapping(path, "cluster file"), CLUSTER, f"cluster YAML {path}")
+    where = f"cluster YAML {path}"
+    d = check(read_mapping(path, "cluster file"), CLUSTER, where)
+    gpu = d["gpu"]
+    if isinstance(gpu, str) and gpu.lower().endswith((".yaml", ".yml", ".json")) and not Path(gpu).is_absolute():
+        beside = Path(path).parent / gpu
+        gpu = str(beside) if beside.is_file() else gpu
+    acc = accelerator_from(gpu, f"{where}: gpu", default_id=str(d.get("name") or Path(path).stem) + "-gpu")
     if nodes is None and gpus is None:
         nodes = d.get("nodes")
-    return make_cluster(gpu=d["gpu"], gpus=gpus, gpus_per_node=d.get("gpus_per_node", 8), nodes=nodes,
+    return make_cluster(gpu=acc, gpus=gpus, gpus_per_node=d.get("gpus_per_node"), nodes=nodes,
                         inter_node_gbps=d.get("inter_node_gbps"), intra_node_gbps=d.get("intra_node_gbps"),
                         nics_per_node=d.get("nics_per_node"), nic_gbps=d.get("nic_gbps"), name=d.get("name", ""),
                         network=f"cluster file {path}" + (f": {d['source']}" if d.get("source") else ""))
-
-
-def apply_calibration(cluster: ClusterSpec, path: str) -> ClusterSpec:
-    """Override catalog figures with a calibration YAML written by ``tune calibrate``.
-
-    Keys (all optional): ``matmul_efficiency`` (fraction of peak), ``intra_node_busbw_gbps`` and
-    ``inter_node_busbw_gbps`` (measured all-reduce bus bandwidth per GPU, Gbit/s),
-    ``cuda_context_bytes``.
-    """
-    d = check(read_mapping(path, "calibration file"), CALIBRATION, f"calibration YAML {path}")
-    changes: dict = {}
-    if "matmul_efficiency" in d:
-        changes["matmul_efficiency"] = float(d["matmul_efficiency"])
-    # measured bus bandwidths are used as measured: no link-efficiency derate (planner.topology)
-    if "intra_node_busbw_gbps" in d:
-        changes["intra_node_bw_bytes_per_s"] = float(d["intra_node_busbw_gbps"]) * 1e9 / 8
-        changes["intra_node_bw_measured"] = True
-    if "inter_node_busbw_gbps" in d:
-        changes["inter_node_bw_bytes_per_s"] = float(d["inter_node_busbw_gbps"]) * 1e9 / 8 * cluster.gpus_per_node
-        changes["inter_node_bw_measured"] = True
-        changes["network"] = f"measured by tune calibrate ({path})"
-    if "cuda_context_bytes" in d:
-        changes["cuda_context_bytes"] = float(d["cuda_context_bytes"])
-    return replace(cluster, **changes)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner import context_parallel, fp8, moe
+from planner import context_parallel, fp8, fsdp_parallel, moe, pipeline_engine, recompute
 from planner.constants import ALLOCATOR_OVERHEAD
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
@@ -172,28 +172,14 @@ def shard_group_size(cand: Candidate, gpus_per_node: int) -> int:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerActivations:
     stored_bytes: float
-    """kept from forward to backward, per layer and micro-batch"""
+    """kept from forward to backward, per layer and micro-batch (the mean over the layers for selective-layer-N;
+    block-N and uniform-N: `stored_layer_bytes` counts a rank's layers from the two below)"""
     working_bytes: float
     """transient: one layer's full activations while it is (re)computed"""
-
-
-RECOMPUTE_MODES = ("none", "selective", "full", "selective-op", "selective-layer")
-"""Activation checkpointing users have: Megatron's selective (attention core) and full (every layer's input);
-torchtitan's op-level SAC (keeps every other matmul output) and layer SAC (every N-th layer fully
-checkpointed, ``selective-layer`` = N 2, torchtitan's default; ``selective-layer-N`` for another N)."""
-
-
-def recompute_base(mode: str) -> str:
-    """The Megatron mode (none | selective | full) closest in recomputed FLOPs, for cost models that know only those."""
-    if mode.startswith("selective-layer"):
-        return "full" if layer_checkpoint_every(mode) == 1 else "selective"
-    return "selective" if mode == "selective-op" else mode
-
-
-def layer_checkpoint_every(mode: str) -> int:
-    """N of ``selective-layer-N`` (torchtitan's selective_ac_option; 2 by default)."""
-    tail = mode.removeprefix("selective-layer").lstrip("-")
-    return int(tail) if tail.isdigit() and int(tail) > 0 else 2
+    input_bytes: float = 0.0
+    """kept by a checkpointed layer (or unit of layers): its input"""
+    full_bytes: float = 0.0
+    """kept by a layer that is not checkpointed"""
 
 
 def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec, *,
@@ -237,27 +223,31 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
     full -= fp8.activation_saving_bytes(cand, training.precision, sbh, f_ratio, training.flash_attention,
                                         fp8.fc1_input_copies(model, training))   # FP8 GEMM inputs
     layer_input = 2 * sbh / (t if cand.sp else 1)
-    mode = cand.recompute
-    if mode == "full":
-        stored = layer_input
-    elif mode == "selective":
+    mode = recompute.parse(cand.recompute)
+    kind = mode.kind if mode else cand.recompute
+    if kind == "selective":
         stored = full - scores   # Korthikanti Sec. 4.2: recompute only the attention core
-    elif mode == "selective-op":
+    elif kind == "selective-op":
         # torchtitan op-level SAC (_save_list, "only save every other mm"): of wq, wk, wv, wo, w1, w3, w2 it keeps
         # wq, wv, w1 and w2 outputs, plus the attention output and the layer input
         stored = layer_input + (2 + 2 * kv + 2 * f_ratio + 2) * sbh / t + 2 * sbh / t
-    elif mode.startswith("selective-layer"):
-        n = layer_checkpoint_every(mode)   # torchtitan layer SAC: every n-th block checkpointed (its input kept)
+    elif kind == "full":
+        stored = layer_input
+    elif kind == "selective-layer":
+        n = mode.n   # torchtitan layer SAC: every n-th block checkpointed (its input kept)
         stored = (layer_input + (n - 1) * full) / n
-    else:
+    else:   # none; block-N and uniform-N: stored_layer_bytes counts the checkpointed layers' inputs and the others
         stored = full
-    if mode == "none":
+    if kind == "none":
         # no transient on top: the stored activations are freed layer by layer as the backward runs
         return LayerActivations(stored_bytes=stored, working_bytes=0.0)
     # a recomputed layer's backward runs on top of all it re-saved; without FlashAttention it also materialises the
     # gradient of the s x s probabilities (16-bit; Megatron's fused softmax backward then works in place): 2·a·s²·b/t
     score_grad = 0.0 if training.flash_attention else 2 * model.heads * s * s * b / t
-    return LayerActivations(stored_bytes=stored, working_bytes=full + score_grad)
+    # uniform-N re-runs a unit of N layers at once (transformer_block.py: checkpoint_handler(custom(l, l + N)))
+    unit = mode.n if mode is not None and mode.kind == "uniform" else 1
+    return LayerActivations(stored_bytes=stored, working_bytes=unit * full + score_grad, input_bytes=layer_input,
+                            full_bytes=full)
 
 
 def in_flight_microbatches(cand: Candidate) -> float:
@@ -266,8 +256,9 @@ def in_flight_microbatches(cand: Candidate) -> float:
     Interleaved 1F1B holds (1 + (p-1)/(p·v)) times more (Korthikanti et al. 2022 Sec. 4.2.3).
     """
     m = min(cand.pp, cand.gas)
-    if cand.vpp > 1:
-        m *= 1 + (cand.pp - 1) / (cand.pp * cand.vpp)
+    if cand.vpp > 1:   # never more than the step's micro-batches (torch ScheduleInterleaved1F1B caps its warm-up
+        # at n_microbatches x stages per rank chunks: GAS whole-stage micro-batches)
+        m = min(m * (1 + (cand.pp - 1) / (cand.pp * cand.vpp)), cand.gas)
     return m
 
 
@@ -311,7 +302,9 @@ def framework_buffers_bytes(params_on_gpu: int, cand: Candidate, training: Train
     nccl = nccl_buffers_bytes(cand)
     if training.framework == "megatron-deepspeed":
         return nccl + 2 * min(5e8, params_on_gpu) * 2
-    if training.framework == "fsdp" and cand.zero >= 2:
+    if training.framework == "fsdp" and cand.pp > 1:   # torchtitan under PP: the whole stage stays unsharded
+        return nccl + fsdp_parallel.unsharded_stage_bytes(params_on_gpu, cand, training)
+    if training.framework in ("fsdp", "megatron-lm") and cand.zero >= 2:   # FSDP; Megatron-FSDP (--use-megatron-fsdp)
         # 16-bit unsharded parameters (FSDP MixedPrecision param_dtype) and fp32 unsharded gradients (reduce_dtype)
         unsharded = (2.0 + 4.0) if training.precision != "fp32" else 8.0
         return nccl + 2 * model.params_per_layer / cand.tp * unsharded
@@ -348,6 +341,12 @@ def training_param_bytes(training: TrainingSpec) -> ParamBytes:
         # accumulation and all-reduce to be done in fp32" -> grad_reduce_in_fp32); --fp16 keeps it in the params'
         # fp16 (param_and_grad_buffer grad_dtype), and --grad-reduce-in-bf16 turns the fp32 off
         pb = replace(pb, grads=2)
+    if pipeline_engine.runs_bf16_optimizer(training):
+        # BF16_Optimizer (the bigscience fork under bf16) keeps fp32 gradients for every parameter of the GPU beside
+        # the bf16 ones (bf16_optimizer.py: fp32_groups_gradients_flat = zeros_like(bf16_groups_flat, fp32)), not a
+        # DP partition; fp32 master weights and Adam states are partitioned over DP (ZeRO-1-like)
+        pb = replace(pb, grads=pb.grads + pipeline_engine.CONSTANTS["bf16_fp32_grad_bytes_per_param"].value,
+                     grads_fp32=0)
     return pb
 
 
@@ -372,10 +371,22 @@ def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, sta
     lps = stage_layers(model, cand, training.framework, stage)
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer
     in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
-    stored = lps + (model.mtp_layers if stage != "first" else 0)   # MTP layers: a layer's activations each
-    activations = ALLOCATOR_OVERHEAD * (in_flight * (stored * act.stored_bytes + embed_out) + act.working_bytes)
+    activations = ALLOCATOR_OVERHEAD * (in_flight * (stored_layer_bytes(model, cand, stage, lps, act) + embed_out)
+                                        + act.working_bytes)
     logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
     return context_parallel.split_activations(activations, logits, model, cand, training)
+
+
+def stored_layer_bytes(model: ModelSpec, cand: Candidate, stage: str, lps: int, act: LayerActivations) -> float:
+    """Activations the ``lps`` layers of a rank (and its MTP layers) keep for one micro-batch: ``act.stored_bytes``
+    each, but under block-N / uniform-N the checkpointed layers (`planner.recompute.checkpointed_layers`) keep only
+    their inputs (`planner.recompute.kept_inputs`) and the others all their activations."""
+    mtp = model.mtp_layers if stage != "first" else 0   # MTP layers: a layer's activations each
+    if recompute.kind(cand.recompute) not in recompute.PARTIAL:
+        return (lps + mtp) * act.stored_bytes
+    checkpointed = recompute.checkpointed_layers(cand.recompute, lps, cand.vpp)
+    inputs = recompute.kept_inputs(cand.recompute, lps, cand.vpp)
+    return inputs * act.input_bytes + (lps - checkpointed + mtp) * act.full_bytes
 
 
 def _breakdown(stage: str, states: tuple[int, float, float, float, float], dynamic: tuple[float, float],

@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 
-from planner import moe
+from planner import model_facts, moe
 from planner.errors import InputError
 from planner.files import read_mapping
-from planner.schema import HF_FAMILIES, check_hf, check_model_yaml
+from planner.hf_config import read_hf
+from planner.schema import check_model_yaml
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +105,62 @@ class ModelSpec:
     mtp_layers: int = 0
     """multi-token-prediction modules after the last layer (Megatron --mtp-num-layers; DeepSeek-V3: 1), each a
     transformer layer of the model's own kind plus a 2h x h projection, sharing the embedding and LM head"""
+    # the model's own facts beyond its shape (planner.model_facts: checks, YAML defaults; planner.emit writes them)
+    architecture: str = ""
+    """the Hugging Face class the file names (``architectures[0]``: LlamaForCausalLM); empty for presets / YAML"""
+    max_positions: int = 0
+    """positions the model was built for (config.json max_position_embeddings: Llama-3.1 131,072); 0 = seq_len.
+    seq_len is the default training length, this the limit a run may go up to"""
+    rope_theta: float = 0.0
+    """RoPE base (Llama 3: 500,000; Qwen2.5, Qwen3, Mistral v0.3: 1,000,000); 0 = RoFormer's 10,000"""
+    rotary_percent: float = 1.0
+    """fraction of each head's width that is rotated (GPT-NeoX rotary_pct 0.25)"""
+    norm_eps: float = 0.0
+    """epsilon of every LayerNorm/RMSNorm (Qwen: 1e-6); 0 = not stated (Megatron's 1e-5)"""
+    qkv_bias: bool = False
+    """q/k/v biases in a model whose other linear layers have none (Qwen2, Qwen2.5: Megatron --add-qkv-bias)"""
+    qk_norm: str = ""
+    """RMSNorm on queries and keys: "head" (per head, head_dim wide: Qwen3, Gemma 3; Megatron --qk-layernorm),
+    "full" (over all heads, q_dim / kv_dim wide: OLMo 2), "" none"""
+    norm_placement: str = "pre"
+    """pre (norm before attention and MLP) | post (after each, OLMo 2) | sandwich (before and after each: Gemma 2/3)"""
+    activation: str = ""
+    """the MLP's activation: gelu | gelu_tanh | silu | relu; "" = gelu, or silu with glu (SwiGLU)"""
+    parallel_residual: bool = False
+    """attention and MLP side by side from one residual (GPT-NeoX, Falcon, GPT-J)"""
+    attn_softcap: float = 0.0
+    """attention logits soft-capped at this value (Gemma 2: 50); 0 = none"""
+    logit_softcap: float = 0.0
+    """output logits soft-capped at this value (Gemma 2: 30); 0 = none"""
+    sliding_window: int = 0
+    """attention window in tokens (Mistral-7B-v0.1: 4096); 0 = full attention"""
+    window_full_every: int = 0
+    """with sliding_window: every n-th layer attends in full (Gemma 2: 2, Gemma 3: 6; Megatron
+    --window-attn-skip-freq); 0 = every layer is windowed"""
+    init_std: float = 0.0
+    """weight-init standard deviation (config.json initializer_range: DeepSeek-V3 0.006); 0 = planner.emit.facts'"""
+    yarn_mscale: float = 1.0
+    yarn_mscale_all_dim: float = 0.0
+    """YaRN attention scaling (DeepSeek-V2: 0.707, 0.707; DeepSeek-V3: 1, 1) with rope_scaling yarn"""
+    moe_aux_loss_coeff: float = 0.0
+    """load-balancing loss weight (Mixtral router_aux_loss_coef 0.02, Qwen3-MoE 0.001); 0 = none (Megatron's default)"""
+    moe_seq_aux: bool = False
+    """the balance loss per sequence, not per batch (DeepSeek seq_aux; Megatron seq_aux_loss)"""
+    moe_score: str = "softmax"
+    """router score function: softmax | sigmoid (DeepSeek-V3)"""
+    moe_norm_topk: bool = True
+    """top-k weights renormalised to sum 1 (norm_topk_prob); False: softmax over all experts, then top-k
+    (Qwen2-MoE, DeepSeek-V2; Megatron --moe-router-pre-softmax)"""
+    moe_topk_scale: float = 1.0
+    """routed experts' weights times this (DeepSeek routed_scaling_factor: V2 16, V3 2.5)"""
+    moe_groups: int = 0
+    moe_group_topk: int = 0
+    """group-limited routing: experts in moe_groups groups, tokens routed within moe_group_topk of them (DeepSeek
+    n_group, topk_group)"""
+    moe_expert_bias: bool = False
+    """auxiliary-loss-free balancing: a per-expert bias on the routing scores (DeepSeek-V3 noaux_tc)"""
+    moe_shared_gate: bool = False
+    """a sigmoid gate on the shared experts' output (Qwen2-MoE shared_expert_gate)"""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len"):
@@ -120,7 +177,7 @@ class ModelSpec:
             raise InputError(f"model {self.name!r}: position must be learned, rope or alibi")
         if self.norm not in ("layernorm", "rmsnorm"):
             raise InputError(f"model {self.name!r}: norm must be layernorm or rmsnorm")
-        for problem in moe.shape_problems(self):
+        for problem in moe.shape_problems(self) + model_facts.problems(self):
             raise InputError(f"model {self.name!r}: {problem}")
 
     # -- derived shape ---------------------------------------------------------------
@@ -151,14 +208,31 @@ class ModelSpec:
         attn = h * (q + 2 * kv) + q * h
         mlp = (3 if self.glu else 2) * h * f
         biases = (q + 2 * kv + h + (2 if self.glu else 1) * f + h) if self.bias else 0
-        return attn + mlp + biases + 2 * self.norm_params
+        return attn + mlp + biases + self.layer_vector_params
+
+    @property
+    def positions(self) -> int:
+        """The longest sequence the model takes: max_positions when the file says it, else seq_len."""
+        return self.max_positions or self.seq_len
+
+    @property
+    def layer_vector_params(self) -> int:
+        """One block's norms and the vectors beside its matrices: two norms (four with sandwich norms, Gemma 2/3:
+        HF Gemma2DecoderLayer), QK norms (head_dim each for q and k, Qwen3Attention q_norm/k_norm; q_dim + kv_dim,
+        Olmo2Attention), q/k/v biases of a model otherwise without biases (Qwen2Attention q/k/v_proj bias=True)."""
+        n = (4 if self.norm_placement == "sandwich" else 2) * self.norm_params
+        if self.qk_norm:
+            n += 2 * self.head_dim if self.qk_norm == "head" else self.q_dim + self.kv_dim
+        if self.qkv_bias and not self.bias:
+            n += self.q_dim + 2 * self.kv_dim
+        return n
 
     @property
     def embedding_params(self) -> int:
         """Word embedding (+ learned positions, + embedding norm); the LM head when untied."""
         n = self.vocab * self.hidden
         if self.position == "learned":
-            n += self.seq_len * self.hidden
+            n += self.positions * self.hidden
         if self.embedding_norm:
             n += self.norm_params
         if not self.tied_embeddings:
@@ -202,6 +276,9 @@ def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: 
                      position="rope", norm="rmsnorm", bias=False, **kw)
 
 
+_LLAMA3 = dict(rope_theta=500000.0, norm_eps=1e-5)
+"""Llama 3's RoPE base (Dubey et al. 2024 Sec. 3.1.1: 500,000) and RMSNorm epsilon (HF config.json rms_norm_eps)"""
+
 # Presets: (shape source, training settings source) in each `source`.
 PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
     ModelSpec(name="bloom-176b", layers=70, hidden=14336, heads=112, kv_heads=112, ffn_hidden=57344,
@@ -220,40 +297,48 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
          source="Smith et al. 2022 arXiv 2201.11990 Sec. 3 (shape; batch 32 -> 1920 over 12B tokens)"),
     _gpt("megatron-1t", 128, 25600, 160, global_batch=3072,
          source="Narayanan et al. 2021 arXiv 2104.04473 Table 1 (1T row: GBS 3072)"),
-    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, global_batch=1024, train_tokens=2e12,
+    _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096, global_batch=1024, train_tokens=2e12, norm_eps=1e-5,
            source="Touvron et al. 2023 arXiv 2307.09288 Table 1 (4M-token batch, 2T tokens); HF config.json"),
-    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, global_batch=1024, train_tokens=2e12,
+    _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096, global_batch=1024, train_tokens=2e12, norm_eps=1e-5,
            source="Touvron et al. 2023 arXiv 2307.09288 Table 1; HF config.json"),
-    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, global_batch=1024, train_tokens=2e12,
+    _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096, global_batch=1024, train_tokens=2e12, norm_eps=1e-5,
            source="Touvron et al. 2023 arXiv 2307.09288 Table 1 (GQA); HF config.json"),
-    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, global_batch=512, train_tokens=15e12,
+    _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, global_batch=512, train_tokens=15e12, **_LLAMA3,
            source="Llama 3 HF config.json; Dubey et al. 2024 arXiv 2407.21783 (15T tokens)"),
-    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, global_batch=512, train_tokens=15e12,
+    _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, global_batch=512, train_tokens=15e12, **_LLAMA3,
            source="Llama 3 HF config.json; Dubey et al. 2024 arXiv 2407.21783"),
     _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, global_batch=2048, train_tokens=15.6e12,
+           **_LLAMA3,
            source="Dubey et al. 2024 arXiv 2407.21783 Table 3 (shape; 16M-token batch at seq 8192)"),
     _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072, global_batch=128, train_tokens=800e9,
-           rope_scaling="llama3", rope_scaling_factor=8.0,
+           rope_scaling="llama3", rope_scaling_factor=8.0, **_LLAMA3,
            source="Dubey et al. 2024 arXiv 2407.21783 Table 3 (shape), Table 4 (128K row: 16M tokens a batch), "
                   "Sec. 3.4.2 (~800B long-context tokens); HF Llama-3.1-405B config.json (rope_scaling llama3, 8)"),
     _llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768, num_experts=8, moe_topk=2, global_batch=512,
+           rope_theta=1e6, norm_eps=1e-5, moe_aux_loss_coeff=0.02,
            source="Jiang et al. 2024 arXiv 2401.04088 Table 1 (shape, 32K context), Sec. 2 (46.7B total, "
                   "12.9B active); HF Mixtral-8x7B-v0.1 config.json; NVIDIA NeMo recipes/mixtral_8x7b.py (GBS 512)"),
     _llama("mixtral-8x22b", 56, 6144, 48, 8, 16384, 32768, 65536, num_experts=8, moe_topk=2, global_batch=512,
+           rope_theta=1e6, norm_eps=1e-5, moe_aux_loss_coeff=0.001,
            source="Mistral AI, Mixtral 8x22B announcement 2024 (141B total, 39B active, 64K context); "
                   "HF Mixtral-8x22B-v0.1 config.json; NVIDIA NeMo recipes/mixtral_8x22b.py (GBS 512)"),
     _llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 32768, num_experts=128, moe_topk=8, moe_ffn_hidden=768,
-           kv_channels=128, train_tokens=36e12, global_batch=32,
+           kv_channels=128, train_tokens=36e12, global_batch=32, rope_theta=1e6, norm_eps=1e-6, qk_norm="head",
+           moe_aux_loss_coeff=0.001,
            source="Qwen3 Technical Report arXiv 2505.09388 Table 2 (48 layers, 32/4 heads, 128 experts, 8 active; "
                   "30.5B total, 3.3B active; 36T tokens); HF Qwen3-30B-A3B config.json (head_dim 128, "
                   "moe_intermediate_size 768); NVIDIA NeMo recipes/qwen3_30b_a3b.py (GBS 32, one node)"),
     _llama("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, 4096, num_experts=256, moe_topk=8, moe_ffn_hidden=2048,
            shared_experts=1, first_dense_layers=3, kv_channels=128, q_lora_rank=1536, kv_lora_rank=512,
            qk_rope_head_dim=64, v_head_dim=128, global_batch=15360, train_tokens=14.8e12, mtp_layers=1,
+           norm_eps=1e-6, init_std=0.006, moe_score="sigmoid", moe_expert_bias=True, moe_topk_scale=2.5,
+           moe_groups=8, moe_group_topk=4, moe_aux_loss_coeff=0.0001, moe_seq_aux=True,
            source="DeepSeek-AI 2024 arXiv 2412.19437 Sec. 4.2 (61 layers, h 7168, 128 heads, MLA ranks 1536/512, "
                   "1 shared + 256 routed experts of 2048, top-8, first 3 layers dense; 671B total, 37B active; 1 MTP module "
                   "(Sec. 2.2, 4.2: depth D = 1; 14B more in the HF checkpoint); "
-                  "batch 15360 x 4K; 14.8T tokens); HF DeepSeek-V3 config.json"),
+                  "batch 15360 x 4K; 14.8T tokens; init std 0.006; sequence-wise balance loss alpha 0.0001); Sec. "
+                  "2.1.2 (sigmoid affinities, bias-based auxiliary-loss-free balancing); HF DeepSeek-V3 config.json "
+                  "(routed_scaling_factor 2.5, n_group 8, topk_group 4, rms_norm_eps 1e-6)"),
 )}
 
 # Size shorthands a person types; `176B` is BLOOM-176B as in BigScience's usage.
@@ -281,17 +366,13 @@ def get_preset(name: str) -> ModelSpec:
 
 
 # RoPE base (the rules judge it, the emitters write it)
-ROPE_THETA = {"llama3": 500000.0}
-"""RoPE base by model family (Llama 3, Dubey et al. 2024, Sec. 3.1.1: 500,000); RoFormer's 10,000 otherwise"""
 DEFAULT_ROPE_THETA = 10000.0
+"""RoFormer's RoPE base (Su et al. 2021), Megatron's --rotary-base default: for a model that states none"""
 
 
 def rope_theta(model: ModelSpec) -> float:
-    given = getattr(model, "rope_theta", None)
-    if given:
-        return float(given)
-    family = model.name.lower().replace("-", "").replace("_", "")
-    return next((v for k, v in ROPE_THETA.items() if family.startswith(k)), DEFAULT_ROPE_THETA)
+    """The model's RoPE base (ModelSpec.rope_theta: the file's, or the preset's), else RoFormer's 10,000."""
+    return float(model.rope_theta or DEFAULT_ROPE_THETA)
 
 
 HF_DEFAULT_SEQ_LEN = 4096
@@ -301,48 +382,8 @@ HF_SEQ_NOTE = "set --seq-len to your run's length"
 
 
 def _from_hf(d: dict, name: str) -> ModelSpec:
-    """Hugging Face config.json of a family in ``schema.HF_FAMILIES``; every key is understood or refused."""
-    where = f"config.json {name}"
-    fam = HF_FAMILIES[check_hf(d, where)]
-
-    def pick(*keys: str, default: object = None) -> object:
-        for k in keys:
-            if d.get(k) is not None:
-                return d[k]
-        if default is None:
-            raise InputError(f"{where}: lacks {' / '.join(keys)}; add it from the model's card")
-        return default
-    hidden = pick("hidden_size", "n_embd", "n_embed", "d_model")
-    heads = pick("num_attention_heads", "n_head", "n_heads")
-    head_dim = d.get("head_dim")
-    positions = pick("max_position_embeddings", "n_positions", "n_ctx", default=0)
-    if d.get("seq_length") is not None:
-        seq, seq_note = d["seq_length"], "from its seq_length"
-    elif fam.position == "learned":
-        if not positions:
-            raise InputError(f"{where}: lacks n_positions / max_position_embeddings (the learned position table)")
-        seq, seq_note = positions, "from its learned position table (n_positions)"
-    else:
-        seq = min(positions, HF_DEFAULT_SEQ_LEN) if positions else HF_DEFAULT_SEQ_LEN
-        seq_note = (f"assumed, the file gives no training length (max_position_embeddings {positions:,} is the "
-                    f"context limit); {HF_SEQ_NOTE}")
-    bias = fam.bias or bool(d.get("attention_bias")) or bool(d.get("mlp_bias"))
-    extra = moe.hf_fields(d)   # experts, MLA ranks, rope scaling
-    return ModelSpec(
-        name=str(d.get("_name_or_path") or d["model_type"]),
-        layers=pick("num_hidden_layers", "n_layer", "num_layers"),
-        hidden=hidden, heads=heads,
-        kv_heads=d.get("num_key_value_heads") or heads,
-        kv_channels=extra.pop("kv_channels", head_dim if head_dim is not None and head_dim * heads != hidden else None),
-        ffn_hidden=pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
-        vocab=pick("vocab_size"),
-        seq_len=seq,
-        glu=fam.glu,
-        tied_embeddings=d.get("tie_word_embeddings", fam.tied),
-        position=fam.position, norm=fam.norm, bias=bias, embedding_norm=fam.embedding_norm,
-        source=f"Hugging Face config.json ({name}), {fam.source}; seq_len {seq} {seq_note}",
-        **extra,
-    )
+    """Hugging Face config.json of a family in ``hf_config.HF_FAMILIES``; every key is understood or refused."""
+    return ModelSpec(**read_hf(d, name, HF_DEFAULT_SEQ_LEN, HF_SEQ_NOTE))
 
 
 def _from_yaml(d: dict, name: str) -> ModelSpec:
@@ -371,7 +412,8 @@ def load_model(arg: str) -> ModelSpec:
 def model_to_yaml_dict(model: ModelSpec) -> dict:
     """The plantune model YAML for a spec (inverse of the YAML reader)."""
     d = model.to_dict()
-    return {k: v for k, v in d.items() if v is not None and v != "" and moe.YAML_DEFAULTS.get(k, ...) != v}
+    defaults = {**moe.YAML_DEFAULTS, **model_facts.YAML_DEFAULTS}
+    return {k: v for k, v in d.items() if v is not None and v != "" and defaults.get(k, ...) != v}
 
 
 __all__ = ["ModelSpec", "Rampup", "PRESETS", "SHORTHANDS", "get_preset", "load_model", "preset_names",

@@ -30,11 +30,13 @@ from typing import TYPE_CHECKING, Callable
 from planner.constants import KERNEL_LAUNCH_S
 from planner.terms import COMMUNICATION, Term
 from planner.topology import collective_time_s
+from planner.recompute import recomputed_of
 
 if TYPE_CHECKING:  # no import cycle at run time: model.py calls into this module
     from planner.cost import StepContext
     from planner.model import ModelSpec
     from planner.space import Candidate, TrainingSpec
+    from planner.topology import Topology
 
 # Megatron-Core MoE routes dropless by default (no capacity factor, --moe-expert-capacity-factor None);
 # the busiest expert then sees more than the average tokens. With the load-balancing loss the
@@ -105,13 +107,15 @@ def expert_layer_params(m: "ModelSpec") -> int:
 
 
 def moe_layer_non_expert_params(m: "ModelSpec") -> int:
-    """One MoE layer without its routed experts: attention, router, shared experts, two norms."""
+    """One MoE layer without its routed experts: attention, router, shared experts (and their sigmoid gate, h x 1:
+    Qwen2MoeSparseMoeBlock shared_expert_gate), norms and the other vectors (ModelSpec.layer_vector_params)."""
     shared = mlp_params(m, m.shared_experts * expert_ffn(m)) if m.shared_experts else 0
-    return attention_params(m) + router_params(m) + shared + 2 * m.norm_params
+    gate = m.hidden if m.moe_shared_gate else 0
+    return attention_params(m) + router_params(m) + shared + gate + m.layer_vector_params
 
 
 def dense_layer_params(m: "ModelSpec") -> int:
-    return attention_params(m) + mlp_params(m, m.ffn_hidden) + 2 * m.norm_params
+    return attention_params(m) + mlp_params(m, m.ffn_hidden) + m.layer_vector_params
 
 
 @lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
@@ -370,18 +374,44 @@ def elementwise_extra_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingS
     return n_moe * (permute + experts - dense_charge) / m.layers
 
 
-def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int, link: object,
+def all_to_all_s(topology: "Topology", stride: int, group: int, message_bytes: float,
+                 collective_s: Callable[..., float]) -> float:
+    """Seconds of one all-to-all in which each GPU of the group {0, stride, 2·stride, ...} (``group`` ranks) sends
+    ``message_bytes``, 1/group to each rank, while every GPU of a node runs one (all EP groups dispatch at once).
+
+    With ``m`` members of the group on a node, a GPU sends (m-1)/n of its message to its own node over the
+    intra-node link and (n-m)/n = 1 - 1/nodes_in_group to the other nodes, through its own share of the node's
+    NICs: the node's NIC bandwidth / GPUs per node, since every GPU of the node sends off-node at the same time
+    (an all-to-all is point-to-point, no ring: NCCL runs it as grouped send/recv; nccl-tests PERFORMANCE.md,
+    alltoall busbw = algbw·(n-1)/n). Both parts run at once, so the longer counts; each is priced by the
+    planner's alpha-beta (latency, bandwidth at that message size) as an all-gather moving the same bytes:
+    intra (m-1)/m of the m/n kept on the node, inter (g-1)/g of the whole with g = nodes in the group.
+    Inside one node (m = n) this is the all-gather of the whole message."""
+    if group <= 1 or message_bytes <= 0:
+        return 0.0
+    gpn = topology.cluster.gpus_per_node
+    members = min(group, max(1, gpn // stride))          # ranks of the group on one node
+    intra = collective_s(topology.strided_link(stride, members), kind="all_gather",
+                         message_bytes=message_bytes * members / group, group=members)
+    if members >= group:
+        return intra
+    nodes = -(-group // members)
+    nic = topology.rail_link(topology.strided_link(stride, group))   # one GPU's share of the node's NICs
+    return max(intra, collective_s(nic, kind="all_gather", message_bytes=message_bytes, group=nodes))
+
+
+def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int, topology: "Topology",
                        collective_s: Callable[..., float], bytes_per_value: float) -> float:
     """Mean per-layer seconds of the EP all-to-all: dispatch and combine in the forward, both again in
     the backward (and the forward pair again under full recompute), not overlapped (Megatron-Core's
     alltoall token dispatcher without --overlap-moe-expert-parallel-comm). Each GPU sends its tokens·k
-    hidden vectors (x capacity); an all-to-all moves (n-1)/n of them off the GPU, the bus traffic of an
-    all-gather of the same size (nccl-tests PERFORMANCE.md, alltoall busbw = algbw·(n-1)/n)."""
+    hidden vectors (x capacity; no deduplication of a token's copies bound for one GPU), over the EP group,
+    which strides by ETP (Megatron-Core parallel_state's expert grid ETP x EP x expert-DP): `all_to_all_s`."""
     if not is_moe(m) or c.ep <= 1:
         return 0.0
     message = tokens * m.moe_topk * capacity(training) * m.hidden * bytes_per_value / max(1, c.tp // c.etp)
-    per = collective_s(link, kind="all_gather", message_bytes=message, group=c.ep)
-    calls = 4 + (2 if c.recompute == "full" else 0)
+    per = all_to_all_s(topology, c.etp, c.ep, message, collective_s)
+    calls = 4 + 2 * recomputed_of(m, c, training.framework).layers   # full: the pair again; block-N: its share
     return calls * per * moe_layer_count(m) / m.layers
 
 
@@ -396,12 +426,10 @@ def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link
     return collective_s(link, kind="all_reduce", message_bytes=n * bytes_per_grad, group=edp)
 
 
-def all_to_all_s(ctx: "StepContext") -> float:
+def all_to_all_term_s(ctx: "StepContext") -> float:
     """The term: the busiest stage's EP all-to-alls for one micro-batch (the EP group strides by ETP)."""
-    c = ctx.cand
-    link = c.ep > 1 and ctx.topology.dp_link(c.etp, c.ep)
-    return ctx.stage_layers * all_to_all_layer_s(ctx.model, c, ctx.training, ctx.tokens, link, collective_time_s,
-                                                 ctx.half)
+    return ctx.stage_layers * all_to_all_layer_s(ctx.model, ctx.cand, ctx.training, ctx.tokens, ctx.topology,
+                                                 collective_time_s, ctx.half)
 
 
 def expert_grad_reduce_term_s(ctx: "StepContext") -> float:
@@ -413,7 +441,7 @@ def expert_grad_reduce_term_s(ctx: "StepContext") -> float:
 
 
 ALL_TO_ALL = Term(name="ep_all_to_all", kind=COMMUNICATION, group="ep_comm_s", per_microbatch=True,
-                  seconds=all_to_all_s, source="Megatron-Core MoE alltoall token dispatcher (dispatch + combine, "
+                  seconds=all_to_all_term_s, source="Megatron-Core MoE alltoall token dispatcher (dispatch + combine, "
                                                "forward and backward); nccl-tests alltoall busbw",
                   constants=("LINK_EFFICIENCY",))
 EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
@@ -423,7 +451,7 @@ EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="
 
 
 __all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "active_params", "add_expert_states", "all_to_all_layer_s",
-           "attention_params", "capacity",
+           "all_to_all_s", "attention_params", "capacity",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
            "host_sync_s", "is_moe", "layer_forward_matmul_flops", "mean_layer_params", "mlp_time_adjustment_s",
            "moe_layer_count", "mtp_forward_flops", "mtp_non_expert_params", "mtp_params", "needs_own_shape",

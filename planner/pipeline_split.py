@@ -80,4 +80,14 @@ def megatron_lm_split(layers: int, pp: int, vpp: int = 1) -> StageSplit | None:
     return min(_candidates(layers, pp, vpp), key=_rank, default=None)
 
 
-__all__ = ["StageSplit", "megatron_lm_split"]
+@lru_cache(maxsize=1024)
+def vpp_choices(layers: int, pp: int) -> tuple[int, ...]:
+    """Every VPP Megatron-LM can run ``layers`` with on PP ranks: 1, and each v > 1 with a split (arguments.py sets
+    VPP from --num-virtual-stages-per-pipeline-rank or --num-layers-per-virtual-pipeline-stage and asks only that the
+    layers divide; NeMo runs VP 5, 10, 12 and 20). Interleaving needs PP > 1."""
+    if pp < 2:
+        return (1,)
+    return (1,) + tuple(v for v in range(2, layers // pp + 2) if megatron_lm_split(layers, pp, v) is not None)
+
+
+__all__ = ["StageSplit", "megatron_lm_split", "vpp_choices"]

@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from planner import flops
+from planner import flops, recompute as recompute_modes
 from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, term_rows, throughput
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
@@ -227,6 +227,37 @@ class _Row:
         return self.head if i == 0 else self.group.make(*self.row[:5], *self.row[5][i])
 
 
+def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str,
+                     ) -> tuple[Candidate, Violation | None]:
+    """``cand`` (recompute ``block`` or ``uniform``, no N) at the smallest N that fits: a larger N only re-runs more
+    of the forward (block) or holds more layers at once (uniform). block-N's memory falls as N grows (each
+    checkpointed layer keeps its input only), so N is bisected over 1 .. chunk-1 (chunk: full). Ruled out, with the
+    candidate and the reason, when a cheaper mode fits already (none for block, full for uniform) or nothing does."""
+    kind = cand.recompute
+    chunk = recompute_modes.chunk_layers(model, cand.pp, cand.vpp, framework)
+    cheaper = "none" if kind == "block" else "full"
+    if memory.fits(replace(cand, recompute=cheaper)):
+        return cand, Violation(Reason.REDUNDANT, f"recompute={cheaper} fits already: {kind} recompute would only "
+                                                 "re-run more of the forward")
+    ns = range(1, chunk) if kind == "block" else range(2, chunk + 1)
+    if kind == "block":
+        lo, hi = 0, len(ns)   # the first index whose N fits (len: none)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if memory.fits(replace(cand, recompute=f"block-{ns[mid]}")):
+                hi = mid
+            else:
+                lo = mid + 1
+        found = ns[lo] if lo < len(ns) else None
+    else:   # uniform-N's memory is not monotone in N (fewer inputs kept, more layers re-run at once)
+        found = next((n for n in ns if memory.fits(replace(cand, recompute=f"uniform-{n}"))), None)
+    if found is None:
+        last = replace(cand, recompute=f"{kind}-{ns[-1] if ns else 1}")
+        return last, memory_violations(memory.breakdown(last), memory.cluster, memory.training)[0] if ns else \
+            Violation(Reason.REDUNDANT, f"{chunk}-layer model chunks: {kind} recompute is full recompute")
+    return replace(cand, recompute=f"{kind}-{found}"), None
+
+
 def _better(best: tuple[tuple, Estimate] | None, est: Estimate, index: int) -> tuple[tuple, Estimate]:
     """The better of ``best`` ((rank_key, enumeration index), estimate) and ``est``, the ``index``-th enumerated."""
     key = (rank_key(est), index)
@@ -277,11 +308,30 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             first = checker.first(item)
             pruned[first.reason] += 1
             examples.setdefault(first.reason, (item, first))
+            if item.recompute in recompute_modes.PARTIAL:
+                item, why = smallest_partial(model, item, memory, training.framework)
+                if why is not None:
+                    continue
             if free.first(item) is None and memory.fits(item):
                 est = _score(model, cluster, training, item, topology, params, memory, layer_times)
                 best_free = _better(best_free, est, total)
             continue
         head = item.head   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its candidate is built
+        if head.recompute in recompute_modes.PARTIAL:   # block / uniform: each candidate at its smallest fitting N
+            for i, (ep, etp) in enumerate(item.eps):
+                total += 1
+                cand, first = item.candidate(i), checker.extras(head, ep, etp)
+                if first is None:
+                    cand, first = smallest_partial(model, cand, memory, training.framework)
+                if first is not None:
+                    pruned[first.reason] += 1
+                    examples.setdefault(first.reason, (cand, first))
+                    continue
+                est = _score(model, cluster, training, cand, topology, params, memory, layer_times)
+                if free_best:
+                    best_free = _better(best_free, est, total)
+                survivors.append(est)
+            continue
         fits = memory.row_fits(head, item.eps)
         for i, (ep, etp) in enumerate(item.eps):
             total += 1
@@ -312,7 +362,7 @@ def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                     targets: tuple[Target, ...] | None = None) -> int | None:
     """Smallest whole number of nodes on which some configuration fits (by doubling, then bisection)."""
     def fits(nodes: int) -> bool:
-        c = make_cluster(gpu=cluster.gpu.id, nodes=nodes, gpus_per_node=cluster.gpus_per_node,
+        c = make_cluster(gpu=cluster.gpu, nodes=nodes, gpus_per_node=cluster.gpus_per_node,
                          inter_node_gbps=cluster.inter_node_bw_bytes_per_s * 8 / 1e9,
                          intra_node_gbps=cluster.intra_node_bw_bytes_per_s * 8 / 1e9)
         t = replace(training, rampup=None, recompute_options=("full",), max_mbs=1, pins=())

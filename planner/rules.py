@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
-from planner import context_parallel, fp8, moe
+from planner import context_parallel, fp8, fsdp_parallel, model_facts, moe, pipeline_engine, recompute as recompute_modes
 from planner.hardware import ClusterSpec
-from planner.memory import MemoryBreakdown
+from planner.memory import MemoryBreakdown, shard_group_size
 from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
@@ -40,7 +40,6 @@ PP_SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 """the torch-native probe's pipeline schedules (torch.distributed.pipelining)"""
 MEGATRON_OPTIMIZERS = {"adamw": "adam", "sgd": "sgd"}
 """plantune optimizer -> Megatron's --optimizer (Megatron's adam is AdamW: decoupled weight decay)"""
-VPP_OPTIONS = (1, 2, 3, 4, 6, 8)
 """virtual pipeline stages enumerated for Megatron-LM (interleaved 1F1B)"""
 
 
@@ -135,10 +134,14 @@ def knob_values(target: Target, training: TrainingSpec) -> dict[str, tuple]:
     zeros = tuple(training.zero_options)
     cp_ep = fw in ("megatron-lm", "fsdp")   # the targets with context and expert parallelism
     return {
-        "recompute": tuple(training.recompute_options),
+        # partial and torchtitan modes only where the framework has them (an explicit --recompute list keeps them)
+        "recompute": tuple(r for r in training.recompute_options if r in recompute_modes.CLASSIC
+                           or recompute_modes.kind(r) in recompute_modes.FRAMEWORK_MODES.get(fw, PROBE_RECOMPUTE)
+                           or training.recompute_options != recompute_modes.PLAN_DEFAULT),
         "zero": zeros,
-        "sp": (False, True) if fw == "megatron-lm" or target.flavor == "microsoft" else (False,),
-        "vpp": VPP_OPTIONS if fw == "megatron-lm" else (1,),
+        "sp": (False, True) if fw in ("megatron-lm", "fsdp") or target.flavor == "microsoft" else (False,),
+        # None: every VPP the layers split into (pipeline_split.vpp_choices); fsdp: stages per rank (torchtitan)
+        "vpp": None if fw in ("megatron-lm", "fsdp") else (1,),
         "hybrid": (False, True) if fw == "fsdp" and 3 in zeros else (False,),
         # None: the sizes planner.context_parallel.cp_choices / planner.moe.ep_choices give (a --cp / --ep list is
         # enumerated on every target, so that a target without them says why)
@@ -166,15 +169,15 @@ def _bad_sizes(c: Candidate) -> str | None:
     if (type(c.tp) is int and type(c.pp) is int and type(c.dp) is int and type(c.mbs) is int  # the fast path
             and type(c.gas) is int and type(c.vpp) is int and type(c.cp) is int and type(c.ep) is int
             and type(c.etp) is int and min(c.tp, c.pp, c.dp, c.mbs, c.gas, c.vpp, c.cp, c.ep, c.etp) >= 1
-            and c.zero in (0, 1, 2, 3) and c.recompute in RECOMPUTE):
+            and c.zero in (0, 1, 2, 3) and (c.recompute in RECOMPUTE or recompute_modes.is_valid(c.recompute, search=True))):
         return None
     sizes = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "mbs": c.mbs, "gas": c.gas, "vpp": c.vpp, "cp": c.cp, "ep": c.ep,
              "etp": c.etp}
     bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
     if c.zero not in (0, 1, 2, 3):
         bad.append(f"zero={c.zero} (ZeRO stages are 0-3)")
-    if c.recompute not in RECOMPUTE:
-        bad.append(f"recompute={c.recompute!r} (one of {', '.join(RECOMPUTE)})")
+    if not recompute_modes.is_valid(c.recompute, search=True):
+        bad.append(f"recompute={c.recompute!r} (one of {', '.join(recompute_modes.OPTIONS)})")
     return ", ".join(bad) if bad else None
 
 
@@ -240,6 +243,11 @@ def _megatron_deepspeed(model: ModelSpec, c: Candidate, flavor: str) -> Iterator
     if c.hybrid:
         yield Violation(Reason.FRAMEWORK_LIMIT, "hybrid sharding is an FSDP strategy; Megatron-DeepSpeed has no "
                                                 "HYBRID_SHARD (set hybrid=0)")
+    split = pipeline_engine.deepspeed_stage_layers(model.layers, c.pp) if 1 < c.pp <= model.layers else None
+    if split and split.empty:
+        yield Violation(Reason.PP_LAYERS, f"DeepSpeed's partition puts {split.full} of the {model.layers} layers on "
+                                          f"each stage and leaves {split.empty} of the PP {c.pp} stages without one, "
+                                          f"which the fork cannot run; use PP {c.pp - split.empty}")
     if c.vpp > 1:
         yield Violation(Reason.VIRTUAL_PIPELINE, f"virtual pipeline (vpp={c.vpp}) is not in DeepSpeed's pipeline "
                                                  "engine; use --framework megatron-lm or vpp=1")
@@ -265,9 +273,12 @@ def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
     if c.hybrid:
         yield Violation(Reason.FRAMEWORK_LIMIT, "hybrid sharding is an FSDP strategy; Megatron-LM has no "
                                                 "HYBRID_SHARD (set hybrid=0)")
-    if c.zero >= 2:
-        yield Violation(Reason.FRAMEWORK_LIMIT, f"Megatron-LM has no ZeRO-{c.zero}: it shards only optimizer "
-                                                "states (--use-distributed-optimizer = ZeRO-1); use zero=0 or 1")
+    if c.zero >= 2 and c.pp > 1:
+        # ZeRO-2/3 on Megatron-LM is Megatron-FSDP (--use-megatron-fsdp, planner.emit.megatron_lm), which composes
+        # with TP, CP and EP; Megatron-Core's Megatron-FSDP guide lists no pipeline parallelism
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"ZeRO-{c.zero} on Megatron-LM is Megatron-FSDP, which composes with "
+                                                f"TP, CP and EP, not with PP {c.pp}; use zero=0 or 1 "
+                                                "(--use-distributed-optimizer) with PP, or PP=1")
     if c.pp <= model.layers and megatron_lm_stages(model.layers, c.pp, c.vpp) is None:
         yield Violation(Reason.PP_LAYERS, f"{model.layers} layers cannot be split over PP {c.pp} x VPP {c.vpp}: "
                                           "Megatron-LM needs equal stages (counting the embedding and the loss "
@@ -282,14 +293,16 @@ def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
             yield Violation(Reason.VIRTUAL_PIPELINE, f"interleaved 1F1B needs micro-batches {c.gas} % PP {c.pp} == 0")
 
 
-def _fsdp(model: ModelSpec, c: Candidate, cluster: ClusterSpec) -> Iterator[Violation]:
-    if c.tp > 1 or c.pp > 1:
-        yield Violation(Reason.FRAMEWORK_LIMIT, "plain FSDP (seed 002) has no tensor or pipeline parallelism")
+def _fsdp(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> Iterator[Violation]:
+    """torchtitan: FSDP2/HSDP x TP (always sequence-parallel) x PP (its schedules) x CP (`planner.fsdp_parallel`)."""
+    if c.tp > 1 and not c.sp:
+        yield Violation(Reason.FRAMEWORK_LIMIT, "torchtitan's tensor parallel is sequence-parallel (norms sharded "
+                                                "over the sequence, parallelize.py apply_tp): set sp=1 with TP > 1")
+    for reason, detail in fsdp_parallel.schedule_violations(model, c, training):
+        yield Violation(Reason(reason), detail)
     if c.zero == 1:
         yield Violation(Reason.FRAMEWORK_LIMIT, "FSDP has no ZeRO-1 strategy: use 0 (NO_SHARD), 2 (SHARD_GRAD_OP) "
                                                 "or 3 (FULL_SHARD)")
-    if c.vpp > 1:
-        yield Violation(Reason.VIRTUAL_PIPELINE, "virtual pipeline stages need --framework megatron-lm")
     if c.hybrid:
         if c.zero != 3:
             yield Violation(Reason.FRAMEWORK_LIMIT, f"hybrid sharding is HYBRID_SHARD (FULL_SHARD inside a node); "
@@ -297,6 +310,16 @@ def _fsdp(model: ModelSpec, c: Candidate, cluster: ClusterSpec) -> Iterator[Viol
         elif c.dp <= cluster.gpus_per_node:
             yield Violation(Reason.REDUNDANT, f"HYBRID_SHARD with DP {c.dp} <= {cluster.gpus_per_node} GPUs per node "
                                               "is FULL_SHARD")
+        else:   # HSDP shards over the node's GPUs left by TP (torchtitan data_parallel_shard_degree)
+            shard = shard_group_size(c, cluster.gpus_per_node)
+            if shard == 1:
+                yield Violation(Reason.REDUNDANT, f"HYBRID_SHARD with TP {c.tp} on {cluster.gpus_per_node} GPUs per "
+                                                  "node shards over 1 GPU: it is NO_SHARD (zero=0)")
+            elif c.dp % shard:
+                yield Violation(Reason.FRAMEWORK_LIMIT, f"HYBRID_SHARD: DP {c.dp} is not a multiple of the shard "
+                                                        f"group {shard} (a node's GPUs / TP); torchtitan needs "
+                                                        "data_parallel_replicate_degree x data_parallel_shard_degree "
+                                                        "= DP")
 
 
 def probe_layout_violations(model: ModelSpec, c: Candidate, *, layers_run: int | None = None,
@@ -442,21 +465,43 @@ def parallel_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, traini
 
 def _target_rules(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   targets: Sequence[Target]) -> Iterator[Violation]:
-    yield from _target_rules_but_extras(model, c, cluster, targets)
+    yield from _target_rules_but_extras(model, c, cluster, training, targets)
     for target in targets:
         yield from parallel_extras(model, c, cluster, training, target)
 
 
-def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec,
+PROBE_RECOMPUTE = recompute_modes.CLASSIC + ("block",)
+"""what the torch-native probe checkpoints (probes/gpt.py): the classic modes and the first N layers of each chunk"""
+
+
+def _recompute(model: ModelSpec, c: Candidate, fw: str) -> Iterator[Violation]:
+    """The recompute modes a framework has (`planner.recompute.FRAMEWORK_MODES`), and partial recompute that
+    checkpoints every layer anyway (block-N with N at least the model chunk's layers is full)."""
+    kind = recompute_modes.kind(c.recompute)
+    has = recompute_modes.FRAMEWORK_MODES.get(fw, PROBE_RECOMPUTE)
+    if kind not in has:
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"recompute={c.recompute} is not one of {fw}'s modes "
+                                                f"({', '.join(has)}); use recompute=full or another of those")
+    elif kind == "block":
+        chunk = recompute_modes.chunk_layers(model, c.pp, c.vpp, fw)
+        n = recompute_modes.parse(c.recompute).n
+        if n >= chunk:
+            yield Violation(Reason.REDUNDANT, f"recompute={c.recompute} checkpoints every layer of the {chunk}-layer "
+                                              "model chunks: the same as recompute=full")
+
+
+def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                              targets: Sequence[Target]) -> Iterator[Violation]:
     for target in targets:
         fw = target.framework
+        if c.recompute not in recompute_modes.CLASSIC:
+            yield from _recompute(model, c, fw)
         if fw == "megatron-deepspeed":
             yield from _megatron_deepspeed(model, c, target.flavor or "bigscience")
         elif fw == "megatron-lm":
             yield from _megatron_lm(model, c)
         elif fw == "fsdp":
-            yield from _fsdp(model, c, cluster)
+            yield from _fsdp(model, c, cluster, training)
         else:
             yield from _probe(model, c)
 
@@ -481,6 +526,8 @@ class Checker:
         self.model, self.cluster, self.training = model, cluster, training
         self.targets = _targets(training, targets)
         self._probe = any(t.framework == PROBE for t in self.targets)
+        self._gas_read = self._probe or any(t.framework == "fsdp" for t in self.targets)
+        """the rules read GAS itself (the probe's and torchtitan's schedule rounds), not only GAS % PP"""
         self._degrees: dict[tuple, Violation | None] = {}
         self._batches: dict[tuple, Violation | None] = {}
         self._extras: dict[tuple, Violation | None] = {}
@@ -504,8 +551,8 @@ class Checker:
     def row_key(self, tp: int, pp: int, dp: int, cp: int, gas: int, recompute: str, zero: int, sp: bool, vpp: int,
                 hybrid: bool) -> tuple:
         """What `row` reads: the frameworks' rules read GAS only as GAS % PP == 0 (interleaved 1F1B), the probe's
-        GAS itself (its schedules' rounds)."""
-        return (tp, pp, dp, cp, gas if self._probe else gas % pp == 0, recompute, zero, sp, vpp, hybrid)
+        GAS itself (its schedules' rounds), as do torchtitan's (`planner.fsdp_parallel.schedule_violations`)."""
+        return (tp, pp, dp, cp, gas if self._gas_read else gas % pp == 0, recompute, zero, sp, vpp, hybrid)
 
     def row_known(self, key: tuple) -> tuple[bool, Violation | None]:
         """(whether `row` was answered for ``key`` (`row_key`), its answer): a known row needs no candidate built.
@@ -525,7 +572,8 @@ class Checker:
         if v is None:  # the frameworks' rules read no CP / EP / MBS: one answer per EP and CP value
             key = (c.tp, c.pp, c.dp, c.gas, c.zero, c.recompute, c.sp, c.vpp, c.hybrid)
             if key not in self._targets:
-                self._targets[key] = next(_target_rules_but_extras(self.model, c, self.cluster, self.targets), None)
+                self._targets[key] = next(_target_rules_but_extras(self.model, c, self.cluster, self.training,
+                                                                      self.targets), None)
             v = self._targets[key]
         return v
 
@@ -615,16 +663,30 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                   (moe.is_moe(model) or bool(model.kv_lora_rank), "mixture-of-experts or multi-latent attention "
                                                                   "layers (the emitted model is torchtitan's llama3)")]
         fix = "plan without --emit fsdp, or use --framework megatron-lm"
-    for bad, what in cannot:
-        if bad:
-            where = "torchtitan (--emit fsdp)" if fw == "fsdp" else str(target)
-            out.append(Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}"))
+    where = "torchtitan (--emit fsdp)" if fw == "fsdp" else str(target)
+    out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}") for bad, what in cannot if bad]
+    facts_target = {"megatron-lm": "megatron-lm", "fsdp": "torchtitan", "megatron-deepspeed": flavor}.get(fw)
+    if emit and facts_target:   # the model's own facts (planner.model_facts) its emitter has no argument for
+        # the fix names the emitters that write every one of the model's facts (none writes Gemma 2's soft-capping)
+        able = [flag for other, flag in _FACT_EMITTERS.items()
+                if other != facts_target and not model_facts.unexpressed(model, other)]
+        facts_fix = f"use {' or '.join(able)}" if able else "no emitter plantune writes has arguments for all of " \
+                                                             "this model's facts: plan without --emit"
+        out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {facts_fix}")
+                for what in model_facts.unexpressed(model, facts_target)]
     if emit and fw != "megatron-lm" and model.kv_channels is not None and not model.kv_lora_rank:
         # a head width apart from hidden/heads (Gemma, Qwen3): only the Megatron-LM emitter writes --kv-channels
         out.append(Violation(Reason.MODEL_FEATURE, f"a head width of {model.kv_channels} (kv_channels, not "
                                                    "hidden/heads) is emitted for --emit megatron-lm only "
                                                    "(--kv-channels); plan it here, or emit for megatron-lm"))
     return out
+
+
+_FACT_EMITTERS = {"megatron-lm": "--framework megatron-lm",
+                  "microsoft": "--framework megatron-deepspeed --emit-flavor microsoft",
+                  "bigscience": "--framework megatron-deepspeed --emit-flavor bigscience",
+                  "torchtitan": "--framework fsdp"}
+"""each planner.model_facts target and how a plan picks its emitter"""
 
 
 def _other_rope_base(model: ModelSpec) -> float | None:
@@ -639,10 +701,10 @@ def setup_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, train
                      target: Target) -> list[Violation]:
     """Every rule an emitted setup must obey: the model, the layout, and the sequence length."""
     out = model_violations(model, training, cluster, target)
-    if training.seq_len > model.seq_len:
+    if training.seq_len > model.positions:
         out.append(Violation(Reason.SEQ_LEN, f"sequence length {training.seq_len} exceeds the model's "
-                                             f"{model.seq_len} positions; use --seq-len <= {model.seq_len} or raise "
-                                             "the model's seq_len"))
+                                             f"{model.positions} positions; use --seq-len <= {model.positions} or "
+                                             "raise the model's max_positions"))
     return out + layout_violations(model, c, cluster, training, target)
 
 
@@ -676,7 +738,7 @@ def first(violations: Iterable[Violation]) -> Violation | None:
 
 
 __all__ = ["Checker", "FLAVORS", "MEGATRON_OPTIMIZERS", "PP_SCHEDULES", "PROBE", "Reason", "TARGET_FRAMEWORKS", "Target",
-           "VPP_OPTIONS", "Violation", "iter_violations", "knob_values", "layout_violations", "megatron_lm_stages",
+           "Violation", "iter_violations", "knob_values", "layout_violations", "megatron_lm_stages",
            "memory_advice", "memory_violations", "model_violations", "parallel_extras", "probe_dp_impl",
            "probe_extent_violations", "probe_layout_violations", "probe_model_violations", "setup_violations",
            "structural_violations", "target_of"]

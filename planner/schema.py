@@ -265,7 +265,7 @@ MODEL: dict[str, Field] = {
 
 CLUSTER: dict[str, Field] = {
     "name": Str(),
-    "gpu": Str(required=True, what="an accelerator id from the catalog (text)"),
+    "gpu": Any(required=True, what="a catalog id, a GPU YAML path, or a mapping of GPU YAML keys"),
     "gpus_per_node": Int(1, MAX_GPUS_PER_NODE, why=WHY_GPUS_PER_NODE),
     "nodes": Int(1, MAX_GPUS, why=WHY_GPUS),
     "inter_node_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
@@ -282,11 +282,36 @@ CALIBRATION: dict[str, Field] = {
     "intra_node_busbw_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
     "inter_node_busbw_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
     "cuda_context_bytes": Num(0, 1e12, what="bytes in [0, 1e12]"),
+    "gpu": Map(None, what="a mapping of GPU YAML keys (ACCELERATOR) replacing the catalog's figures"),
+    "host_s_per_layer_forward": Num(0, 1, open_lo=True, what="seconds in (0, 1]"),
     # written by `tune calibrate` for the record, not read by the planner
     "device": Any(), "matmul_peak_tflops": Any(), "matmul_peak_source": Any(), "notes": Any(),
     "measurements": Any(),
 }
-"""calibration YAML written by `tune calibrate` (planner.hardware.apply_calibration)"""
+"""calibration YAML written by `tune calibrate` (planner.calibration.apply_calibration)"""
+
+_TFLOPS = "TFLOP/s, dense (no sparsity)"
+ACCELERATOR: dict[str, Field] = {
+    "id": Str(), "base": Str(what="a catalog id to start from (its keys are kept unless given)"),
+    "memory_gib": Num(0, 65_536, open_lo=True, what="GiB of device memory, a number in (0, 65,536]"),
+    **{k: Num(0, 1e6, open_lo=True, null=True, what=f"{_TFLOPS} in (0, 1e6] or null")
+       for k in ("bf16_tflops", "fp8_tflops", "tf32_tflops")},
+    **{k: Num(0, 1e6, open_lo=True, what=f"{_TFLOPS} in (0, 1e6]") for k in ("fp16_tflops", "fp32_tflops")},
+    "hbm_gb_per_s": Num(0, 1e6, open_lo=True, what="GB/s of memory bandwidth in (0, 1e6]"),
+    "intra_node_gb_per_s": Num(0, 1e6, open_lo=True, what="GB/s per GPU and direction in (0, 1e6] (half the "
+                                                          "datasheet's bidirectional NVLink figure)"),
+    "intra_node_link": Str(),
+    "gpus_per_node": Int(1, MAX_GPUS_PER_NODE, why=WHY_GPUS_PER_NODE),
+    "nic_gbps": Num(0, MAX_GBPS, open_lo=True, why=WHY_GBPS),
+    "sm_count": Int(1, 100_000),
+    "gemm_efficiency": Num(0, 1, open_lo=True, what="a fraction of the dense peak in (0, 1]"),
+    "cuda_context_gib": Num(0, 1024, what="GiB in [0, 1024]"),
+    "power_w": Num(0, 100_000, open_lo=True, null=True),
+    "source": Str(),
+    "aliases": List(Str()),
+    "notes": Any(),
+}
+"""one accelerator in a GPU YAML, a cluster YAML's gpu, or planner/accelerators.yaml (planner.hardware)"""
 
 
 FLAGS: dict[str, Field] = {
@@ -342,129 +367,13 @@ def check_model_yaml(data: dict, where: str) -> dict:
     return check(data, {**MODEL, **extra}, where)
 
 
-# -- Hugging Face config.json ----------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HFFamily:
-    """What a config.json's ``model_type`` implies about the shape beyond its numbers."""
-
-    glu: bool
-    tied: bool
-    """tie_word_embeddings when the file does not say (the transformers config class default)"""
-    position: str
-    norm: str
-    bias: bool
-    embedding_norm: bool = False
-    source: str
-
-
-_LLAMA = dict(glu=True, tied=False, position="rope", norm="rmsnorm", bias=False)
-HF_FAMILIES: dict[str, HFFamily] = {
-    "llama": HFFamily(**_LLAMA, source="transformers LlamaConfig (SwiGLU, RMSNorm, RoPE, no biases)"),
-    "mistral": HFFamily(**_LLAMA, source="transformers MistralConfig (Llama shape, sliding window)"),
-    # Qwen2's q/k/v biases (28 x 4,608 = 129k of 7.6B in Qwen2-7B) are left out: ModelSpec biases are all or none
-    "qwen2": HFFamily(**_LLAMA, source="transformers Qwen2Config (Llama shape; q/k/v biases not counted)"),
-    "gemma": HFFamily(**{**_LLAMA, "tied": True}, source="transformers GemmaConfig (GeGLU, tied, head_dim)"),
-    "gpt2": HFFamily(glu=False, tied=True, position="learned", norm="layernorm", bias=True,
-                     source="transformers GPT2Config (n_inner null = 4 x n_embd)"),
-    "gpt_neox": HFFamily(glu=False, tied=False, position="rope", norm="layernorm", bias=True,
-                         source="transformers GPTNeoXConfig (parallel residual, partial rotary)"),
-    "bloom": HFFamily(glu=False, tied=True, position="alibi", norm="layernorm", bias=True, embedding_norm=True,
-                      source="transformers BloomConfig (ALiBi, embedding LayerNorm)"),
-    # mixture of experts (planner.moe reads the expert keys)
-    "mixtral": HFFamily(**_LLAMA, source="transformers MixtralConfig (Llama shape, top-k routed SwiGLU experts)"),
-    "qwen3_moe": HFFamily(**_LLAMA, source="transformers Qwen3MoeConfig (Llama shape, head_dim, 128 experts)"),
-    "deepseek_v3": HFFamily(**_LLAMA, source="transformers DeepseekV3Config (multi-latent attention, shared + "
-                                             "routed experts)"),
-}
-"""the config.json families plantune reads; a new dense family is one row (and its keys below)"""
-
-_SHAPE_INT = Int(1, 16_777_216, why=_WHY_SHAPE)
-HF_KEYS: dict[str, Field] = {
-    "model_type": Str(required=True, what="a model_type plantune reads (" + ", ".join(HF_FAMILIES) + ")"),
-    **{k: _SHAPE_INT for k in ("hidden_size", "n_embd", "n_embed", "d_model", "num_attention_heads", "n_head",
-                               "n_heads", "num_hidden_layers", "n_layer", "num_layers", "vocab_size",
-                               "intermediate_size", "ffn_dim", "max_position_embeddings", "n_positions", "n_ctx",
-                               "seq_length")},
-    "num_key_value_heads": replace(_SHAPE_INT, null=True),
-    "n_inner": replace(_SHAPE_INT, null=True),
-    "head_dim": replace(_SHAPE_INT, null=True),
-    "tie_word_embeddings": Bool(), "attention_bias": Bool(), "mlp_bias": Bool(),
-    "hidden_act": Str(null=True), "hidden_activation": Str(null=True), "activation_function": Str(null=True),
-    # do not change the parameter count or the FLOPs the planner counts
-    "rope_theta": Num(0, open_lo=True), "rotary_emb_base": Num(0, open_lo=True), "rope_scaling": Any(),
-    "rotary_pct": Num(0, 1, open_lo=True), "partial_rotary_factor": Num(0, 1, open_lo=True),
-    "rms_norm_eps": Num(0), "layer_norm_eps": Num(0), "layer_norm_epsilon": Num(0),
-    # sliding-window attention costs at most what full attention costs: the planner's figure is an upper bound
-    "sliding_window": Int(1, None, null=True), "use_sliding_window": Bool(), "max_window_layers": Int(0, None),
-    "use_parallel_residual": Bool(), "apply_residual_connection_post_layernorm": Bool(),
-    # mixture of experts and multi-latent attention (planner.moe.hf_fields)
-    **{k: Int(0, 1_000_000) for k in ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
-                                      "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
-                                      "moe_layer_freq", "decoder_sparse_step", "first_k_dense_replace", "q_lora_rank",
-                                      "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")},
-    # routing and load-balancing settings: they do not change the parameters or the FLOPs counted
-    "router_aux_loss_coef": Num(0), "aux_loss_alpha": Num(0), "output_router_logits": Bool(),
-    "router_jitter_noise": Num(0), "norm_topk_prob": Bool(), "routed_scaling_factor": Num(0, open_lo=True),
-    "scoring_func": Str(), "topk_method": Str(), "n_group": Int(1, 1_000_000), "topk_group": Int(1, 1_000_000),
-    "seq_aux": Bool(), "ep_size": Int(1, 1_000_000), "mlp_only_layers": Any(),
-    # DeepSeek-V3's multi-token-prediction module is not part of its 671B (the report's count excludes it)
-    "num_nextn_predict_layers": Int(0, 1_000),
-}
-"""config.json keys plantune reads or knows to leave the shape alone, with their types"""
-
-HF_INERT = frozenset((
-    "architectures", "auto_map", "torch_dtype", "transformers_version", "use_cache", "initializer_range",
-    "initializer_factor", "pretraining_tp", "scale_attn_weights", "scale_attn_by_inverse_layer_idx",
-    "reorder_and_upcast_attn", "slow_but_exact", "offset_alibi", "masked_softmax_fusion", "skip_bias_add",
-    "skip_bias_add_qkv", "bias_dropout_fusion", "attention_softmax_in_fp32", "task_specific_params", "id2label",
-    "label2id", "tokenizer_class", "problem_type", "finetuning_task", "prefix", "max_length", "output_attentions",
-    "output_hidden_states", "return_dict", "use_return_dict", "tie_encoder_decoder", "quantization_config",
-    "attn_implementation", "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id",
-))
-"""metadata keys that do not describe the network (any value); names ending in _dropout/_pdrop also pass"""
-
-HF_MOE_UNREAD = ("qwen2_moe", "deepseek_v2", "dbrx", "olmoe")
-"""mixture-of-experts model types whose expert layout plantune does not read (planned as dense they would be wrong)"""
-
-
-def _inert(key: str) -> bool:
-    return key in HF_INERT or key.startswith("_") or key.endswith(("_dropout", "_pdrop", "dropout_prob")) \
-        or key.startswith("summary_")
-
-
-def check_hf(data: dict, where: str) -> str:
-    """A HF config.json checked key by key; returns its model_type (a key of HF_FAMILIES).
-
-    A key that is neither read, nor known to leave the shape alone, stops here: dropping it could
-    plan a different model (Mixtral's experts planned as a dense 7B).
-    """
-    if not isinstance(data.get("model_type"), str):
-        check(data, {"model_type": HF_KEYS["model_type"]}, where, unknown="keep")
-    if data.get("model_type") in HF_MOE_UNREAD:
-        raise InputError(f"{where}: mixture-of-experts model_type {data['model_type']} is not read yet (plantune "
-                         "reads mixtral, qwen3_moe, deepseek_v3); write a plantune model YAML with its experts "
-                         "(num_experts, moe_topk, moe_ffn_hidden, ...)")
-    model_type = data.get("model_type")
-    if model_type is not None and model_type not in HF_FAMILIES:
-        raise InputError(f"{where}: model_type {_short(model_type)} is not one plantune reads ("
-                         f"{', '.join(HF_FAMILIES)}); write a plantune model YAML with its shape "
-                         "(see examples/model-tiny.yaml)")
-    for key in data:
-        if isinstance(key, str) and key not in HF_KEYS and not _inert(key):
-            raise InputError(f"{where}: key {key!r} is not understood and may change the model"
-                             f"{did_you_mean(key, HF_KEYS)}; plantune does not plan what it cannot read: "
-                             "remove the key if it leaves the shape alone, or write a plantune model YAML")
-    check(data, HF_KEYS, where, unknown="keep")
-    return model_type  # type: ignore[return-value]
-
-
 def _required(f: Field) -> Field:
     return replace(f, required=True)
 
 
 def plan_schema() -> dict[str, Field]:
     """plantune plan.yaml (planner.emit.plan_yaml): Megatron's names at the top, plantune's under ``plantune:``."""
-    from planner.space import FLAVORS, FRAMEWORKS, OPTIMIZERS, RECOMPUTE
+    from planner.space import FLAVORS, FRAMEWORKS, OPTIMIZERS
 
     size = Int(1, MAX_GPUS, why=WHY_GPUS, required=True)
     batch = Int(1, MAX_GLOBAL_BATCH, why=WHY_GLOBAL_BATCH, required=True)
@@ -475,10 +384,11 @@ def plan_schema() -> dict[str, Field]:
         "optimizer": Enum(*OPTIMIZERS), "framework": Enum(*FRAMEWORKS),
         "memory_fraction": Num(0, 1, open_lo=True), "memory_headroom": Num(0, 0.99),
         "train_tokens": MODEL["train_tokens"], "max_mbs": Int(1, MAX_MBS),
-        "recompute_options": List(Enum(*RECOMPUTE)), "zero_options": List(Enum(0, 1, 2, 3)),
+        "recompute_options": List(Str()), "zero_options": List(Enum(0, 1, 2, 3)),   # TrainingSpec checks the modes
     }
     cluster = {**CLUSTER, "gpus_per_node": _required(CLUSTER["gpus_per_node"]), "nodes": _required(CLUSTER["nodes"]),
                "matmul_efficiency": CALIBRATION["matmul_efficiency"],
+               "host_scale": Num(0, 1000, open_lo=True, what="a multiple of the fitted host time in (0, 1000]"),
                "cuda_context_bytes": CALIBRATION["cuda_context_bytes"]}
     prediction = {k: Num(0, required=True) for k in ("memory_gb_per_gpu", "step_time_s", "model_tflops_per_gpu",
                                                       "hardware_tflops_per_gpu")}
@@ -498,11 +408,14 @@ def plan_schema() -> dict[str, Field]:
         "train_samples": Int(1, None, null=True),
         "recompute_granularity": Enum(None, "full", "selective",
                                       what="null, full or selective (Megatron's --recompute-granularity)"),
+        "recompute_method": Enum(None, "uniform", "block", what="null, uniform or block (Megatron's --recompute-method)"),
+        "recompute_num_layers": Int(1, None, null=True),
         "zero_stage": Enum(0, 1, 2, 3),
         "bf16": Bool(required=True), "fp16": Bool(required=True), "use_flash_attn": Bool(required=True),
         "plantune": Map({
             "kind": Enum(*FRAMEWORKS, required=True), "flavor": Enum(None, *FLAVORS),
             "hybrid_shard": Bool(required=True),
+            "recompute": Str(),   # planner.recompute's mode (torchtitan's selective-op / selective-layer-N too)
             "model": Map(model_rest, required=True),
             "training": Map(training, required=True),
             "cluster": Map(cluster, required=True),
@@ -537,5 +450,5 @@ def check_plan(data: dict, where: str) -> dict:
     return data
 
 
-__all__ = ["CALIBRATION", "CLUSTER", "Field", "MODEL", "MAX_GPUS", "MAX_GLOBAL_BATCH", "check", "check_plan",
-           "describe", "did_you_mean", "plan_schema"]
+__all__ = ["ACCELERATOR", "CALIBRATION", "CLUSTER", "Field", "MODEL", "MAX_GPUS", "MAX_GLOBAL_BATCH", "check",
+           "check_plan", "describe", "did_you_mean", "plan_schema"]

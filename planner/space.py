@@ -10,18 +10,22 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
-from planner import context_parallel, moe
+from planner import context_parallel, moe, recompute as recompute_modes
 from planner.errors import InputError
 from planner.framework import OVERLAPS
 from planner.model import ModelSpec, Rampup
+from planner.pipeline_split import vpp_choices
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = recompute_modes.CLASSIC
+"""the classic modes (tune's search space orders them by memory); every mode: `planner.recompute`"""
 FRAMEWORKS = ("megatron-deepspeed", "megatron-lm", "fsdp")
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
 FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FLAVORS = ("bigscience", "microsoft")
 """Megatron-DeepSpeed forks: bigscience-workshop/Megatron-DeepSpeed, microsoft (now deepspeedai)/Megatron-DeepSpeed"""
+PP_SCHEDULES_FSDP = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+"""torchtitan's pipeline_parallel_schedule values plan costs (planner.fsdp_parallel.SCHEDULES)"""
 PINNABLE = ("tp", "pp", "dp", "mbs", "gas", "vpp")
 """degrees a user may pin (--tp 8 --pp 4 ...), like --gpus"""
 
@@ -68,6 +72,12 @@ class TrainingSpec:
     overlap: tuple[str, ...] | None = None
     """Megatron-LM communication overlapped with compute (planner.framework.OVERLAPS: grad-reduce, param-gather,
     tp-comm, p2p); None = the framework's default (Megatron-LM: grad-reduce, param-gather, p2p; --overlap)"""
+    pp_schedule: str = ""
+    """torchtitan's pipeline schedule (planner.fsdp_parallel.SCHEDULES); empty: 1F1B, Interleaved1F1B when VPP > 1"""
+    torch_compile: bool = False
+    """torchtitan [compile] enable: Inductor fuses the element-wise chains (planner.fsdp_parallel.runtime_framework)"""
+    async_tp: bool = False
+    """torchtitan's async tensor parallel (needs torch_compile): planner.fsdp_parallel.tp_exposed_fraction"""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:
@@ -91,9 +101,10 @@ class TrainingSpec:
             raise InputError(f"pins {', '.join(bad_pins)}: pin {', '.join(PINNABLE)} to positive integers")
         if self.max_mbs <= 0:
             raise InputError(f"--max-mbs must be > 0, got {self.max_mbs}")
-        bad = [r for r in self.recompute_options if r not in RECOMPUTE]
+        bad = [r for r in self.recompute_options if not recompute_modes.is_valid(r, search=True)]
         if bad or not self.recompute_options:
-            raise InputError(f"--recompute: {bad or 'empty'}; choose from {', '.join(RECOMPUTE)}")
+            raise InputError(f"--recompute: {bad or 'empty'}; choose from {', '.join(recompute_modes.OPTIONS)} "
+                             "(block-N, uniform-N and selective-layer-N fix N)")
         if not self.zero_options or any(z not in (0, 1, 2, 3) for z in self.zero_options):
             raise InputError(f"--zero: {list(self.zero_options)}; choose stages from 0, 1, 2, 3")
         if self.flops_attention not in ("full", "causal"):
@@ -110,8 +121,19 @@ class TrainingSpec:
                                  "--overlap-param-gather with --overlap-grad-reduce'); add grad-reduce")
         if self.grad_reduce_dtype not in ("fp32", "bf16"):
             raise InputError(f"unknown gradient reduce dtype {self.grad_reduce_dtype!r}; use fp32 or bf16")
-        if self.fp8_recipe not in ("delayed", "tensorwise"):   # planner.fp8.FP8_RECIPES
-            raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed or tensorwise")
+        if self.fp8_recipe not in ("delayed", "tensorwise", "rowwise"):   # planner.fp8.FP8_RECIPES
+            raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed, tensorwise or rowwise")
+        if self.pp_schedule and self.pp_schedule not in PP_SCHEDULES_FSDP:
+            raise InputError(f"unknown pipeline schedule {self.pp_schedule!r}; use one of "
+                             f"{', '.join(PP_SCHEDULES_FSDP)}")
+        if (self.pp_schedule or self.torch_compile or self.async_tp) and self.framework != "fsdp":
+            raise InputError("--pp-schedule, --torch-compile and --async-tp are torchtitan's (--framework fsdp); "
+                             f"the framework here is {self.framework}: add --framework fsdp or drop them")
+        if self.fp8_recipe == "rowwise" and self.framework != "fsdp":
+            raise InputError("--fp8-recipe rowwise is torchao's (torchtitan float8, --framework fsdp); Transformer "
+                             "Engine plans delayed or tensorwise")
+        if self.async_tp and not self.torch_compile:
+            raise InputError("--async-tp needs --torch-compile (torchtitan: async TP is a torch.compile pass)")
         if self.moe_capacity_factor is not None and not self.moe_capacity_factor >= 1:
             raise InputError(f"--moe-capacity-factor must be >= 1, got {self.moe_capacity_factor}")
         if any(not isinstance(v, int) or v < 1 for v in (self.cp_options or ()) + (self.ep_options or ())):
@@ -131,6 +153,7 @@ class Candidate:
     mbs: int
     gas: int
     recompute: str = "none"
+    """`planner.recompute` mode: none | selective | full | block-N | uniform-N | selective-op | selective-layer-N"""
     zero: int = 0
     """ZeRO stage 0-3; for FSDP: 0 NO_SHARD, 2 SHARD_GRAD_OP, 3 FULL_SHARD (HYBRID_SHARD with hybrid)"""
     sp: bool = False
@@ -214,8 +237,10 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
     dp = num("dp", max(world // (tp * pp * cp), 1))
     gas = num("gas", max(global_batch // (mbs * dp), 1))
     recompute = fields.get("recompute", "none")
-    if recompute not in RECOMPUTE:
-        raise InputError(f"--explain: recompute={recompute} must be one of {', '.join(RECOMPUTE)}")
+    if not recompute_modes.is_valid(recompute):
+        raise InputError(f"--explain: recompute={recompute} must be one of {', '.join(recompute_modes.CLASSIC)}, "
+                         "block-N, uniform-N (Megatron --recompute-method, N layers per model chunk), selective-op "
+                         "or selective-layer-N (torchtitan)")
     truthy, falsy = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
     for key in ("sp", "hybrid"):
         if fields.get(key, "0") not in truthy | falsy:
@@ -327,7 +352,7 @@ def _groups(model: ModelSpec, world: int, training: TrainingSpec, knobs: dict[st
         return
     per_replica = training.global_batch // dp if training.global_batch % dp == 0 else 0
     mbss = [pins["mbs"]] if "mbs" in pins else mbs_values(per_replica, training.max_mbs)
-    vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"]
+    vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"] or vpp_choices(model.layers, pp)
     ep_etps = tuple(knobs["ep"] or moe.ep_choices(model, tp, cp, dp, training.ep_options))
     # Megatron needs SP under MoE with EP and TP (planner.moe.violations): sp=0 is enumerated with EP=1 only
     ep_no_sp = tuple(pe for pe in ep_etps if pe[0] == 1) if knobs["moe_needs_sp"] and tp > 1 else ep_etps

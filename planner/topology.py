@@ -52,7 +52,10 @@ class Topology:
 
     # -- Megatron's groups for a layout ------------------------------------------------------------
     def tp_link(self, tp: int) -> Link:
-        if tp <= 1 or tp <= self.cluster.gpus_per_node:
+        """TP groups are consecutive ranks: inside a node when TP divides the node's GPUs; otherwise (TP 3, 6 on
+        8-GPU nodes) some groups straddle two nodes, and every layer waits for their all-reduces on the network."""
+        gpn = self.cluster.gpus_per_node
+        if tp <= 1 or (tp <= gpn and gpn % tp == 0):
             return Link(kind="intra", bus_bw_bytes_per_s=self._intra)
         return Link(kind="inter", bus_bw_bytes_per_s=min(self._gpu_port_inter, self._nic))
 

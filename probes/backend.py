@@ -11,6 +11,7 @@ and wraps `probes.launch.torchrun_argv` in srun. No torch import here.
 
 from __future__ import annotations
 
+import abc
 from pathlib import Path
 
 from probes.extent import probe_world
@@ -18,13 +19,25 @@ from probes.launch import run_local
 from probes.result import ProbeResult, ProbeSpec
 
 
-class ProbeBackend:
-    """Runs one probe. Subclasses implement `run`."""
+class ProbeBackend(abc.ABC):
+    """Where one probe runs: this machine (`LocalBackend`), a SLURM allocation (probes.slurm.SlurmBackend), the user's
+    own Megatron command on either (probes.megatron.MegatronProbe), or a table of earlier measurements
+    (search.replay.ReplayBackend). The contract every one keeps (tests/test_backend_contract.py):
+
+    - `run` returns a `ProbeResult` whose status is one of ok | oom | timeout | crash | invalid; it does not raise
+      for a configuration that fails or cannot run (that is ``invalid`` with a reason), only for a backend that
+      cannot work at all (`search.BackendError` and the like);
+    - an ``ok`` result has a finite step time > 0 (``step_time_median_s``), samples per second > 0, the number of
+      ranks that ran (``world_size`` >= 1), its wall time (``wall_s``) and a ``device`` description;
+    - any other result has a one-line ``reason``;
+    - no process it started outlives `run`.
+    """
 
     name = "base"
 
+    @abc.abstractmethod
     def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
-        raise NotImplementedError(f"{type(self).__name__}.run")
+        """One probe of ``spec`` in ``workdir`` (the backend's to write), stopped after ``timeout_s`` seconds."""
 
 
 class LocalBackend(ProbeBackend):

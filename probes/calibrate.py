@@ -2,7 +2,7 @@
 
     python -m probes.calibrate --nproc-per-node 2 --out calibration.yaml
     python -m probes.calibrate --nproc-per-node 8 --gpu H100-SXM --model llama2-7b --out cal.yaml
-    plan ... --calibration calibration.yaml          # planner.hardware.apply_calibration reads it
+    plan ... --calibration calibration.yaml          # planner.calibration.apply_calibration reads it
 
 `main` launches itself under torchrun (one process per device) and the workers measure:
 - matmul: achieved TFLOP/s for the model's GEMM shapes (QKV, attention output, MLP in/out, LM
@@ -12,7 +12,14 @@
 - all-reduce, all-gather, reduce-scatter over message sizes, bus bandwidth as nccl-tests
   (all-reduce algbw * 2(n-1)/n, all-gather / reduce-scatter algbw * (n-1)/n), in Gbit/s,
   inside a node (``intra_node_busbw_gbps``) and across nodes (``inter_node_busbw_gbps``);
-- the memory the CUDA context takes (``cuda_context_bytes``; 0 on CPU, with the RSS baseline).
+- the memory the CUDA context takes (``cuda_context_bytes``; 0 on CPU, with the RSS baseline);
+- the host's launch cost: ``host_s_per_layer_forward``, forward + backward of `HOST_LAYERS` of the probes'
+  transformer layer (`probes.gpt.Block`, the model's norm/GLU/position) at `HOST_SHAPE` (negligible FLOPs: the
+  time is Python, autograd and kernel launches), divided by 3 per layer (a backward launches about twice a
+  forward's kernels: the planner's host model, planner.cost.layer_compute_s).
+
+`planner.calibration.apply_calibration` fits the planner's GEMM shape model to the timed shapes and scales its host
+constants by the measured launch cost.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import json
 import os
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +41,11 @@ CPU_DIM_CAP = 2048
 """on CPU every GEMM dimension is capped here so that calibration takes seconds (say so in notes)"""
 MIN_TIMED_S = {"cpu": 0.2, "cuda": 0.05}
 """time each measurement at least this long (seconds), after two warm-up runs"""
+HOST_LAYERS = 8
+"""layers in the host-launch measurement (one layer's launch time is the total / HOST_LAYERS / 3)"""
+HOST_SHAPE = {"hidden": 64, "heads": 2, "ffn_hidden": 128, "seq_len": 8}
+"""a layer whose kernels take microseconds on any device: what is timed is launching them"""
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 MESSAGE_BYTES = {"cpu": [2 ** k for k in range(12, 25, 2)], "cuda": [2 ** k for k in range(20, 31, 2)]}
 """collective message sizes: 4 KiB..16 MiB on CPU/gloo, 1 MiB..1 GiB on GPU/NCCL"""
 
@@ -105,6 +118,33 @@ def _measure_matmul(torch, device, dtype, shapes, report=None) -> list[dict]:
     return rows
 
 
+def _measure_host(torch, device, dtype, model_name: str | None) -> dict:
+    """Forward + backward seconds of HOST_LAYERS tiny probe layers, and one layer forward's host time (that / 3)."""
+    from planner.model import ModelSpec, load_model
+    from probes.gpt import Block
+
+    like = load_model(model_name) if model_name else None
+    kw = {"glu": like.glu, "position": like.position, "norm": like.norm, "bias": like.bias} if like else {
+        "glu": True, "position": "rope", "norm": "rmsnorm", "bias": False}
+    heads = HOST_SHAPE["heads"]
+    m = ModelSpec(name="host-launch", layers=HOST_LAYERS, hidden=HOST_SHAPE["hidden"], heads=heads,
+                  kv_heads=heads if like is None or like.kv_heads == like.heads else 1,
+                  ffn_hidden=HOST_SHAPE["ffn_hidden"], vocab=128, seq_len=HOST_SHAPE["seq_len"], **kw)
+    layers = torch.nn.Sequential(*(Block(m, recompute_core=False) for _ in range(HOST_LAYERS))).to(device)
+    x = torch.randn(1, m.seq_len, m.hidden, device=device, requires_grad=True)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+    def step():   # under autocast, as the probes run 16-bit precisions (probes.train)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            out = layers(x)
+        out.float().sum().backward()
+
+    seconds = _time_op(step, sync, device.type)
+    return {"layers": HOST_LAYERS, **HOST_SHAPE, "glu": m.glu, "position": m.position, "norm": m.norm,
+            "dtype": str(dtype).removeprefix("torch."), "forward_backward_s": seconds,
+            "host_s_per_layer_forward": seconds / HOST_LAYERS / 3}
+
+
 def _bus_factor(op: str, n: int) -> float:
     """nccl-tests' busbw / algbw: all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n."""
     return 2.0 * (n - 1) / n if op == "all_reduce" else (n - 1) / n
@@ -164,7 +204,8 @@ def _worker(args: argparse.Namespace) -> int:
         notes.append("CPU: no CUDA context (cuda_context_bytes 0); rss_baseline_bytes is a process after import torch")
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    precision = args.precision or ("bf16" if cuda else "fp32")
+    dtype = getattr(torch, DTYPES[precision])
     shapes = _gemm_shapes(args.model, args.tokens, device.type)
     if device.type == "cpu" and args.model:
         notes.append(f"CPU: GEMM dimensions capped at {CPU_DIM_CAP}")
@@ -173,14 +214,17 @@ def _worker(args: argparse.Namespace) -> int:
                              lambda i, row: _say(args, rank, f"GEMM {i}/{len(shapes)} {row['name']} "
                                                              f"{row['m']}x{row['n']}x{row['k']}: "
                                                              f"{row['tflops']:.3g} TFLOP/s"))
+    host = _measure_host(torch, device, dtype, args.model)
+    _say(args, rank, f"host launch: {host['host_s_per_layer_forward'] * 1e3:.3g} ms per layer forward "
+                     f"({HOST_LAYERS} tiny layers forward + backward in {host['forward_backward_s'] * 1e3:.3g} ms)")
     weighted = sum(2.0 * r["m"] * r["n"] * r["k"] for r in matmul) / sum(r["seconds"] for r in matmul) / 1e12
     best = max(r["tflops"] for r in matmul)
     peak_tflops, peak_source = best, "best measured GEMM rate (no catalog peak)"
     if cuda and args.gpu:
         from planner.hardware import get_accelerator
 
-        peak_tflops = get_accelerator(args.gpu).peak_flops("bf16") / 1e12
-        peak_source = f"catalog peak bf16 of {args.gpu}"
+        peak_tflops = get_accelerator(args.gpu).peak_flops(precision) / 1e12
+        peak_source = f"catalog peak {precision} of {args.gpu}"
     elif cuda:
         notes.append("no --gpu given: matmul_efficiency is relative to the best measured GEMM, not the datasheet")
     else:
@@ -220,6 +264,7 @@ def _worker(args: argparse.Namespace) -> int:
             "matmul_peak_tflops": peak_tflops,
             "matmul_peak_source": peak_source,
             "cuda_context_bytes": context_bytes,
+            "host_s_per_layer_forward": host["host_s_per_layer_forward"],
         }
         if intra is not None:
             doc["intra_node_busbw_gbps"] = round(intra, 3)
@@ -227,11 +272,12 @@ def _worker(args: argparse.Namespace) -> int:
             doc["inter_node_busbw_gbps"] = round(inter, 3)
         doc["notes"] = notes
         doc["measurements"] = {"matmul": matmul, "matmul_weighted_tflops": weighted, "collectives": collectives,
-                               "rss_baseline_bytes": rss_baseline, "torch": torch.__version__,
+                               "host_launch": host, "rss_baseline_bytes": rss_baseline, "torch": torch.__version__,
                                "units": "seconds per call; tflops = 1e12 FLOP/s; *_gbps = 1e9 bit/s"}
         Path(args.out).write_text(yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False))
-        print(f"wrote {args.out}: matmul_efficiency {doc['matmul_efficiency']}, "
-              f"intra_node_busbw_gbps {doc.get('intra_node_busbw_gbps', 'N/A')}", flush=True)
+        print(f"wrote {args.out}: matmul_efficiency {doc['matmul_efficiency']}, host launch "
+              f"{host['host_s_per_layer_forward'] * 1e3:.3g} ms per layer forward, intra_node_busbw_gbps "
+              f"{doc.get('intra_node_busbw_gbps', 'N/A')}", flush=True)
     if world > 1:
         dist.barrier()
     sys.stdout.flush()
@@ -248,17 +294,26 @@ def _say(args: argparse.Namespace, rank: int, text: str) -> None:
 
 
 def _parser(prog: str = "python -m probes.calibrate") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="processes (devices) per node")
-    p.add_argument("--nnodes", type=int, default=1, help="nodes (run this command on each, with --rdzv-endpoint)")
-    p.add_argument("--node-rank", "--node_rank", type=int, default=None, help="this node's rank (nnodes > 1)")
+    from planner.cli import OneLineParser, number
+
+    p = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=number(int), default=1,
+                   help="processes (devices) per node")
+    p.add_argument("--nnodes", type=number(int), default=1,
+                   help="nodes (run this command on each, with --rdzv-endpoint)")
+    p.add_argument("--node-rank", "--node_rank", type=number(int, allow_zero=True), default=None,
+                   help="this node's rank (nnodes > 1)")
     p.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None, help="host:port of the rendezvous (nnodes > 1)")
     p.add_argument("--out", required=True, help="calibration YAML to write")
-    p.add_argument("--gpu", default=None, help="catalog id of the GPU (planner.hardware), for its datasheet peak")
+    p.add_argument("--gpu", default=None,
+                   help="catalog id of the GPU or a GPU YAML (planner.hardware), for its datasheet peak")
     p.add_argument("--model", default=None, help="model preset or file whose GEMM shapes to time")
-    p.add_argument("--tokens", type=int, default=None, help="GEMM rows = tokens per micro-batch (default seq_len)")
-    p.add_argument("--timeout-s", "--timeout_s", type=float, default=600.0,
+    p.add_argument("--tokens", type=number(int), default=None,
+                   help="GEMM rows = tokens per micro-batch (default seq_len)")
+    p.add_argument("--timeout-s", "--timeout_s", type=number(float), default=600.0,
                    help="stop the measurement after this many seconds (default 600)")
+    p.add_argument("--precision", choices=tuple(DTYPES), default=None,
+                   help="GEMM and layer dtype: the plan's --precision (default bf16 on a GPU, fp32 on the CPU)")
     p.add_argument("--cpu", action="store_true", help="measure the CPU even when a GPU is present")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--force", action="store_true", help="replace an existing --out file")
@@ -270,11 +325,8 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
     args = _parser(prog).parse_args(argv)
     if args.worker:
         return _worker(args)
-    if args.nproc_per_node < 1 or args.nnodes < 1:
-        print("error: --nproc-per-node and --nnodes must be >= 1", file=sys.stderr)
-        return 2
     if args.nnodes > 1 and not args.rdzv_endpoint:
-        print("error: --nnodes > 1 needs --rdzv-endpoint HOST:PORT (and this command run on every node)",
+        print(f"{prog}: error: --nnodes > 1 needs --rdzv-endpoint HOST:PORT (and this command run on every node)",
               file=sys.stderr)
         return 2
     if args.model is not None:                  # a bad --model: one line here, not a traceback from every worker
@@ -284,8 +336,10 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
         try:
             load_model(args.model)
         except PlantuneError as err:
-            print(f"error: --model {args.model}: {err}", file=sys.stderr)
+            print(f"{prog}: error: --model {args.model}: {err}", file=sys.stderr)
             return 2
+        if Path(args.model).is_file():         # the workers run in --out's folder: give them the file, not a name
+            args.model = str(Path(args.model).resolve())
     if args.gpu is not None:
         from planner.errors import PlantuneError
         from planner.hardware import get_accelerator
@@ -293,21 +347,30 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
         try:
             get_accelerator(args.gpu)
         except PlantuneError as err:
-            print(f"error: --gpu {args.gpu}: {err}", file=sys.stderr)
+            print(f"{prog}: error: --gpu {args.gpu}: {err}", file=sys.stderr)
             return 2
     out = Path(args.out)
     if out.is_symlink() or out.is_dir():
-        print(f"error: --out {out} is a {'link' if out.is_symlink() else 'folder'}; give a file name", file=sys.stderr)
+        print(f"{prog}: error: --out {out} is a {'link' if out.is_symlink() else 'folder'}; give a file name",
+              file=sys.stderr)
         return 2
     if out.exists() and not args.force:
-        print(f"error: --out {out} exists; give a new file name, or add --force to replace it", file=sys.stderr)
+        print(f"{prog}: error: --out {out} exists; give a new file name, or add --force to replace it", file=sys.stderr)
         return 2
     out = out.resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:                                        # an unwritable --out: one line here, not a traceback from rank 0
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=out.parent, prefix=".calibrate-", delete=True)
+        probe.close()
+    except OSError as err:
+        print(f"{prog}: error: --out {args.out}: cannot write there ({err.strerror or err}); give a file in a "
+              "folder you can write", file=sys.stderr)
+        return 2
     worker_args = ["--worker", "--out", str(out)]
     if args.quiet:
         worker_args.append("--quiet")
-    for flag, value in (("--gpu", args.gpu), ("--model", args.model), ("--tokens", args.tokens)):
+    for flag, value in (("--gpu", args.gpu), ("--model", args.model), ("--tokens", args.tokens),
+                        ("--precision", args.precision)):
         if value is not None:
             worker_args += [flag, str(value)]
     if args.cpu:
@@ -324,10 +387,12 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m probes.calibra
     if not args.quiet and returncode == 0 and not timed_out:
         print(f"calibrate: done in {time.monotonic() - started:.0f} s: {out}", file=sys.stderr, flush=True)
     if timed_out:
-        print(f"error: calibration did not finish within {args.timeout_s:g} s; processes killed", file=sys.stderr)
+        print(f"{prog}: error: calibration did not finish within {args.timeout_s:g} s; processes killed",
+              file=sys.stderr)
         return 1
     if returncode != 0 or not out.is_file():
-        print(f"error: calibration failed (torchrun exit code {returncode}); see the output above", file=sys.stderr)
+        print(f"{prog}: error: calibration failed (torchrun exit code {returncode}); see the output above",
+              file=sys.stderr)
         return 1
     return 0
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from planner import recompute as recompute_modes
 from planner.model import ModelSpec
 
 INIT_STD = 0.02
@@ -431,7 +432,9 @@ class Head(nn.Module):
 class GPTStage(nn.Module):
     """Layers ``layer_ids`` of the model, with the embedding if ``first`` and the head if ``last``.
 
-    ``recompute``: none | selective (attention core only) | full (every layer re-run in backward).
+    ``recompute``: none | selective (attention core only) | full (every layer re-run in backward) | block-N (the
+    stage's first N layers re-run, the others keep their activations: Megatron's --recompute-method block, per
+    model chunk as here, where an interleaved rank holds several stages).
     Layers live in a ModuleDict keyed by their global index, so names are the same in every layout.
     Parameters are left as the modules' constructors make them: build under ``torch.device("meta")``
     and call `init_parameters` once the storage exists (``probes.parallel.build_stages`` does).
@@ -440,7 +443,10 @@ class GPTStage(nn.Module):
     def __init__(self, m: ModelSpec, *, layer_ids: range, first: bool, last: bool, seed: int = 0,
                  recompute: str = "none", moe: MoEShape | None = None) -> None:
         super().__init__()
-        self.full_recompute = recompute == "full"
+        mode = recompute_modes.parse(recompute)
+        # layers (from the first) whose forward is re-run in backward: all under full, N under block-N
+        self.checkpointed = len(layer_ids) if recompute == "full" else (
+            mode.n if mode is not None and mode.kind == "block" else 0)
         self.embed: Embedding | None = Embedding(m) if first else None
         self.head: Head | None = None
         self.layers = nn.ModuleDict(
@@ -465,8 +471,8 @@ class GPTStage(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
             x = self.embed(x)
-        for block in self.layers.values():
-            if self.full_recompute and torch.is_grad_enabled():
+        for i, block in enumerate(self.layers.values()):
+            if i < self.checkpointed and torch.is_grad_enabled():
                 with set_checkpoint_early_stop(False):
                     x = checkpoint(block, x, use_reentrant=False)
             else:

@@ -7,7 +7,8 @@ Each probe leaves a folder: ``spec.json``, ``command.json`` (argv, cwd, environm
 pids), ``torchrun.stdout`` / ``torchrun.stderr``, ``rank{r}.stdout`` / ``rank{r}.stderr``,
 ``result.json``. The configuration is checked before anything starts (``status="invalid"``);
 on timeout the torchrun process group and every worker (torchrun starts each in its own
-session) get SIGTERM, then SIGKILL after `KILL_GRACE_S`; no process is left behind. The
+session) get SIGTERM, then SIGKILL after `KILL_GRACE_S`; no process is left behind, also when
+the launcher itself is SIGKILLed (`probes.lifeline`: torchrun and every worker die with it). The
 outcome is classified by `probes.outcome.classify`.
 
 `torchrun_argv` is the one command builder; the SLURM backend wraps the same argv in srun.
@@ -26,6 +27,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from probes import lifeline
 from probes.extent import resolve_probe
 from probes.layout import LayoutError
 from probes.outcome import classify
@@ -42,7 +44,8 @@ def torchrun_argv(*, spec_path: Path | None = None, out_dir: Path | None = None,
                   rdzv_endpoint: str | None = None, rdzv_id: str = "plantune", log_dir: Path | None = None,
                   python: str = sys.executable, module: str = "probes.train",
                   module_args: list[str] | None = None) -> list[str]:
-    """``python -m torch.distributed.run ... -m probes.train --spec SPEC --out DIR`` as an argument list.
+    """``python -m torch.distributed.run ... -m probes.lifeline worker python -u -m probes.train --spec SPEC
+    --out DIR`` as an argument list (each worker behind a lifeline: it dies with torchrun).
 
     One node without ``rdzv_endpoint``: ``--standalone`` (a c10d rendezvous on localhost port 0,
     i.e. a free port the OS picks). Several nodes: c10d rendezvous at ``rdzv_endpoint``
@@ -61,13 +64,11 @@ def torchrun_argv(*, spec_path: Path | None = None, out_dir: Path | None = None,
             argv += ["--node-rank", str(node_rank)]
     if log_dir is not None:
         argv += ["--log-dir", str(log_dir), "--redirects", "3"]
-    argv += ["-m", module]
     if module_args is None:
         if spec_path is None or out_dir is None:
             raise ValueError("torchrun_argv: give spec_path and out_dir, or module_args")
         module_args = ["--spec", str(spec_path), "--out", str(out_dir)]
-    argv += module_args
-    return argv
+    return argv + lifeline.worker_module_args(["-m", module, *module_args], python=python)
 
 
 def probe_env(env: dict | None = None) -> dict[str, str]:
@@ -179,33 +180,16 @@ def stop_processes(proc: subprocess.Popen, tracker: ProcessTracker) -> None:
         pass
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG).
-
-    The launcher starts torchrun in its own session (so a timeout can kill the whole group), which
-    also means a SIGKILLed tuner would leave torchrun and its workers running on the GPUs. With this
-    in torchrun (preexec) and in every probe worker, the chain tuner -> torchrun -> workers dies
-    together. A no-op where prctl is unavailable.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-
-
 def run_with_timeout(argv: list[str], *, env: dict[str, str], timeout_s: float, workdir: Path,
                      stdout: object = None, stderr: object = None,
                      cwd: Path = REPO_ROOT) -> tuple[int | None, bool, ProcessTracker]:
-    """Run ``argv`` in a new session; kill everything it started on timeout or when it ends.
+    """Run ``argv`` (torchrun) in a new session behind a lifeline (it dies with this process, and its workers
+    with it); kill everything it started on timeout or when it ends.
 
     Returns (returncode, timed_out, tracker); ``tracker.seen`` holds every pid observed.
     """
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=die_with_parent)
+    proc = subprocess.Popen(lifeline.wrap("torchrun", argv), cwd=cwd, env=lifeline.parent_env(env), stdout=stdout,
+                            stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True)
     tracker = ProcessTracker(proc.pid, workdir)
     deadline = time.monotonic() + timeout_s
     timed_out = False

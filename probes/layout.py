@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.model import ModelSpec, Rampup
-from planner.rules import PP_SCHEDULES, probe_layout_violations
+from planner import recompute as recompute_modes
+from planner.rules import PP_SCHEDULES, PROBE_RECOMPUTE, probe_layout_violations
 from planner.space import RECOMPUTE, Candidate
 from probes.result import ProbeSpec
 
@@ -111,8 +112,8 @@ def resolve_layout(spec: ProbeSpec, *, world: int, local_world: int | None = Non
     errors: list[str] = []
     if spec.precision not in PRECISIONS:
         errors.append(f"precision {spec.precision!r} is not one of {', '.join(PRECISIONS)}")
-    if c.recompute not in RECOMPUTE:
-        errors.append(f"recompute {c.recompute!r} is not one of {', '.join(RECOMPUTE)}")
+    if not recompute_modes.is_valid(c.recompute) or recompute_modes.kind(c.recompute) not in PROBE_RECOMPUTE:
+        errors.append(f"recompute {c.recompute!r} is not one of {', '.join(RECOMPUTE)} or block-N")
     if c.zero not in (0, 1, 2, 3):
         errors.append(f"zero {c.zero} is not a ZeRO stage 0-3")
     for name in ("tp", "pp", "dp", "mbs", "gas", "vpp"):

@@ -1,13 +1,16 @@
-"""External probe: the user's own Megatron-DeepSpeed command, run for a candidate and timed from its log.
+"""External probe: the user's Megatron-DeepSpeed or Megatron-LM command, run for a candidate, timed from its log.
 
     tune ... --probe megatron --command "python pretrain_gpt.py {args} --data-path /data/oscar_text_document"
+    tune ... --framework megatron-lm --probe megatron \
+        --command "python Megatron-LM/pretrain_gpt.py {args} --mock-data --tokenizer-type NullTokenizer ..."
 
     >>> probe = MegatronProbe("python pretrain_gpt.py {args} --data-path D", LocalBackend(nproc=8))
     >>> result = probe.run(spec, workdir=Path("runs/probe-0001"), timeout_s=1200)
 
-For each candidate the arguments and ds_config.json are rendered by `planner.emit` exactly as
-``plan --emit`` writes them, in the probe variant of MEGATRON_DEEPSPEED.md: ``--train-iters N
---log-interval 1``, an eval interval above N, no rampup, no ``--train-samples``, no ``--save``.
+For each candidate the arguments (and, for a Megatron-DeepSpeed fork, ds_config.json) are rendered by
+`planner.emit` exactly as ``plan --emit`` writes them (flavor ``megatron-lm``: ``plan --emit megatron-lm``'s
+arguments, no ds_config; ``{ds_config}`` is then refused), in the probe variant of MEGATRON_DEEPSPEED.md:
+``--train-iters N --log-interval 1``, an eval interval above N, no rampup, no ``--train-samples``, no ``--save``.
 The template is split with `shlex` into an argument list; ``{args}`` must stand alone and expands
 to every plantune argument, the other placeholders (``{ds_config}``, ``{nproc}``, ``{nnodes}``,
 ``{world}``, ``{train_iters}``, ``{workdir}``) are substituted inside single arguments. Nothing
@@ -36,11 +39,13 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from planner.emit.megatron_deepspeed import DS_CONFIG_NAME, args_txt, ds_config_text, megatron_args
+from planner.emit.megatron_lm import megatron_lm_args
 from planner.emit.setup import RunSetup, setup_problems
 from planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, tflops_per_gpu
 from planner.hardware import ClusterSpec, make_cluster
 from planner.model import ModelSpec
 from planner.space import Candidate, TrainingSpec
+from probes import lifeline
 from probes.backend import ProbeBackend
 from probes.launch import probe_env, run_with_timeout
 from probes.layout import model_spec
@@ -49,6 +54,8 @@ from probes.result import ProbeResult, ProbeSpec
 from probes.slurm import StepOutcome, slice_shape
 
 FORMATS = ("bigscience", "microsoft", "megatron-lm")
+MEGATRON_LM = "megatron-lm"
+"""the flavor that runs NVIDIA Megatron-LM's pretrain_gpt.py (planner.emit.megatron_lm), not a DeepSpeed fork"""
 PLACEHOLDERS = ("args", "ds_config", "nproc", "nnodes", "world", "train_iters", "workdir")
 MB_BYTES = 1024 * 1024
 """Megatron's report_memory divides bytes by 1024*1024 and calls it MB"""
@@ -243,9 +250,11 @@ def worker_argv(argv: Sequence[str]) -> list[str]:
     return rest
 
 
-def probe_args(setup: RunSetup, flavor: str, *, train_iters: int, ds_config_path: Path) -> list[tuple[str, ...]]:
+def probe_args(setup: RunSetup, flavor: str, *, train_iters: int,
+               ds_config_path: Path | None = None) -> list[tuple[str, ...]]:
     """The emitter's arguments, probe variant: fixed iterations, log every one, no eval, no rampup."""
-    args = [a for a in megatron_args(setup, flavor) if a[0] not in DROPPED_FOR_PROBES]
+    emitted = megatron_lm_args(setup) if flavor == MEGATRON_LM else megatron_args(setup, flavor)
+    args = [a for a in emitted if a[0] not in DROPPED_FOR_PROBES]
     args = [("--deepspeed_config", str(ds_config_path)) if a[0] == "--deepspeed_config" else a for a in args]
     return args + [("--train-iters", str(train_iters)), ("--log-interval", "1"),
                    ("--eval-interval", str(train_iters + 1)), ("--eval-iters", "1")]
@@ -255,9 +264,10 @@ def probe_args(setup: RunSetup, flavor: str, *, train_iters: int, ds_config_path
 
 def run_local_command(worker: Sequence[str], *, procs: int, workdir: Path, timeout_s: float, cwd: Path,
                       env: Mapping[str, str] | None = None) -> StepOutcome:
-    """``python -u -m torch.distributed.run --standalone --nproc_per_node N --tee 3 WORKER`` on this machine."""
+    """``python -u -m torch.distributed.run --standalone --nproc_per_node N --tee 3 WORKER`` on this machine,
+    each worker behind a `probes.lifeline` (it dies with torchrun, torchrun with this process)."""
     argv = [sys.executable, "-u", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs),
-            "--nnodes", "1", "--max_restarts", "0", "--tee", "3", *worker]
+            "--nnodes", "1", "--max_restarts", "0", "--tee", "3", *lifeline.worker_module_args(list(worker))]
     overrides = probe_env(env)
     (workdir / "command.json").write_text(json.dumps({"argv": argv, "cwd": str(cwd), "env": overrides,
                                                       "timeout_s": timeout_s}, indent=1) + "\n")
@@ -323,7 +333,8 @@ def project_replica(model: ModelSpec, full: Candidate, step_s: float) -> dict:
 
 
 class MegatronProbe(ProbeBackend):
-    """Runs the user's Megatron-DeepSpeed command for a candidate through a backend (local or SLURM)."""
+    """Runs the user's Megatron-DeepSpeed (``flavor`` bigscience | microsoft) or Megatron-LM (``flavor``
+    megatron-lm) command for a candidate through a backend (local or SLURM)."""
 
     name = "megatron"
 
@@ -339,8 +350,12 @@ class MegatronProbe(ProbeBackend):
         self.tokens = split_template(command_template)
         # refuse an unknown placeholder or a non-Python command now, not at the first probe
         worker_argv(render_command(self.tokens, {p: [] if p == "args" else p for p in PLACEHOLDERS}))
+        if flavor == MEGATRON_LM and any("{ds_config}" in t for t in self.tokens):
+            raise ValueError("{ds_config} is a Megatron-DeepSpeed file; Megatron-LM takes no DeepSpeed config")
         self.backend = backend
         self.flavor = flavor
+        self.kind = MEGATRON_LM if flavor == MEGATRON_LM else "megatron-deepspeed"
+        """the emitter kind (planner.emit) and the framework the probed layouts are timed for"""
         self.cluster = cluster
         self.optimizer = optimizer
         # The bigscience fork has no FlashAttention: its probes run without, whatever the plan assumed.
@@ -378,17 +393,20 @@ class MegatronProbe(ProbeBackend):
         gpu = self.cluster.gpu.id if self.cluster else "CPU"
         cluster = make_cluster(gpu=gpu, gpus_per_node=per_node, nodes=nnodes, name="probe-slice")
         training = TrainingSpec(global_batch=cand.global_batch, seq_len=model.seq_len, precision=precision,
-                                optimizer=self.optimizer, framework="megatron-deepspeed",
+                                optimizer=self.optimizer, framework=self.kind,
                                 flash_attention=self.flash_attention)
         return RunSetup(model=model, cluster=cluster, training=training, candidate=cand)
 
     def command_for(self, setup: RunSetup, *, workdir: Path, train_iters: int) -> list[str]:
-        """Write ds_config.json and args.txt into ``workdir``; the rendered command's argument list."""
-        ds_path = workdir / DS_CONFIG_NAME
-        ds_path.write_text(ds_config_text(setup, self.flavor))
+        """Write args.txt (and, for a DeepSpeed fork, ds_config.json) into ``workdir``; the rendered command's
+        argument list."""
+        ds_path = None
+        if self.kind != MEGATRON_LM:
+            ds_path = workdir / DS_CONFIG_NAME
+            ds_path.write_text(ds_config_text(setup, self.flavor))
         args = probe_args(setup, self.flavor, train_iters=train_iters, ds_config_path=ds_path)
         (workdir / "args.txt").write_text(args_txt(args))
-        values = {"args": [v for a in args for v in a], "ds_config": str(ds_path),
+        values = {"args": [v for a in args for v in a], "ds_config": str(ds_path or ""),
                   "nproc": str(setup.cluster.gpus_per_node), "nnodes": str(setup.cluster.nodes),
                   "world": str(setup.candidate.world), "train_iters": str(train_iters), "workdir": str(workdir)}
         return render_command(self.tokens, values)
@@ -417,7 +435,7 @@ class MegatronProbe(ProbeBackend):
             setup = self.probe_setup(model, candidate, precision=precision, procs=procs)
         except ValueError as err:
             return finish(ProbeResult(status="invalid", reason=str(err), world_size=procs, workdir=str(workdir)))
-        problems = setup_problems(setup, "megatron-deepspeed", self.flavor)
+        problems = setup_problems(setup, self.kind, self.flavor)
         if problems:
             return finish(ProbeResult(status="invalid", reason="; ".join(problems), world_size=setup.candidate.world,
                                       workdir=str(workdir)))
@@ -478,6 +496,6 @@ class MegatronProbe(ProbeBackend):
                            extra=extra, **common, **fields)
 
 
-__all__ = ["FORMATS", "IterationLine", "MegatronLog", "MegatronProbe", "MemoryLine", "PLACEHOLDERS",
+__all__ = ["FORMATS", "MEGATRON_LM", "IterationLine", "MegatronLog", "MegatronProbe", "MemoryLine", "PLACEHOLDERS",
            "parse_iteration_line", "parse_log", "parse_memory_line", "probe_args", "project_replica", "render_command",
            "run_local_command", "split_template", "summarize", "worker_argv"]

@@ -41,12 +41,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from probes import lifeline
 from probes.backend import ProbeBackend
 from probes.launch import KILL_GRACE_S, REPO_ROOT, probe_env
 from probes.extent import resolve_probe
 from probes.layout import LayoutError
 from probes.outcome import classify
 from probes.result import ProbeResult, ProbeSpec
+from probes.slurm_guard import SlurmGuard
 
 SLURM_COMMAND_TIMEOUT_S = 60.0
 """limit for one scontrol/squeue/scancel call"""
@@ -235,7 +237,8 @@ class SlicePool:
 def torchrun_task_argv(*, nproc_per_node: int, nnodes: int, master: str, port: int, node_rank: int | str,
                        rdzv_id: str, worker: Sequence[str], log_dir: Path | None = None, tee: bool = False,
                        python: str = sys.executable) -> list[str]:
-    """BigScience's per-node launcher line as an argument list; ``worker`` is ``-m module ...`` or ``script ...``."""
+    """BigScience's per-node launcher line as an argument list; ``worker`` is ``-m module ...`` or ``script ...``
+    (started behind a `probes.lifeline`: it dies with torchrun)."""
     argv = [python, "-u", "-m", "torch.distributed.run", "--nproc_per_node", str(nproc_per_node),
             "--nnodes", str(nnodes), "--rdzv_endpoint", f"{master}:{port}", "--rdzv_backend", "c10d",
             "--rdzv_id", rdzv_id, "--max_restarts", "0", "--node_rank", str(node_rank)]
@@ -245,11 +248,12 @@ def torchrun_task_argv(*, nproc_per_node: int, nnodes: int, master: str, port: i
         argv += ["--tee", "3"]
     elif log_dir is not None:
         argv += ["--redirects", "3"]
-    return argv + list(worker)
+    return argv + lifeline.worker_module_args(list(worker), python=python)
 
 
 def _task_main(args: argparse.Namespace) -> int:
-    """Inside an srun task: fill in this node's rank and exec torchrun (no shell, no expansion)."""
+    """Inside an srun task: fill in this node's rank and exec torchrun (no shell, no expansion); torchrun keeps
+    this pid, which its workers' lifelines check as their parent's."""
     node_rank = int(os.environ.get("SLURM_PROCID", "0"))
     log_dir = Path(args.log_dir) / f"node{node_rank}" if args.log_dir else None
     worker = list(args.worker)
@@ -258,6 +262,7 @@ def _task_main(args: argparse.Namespace) -> int:
     argv = torchrun_task_argv(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, master=args.master,
                               port=args.port, node_rank=node_rank, rdzv_id=args.rdzv_id, worker=worker,
                               log_dir=log_dir, tee=args.tee)
+    os.environ.update(lifeline.parent_env())
     os.execv(argv[0], argv)
     return 127  # not reached
 
@@ -337,6 +342,7 @@ class SlurmBackend(ProbeBackend):
         """CPUs the allocation holds on each node (from squeue %C), to share among sub-node slices"""
         self.owns_allocation = False
         self._pool: SlicePool | None = None
+        self._guard: SlurmGuard | None = None
         self._lock = threading.Lock()
 
     # -- allocation ---------------------------------------------------------------------------
@@ -359,15 +365,21 @@ class SlurmBackend(ProbeBackend):
             if self._pool is not None:
                 return self._pool.order
             env = self._client_env()
+            self._guard = SlurmGuard(env)   # scancels this backend's steps and allocation if the tuner dies
             inside = self.inside_allocation
             if inside is None:
                 inside = bool(env.get("SLURM_JOB_ID") and env.get("SLURM_JOB_NODELIST"))
-            if inside:
-                self.job_id = env["SLURM_JOB_ID"]
-                hosts = expand_nodelist(env["SLURM_JOB_NODELIST"], env=env)
-            else:
-                self.job_id, hosts = self._salloc(env)
-                self.owns_allocation = True
+            try:
+                if inside:
+                    self.job_id = env["SLURM_JOB_ID"]
+                    hosts = expand_nodelist(env["SLURM_JOB_NODELIST"], env=env)
+                else:
+                    self.job_id, hosts = self._salloc(env, self._guard)
+                    self.owns_allocation = True
+            except BaseException:
+                self._guard.close()
+                self._guard = None
+                raise
             self.cpus_per_node = self._allocated_cpus_per_node(len(hosts), env)
             self._pool = SlicePool(hosts, gpus_per_node=self.gpus_per_node, port_base=self.port_base)
             return hosts
@@ -380,15 +392,16 @@ class SlurmBackend(ProbeBackend):
         text = out.stdout.strip()
         return int(text) // max(1, nnodes) if out.returncode == 0 and text.isdigit() else None
 
-    def _salloc(self, env: dict[str, str]) -> tuple[str, list[str]]:
+    def _salloc(self, env: dict[str, str], guard: SlurmGuard) -> tuple[str, list[str]]:
         name = f"plantune-probes-{uuid.uuid4().hex[:8]}"
         minutes = max(1, math.ceil(self.time_limit_s / 60))
         argv = ["salloc", "--no-shell", f"--job-name={name}", f"--nodes={self.nodes_wanted}", "--exclusive",
                 f"--time={minutes}", *self._allocation_args()]
         if self.gres:
             argv.append(f"--gres={self.gres}:{self.gpus_per_node}")
-        try:
-            out = _run(argv, timeout_s=self.alloc_timeout_s, env=env)
+        guard.watch_job(name)
+        try:   # salloc dies with the tuner (its lifeline); the guard then cancels the request by name
+            out = _run(lifeline.wrap("salloc", argv), timeout_s=self.alloc_timeout_s, env=lifeline.parent_env(env))
         except SlurmError:
             _run(["scancel", f"--name={name}"], env=env)
             raise SlurmError(f"no allocation within {self.alloc_timeout_s:g} s ({' '.join(argv)}); request cancelled")
@@ -400,10 +413,13 @@ class SlurmBackend(ProbeBackend):
         return job_id, expand_nodelist(listed.stdout.strip(), env=env)
 
     def close(self) -> None:
-        """Give back an allocation this backend asked for (``scancel JOB``)."""
+        """Give back an allocation this backend asked for (``scancel JOB``); end the guard."""
         if self.owns_allocation and self.job_id:
             _run(["scancel", self.job_id], env=self._client_env())
             self.owns_allocation = False
+        if self._guard is not None:
+            self._guard.close()
+            self._guard = None
         self._pool = None
 
     def __enter__(self) -> "SlurmBackend":
@@ -500,9 +516,13 @@ class SlurmBackend(ProbeBackend):
         (workdir / "command.json").write_text(json.dumps(command, indent=1) + "\n")
         started = time.monotonic()
         timed_out, step = False, None
+        guard = self._guard
+        if guard is not None:
+            guard.watch_step(str(self.job_id), step_name)
         with open(workdir / "srun.stdout", "wb") as out, open(workdir / "srun.stderr", "wb") as err:
-            proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdout=out, stderr=err,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            # srun dies with the tuner (its lifeline), which ends the step; the guard scancels it in any case
+            proc = subprocess.Popen(lifeline.wrap("srun", argv), cwd=cwd, env=lifeline.parent_env(full_env),
+                                    stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -511,6 +531,8 @@ class SlurmBackend(ProbeBackend):
             finally:
                 if proc.poll() is None:
                     step = self._stop_step(proc, step_name, full_env)
+                if guard is not None:
+                    guard.forget(step_name)
         wall_s = time.monotonic() - started
         command.update({"returncode": proc.returncode, "timed_out": timed_out, "wall_s": wall_s,
                         "cancelled_step": step})

@@ -33,7 +33,8 @@ loss scaler -- the timing is faithful, the recipe is not. fp32 runs plain.
 
 Debug environment variables (tests): ``PLANTUNE_PROBE_FAULT`` = ``hang:R`` | ``raise:R`` |
 ``exit:R:CODE`` makes rank R misbehave after its first step; ``PLANTUNE_PROBE_RLIMIT_AS_HEADROOM_BYTES``
-caps each CPU rank's address space at its size before the first step plus that many bytes.
+caps each CPU rank's address space at its size before the first step plus that many bytes;
+``PLANTUNE_PROBE_HOLD`` = ``setup[:R]`` | ``teardown[:R]`` stops ranks there (`probes.lifeline.hold`).
 """
 
 from __future__ import annotations
@@ -55,11 +56,12 @@ import torch
 import torch.distributed as dist
 
 from planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, tflops_per_gpu
-from probes.launch import die_with_parent
+from planner.recompute import Recomputed, recomputed
 from torch.distributed.tensor.parallel import loss_parallel
 
 from probes.extent import ProbeExtent, probe_extent, resolve_probe
 from probes.layout import LayoutError, ProbeLayout, model_run, model_spec
+from probes.lifeline import hold
 from probes.memstat import reset_peak_memory, vm_kib
 from probes.outcome import OOM_MARKERS
 from probes.parallel import (DTYPES, build_mesh, build_schedule, build_stages, expert_groups, local_parameter_count,
@@ -359,7 +361,7 @@ def _projection(spec: ProbeSpec, layout: ProbeLayout, median_s: float,
         "tokens_per_s": gbs * full.seq_len / step_s,
         "model_tflops_per_device": tflops_per_gpu(model_flops_per_iteration(full, gbs), step_s, world),
         "hardware_tflops_per_device": tflops_per_gpu(
-            hardware_flops_per_iteration(full, gbs, layout.recompute), step_s, world),
+            hardware_flops_per_iteration(full, gbs, probe_recomputed(full, layout)), step_s, world),
         "world_size": world,
         "global_batch": gbs,
         "note": (f"step time scaled by layers {layout.layers_full}/{layout.layers_run} (embedding and LM head "
@@ -439,6 +441,12 @@ def profile_split(trainer: Trainer, step: int, world: int) -> dict:
             "note": "one profiled step after timing (rank 0); sums of event durations, overlap not removed"}
 
 
+def probe_recomputed(m, layout) -> Recomputed:
+    """What the probe re-runs (planner.recompute): block-N checkpoints the first N layers of each of the PP x VPP
+    stages, each a PP x VPP-th of ``m``'s layers (probes/gpt.py GPTStage)."""
+    return recomputed(m, layout.recompute, m.layers // max(layout.pp, 1), max(layout.vpp, 1))
+
+
 def flops_model(m, extent: ProbeExtent):
     """The dense model whose planner.flops equal the probe's: an MoE layer runs top_k experts per token
     (the router's 2·h·E FLOPs per token are not counted)."""
@@ -490,7 +498,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
             local = trainer.step(step)
             _sync(device)
             times.append(time.perf_counter() - t0)
-            if rank == 0:                   # the tuner's live progress reads this (search.study.STEP_MARK)
+            if rank == 0:                   # the tuner's live progress reads this (search.progress.STEP_MARK)
                 print(f"[probe] step {step} {times[-1]:.6f} s", flush=True)
             losses.append(_global_loss(local, world))
             if step == 0:
@@ -507,7 +515,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
     m = flops_model(trainer.model, extent)
     gbs = layout.global_batch_run
     model_flops = model_flops_per_iteration(m, gbs)
-    hw_flops = hardware_flops_per_iteration(m, gbs, layout.recompute)
+    hw_flops = hardware_flops_per_iteration(m, gbs, probe_recomputed(m, layout))
     if device.type == "cuda":
         peaks, kind = [r["peak_allocated_bytes"] for r in records], "cuda_max_allocated"
     else:
@@ -563,8 +571,7 @@ def _finish(code: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    started = time.time()
-    die_with_parent()   # a killed torchrun (or tuner) takes its workers with it
+    started = time.time()   # started behind a probes.lifeline: a killed torchrun (or tuner) takes it along
     parser = argparse.ArgumentParser(prog="python -m probes.train", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="ProbeSpec JSON file")
     parser.add_argument("--out", required=True, help="probe folder (result.json, error and pid files)")
@@ -591,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
             device = torch.device("cpu")
             if "OMP_NUM_THREADS" not in os.environ:
                 torch.set_num_threads(1)
+        hold("setup")
         if world > 1:
             dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
         result = run_probe(spec, layout, rank, world, device, started, extent)
@@ -606,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if rank == 0:
         _emit(ProbeResult(**{**result.to_dict(), "workdir": str(out)}), out)
+    hold("teardown")
     _finish(0)
     return 0
 

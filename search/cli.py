@@ -27,6 +27,7 @@ from pathlib import Path
 
 from planner.cli import OneLineParser, add_setup_arguments, number, setup_from_args
 from planner.errors import PlantuneError
+from planner.files import check_out, write_files
 
 from search._base import BackendError, TuneError
 
@@ -55,13 +56,6 @@ counts the probes that ran in the study over all runs (ok, oom, timeout, crash; 
 re-probes included; configurations answered from storage, implied out of memory or refused
 without starting a process are not counted).
 """
-SHARED_HELP = {
-    "framework": "training framework the layouts are for (default megatron-deepspeed)",
-    "optimizer": "optimizer, for its memory per parameter (default adamw)",
-    "memory_fraction": "model states (weights, gradients, optimizer) may use this fraction of GPU memory "
-                       "(default 0.75)",
-}
-"""help for the planner's shared flags where it is missing or points at material a user does not have"""
 
 
 def parse_duration(text: str) -> float:
@@ -94,12 +88,12 @@ def _study_name(text: str) -> str:
 
 
 def _fill_help(p: argparse.ArgumentParser) -> None:
-    """Help for every flag: the shared planner flags without one get SHARED_HELP, or their choices."""
+    """Help for every flag: a --no-X without one is "the opposite of --X", any other without one lists its choices
+    (the shared planner flags keep the one help text planner.cli.add_setup_arguments gives them)."""
     for action in p._actions:
-        if action.help is None or "seed 00" in (action.help or ""):
-            action.help = SHARED_HELP.get(action.dest) or (
-                "the opposite of " + action.option_strings[0].replace("--no-", "--") if
-                action.option_strings and action.option_strings[0].startswith("--no-") else action.help)
+        if action.help is None:
+            action.help = ("the opposite of " + action.option_strings[0].replace("--no-", "--") if
+                           action.option_strings and action.option_strings[0].startswith("--no-") else None)
         if action.help is None and action.choices:
             action.help = "one of " + ", ".join(map(str, action.choices))
 
@@ -159,7 +153,8 @@ def build_run_parser() -> argparse.ArgumentParser:
     b.add_argument("--partition", help="SLURM partition (--backend slurm)")
     b.add_argument("--account", help="SLURM account (--backend slurm)")
     b.add_argument("--probe", choices=PROBES, default="train",
-                   help="train: plantune's GPT probe; megatron: your command (--command)")
+                   help="train: plantune's GPT probe; megatron: your command (--command) with the arguments of "
+                        "--framework megatron-lm, else of the Megatron-DeepSpeed fork --emit-flavor names")
     b.add_argument("--command", help="--probe megatron: your training command with {args}, e.g. "
                                      "\"python pretrain_gpt.py {args} --data-path D\"")
     b.add_argument("--probe-layers", type=_pos_int, help="run a reduced model of N layers (step time scaled up)")
@@ -267,11 +262,17 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
         raise TuneError(f"--probe megatron is not available here ({err})") from None
     local = None if args.backend == "slurm" else (args.local_procs or cluster.gpus_per_node)
     try:
-        return MegatronProbe(args.command, backend, flavor=args.emit_flavor, cluster=cluster,
+        return MegatronProbe(args.command, backend, flavor=_megatron_probe_flavor(args, training), cluster=cluster,
                              optimizer=training.optimizer, flash_attention=training.flash_attention,
                              max_local_procs=local), None
     except ValueError as err:
         raise TuneError(f"--command: {err}") from None
+
+
+def _megatron_probe_flavor(args: argparse.Namespace, training) -> str:
+    """--probe megatron runs Megatron-LM's arguments when the layouts are planned for it (--framework megatron-lm),
+    else the Megatron-DeepSpeed fork --emit-flavor names."""
+    return "megatron-lm" if training.framework == "megatron-lm" else args.emit_flavor
 
 
 def _check_numbers(table) -> None:
@@ -329,7 +330,8 @@ def _targets(args: argparse.Namespace, training) -> tuple:
     if args.probe == "train" and getattr(args, "backend", "local") != "replay":
         targets.append(Target(PROBE))
     if args.probe == "megatron":
-        targets.append(Target("megatron-deepspeed", args.emit_flavor))
+        flavor = _megatron_probe_flavor(args, training)
+        targets.append(Target("megatron-lm") if flavor == "megatron-lm" else Target("megatron-deepspeed", flavor))
     if args.emit:
         targets.append(Target(args.emit, args.emit_flavor))
     return tuple(dict.fromkeys(targets))
@@ -351,39 +353,6 @@ def _check_emittable(args: argparse.Namespace, model, cluster, training, space) 
 
 def out_dir_of(args: argparse.Namespace) -> Path:
     return Path(args.out) if args.out else workdir_of(args) / "run"
-
-
-def check_out(out: Path, *, force: bool) -> None:
-    """Refuse before probing what --emit could not write safely: a link, a file, a non-empty folder without --force."""
-    if out.is_symlink():
-        raise TuneError(f"--out {out} is a symbolic link; give the real folder (tune never writes through a link)")
-    if out.exists() and not out.is_dir():
-        raise TuneError(f"--out {out} is a file; give a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise TuneError(f"--out {out} is not empty; give a new folder, or add --force to replace the files tune "
-                        "writes there")
-
-
-def write_files(out: Path, files: dict[str, str], *, force: bool) -> list[Path]:
-    """Write ``files`` into ``out`` without following links: each is written beside its target and renamed over it
-    (a link in its place is replaced, not followed); an existing file is replaced only with ``force``."""
-    import os
-    import tempfile
-
-    check_out(out, force=force)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in files.items():
-        target = out / name
-        if (target.exists() or target.is_symlink()) and not force:
-            raise TuneError(f"--out {target} exists; add --force to replace it")
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755 if name.endswith(".sbatch") else 0o644)
-        os.replace(tmp, target)
-        paths.append(target)
-    return paths
 
 
 def _emit_best(args: argparse.Namespace, model, cluster, training, best_summary, calibration,
@@ -471,9 +440,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     from search.calibration import refit
     from search.objective import Ledger, Objective, ProbeSettings
-    from search.report import best, format_table, report_dict, summarize
+    from search.report import best, best_line, format_table, report_dict, summarize
     from search.space import SearchSpace
-    from search.study import Progress, TuneSettings, open_study, storage_url
+    from search.progress import Progress
+    from search.settings import TuneSettings
+    from search.storage import open_study, storage_url
     from search.study import run as run_study
 
     from planner.rules import PROBE
@@ -568,9 +539,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if winner is None:
         print("tune: no configuration measured successfully; see the reasons above", file=sys.stderr)
         return 1
-    print(f"tune: best {winner.config}: {winner.median_tflops:.3g} model TFLOPs/GPU measured"
-          + (f" (median of {len(winner.tflops)}, {winner.agreement})" if len(winner.tflops) > 1 else
-             " (one measurement, not confirmed)"), file=sys.stderr)
+    print(f"tune: {best_line(summaries)}", file=sys.stderr)
     if args.emit:
         written = _emit_best(args, model, cluster, training, winner, calibration, storage)
         print(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}",
@@ -614,8 +583,9 @@ def report(args: argparse.Namespace) -> int:
     import optuna
 
     from search.objective import TrialRecord
-    from search.report import format_table, format_trials, report_dict, summarize, write_plots
-    from search.study import open_storage, TuneSettings
+    from search.report import best_line, format_table, format_trials, report_dict, summarize, write_plots
+    from search.settings import TuneSettings
+    from search.storage import open_storage
 
     plots = Path(args.plots) if args.plots else workdir_of(args) / "report"
     if not args.no_plots and (plots.is_symlink() or (plots.exists() and not plots.is_dir())):
@@ -635,12 +605,18 @@ def report(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(report_dict(records, study=args.study, storage=storage), indent=1))
     else:
-        print(format_table(summarize(records), title=f"tune: study {args.study!r}, {len(records)} trials"))
+        summaries = summarize(records)
+        print(format_table(summaries, title=f"tune: study {args.study!r}, {len(records)} trials"))
+        print(f"tune: {best_line(summaries) or 'no configuration measured successfully'}")
         if args.trials:
             print()
             print(format_trials(records))
     if not args.no_plots:
-        paths = write_plots(records, plots, study=args.study)
+        try:
+            paths = write_plots(records, plots, study=args.study)
+        except OSError as err:
+            raise TuneError(f"--plots {plots}: cannot write there ({err.strerror or err}); give a folder you can "
+                            "write, or --no-plots") from None
         print(f"tune: wrote plots {', '.join(str(p) for p in paths)}", file=sys.stderr)
     print(f"tune: open the study with: optuna-dashboard {storage}", file=sys.stderr)
     return 0

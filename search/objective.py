@@ -33,7 +33,7 @@ import optuna
 from optuna.distributions import CategoricalDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from planner import Candidate, CostParams, estimate
+from planner import Candidate, CostParams, estimate, fsdp_parallel
 from planner.flops import model_flops_per_iteration, tflops_per_gpu
 from probes.backend import ProbeBackend
 from probes.result import ProbeResult, ProbeSpec
@@ -41,6 +41,7 @@ from probes.result import ProbeResult, ProbeSpec
 from search._base import DERIVED, PROBED, BackendError
 from search.calibration import Measurement, refit
 from search.space import PARAMS, SearchSpace, config_key, params_of, with_defaults
+from search.trial_attrs import TrialAttrs
 
 FINAL = PROBED + DERIVED
 COUNTED = ("ok", "oom", "timeout", "crash")
@@ -134,6 +135,11 @@ class TrialRecord:
     def candidate(self) -> Candidate | None:
         d = self.attrs.get("candidate")
         return Candidate(**d) if d else None
+
+    @property
+    def typed(self) -> TrialAttrs:
+        """The user attributes as `TrialAttrs`."""
+        return TrialAttrs.from_user_attrs(self.attrs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,13 +322,13 @@ class Objective:
 
     # -- the trial -------------------------------------------------------------------------------
     def __call__(self, trial: optuna.Trial) -> float:
-        trial.set_user_attr("worker", WORKER)      # first: a dead tuner's RUNNING trial is known by its pid
+        self._set(trial, worker=WORKER)      # first: a dead tuner's RUNNING trial is known by its pid
         try:
             return self._run(trial)
         except KeyboardInterrupt as stop:
             by = "SIGTERM (a job time limit, or kill)" if type(stop).__name__ == "Terminated" else "Ctrl-C"
-            trial.set_user_attr("outcome", "interrupted")
-            trial.set_user_attr("reason", f"interrupted by {by}; the next run of the same command probes it again")
+            self._set(trial, outcome="interrupted",
+                      reason=f"interrupted by {by}; the next run of the same command probes it again")
             raise
 
     def _run(self, trial: optuna.Trial) -> float:
@@ -375,6 +381,7 @@ class Objective:
                          warmup_steps=s.warmup_steps, steps=s.steps,
                          layers_run=probe_layers(s.layers, cand, self.model.layers), device=s.device, max_cv=s.max_cv,
                          cp=cand.cp, ep=cand.ep, num_experts=self.model.num_experts,
+                         pp_schedule=fsdp_parallel.probe_schedule(self.training),   # torchtitan's --pp-schedule
                          **({"moe_top_k": self.model.moe_topk} if self.model.num_experts else {}))
 
     def _probe(self, trial: optuna.Trial, cand: Candidate) -> ProbeResult:
@@ -452,9 +459,9 @@ class Objective:
             return "crash", (f"{reason}; killed by {signal_name} again after a retry (trial {before[0].number}): "
                              "recorded as a crash (look for the kernel OOM killer in dmesg)")
         ua = trial.user_attrs
-        trial.study.enqueue_trial(params_of(cand), user_attrs={
-            "phase": "confirm" if ua.get("phase") == "confirm" else "retry",
-            **{k: ua[k] for k in ("repeat", "slot") if k in ua and ua.get("phase") == "confirm"}})
+        trial.study.enqueue_trial(params_of(cand), user_attrs=TrialAttrs.user_attrs(
+            phase="confirm" if ua.get("phase") == "confirm" else "retry",
+            **{k: ua[k] for k in ("repeat", "slot") if k in ua and ua.get("phase") == "confirm"}))
         return "interrupted", (f"{reason}; killed by {signal_name} from outside the probe (OOM killer, preemption?): "
                                "probed once more")
 
@@ -472,9 +479,9 @@ class Objective:
             params = {n: v for n, v in params_of(c).items() if n in self.distributions}
             trial.study.add_trial(optuna.trial.create_trial(
                 state=TrialState.FAIL, params=params, distributions=self.distributions,
-                user_attrs={"config": key, "slot": key, "phase": "implied", "candidate": c.to_dict(),
-                            "outcome": "implied_oom", "reason": reason, "implied_by": oom.label(),
-                            "pred_analytic_tflops": est.model_tflops_per_gpu}))
+                user_attrs=TrialAttrs.user_attrs(config=key, slot=key, phase="implied", candidate=c.to_dict(),
+                                                 outcome="implied_oom", reason=reason, implied_by=oom.label(),
+                                                 pred_analytic_tflops=est.model_tflops_per_gpu)))
 
     def _copy(self, trial: optuna.Trial, earlier: TrialRecord) -> float:
         """Answer the trial from an earlier trial's stored result (no probe)."""
@@ -487,7 +494,7 @@ class Objective:
 
     @staticmethod
     def _set(trial: optuna.Trial, **attrs: object) -> None:
-        for k, v in attrs.items():
+        for k, v in TrialAttrs.user_attrs(**attrs).items():   # every name one of TrialAttrs' fields
             trial.set_user_attr(k, v)
 
 

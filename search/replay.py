@@ -137,6 +137,8 @@ def _num(text: str | None, kind: type, *, what: str, where: str) -> float | int 
         value = float(text)
     except ValueError:
         raise TuneError(f"{where}: {what} {text!r} is not a number") from None
+    if kind is int and not math.isfinite(value):
+        raise TuneError(f"{where}: {what} {text!r} is not a finite integer")
     if kind is int:
         if value != int(value):
             raise TuneError(f"{where}: {what} {text!r} is not an integer")
@@ -193,6 +195,29 @@ def row_from_record(r: dict, *, where: str, line: int) -> ReplayRow:
                      world=nodes * gpn if nodes and gpn else None, line=line)
 
 
+def _read_csv(p: Path, path: str) -> list[dict]:
+    """The rows of a replay CSV, columns under their canonical names; the header checked."""
+    with p.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        header = [ALIASES.get(h.strip(), h.strip()) for h in (reader.fieldnames or [])]
+        twice = sorted({c for c in header if header.count(c) > 1})
+        if twice:
+            raise TuneError(f"--results {path}: column {twice[0]!r} is given twice (or under two spellings: "
+                            f"{', '.join(a for a, c in ALIASES.items() if c == twice[0]) or twice[0]})")
+        unknown = [c for c in header if c not in KNOWN_COLUMNS]
+        if unknown:
+            raise TuneError(f"--results {path}: column {unknown[0]!r} is not understood; a column that "
+                            f"changes the configuration must be matched, not ignored: rename it to one of "
+                            f"{', '.join(DIMENSION_COLUMNS)} or drop it (descriptions: "
+                            f"{', '.join(DESCRIPTION_COLUMNS)})")
+        missing = [c for c in _REQUIRED if c not in header]
+        if missing:
+            raise TuneError(f"--results {path}: missing columns {missing}; needs {', '.join(_REQUIRED)}, "
+                            "seconds_per_iteration, memory_gb")
+        raw = [{ALIASES.get((k or "").strip(), (k or "").strip()): v for k, v in r.items()} for r in reader]
+    return raw
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReplayTable:
     path: str
@@ -208,24 +233,14 @@ class ReplayTable:
             from search.published_tables import read_table
 
             return read_table(str(path), table).table
-        with p.open(newline="") as f:
-            reader = csv.DictReader(f)
-            header = [ALIASES.get(h.strip(), h.strip()) for h in (reader.fieldnames or [])]
-            twice = sorted({c for c in header if header.count(c) > 1})
-            if twice:
-                raise TuneError(f"--results {path}: column {twice[0]!r} is given twice (or under two spellings: "
-                                f"{', '.join(a for a, c in ALIASES.items() if c == twice[0]) or twice[0]})")
-            unknown = [c for c in header if c not in KNOWN_COLUMNS]
-            if unknown:
-                raise TuneError(f"--results {path}: column {unknown[0]!r} is not understood; a column that "
-                                f"changes the configuration must be matched, not ignored: rename it to one of "
-                                f"{', '.join(DIMENSION_COLUMNS)} or drop it (descriptions: "
-                                f"{', '.join(DESCRIPTION_COLUMNS)})")
-            missing = [c for c in _REQUIRED if c not in header]
-            if missing:
-                raise TuneError(f"--results {path}: missing columns {missing}; needs {', '.join(_REQUIRED)}, "
-                                "seconds_per_iteration, memory_gb")
-            raw = [{ALIASES.get((k or "").strip(), (k or "").strip()): v for k, v in r.items()} for r in reader]
+        try:
+            raw = _read_csv(p, path)
+        except UnicodeDecodeError as err:
+            raise TuneError(f"--results {path} is not a text CSV (byte {err.start} is not UTF-8); give the CSV of "
+                            "earlier measurements") from None
+        except csv.Error as err:
+            raise TuneError(f"--results {path}: not a readable CSV ({err}); give the CSV of earlier measurements"
+                            ) from None
         tables = sorted({r.get("table", "") for r in raw if r.get("table")})
         if table is None and len(tables) > 1:
             raise TuneError(f"--results {path} holds several tables ({', '.join(tables)}); pick one with "

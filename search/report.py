@@ -103,16 +103,33 @@ def summarize(records: list[TrialRecord]) -> list[ConfigSummary]:
             pred_before_tflops=first.attrs.get("pred_before_tflops"),
             pred_after_tflops=first.attrs.get("pred_after_tflops"),
             trials=tuple(r.number for r in rs), reprobed=any(r.phase == "confirm" for r in measured)))
-    ok = sorted((s for s in out if s.tflops), key=lambda s: -(s.median_tflops or 0.0))
+    ok = sorted((s for s in out if s.tflops), key=rank_key)
     failed = sorted((s for s in out if not s.tflops), key=lambda s: (s.outcome, s.config))
     return ok + failed
 
 
+def rank_key(s: ConfigSummary) -> tuple[bool, float]:
+    """The one ranking of measured configurations (the table's rows, the final line, `tune report`, history.png):
+    confirmed ones (re-probes agree) before the rest, each group by median measured TFLOPs. A once-measured or
+    noisy row above a confirmed one would be ranked on a figure nobody checked."""
+    return (not s.confirmed, -(s.median_tflops or 0.0))
+
+
 def best(summaries: list[ConfigSummary]) -> ConfigSummary | None:
-    """The best median among confirmed configurations when any were confirmed, else the best measured."""
-    confirmed = [s for s in summaries if s.confirmed]
-    pool = confirmed or [s for s in summaries if s.tflops]
-    return max(pool, key=lambda s: s.median_tflops or 0.0) if pool else None
+    """Row 1 of the ranking (`rank_key`): the best median among confirmed configurations when any were confirmed,
+    else the best measured."""
+    pool = [s for s in summaries if s.tflops]
+    return min(pool, key=rank_key) if pool else None
+
+
+def best_line(summaries: list[ConfigSummary]) -> str | None:
+    """The best configuration in one line (tune's final line and `tune report`), or None when nothing was measured."""
+    b = best(summaries)
+    if b is None:
+        return None
+    return (f"best {b.config}: {b.median_tflops:.3g} model TFLOPs/GPU measured"
+            + (f" (median of {len(b.tflops)}, {b.agreement})" if len(b.tflops) > 1 else
+               " (one measurement, not confirmed)"))
 
 
 REASON_WIDTH = 60
@@ -146,7 +163,8 @@ def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
                "pred analytic", "pred before", "pred after", "reason"]
     table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True,
                      maxcolwidths=[None] * 10 + [REASON_WIDTH])
-    note = (f"TFLOPs: model TFLOPs per GPU (median of measurements); ✓ confirmed: re-probed and all measurements "
+    note = (f"#: confirmed rows first, then by measured TFLOPs: model TFLOPs per GPU (median of measurements); "
+            "✓ confirmed: re-probed and all measurements "
             f"within ±{100 * CONFIRM_SPREAD / 2:g}% of each other; ? re-probed but they disagree more (noisy); "
             "pred before/after: calibrated prediction before and after that probe's measurement; "
             "mem GB = 1e9 bytes, peak per rank")
@@ -293,22 +311,55 @@ def _plot_cost(records: list[TrialRecord], path: Path) -> None:
         total += wall
         xs.append(r.number)
         cum.append(total)
-    ax.bar([], [], color="white", edgecolor="black", hatch="//", label="confirmation re-probe")
+    ax.add_patch(_patch(facecolor="white", edgecolor="black", hatch="//", label="confirmation re-probe"))
     ax.set_xlabel("trial")
     ax.set_ylabel("probe wall time, s")
     ax.set_ylim(bottom=0)
     if total < 0.5:
-        ax.text(0.5, 0.5, "no probe time recorded (replayed or answered from storage)", transform=ax.transAxes,
-                ha="center", va="center", color="gray")
-    if xs:
+        _plot_replayed_cost(records, ax)
+    elif xs:
         twin = ax.twinx()
         twin.plot(xs, cum, color="black", linewidth=1.0)
         twin.set_ylabel("total probe time, s (line)")
         twin.set_ylim(bottom=0)
         ax.plot([], [], color="black", linewidth=1.0, label=f"running total ({total:.0f} s)")
     ax.set_title("What did each probe cost?", fontsize=10)
-    _legend_outside(ax)
+    _legend_below(ax)
     fig.savefig(path)
+
+
+def _plot_replayed_cost(records: list[TrialRecord], ax) -> None:
+    """No probe ran (a replay, or answers from storage): each measured trial's step time in the recorded run, what
+    one step of that configuration costs on the machine that measured it."""
+    steps = [(r.number, float(r.attrs["measured_step_s"]), r.phase) for r in sorted(records, key=lambda r: r.number)
+             if r.measured and r.attrs.get("measured_step_s")]
+    if not steps:
+        ax.text(0.5, 0.5, "no probe time and no step time recorded", transform=ax.transAxes, ha="center",
+                va="center", color="gray")
+        return
+    ax.cla()
+    for number, step, phase in steps:
+        ax.bar(number, step, color="tab:cyan", hatch="//" if phase == "confirm" else None, edgecolor="white")
+    ax.add_patch(_patch(facecolor="tab:cyan", label="replayed: the recorded run's step time (no probe ran)"))
+    ax.add_patch(_patch(facecolor="white", edgecolor="black", hatch="//", label="confirmation re-probe"))
+    ax.set_xlabel("trial")
+    ax.set_ylabel("recorded step time, s")
+    ax.set_ylim(bottom=0)
+
+
+def _patch(**kw):
+    """A legend-only patch (an empty bar() would show the colour cycle's, not the bars' look)."""
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((0, 0), 0, 0, **kw)
+
+
+def _legend_below(ax) -> None:
+    """The legend under the axes: beside a plot with a right-hand axis it would cover that axis' ticks."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=8,
+                  frameon=False)
 
 
 LAYOUT_DIMS = ("tp", "pp", "mbs")
@@ -376,11 +427,12 @@ def _plot_history(measured: list[TrialRecord], records: list[TrialRecord], path:
         xs = [r.number for r in measured]
         ys = [r.value for r in measured]
         ax.scatter(xs, ys, label="measured", color="tab:blue", zorder=3)
-        top, run_y = float("-inf"), []
-        for y in ys:
-            top = max(top, y)
-            run_y.append(top)
-        ax.step(xs, run_y, where="post", label="best so far", color="tab:green")
+        # the best as tune names it after each trial (`best`: confirmed first, median of its measurements)
+        ordered = sorted(records, key=lambda r: r.number)
+        run_y = [best(summarize([r for r in ordered if r.number <= x])).median_tflops for x in xs]
+        ax.step(xs, run_y, where="post", label=f"best so far (median; confirmed first): {run_y[-1]:.4g}",
+                color="tab:green", linewidth=2, zorder=2)
+        ax.set_ylim(0, max(ys + run_y) * 1.1)
     failed = [r for r in records if r.state == "FAIL" and r.outcome not in (None, "interrupted", "implied_oom")]
     if failed:
         ax.scatter([r.number for r in failed], [0.0] * len(failed), marker="x", color="tab:red",
@@ -410,5 +462,5 @@ def write_plots(records: list[TrialRecord], out_dir: Path, *, study: str = "") -
     return paths
 
 
-__all__ = ["CONFIRM_SPREAD", "ConfigSummary", "PLOTS", "best", "format_table", "format_trials", "layout_dims",
-           "report_dict", "short", "summarize", "write_plots"]
+__all__ = ["CONFIRM_SPREAD", "ConfigSummary", "PLOTS", "best", "best_line", "format_table", "format_trials",
+           "layout_dims", "rank_key", "report_dict", "short", "summarize", "write_plots"]

@@ -12,12 +12,25 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DATA = Path(__file__).resolve().parent / "data"
+HANG_GUARD_S = 900
+"""subprocess timeout in tests: only stops a hung command (what takes a second idle may take a minute on a loaded
+2-core machine); never a speed limit"""
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """tests/data: copies of ../shared/data (seed 003's V100 tables, published runs)."""
     return DATA
+
+
+def skip_missing_server(reason: str) -> None:
+    """Skip a test that needs a server this machine lacks (PostgreSQL, SLURM); under CI=true (.ci/run installs them)
+    the same absence fails the test: a CI run never passes by skipping what it was set up to run."""
+    import os
+
+    if os.environ.get("CI", "").lower() in ("true", "1", "yes"):
+        pytest.fail(f"CI=true and the server-backed test cannot run: {reason}")
+    pytest.skip(reason)
 
 
 def seed003_plan():
@@ -75,18 +88,19 @@ def slurm_cluster():
 
     missing = missing_binaries()
     if missing:
-        pytest.skip(f"SLURM/munge not installed ({', '.join(missing)}); apt-get install slurm-wlm munge")
+        skip_missing_server(f"SLURM/munge not installed ({', '.join(missing)}); apt-get install slurm-wlm munge")
     if os.geteuid() != 0:
-        pytest.skip("a local SLURM cluster needs root (slurmd, munged as the munge user)")
+        skip_missing_server("a local SLURM cluster needs root (slurmd, munged as the munge user)")
     root = Path(tempfile.mkdtemp(prefix="plantune-slurm-", dir="/tmp"))
     cluster = start_local_cluster(root, cpus=2, gpus=2)
     try:
         made = subprocess.run(["scontrol", "create", "reservation", f"ReservationName={SLURM_RESERVATION}",
                                f"Nodes={cluster.hostname}", "Users=root", "StartTime=now", "Duration=120"],
-                              env=cluster.env(), capture_output=True, text=True, timeout=30, check=False)
+                              env=cluster.env(), capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
         assert made.returncode == 0, made.stderr
         yield cluster
     finally:
-        subprocess.run(["scancel", "--user=root"], env=cluster.env(), capture_output=True, timeout=30, check=False)
+        subprocess.run(["scancel", "--user=root"], env=cluster.env(), capture_output=True, timeout=HANG_GUARD_S,
+                       check=False)
         stop_local_cluster(cluster)
         shutil.rmtree(root, ignore_errors=True)

@@ -74,6 +74,11 @@ def modern_dev_cases() -> list[DevCase]:
     return modern_runs(read_rows(DATA / "published_modern_dev.yaml"))
 
 
+def modern_torchtitan_cases() -> list[DevCase]:
+    """torchtitan's Dec-2024 H100 runs (FSDP2 x TP x PP x CP, float8, compile) of published_modern_dev.yaml."""
+    return [c for c in modern_dev_cases() if c.id.startswith("torchtitan_2024_12")]
+
+
 def seed003_dev_cases() -> list[DevCase]:
     """Seed 003's V100 tables as DevCases (a table per GPU memory x recompute)."""
     out = []

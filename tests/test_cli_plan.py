@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import HANG_GUARD_S
+
+from planner.hardware import get_accelerator
 
 ROOT = Path(__file__).resolve().parents[1]
 CANDIDATE_KEYS = {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "memory_gb_per_gpu",
@@ -17,7 +20,7 @@ CANDIDATE_KEYS = {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vp
 
 def plan(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=HANG_GUARD_S)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -133,7 +136,7 @@ def test_rampup_schedule_seed003():
 def test_planner_never_imports_torch():
     code = "import sys, planner, planner.cli, planner.emit; planner.cli.main(['--model','1B3','--gpus','8','--top','1']); " \
            "sys.exit(int('torch' in sys.modules or 'optuna' in sys.modules))"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -151,3 +154,80 @@ def test_fp8_recipe_and_bf16_grad_reduce_reach_the_plan_and_the_arguments(tmp_pa
     args = (out / "args.txt").read_text().split()
     assert args[args.index("--fp8-recipe") + 1] == "tensorwise"
     assert "--grad-reduce-in-bf16" in args
+
+
+# -- issue 21: --out keeps a user's edits, any GPU, partial nodes ------------------------------------------------------
+def test_emit_never_overwrites_a_users_files_without_force(tmp_path):
+    out = tmp_path / "run"
+    argv = ["--model", "1B3", "--gpus", "8", "--gpu", "V100-32GB", "--precision", "fp16", "--emit",
+            "megatron-deepspeed", "--out", str(out)]
+    plan(*argv)
+    (out / "ds_config.json").write_text("my edit\n")
+    again = plan(*argv, check=False)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "--force" in again.stderr
+    assert "ds_config.json" in again.stderr and again.stdout == ""        # refused before printing the plan
+    assert (out / "ds_config.json").read_text() == "my edit\n"
+    from_file = plan("--from", str(out / "plan.yaml"), "--emit", "megatron-deepspeed", "--out", str(out), check=False)
+    assert from_file.returncode == 2 and "--force" in from_file.stderr
+    assert (out / "ds_config.json").read_text() == "my edit\n"
+    plan(*argv, "--force")
+    assert (out / "ds_config.json").read_text() != "my edit\n"
+
+
+def test_emit_into_a_folder_of_other_files_is_fine(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    plan("--model", "1B3", "--gpus", "8", "--gpu", "V100-32GB", "--precision", "fp16", "--emit", "megatron-deepspeed",
+         "--out", str(out))
+    assert (out / "notes.txt").read_text() == "mine\n" and (out / "plan.yaml").is_file()
+
+
+def test_force_only_with_emit():
+    proc = plan("--model", "1B3", "--gpus", "8", "--force", check=False)
+    assert proc.returncode == 2 and "--force only applies with --emit" in proc.stderr
+
+
+@pytest.mark.parametrize("gpu", ["L40S", "A10", "L4", "H800", "H20", "GH200", "MI325X", "H100-96GB-500W"])
+def test_rented_gpus_plan(gpu):
+    d = json.loads(plan("--model", "1B3", "--gpus", "8", "--gpu", gpu, "--format", "json", "--top", "1").stdout)
+    assert d["candidates"] and d["cluster"]["gpu"] == get_accelerator(gpu).id
+
+
+def test_a_gpu_yaml_plans_and_round_trips_through_plan_yaml(tmp_path):
+    gpu = tmp_path / "lab_gpu.yaml"
+    gpu.write_text("id: LAB-X\nbase: L40S\nmemory_gib: 40\nbf16_tflops: 300\n")
+    out = tmp_path / "run"
+    table = plan("--model", "llama2-7b", "--gpus", "8", "--gpu", str(gpu), "--emit", "megatron-lm", "--out",
+                 str(out)).stdout
+    assert "8 LAB-X" in table and "40 GiB each" in table
+    written = yaml.safe_load((out / "plan.yaml").read_text())["plantune"]["cluster"]["gpu"]
+    assert written["id"] == "LAB-X" and written["memory_gib"] == 40 and written["bf16_tflops"] == 300
+    back = plan("--from", str(out / "plan.yaml"), "--explain", "--format", "json").stdout
+    assert json.loads(back)["fits"] is True
+
+
+def test_the_example_gpu_yaml_plans():
+    d = json.loads(plan("--model", "1B3", "--gpus", "8", "--gpu", str(ROOT / "examples" / "gpu-rtx-4090.yaml"),
+                        "--format", "json", "--top", "1").stdout)
+    assert d["cluster"]["gpu"] == "RTX-4090" and d["candidates"]
+
+
+def test_a_bad_gpu_yaml_is_one_line_exit_2(tmp_path):
+    gpu = tmp_path / "g.yaml"
+    gpu.write_text("base: H100\nmemory_gb: 96\n")
+    proc = plan("--model", "1B3", "--gpus", "8", "--gpu", str(gpu), check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "unknown key 'memory_gb' (did you mean 'memory_gib'?)" in proc.stderr
+
+
+@pytest.mark.parametrize("gpus", ["1", "2", "4", "6"])
+def test_fewer_gpus_than_a_node_plan_on_one_node(gpus):
+    d = json.loads(plan("--model", "1B3", "--gpus", gpus, "--gpu", "H100", "--format", "json", "--top", "1").stdout)
+    assert (d["cluster"]["nodes"], d["cluster"]["gpus_per_node"]) == (1, int(gpus)) and d["candidates"]
+
+
+@pytest.mark.parametrize("gpus,needle", [("12", "use 8 or 16 (whole nodes)"), ("20", "use 16 or 24")])
+def test_partial_nodes_beyond_one_node_name_whole_nodes(gpus, needle):
+    proc = plan("--model", "1B3", "--gpus", gpus, check=False)
+    assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.count("\n") == 1

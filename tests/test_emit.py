@@ -17,14 +17,16 @@ import yaml
 
 from planner.emit import Prediction, emit, load_plan_yaml, plan_target, plan_yaml_dict, render
 from planner.errors import InputError
+from planner.emit import fsdp
 from planner.space import Candidate, TrainingSpec
 from test_emit_cases import REFUSED_CASES, VALID_CASES, bloom, llama
+from conftest import HANG_GUARD_S
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = REPO / "examples" / "bloom-176b-48x8-a100"
 FILES = {"megatron-deepspeed": {"plan.yaml", "ds_config.json", "args.txt", "megatron_args.sh", "launch.sbatch"},
          "megatron-lm": {"plan.yaml", "args.txt", "megatron_args.sh", "launch.sbatch"},
-         "fsdp": {"plan.yaml", "torchtitan.toml"}}
+         "fsdp": {"plan.yaml", "torchtitan.toml", "launch_torchtitan.sh"}}
 
 
 def _ids(case) -> str:
@@ -42,7 +44,7 @@ def _args(text: str) -> dict[str, list[str]]:
 
 
 def _bash(script: str, *argv: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", script, "bash", *argv], capture_output=True, text=True, timeout=60,
+    return subprocess.run(["bash", "-c", script, "bash", *argv], capture_output=True, text=True, timeout=HANG_GUARD_S,
                           env=env, cwd=cwd)
 
 
@@ -55,7 +57,9 @@ def emitted(request, tmp_path):
 
 def test_writes_every_file_of_its_kind(emitted) -> None:
     case, out, paths = emitted
-    assert {p.name for p in paths} == FILES[case.kind] == {p.name for p in out.iterdir()}
+    custom = case.kind == "fsdp" and case.setup.model.name not in fsdp.LLAMA3_FLAVORS   # plantune_model.py
+    assert {p.name for p in paths} == FILES[case.kind] | ({fsdp.MODEL_FILE} if custom else set()) \
+        == {p.name for p in out.iterdir()}
     assert all(p.parent == out for p in paths)
 
 
@@ -175,7 +179,7 @@ def test_megatron_deepspeed_files_agree(case, tmp_path) -> None:
 def test_launch_sbatch_passes_bash_n(case, tmp_path) -> None:
     emit(case.setup, case.kind, tmp_path, flavor=case.flavor, reservation="bigscience")
     result = subprocess.run(["bash", "-n", str(tmp_path / "launch.sbatch")], capture_output=True, text=True,
-                            timeout=30)
+                            timeout=HANG_GUARD_S)
     assert result.returncode == 0, result.stderr
     assert "#SBATCH --reservation=bigscience\n" in (tmp_path / "launch.sbatch").read_text()
 
@@ -202,7 +206,7 @@ def test_launch_sbatch_runs_the_real_command_with_stand_ins(tmp_path) -> None:
     emit(bloom(), "megatron-deepspeed", out)
     env = _stand_ins(tmp_path) | {"SLURM_SUBMIT_DIR": str(out), "DATA_PATH": "/data/oscar", "TOKENIZER": "bs/tok",
                                   "CHECKPOINT_PATH": "/ckpt", "PRETRAIN_SCRIPT": "/opt/stand_in.py"}
-    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=60,
+    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=HANG_GUARD_S,
                             env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     srun = (tmp_path / "argv.srun").read_text().split("\n")
@@ -236,7 +240,8 @@ def test_launch_sbatch_names_a_missing_placeholder(tmp_path, missing) -> None:
     env = _stand_ins(tmp_path) | {"SLURM_SUBMIT_DIR": str(out), "DATA_PATH": "/d", "TOKENIZER": "t",
                                   "CHECKPOINT_PATH": "/c", "MEGATRON_DIR": "/m"}
     del env[missing]
-    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True,
+                            timeout=HANG_GUARD_S, env=env)
     assert result.returncode != 0 and f"set {missing}" in result.stderr
     assert not (tmp_path / "argv").exists()
 
@@ -246,7 +251,8 @@ def test_launch_sbatch_refuses_another_node_count(tmp_path) -> None:
     emit(bloom(), "megatron-deepspeed", out)
     env = _stand_ins(tmp_path) | {"SLURM_NNODES": "47", "DATA_PATH": "/d", "TOKENIZER": "t", "CHECKPOINT_PATH": "/c",
                                   "MEGATRON_DIR": "/m"}
-    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=60, env=env)
+    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True,
+                            timeout=HANG_GUARD_S, env=env)
     assert result.returncode == 1 and "planned for 48 nodes" in result.stderr
 
 
@@ -267,7 +273,8 @@ def test_megatron_lm_args(case, tmp_path) -> None:
     assert int(args["--tensor-model-parallel-size"][0]) * int(args["--pipeline-model-parallel-size"][0]) * c.dp == \
         case.setup.cluster.world_size
     assert int(args["--global-batch-size"][0]) == int(args["--micro-batch-size"][0]) * c.dp * c.gas == t.global_batch
-    assert ("--sequence-parallel" in args) == c.sp and ("--use-distributed-optimizer" in args) == (c.zero == 1)
+    assert ("--sequence-parallel" in args) == c.sp and ("--use-distributed-optimizer" in args) == (c.zero >= 1)
+    assert ("--use-megatron-fsdp" in args) == (c.zero >= 2)   # ZeRO-2/3: Megatron-FSDP
     assert args.get("--recompute-granularity", [None])[0] == (None if c.recompute == "none" else c.recompute)
     assert args.get("--num-virtual-stages-per-pipeline-rank", ["1"])[0] == str(c.vpp)
     assert ("--num-query-groups" in args) == (m.kv_heads != m.heads)
@@ -323,7 +330,8 @@ def test_torchtitan_toml(case, tmp_path) -> None:
     else:
         assert par["fsdp_reshard_after_forward"] == {0: "default", 2: "never", 3: "always"}[c.zero]
         assert (par["data_parallel_shard_degree"] == 1) == (c.zero == 0)
-    assert tr["global_batch_size"] == tr["local_batch_size"] * c.dp * c.gas
+    # under PP the local batch is the GAS micro-batches of one step
+    assert tr["global_batch_size"] == tr["local_batch_size"] * c.dp * (1 if c.pp > 1 else c.gas)
     assert d["activation_checkpoint"]["mode"] == c.recompute
     assert tr["mixed_precision_param"] == {"bf16": "bfloat16", "fp32": "float32"}[case.setup.training.precision]
 
@@ -445,7 +453,7 @@ def test_bigscience_launcher_checks_the_deepspeed_version(tmp_path, version, ok)
     pkg = tmp_path / "deepspeed"
     pkg.mkdir()
     (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
-    result = subprocess.run([sys.executable, "-c", guard], capture_output=True, text=True, timeout=30,
+    result = subprocess.run([sys.executable, "-c", guard], capture_output=True, text=True, timeout=HANG_GUARD_S,
                             env={"PYTHONPATH": str(tmp_path), "PATH": os.environ["PATH"]})
     assert (result.returncode == 0) == ok, result.stderr
     if not ok:

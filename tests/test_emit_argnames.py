@@ -26,6 +26,7 @@ import pytest
 from planner.emit import render
 from planner.emit.megatron_deepspeed import megatron_args
 from test_emit_cases import VALID_CASES
+from conftest import HANG_GUARD_S
 
 DEEPSPEED_CORE = {"--deepspeed", "--deepspeed_config", "--deepscale", "--deepscale_config"}
 
@@ -142,6 +143,11 @@ MEGATRON_LM = {
     "--position-embedding-type", "--rotary-base", "--rotary-percent", "--attention-dropout", "--hidden-dropout",
     "--swiglu", "--normalization", "--init-method-std", "--make-vocab-size-divisible-by",
     "--untie-embeddings-and-output-weights", "--disable-bias-linear", "--attention-backend",
+    # the model's own facts (planner.emit.megatron_lm.model_fact_args), as megatron-core 0.17.1 spells them:
+    # TransformerConfig layernorm_epsilon (arg_names --norm-epsilon), add_qkv_bias, qk_layernorm; arguments.py
+    # literals --window-size, --window-attn-skip-freq, --rotary-seq-len-interpolation-factor
+    "--norm-epsilon", "--add-qkv-bias", "--qk-layernorm", "--window-size", "--window-attn-skip-freq",
+    "--rotary-seq-len-interpolation-factor",
     # parallelism (ModelParallelConfig fields, arguments.py literals)
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank", "--sequence-parallel",
@@ -149,6 +155,8 @@ MEGATRON_LM = {
     "--use-distributed-optimizer", "--grad-reduce-in-bf16",
     "--overlap-grad-reduce", "--overlap-param-gather", "--no-overlap-p2p-communication",   # arguments.py literals
     "--tp-comm-overlap",                                                                     # ModelParallelConfig
+    # Megatron-FSDP (arguments.py literals; --ckpt-format fsdp_dtensor is the format validate_args asks of it)
+    "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--no-gradient-accumulation-fusion", "--ckpt-format",
     # training (TrainingConfig fields, arguments.py literals)
     "--micro-batch-size", "--global-batch-size", "--rampup-batch-size", "--train-samples", "--train-iters",
     "--optimizer", "--clip-grad", "--lr", "--min-lr", "--lr-decay-style", "--lr-warmup-samples",
@@ -169,13 +177,14 @@ TORCHTITAN = {
     "job": {"dump_folder", "description"}, "metrics": {"log_freq", "enable_tensorboard", "save_tb_folder"},
     "model": {"name", "flavor", "hf_assets_path", "converters"}, "quantize": {"linear"}, "optimizer": {"name", "lr", "eps", "weight_decay"},
     "lr_scheduler": {"warmup_steps", "decay_type", "min_lr_factor"},
-    "training": {"local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps", "mixed_precision_param",
-                 "mixed_precision_reduce"},
+    "training": {"dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps",
+                 "mixed_precision_param", "mixed_precision_reduce"},
     "parallelism": {"data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
                     "tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree",
-                    "expert_parallel_degree"},
+                    "expert_parallel_degree", "pipeline_parallel_schedule", "pipeline_parallel_microbatch_size",
+                    "pipeline_parallel_layers_per_stage", "enable_async_tensor_parallel"},
     "checkpoint": {"enable", "folder", "interval"}, "activation_checkpoint": {"mode", "selective_ac_option"},
-    "compile": {"enable"},
+    "compile": {"enable", "components"}, "experimental": {"custom_import"},
 }
 TORCHTITAN_CHOICES = {("activation_checkpoint", "mode"): {"selective", "full", "memory_budget", "none"},
                       ("parallelism", "fsdp_reshard_after_forward"): {"default", "always", "never"},
@@ -209,7 +218,8 @@ def _sbatch_site_args(text: str) -> list[list[str]]:
     body = text[text.index("SITE_ARGS=("):]
     body = body[:body.index("\n)\n") + 3]
     out = subprocess.run(["bash", "-c", body + 'printf "%s\\n" "${SITE_ARGS[@]}"'], capture_output=True, text=True,
-                         check=True, timeout=30, env={"DATA_PATH": "D", "TOKENIZER": "T", "CHECKPOINT_PATH": "C",
+                         check=True, timeout=HANG_GUARD_S,
+                         env={"DATA_PATH": "D", "TOKENIZER": "T", "CHECKPOINT_PATH": "C",
                                                       "TRAIN_SAMPLES": "7", "PATH": "/usr/bin:/bin"}).stdout
     return _group(out.split("\n")[:-1])
 

@@ -80,6 +80,11 @@ VALID_CASES = [
          "megatron-deepspeed", "microsoft"),
     Case("llama70b-megatron-lm-vpp", llama(vpp=2), "megatron-lm"),
     Case("gpt3-megatron-lm", gpt3(), "megatron-lm"),
+    # Megatron-FSDP (ZeRO-3 = optim_grads_params; ZeRO-2 = optim_grads), as Megatron-Bridge's Llama 3 8B recipe runs it
+    Case("llama3-8b-megatron-fsdp", llama("llama3-8b", gpus=16, tp=1, pp=1, dp=16, gas=64, zero=3, recompute="none",
+                                          sp=False), "megatron-lm"),
+    Case("llama2-70b-megatron-fsdp-tp8", llama("llama2-70b", gpus=64, tp=8, pp=1, dp=8, gas=128, zero=2,
+                                               recompute="full", sp=True), "megatron-lm"),
     Case("llama7b-fsdp-hybrid", llama("llama2-7b", gpus=32, tp=1, pp=1, dp=32, gas=32, zero=3, hybrid=True,
                                       recompute="full", sp=False), "fsdp"),
     Case("llama7b-fsdp-grad-op", llama("llama2-7b", gpus=32, tp=1, pp=1, dp=32, gas=32, zero=2, recompute="none",
@@ -116,7 +121,8 @@ REFUSED_CASES = [
     ("hybrid-megatron", gpt3(hybrid=True), "megatron-deepspeed", "microsoft", "hybrid sharding is an FSDP"),
     ("layers-pp-megatron-lm", llama(pp=32, dp=1, gas=1024), "megatron-lm", "bigscience",
      "80 layers cannot be split over PP 32"),
-    ("zero3-megatron-lm", gpt3(zero=3), "megatron-lm", "bigscience", "Megatron-LM has no ZeRO-3"),
+    ("zero3-megatron-lm", gpt3(zero=3), "megatron-lm", "bigscience",
+     "Megatron-FSDP, which composes with TP, CP and EP, not with PP"),
     ("zero1-fsdp", llama("llama2-7b", gpus=16, tp=1, pp=1, dp=16, gas=64, zero=1, sp=False), "fsdp", "bigscience",
      "FSDP has no ZeRO-1"),
     ("gpt-torchtitan", replace(gpt3(tp=1, pp=1, dp=128, gas=12, zero=3), training=replace(

@@ -43,11 +43,21 @@ MEGATRON_FLAGS = {
     "--fp8-format": True, "--fp8-recipe": True, "--fp8-amax-history-len": True, "--fp8-amax-compute-algo": True,
     "--fp8-param-gather": False,
     "--use-rope-scaling": False, "--rope-scaling-factor": True,
+    # the router as the model trained it (planner.emit.parallel_extras.router_flags): TransformerConfig fields
+    # moe_aux_loss_coeff (arguments.py literal), moe_router_score_function, moe_router_pre_softmax,
+    # moe_router_topk_scaling_factor, moe_router_num_groups, moe_router_group_topk, moe_router_enable_expert_bias,
+    # moe_shared_expert_gate (megatron-core 0.17.1, built into flags by ArgumentGroupFactory); MLA's YaRN
+    # (_add_mla_args: --rotary-scaling-factor, --mscale, --mscale-all-dim)
+    "--moe-aux-loss-coeff": True, "--moe-router-score-function": True, "--moe-router-pre-softmax": False,
+    "--moe-router-topk-scaling-factor": True, "--moe-router-num-groups": True, "--moe-router-group-topk": True,
+    "--moe-router-enable-expert-bias": False, "--moe-shared-expert-gate": False, "--rotary-scaling-factor": True,
+    "--mscale": True, "--mscale-all-dim": True, "--rotary-seq-len-interpolation-factor": True,
 }
 CHOICES = {"--fp8-format": ["e4m3", "hybrid"], "--fp8-recipe": ["tensorwise", "delayed", "mxfp8"],
            "--fp8-amax-compute-algo": ["most_recent", "max"],
            "--moe-token-dispatcher-type": ["allgather", "alltoall", "flex", "alltoall_seq"],
-           "--moe-router-load-balancing-type": ["aux_loss", "seq_aux_loss", "sinkhorn", "none"]}
+           "--moe-router-load-balancing-type": ["aux_loss", "seq_aux_loss", "sinkhorn", "none"],
+           "--moe-router-score-function": ["softmax", "sigmoid"]}
 TRANSFORMER_CONFIG_FIELDS = {
     "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
     "moe_shared_expert_intermediate_size", "moe_grouped_gemm", "moe_token_dispatcher_type",

@@ -192,16 +192,19 @@ NAMED = [
     ("hf", {"intermediate_size": 0}, "intermediate_size must be int"),
     ("hf", {"num_key_value_heads": 0}, "num_key_value_heads must be int"),
     ("hf", {"num_local_experts": -8, "num_experts_per_tok": 2}, "num_local_experts"),
-    ("hf", {"model_type": "qwen2_moe"}, "mixture-of-experts"),
+    ("hf", {"model_type": "dbrx"}, "DBRX's experts"),
+    ("hf", {"use_mrope": True}, "use_mrope true"),
+    ("hf", {"rope_scaling": {"rope_type": "longrope", "factor": 32.0}}, "rope_scaling type 'longrope'"),
+    ("hf", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 2.0}}, "high_freq_factor"),
     ("hf", {"model_type": "t5"}, "model_type 't5' is not one plantune reads"),
-    ("hf", {"sliding_window_pattern": 6}, "key 'sliding_window_pattern' is not understood"),
+    ("hf", {"sliding_window_size": 6}, "key 'sliding_window_size' is not understood"),
     ("hf", {"hidden_sise": 64}, "did you mean 'hidden_size'"),
     ("cluster", {"nodes": 1.5}, "nodes must be int"),
     ("cluster", {"inter_node_gbps": 0}, "inter_node_gbps must be a number in (0,"),
     ("cluster", {"intra_node_gbps": -100}, "intra_node_gbps must be a number in (0,"),
     ("cluster", {"nodes": 10**9}, "10x the largest training clusters"),
     ("cluster", {"nodes": 480_000, "gpus_per_node": 8}, "3,840,000 GPUs is over the 1,000,000"),
-    ("cluster", {"gpu": 100}, "gpu must be an accelerator id"),
+    ("cluster", {"gpu": 100}, "gpu must be a catalog id"),
     ("calibration", {"matmul_efficiency": -0.5}, "matmul_efficiency must be a fraction of peak in (0, 1]"),
     ("calibration", {"matmul_efficiency": 5}, "matmul_efficiency must be a fraction of peak in (0, 1]"),
     ("calibration", {"inter_node_busbw_gbps": -10}, "inter_node_busbw_gbps must be a number in (0,"),
@@ -344,22 +347,19 @@ def test_hf_seq_len_is_said_and_overridable(tmp_path):
     assert json.loads(out)["seq_len"] == 8192 and err == ""
 
 
-def test_gemma_head_width_is_emitted_as_kv_channels(tmp_path):
-    """Gemma-7B's 256-wide heads (16 x 256 != hidden 3072): Megatron-LM gets --kv-channels 256; the forks refuse."""
+def test_gemma_is_refused_where_its_geglu_cannot_be_written(tmp_path):
+    """Gemma-7B's gated tanh-GELU MLP has no Megatron-LM argument (--swiglu is SiLU-gated): the emit refuses in one
+    line rather than train a SwiGLU model; `plan` alone still plans it (its FLOPs and memory are Gemma's)."""
     path = _hf(tmp_path, "gemma", GEMMA_7B)
-    assert_contract(["--model", path, "--gpus", "64", "--global-batch", "512", "--framework", "megatron-lm",
-                     "--emit", "megatron-lm", "--out", str(tmp_path / "run")], expect=0)
-    args = (tmp_path / "run" / "args.txt").read_text().split()
-    assert args[args.index("--kv-channels") + 1] == "256"
-    _, _, err = assert_contract(["--model", path, "--gpus", "64", "--global-batch", "512", "--framework",
-                                 "megatron-deepspeed", "--emit-flavor", "microsoft", "--emit", "megatron-deepspeed",
-                                 "--out", str(tmp_path / "ds")], expect=2)
-    assert "kv-channels" in err
+    _, _, err = assert_contract(["--model", path, "--gpus", "64", "--global-batch", "512", "--framework", "megatron-lm",
+                                 "--emit", "megatron-lm", "--out", str(tmp_path / "run")], expect=2)
+    assert "GeGLU" in err and len(err.strip().splitlines()) == 1
+    assert_contract(["--model", path, "--gpus", "64", "--global-batch", "512", "--framework", "megatron-lm"], expect=0)
 
 
 def test_hf_understood_keys_cover_every_family(tmp_path):
     """Every family in the table reads a config made of the keys plantune knows."""
-    from planner.schema import HF_FAMILIES
+    from planner.hf_config import HF_FAMILIES
 
     for name in HF_FAMILIES:
         cfg = {**HF_CONFIG, "model_type": name, **({"n_positions": 64} if name == "gpt2" else {})}

@@ -169,6 +169,24 @@ def test_probe_args_are_the_emitters_probe_variant(tmp_path):
     assert ("--use-flash-attn-v2",) in probe_args(ms_setup, "microsoft", train_iters=7, ds_config_path=tmp_path)
 
 
+def test_megatron_lm_probes_run_plan_emit_megatron_lms_arguments(tmp_path):
+    """--framework megatron-lm --probe megatron: NVIDIA Megatron-LM's pretrain_gpt.py, no DeepSpeed config."""
+    probe = MegatronProbe(f"python {FAKE} {{args}} --mock-data", LocalBackend(nproc=2), "megatron-lm")
+    cand = Candidate(tp=2, pp=1, dp=1, mbs=2, gas=4, recompute="selective", sp=True)
+    setup = probe.probe_setup(tiny_model(), cand, precision="bf16", procs=2)
+    assert setup.training.framework == "megatron-lm"
+    args = probe_args(setup, "megatron-lm", train_iters=7)
+    flat = {a[0]: a[1:] for a in args}
+    assert flat["--train-iters"] == ("7",) and flat["--log-interval"] == ("1",) and int(flat["--eval-interval"][0]) > 7
+    assert {"--use-mcore-models", "--sequence-parallel", "--untie-embeddings-and-output-weights"} <= set(flat)
+    assert flat["--tensor-model-parallel-size"] == ("2",) and flat["--recompute-granularity"] == ("selective",)
+    assert not {"--deepspeed", "--deepspeed_config", "--rampup-batch-size", "--train-samples"} & set(flat)
+    argv = probe.command_for(setup, workdir=tmp_path, train_iters=7)
+    assert argv[-1] == "--mock-data" and not (tmp_path / "ds_config.json").exists()
+    with pytest.raises(ValueError, match="Megatron-LM takes no DeepSpeed config"):
+        MegatronProbe(f"python {FAKE} {{args}} --deepspeed_config {{ds_config}}", LocalBackend(nproc=2), "megatron-lm")
+
+
 def test_probe_setup_keeps_one_replica_when_the_backend_is_smaller():
     cand = Candidate(tp=1, pp=2, dp=8, mbs=1, gas=16)
     setup = _bloom_like_probe().probe_setup(tiny_model(tied_embeddings=True), cand, precision="bf16", procs=2)
@@ -180,7 +198,7 @@ def test_probe_setup_keeps_one_replica_when_the_backend_is_smaller():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt,flavor", [("bigscience", "bigscience"), ("microsoft", "microsoft"),
-                                        ("megatron-lm", "microsoft")])
+                                        ("megatron-lm", "microsoft"), ("megatron-lm", "megatron-lm")])
 def test_end_to_end_local(tmp_path, fmt, flavor):
     probe = MegatronProbe(f"python -u {FAKE} {{args}} --data-path /nonexistent --fake-format {fmt} "
                           "--fake-step-ms 120", LocalBackend(nproc=2), flavor)
@@ -198,9 +216,13 @@ def test_end_to_end_local(tmp_path, fmt, flavor):
         tflops_per_gpu(model_flops_per_iteration(model, 4), result.step_time_median_s, 2))
     assert result.peak_memory_bytes_per_rank and result.memory_kind == "cuda_max_allocated"
     assert result.stable is True and result.step_time_cv < 0.05
-    ds = json.loads((tmp_path / "ds_config.json").read_text())
-    batch = (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])
-    assert batch == (4, 2, 2)
+    if flavor == "megatron-lm":
+        assert not (tmp_path / "ds_config.json").exists()
+        assert "--use-mcore-models" in (tmp_path / "args.txt").read_text()
+    else:
+        ds = json.loads((tmp_path / "ds_config.json").read_text())
+        batch = (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"])
+        assert batch == (4, 2, 2)
     assert json.loads((tmp_path / "result.json").read_text())["status"] == "ok"
 
 

@@ -57,7 +57,9 @@ SURVIVORS_PER_PLAN = 6
 # Issue 14's done-criterion layouts: (preset, H100s, sequence, global batch, precision).
 ISSUE_TARGETS = [("llama3.1-405b", 16384, 131072, 128, "bf16"), ("mixtral-8x22b", 1024, 8192, 1024, "fp8"),
                  ("deepseek-v3", 2048, 4096, 4096, "fp8"), ("qwen3-30b-a3b", 64, 4096, 512, "bf16")]
-GROUPS = ["emit-cases", "emit-parallel", "rulebook-survivors", "issue14-targets"]
+GROUPS = ["emit-cases", "emit-parallel", "rulebook-survivors", "issue14-targets", "hf-configs"]
+HF_CONFIGS = Path(__file__).parent / "fixtures" / "hf_configs"
+"""published config.json files (tests/test_hf_configs.py): each target's set for every one it can express"""
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class ArgSet:
     world: int
     env: dict = field(hash=False)
     capability: tuple[int, int]
+    vocab: int
+    """the tokenizer's vocabulary (the model's), padded by the framework's tokenizer code"""
     expect: dict = field(hash=False)
     """parsed attribute -> value Megatron must end up with (degrees, MoE, FP8)"""
 
@@ -93,9 +97,23 @@ def arg_set(group: str, case_id: str, setup, kind: str = "megatron-lm", flavor: 
         expect |= {"context_parallel_size": c.cp, "expert_model_parallel_size": c.ep if m.num_experts else 1,
                    "num_experts": m.num_experts or None,
                    "fp8": "hybrid" if setup.training.precision == "fp8" else None}
+    if kind == "megatron-lm" and c.zero >= 2:   # Megatron-FSDP
+        expect |= {"use_megatron_fsdp": True,
+                   "data_parallel_sharding_strategy": {2: "optim_grads", 3: "optim_grads_params"}[c.zero]}
     if kind == "megatron-lm" or flavor == "microsoft":   # the bigscience fork has no sequence parallelism
         expect["sequence_parallel"] = c.sp and c.tp > 1
-    return ArgSet(group, case_id, tuple(argv), c.world, env, _capability(setup), expect)
+    expect["padded_vocab_size"] = expected_padded_vocab(argv, m.vocab, c.tp)
+    return ArgSet(group, case_id, tuple(argv), c.world, env, _capability(setup), m.vocab, expect)
+
+
+def expected_padded_vocab(argv: list[str], vocab: int, tp: int) -> int:
+    """The embedding's rows plantune asked for: --pad-vocab-size-to (BigScience fork), else the vocabulary rounded up
+    to a multiple of --make-vocab-size-divisible-by (default 128) x TP, Megatron's rule (the driver's docstring)."""
+    if "--pad-vocab-size-to" in argv:
+        return int(argv[argv.index("--pad-vocab-size-to") + 1])
+    divisor = int(argv[argv.index("--make-vocab-size-divisible-by") + 1]) if "--make-vocab-size-divisible-by" in argv \
+        else 128
+    return -(-vocab // (divisor * tp)) * divisor * tp
 
 
 def _survivors(group: str, name: str, model, cluster, training, kind: str, flavor: str) -> list[ArgSet]:
@@ -135,6 +153,21 @@ def all_arg_sets() -> tuple[ArgSet, ...]:
                                 zero_options=(1,), recompute_options=("selective", "full"))
         sets += _survivors("issue14-targets", name, get_preset(name), make_cluster(gpu="H100", gpus=gpus), training,
                            "megatron-lm", "bigscience")
+    return tuple(sets) + hf_config_sets("megatron-lm", "bigscience")
+
+
+def hf_config_sets(kind: str, flavor: str) -> tuple[ArgSet, ...]:
+    """The published config.json files' sets that ``kind`` can express (tests/test_hf_configs.py's layouts)."""
+    from planner.errors import InputError
+    from test_hf_configs import _load, _setup
+
+    sets = []
+    for path in sorted(HF_CONFIGS.glob("*.json")):
+        setup = _setup(_load(path.name)[1], kind)
+        try:
+            sets.append(arg_set("hf-configs", path.stem, setup, kind, flavor))
+        except InputError:   # refused in one line: tests/test_hf_configs.py checks why
+            continue
     return tuple(sets)
 
 
@@ -153,7 +186,7 @@ def fork_arg_sets(flavor: str) -> tuple[ArgSet, ...]:
         cluster, training = make_cluster(gpu=gpu, gpus=gpus), _training(target, gbs, seq, model)
         if not model_violations(model, training, cluster, target):
             sets += _survivors("survivors", name, model, cluster, training, "megatron-deepspeed", flavor)
-    return tuple(sets)
+    return tuple(sets) + hf_config_sets("megatron-deepspeed", flavor)
 
 
 SOURCES = {  # target -> (environment variable prefix, the parser's module, the argument sets)
@@ -175,9 +208,25 @@ def test_the_parsed_sets_cover_every_emitted_feature():
             "--moe-shared-expert-intermediate-size", "--moe-expert-capacity-factor", "--multi-latent-attention",
             "--q-lora-rank", "--kv-channels", "--fp8-format", "--fp8-recipe", "--use-rope-scaling",
             "--rampup-batch-size", "--sequence-parallel", "--use-distributed-optimizer",
-            "--recompute-granularity", "--recompute-method", "--train-samples"} <= flags
+            "--recompute-granularity", "--recompute-method", "--train-samples", "--use-megatron-fsdp",
+            "--data-parallel-sharding-strategy"} <= flags
     assert {s.group for s in all_arg_sets()} == set(GROUPS)
     assert len(all_arg_sets()) >= 40
+    hf = {tok for s in all_arg_sets() if s.group == "hf-configs" for tok in s.argv if tok.startswith("--")}
+    assert {"--norm-epsilon", "--add-qkv-bias", "--qk-layernorm", "--moe-aux-loss-coeff", "--moe-router-score-function",
+            "--moe-router-enable-expert-bias", "--moe-router-num-groups", "--rotary-scaling-factor",
+            "--use-rope-scaling"} <= hf
+
+
+def test_every_set_names_the_padded_vocabulary_its_tokenizer_must_reach():
+    """The BigScience fork's _vocab_size_with_padding raises unless --pad-vocab-size-to is a multiple of
+    --make-vocab-size-divisible-by (128); the embedding is split over TP. The slow run below computes it with each
+    framework's own function; this checks the sets ask for a size those rules allow."""
+    for s in [*all_arg_sets(), *fork_arg_sets("bigscience"), *fork_arg_sets("microsoft")]:
+        padded, tp = s.expect["padded_vocab_size"], s.expect["tensor_model_parallel_size"]
+        assert padded >= s.vocab and padded % tp == 0, s.id
+        if "--pad-vocab-size-to" in s.argv:
+            assert padded % 128 == 0, s.id
 
 
 def test_tp_or_cp_launches_with_one_cuda_connection():
@@ -187,7 +236,10 @@ def test_tp_or_cp_launches_with_one_cuda_connection():
     seen = 0
     for s in all_arg_sets():
         needs = s.expect["tensor_model_parallel_size"] > 1 or s.expect["context_parallel_size"] > 1
-        assert (s.env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == (needs or s.expect["sequence_parallel"]), s.id
+        # Megatron-FSDP asserts the opposite (CUDA_DEVICE_MAX_CONNECTIONS != "1"; with TP/CP only a warning)
+        fsdp = s.expect.get("use_megatron_fsdp", False)
+        assert (s.env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1") == (
+            (needs or s.expect["sequence_parallel"]) and not fsdp), s.id
         seen += needs and not s.expect["sequence_parallel"]
     assert seen > 0   # a TP or CP layout without SP is among the sets
 
@@ -220,7 +272,7 @@ def _parsed(target: str) -> dict[str, dict]:
     src = _source(target)
     prefix, _, sets = SOURCES[target]
     payload = json.dumps([{"id": s.id, "argv": s.argv, "world": s.world, "env": s.env, "capability": s.capability,
-                           "attrs": sorted(s.expect)} for s in sets()])
+                           "attrs": sorted(s.expect), "vocab": s.vocab} for s in sets()])
     env = {**os.environ, "PYTHONPATH": src, "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run([os.environ.get(f"{prefix}_PYTHON", sys.executable), str(DRIVER)], input=payload,
                           capture_output=True, text=True, env=env, cwd=src)
@@ -251,7 +303,24 @@ def test_megatron_lm_parses_and_validates_the_emitted_arguments(group):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("group", ["cases", "survivors"])
-@pytest.mark.parametrize("flavor", ["microsoft", "bigscience"])
+# of the published config.json files the bigscience fork expresses GPT-2 alone (the rest are RMSNorm models)
+@pytest.mark.parametrize("flavor,group", [("microsoft", "cases"), ("microsoft", "survivors"),
+                                          ("microsoft", "hf-configs"), ("bigscience", "cases"),
+                                          ("bigscience", "survivors"), ("bigscience", "hf-configs")])
 def test_megatron_deepspeed_parses_and_validates_the_emitted_arguments(flavor, group):
     assert _problems(flavor, group) == []
+
+
+@pytest.mark.slow
+def test_the_gpu_sessions_megatron_commands_parse(tmp_path):
+    """tests/bench/megatron_gpu.sh runs NVIDIA's pretrain_gpt.py with what bench_megatron.py renders (probe variant,
+    --transformer-impl local, mock data): Megatron-LM's own parser accepts each command before a GPU is spent on it.
+    MEGATRON_LM_RUN_SRC: a Megatron-LM tree with pretrain_gpt.py (default build/megatron-lm-v0.17.1)."""
+    root = Path(__file__).resolve().parents[1]
+    src = Path(os.environ.get("MEGATRON_LM_RUN_SRC", root / "build" / "megatron-lm-v0.17.1"))
+    if not (src / "pretrain_gpt.py").is_file():
+        pytest.skip(f"no Megatron-LM tree with pretrain_gpt.py at {src}: see tests/bench/megatron_gpu.sh")
+    proc = subprocess.run([sys.executable, str(root / "tests" / "bench" / "bench_megatron.py"), "--megatron-src",
+                           str(src), "--check-args"], capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.count(" ok ") == 4

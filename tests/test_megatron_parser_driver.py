@@ -1,7 +1,14 @@
 """The driver tests/test_megatron_parser.py runs in a Megatron checkout's interpreter (no pytest needed there).
 
-stdin: a JSON list of argument sets {id, argv, world, env, capability, attrs}; stdout: one JSON line per set,
+stdin: a JSON list of argument sets {id, argv, world, env, capability, attrs, vocab}; stdout: one JSON line per set,
 {id, stage: "ok" | the stage that refused it, error, attrs: the parsed values asked for}. Holds no test.
+
+After parse_args and validate_args, each set goes through the tokenizer's vocabulary padding, as pretrain_gpt.py's
+build_tokenizer does with the tokenizer's size (``vocab``): Megatron-LM's
+megatron/core/tokenizers/utils/build_tokenizer.py ``vocab_size_with_padding`` (megatron-core 0.17;
+megatron/training/tokenizer/tokenizer.py ``_vocab_size_with_padding`` in older checkouts), the forks'
+megatron/tokenizer/tokenizer.py ``_vocab_size_with_padding`` (the BigScience fork's raises "N is not divisible by
+128" for a --pad-vocab-size-to that is not). ``attrs`` may then ask for ``padded_vocab_size``.
 """
 
 from __future__ import annotations
@@ -39,12 +46,24 @@ def drive() -> None:
                 out["stage"] = "validate_args"
                 if hasattr(arguments, "validate_args"):   # the bigscience fork validates inside parse_args
                     arguments.validate_args(args)
+                out["stage"] = "vocab_padding"
+                args.padded_vocab_size = _padding(lm)(case["vocab"], args)
             out.update(stage="ok", attrs={k: getattr(args, k, "<absent>") for k in case["attrs"]})
         except SystemExit:   # argparse: "pretrain_gpt.py: error: ..."
             out["error"] = err.getvalue().strip().splitlines()[-1:]
         except Exception as e:   # validate_args asserts
             out["error"] = f"{type(e).__name__}: {e}"
         print(json.dumps(out), flush=True)
+
+
+def _padding(lm: bool):
+    """The framework's own padding function (see the module docstring)."""
+    if not lm:
+        return importlib.import_module("megatron.tokenizer.tokenizer")._vocab_size_with_padding
+    try:
+        return importlib.import_module("megatron.core.tokenizers.utils.build_tokenizer").vocab_size_with_padding
+    except ImportError:
+        return importlib.import_module("megatron.training.tokenizer.tokenizer")._vocab_size_with_padding
 
 
 if __name__ == "__main__":

@@ -194,10 +194,70 @@ def test_all_to_all_on_the_link_the_ep_group_lands_on():
     assert topo.dp_link(1, 8).kind == "intra" and topo.dp_link(1, 16).kind == "inter"
     c8, c16 = (Candidate(tp=1, pp=1, dp=128, ep=ep, mbs=1, gas=4) for ep in (8, 16))
     t = _t()
-    intra = moe.all_to_all_layer_s(MIXTRAL, c8, t, 4096, topo.dp_link(1, 8), collective_time_s, 2)
-    inter = moe.all_to_all_layer_s(MIXTRAL, c16, t, 4096, topo.dp_link(1, 16), collective_time_s, 2)
+    intra = moe.all_to_all_layer_s(MIXTRAL, c8, t, 4096, topo, collective_time_s, 2)
+    inter = moe.all_to_all_layer_s(MIXTRAL, c16, t, 4096, topo, collective_time_s, 2)
     assert 0 < intra < inter
-    assert moe.all_to_all_layer_s(MIXTRAL, replace(c8, ep=1), t, 4096, topo.dp_link(1, 8), collective_time_s, 2) == 0
+    assert moe.all_to_all_layer_s(MIXTRAL, replace(c8, ep=1), t, 4096, topo, collective_time_s, 2) == 0
+
+
+def test_all_to_all_inside_a_node_is_the_all_gather_of_its_bytes():
+    """Inside one node every byte but the GPU's own 1/n crosses NVLink: an all-gather's traffic (unchanged)."""
+    topo = Topology(make_cluster(gpu="H100", gpus=128))
+    s = 268e6
+    assert moe.all_to_all_s(topo, 1, 8, s, collective_time_s) == collective_time_s(
+        topo.dp_link(1, 8), kind="all_gather", message_bytes=s, group=8)
+
+
+@pytest.mark.parametrize("stride,group,nodes", [(1, 16, 2), (1, 32, 4), (1, 128, 16), (2, 64, 16), (8, 4, 4)])
+def test_all_to_all_across_nodes_is_bounded_by_the_nic_share_of_a_gpu(stride, group, nodes):
+    """Every GPU of a node runs an all-to-all at once, so each gets 1/8 of the node's 8 x 400 Gb/s NICs (at the
+    planner's LINK_EFFICIENCY): a GPU's off-node bytes, (1 - 1/nodes in the group) of its message, at 50 GB/s x 0.75
+    at best. The old ring price gave a group of consecutive ranks the whole node's NICs (300 GB/s): 8x too little
+    time; a group with one rank per node (stride 8) already had a GPU's share."""
+    from planner.topology import LINK_EFFICIENCY
+
+    cluster = make_cluster(gpu="H100", gpus=128)
+    topo = Topology(cluster)
+    s = 268e6
+    off_node = s * (1 - 1 / nodes)
+    floor = off_node / (cluster.inter_node_bw_bytes_per_s / 8 * LINK_EFFICIENCY)
+    t = moe.all_to_all_s(topo, stride, group, s, collective_time_s)
+    assert floor < t < 1.2 * floor
+    ring = collective_time_s(topo.dp_link(stride, group), kind="all_gather", message_bytes=s, group=group)
+    assert t > 3 * ring if stride < 8 else t == pytest.approx(ring, rel=0.05)
+
+
+def test_qwen3_235b_h100_all_to_all_between_line_rate_and_the_published_step():
+    """Megatron-Bridge 25.11 DGX-H100 Qwen3-235B-A22B (docs/performance-summary.md; TP2 PP8 VP4 EP32, GBS 2048,
+    MBS 1, seq 4096, 256 GPUs: 1575 tokens/s per GPU = a 20.8 s step): EP 32 spans 4 nodes, so each GPU sends 3/4 of
+    its 2048 x 8 x 4096 x 2 bytes off-node per all-to-all, 4 a layer, 94/8 layers a stage, 128 micro-batches: 604 GB
+    through its 400 Gb/s NIC, 12.1 s at line rate. The planner's EP time lies between that floor and the whole
+    published step (the old ring price said 3.1 s, below what the NIC can carry)."""
+    from tests.bench.validate_moe_cp import qwen3_235b_a22b
+
+    m = qwen3_235b_a22b()
+    cluster = make_cluster(gpu="H100", gpus=256)
+    t = TrainingSpec(global_batch=2048, seq_len=4096, precision="fp8", framework="megatron-lm",
+                     fp8_recipe="tensorwise", grad_reduce_dtype="bf16")
+    c = Candidate(tp=2, pp=8, dp=16, ep=32, mbs=1, gas=128, recompute="none", zero=1, sp=True, vpp=4)
+    ep_s = estimate(m, cluster, t, c).time.ep_comm_s
+    off_node_bytes = 2048 * 8 * 4096 * 2 * 3 / 4 * 4 * 94 / 8 * 128
+    line_rate_s = off_node_bytes / (400e9 / 8)
+    published_step_s = 2048 * 4096 / (1575 * 256)
+    assert line_rate_s == pytest.approx(12.1, abs=0.1) and published_step_s == pytest.approx(20.8, abs=0.1)
+    assert line_rate_s < ep_s < published_step_s
+
+
+def test_qwen3_30b_on_16_h100_nodes_keeps_experts_inside_a_node():
+    """Issue 21: on 16 x 8 H100 (Megatron-Bridge's sequence 4096, GBS 512) the first pick sent the EP all-to-all
+    over 16 nodes (EP 128); NVIDIA's published layout (TP1 PP2 EP8, docs/performance-summary.md DGX-H100) keeps it
+    on NVLink. Now the best layout has EP <= 8 and the distributed optimizer (zero=1)."""
+    m = get_preset("qwen3-30b-a3b")
+    p = plan(m, make_cluster(gpu="H100", gpus=128), TrainingSpec(global_batch=512, seq_len=4096,
+                                                                  framework="megatron-lm"))
+    best = p.candidates[0].candidate
+    assert best.ep <= 8 and best.zero == 1
+    assert any(e.candidate.ep > 8 for e in p.candidates)   # the cross-node layouts are scored, and lose
 
 
 def test_grouped_gemm_efficiency_falls_with_small_per_expert_batches():

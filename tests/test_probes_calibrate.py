@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from planner.hardware import apply_calibration, make_cluster
+from planner.calibration import HOST_REFERENCE_S, apply_calibration, gemm_base_efficiency
+from planner.hardware import make_cluster
 from probes.calibrate import _bus_factor, main
 
 pytest.importorskip("torch")
@@ -33,8 +34,13 @@ def test_calibrate_two_processes(tmp_path):
     assert ops == {"all_reduce", "all_gather", "reduce_scatter"}
     for r in d["measurements"]["collectives"]:
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * _bus_factor(r["op"], 2))
-    cluster = apply_calibration(make_cluster(gpu="A100-80GB", gpus=8), str(out))
-    assert cluster.matmul_efficiency == d["matmul_efficiency"]
+    host = d["measurements"]["host_launch"]
+    assert d["host_s_per_layer_forward"] > 0
+    assert d["host_s_per_layer_forward"] == pytest.approx(host["forward_backward_s"] / host["layers"] / 3)
+    cluster = apply_calibration(make_cluster(gpu="CPU", gpus=2, gpus_per_node=2), str(out))
+    assert cluster.matmul_efficiency == pytest.approx(min(1.0, gemm_base_efficiency(cluster.gpu,
+                                                                                     d["measurements"]["matmul"])))
+    assert cluster.host_scale == pytest.approx(d["host_s_per_layer_forward"] / HOST_REFERENCE_S)
     assert cluster.intra_node_bw_bytes_per_s == pytest.approx(d["intra_node_busbw_gbps"] * 1e9 / 8)
 
 

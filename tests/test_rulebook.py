@@ -255,8 +255,10 @@ def test_tune_plans_with_the_emit_target(tmp_path):
     model, gpus, gpu, gbs, seq = MODELS["gqa-32h-4kv"]
     cluster = make_cluster(gpu=gpu, gpus=gpus)
     args = argparse.Namespace(probe="megatron", emit="fsdp", emit_flavor="microsoft")
-    assert _targets(args, _training(Target("megatron-lm"), gbs, seq, model)) == (
-        Target("megatron-lm"), Target("megatron-deepspeed", "microsoft"), Target("fsdp"))
+    # --probe megatron under a Megatron-LM plan runs Megatron-LM's pretrain_gpt.py (search.cli._megatron_probe_flavor)
+    assert _targets(args, _training(Target("megatron-lm"), gbs, seq, model)) == (Target("megatron-lm"), Target("fsdp"))
+    assert _targets(args, _training(Target("megatron-deepspeed", "microsoft"), gbs, seq, model)) == (
+        Target("megatron-deepspeed", "microsoft"), Target("fsdp"))
     training = _training(Target("fsdp"), gbs, seq, model)      # tune --emit fsdp plans FSDP (no --framework)
     local = argparse.Namespace(probe="train", emit="fsdp", emit_flavor="bigscience", backend="local")
     assert _targets(local, training) == (Target("fsdp"), Target(PROBE))   # probing: also the probe's rules
@@ -304,7 +306,7 @@ def test_cp_and_moe_survivors_emit_and_read_back(name, tmp_path):
     survivors = p.candidates[:MAX_PER_CASE]
     assert any(getattr(e.candidate, extra) > 1 for e in p.candidates), f"no {extra} > 1 among the survivors"
     with_extra = [e for e in p.candidates if getattr(e.candidate, extra) > 1][:10]
-    for est in survivors + with_extra:
+    for est in {e.candidate.label(): e for e in survivors + with_extra}.values():   # each layout once
         setup = RunSetup(model=p.model, cluster=cluster, training=training, candidate=est.candidate)
         files = render(setup, target.framework)
         out = tmp_path / est.candidate.label().replace(",", "_").replace("=", "")

@@ -15,7 +15,11 @@ from probes.result import ProbeResult
 from search._base import BackendError
 from search.objective import Ledger, Objective, ProbeFailed, ProbeSettings
 from search.space import SearchSpace, config_key, params_of
-from search.study import Progress, SurvivorSampler, TuneSettings, confirmation_slots, open_study, run
+from search.progress import Progress
+from search.sampler import SurvivorSampler
+from search.settings import TuneSettings
+from search.storage import open_study
+from search.study import confirmation_slots, run
 from conftest import seed003_plan  # noqa: E402
 
 INPUTS = {"test": 1}
@@ -55,6 +59,7 @@ def go(space, backend, storage, **kw) -> list:
     return run(study, objective, space, settings, Progress(total=len(space), budget_s=None, enabled=False))
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_whole_space_once_then_nothing(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     fake = Fake()
@@ -66,6 +71,7 @@ def test_whole_space_once_then_nothing(space, tmp_path):
     assert len(go(space, again, storage, confirm_top=0)) == len(records) and again.calls == []
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_confirmation_repeats_the_best_and_is_not_redone(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     fake = Fake()
@@ -79,6 +85,7 @@ def test_confirmation_repeats_the_best_and_is_not_redone(space, tmp_path):
     assert again.calls == []
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_ctrl_c_records_interrupted_and_the_next_run_probes_it_first(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     with pytest.raises(KeyboardInterrupt):
@@ -97,6 +104,7 @@ def test_ctrl_c_records_interrupted_and_the_next_run_probes_it_first(space, tmp_
     assert len(measured) == len(set(measured)) == len(space)
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_backend_failure_stops_the_study_and_is_retried(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     with pytest.raises(BackendError, match="no allocation"):

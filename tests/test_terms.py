@@ -4,6 +4,7 @@ and `tune`'s refit scales, so the refit at scale 1 is the planner's own estimate
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,13 @@ import pytest
 from planner import CostParams, TrainingSpec, estimate, load_model, make_cluster, plan
 from planner.constants import BY_NAME, TABLE
 from planner.cost import TERMS
+from planner.hardware import ClusterSpec, preset_cluster
 from planner.terms import KINDS, Overlap, StepTime, TermTime
 from search.calibration import Measurement, Terms, refit, refit_terms
 
-CASES = {   # name -> (model, cluster, training): dense, ZeRO-3/FSDP overlap, MoE (the issue's Mixtral 64 H100), CP
+CASES = {   # name -> (model, cluster, training): dense, ZeRO-3/FSDP overlap, MoE (the issue's Mixtral 64 H100), CP,
+    # DeepSpeed's engine (fp16 gradient accumulation; BLOOM's bigscience bf16 BF16_Optimizer), partial recompute,
+    # torchtitan PP x TP (zero-bubble schedule, compile, async TP, rowwise float8), a calibrated cluster
     "gpt-1b3-v100": ("1B3", dict(gpu="V100-32GB", gpus=16, gpus_per_node=4),
                      TrainingSpec(global_batch=512, seq_len=2048, precision="fp16")),
     "llama3-8b-fsdp": ("llama3-8b", dict(gpu="A100-80GB", gpus=64, gpus_per_node=8),
@@ -23,13 +27,30 @@ CASES = {   # name -> (model, cluster, training): dense, ZeRO-3/FSDP overlap, Mo
                             TrainingSpec(global_batch=256, seq_len=4096, framework="megatron-lm")),
     "llama3-8b-cp-16k": ("llama3-8b", dict(gpu="H100", gpus=64, gpus_per_node=4, inter_node_gbps=100),   # K/V exposed
                          TrainingSpec(global_batch=16, seq_len=16384, framework="megatron-lm", precision="fp8")),
+    "bloom-176b-jean-zay-bf16": ("176B", preset_cluster("jean-zay-a100", gpus=384),
+                                 TrainingSpec(global_batch=2048, seq_len=2048, precision="bf16")),
+    "llama3-8b-partial-recompute": ("llama3-8b", dict(gpu="H100", gpus=32),
+                                    TrainingSpec(global_batch=256, seq_len=8192, framework="megatron-lm",
+                                                 recompute_options=("none", "full", "block-1", "block-2", "uniform-2"))),
+    "llama3-8b-torchtitan-pp-tp": ("llama3-8b", dict(gpu="H100", gpus=32),
+                                   TrainingSpec(global_batch=128, seq_len=8192, framework="fsdp", precision="fp8",
+                                                fp8_recipe="rowwise", torch_compile=True, async_tp=True,
+                                                pp_schedule="InterleavedZeroBubble", pins=(("pp", 2),),
+                                                recompute_options=("none", "selective-op", "full"))),
+    "gpt-1b3-calibrated-a100": ("1B3", replace(make_cluster(gpu="A100-80GB", gpus=32), matmul_efficiency=0.6,
+                                               host_scale=2.5),
+                                TrainingSpec(global_batch=512, seq_len=2048, framework="megatron-lm")),
 }
+
+
+def _cluster(spec: dict | ClusterSpec) -> ClusterSpec:
+    return spec if isinstance(spec, ClusterSpec) else make_cluster(**spec)
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
 def planned(request):
     name, cluster, training = CASES[request.param]
-    model, cluster = load_model(name), make_cluster(**cluster)
+    model, cluster = load_model(name), _cluster(cluster)
     return model, cluster, training, plan(model, cluster, training).candidates
 
 
@@ -81,6 +102,25 @@ def test_the_moe_and_cp_cases_exercise_their_terms(planned):
         assert {"ep_all_to_all", "expert_grad_reduce"} <= seen
     if training.seq_len >= 16384:
         assert "cp_ring_exchange" in seen
+    if training.framework == "megatron-deepspeed" and training.precision == "fp16":
+        assert "grad_accumulation" in seen          # DeepSpeed's engine adds each micro-batch's gradients
+
+
+def test_the_ported_physics_is_in_the_terms_the_refit_scales(planned):
+    """What the recompute, DeepSpeed-engine and torchtitan work added lives inside the terms: partial recompute
+    plans block-N candidates, BLOOM's bf16 run all-reduces fp32 gradients (BF16_Optimizer: more DP traffic than
+    the fp16 run of the same layout), torchtitan's async TP hides a share of the TP comm."""
+    model, cluster, training, survivors = planned
+    recomputes = {e.candidate.recompute for e in survivors}
+    if "block-2" in training.recompute_options:
+        assert {"block-1", "block-2"} <= recomputes
+    if training.framework == "megatron-deepspeed" and training.precision == "bf16":
+        e = survivors[0]
+        fp16 = estimate(model, cluster, replace(training, precision="fp16"), e.candidate).time
+        assert e.time.terms.by_name("dp_grads").seconds > fp16.terms.by_name("dp_grads").seconds
+    if training.async_tp:
+        tp = [e for e in survivors if e.candidate.tp > 1]
+        assert tp and all(e.time.terms.by_name("tp_comm").overlap is not None for e in tp)
 
 
 def test_the_breakdown_lines_are_sums_of_the_terms(planned):
@@ -99,7 +139,7 @@ def test_refit_recovers_scales_through_an_overlap():
     """A measured machine 1.4x slower in compute and 2x in communication, on FSDP candidates whose gathers hide
     under compute: the refit over the terms finds both (the old cache froze the overlap at scale 1)."""
     name, cluster, training = CASES["llama3-8b-fsdp"]
-    model, cluster = load_model(name), make_cluster(**cluster)
+    model, cluster = load_model(name), _cluster(cluster)
     survivors = plan(model, cluster, training).candidates
     truth = CostParams(compute_scale=1.4, comm_scale=2.0)
     picked = survivors[::max(1, len(survivors) // 12)][:12]

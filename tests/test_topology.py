@@ -30,7 +30,7 @@ def test_the_largest_cluster_accepted_is_as_cheap_as_a_node():
 
 
 def test_measured_bus_bandwidth_is_used_as_measured(tmp_path):
-    from planner.hardware import apply_calibration
+    from planner.calibration import apply_calibration
 
     cal = tmp_path / "cal.yaml"
     cal.write_text("intra_node_busbw_gbps: 1600\ninter_node_busbw_gbps: 160\n")

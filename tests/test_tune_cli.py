@@ -29,7 +29,7 @@ def test_durations(text, seconds):
 
 @pytest.mark.parametrize("argv, needle", [
     (["--model", "nope", "--gpus", "8"], "unknown model"),
-    (["--model", "1B3", "--gpus", "7"], "not a multiple of the node size"),
+    (["--model", "1B3", "--gpus", "12"], "not a multiple of the node size"),
     (["--model", "1B3", "--gpus", "8", "--budget", "soon"], "not a duration"),
     (["--model", "1B3", "--gpus", "8", "--backend", "replay"], "--results"),
     (["--model", "1B3", "--gpus", "8", "--storage", "tune.db"], "not a database URL"),
@@ -51,6 +51,7 @@ def test_help_exits_0():
                           capture_output=True).returncode == 0
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_report_table_json_and_plots(tmp_path, capsys):
     storage = f"sqlite:///{tmp_path}/t.db"
     assert main([*REPLAY, "--study", "r", "--storage", storage, "--max-probes", "5", "--confirm-top", "1",
@@ -62,6 +63,7 @@ def test_report_table_json_and_plots(tmp_path, capsys):
     assert main(["report", "--study", "r", "--storage", storage, "--plots", str(plots), "--trials"]) == 0
     rep = capsys.readouterr()
     assert "tp=1,pp=1,dp=8,mbs=" in rep.out and f"optuna-dashboard {storage}" in rep.err
+    assert "tune: best tp=" in rep.out and "model TFLOPs/GPU measured" in rep.out      # report names the best too
     assert "analytic" in rep.out and "confirm" in rep.out              # the per-trial table
     for name in ("fastest.png", "predicted_vs_measured.png", "probe_cost.png", "tflops_by_layout.png", "history.png"):
         assert (plots / name).stat().st_size > 5000
@@ -83,3 +85,21 @@ def test_no_optuna_or_torch_on_import():
             "bad = [m for m in ('optuna', 'torch') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_plan_and_tune_define_their_shared_flags_once():
+    """Every flag `tune` takes from the planner reads the same in `tune --help` as in `plan --help` (one definition:
+    planner.cli.add_setup_arguments); --memory-fraction is advisory in both."""
+    import argparse
+
+    from planner.cli import add_setup_arguments, build_parser
+    from search.cli import build_run_parser
+
+    setup = argparse.ArgumentParser(add_help=False)
+    add_setup_arguments(setup)
+    plan_help = {a.dest: a.help for a in build_parser()._actions if a.option_strings}
+    tune_help = {a.dest: a.help for a in build_run_parser()._actions if a.option_strings}
+    shared = {a.dest for a in setup._actions} & set(plan_help) & set(tune_help)
+    assert {"memory_fraction", "optimizer", "framework", "calibration"} <= shared
+    assert {d: (plan_help[d], tune_help[d]) for d in shared if plan_help[d] != tune_help[d]} == {}
+    assert "advisory" in tune_help["memory_fraction"]

@@ -22,6 +22,7 @@ import optuna
 import psutil
 import pytest
 from conftest import study_trials
+from probe_kills import KILL_MOMENTS, kill_tuner_at
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG_S = 1800
@@ -68,7 +69,12 @@ def test_end_to_end_on_cpu_then_rerun_adds_no_probe(tmp_path):
     ok = [t for t in trials if t.state.name == "COMPLETE"]
     assert ok and all("cpu" in t.user_attrs["device"] for t in ok)
     best = out["best"]
-    assert best["n_measurements"] == 2
+    # --confirm-top 2 --repeats 1: the two best first probes measured once more each. Whether two 2-step CPU probes
+    # agree within CONFIRM_SPREAD is the machine's load, not tune's logic: the best is a confirmed configuration
+    # when one was confirmed, else the best measured one (search.report.best)
+    reprobed = [c for c in out["configs"] if c["reprobed"]]
+    assert len(reprobed) == 2 and all(c["n_measurements"] == 2 for c in reprobed)
+    assert best["n_measurements"] == 2 if any(c["confirmed"] for c in out["configs"]) else best["tflops"]
     written = {p.name for p in (tmp_path / "run").iterdir()}
     assert {"plan.yaml", "ds_config.json", "args.txt", "launch.sbatch", "tune_measured.json"} <= written
     plan_yaml = (tmp_path / "run" / "plan.yaml").read_text()
@@ -102,7 +108,7 @@ def _gone(pids: list[int]) -> bool:
 
 
 def _kill_probe(worker_pids: list[int]) -> None:
-    """After a failure: the probe's workers and their torchrun, by pid (a killed tuner leaves them running)."""
+    """After a failure: the probe's workers and their torchrun, by pid (never left behind, even by a failing test)."""
     for pid in worker_pids:
         try:
             proc = psutil.Process(pid)
@@ -221,3 +227,16 @@ def test_sigterm_records_the_trial_interrupted_and_exits_143(tmp_path):
     trial = optuna.load_study(study_name="cpu", storage=storage).trials[running.number]
     assert trial.state.name == "FAIL" and trial.user_attrs["outcome"] == "interrupted"
     assert "SIGTERM" in trial.user_attrs["reason"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["torchrun", "worker", "import", "setup", "steps", "teardown"])
+def test_sigkilled_tuner_leaves_no_probe_process_at_any_moment(tmp_path, moment):
+    """Issue 24: the tuner SIGKILLed while torchrun starts, while a worker starts (before and after its lifeline
+    arms, before torch is imported), in the process-group set-up, in the steps, in the teardown."""
+    # endless: a process the kill missed (a released one included) would never end by itself
+    endless = [] if moment == "teardown" else ["--probe-steps", "100000"]
+    argv = tiny_argv(tmp_path, "--confirm-top", "0", "--max-probes", "1", "--top-k", "1", "--probe-timeout", "3600",
+                     "--no-progress", *endless)
+    left = kill_tuner_at(KILL_MOMENTS[moment], argv, folder=tmp_path)
+    assert not left, f"probe processes outlived the tuner killed at '{moment}': {left}"

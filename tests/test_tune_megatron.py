@@ -35,3 +35,26 @@ def test_tune_times_the_users_command(tmp_path):
     assert len(ok) == 3
     assert all(t["measured_step_s"] == pytest.approx(0.05, rel=0.2) for t in ok)
     assert (tmp_path / "run" / "ds_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_tune_times_a_megatron_lm_command(tmp_path):
+    """--framework megatron-lm: the command gets `plan --emit megatron-lm`'s arguments (what tests/bench/megatron_gpu.sh
+    runs with NVIDIA's pretrain_gpt.py on a GPU), its log is read in Megatron-LM's format."""
+    model = tmp_path / "tinyt.yaml"
+    model.write_text(TINY_TIED_YAML)
+    argv = [sys.executable, "-m", "search.cli", "--model", str(model), "--gpu", "CPU", "--gpus", "2",
+            "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "32", "--precision", "bf16",
+            "--recompute", "none", "--zero", "0", "--max-mbs", "2", "--no-rampup", "--framework", "megatron-lm",
+            "--probe", "megatron", "--command",
+            f"python -u {FAKE} {{args}} --mock-data --fake-format megatron-lm --fake-step-ms 50",
+            "--probe-steps", "3", "--probe-warmup", "1", "--max-probes", "2", "--confirm-top", "0",
+            "--study", "m", "--storage", f"sqlite:///{tmp_path}/tune.db", "--workdir", str(tmp_path / "runs"),
+            "--no-progress", "--format", "json"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1800)   # a hang guard
+    assert done.returncode == 0, done.stderr[-3000:]
+    ok = [t for t in json.loads(done.stdout)["trials"] if t["outcome"] == "ok"]
+    assert len(ok) == 2 and all(t["measured_step_s"] == pytest.approx(0.05, rel=0.2) for t in ok)
+    args = [p.read_text() for p in (tmp_path / "runs").glob("trial-*/args.txt")]
+    assert args and all("--use-mcore-models" in a and "--deepspeed" not in a for a in args)
+    assert not list((tmp_path / "runs").glob("trial-*/ds_config.json"))

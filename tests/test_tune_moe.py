@@ -164,6 +164,7 @@ def _table(tmp: Path) -> tuple[Path, dict[str, float], str]:
     return path, steps, survivors[-1].label()
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_replay_over_ep_layouts_finds_the_measured_best_and_keeps_layouts_apart(tmp_path, capsys):
     csv_path, steps, best = _table(tmp_path)
     assert "ep=" in best

@@ -13,6 +13,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from conftest import skip_missing_server
 from pg import Unavailable, postgres_url
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,8 +29,8 @@ def test_two_workers_probe_disjoint_configurations():
     try:
         server = postgres_url()
         url = server.__enter__()
-    except Unavailable as err:
-        pytest.skip(str(err))
+    except Unavailable as err:          # not installed; a server that fails to start fails the test (StartFailed)
+        skip_missing_server(str(err))
     # what a user types (and --help shows): tune must pick the installed driver itself (SQLAlchemy 2.1 would
     # pick psycopg 3 for a bare postgresql://, which plantune[tune] does not install)
     user_url = url.replace("postgresql+psycopg2://", "postgresql://")

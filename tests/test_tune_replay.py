@@ -49,6 +49,7 @@ def test_finds_the_measured_best_within_a_few_probes(table, tmp_path, capsys):
     assert len(probes) <= 4
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_every_trial_is_complete_or_failed_with_a_reason(tmp_path, capsys):
     out = run_json(capsys, replay_argv("v100-16gb-recompute", f"sqlite:///{tmp_path}/t.db", "--seed", "1"))
     for t in out["trials"]:
@@ -58,6 +59,7 @@ def test_every_trial_is_complete_or_failed_with_a_reason(tmp_path, capsys):
     assert out["best"]["n_measurements"] == 3          # confirmed: first probe + 2 repeats
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_rerun_continues_and_never_reprobes(tmp_path, capsys):
     storage = f"sqlite:///{tmp_path}/t.db"
     first = run_json(capsys, replay_argv("v100-32gb-recompute", storage, "--seed", "2", "--max-probes", "3",

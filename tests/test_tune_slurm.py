@@ -9,10 +9,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import SLURM_RESERVATION as RESERVATION
+from conftest import HANG_GUARD_S, SLURM_RESERVATION as RESERVATION
+from probe_kills import CASCADE_S, KILL_MOMENTS, kill_tuner_at
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_YAML = "name: tiny\nlayers: 4\nhidden: 64\nheads: 4\nkv_heads: 4\nffn_hidden: 256\nvocab: 128\nseq_len: 32\n"
@@ -37,5 +39,41 @@ def test_tune_probes_on_a_slurm_reservation(slurm_cluster, tmp_path):
     probed = [t for t in out["trials"] if t["outcome"] == "ok"]
     assert len(probed) == 2
     queue = subprocess.run(["squeue", "-h", "-o", "%i"], env=cluster.env(), capture_output=True, text=True,
-                           timeout=30).stdout.split()
+                           timeout=HANG_GUARD_S).stdout.split()
     assert queue == []                                      # the probes' allocation was given back
+
+
+def _tuner_jobs(cluster) -> list[str]:
+    """Jobs a tuner's SlurmBackend asked for (salloc --job-name=plantune-probes-...), pending or running."""
+    listed = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], env=cluster.env(), capture_output=True, text=True,
+                            timeout=60).stdout
+    return [line for line in listed.splitlines() if " plantune-probes-" in line]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["salloc", "srun", "worker", "import", "setup", "steps", "teardown"])
+def test_sigkilled_tuner_leaves_no_probe_process_nor_job(slurm_cluster, tmp_path, moment):
+    """Issue 24 on SLURM: the tuner SIGKILLed while salloc or srun starts (before their lifelines arm), while a
+    worker starts, in the set-up, the steps, the teardown: no process of the probe is left and the guard has
+    scancel'ed the allocation."""
+    cluster = slurm_cluster
+    model = tmp_path / "tiny.yaml"
+    model.write_text(TINY_YAML)
+    endless = [] if moment == "teardown" else ["--probe-steps", "100000"]   # a missed process never ends by itself
+    argv = [sys.executable, "-m", "search.cli", "--model", str(model), "--gpu", "CPU", "--gpus", "2",
+            "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "32", "--precision", "fp32",
+            "--recompute", "none", "--zero", "0", "--max-mbs", "2", "--no-rampup", "--probe-device", "cpu",
+            "--probe-warmup", "1", "--probe-timeout", "3600", "--backend", "slurm", "--reservation", RESERVATION,
+            "--max-probes", "1", "--top-k", "1", "--confirm-top", "0", "--study", "slurm-kill",
+            "--storage", f"sqlite:///{tmp_path}/tune.db", "--workdir", str(tmp_path / "runs"), "--no-progress",
+            *endless]
+    left = kill_tuner_at(KILL_MOMENTS[moment], argv, folder=tmp_path, env=cluster.env(dict(os.environ)))
+    try:
+        deadline = time.monotonic() + CASCADE_S    # a hang guard: the guard's scancel takes a second
+        while _tuner_jobs(cluster) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        jobs = _tuner_jobs(cluster)
+    finally:
+        subprocess.run(["scancel", "--user=root"], env=cluster.env(), capture_output=True, timeout=60)
+    assert not left, f"probe processes outlived the tuner killed at '{moment}': {left}"
+    assert not jobs, f"the killed tuner's allocation is still there: {jobs}"

@@ -11,6 +11,7 @@ import json
 import socket
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -21,9 +22,12 @@ from probes.outcome import classify, parse_first_observed
 from probes.result import ProbeResult
 from search.cli import build_report_parser, build_run_parser, main, write_files
 from search.objective import Ledger, Objective, ProbeSettings
-from search.report import ConfigSummary, best, format_table
+from search.report import ConfigSummary, best, best_line, format_table, rank_key
 from search.space import SearchSpace, config_key, params_of
-from search.study import Progress, TuneSettings, last_step_time, open_study, reap, run, storage_url
+from search.progress import Progress, last_step_time
+from search.settings import TuneSettings
+from search.storage import open_study, reap, storage_url
+from search.study import run
 from conftest import seed003_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -221,6 +225,7 @@ def test_a_probe_running_at_the_end_of_the_budget_is_stopped_and_probed_again(sp
     assert {r.config for r in records if r.measured} == set(space.keys)
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_invalid_is_probed_again_when_the_resources_change(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     records = go(space, Fake(invalid=True), storage, resources="local:4:auto", confirm_top=0)
@@ -249,6 +254,17 @@ def test_confirmed_only_when_the_repeats_agree():
     table = format_table([noisy, _summary([90.0, 91.0])])
     assert " ?" in table and "✓" in table
     assert best([noisy, _summary([90.0, 91.0])]).median_tflops == 90.5     # a confirmed one before a noisy one
+
+
+def test_the_table_the_final_line_and_the_best_follow_one_ranking():
+    """A once-measured row above a confirmed one: the table's row 1 is the best tune names (rank_key)."""
+    once, confirmed = _summary([120.0], reprobed=False), _summary([90.0, 91.0])
+    once = replace(once, config="tp=1,pp=1,dp=8,mbs=4,gas=1")
+    ranked = sorted([once, confirmed], key=rank_key)
+    assert ranked[0] is confirmed and best([once, confirmed]) is confirmed
+    rows = [line for line in format_table(ranked).splitlines() if line[:1].isdigit()]
+    assert rows[0].startswith("1 ") and "tp=1,pp=1,dp=8,mbs=4" not in rows[0] and "tp=1,pp=1,dp=8,mbs=4" in rows[1]
+    assert best_line([once, confirmed]).startswith(f"best {confirmed.config}: 90.5 model TFLOPs/GPU")
 
 
 # -- faults --------------------------------------------------------------------------------------------
@@ -317,6 +333,7 @@ def test_an_old_trial_that_never_recorded_its_worker_neither_blocks_nor_delays_t
     assert waits == []
 
 
+@pytest.mark.slow   # a whole tuning study (10-40 s on 2 cores)
 def test_an_external_kill_is_retried_once_then_final(space, tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
     first = space.survivors[0].candidate
@@ -422,6 +439,25 @@ def test_progress_on_a_terminal_is_one_live_line(tmp_path):
     assert "\r\x1b[2K[tune] trial 4 done\n" in out.getvalue()     # the live line is replaced, not scrolled
 
 
+def test_the_live_line_fits_the_terminal(tmp_path, monkeypatch):
+    """On a 100-column terminal a 150-character line wraps, and each redraw leaves a row behind: cut to 99."""
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("COLUMNS", "100")
+    out = Tty()
+    p = Progress(total=10, budget_s=7200.0, stream=out, planned=13)
+    p.probing(4, "tp=2,pp=1,dp=4,mbs=2,gas=8,recompute=selective,zero=1,sp=1,vpp=2,cp=2,ep=4", timeout_s=600.0,
+              workdir=tmp_path)
+    p.probing(5, "tp=2,pp=1,dp=4,mbs=2,gas=8,recompute=selective,zero=1,sp=1,vpp=2,cp=2,ep=4", timeout_s=600.0,
+              workdir=tmp_path)
+    p.probe_ended()
+    p.close()
+    drawn = [part for part in out.getvalue().replace("\n", "\r\x1b[2K").split("\r\x1b[2K") if part]
+    assert len(drawn) == 2 and all(len(d) <= 99 for d in drawn) and drawn[0].endswith("…"), drawn
+
+
 def test_a_trial_on_another_host_that_never_beat_is_failed_after_the_grace(tmp_path):
     """A RUNNING trial whose tuner on another host recorded its worker but never a heartbeat: Optuna's stale rule
     skips it (no heartbeat row), so `reap` fails it once --grace-s has passed since it started; one that beat
@@ -430,7 +466,8 @@ def test_a_trial_on_another_host_that_never_beat_is_failed_after_the_grace(tmp_p
 
     from optuna.trial import FrozenTrial, TrialState
 
-    from search.study import TuneSettings, heartbeat_recorded, open_storage
+    from search.settings import TuneSettings
+    from search.storage import heartbeat_recorded, open_storage
 
     settings = TuneSettings(study_name="s", storage_url=f"sqlite:///{tmp_path}/s.db", heartbeat_s=60, grace_s=120)
     study = optuna.create_study(study_name="s", storage=open_storage(settings), direction="maximize")

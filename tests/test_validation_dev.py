@@ -47,14 +47,14 @@ def test_dev_accuracy_holds_the_readme_figures():
 
 
 def test_bloom_176b_on_jean_zay_ranks_bigscience_layout_with_the_best():
-    """BigScience's TP4 PP12 MBS2 (153.7 HW TFLOPs measured) is tied with plan's first pick and predicted
-    within 5%; their TP8 layouts, measured 12-19% slower, rank below it.
+    """BigScience's TP4 PP12 MBS2 (104.70 s per iteration logged, 149.77 TFLOPs: MEGATRON_DEEPSPEED.md) is in plan's
+    top 3 on Jean Zay's network (issue 23), predicted within 5% of the log; their TP8 layouts, measured 12-19%
+    slower, rank below it.
 
-    plan's first pick is TP1 PP24 DP16 MBS1 (about 8% faster predicted), a layout BigScience never measured at
-    176B: no TP all-reduces, no DeepSpeed per-micro-batch cost (seed 003's TP1 pipelines show none), 64 GiB on
-    its first stage, DP16 of 7-11B-parameter stages across 2 nodes about 3 s, and the tied embedding's 7.2 GB
-    gradient all-reduce between its first and last stages about 1.5 s. Nothing in the dev data says it is
-    slower, so the test asks for a tie (the model's measured ranking error), not for BigScience's first place."""
+    What puts it there (planner.pipeline_engine): the bigscience fork under bf16 runs DeepSpeed's BF16_Optimizer,
+    which keeps fp32 gradients for every parameter a GPU holds (bf16_optimizer.py) and all-reduces them in fp32: the
+    layouts plan ranked above it (TP1 PP24 DP16, TP2 PP12 DP16, TP4 PP6 DP16 at MBS 1, TP8 PP6 without recompute)
+    hold 7-11B parameters a GPU or had 7% free and no longer fit in 80 GB."""
     from planner.cost import tied
     from planner.hardware import load_cluster
     from planner.model import get_preset
@@ -67,7 +67,7 @@ def test_bloom_176b_on_jean_zay_ranks_bigscience_layout_with_the_best():
     p = plan(model, load_cluster("jean-zay-a100", gpus=384), training)
     bloom = next(e for e in p.candidates if (e.candidate.tp, e.candidate.pp, e.candidate.mbs, e.candidate.recompute)
                  == (4, 12, 2, "full"))
-    assert tied(p.best.step_time_s, bloom.step_time_s)
-    assert bloom.throughput.hardware_tflops_per_gpu == pytest.approx(153.7, rel=0.05)
+    assert bloom.rank <= 3 and tied(p.best.step_time_s, bloom.step_time_s)
+    assert bloom.step_time_s == pytest.approx(104.70, rel=0.05)
     tp8 = [e for e in p.candidates if e.candidate.tp == 8 and e.candidate.recompute == "full"]
     assert tp8 and all(e.step_time_s > bloom.step_time_s for e in tp8)

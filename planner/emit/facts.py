@@ -1,8 +1,8 @@
 """Model and run facts the emitters write, taken from the model and the token budget (never BLOOM's for all).
 
-A ModelSpec field of the same name wins when the model file gives one (``dropout``, ``init_std``, ``lr``; the RoPE
-base is a model fact, `planner.model.rope_theta`, re-exported here for the emitters); otherwise the defaults below,
-each with its source.
+The model's own facts are ModelSpec fields (``rope_theta``, ``norm_eps``, ``init_std``: the config.json's, the preset's
+or the model YAML's; the RoPE base with its default is `planner.model.rope_theta`, re-exported here for the
+emitters); otherwise the defaults below, each with its source.
 """
 
 from __future__ import annotations
@@ -23,22 +23,21 @@ GPT3_LR = ((125e6, 6.0e-4), (350e6, 3.0e-4), (760e6, 2.5e-4), (1.3e9, 2.0e-4), (
 """peak learning rate by parameter count (GPT-3, Brown et al. 2020, Table 2.1)"""
 LLAMA_INIT_STD = 0.02
 """Llama's initializer_range (Hugging Face LlamaConfig, the published checkpoints' config.json)"""
+VOCAB_MULTIPLE = 128
+"""Megatron's --make-vocab-size-divisible-by default (both forks' megatron/arguments.py, Megatron-LM)"""
 
 
 def dropout(model: ModelSpec) -> float | None:
     """Hidden and attention dropout; None keeps the framework's default. Llama-style models (RMSNorm,
     no biases) train without dropout (Touvron et al. 2023, and Megatron-LM's examples/llama: 0.0)."""
-    given = getattr(model, "dropout", None)
-    if given is not None:
-        return float(given)
     return 0.0 if model.norm == "rmsnorm" or not model.bias else None
 
 
 def init_std(model: ModelSpec) -> float:
-    """Weight init std: Llama's 0.02, else BigScience's small init sqrt(1/(3*hidden)) (tr11-176B: 0.0048)."""
-    given = getattr(model, "init_std", None)
-    if given:
-        return float(given)
+    """Weight init std: the model's (config.json initializer_range), else Llama's 0.02 for RMSNorm models, else
+    BigScience's small init sqrt(1/(3*hidden)) (tr11-176B: 0.0048)."""
+    if model.init_std:
+        return float(model.init_std)
     if model.norm == "rmsnorm":
         return LLAMA_INIT_STD
     return round(math.sqrt(1 / (3 * model.hidden)), 6)
@@ -46,9 +45,6 @@ def init_std(model: ModelSpec) -> float:
 
 def peak_lr(model: ModelSpec) -> float:
     """GPT-3's Table 2.1, interpolated log-linearly in the parameter count (clamped at its ends)."""
-    given = getattr(model, "lr", None)
-    if given:
-        return float(given)
     n = model.params
     if n <= GPT3_LR[0][0]:
         return GPT3_LR[0][1]
@@ -77,6 +73,37 @@ def vocab_divisor(model: ModelSpec, tp: int) -> int:
     return d
 
 
+def padded_vocab(model: ModelSpec, tp: int) -> int:
+    """The BigScience fork's ``--pad-vocab-size-to``: the model's vocabulary rounded up to a multiple of 128 (its
+    --make-vocab-size-divisible-by default) and of TP. Its megatron/tokenizer/tokenizer.py _vocab_size_with_padding
+    raises "N is not divisible by 128" otherwise (GPT-2's 50,257 -> 50,304; BLOOM's 250,880 is its own)."""
+    multiple = math.lcm(VOCAB_MULTIPLE, tp)
+    return -(-model.vocab // multiple) * multiple
+
+
+def norm_eps(model: ModelSpec) -> float | None:
+    """The norms' epsilon the model states (Qwen, OLMo 2: 1e-6); None keeps the framework's 1e-5."""
+    return float(model.norm_eps) if model.norm_eps else None
+
+
+def torchtitan_model_args(model: ModelSpec) -> dict:
+    """torchtitan's llama3 ``TransformerModelArgs`` for the model (torchtitan/models/llama3/model/args.py): the
+    feed-forward width comes out of its rounding, hidden = multiple_of * ceil(int(ffn_dim_multiplier * int(8 *
+    dim / 3)) / multiple_of) (model.py FeedForward; no multiplier: int(8 * dim / 3)), exactly ffn_hidden with
+    multiple_of = ffn_hidden and a multiplier only below 1; RoPE scaling is Llama 3.1's (RoPEScalingArgs: factor,
+    1, 4, 8192), factor 1 leaving every frequency as it is."""
+    base = int(2 * 4 * model.hidden / 3)
+    return {"dim": model.hidden, "n_layers": model.layers, "n_heads": model.heads, "n_kv_heads": model.kv_heads,
+            "vocab_size": model.vocab, "multiple_of": model.ffn_hidden,
+            "ffn_dim_multiplier": None if base <= model.ffn_hidden else model.ffn_hidden / base,
+            "norm_eps": norm_eps(model) or 1e-5,
+            "rope_theta": rope_theta(model),
+            "rope_scaling_args": {"scaling_factor": model.rope_scaling_factor if model.rope_scaling else 1.0,
+                                  "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 8192},
+            "max_seq_len": model.positions}
+
+
 def lr_args(model: ModelSpec, training: TrainingSpec) -> list[tuple[str, ...]]:
     """Megatron's learning-rate schedule for this model and token budget (decay over the whole run:
     --lr-decay-samples defaults to --train-samples)."""
@@ -88,4 +115,5 @@ def lr_args(model: ModelSpec, training: TrainingSpec) -> list[tuple[str, ...]]:
     return args
 
 
-__all__ = ["dropout", "init_std", "lr_args", "peak_lr", "rope_theta", "vocab_divisor", "warmup_samples"]
+__all__ = ["dropout", "init_std", "lr_args", "norm_eps", "padded_vocab", "peak_lr", "rope_theta",
+           "torchtitan_model_args", "vocab_divisor", "warmup_samples"]

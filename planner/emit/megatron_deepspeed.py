@@ -40,14 +40,18 @@ def _shape_args(setup: RunSetup, flavor: str) -> list[Arg]:
     args.append(("--seq-length", str(t.seq_len)))
     # The bigscience fork asserts max_position_embeddings is None with rotary positions.
     if not (flavor == "bigscience" and m.position == "rope"):
-        args.append(("--max-position-embeddings", str(m.seq_len)))
+        args.append(("--max-position-embeddings", str(m.positions)))
+    eps = facts.norm_eps(m)
+    if eps is not None:   # both forks: --layernorm-epsilon (megatron/arguments.py)
+        args.append(("--layernorm-epsilon", f"{eps:g}"))
     drop = facts.dropout(m)
     if drop is not None:
         args += [("--attention-dropout", f"{drop:g}"), ("--hidden-dropout", f"{drop:g}")]
     args.append(("--init-method-std", f"{facts.init_std(m):g}"))
     if flavor == "bigscience":
-        # the model's vocabulary at every TP (tr11-176B-ml.slurm: --pad-vocab-size-to 250880)
-        args.append(("--pad-vocab-size-to", str(m.vocab)))
+        # one padded vocabulary whatever the TP (tr11-176B-ml.slurm: --pad-vocab-size-to 250880), a multiple of 128
+        # and of TP as the fork's tokenizer requires (GPT-2's 50,257 -> 50,304)
+        args.append(("--pad-vocab-size-to", str(facts.padded_vocab(m, setup.candidate.tp))))
         position = {"learned": None, "alibi": "alibi", "rope": "rotary"}[m.position]
         if position:
             args.append(("--position-embedding-type", position))
@@ -60,6 +64,8 @@ def _shape_args(setup: RunSetup, flavor: str) -> list[Arg]:
         if m.position == "rope":
             args += [("--use-rotary-position-embeddings",),
                      ("--rotary-position-embeddings-theta", str(int(facts.rope_theta(m))))]
+            if m.rotary_percent != 1:
+                args.append(("--rotary-percent", f"{m.rotary_percent:g}"))
         if m.glu:
             args.append(("--swiglu",))
         if m.norm == "rmsnorm":

@@ -12,13 +12,38 @@ The same launch.sbatch as Megatron-DeepSpeed's starts it (torch.distributed.run,
 
 from __future__ import annotations
 
+from planner import recompute as recompute_modes
 from planner.emit import facts, parallel_extras
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
 from planner.framework import overlaps
+from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 
 GRADIENT_CLIPPING = 1.0
+MEGATRON_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+"""plantune's ZeRO stage -> Megatron-FSDP's --data-parallel-sharding-strategy (megatron/training/arguments.py)"""
 Arg = tuple[str, ...]
+
+
+def model_fact_args(m: ModelSpec) -> list[Arg]:
+    """The model's own facts Megatron-LM takes as arguments (TransformerConfig fields: --norm-epsilon, --add-qkv-bias,
+    --qk-layernorm; megatron/training/arguments.py: --window-size, --window-attn-skip-freq). Facts it cannot take
+    are refused before this runs (planner.model_facts.unexpressed)."""
+    out: list[Arg] = []
+    eps = facts.norm_eps(m)
+    if eps is not None:
+        out.append(("--norm-epsilon", f"{eps:g}"))
+    if m.qkv_bias and not m.bias:
+        out.append(("--add-qkv-bias",))
+    if m.qk_norm == "head":
+        out.append(("--qk-layernorm",))
+    if m.sliding_window:
+        # HF's window holds the token and the W - 1 before it (transformers masking_utils sliding_window_overlay:
+        # kv_idx > q_idx - sliding_window); Megatron's (left, right) attends to [i - left, i + right]
+        out.append(("--window-size", f"{m.sliding_window - 1},0"))
+        if m.window_full_every:
+            out.append(("--window-attn-skip-freq", str(m.window_full_every)))
+    return out
 
 
 def megatron_lm_args(setup: RunSetup) -> list[Arg]:
@@ -28,12 +53,13 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
                        ("--ffn-hidden-size", str(m.ffn_hidden)), ("--num-attention-heads", str(m.heads))]
     if m.kv_heads != m.heads:
         args += [("--group-query-attention",), ("--num-query-groups", str(m.kv_heads))]
-    args += [("--seq-length", str(t.seq_len)), ("--max-position-embeddings", str(m.seq_len))]
+    args += [("--seq-length", str(t.seq_len)), ("--max-position-embeddings", str(m.positions))]
     if m.position == "rope":
         args += [("--position-embedding-type", "rope"), ("--rotary-base", str(int(facts.rope_theta(m)))),
-                 ("--rotary-percent", "1.0")]
+                 ("--rotary-percent", str(float(m.rotary_percent)))]
     else:
         args.append(("--position-embedding-type", "learned_absolute"))
+    args += model_fact_args(m)
     drop = facts.dropout(m)
     if drop is not None:
         args += [("--attention-dropout", f"{drop:g}"), ("--hidden-dropout", f"{drop:g}")]
@@ -70,13 +96,14 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
     args += facts.lr_args(m, t)
     if t.precision in ("bf16", "fp16", "fp8"):
         args.append((f"--{'bf16' if t.precision == 'fp8' else t.precision}",))   # FP8 GEMMs inside bf16 training
-    if c.recompute == "full":
-        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                 ("--recompute-num-layers", "1")]
-    elif c.recompute == "selective":
-        args.append(("--recompute-granularity", "selective"))
+    args += recompute_modes.megatron_lm_args(c.recompute)   # full, selective, block-N, uniform-N
     if c.zero == 1:
         args.append(("--use-distributed-optimizer",))
+    elif c.zero >= 2:   # Megatron-FSDP: the flags Megatron-Core's Megatron-FSDP guide lists, and the only checkpoint
+        # format validate_args accepts with it (--ckpt-format fsdp_dtensor)
+        args += [("--use-megatron-fsdp",), ("--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[c.zero]),
+                 ("--use-distributed-optimizer",), ("--no-gradient-accumulation-fusion",),
+                 ("--ckpt-format", "fsdp_dtensor")]
     if t.grad_reduce_dtype == "bf16":
         args.append(("--grad-reduce-in-bf16",))
     args += overlap_args(setup)
@@ -101,4 +128,4 @@ def overlap_args(setup: RunSetup) -> list[Arg]:
     return args
 
 
-__all__ = ["megatron_lm_args", "overlap_args"]
+__all__ = ["MEGATRON_FSDP_STRATEGY", "megatron_lm_args", "overlap_args"]

@@ -41,10 +41,12 @@ def megatron_lm_flags(setup) -> list[list[str]]:
         out += [["--num-experts", str(m.num_experts)], ["--moe-router-topk", str(m.moe_topk)],
                 ["--moe-ffn-hidden-size", str(moe.expert_ffn(m))], ["--moe-layer-freq", str(_moe_layer_freq(m))],
                 ["--expert-model-parallel-size", str(c.ep)], ["--expert-tensor-parallel-size", str(c.etp)],
-                ["--moe-grouped-gemm"], ["--moe-token-dispatcher-type", "alltoall"],
-                ["--moe-router-load-balancing-type", "aux_loss"]]
+                ["--moe-grouped-gemm"], ["--moe-token-dispatcher-type", "alltoall"]]
+        out += router_flags(m)
         if m.shared_experts:
             out.append(["--moe-shared-expert-intermediate-size", str(m.shared_experts * moe.expert_ffn(m))])
+            if m.moe_shared_gate:
+                out.append(["--moe-shared-expert-gate"])
         if t.moe_capacity_factor:
             out += [["--moe-expert-capacity-factor", str(t.moe_capacity_factor)], ["--moe-pad-expert-input-to-capacity"]]
     if m.kv_lora_rank:
@@ -53,6 +55,9 @@ def megatron_lm_flags(setup) -> list[list[str]]:
                 ["--v-head-dim", str(m.v_head_dim or m.head_dim)]]
         if m.q_lora_rank:
             out.append(["--q-lora-rank", str(m.q_lora_rank)])
+        if m.rope_scaling == "yarn":   # MLA's YaRN (MLATransformerConfig: beta 32/1, 4,096 original positions)
+            out += [["--rotary-scaling-factor", f"{m.rope_scaling_factor:g}"], ["--mscale", f"{m.yarn_mscale:g}"],
+                    ["--mscale-all-dim", f"{m.yarn_mscale_all_dim:g}"]]
     elif m.kv_channels:   # a head width apart from hidden / heads (Gemma, Qwen3)
         out.append(["--kv-channels", str(m.kv_channels)])
     if t.precision == "fp8":
@@ -64,6 +69,27 @@ def megatron_lm_flags(setup) -> list[list[str]]:
             out.append(["--fp8-param-gather"])
     if m.rope_scaling == "llama3":
         out += [["--use-rope-scaling"], ["--rope-scaling-factor", str(m.rope_scaling_factor)]]
+    elif m.rope_scaling == "linear":
+        out.append(["--rotary-seq-len-interpolation-factor", str(int(m.rope_scaling_factor))])
+    return out
+
+
+def router_flags(m) -> list[list[str]]:
+    """The router as the model trained it (Megatron-Core TransformerConfig moe_router_*): the load-balancing loss
+    and its weight (Megatron's --moe-aux-loss-coeff default is 0.0: no balancing), score function, pre-softmax
+    top-k for routers that do not renormalise, routed-weight scale, group-limited routing, expert bias."""
+    out = [["--moe-router-load-balancing-type", "seq_aux_loss" if m.moe_seq_aux else "aux_loss"],
+           ["--moe-aux-loss-coeff", f"{m.moe_aux_loss_coeff:g}"]]
+    if m.moe_score != "softmax":
+        out.append(["--moe-router-score-function", m.moe_score])
+    if m.moe_score == "softmax" and not m.moe_norm_topk:
+        out.append(["--moe-router-pre-softmax"])
+    if m.moe_topk_scale != 1:
+        out.append(["--moe-router-topk-scaling-factor", f"{m.moe_topk_scale:g}"])
+    if m.moe_groups:
+        out += [["--moe-router-num-groups", str(m.moe_groups)], ["--moe-router-group-topk", str(m.moe_group_topk)]]
+    if m.moe_expert_bias:
+        out.append(["--moe-router-enable-expert-bias"])
     return out
 
 
@@ -82,8 +108,11 @@ def torchtitan_dict(setup) -> dict:
     [parallelism] table."""
     if setup.training.precision != "fp8":
         return {}
+    if setup.training.fp8_recipe == "rowwise":   # torchao: float8 all-gather is for tensorwise scaling only
+        return {"model": {"converters": ["quantize.linear.float8"]},
+                "quantize.linear.float8": {"recipe_name": "rowwise"}}
     return {"model": {"converters": ["quantize.linear.float8"]},
             "quantize.linear.float8": {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": True}}
 
 
-__all__ = ["megatron_lm_flags", "merge", "torchtitan_dict"]
+__all__ = ["megatron_lm_flags", "merge", "router_flags", "torchtitan_dict"]

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import yaml
 
+from planner import recompute as recompute_modes
 from planner.errors import InputError, PlantuneError
 from planner.files import read_mapping
-from planner.hardware import make_cluster
+from planner.hardware import accelerator_from, accelerator_ref, make_cluster
 from planner.model import ModelSpec, Rampup, model_to_yaml_dict
 from planner.schema import check_plan
 from planner.space import Candidate, TrainingSpec
@@ -49,11 +50,13 @@ def dump_yaml(data: dict) -> str:
 
 def _cluster_dict(setup: RunSetup) -> dict:
     cl = setup.cluster
-    d = {"name": cl.name, "gpu": cl.gpu.id, "gpus_per_node": cl.gpus_per_node, "nodes": cl.nodes,
+    d = {"name": cl.name, "gpu": accelerator_ref(cl.gpu), "gpus_per_node": cl.gpus_per_node, "nodes": cl.nodes,
          "inter_node_gbps": round(cl.inter_node_bw_bytes_per_s * 8 / 1e9, 3),
          "intra_node_gbps": round(cl.intra_node_bw_bytes_per_s * 8 / 1e9, 3)}
     if cl.matmul_efficiency is not None:
         d["matmul_efficiency"] = cl.matmul_efficiency
+    if cl.host_scale != 1.0:
+        d["host_scale"] = cl.host_scale
     if cl.cuda_context_bytes is not None:
         d["cuda_context_bytes"] = cl.cuda_context_bytes
     return d
@@ -84,7 +87,7 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
         "gradient_accumulation_steps": c.gas,
         "rampup_batch_size": t.rampup.as_list() if t.rampup else None,
         "train_samples": train_samples(t),
-        "recompute_granularity": None if c.recompute == "none" else c.recompute,
+        **recompute_modes.plan_yaml_fields(c.recompute),
         "zero_stage": c.zero,
         "bf16": t.precision in ("bf16", "fp8"),
         "fp16": t.precision == "fp16",
@@ -94,6 +97,7 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
             "kind": kind,
             "flavor": flavor if kind == "megatron-deepspeed" else None,
             "hybrid_shard": c.hybrid,
+            "recompute": c.recompute,
             "model": model_rest,
             "training": {k: list(v) if isinstance(v, tuple) else v
                          for k in _TRAINING_EXTRA for v in [getattr(t, k)]},
@@ -107,8 +111,9 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
 def plan_yaml_text(setup: RunSetup, *, kind: str, flavor: str | None) -> str:
     lines = ["plantune plan: Megatron argparse destination names at the top level, plantune-only facts under "
              "'plantune:'.",
-             "recompute_granularity null|full|selective (the Megatron-DeepSpeed forks spell full as "
-             "--checkpoint-activations).",
+             "recompute_granularity null|full|selective, recompute_method uniform|block with recompute_num_layers N "
+             "(Megatron's partial recompute; the Megatron-DeepSpeed forks spell full as --checkpoint-activations); "
+             "plantune.recompute: plantune's mode (torchtitan's selective-op / selective-layer-N).",
              "Read back with planner.emit.load_plan_yaml; regenerate rather than edit by hand."]
     if kind == "megatron-deepspeed" and flavor == "bigscience" and setup.training.precision == "bf16":
         lines.append(f"zero_stage {setup.candidate.zero} is the planned sharding: the bigscience fork's bf16 optimizer "
@@ -167,7 +172,7 @@ def load_plan_yaml(path: Path) -> RunSetup:
             else "fp32", rampup=rampup,
             flash_attention=_need(d, "use_flash_attn", "", bool, path),
             **{k: tuple(v) if isinstance(v, list) else v for k in _TRAINING_EXTRA
-               for v in [_need(pt, k, "plantune.training.", (str, int, float, list, type(None)), path)]})
+               for v in [_need(pt, k, "plantune.training.", (str, int, float, bool, list, type(None)), path)]})
         samples = _need(d, "train_samples", "", (int, type(None)), path)
         if samples != train_samples(training):
             raise InputError(f"plan file {path}: train_samples {samples} disagrees with plantune.training.train_tokens"
@@ -183,24 +188,31 @@ def load_plan_yaml(path: Path) -> RunSetup:
             vpp = _need(d, "num_virtual_stages_per_pipeline_rank", "", (int, type(None)), path) or 1
             if vpp < 1:
                 raise InputError(f"plan file {path}: num_virtual_stages_per_pipeline_rank must be >= 1, got {vpp}")
-        recompute = _need(d, "recompute_granularity", "", (str, type(None)), path)
+        recompute = p.get("recompute") or recompute_modes.from_plan_yaml(
+            _need(d, "recompute_granularity", "", (str, type(None)), path), d.get("recompute_method"),
+            d.get("recompute_num_layers"))
+        if not recompute_modes.is_valid(recompute):
+            raise InputError(f"plan file {path}: plantune.recompute {recompute!r} is no recompute mode; use one of "
+                             f"{', '.join(recompute_modes.OPTIONS)} (block-N, uniform-N, selective-layer-N with N)")
         candidate = Candidate(
             tp=_need(d, "tensor_model_parallel_size", "", int, path), pp=pp,
             dp=_need(d, "data_parallel_size", "", int, path), mbs=_need(d, "micro_batch_size", "", int, path),
-            gas=_need(d, "gradient_accumulation_steps", "", int, path), recompute=recompute or "none",
+            gas=_need(d, "gradient_accumulation_steps", "", int, path), recompute=recompute,
             zero=_need(d, "zero_stage", "", int, path), sp=_need(d, "sequence_parallel", "", bool, path),
             vpp=vpp,
             hybrid=_need(p, "hybrid_shard", "plantune.", bool, path),
             cp=_need(d, "context_parallel_size", "", int, path), ep=_need(d, "expert_model_parallel_size", "", int, path),
             etp=_need(d, "expert_tensor_parallel_size", "", int, path))
-        cluster = make_cluster(gpu=_need(pc, "gpu", "plantune.cluster.", str, path),
+        gpu = accelerator_from(_need(pc, "gpu", "plantune.cluster.", (str, dict), path),
+                               f"plan file {path}: plantune.cluster.gpu")
+        cluster = make_cluster(gpu=gpu,
                                gpus_per_node=_need(pc, "gpus_per_node", "plantune.cluster.", int, path),
                                nodes=_need(pc, "nodes", "plantune.cluster.", int, path),
                                inter_node_gbps=_need(pc, "inter_node_gbps", "plantune.cluster.", num, path),
                                intra_node_gbps=_need(pc, "intra_node_gbps", "plantune.cluster.", num, path),
                                name=_need(pc, "name", "plantune.cluster.", str, path))
         cluster = replace(cluster, matmul_efficiency=pc.get("matmul_efficiency"),
-                          cuda_context_bytes=pc.get("cuda_context_bytes"))
+                          host_scale=float(pc.get("host_scale", 1.0)), cuda_context_bytes=pc.get("cuda_context_bytes"))
         pred = p.get("prediction")
         prediction = None if pred is None else Prediction(
             **{f.name: float(_need(pred, f.name, "plantune.prediction.", num, path)) for f in fields(Prediction)})

@@ -132,6 +132,9 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
     # Megatron-LM's validate_args (megatron/training/arguments.py, core_v0.16.1 to main d98e8a6) asserts it for
     # TP > 1 or CP > 1 (before Blackwell); the forks ask for it with --sequence-parallel only.
     needs_max_connections = c.sp or (flavor == "megatron-lm" and (c.tp > 1 or c.cp > 1))
+    if flavor == "megatron-lm" and c.zero >= 2:
+        # Megatron-FSDP: validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS != "1" (with TP/CP only a warning)
+        needs_max_connections = False
     exports = ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron refuses TP/CP/--sequence-parallel without it"] \
         if needs_max_connections else []
     world = setup.candidate.world

@@ -15,6 +15,7 @@ from planner.emit import fsdp, megatron_deepspeed as md, megatron_lm, sbatch
 from planner.emit.plan_yaml import plan_yaml_text
 from planner.emit.setup import RunSetup, one_line, setup_problems
 from planner.errors import InputError
+from planner.files import write_files
 
 PLAN_FILE = "plan.yaml"
 
@@ -43,25 +44,15 @@ def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
                 "megatron_args.sh": md.megatron_args_sh(args, title, ds_config=False),
                 "launch.sbatch": sbatch.launch_sbatch(setup, "megatron-lm", reservation=reservation,
                                                       time_hours=time_hours)}
-    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), fsdp.FILE_NAME: fsdp.torchtitan_text(setup)}
+    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), **fsdp.files(setup)}
 
 
 def emit(setup: RunSetup, kind: str, out_dir: Path, *, flavor: str = "bigscience",
-         reservation: str | None = None, time_hours: int = sbatch.TIME_LIMIT_HOURS) -> list[Path]:
-    """Write the files for ``kind`` ("megatron-deepspeed" | "megatron-lm" | "fsdp") into out_dir."""
+         reservation: str | None = None, time_hours: int = sbatch.TIME_LIMIT_HOURS, force: bool = False) -> list[Path]:
+    """Write the files for ``kind`` ("megatron-deepspeed" | "megatron-lm" | "fsdp") into out_dir; a file already
+    there (a user's edit) is replaced only with ``force`` (planner.files.write_files)."""
     files = render(setup, kind, flavor=flavor, reservation=reservation, time_hours=time_hours)
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise InputError(f"--emit {out_dir} exists and is not a folder; give a folder path")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in files.items():
-        path = out_dir / name
-        path.write_text(text)
-        if name.endswith(".sbatch"):
-            path.chmod(0o755)
-        paths.append(path)
-    return paths
+    return write_files(Path(out_dir), files, force=force)
 
 
 __all__ = ["PLAN_FILE", "emit", "render"]

@@ -221,7 +221,8 @@ def probes_to_best(case: Case, strategy: str, seed: int) -> int:
 
     from search.objective import Objective, ProbeFailed, ProbeSettings
     from search.replay import ReplayBackend
-    from search.study import SurvivorSampler, recover
+    from search.sampler import SurvivorSampler
+    from search.storage import recover
 
     kind, top_k = STRATEGIES[strategy]
     study = optuna.create_study(direction="maximize", sampler=SurvivorSampler(case.space, strategy=kind, seed=seed))
@@ -264,7 +265,7 @@ def overhead(repeats: int = 5) -> list[dict]:
     from planner import TrainingSpec, load_model, make_cluster, plan
     from search.calibration import Measurement, refit
     from search.space import SearchSpace, params_of
-    from search.study import SurvivorSampler
+    from search.sampler import SurvivorSampler
 
     out = []
     for label, model, cluster, training in (

@@ -4,9 +4,11 @@
     python tests/bench/validate.py --rows     # also every run: predicted vs measured
 
 After the classic dev tables, the modern dev runs (published_modern_dev.yaml: MT-NLG, MegaScale, torchtitan Dec-2024,
-NeMo 24.07; search.published_runs.modern_runs states what it assumes), each source beside its floor: one constant MFU
-per source (publication), fitted to that source's own runs (the geometric mean of their measured MFU), the error a
-model that knows each framework's level but nothing of layouts scores.
+NeMo 24.07; search.published_runs.modern_runs states what it assumes, torchtitan's rows read as torchtitan ran them:
+FSDP2 x TP x PP x CP, float8, torch.compile, async TP, its schedules), scored apart from the summary so that the
+classic figures stay comparable across versions; each source beside its floor: one constant MFU per source
+(publication), fitted to that source's own runs (the geometric mean of their measured MFU), the error a model that
+knows each framework's level but nothing of layouts scores.
 
 For every table (runs of one model on one cluster in one search: tests/published.py `dev_cases`):
 - throughput error, like for like: predicted / measured tokens/s per GPU (the step time where the
@@ -342,7 +344,7 @@ def main() -> int:
     ap.add_argument("--classic", action="store_true", help="the classic dev tables only")
     args = ap.parse_args()
     print(render(evaluate(), rows=args.rows))
-    if not args.classic:
+    if not args.classic:   # torchtitan's Dec-2024 tables are among them, one table each
         print(render_modern(evaluate(modern_dev_cases(), floor_per_source=True), rows=args.rows))
     return 0
 

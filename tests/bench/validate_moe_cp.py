@@ -11,7 +11,10 @@ plantune's count the full s^2 (Narayanan et al. 2021), so their TFLOP/s ratio is
 - Llama 3: Dubey et al. 2024 (arXiv 2407.21783) Table 4 (BF16, H100, 16M-token batches).
 - Megatron-Bridge: NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md, 25.11 container, DGX-H100 and
   DGX-B200 pre-training tables (FP8 current scaling on H100, MXFP8 on B200; MoE runs force-balanced, dropless).
-  Its GB200 rows are left out: the catalog's GB200 has no FP8 peak, the NVL72 domain is not modelled, and its
+  Its DGX-H100 Qwen3-235B-A22B row (EP 32: the all-to-all crosses 4 nodes over InfiniBand) lacks its GBS cell; GBS
+  2048 and TP2/PP8/VP4/EP32 are QWEN3_235B_A22B_H100_FP8_CS_PARALLEL_CONFIG in
+  scripts/performance/configs/qwen3/workload_base_configs.py.
+  Its GB200 rows are left out: the NVL72 domain (72 GPUs on NVLink: --gpus-per-node 72) is not modelled, and its
   DeepSeek-V3 PP4 x VP4 split of 61 layers needs --pipeline-model-parallel-layout, which plan does not search.
 The MoE launch cost (planner.moe.KERNEL_LAUNCH_S) is FITTED on the B200 Qwen3-30B-A3B row; the others check it.
 Megatron-Bridge rows run as its perf scripts do (scripts/performance/configs/*/*_llm_pretrain.py at 25.11,
@@ -36,6 +39,7 @@ ROWS = [  # source, model, gpu, GPUs, precision, GBS, MBS, seq, TP, PP, CP, VP, 
     ("Megatron-Bridge 25.11 H100", "llama3-70b", "H100", 64, "fp8", 128, 1, 8192, 4, 8, 1, 5, 1, 719, 1602),
     ("Megatron-Bridge 25.11 H100", "llama3.1-405b", "H100", 1024, "fp8", 512, 1, 8192, 8, 8, 2, 8, 1, 737, 292),
     ("Megatron-Bridge 25.11 H100", "qwen3-30b-a3b", "H100", 16, "fp8", 512, 2, 4096, 1, 2, 1, 24, 8, 121, 5275),
+    ("Megatron-Bridge 25.11 H100", "qwen3-235b-a22b", "H100", 256, "fp8", 2048, 1, 4096, 2, 8, 1, 4, 32, 233, 1575),
     ("Megatron-Bridge 25.11 B200", "deepseek-v3", "B200", 256, "fp8", 2048, 1, 4096, 1, 16, 1, 1, 8, 557, 2139),
     ("Megatron-Bridge 25.11 B200", "qwen3-30b-a3b", "B200", 8, "fp8", 512, 1, 4096, 1, 1, 1, 1, 8, 214, 9299),
 ]
@@ -45,7 +49,20 @@ ROWS = [  # source, model, gpu, GPUs, precision, GBS, MBS, seq, TP, PP, CP, VP, 
 # DeepSeek-V3 B200 recomputes only the MLA up-projections (recompute_modules=["mla_up_proj"]), which plan cannot name:
 # best of none/selective/full there, as for the Llama 3 rows (the paper does not say).
 PUBLISHED_RECOMPUTE = {("llama3-70b", "H100"): "none", ("llama3.1-405b", "H100"): "none",
-                       ("qwen3-30b-a3b", "H100"): "none", ("qwen3-30b-a3b", "B200"): "none"}
+                       ("qwen3-30b-a3b", "H100"): "none", ("qwen3-30b-a3b", "B200"): "none",
+                       ("qwen3-235b-a22b", "H100"): "none"}
+
+
+def qwen3_235b_a22b():
+    """Qwen3-235B-A22B as its HF config.json gives it (94 layers, hidden 4096, 64/4 heads, head_dim 128, 128 experts
+    of 1536, top-8, vocab 151936): no preset, the one multi-node expert-parallel row (EP 32 over 4 DGX-H100 nodes)."""
+    from dataclasses import replace
+
+    from planner import load_model
+
+    return replace(load_model("qwen3-30b-a3b"), name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4,
+                   ffn_hidden=12288, moe_ffn_hidden=1536, kv_channels=128, seq_len=40960,
+                   source="HF Qwen/Qwen3-235B-A22B config.json")
 
 
 def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int, seq: int, tp: int, pp: int,
@@ -57,7 +74,8 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
     from planner.rank import estimate
     from planner.space import Candidate, TrainingSpec
 
-    m, cluster = load_model(model), make_cluster(gpu=gpu, gpus=gpus)
+    m = qwen3_235b_a22b() if model == "qwen3-235b-a22b" else load_model(model)
+    cluster = make_cluster(gpu=gpu, gpus=gpus)
     t = TrainingSpec(global_batch=gbs, seq_len=seq, precision=precision, framework="megatron-lm", fp8_recipe=fp8_recipe,
                      grad_reduce_dtype=grad_reduce_dtype)
     dp = gpus // (tp * pp * cp)

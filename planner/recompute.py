@@ -1,0 +1,199 @@
+"""Activation recompute modes: their names, which layers and ops each re-runs, and how each framework spells them.
+
+Modes (``Candidate.recompute``):
+- ``none``; ``selective`` (Megatron: the attention core, Korthikanti et al. 2022 Sec. 4.2); ``full`` (every layer's
+  input kept, the whole forward re-run: Megatron ``--recompute-granularity full --recompute-method uniform
+  --recompute-num-layers 1``).
+- ``block-N``: Megatron ``--recompute-granularity full --recompute-method block --recompute-num-layers N``: the first N
+  layers of each model chunk (each virtual stage under interleaving) are checkpointed, the others keep everything
+  (megatron/core/transformer/transformer_block.py ``_checkpointed_forward``; transformer_config.py
+  ``recompute_method``: "block will recompute the input activations for only a set number of transformer layers per
+  pipeline stage"). ``self.num_layers_per_pipeline_rank = len(self.layers)`` there is the chunk's layer count.
+- ``uniform-N``: ``--recompute-method uniform --recompute-num-layers N``: the chunk's layers in units of N, only each
+  unit's input kept; the backward re-runs a whole unit at once (``uniform-1`` is ``full``).
+- ``selective-op`` / ``selective-layer-N``: torchtitan's ``activation_checkpoint.mode = "selective"`` with
+  ``selective_ac_option = "op"`` (op-level SAC: every other matmul output saved, the attention output saved) or
+  ``"N"`` (every N-th transformer block fully checkpointed; ``selective-layer`` = N 2).
+
+Search tokens (``--recompute`` lists): ``block`` and ``uniform`` without N; `plan` resolves ``block`` to the smallest
+N that fits (`planner.memory.PlanMemory.smallest_block`), since a larger N only re-runs more of the forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from planner.pipeline_split import megatron_lm_split
+
+if TYPE_CHECKING:
+    from planner.model import ModelSpec
+    from planner.space import Candidate
+
+CLASSIC = ("none", "selective", "full")
+"""the modes every target has (tune's search space orders these by memory)"""
+PARTIAL = ("block", "uniform")
+"""Megatron's --recompute-method, N set per candidate (``block-N``, ``uniform-N``)"""
+TORCHTITAN = ("selective-op", "selective-layer")
+OPTIONS = CLASSIC + PARTIAL + TORCHTITAN
+"""what ``--recompute`` accepts (``block-N``, ``uniform-N``, ``selective-layer-N`` too)"""
+PLAN_DEFAULT = CLASSIC + ("block",)
+"""`plan`'s default list: the classic modes and Megatron's block recompute at the smallest N that fits"""
+FRAMEWORK_MODES = {"megatron-lm": CLASSIC + PARTIAL, "megatron-deepspeed": CLASSIC,
+                   "fsdp": ("none", "full") + TORCHTITAN}
+"""which modes each framework can run (torchtitan has no Megatron-style attention-core recompute: plantune's
+``selective`` on FSDP is emitted as op-level SAC, the closest it has; kept for the classic tables)"""
+
+
+@dataclass(frozen=True, slots=True)
+class Mode:
+    kind: str
+    """none | selective | full | block | uniform | selective-op | selective-layer"""
+    n: int = 0
+    """N of block-N / uniform-N / selective-layer-N; 0 for a search token (block, uniform) or a mode without N"""
+
+
+def parse(mode: str) -> Mode | None:
+    """``"block-4"`` -> Mode("block", 4); None when ``mode`` is no recompute mode."""
+    if mode in CLASSIC or mode == "selective-op":
+        return Mode(mode)
+    for kind in PARTIAL + ("selective-layer",):
+        if mode == kind:
+            return Mode(kind, 2 if kind == "selective-layer" else 0)
+        tail = mode.removeprefix(kind + "-")
+        if tail != mode and tail.isdigit() and int(tail) > 0:
+            return Mode(kind, int(tail))
+    return None
+
+
+def is_valid(mode: str, *, search: bool = False) -> bool:
+    """A mode a candidate can carry (``search``: also the tokens ``block`` / ``uniform`` a list may hold)."""
+    m = parse(mode)
+    return m is not None and (search or m.kind not in PARTIAL or m.n > 0)
+
+
+def kind(mode: str) -> str:
+    m = parse(mode)
+    return m.kind if m else mode
+
+
+def chunk_layers(model: ModelSpec, pp: int, vpp: int, framework: str) -> int:
+    """Layers of the largest model chunk (one virtual stage of the busiest pipeline rank): what Megatron's
+    ``--recompute-num-layers`` counts in (transformer_block.py: ``num_layers_per_pipeline_rank = len(self.layers)``)."""
+    split = megatron_lm_split(model.layers, pp, vpp) if framework == "megatron-lm" and pp > 1 else None
+    stage = split.busiest if split is not None else -(-model.layers // pp)
+    return -(-stage // vpp)
+
+
+def checkpointed_layers(mode: str, stage_layers: int, vpp: int) -> float:
+    """Layers of a ``stage_layers``-layer pipeline rank (``vpp`` chunks) that keep only their input; the others keep
+    all their activations. block-N: N per chunk (min(N, chunk)); full, uniform-N: all; selective-layer-N: every N-th."""
+    m = parse(mode)
+    if m is None or m.kind in ("none", "selective", "selective-op"):
+        return 0.0
+    if m.kind == "block":
+        return min(stage_layers, vpp * m.n)
+    if m.kind == "selective-layer":
+        return stage_layers / m.n
+    return float(stage_layers)
+
+
+def kept_inputs(mode: str, stage_layers: int, vpp: int) -> float:
+    """Layer inputs the checkpointed layers of such a rank keep: one per checkpointed layer, or under uniform-N one
+    per unit of N layers of each chunk (transformer_block.py checkpoints ``custom(l, l + N)``)."""
+    m = parse(mode)
+    if m is not None and m.kind == "uniform":
+        return vpp * -(-(-(-stage_layers // vpp)) // max(m.n, 1))
+    return checkpointed_layers(mode, stage_layers, vpp)
+
+
+@dataclass(frozen=True, slots=True)
+class Recomputed:
+    """What the backward re-runs, as shares of one layer's forward."""
+
+    layers: float
+    """share of the layers whose whole forward is re-run (full: 1; block-N: N·VPP / layers on the rank)"""
+    core: float
+    """share of the layers whose attention core alone is re-run (selective: 1)"""
+    matmul: float
+    """share of a layer's forward matmul FLOPs re-run besides those (op-level SAC: the matmuls it does not save)"""
+
+
+def recomputed(model: ModelSpec, mode: str, stage_layers: int, vpp: int) -> Recomputed:
+    """What ``mode`` re-runs on a rank of ``stage_layers`` layers (the slowest rank sets the step)."""
+    k = kind(mode)
+    if k == "selective":
+        return Recomputed(0.0, 1.0, 0.0)
+    if k == "selective-op":
+        return Recomputed(0.0, 0.0, op_sac_matmul_share(model))
+    return Recomputed(checkpointed_layers(mode, stage_layers, vpp) / max(stage_layers, 1), 0.0, 0.0)
+
+
+def recomputed_of(model: ModelSpec, cand: "Candidate", framework: str) -> Recomputed:
+    """`recomputed` on the candidate's busiest pipeline rank (Megatron-LM's split; ceil(L/PP) elsewhere)."""
+    return recomputed(model, cand.recompute, chunk_layers(model, cand.pp, cand.vpp, framework) * cand.vpp, cand.vpp)
+
+
+def op_sac_matmul_share(model: ModelSpec) -> float:
+    """torchtitan op-level SAC (torchtitan/distributed/activation_checkpoint.py ``_save_list``: "only save every other
+    mm", attention output saved): of wq, wk, wv, wo, w1, w3, w2 the 2nd, 4th and 6th (wk, wo, w3) are re-run in the
+    backward. Their share of the layer's dense forward matmul FLOPs (attention core excluded; it is saved)."""
+    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
+    wq, wk, wv, wo = h * q, h * kv, h * kv, q * h
+    mlp = [h * f, h * f, f * h] if model.glu else [h * f, f * h]
+    mms = [wq, wk, wv, wo] + mlp
+    return sum(mms[1::2]) / sum(mms)
+
+
+def time_key(cand: "Candidate") -> tuple:
+    """The candidate fields `recomputed` reads besides the model (a cost memo's key part)."""
+    return (cand.recompute, cand.pp, cand.vpp) if kind(cand.recompute) == "block" else (cand.recompute,)
+
+
+# -- how each framework spells a mode ----------------------------------------------------------------------------
+
+def megatron_lm_args(mode: str) -> list[tuple[str, ...]]:
+    """Megatron-LM's flags (arguments.py: --recompute-granularity, --recompute-method, --recompute-num-layers)."""
+    m = parse(mode)
+    if m is None or m.kind == "none":
+        return []
+    if m.kind == "selective":
+        return [("--recompute-granularity", "selective")]
+    method, n = ("uniform", 1) if m.kind == "full" else (m.kind, m.n)
+    return [("--recompute-granularity", "full"), ("--recompute-method", method), ("--recompute-num-layers", str(n))]
+
+
+def plan_yaml_fields(mode: str) -> dict[str, object]:
+    """The plan YAML's recompute keys, named as Megatron's arguments (granularity, method, num_layers)."""
+    m = parse(mode)
+    if m is None or m.kind == "none":
+        return {"recompute_granularity": None}
+    if m.kind in ("block", "uniform"):
+        return {"recompute_granularity": "full", "recompute_method": m.kind, "recompute_num_layers": m.n}
+    return {"recompute_granularity": mode}
+
+
+def from_plan_yaml(granularity: str | None, method: str | None, num_layers: int | None) -> str:
+    """`plan_yaml_fields` read back."""
+    if granularity is None:
+        return "none"
+    if method in PARTIAL and not (method == "uniform" and num_layers == 1):
+        return f"{method}-{num_layers}"
+    return granularity
+
+
+def torchtitan_activation_checkpoint(mode: str) -> dict[str, str]:
+    """torchtitan's [activation_checkpoint] table (torchtitan/config/job_config.py ActivationCheckpoint: mode
+    none | selective | full, selective_ac_option "op" or an integer as a string)."""
+    m = parse(mode)
+    if m is not None and m.kind == "selective-layer":
+        return {"mode": "selective", "selective_ac_option": str(m.n)}
+    if m is not None and m.kind in ("selective", "selective-op"):
+        return {"mode": "selective", "selective_ac_option": "op"}
+    return {"mode": mode}
+
+
+__all__ = ["CLASSIC", "FRAMEWORK_MODES", "Mode", "OPTIONS", "PARTIAL", "PLAN_DEFAULT", "Recomputed", "TORCHTITAN",
+           "checkpointed_layers", "chunk_layers", "from_plan_yaml", "is_valid", "kept_inputs", "kind", "megatron_lm_args",
+           "op_sac_matmul_share", "parse", "plan_yaml_fields", "recomputed", "recomputed_of", "time_key",
+           "torchtitan_activation_checkpoint"]

@@ -1,0 +1,92 @@
+"""What one tune trial stores, typed: `TrialAttrs`, the one list of its Optuna user attributes.
+
+    >>> attrs = TrialAttrs.user_attrs(outcome="ok", measured_step_s=1.25)     # checked names, for set_user_attr
+    >>> TrialAttrs.from_user_attrs(trial.user_attrs).measured_step_s
+    1.25
+
+The trial's user attributes are the study's record (`tune report` reads nothing else; search._base says what the
+main ones mean). Writers go through `TrialAttrs.user_attrs` (a misspelt or new name is a TypeError at once, not a
+silent new column); readers may take the typed view, `from_user_attrs`, which ignores names it does not know (a
+study written by a newer tune).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrialAttrs:
+    """Every user attribute a tune trial may carry; None: not recorded."""
+
+    # what the trial is
+    worker: str | None = None
+    """host:pid of the tuner running it (a dead tuner's RUNNING trial is known by it)"""
+    config: str | None = None
+    """the candidate's label, the key duplicate detection and resume compare"""
+    slot: str | None = None
+    """config, or config#confirmN for the N-th confirmation repeat"""
+    phase: str | None = None
+    """analytic | sampler | retry | confirm | implied (search._base.PHASES)"""
+    repeat: int | None = None
+    """N of a confirmation repeat"""
+    candidate: dict | None = None
+    """planner.space.Candidate.to_dict()"""
+    # how it ended
+    outcome: str | None = None
+    """search._base.OUTCOMES"""
+    reason: str | None = None
+    """one line; the root cause of a failure"""
+    resources: str | None = None
+    """the run's resources when the verdict was made (an invalid verdict under other resources is retried)"""
+    root_cause_rank: int | None = None
+    killed_by: str | None = None
+    """the signal that killed a rank from outside"""
+    implied_by: str | None = None
+    """the OOM configuration that implies this one runs out of memory"""
+    duplicate_of: int | None = None
+    original_outcome: str | None = None
+    cut_by_budget: bool | None = None
+    # the planner's predictions
+    pred_analytic_tflops: float | None = None
+    pred_analytic_step_s: float | None = None
+    pred_memory_gb: float | None = None
+    pred_before_tflops: float | None = None
+    """calibrated by the earlier probes, before this one"""
+    pred_before_step_s: float | None = None
+    calibration_before: dict | None = None
+    pred_after_tflops: float | None = None
+    """calibrated with this probe's measurement too"""
+    pred_after_step_s: float | None = None
+    calibration_after: dict | None = None
+    # the probe
+    probe_wall_s: float | None = None
+    device: str | None = None
+    workdir: str | None = None
+    layers_run: int | None = None
+    measured_tflops: float | None = None
+    measured_step_s: float | None = None
+    measured_memory_gb: float | None = None
+    memory_kind: str | None = None
+    step_cv: float | None = None
+    step_spread: float | None = None
+    reduced: bool | None = None
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def user_attrs(cls, **attrs: object) -> dict:
+        """``attrs`` as user attributes to store, after checking every name is a `TrialAttrs` field (TypeError)."""
+        cls(**attrs)          # unknown names raise here
+        return dict(attrs)
+
+    @classmethod
+    def from_user_attrs(cls, ua: dict) -> "TrialAttrs":
+        """The typed view of a stored trial's user attributes (names this tune does not know are left out)."""
+        known = set(cls.names())
+        return cls(**{k: v for k, v in ua.items() if k in known})
+
+
+__all__ = ["TrialAttrs"]

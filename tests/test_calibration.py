@@ -1,0 +1,84 @@
+"""`plan --calibration`: a tune calibrate file moves the planner's GEMM and host figures toward this machine's,
+keeping every shape's tile/wave effects (planner.calibration)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from planner.calibration import HOST_REFERENCE_S, apply_calibration, compute_line, gemm_base_efficiency
+from planner.cost import _gemm_s, gemm_context, layer_compute_s
+from planner.hardware import make_cluster
+from planner.model import ModelSpec, load_model
+from planner.rank import estimate
+from planner.space import Candidate, TrainingSpec
+
+SHAPES = [(4096, 3072, 2048), (4096, 2048, 2048), (4096, 16384, 2048), (4096, 2048, 8192), (4096, 128256, 2048)]
+"""Llama-3.2-1B's QKV, attention-out, MLP-in, MLP-out and LM-head GEMMs at 4,096 tokens"""
+
+
+def _rows(cluster, base: float) -> list[dict]:
+    """GEMM timings as a machine would give them if the planner's shape model at ``base`` were exact."""
+    g = gemm_context(replace(cluster, matmul_efficiency=base), TrainingSpec(global_batch=1, seq_len=4096))
+    return [{"name": f"s{i}", "m": m, "n": n, "k": k, "dtype": "bfloat16", "seconds": _gemm_s(m, n, k, g)}
+            for i, (m, n, k) in enumerate(SHAPES)]
+
+
+def test_the_base_efficiency_reproduces_the_timed_shapes():
+    cluster = make_cluster(gpu="H200", gpus=1, gpus_per_node=1)
+    assert gemm_base_efficiency(cluster.gpu, _rows(cluster, 0.55)) == pytest.approx(0.55)
+
+
+def _write(tmp_path, doc: dict) -> str:
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_a_calibrated_plan_keeps_the_differences_between_micro_batch_sizes(tmp_path):
+    """The issue's H200 file (FLOP-weighted GEMM efficiency 0.681) gave MBS 2, 4 and 8 one prediction: every shape at
+    one flat rate. Fitted as a base, each shape keeps its own efficiency: compute scales by one factor for all."""
+    model = load_model("llama2-7b")
+    cluster = make_cluster(gpu="H200", gpus=1, gpus_per_node=1)
+    cal = apply_calibration(cluster, _write(tmp_path, {"matmul_efficiency": 0.681,
+                                                       "measurements": {"matmul": _rows(cluster, 0.6)}}))
+    assert cal.matmul_efficiency == pytest.approx(0.6)
+    training = TrainingSpec(global_batch=8, seq_len=model.seq_len)
+    per_token = {}
+    for mbs in (1, 2, 4, 8):
+        cand = Candidate(tp=1, pp=1, dp=1, mbs=mbs, gas=8 // mbs, recompute="full")
+        before = layer_compute_s(model, cand, cluster, training)[1] / mbs
+        after = layer_compute_s(model, cand, cal, training)[1] / mbs
+        per_token[mbs] = after
+        assert after == pytest.approx(before * 0.7 / 0.6, rel=0.08)   # GEMM-bound: catalog 0.7 -> 0.6
+    assert len({round(v, 9) for v in per_token.values()}) == 4
+
+
+def test_a_file_without_timed_shapes_gives_its_efficiency_as_the_base(tmp_path):
+    cluster = make_cluster(gpu="H100-SXM", gpus=8)
+    cal = apply_calibration(cluster, _write(tmp_path, {"matmul_efficiency": 0.65}))
+    assert cal.matmul_efficiency == 0.65 and cal.host_scale == 1.0
+    g = gemm_context(cal, TrainingSpec(global_batch=8, seq_len=2048))
+    # an awkward shape (tile and wave waste, short k) still loses what the shape model says
+    assert 2 * 2048 * 1800 * 96 / _gemm_s(2048, 1800, 96, g) < 0.65 * g.peak
+
+
+def test_the_measured_host_launch_cost_replaces_the_fitted_one(tmp_path):
+    """A host-bound layer (a small model at MBS 1 on an H100) takes the host's time: twice the launch cost, twice
+    the layer; plan's output says what it assumed and where it came from."""
+    model = ModelSpec(name="small", layers=4, hidden=256, heads=4, kv_heads=4, ffn_hidden=1024, vocab=1024,
+                      seq_len=128)
+    cluster = make_cluster(gpu="H100-SXM", gpus=1, gpus_per_node=1)
+    path = _write(tmp_path, {"host_s_per_layer_forward": 2 * HOST_REFERENCE_S})
+    cal = apply_calibration(cluster, path)
+    training = TrainingSpec(global_batch=1, seq_len=128, framework="megatron-lm")
+    cand = Candidate(tp=1, pp=1, dp=1, mbs=1, gas=1)
+    assert layer_compute_s(model, cand, cal, training)[1] == pytest.approx(
+        2 * layer_compute_s(model, cand, cluster, training)[1])
+    line = compute_line(cal, "megatron-lm")
+    assert f"host launch {2 * HOST_REFERENCE_S * 1e3:.3g} ms per layer forward" in line and path in line
+    assert "fitted on V100 hosts" in compute_line(cluster, "megatron-lm")
+    assert estimate(model, cal, training, cand).time.step_time_s > estimate(model, cluster, training,
+                                                                           cand).time.step_time_s

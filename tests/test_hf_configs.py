@@ -1,0 +1,385 @@
+"""Published Hugging Face config.json files (tests/fixtures/hf_configs, sources in its README.md), read by plantune and
+emitted for Megatron-LM, Megatron-DeepSpeed (both forks) and torchtitan: every emitted set says what the file says,
+or the emit refuses in one line naming what the target cannot express. Parameter counts are held to the published
+sizes (model cards; the DeepSeek-V3, Gemma 2 and Gemma 3 reports). Gemma 3's files (4B and up) are
+Gemma3ForConditionalGeneration's: plantune refuses them (the vision tower) and reads their text_config, as it tells
+the user to.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from planner.emit import RunSetup, render
+from planner.emit.facts import torchtitan_model_args
+from planner.errors import InputError
+from planner.hardware import make_cluster
+from planner.hf_config import read_hf
+from planner.model import HF_DEFAULT_SEQ_LEN, HF_SEQ_NOTE, ModelSpec, load_model
+from planner.space import Candidate, TrainingSpec
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
+
+
+@dataclass(frozen=True)
+class Published:
+    file: str
+    params: float | None
+    """the published total, in parameters"""
+    digits: float
+    """the precision the size is published to (8.2B: 0.05e9); plantune's count must round to it"""
+    source: str
+    active: float | None = None
+    non_embedding: float | None = None
+    """the published count without the (tied) embedding table"""
+    non_embedding_digits: float = 0.5
+    """its precision (Gemma 2's report gives it to the parameter, Gemma 3's to the million)"""
+
+
+PUBLISHED = [
+    Published("Llama-3.1-8B.json", 8.03e9, 0.005e9, "HF meta-llama/Llama-3.1-8B: 8.03B params (safetensors)"),
+    Published("Llama-3.2-3B.json", 3.21e9, 0.005e9, "Llama 3.2 model card: 3.21B"),
+    Published("Llama-3.2-1B-Instruct.json", 1.24e9, 0.005e9, "HF meta-llama/Llama-3.2-1B-Instruct: 1.24B params"),
+    Published("Qwen2.5-3B.json", 3.09e9, 0.005e9, "Qwen2.5-3B model card: 3.09B"),
+    Published("Qwen2.5-7B.json", 7.61e9, 0.01e9, "Qwen2.5-7B model card: 7.61B"),
+    Published("Qwen2.5-14B.json", 14.7e9, 0.1e9, "Qwen2.5-14B model card: 14.7B"),
+    Published("Qwen2.5-32B.json", 32.5e9, 0.3e9, "Qwen2.5-32B model card: 32.5B (the card's own non-embedding 31.0B "
+                                                 "+ 1.56B embeddings = 32.6B; plantune 32.76B: within 1%)"),
+    Published("Qwen3-4B.json", 4.0e9, 0.05e9, "Qwen3-4B model card: 4.0B"),
+    Published("Qwen3-8B.json", 8.2e9, 0.05e9, "Qwen3-8B model card: 8.2B"),
+    Published("Qwen3-14B.json", 14.8e9, 0.05e9, "Qwen3-14B model card: 14.8B"),
+    Published("Qwen3-32B.json", 32.8e9, 0.05e9, "Qwen3-32B model card: 32.8B"),
+    Published("Qwen3-30B-A3B.json", 30.5e9, 0.05e9, "Qwen3-30B-A3B model card: 30.5B, 3.3B activated", active=3.3e9),
+    Published("DeepSeek-V3.json", 671e9, 0.5e9, "DeepSeek-V3 report arXiv 2412.19437: 671B (MTP module apart)"),
+    Published("phi-4.json", 14.7e9, 0.05e9, "HF microsoft/phi-4: 14.7B params"),
+    Published("gemma-2-2b-it.json", 2.61e9, 0.005e9, "HF google/gemma-2-2b-it: 2.61B params; Gemma 2 report "
+              "arXiv 2408.00118 Table 2: 2,024,517,888 non-embedding parameters", non_embedding=2_024_517_888),
+    Published("gemma-3-4b-it.json", None, 0.5e6, "Gemma 3 report arXiv 2503.19786 Table 1: 3,209M non-embedding "
+              "parameters (the 417M vision encoder apart)", non_embedding=3_209e6, non_embedding_digits=0.5e6),
+    Published("gemma-3-27b-it.json", None, 0.5e6, "Gemma 3 report arXiv 2503.19786 Table 1: 25,600M non-embedding "
+              "parameters (the 417M vision encoder apart)", non_embedding=25_600e6, non_embedding_digits=0.5e6),
+    Published("gpt2-large.json", 774e6, 0.5e6, "HF openai-community/gpt2-large model card: the 774M parameter "
+              "version of GPT-2"),
+]
+FILES = sorted(p.name for p in FIXTURES.glob("*.json"))
+
+
+def _load(name: str) -> tuple[dict, ModelSpec]:
+    """The file and plantune's spec; for a Gemma 3 file, its text_config (the language model) and the spec of it."""
+    path = FIXTURES / name
+    d = json.loads(path.read_text())
+    if d["model_type"] == "gemma3":
+        return d["text_config"], ModelSpec(**read_hf(d["text_config"], name, HF_DEFAULT_SEQ_LEN, HF_SEQ_NOTE))
+    return d, load_model(str(path))
+
+
+def test_every_fixture_has_a_published_size_and_a_source():
+    readme = (FIXTURES / "README.md").read_text()
+    assert {p.file for p in PUBLISHED} == set(FILES)
+    assert all(f in readme for f in FILES)
+
+
+@pytest.mark.parametrize("pub", PUBLISHED, ids=lambda p: p.file)
+def test_parameters_match_the_published_size(pub):
+    _, m = _load(pub.file)
+    if pub.params:
+        tolerance = max(pub.digits, 0.01 * pub.params) if pub.file == "Qwen2.5-32B.json" else pub.digits
+        assert abs(m.params - pub.params) <= tolerance, (m.params, pub.source)
+    if pub.non_embedding:
+        embedding = m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
+        assert abs(m.params - embedding - pub.non_embedding) <= pub.non_embedding_digits, (m.params - embedding,
+                                                                                           pub.source)
+    if pub.active:
+        assert abs(m.active_params - pub.active) <= 0.06e9, (m.active_params, pub.source)
+
+
+# -- what the file says, as plantune reads it ---------------------------------------------------------------------
+CLASS_DEFAULTS = {
+    # transformers Gemma3TextConfig (models/gemma3/configuration_gemma3.py): Gemma 3's published text_configs leave
+    # out all but a few of these
+    "gemma3_text": {"vocab_size": 262_208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "max_position_embeddings": 131_072, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+                    "initializer_range": 0.02, "tie_word_embeddings": True, "sliding_window_pattern": 6},
+    "gemma2": {"tie_word_embeddings": True},   # Gemma2Config
+    "gpt2": {"tie_word_embeddings": True},     # GPT2Config
+}
+"""the transformers config class's value of a key the published file leaves out (tie_word_embeddings is false
+for the other families here)"""
+
+
+def _expected(d: dict) -> dict:
+    """The facts every emitted set must carry, straight from the file (the transformers class defaults where the
+    file is silent: CLASS_DEFAULTS)."""
+    d = {**CLASS_DEFAULTS.get(d["model_type"], {}), **d}
+    heads, hidden = d.get("num_attention_heads", d.get("n_head")), d.get("hidden_size", d.get("n_embd"))
+    head_dim = d.get("head_dim") or d.get("qk_nope_head_dim") or hidden // heads
+    scaling = d.get("rope_scaling") or {}
+    return {"layers": d.get("num_hidden_layers", d.get("n_layer")), "hidden": hidden, "heads": heads,
+            "kv_heads": d.get("num_key_value_heads", heads),
+            "ffn": d.get("intermediate_size") or d.get("n_inner") or 4 * hidden,   # GPT2Config: n_inner null = 4h
+            "vocab": d["vocab_size"], "positions": d.get("max_position_embeddings", d.get("n_positions")),
+            "theta": float(d.get("rope_theta", 0.0)), "eps": float(d.get("rms_norm_eps", d.get("layer_norm_epsilon"))),
+            "tied": d.get("tie_word_embeddings", False), "head_dim": head_dim,
+            "qkv_bias": d["model_type"] in ("qwen2", "qwen2_moe"),
+            "qk_norm": d["model_type"].startswith("qwen3") or d["model_type"] == "gemma3_text",
+            "scaling": (scaling.get("rope_type") or scaling.get("type"), float(scaling["factor"])) if scaling else None,
+            "experts": d.get("num_experts") or d.get("n_routed_experts"), "topk": d.get("num_experts_per_tok"),
+            # DeepSeek-V3's file leaves aux_loss_alpha to its configuration_deepseek.py (auto_map): 0.001
+            "aux": d.get("router_aux_loss_coef", d.get("aux_loss_alpha", 0.001)), "init": d["initializer_range"]}
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_the_spec_says_what_the_file_says(name):
+    d, m = _load(name)
+    e = _expected(d)
+    assert (m.layers, m.hidden, m.heads, m.kv_heads, m.vocab) == (e["layers"], e["hidden"], e["heads"], e["kv_heads"],
+                                                                 e["vocab"])
+    assert m.ffn_hidden == e["ffn"] and m.head_dim == e["head_dim"] and m.positions == e["positions"]
+    assert (m.rope_theta, m.norm_eps, m.tied_embeddings, m.init_std) == (e["theta"], e["eps"], e["tied"], e["init"])
+    assert (m.qkv_bias, m.qk_norm == "head") == (e["qkv_bias"], e["qk_norm"])
+    assert ((m.rope_scaling, m.rope_scaling_factor) if m.rope_scaling else None) == e["scaling"]
+    assert m.architecture == d.get("architectures", [""])[0] and m.name == name.removesuffix(".json")
+    if e["experts"]:
+        assert (m.num_experts, m.moe_topk, m.moe_aux_loss_coeff) == (e["experts"], e["topk"], e["aux"])
+
+
+@pytest.mark.parametrize("name,heads,kv_heads,head_dim", [("gemma-3-4b-it.json", 8, 4, 256),
+                                                          ("gemma-3-27b-it.json", 32, 16, 128)])
+def test_gemma3_files_are_refused_and_their_text_config_read(name, heads, kv_heads, head_dim):
+    """Gemma 3's published 4B and 27B files: the reader refuses the vision model and says to give the text_config.
+    That text_config gives little more than hidden, FFN and layer counts, a 1024-token window and linear RoPE
+    scaling 8; the rest reads from Gemma3TextConfig's defaults, as transformers reads it (the 4B's 8 heads of 256
+    are not hidden / heads)."""
+    with pytest.raises(InputError, match="text_config"):
+        load_model(str(FIXTURES / name))
+    _, m = _load(name)
+    assert (m.heads, m.kv_heads, m.head_dim, m.vocab, m.positions) == (heads, kv_heads, head_dim, 262_208, 131_072)
+    assert (m.sliding_window, m.window_full_every, m.rope_scaling, m.rope_scaling_factor) == (1024, 6, "linear", 8.0)
+    assert m.tied_embeddings and m.qk_norm == "head" and m.norm_placement == "sandwich" and m.init_std == 0.02
+
+
+def test_gemma2_window_soft_caps_and_head_width_are_read():
+    _, m = _load("gemma-2-2b-it.json")
+    assert (m.sliding_window, m.window_full_every, m.attn_softcap, m.logit_softcap) == (4096, 2, 50.0, 30.0)
+    assert (m.activation, m.norm_placement, m.kv_channels) == ("gelu_tanh", "sandwich", 256)
+
+
+# -- emitted sets ------------------------------------------------------------------------------------------------
+def _setup(m: ModelSpec, framework: str) -> RunSetup:
+    """8 H100s, TP=1 PP=1 DP=8 (EP=8 for the MoE models), sequence 4096 (GPT-2's 1024 positions: 1024), global
+    batch 64."""
+    zero = 3 if framework == "fsdp" else 1
+    t = TrainingSpec(global_batch=64, seq_len=min(4096, m.positions), framework=framework, precision="bf16",
+                     flash_attention=framework != "megatron-deepspeed", zero_options=(zero,))
+    c = Candidate(tp=1, pp=1, dp=8, mbs=1, gas=8, zero=zero, recompute="full", ep=8 if m.num_experts else 1)
+    return RunSetup(model=m, cluster=make_cluster(gpu="H100", gpus=8), training=t, candidate=c)
+
+
+def _args(text: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split()[1:] for line in text.splitlines()}
+
+
+def _one(args: dict, flag: str) -> str:
+    return args[flag][0]
+
+
+GEMMA_FACTS = ("norms before and after attention and MLP", "a gated gelu_tanh MLP (GeGLU")
+"""what no emitter writes for Gemma 2 and 3 (Gemma 2 adds soft-capped logits)"""
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_megatron_lm_set_carries_the_files_facts(name):
+    d, m = _load(name)
+    e = _expected(d)
+    if d["model_type"].startswith("gemma"):
+        refusal = _refusal(m, "megatron-lm")
+        assert all(what in refusal for what in GEMMA_FACTS)
+        assert ("soft-capped logits" in refusal) == (d["model_type"] == "gemma2")
+        # no other emitter writes these either: the refusal says so instead of pointing at the BigScience fork
+        assert "plan without --emit" in refusal and "bigscience" not in refusal
+        return
+    a = _args(render(_setup(m, "megatron-lm"), "megatron-lm")["args.txt"])
+    assert [int(_one(a, f)) for f in ("--num-layers", "--hidden-size", "--num-attention-heads",
+                                      "--max-position-embeddings")] == [e["layers"], e["hidden"], e["heads"],
+                                                                        e["positions"]]
+    assert float(_one(a, "--norm-epsilon")) == e["eps"]
+    if d["model_type"] == "gpt2":   # learned positions, LayerNorm, biases, 4h GELU MLP
+        assert _one(a, "--position-embedding-type") == "learned_absolute" and "--rotary-base" not in a
+        assert _one(a, "--normalization") == "LayerNorm" and "--disable-bias-linear" not in a and "--swiglu" not in a
+        # gelu_new is the tanh GELU: Megatron-Core's MLP with biases runs bias_gelu_impl, the tanh form
+        # (megatron/core/transformer/mlp.py, fusions/fused_bias_gelu.py), unless --no-bias-gelu-fusion
+        assert "--no-bias-gelu-fusion" not in a
+    else:
+        assert int(_one(a, "--rotary-base")) == e["theta"]
+    assert float(_one(a, "--init-method-std")) == e["init"]
+    assert ("--untie-embeddings-and-output-weights" in a) == (not e["tied"])
+    assert ("--add-qkv-bias" in a) == e["qkv_bias"] and ("--qk-layernorm" in a) == e["qk_norm"]
+    assert int(a.get("--num-query-groups", [e["heads"]])[0]) == e["kv_heads"]
+    if e["scaling"] and e["scaling"][0] == "llama3":
+        assert "--use-rope-scaling" in a and float(_one(a, "--rope-scaling-factor")) == e["scaling"][1]
+    elif e["scaling"]:   # DeepSeek-V3's YaRN, as MLA takes it
+        assert float(_one(a, "--rotary-scaling-factor")) == e["scaling"][1]
+        assert float(_one(a, "--mscale")) == d["rope_scaling"]["mscale"]
+        assert float(_one(a, "--mscale-all-dim")) == d["rope_scaling"]["mscale_all_dim"]
+    else:
+        assert "--use-rope-scaling" not in a and "--rotary-scaling-factor" not in a
+    if "kv_lora_rank" in d:
+        assert [int(_one(a, f)) for f in ("--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim",
+                                          "--v-head-dim")] == [d["q_lora_rank"], d["kv_lora_rank"],
+                                                               d["qk_nope_head_dim"], d["qk_rope_head_dim"],
+                                                               d["v_head_dim"]]
+    elif e["head_dim"] * e["heads"] != e["hidden"]:
+        assert int(_one(a, "--kv-channels")) == e["head_dim"]
+    else:
+        assert int(_one(a, "--ffn-hidden-size")) == e["ffn"]
+    if e["experts"]:
+        assert (int(_one(a, "--num-experts")), int(_one(a, "--moe-router-topk"))) == (e["experts"], e["topk"])
+        assert int(_one(a, "--moe-ffn-hidden-size")) == d["moe_intermediate_size"]
+        assert float(_one(a, "--moe-aux-loss-coeff")) == e["aux"]
+
+
+def test_deepseek_v3_router_is_emitted_as_published():
+    """sigmoid scores, aux-loss-free expert bias (noaux_tc), routed scale 2.5, 8 groups top-4, sequence-wise balance
+    loss (seq_aux absent: false), first 3 layers dense, one shared expert."""
+    _, m = _load("DeepSeek-V3.json")
+    a = _args(render(_setup(m, "megatron-lm"), "megatron-lm")["args.txt"])
+    assert _one(a, "--moe-router-score-function") == "sigmoid" and "--moe-router-enable-expert-bias" in a
+    assert float(_one(a, "--moe-router-topk-scaling-factor")) == 2.5
+    assert (int(_one(a, "--moe-router-num-groups")), int(_one(a, "--moe-router-group-topk"))) == (8, 4)
+    assert _one(a, "--moe-layer-freq") == "[" + ",".join(["0"] * 3 + ["1"] * 58) + "]"
+    assert int(_one(a, "--moe-shared-expert-intermediate-size")) == 2048
+
+
+def _refusal(m: ModelSpec, kind: str, flavor: str = "bigscience") -> str:
+    framework = "fsdp" if kind == "fsdp" else kind
+    with pytest.raises(InputError) as err:
+        render(_setup(m, framework), kind, flavor=flavor)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
+    d, m = _load(name)
+    e = _expected(d)
+    cannot = {"qwen2": "q/k/v biases", "qwen3": "per-head q/k RMSNorm", "qwen3_moe": "mixture-of-experts",
+              "deepseek_v3": "mixture-of-experts", "gemma2": "soft-capped logits",
+              "gemma3_text": "norms before and after"}
+    cannot = cannot.get(d["model_type"]) or ("RoPE scaling" if e["scaling"] else None)
+    if cannot:
+        refusal = _refusal(m, "megatron-deepspeed", "microsoft")
+        assert cannot in refusal
+        if d["model_type"] == "qwen3":   # the fix names the emitter that writes per-head q/k norms
+            assert "use --framework megatron-lm" in refusal and "bigscience" not in refusal
+        return
+    a = _args(render(_setup(m, "megatron-deepspeed"), "megatron-deepspeed", flavor="microsoft")["args.txt"])
+    if d["model_type"] == "gpt2":
+        assert "--use-rotary-position-embeddings" not in a and "--normalization" not in a
+    else:
+        assert int(_one(a, "--rotary-position-embeddings-theta")) == e["theta"]
+    assert float(_one(a, "--layernorm-epsilon")) == e["eps"]
+    assert int(a.get("--num-key-value-heads", [e["heads"]])[0]) == e["kv_heads"]
+    assert int(_one(a, "--max-position-embeddings")) == e["positions"]
+    assert ("--untie-embeddings-and-output-weights" in a) == (not e["tied"])
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_bigscience_fork_refuses_what_it_cannot_express(name):
+    """The BigScience fork has LayerNorm, biases, tied embeddings and a RoPE base fixed at 10,000: of these files only
+    GPT-2 is a model it can train; each refusal says why."""
+    d, m = _load(name)
+    if d["model_type"] == "gpt2":
+        a = _args(render(_setup(m, "megatron-deepspeed"), "megatron-deepspeed", flavor="bigscience")["args.txt"])
+        assert [int(_one(a, f)) for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
+                                          "--max-position-embeddings")] == [36, 1280, 20, 5120, 1024]
+        assert float(_one(a, "--layernorm-epsilon")) == 1e-5 and "--glu-activation" not in a
+        assert "--position-embedding-type" not in a or _one(a, "--position-embedding-type") == "absolute"
+        return
+    assert "RMSNorm" in _refusal(m, "megatron-deepspeed", "bigscience")
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_torchtitan_model_args_or_refusal(name):
+    d, m = _load(name)
+    e = _expected(d)
+    expressible = d["model_type"] in ("llama", "phi3") and not e["tied"] and e["head_dim"] * e["heads"] == e["hidden"]
+    if not expressible:
+        assert "cannot express" in _refusal(m, "fsdp") or "kv_channels" in _refusal(m, "fsdp")
+        return
+    render(_setup(m, "fsdp"), "fsdp")
+    args = torchtitan_model_args(m)
+    assert (args["dim"], args["n_layers"], args["n_heads"], args["n_kv_heads"], args["vocab_size"]) == (
+        e["hidden"], e["layers"], e["heads"], e["kv_heads"], e["vocab"])
+    assert (args["rope_theta"], args["norm_eps"], args["max_seq_len"]) == (e["theta"], e["eps"], e["positions"])
+    # torchtitan/models/llama3/model/model.py FeedForward: int(2 * 4 * dim / 3), times ffn_dim_multiplier, rounded up
+    # to multiple_of
+    hidden = int((args["ffn_dim_multiplier"] or 1) * int(2 * 4 * args["dim"] / 3))
+    assert args["multiple_of"] * math.ceil(hidden / args["multiple_of"]) == e["ffn"]
+    scaling = args["rope_scaling_args"]["scaling_factor"]
+    assert scaling == (e["scaling"][1] if e["scaling"] else 1.0)
+
+
+def test_emit_takes_the_files_positions_not_a_4096_guess(tmp_path):
+    """Issue 21: a config.json with 131,072 positions emits at 8,192 tokens (it refused above 4,096)."""
+    _, m = _load("Llama-3.1-8B.json")
+    setup = _setup(m, "megatron-lm")
+    setup = RunSetup(model=m, cluster=setup.cluster, candidate=setup.candidate,
+                     training=TrainingSpec(global_batch=64, seq_len=8192, framework="megatron-lm", precision="bf16"))
+    a = _args(render(setup, "megatron-lm")["args.txt"])
+    assert (int(_one(a, "--seq-length")), int(_one(a, "--max-position-embeddings"))) == (8192, 131072)
+    too_long = RunSetup(model=m, cluster=setup.cluster, candidate=setup.candidate,
+                        training=TrainingSpec(global_batch=64, seq_len=262144, framework="megatron-lm"))
+    with pytest.raises(InputError, match="131072 positions"):
+        render(too_long, "megatron-lm")
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B.json", "DeepSeek-V3.json", "Qwen2.5-7B.json"])
+def test_plan_yaml_keeps_every_fact(tmp_path, name):
+    """plan.yaml carries the model's facts (plantune.model), so `plan --from plan.yaml --emit` writes the same set."""
+    from planner.emit import load_plan_yaml
+
+    _, m = _load(name)
+    files = render(_setup(m, "megatron-lm"), "megatron-lm")
+    (tmp_path / "plan.yaml").write_text(files["plan.yaml"])
+    back = load_plan_yaml(tmp_path / "plan.yaml")
+    assert back.model == m
+    assert render(back, "megatron-lm")["args.txt"] == files["args.txt"]
+
+
+def test_a_model_yaml_says_the_facts_too(tmp_path):
+    """A plantune model YAML can state what a config.json does: RoPE base, q/k/v biases, QK norm, norm epsilon,
+    tied embeddings, soft-capping; the emit carries them or refuses the one it cannot write."""
+    import yaml
+
+    doc = {"name": "qwenish", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 4, "ffn_hidden": 1024,
+           "vocab": 32000, "seq_len": 4096, "glu": True, "tied_embeddings": False, "position": "rope",
+           "norm": "rmsnorm", "bias": False, "rope_theta": 1000000.0, "qkv_bias": True, "qk_norm": "head",
+           "norm_eps": 1e-6, "max_positions": 32768}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(doc))
+    m = load_model(str(tmp_path / "m.yaml"))
+    a = _args(render(_setup(m, "megatron-lm"), "megatron-lm")["args.txt"])
+    assert (a["--rotary-base"], a["--norm-epsilon"], a["--max-position-embeddings"]) == (["1000000"], ["1e-06"],
+                                                                                         ["32768"])
+    assert "--add-qkv-bias" in a and "--qk-layernorm" in a and "--untie-embeddings-and-output-weights" in a
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({**doc, "attn_softcap": 50.0}))
+    assert "soft-capped" in _refusal(load_model(str(tmp_path / "m.yaml")), "megatron-lm")
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({**doc, "qk_norm": "yes"}))
+    with pytest.raises(InputError, match="qk_norm must be one of"):
+        load_model(str(tmp_path / "m.yaml"))
+
+
+@pytest.mark.parametrize("preset,theta,eps", [("llama2-7b", 10000, 1e-5), ("llama3-8b", 500000, 1e-5),
+                                              ("llama3.1-405b", 500000, 1e-5), ("mixtral-8x7b", 1000000, 1e-5),
+                                              ("qwen3-30b-a3b", 1000000, 1e-6), ("deepseek-v3", 10000, 1e-6)])
+def test_presets_emit_their_own_rope_base_and_epsilon(preset, theta, eps):
+    """The presets state their RoPE base and norm epsilon (each preset's source: the HF config.json of the model);
+    the emitter no longer guesses them from the name (Mixtral and Qwen3 went out with 10,000)."""
+    from planner.model import get_preset
+
+    a = _args(render(_setup(get_preset(preset), "megatron-lm"), "megatron-lm")["args.txt"])
+    assert (int(_one(a, "--rotary-base")), float(_one(a, "--norm-epsilon"))) == (theta, eps)
