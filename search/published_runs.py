@@ -369,10 +369,10 @@ def modern_run(r: dict, line: int = 0) -> PublishedRun | None:
     ASSUMED where the sources are silent (each the framework's default or the common practice of the time):
     MegaScale's and NeMo's recompute is selective (Megatron's --recompute-activations) with SP at TP > 1 and the
     distributed optimizer (ZeRO-1); MegaScale's micro-batch is 1; MT-NLG ran bf16, micro-batch 1, full recompute,
-    ZeRO-1 (Smith et al. 2022 Sec. 2); torchtitan's pipeline splits a rank's local batch into PP micro-batches and
-    its interleaved schedule runs 2 stages a rank (torchtitan defaults; `torchtitan_2412_run`); MegaScale's
-    baseline Megatron overlaps nothing and MegaScale's own runs overlap TP, PP and DP communication (its Table 3 ablation), NeMo overlaps as
-    Megatron-LM's default here. The H100s' 500 W cap (torchtitan) is not modelled."""
+    ZeRO-1 (Smith et al. 2022 Sec. 2); torchtitan's rows as `torchtitan_2412_run` reads them (its pipeline splits a
+    rank's local batch into PP micro-batches, its interleaved schedule runs 2 stages a rank); MegaScale's baseline
+    Megatron overlaps nothing and MegaScale's own runs overlap TP, PP and DP communication (its Table 3 ablation),
+    NeMo overlaps as Megatron-LM's default here. The H100s' 500 W cap (torchtitan) is not modelled."""
     g, md, p, hw, me = str(r.get("group", "")), r["model"], r["parallel"], r["hardware"], r["measured"]
     source = modern_source(g)
     if source is None or not all(k in md for k in ("layers", "hidden", "heads")):
