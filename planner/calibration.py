@@ -18,16 +18,17 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from planner.constants import MEGATRON_HOST_S
 from planner.cost import GemmContext, _gemm_s
 from planner.files import read_mapping
-from planner.framework import MEGATRON_HOST_S, get_framework
+from planner.framework import get_framework
 from planner.errors import InputError
 from planner.hardware import Accelerator, ClusterSpec, accelerator_from
 from planner.schema import CALIBRATION, check
 
 HOST_REFERENCE_S = MEGATRON_HOST_S
-"""the planner's host time per layer forward for a Megatron-style layer (planner.framework.MEGATRON_HOST_S, fitted on
-V100 hosts): the figure a measured probe layer's host time is compared with"""
+"""the planner's host time per layer forward for a Megatron-style layer (planner.constants.MEGATRON_HOST_S, fitted
+on V100 hosts): the figure a measured probe layer's host time is compared with"""
 DTYPE_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 """torch dtype name in the file -> the catalog peak the GEMM ran against"""
 

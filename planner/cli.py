@@ -29,13 +29,14 @@ from typing import Callable
 
 import yaml
 
-from planner import fp8, recompute as recompute_modes
+from planner import flops, fp8, recompute as recompute_modes
 from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
 from planner.calibration import apply_calibration, compute_line
 from planner.files import check_out
 from planner.hardware import ClusterSpec, load_cluster, make_cluster
 from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
+from planner.rampup_schedule import rampup_schedule
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
 from planner.schema import check_flags, check_training
@@ -113,6 +114,13 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--async-tp", action="store_true", help="--framework fsdp: torchtitan's async TP (needs --torch-compile)")
     add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
         help="Megatron-LM's main-grad buffer and its reduce: fp32 (default) or bf16 (--grad-reduce-in-bf16)")
+    add("--flops-attention", choices=flops.ATTENTION_COUNTS, default="full",
+        help="how TFLOPs and MFU count attention's s^2 work: full (default; Narayanan et al. 2021 Eq. 3) or causal "
+             "(half: Megatron-Bridge, recent NeMo); step times do not change")
+    add("--overlap", default=None, metavar="LIST",
+        help="Megatron-LM communication overlapped with compute: a comma list of grad-reduce, param-gather, tp-comm, "
+             "p2p, or none (default grad-reduce,param-gather,p2p: --overlap-grad-reduce --overlap-param-gather and "
+             "Megatron's overlapped p2p in interleaved 1F1B; tp-comm adds --tp-comm-overlap, with SP)")
     add("--rampup", nargs=3, type=_positive_int, metavar=("START", "INCREMENT", "SAMPLES"),
         help="batch-size rampup; every rampup batch size becomes a constraint (default: the model's own)")
     add("--no-rampup", action="store_true", help="ignore the model's default rampup")
@@ -244,9 +252,19 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         moe_capacity_factor=args.moe_capacity_factor,
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
                         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
+                        overlap=_overlap(getattr(args, "overlap", None)),
+                        flops_attention=getattr(args, "flops_attention", None) or "full",
                         pp_schedule=getattr(args, "pp_schedule", None) or "",
                         torch_compile=bool(getattr(args, "torch_compile", False)),
                         async_tp=bool(getattr(args, "async_tp", False)))
+
+
+def _overlap(text: str | None) -> tuple[str, ...] | None:
+    """--overlap LIST -> the names (TrainingSpec checks them); "none" -> ()."""
+    if text is None:
+        return None
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    return () if names == ("none",) else names
 
 
 def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:
@@ -327,7 +345,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
     headers = ["#", "TP", "PP", "DP", *(k.upper() for k in extra), "MBS", "GAS", "recompute",
                "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s", "note"]
-    lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it)")
+    lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it; "
+                 f"{flops.ATTENTION_COUNT_WORDS[t.flops_attention]})")
     lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * (10 + len(extra)) + (".1f", "", ".2f", ".1f",
                                                                                           ".1f", ".3f", ".0f", "")))
     if any(e.advice for e in p.candidates[:top]):
@@ -346,7 +365,7 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
     return "\n".join(lines)
 
 
-def render_explain(e: Estimate, cluster: ClusterSpec) -> str:
+def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | None = None) -> str:
     from tabulate import tabulate
 
     d = e.to_dict(detail=True)
@@ -365,8 +384,14 @@ def render_explain(e: Estimate, cluster: ClusterSpec) -> str:
         out.append("\nStep time (s):")
         out.append(tabulate([[k.removesuffix("_s"), v] for k, v in d["time_breakdown_s"].items()]
                             + [["step", d["step_time_s"]]], floatfmt=".3f"))
+        out.append("\nTerms (the lines above are their sums; per-micro-batch terms also fill the bubble):")
+        out.append(tabulate([[r["name"], r["kind"], r["exposed_s"], r["hidden_s"], r["flag"] if r["overlaps"] else "-"]
+                             for r in d["terms"]], headers=["term", "kind", "exposed s", "hidden s", "overlap flag"],
+                            floatfmt=".3f"))
         out.append(f"\nmodel TFLOPs/GPU {d['model_tflops_per_gpu']:.1f}, hardware TFLOPs/GPU "
                    f"{d['hardware_tflops_per_gpu']:.1f}, MFU {d['mfu']:.1%}, {d['tokens_per_s']:,.0f} tokens/s")
+        if training is not None:
+            out.append(flops.ATTENTION_COUNT_WORDS[training.flops_attention])
     return "\n".join(out)
 
 
@@ -450,7 +475,7 @@ def _from_yaml(args: argparse.Namespace) -> int:
         print(f"wrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}")
     if args.explain is not None or not args.emit:
         print(_dump(est.to_dict(detail=True), args.format) if args.format in ("json", "yaml")
-              else render_explain(est, setup.cluster))
+              else render_explain(est, setup.cluster, training))
     return 0
 
 
@@ -475,7 +500,7 @@ def run(args: argparse.Namespace) -> int:
         if args.format in ("json", "yaml"):
             print(_dump(est.to_dict(detail=True), args.format))
         else:
-            print(render_explain(est, cluster))
+            print(render_explain(est, cluster, training))
         sys.stderr.write(note)
         return 0
     if args.explain == "":
@@ -522,8 +547,6 @@ def run(args: argparse.Namespace) -> int:
 def _schedule(result: Plan, same_rules: bool) -> list:
     """Seed 003's NNODES / BS / MBS table, from the best layout of the training's target without the rampup
     constraint: `Plan.free_best`, found in the plan's own pass, when the plan had no other target."""
-    from planner.rampup import rampup_schedule
-
     training = result.training
     assert training.rampup is not None
     free_training = replace(training, rampup=None)

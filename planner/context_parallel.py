@@ -17,11 +17,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
+from planner.terms import COMMUNICATION, Term
+from planner.topology import collective_time_s
 from planner.recompute import recomputed_of
 
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
     from planner.model import ModelSpec
+    from planner.cost import StepContext
     from planner.space import Candidate, TrainingSpec
 
 # Smallest per-rank chunk the default search tries: Llama 3 ran CP=16 on 128K sequences, 8K tokens a
@@ -117,5 +120,23 @@ def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "Train
     return forward + backward + recompute
 
 
-__all__ = ["FRAMEWORKS_WITH_CP", "MIN_CHUNK_TOKENS", "cp_choices", "layer_forward_s", "ring_exchange_exposed_s",
+def ring_exchange_s(ctx: "StepContext") -> float:
+    """The term: the busiest stage's exposed K/V exchange for one micro-batch (the CP group strides by TP)."""
+    c = ctx.cand
+    if c.cp <= 1:
+        return 0.0
+    link = ctx.topology.dp_link(c.tp, c.cp)
+    return ctx.stage_layers * ring_exchange_exposed_s(ctx.model, c, ctx.training, link, collective_time_s,
+                                                      ctx.core_s, ctx.half)
+
+
+RING_EXCHANGE = Term(name="cp_ring_exchange", kind=COMMUNICATION, group="cp_comm_s", per_microbatch=True,
+                     seconds=ring_exchange_s, hides_under="the attention block already received (inside the term)",
+                     flag="TransformerEngine p2p context parallelism (--cp-comm-type p2p, default)",
+                     source="Megatron-Core context_parallel docs; TransformerEngine attention.py p2p ring",
+                     constants=("LINK_EFFICIENCY",))
+
+
+__all__ = ["FRAMEWORKS_WITH_CP", "RING_EXCHANGE", "MIN_CHUNK_TOKENS", "cp_choices", "layer_forward_s",
+           "ring_exchange_exposed_s",
            "split_activations", "violations"]

@@ -1,14 +1,20 @@
-"""Step time, throughput and TFLOPs for one candidate: small pure functions, one TimeBreakdown.
+"""Step time, throughput and TFLOPs for one candidate: a list of named terms (`TERMS`) over one `StepContext`.
 
-Model: every GEMM of a layer timed at peak x a GEMM efficiency that penalises tile and wave
-quantization and short inner dimensions; memory-bound element-wise work timed at HBM bandwidth;
-TP all-reduces on the TP group's link, not overlapped (Megatron); 1F1B pipeline with its bubble
-(m + p - 1 micro-batch slots, interleaving divides the bubble by v) and p2p sends; DP gradient
-all-reduce or ZeRO/FSDP gathers on the DP group's bottleneck link, overlapped only where the
-framework overlaps; optimizer step at HBM bandwidth. FLOPs come from `planner.flops` only; what
-each framework does differently (p2p splitting, per-micro-batch cost, stage balancing, ZeRO traffic,
-host launch time, vocabulary padding) from `planner.framework`. Validated on every published dev table
-by `python tests/bench/validate.py`.
+The step is the sum of `TERMS` (planner.terms: each a small pure function ``seconds(ctx)``, with its kind, the
+breakdown line it adds to, whether it fills a pipeline slot, what it can hide under and the flag that turns that on,
+its source and the fitted constants it reads from planner.constants). `estimate_time` builds the context once
+(`step_context`: the layer's compute, the busiest stage, its parameters, the DP traffic), evaluates every term,
+and sums them (`planner.terms.StepTime`); `TimeBreakdown`'s lines, `--explain`'s term table, the JSON and `tune`'s
+refit (search.calibration) all read that one list. A new term: a function here or in its feature's module
+(context_parallel.RING_EXCHANGE, moe.ALL_TO_ALL, moe.EXPERT_GRAD_REDUCE), a `Term` declaration, one entry in TERMS.
+
+Physics: every GEMM of a layer timed at peak x a GEMM efficiency that penalises tile and wave quantization and short
+inner dimensions; memory-bound element-wise work at HBM bandwidth; TP all-reduces on the TP group's link; 1F1B with
+its bubble (m + (p - 1) / v slots) and p2p sends; DP gradient reduction or ZeRO/FSDP gathers on the DP group's
+bottleneck link; overlaps where the framework makes them (FSDP prefetch; Megatron-LM's --overlap-grad-reduce,
+--overlap-param-gather, --tp-comm-overlap, interleaved p2p: `TrainingSpec.overlap`); the optimizer step at HBM
+bandwidth. FLOPs come from `planner.flops` only; what each framework does differently from `planner.framework`.
+Validated on every published dev table by `python tests/bench/validate.py`.
 """
 
 from __future__ import annotations
@@ -18,21 +24,21 @@ import math
 from dataclasses import dataclass
 
 from planner import context_parallel, flops, fp8, fsdp_parallel, moe, pipeline_engine, recompute
-from planner.framework import Framework, get_framework, padded_vocab
+from planner.constants import (DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFICIENCY, GEMM_K_HALF, RANKING_ERROR,
+                               SHARDED_OVERLAP)
+from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params, training_param_bytes
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
+from planner.terms import COMMUNICATION, COMPUTE, FIXED, MEMORY, Overlap, StepTime, Term, evaluate, scale_of
 from planner.topology import Topology, collective_time_s
 
 # Tile of the GEMM kernels cuBLAS picks for large shapes (128x128 thread-block tiles; NVIDIA "Matrix
 # Multiplication Background" user guide, "Tile Quantization").
 GEMM_TILE = 128
-# Inner size at which a GEMM is half as efficient as a long one (k / (k + GEMM_K_HALF)): short inner
-# dimensions cannot hide load latency. FITTED by hand on Megatron-LM 2021 Table 1 and Korthikanti 2022
-# Table 5 (small-hidden rows), checked on seed 003 (hidden 2048).
-GEMM_K_HALF = 64
+# Inner size at which a GEMM is half as efficient as a long one (k / (k + GEMM_K_HALF)): planner.constants.
 # 16-bit tensor-core GEMMs want every dimension a multiple of 8 elements (NVIDIA "Matrix Multiplication
 # Background" user guide, "Tensor Core Requirements"). The attention's batched GEMMs (QK^T, AV) over a
 # head_dim that is not are modelled at the CUDA-core FP32 rate (datasheet `peak_fp32_flops`): checked on
@@ -41,27 +47,18 @@ GEMM_K_HALF = 64
 # noise of aligned ones; dense GEMMs with an odd-sized dimension (a vocabulary of 50257 unpadded) run at
 # about half speed: nanoGPT (karpathy/nanoGPT model.py, "vocab_size ... padded up to nearest multiple of
 # 64 for efficiency") measured ~25% faster GPT-2 training from 50257 -> 50304, the LM head being ~30% of
-# the FLOPs; also the DeepSpeed autotuning HF GPT-2 dev tables.
+# the FLOPs (DENSE_MISALIGNED_EFFICIENCY, planner.constants); also the DeepSpeed autotuning HF GPT-2 dev tables.
 TENSOR_CORE_MULTIPLE = 8
-DENSE_ALIGNMENT, DENSE_MISALIGNED_EFFICIENCY = 4, 0.5
-# Fraction of HBM bandwidth element-wise kernels (norms, dropout, softmax, optimizer) sustain: copy
-# kernels reach 80-90% of HBM peak (BabelStream results on V100/A100), fused PyTorch kernels less.
-# FITTED by hand on seed 003's V100 tables (no-recompute vs recompute rows) and Korthikanti 2022 Table 5.
-ELEMENTWISE_BW_EFFICIENCY = 0.7
-# Share of the ZeRO-3/FSDP gathers hidden under compute by prefetching (Zhao et al. 2023, PyTorch FSDP,
-# arXiv 2304.11277 Sec. 3.3: forward/backward prefetch overlaps the next all-gather with this layer's
-# compute). FITTED by hand on the torchtitan and fms-fsdp dev tables and Narayanan 2021 Table 2 ZeRO-3
-# rows (where communication dominates and the compute hides under it).
-SHARDED_OVERLAP = 0.8
+DENSE_ALIGNMENT = 4
+# Fraction of HBM bandwidth element-wise kernels sustain (ELEMENTWISE_BW_EFFICIENCY) and share of the ZeRO-3/FSDP
+# gathers prefetching hides (SHARDED_OVERLAP): fitted, planner.constants.
 # Bytes per logit the cross-entropy reads and writes, forward and backward: 16-bit logits read, fp32
 # softmax written and read back, 16-bit gradient written (Megatron's vocab-parallel cross-entropy).
 LOSS_BYTES_PER_LOGIT = 6
 
 
-# How far apart two candidates' predictions must be before the ranking between them means something:
-# the spread of predicted/measured throughput inside one table of published runs (sd of the log ratio,
-# 0.096 over the 30 dev tables: `python tests/bench/validate.py`). Closer candidates are tied.
-RANKING_ERROR = 0.10
+# How far apart two candidates' predictions must be before the ranking between them means something: RANKING_ERROR
+# (planner.constants). Closer candidates are tied.
 
 
 def tied(best_step_s: float, step_s: float) -> bool:
@@ -114,6 +111,10 @@ class TimeBreakdown:
     """exposed ring-attention K/V exchange (context parallel)"""
     ep_comm_s: float = 0.0
     """MoE all-to-all dispatch and combine (expert parallel)"""
+    terms: StepTime | None = None
+    """the terms every line above is the sum of (`TERMS`): what `tune` caches and refits"""
+    params: CostParams = CostParams()
+    """the CostParams the lines are under"""
 
 
 def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
@@ -219,38 +220,61 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     return core, layer_s
 
 
-def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
-                  topology: Topology, params: CostParams = CostParams(),
-                  layer_memo: dict | None = None) -> TimeBreakdown:
-    """One candidate's step time, by term. ``layer_memo``: a dict plan() keeps for one plan, `layer_compute_s` by
-    `layer_key` (the same floats, computed once)."""
+@dataclass(slots=True, kw_only=True)   # not frozen: plan() builds one per candidate, and frozen init is slower
+class StepContext:
+    """What the terms of one candidate's step share, computed once (`step_context`); every term reads it (and none
+    writes it)."""
+
+    model: ModelSpec
+    cand: Candidate
+    cluster: ClusterSpec
+    training: TrainingSpec
+    topology: Topology
+    fw: Framework
+    tokens: int
+    """tokens of one micro-batch on one CP rank"""
+    half: int
+    """bytes of a 16-bit (or fp32) activation / gradient value"""
+    core_s: float
+    """one layer's attention-core forward (one micro-batch, one CP rank)"""
+    layer_s: float
+    """one layer's forward + backward (+ recompute), with its host time"""
+    rc: recompute.Recomputed
+    """what the backward re-runs on the busiest rank (planner.recompute.recomputed_of)"""
+    stage_layers: int
+    """layers on the busiest stage"""
+    stage_compute_s: float
+    """one micro-batch's compute on the busiest stage (its layers, and the LM head on the last)"""
+    params_gpu: int
+    """parameters on the GPU of the stage with the most"""
+    shard: int
+    """ZeRO-3/FSDP shard group"""
+    overlaps: tuple[str, ...]
+    """the communication the run overlaps (planner.framework.overlaps)"""
+    dp_traffic_s: float
+    """`dp_comm_s`: the step's data-parallel traffic, shared by the DP terms"""
+
+
+def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                layer_memo: dict | None) -> tuple[float, float]:
+    """`layer_compute_s`, from ``layer_memo`` (plan()'s dict by `layer_key`) when given."""
+    if layer_memo is None:
+        return layer_compute_s(model, cand, cluster, training)
+    key = layer_key(cand)
+    parts = layer_memo.get(key)
+    if parts is None:
+        parts = layer_memo[key] = layer_compute_s(model, cand, cluster, training)
+    return parts
+
+
+def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                 topology: Topology, layer_memo: dict | None = None) -> StepContext:
     acc = cluster.gpu
     fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
     g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
     half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
-    if layer_memo is None:
-        core, layer_s = layer_compute_s(model, cand, cluster, training)
-    else:
-        key = layer_key(cand)
-        parts = layer_memo.get(key)
-        if parts is None:
-            parts = layer_memo[key] = layer_compute_s(model, cand, cluster, training)
-        core, layer_s = parts
-
-    # TP: 2 all-reduces forward, 2 backward, 2 more when the forward is recomputed (Megatron Sec. 3.1)
-    rc = recompute.recomputed_of(model, cand, training.framework)
-    tp_msgs = 4 + 2 * rc.layers
-    tp_link = topology.tp_link(cand.tp)
-    tp_layer_s = tp_msgs * collective_time_s(tp_link, kind="all_reduce", message_bytes=tokens * model.hidden * half,
-                                             group=cand.tp) * params.comm_scale
-    tp_layer_s *= fsdp_parallel.tp_exposed_fraction(training)   # torchtitan async TP
-    # CP: ring attention's exposed K/V exchange (CP group strides by TP); EP: MoE all-to-all (EP group strides by ETP)
-    cp_layer_s = context_parallel.ring_exchange_exposed_s(model, cand, training, cand.cp > 1 and topology.dp_link(
-        cand.tp, cand.cp), collective_time_s, core, half) * params.comm_scale
-    ep_layer_s = moe.all_to_all_layer_s(model, cand, training, tokens, topology, collective_time_s,
-                                        half) * params.comm_scale
-
+    core, layer_s = layer_times(model, cand, cluster, training, layer_memo)
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
     vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
@@ -270,105 +294,302 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
     params_gpu = max(stage_params(model, cand, s, training.framework)
                      for s in (("only",) if cand.pp == 1 else ("first", "last")))
-    if fw.deepspeed_engine and cand.zero <= 1:   # DeepSpeed adds each micro-batch's gradients (planner.pipeline_engine)
-        stage_compute += pipeline_engine.grad_accumulation_s(
-            params_gpu, training.precision, acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
-    stage_compute *= params.compute_scale
-    stage_tp = lps * tp_layer_s
-    stage_cp, stage_ep = lps * cp_layer_s, lps * ep_layer_s
-
-    # p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t,
-    # DeepSpeed's pipeline engine the activation as 1/t and the gradient whole (planner.framework)
-    p2p = overhead = 0.0
-    if cand.pp > 1:
-        pp_link = topology.pp_link(cand.tp, cand.dp * cand.cp, cand.pp)
-        act = tokens * model.hidden * half
-        sends = (act / cand.tp if fw.p2p_activation_split else act) + (act / cand.tp if fw.p2p_grad_split else act)
-        p2p = cand.vpp * collective_time_s(pp_link, kind="send", message_bytes=sends, group=2) * params.comm_scale
-        if fw.deepspeed_engine:   # blocking send and receive, one after the other (planner.pipeline_engine)
-            p2p *= pipeline_engine.p2p_serialization(cand.pp)
-        # the framework's cost per micro-batch and stage (DeepSpeed's partitioned-activation pipeline, TP > 1)
-        if cand.tp > 1:
-            overhead = fw.microbatch_overhead_s
-            p2p += overhead
-
-    slot = stage_compute + stage_tp + stage_cp + stage_ep + p2p
-    # (PP-1)/VPP slots (1F1B, interleaved); torchtitan's zero-bubble schedules fewer
-    bubble_slots = fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp, cand.recompute)
-    compute_s = cand.gas * stage_compute
-    tp_s = cand.gas * stage_tp
-    cp_s, ep_s = cand.gas * stage_cp, cand.gas * stage_ep
-    pp_p2p_s = cand.gas * p2p
-    bubble_s = bubble_slots * slot
-
-    # DP / ZeRO / FSDP
     shard = shard_group_size(cand, cluster.gpus_per_node)
+    rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
+    return StepContext(model=model, cand=cand, cluster=cluster, training=training, topology=topology, fw=fw,
+                       tokens=tokens, half=half, core_s=core, layer_s=layer_s, rc=rc, stage_layers=lps,
+                       stage_compute_s=stage_compute, params_gpu=params_gpu, shard=shard, overlaps=overlaps(training),
+                       dp_traffic_s=dp_comm_s(cand, training, topology, fw, params_gpu * half, shard, half, rc.layers))
+
+
+# -- the terms (planner.terms explains the declaration; TERMS below lists them) ------------------------------------
+def compute_s(ctx: StepContext) -> float:
+    """One micro-batch's GEMMs, attention, element-wise work and host time on the busiest stage."""
+    return ctx.stage_compute_s
+
+
+def tp_comm_s(ctx: StepContext) -> float:
+    """TP: 2 all-reduces forward, 2 backward, 2 more for each recomputed forward (Megatron Sec. 3.1; block-N: its
+    share of the layers)."""
+    cand = ctx.cand
+    msgs = 4 + 2 * ctx.rc.layers
+    return ctx.stage_layers * (msgs * collective_time_s(
+        ctx.topology.tp_link(cand.tp), kind="all_reduce", message_bytes=ctx.tokens * ctx.model.hidden * ctx.half,
+        group=cand.tp))
+
+
+def pp_p2p_s(ctx: StepContext) -> float:
+    """p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t,
+    DeepSpeed's pipeline engine the activation as 1/t and the gradient whole (planner.framework); vpp chunks."""
+    cand, fw = ctx.cand, ctx.fw
+    if cand.pp <= 1:
+        return 0.0
+    act = ctx.tokens * ctx.model.hidden * ctx.half
+    sends = (act / cand.tp if fw.p2p_activation_split else act) + (act / cand.tp if fw.p2p_grad_split else act)
+    p2p = cand.vpp * collective_time_s(ctx.topology.pp_link(cand.tp, cand.dp * cand.cp, cand.pp), kind="send",
+                                       message_bytes=sends, group=2)
+    if fw.deepspeed_engine:   # blocking send and receive, one after the other (planner.pipeline_engine)
+        p2p *= pipeline_engine.p2p_serialization(cand.pp)
+    return p2p
+
+
+def grad_accumulation_s(ctx: StepContext) -> float:
+    """DeepSpeed's engine (ZeRO 0-1) adds each micro-batch's gradients into the stage's gradient buffer: one
+    memory-bound pass over the stage's parameters per micro-batch (planner.pipeline_engine)."""
+    if not (ctx.fw.deepspeed_engine and ctx.cand.zero <= 1):
+        return 0.0
+    return pipeline_engine.grad_accumulation_s(ctx.params_gpu, ctx.training.precision,
+                                               ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+
+
+def pp_microbatch_overhead_s(ctx: StepContext) -> float:
+    """The framework's fixed cost per micro-batch and stage (DeepSpeed's partitioned-activation pipeline, TP > 1)."""
+    return ctx.fw.microbatch_overhead_s if ctx.cand.pp > 1 and ctx.cand.tp > 1 else 0.0
+
+
+def dp_comm_s(cand: Candidate, training: TrainingSpec, topology: Topology, fw: Framework, grad_bytes: float,
+              shard: int, half: int, recomputed_layers: float) -> float:
+    """Data-parallel gradient traffic of a step: all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2)
+    after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP); under ZeRO-3/FSDP the
+    parameters all-gathered for the forward and again for the backward and the gradients reduce-scattered
+    (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch, once more for a
+    recomputed forward (``recomputed_layers``: its share of the layers); torchtitan under PP once per step
+    (planner.fsdp_parallel.sharded_collectives)."""
+    if cand.dp * cand.cp <= 1:
+        return 0.0
+    if cand.zero >= 3:
+        shard_link = topology.dp_link(cand.tp, shard)   # HYBRID_SHARD: the shard group stays inside a node
+        if fw.sharded_gather_per_rail and shard_link.kind == "inter":
+            shard_link = topology.rail_link(shard_link)
+        gather = collective_time_s(shard_link, kind="all_gather", message_bytes=grad_bytes, group=shard)
+        scatter = collective_time_s(shard_link, kind="reduce_scatter", message_bytes=grad_bytes, group=shard)
+        gathers, scatters = fsdp_parallel.sharded_collectives(cand, training, recomputed_layers)
+        comm = gathers * gather + scatters * scatter
+        if cand.hybrid and cand.dp > shard:
+            inter = topology.dp_link(cand.tp * shard, cand.dp // shard)
+            comm += collective_time_s(inter, kind="all_reduce", message_bytes=grad_bytes / shard,
+                                      group=cand.dp // shard)
+        return comm
     dp_link = topology.dp_link(cand.tp, cand.dp * cand.cp)   # gradients reduce over DP x CP (tp-cp-dp rank order)
-    grad_bytes = params_gpu * half
-    dp_s = 0.0
-    if cand.dp * cand.cp > 1:
-        if cand.zero >= 3:
-            shard_link = topology.dp_link(cand.tp, shard)   # HYBRID_SHARD: the shard group stays inside a node
-            if fw.sharded_gather_per_rail and shard_link.kind == "inter":
-                shard_link = topology.rail_link(shard_link)
-            gather = collective_time_s(shard_link, kind="all_gather", message_bytes=grad_bytes, group=shard)
-            scatter = collective_time_s(shard_link, kind="reduce_scatter", message_bytes=grad_bytes, group=shard)
-            # parameters all-gathered for the forward and again for the backward, gradients reduce-scattered
-            # (Rajbhandari et al. 2020, ZeRO, Sec. 7.2.2: 3x the parameters per step), per micro-batch; a
-            # recomputed forward gathers them once more (checkpointed layers re-run their forward; torchtitan
-            # under PP: once per step)
-            gathers, scatters = fsdp_parallel.sharded_collectives(cand, training, rc.layers)
-            comm = gathers * gather + scatters * scatter
-            if cand.hybrid and cand.dp > shard:
-                inter = topology.dp_link(cand.tp * shard, cand.dp // shard)
-                comm += collective_time_s(inter, kind="all_reduce", message_bytes=grad_bytes / shard,
-                                          group=cand.dp // shard)
-            comm *= params.comm_scale
-            dp_s = max(comm * (1 - SHARDED_OVERLAP), comm - compute_s)
-        else:
-            # all-reduce (ZeRO-0) or reduce-scatter + all-gather (ZeRO-1/2): the same bus traffic,
-            # after the last micro-batch's backward (DeepSpeed's pipeline engine and Megatron's DDP)
-            dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes,
-                                     group=cand.dp * cand.cp) * params.comm_scale
-            bf16_optimizer = pipeline_engine.bf16_optimizer_dp_traffic(training)   # the bigscience fork under bf16
-            if bf16_optimizer is not None:
-                dp_s *= bf16_optimizer
-            else:
-                dp_s *= (fw.zero12_traffic if cand.zero >= 1 else 1.0) * dp_traffic_factor(cand, training, half)
-            if dp_link.kind == "inter":
-                dp_s /= fw.dp_inter_node_efficiency
-            if training.framework == "fsdp":
-                dp_s = max(dp_s * (1 - SHARDED_OVERLAP), dp_s - compute_s)
+    dp_s = collective_time_s(dp_link, kind="all_reduce", message_bytes=grad_bytes, group=cand.dp * cand.cp)
+    bf16_optimizer = pipeline_engine.bf16_optimizer_dp_traffic(training)   # the bigscience fork under bf16
+    if bf16_optimizer is not None:
+        dp_s *= bf16_optimizer
+    else:
+        dp_s *= (fw.zero12_traffic if cand.zero >= 1 else 1.0) * dp_traffic_factor(cand, training, half)
+    if dp_link.kind == "inter":
+        dp_s /= fw.dp_inter_node_efficiency
+    return dp_s
 
-    # tied input/output embeddings under PP: the first and last stages all-reduce the word embedding's gradient
-    # every step, after the backward, not overlapped (Megatron-LM _allreduce_embedding_grads; DeepSpeed
-    # PipelineModule.allreduce_tied_weight_gradients); the two stages are (PP-1)·TP·DP ranks apart
-    tied_s = 0.0
-    if model.tied_embeddings and cand.pp > 1:
-        emb_bytes = padded_vocab(model.vocab, cand.tp, fw) // cand.tp * model.hidden * pipeline_engine.reduce_bytes(
-            training, half)   # BF16_Optimizer all-reduces the fp32 gradient
-        tied_link = topology.strided_link((cand.pp - 1) * cand.tp * cand.cp * cand.dp, 2)
-        tied_s = collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2) * params.comm_scale
-        dp_s += tied_s
 
-    edp = moe.expert_data_parallel(cand)   # routed-expert gradients: their own reduce over the expert-DP group
-    dp_s += moe.expert_grad_reduce_s(model, cand, lps, moe.is_moe(model) and edp > 1 and topology.dp_link(
-        cand.etp * cand.ep, edp), collective_time_s, half) * params.comm_scale
+def param_gather_share(ctx: StepContext) -> float:
+    """Share of `dp_comm_s` that is Megatron-LM's distributed-optimizer parameter all-gather (the rest is the
+    gradient reduce-scatter): `dp_traffic_factor`'s two parts; 0 elsewhere (DeepSpeed and FSDP are one term)."""
+    cand, training = ctx.cand, ctx.training
+    if training.framework != "megatron-lm" or cand.zero == 0 or cand.zero >= 3:
+        return 0.0
+    gather = fp8.param_gather_bytes(cand, training, ctx.half)
+    return gather / (training_param_bytes(training).grads + gather)
+
+
+def dp_grads_s(ctx: StepContext) -> float:
+    """The gradient reduction (all of `dp_comm_s` but Megatron-LM's parameter all-gather)."""
+    share = param_gather_share(ctx)
+    return ctx.dp_traffic_s * (1 - share) if share else ctx.dp_traffic_s
+
+
+def dp_param_gather_s(ctx: StepContext) -> float:
+    """Megatron-LM's distributed optimizer all-gathers the updated 16-bit (or FP8) parameters after the step."""
+    share = param_gather_share(ctx)
+    return ctx.dp_traffic_s * share if share else 0.0
+
+
+def ddp_bucket_share(ctx: StepContext) -> float:
+    """One Megatron DDP bucket's share of the stage's parameters: buckets of max(40M, 1M x DP) parameters
+    (megatron/core/distributed/distributed_data_parallel.py, bucket_size default), DP the gradient group (DP x CP)."""
+    bucket = max(40_000_000, 1_000_000 * ctx.cand.dp * ctx.cand.cp)
+    return min(1.0, bucket / max(1, ctx.params_gpu))
+
+
+def backward_share(ctx: StepContext) -> float:
+    """Backward (with its recomputed forward: the share of the layers re-run) share of a micro-batch's compute:
+    backward = 2x forward (seed 001)."""
+    r = ctx.rc.layers
+    return (2 + r) / (3 + r)
+
+
+def dp_grads_overlap(ctx: StepContext) -> Overlap | None:
+    """ZeRO-3 / FSDP prefetch hides the gathers under the step's compute, up to SHARDED_OVERLAP of them. Megatron-LM
+    with --overlap-grad-reduce reduces each bucket as its gradients are ready, under the last micro-batch's backward;
+    the last bucket's reduce starts when the backward ends (megatron/core/distributed/param_and_grad_buffer.py)."""
+    cand, training = ctx.cand, ctx.training
+    if cand.zero >= 3 or training.framework == "fsdp":
+        return Overlap(under="compute", window=cand.gas, exposed_min=1 - SHARDED_OVERLAP)
+    if training.framework == "megatron-lm" and "grad-reduce" in ctx.overlaps:
+        return Overlap(under="compute", window=backward_share(ctx), exposed_min=ddp_bucket_share(ctx))
+    return None
+
+
+def dp_param_gather_overlap(ctx: StepContext) -> Overlap | None:
+    """--overlap-param-gather: each bucket's all-gather is waited for when the next step's forward reaches it, so it
+    hides under the first micro-batch's forward but for the first bucket (distributed_data_parallel.py forward
+    pre-hooks)."""
+    if "param-gather" in ctx.overlaps:
+        return Overlap(under="compute", window=1 - backward_share(ctx), exposed_min=ddp_bucket_share(ctx))
+    return None
+
+
+def tp_comm_overlap(ctx: StepContext) -> Overlap | None:
+    """--tp-comm-overlap (Transformer Engine userbuffers, with SP): each all-gather / reduce-scatter is split into TP
+    chunks pipelined with the GEMM's chunks, so all but one chunk's transfer hides under the layer's GEMMs
+    (TransformerEngine comm_gemm_overlap, ring-exchange / pipelined split); the GEMMs taken as the stage's compute.
+    torchtitan's async TP hides ASYNC_TP_HIDDEN of them (planner.fsdp_parallel.tp_exposed_fraction)."""
+    cand = ctx.cand
+    if cand.tp > 1 and cand.sp and "tp-comm" in ctx.overlaps:
+        return Overlap(under="compute", window=1.0, exposed_min=1 / cand.tp)
+    exposed = fsdp_parallel.tp_exposed_fraction(ctx.training)
+    if exposed < 1.0:
+        return Overlap(under="compute", window=1.0, exposed_min=exposed)
+    return None
+
+
+def pp_p2p_overlap(ctx: StepContext) -> Overlap | None:
+    """Megatron's interleaved 1F1B with overlap_p2p_comm posts each chunk's sends and receives asynchronously and
+    waits for them only before the chunk that needs them: they run beside the other chunks' compute
+    (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving). Not overlapped in
+    plain 1F1B (Megatron turns the option off without VPP)."""
+    cand = ctx.cand
+    if cand.vpp > 1 and ctx.training.framework == "megatron-lm" and "p2p" in ctx.overlaps:
+        return Overlap(under="compute", window=1.0, exposed_min=0.0)
+    return None
+
+
+def tied_embedding_s(ctx: StepContext) -> float:
+    """Tied input/output embeddings under PP: the first and last stages all-reduce the word embedding's gradient
+    every step, after the backward, not overlapped (Megatron-LM _allreduce_embedding_grads; DeepSpeed
+    PipelineModule.allreduce_tied_weight_gradients); the two stages are (PP-1)·TP·CP·DP ranks apart."""
+    cand, model = ctx.cand, ctx.model
+    if not (model.tied_embeddings and cand.pp > 1):
+        return 0.0
+    emb_bytes = padded_vocab(model.vocab, cand.tp, ctx.fw) // cand.tp * model.hidden * pipeline_engine.reduce_bytes(
+        ctx.training, ctx.half)   # BF16_Optimizer all-reduces the fp32 gradient
+    tied_link = ctx.topology.strided_link((cand.pp - 1) * cand.tp * cand.cp * cand.dp, 2)
+    return collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2)
+
+
+def optimizer_s(ctx: StepContext) -> float:
+    """The optimizer step at HBM bandwidth: master weights and states read and written, gradients read, weights
+    written (sharded by ZeRO-1+; the routed experts' over the expert-DP group)."""
+    cand, training, model = ctx.cand, ctx.training, ctx.model
     pb = param_bytes(training.precision, training.optimizer)
-    shard_opt = shard if cand.zero >= 1 else 1
-    opt_bytes = params_gpu / shard_opt * (2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
-    opt_bytes += moe.expert_params_on_gpu(model, cand, lps) / (edp if cand.zero >= 1 else 1) * (
-        2 * (pb.master + pb.optimizer) + pb.grads + pb.weights)
-    optimizer_s = opt_bytes / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    per_param = 2 * (pb.master + pb.optimizer) + pb.grads + pb.weights
+    shard_opt = ctx.shard if cand.zero >= 1 else 1
+    opt_bytes = ctx.params_gpu / shard_opt * per_param
+    edp = moe.expert_data_parallel(cand)
+    opt_bytes += moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
+    return opt_bytes / (ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
-    step = compute_s + tp_s + cp_s + ep_s + pp_p2p_s + bubble_s + dp_s + optimizer_s
+
+TERMS: tuple[Term, ...] = (
+    Term(name="compute", kind=COMPUTE, group="compute_s", per_microbatch=True, seconds=compute_s,
+         source="GEMMs at peak x tile/wave/inner-dimension efficiency (NVIDIA 'Matrix Multiplication Background'), "
+                "element-wise at HBM bandwidth, backward = 2x forward (seed 001), host-bound passes (framework)",
+         constants=("GEMM_K_HALF", "DENSE_MISALIGNED_EFFICIENCY", "ELEMENTWISE_BW_EFFICIENCY", "EAGER_HOST_S",
+                    "MEGATRON_HOST_S", "EAGER_ELEMENTWISE_TRAFFIC", "KERNEL_LAUNCH_S", "ROWWISE_GEMM_EFFICIENCY")),
+    Term(name="grad_accumulation", kind=MEMORY, group="compute_s", per_microbatch=True, seconds=grad_accumulation_s,
+         source="DeepSpeed engine (ZeRO 0-1): autograd adds each micro-batch's gradients into param.grad, at HBM "
+                "bandwidth (planner.pipeline_engine)",
+         constants=("ELEMENTWISE_BW_EFFICIENCY",)),
+    Term(name="tp_comm", kind=COMMUNICATION, group="tp_comm_s", per_microbatch=True, seconds=tp_comm_s,
+         overlap=tp_comm_overlap, hides_under="the layer's GEMMs, all but one of TP chunks (torchtitan async TP: "
+                                              "ASYNC_TP_HIDDEN of them)",
+         flag="--tp-comm-overlap (--overlap tp-comm; needs --sequence-parallel); torchtitan "
+              "parallelism.enable_async_tensor_parallel (--async-tp)",
+         source="Narayanan et al. 2021 Sec. 3.1 / Shoeybi et al. 2019: 2 all-reduces forward, 2 backward a layer",
+         constants=("LINK_EFFICIENCY", "HALF_BANDWIDTH_BYTES_INTRA", "HALF_BANDWIDTH_BYTES_INTER",
+                    "COLLECTIVE_LATENCY_S_INTRA", "COLLECTIVE_LATENCY_S_INTER", "ASYNC_TP_HIDDEN")),
+    context_parallel.RING_EXCHANGE,
+    moe.ALL_TO_ALL,
+    Term(name="pp_p2p", kind=COMMUNICATION, group="pp_p2p_s", per_microbatch=True, seconds=pp_p2p_s,
+         overlap=pp_p2p_overlap, hides_under="the other model chunks' compute (interleaved 1F1B)",
+         flag="Megatron overlap_p2p_comm (default with VPP; --overlap p2p)",
+         source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p); DeepSpeed runtime/pipe/engine.py",
+         constants=("LINK_EFFICIENCY",)),
+    Term(name="pp_microbatch_overhead", kind=FIXED, group="pp_p2p_s", per_microbatch=True,
+         seconds=pp_microbatch_overhead_s, source="DeepSpeed runtime/pipe/engine.py (partitioned activations)",
+         constants=("DS_MICROBATCH_OVERHEAD_S",)),
+    Term(name="dp_grads", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False, seconds=dp_grads_s,
+         overlap=dp_grads_overlap,
+         hides_under="the step's compute (ZeRO-3/FSDP prefetch); the last micro-batch's backward but the last "
+                     "bucket (Megatron)",
+         flag="FSDP forward/backward prefetch (default on); Megatron --overlap-grad-reduce (--overlap grad-reduce)",
+         source="ring all-reduce / reduce-scatter + all-gather bus bytes (nccl-tests PERFORMANCE.md); ZeRO Sec. 7.2.2",
+         constants=("LINK_EFFICIENCY", "SHARDED_OVERLAP", "DS_DP_INTER_NODE_EFFICIENCY")),
+    Term(name="dp_param_gather", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
+         seconds=dp_param_gather_s, overlap=dp_param_gather_overlap,
+         hides_under="the next step's first forward but the first bucket",
+         flag="Megatron --overlap-param-gather (--overlap param-gather)",
+         source="Megatron distributed optimizer: reduce-scatter grads, all-gather params (distrib_optimizer.py)",
+         constants=("LINK_EFFICIENCY",)),
+    Term(name="tied_embedding", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
+         seconds=tied_embedding_s, source="Megatron-LM _allreduce_embedding_grads; DeepSpeed allreduce_tied_weight_"
+                                          "gradients", constants=("LINK_EFFICIENCY",)),
+    moe.EXPERT_GRAD_REDUCE,
+    Term(name="optimizer", kind=MEMORY, group="optimizer_s", per_microbatch=False, seconds=optimizer_s,
+         source="seed 001 bytes per parameter, read and written at HBM bandwidth",
+         constants=("ELEMENTWISE_BW_EFFICIENCY",)),
+)
+
+
+def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                  topology: Topology, params: CostParams = CostParams(),
+                  layer_memo: dict | None = None) -> TimeBreakdown:
+    """One candidate's step time, by term (`TERMS`). ``layer_memo``: a dict plan() keeps for one plan,
+    `layer_compute_s` by `layer_key` (the same floats, computed once)."""
+    ctx = step_context(model, cand, cluster, training, topology, layer_memo)
+    # (PP-1)/VPP slots (1F1B, interleaved); torchtitan's zero-bubble schedules fewer
+    bubble = fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp, cand.recompute)
+    step = evaluate(TERMS, ctx, microbatches=cand.gas, bubble_slots=bubble)
     gbs = cand.global_batch
-    return TimeBreakdown(compute_s=compute_s, tp_comm_s=tp_s, pp_bubble_s=bubble_s, pp_p2p_s=pp_p2p_s,
-                         dp_comm_s=dp_s, optimizer_s=optimizer_s, step_time_s=step,
-                         model_flops=flops.model_flops_per_iteration(model, gbs),
-                         hardware_flops=flops.hardware_flops_per_iteration(model, gbs, rc),
-                         pp_overhead_s=cand.gas * overhead, bubble_overhead_s=bubble_slots * overhead,
-                         tied_embedding_s=tied_s, cp_comm_s=cp_s, ep_comm_s=ep_s)
+    count = training.flops_attention
+    return breakdown(step, params, model_flops=flops.model_flops_per_iteration(model, gbs, count),
+                     hardware_flops=flops.hardware_flops_per_iteration(model, gbs, ctx.rc, count))
+
+
+def term_rows(time: TimeBreakdown) -> list[dict]:
+    """Each term of the step with its declaration (`TERMS`): seconds exposed on the step outside the bubble, seconds
+    hidden under another term, kind, what it hides under and the flag that turns that on, source, constants."""
+    if time.terms is None:
+        return []
+    decl = {t.name: t for t in TERMS}
+    rows = []
+    for name, (exposed, hidden) in time.terms.step_seconds_by_term(time.params).items():
+        tt, d = time.terms.by_name(name), decl.get(name)
+        rows.append({"name": name, "kind": tt.kind, "line": tt.group, "exposed_s": exposed, "hidden_s": hidden,
+                     "per_microbatch": tt.per_microbatch, "overlaps": tt.overlap is not None,
+                     "hides_under": d.hides_under if d else "",
+                     "flag": d.flag if d else "", "source": d.source if d else "",
+                     "constants": list(d.constants) if d else []})
+    return rows
+
+
+def breakdown(step: StepTime, params: CostParams, *, model_flops: float, hardware_flops: float) -> TimeBreakdown:
+    """The breakdown's lines, each the sum of its terms (`StepTime.groups`), under ``params``."""
+    per_mb, bubble, per_step = groups = step.groups(params)
+    overhead = step.by_name("pp_microbatch_overhead")
+    overhead_s = overhead.seconds if overhead else 0.0
+    tied = step.by_name("tied_embedding")
+    lines = dict(per_mb)
+    for g, v in per_step.items():   # a group with terms of both kinds
+        lines[g] = lines[g] + v if g in lines else v
+    return TimeBreakdown(compute_s=lines.get("compute_s", 0.0), tp_comm_s=lines.get("tp_comm_s", 0.0),
+                         pp_bubble_s=bubble, pp_p2p_s=lines.get("pp_p2p_s", 0.0),
+                         dp_comm_s=lines.get("dp_comm_s", 0.0), optimizer_s=lines.get("optimizer_s", 0.0),
+                         step_time_s=step.total(*groups), model_flops=model_flops, hardware_flops=hardware_flops,
+                         pp_overhead_s=step.microbatches * overhead_s, bubble_overhead_s=step.bubble_slots * overhead_s,
+                         tied_embedding_s=tied.seconds * scale_of(tied.kind, params) if tied else 0.0,
+                         cp_comm_s=lines.get("cp_comm_s", 0.0), ep_comm_s=lines.get("ep_comm_s", 0.0),
+                         terms=step, params=params)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

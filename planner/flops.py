@@ -7,6 +7,11 @@ Two definitions, kept apart on purpose:
 
 Sources: Narayanan et al. 2021 (arXiv 2104.04473) Eq. 3; seed 001 ("model_size_in_B * 4 * 2 *
 seqlen * global_batch_size / (time * total_gpus * 1e3)"); PaLM (arXiv 2204.02311) App. B for MFU.
+
+How attention's s^2 work is counted (``attention``, `ATTENTION_COUNTS`): ``full`` counts QK^T and AV over the whole
+s x s score matrix, as Narayanan et al. 2021 Eq. 3 (plantune's default, and the classic tables'); ``causal`` counts
+half of it, what a causal mask computes, as Megatron-Bridge (src/megatron/bridge/training/utils/flop_utils.py,
+``core_seq / 2``) and recent NeMo report model TFLOP/s. 1.04x apart at 8K tokens, 1.4x at 128K.
 """
 
 from __future__ import annotations
@@ -33,6 +38,29 @@ def layer_forward_matmul_flops(model: ModelSpec, tokens: int) -> float:
     return float(qkv + attention + proj + mlp)
 
 
+ATTENTION_COUNTS = ("full", "causal")
+ATTENTION_COUNT_WORDS = {
+    "full": "attention s^2 counted in full (Narayanan et al. 2021 Eq. 3); --flops-attention causal counts half, "
+            "as Megatron-Bridge and recent NeMo",
+    "causal": "attention s^2 counted causal, half (Megatron-Bridge flop_utils.py, recent NeMo); --flops-attention "
+              "full counts all of it, as Narayanan et al. 2021 Eq. 3",
+}
+
+
+def attention_score_flops(model: ModelSpec, tokens: int) -> float:
+    """Forward QK^T and AV over the full s x s scores: 2·2·t·s·(heads·head_dim); MLA's q/k and v widths differ."""
+    if model.kv_lora_rank:
+        return moe.attention_core_flops(model, tokens)
+    return float(2 * 2 * tokens * model.seq_len * model.q_dim)
+
+
+def _causal_saving(model: ModelSpec, tokens: int, attention: str) -> float:
+    """FLOPs a causal count leaves out of one layer's forward: half the score work."""
+    if attention not in ATTENTION_COUNTS:
+        raise ValueError(f"attention count {attention!r}: use one of {', '.join(ATTENTION_COUNTS)}")
+    return 0.5 * attention_score_flops(model, tokens) if attention == "causal" else 0.0
+
+
 def attention_core_forward_flops(model: ModelSpec, tokens: int) -> float:
     """The QK^T and AV part that selective recompute redoes (Korthikanti et al. 2022, Sec. 4.2)."""
     return float(2 * 2 * tokens * model.seq_len * model.q_dim)
@@ -43,19 +71,21 @@ def logits_forward_flops(model: ModelSpec, tokens: int) -> float:
     return float(2 * tokens * model.hidden * model.vocab)
 
 
-def model_flops_per_iteration(model: ModelSpec, global_batch: int) -> float:
+def model_flops_per_iteration(model: ModelSpec, global_batch: int, attention: str = "full") -> float:
     """Model FLOPs of one training iteration: 3 x forward (fwd + 2x bwd), no recompute counted.
 
     For MHA with f=4h this is 72·B·s·l·h²·(1 + s/6h + V/12lh), i.e. Narayanan et al. 2021 Eq. 3
-    with 3 in place of 4.
+    with 3 in place of 4 (``attention="full"``); ``causal`` counts half the s² term.
     """
     tokens = global_batch * model.seq_len
-    layer, logits = layer_forward_matmul_flops(model, tokens), logits_forward_flops(model, tokens)
+    layer = layer_forward_matmul_flops(model, tokens) - _causal_saving(model, tokens, attention)
+    logits = logits_forward_flops(model, tokens)
     fwd = model.layers * layer + logits + moe.mtp_forward_flops(model, tokens, layer, logits)   # + MTP (DeepSeek-V3)
     return 3.0 * fwd
 
 
-def hardware_flops_per_iteration(model: ModelSpec, global_batch: int, recompute: str | Recomputed) -> float:
+def hardware_flops_per_iteration(model: ModelSpec, global_batch: int, recompute: str | Recomputed,
+                                 attention: str = "full") -> float:
     """Model FLOPs plus the forward recomputed by activation checkpointing (HFU numerator).
 
     ``full`` adds one more forward of every layer: 96·B·s·l·h²·(1 + s/6h + V/16lh), exactly
@@ -66,10 +96,12 @@ def hardware_flops_per_iteration(model: ModelSpec, global_batch: int, recompute:
     tokens = global_batch * model.seq_len
     if isinstance(recompute, str):
         recompute = recomputed(model, recompute, model.layers, 1)
+    saving = _causal_saving(model, tokens, attention)   # the recomputed forward counts attention as the model's
     layer = layer_forward_matmul_flops(model, tokens)
     core = attention_core_forward_flops(model, tokens)
-    extra = model.layers * (recompute.layers * layer + recompute.core * core + recompute.matmul * (layer - core))
-    return model_flops_per_iteration(model, global_batch) + extra
+    extra = model.layers * (recompute.layers * (layer - saving) + recompute.core * (core - saving)
+                            + recompute.matmul * (layer - core))
+    return model_flops_per_iteration(model, global_batch, attention) + extra
 
 
 def megatron_eq3_flops(*, global_batch: int, seq_len: int, layers: int, hidden: int, vocab: int) -> float:

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from planner import moe
+from planner.constants import ROWWISE_GEMM_EFFICIENCY
 
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
@@ -45,10 +46,7 @@ FP8_RECIPES = ("delayed", "tensorwise", "rowwise")
 # torchao's rowwise float8 (torchtitan quantize.linear.float8 recipe_name "rowwise"): a scale per row of each GEMM
 # operand, so GEMMs with row-scaled epilogues (torch._scaled_mm rowwise) and, for the weight-gradient GEMM, each input
 # quantized a second time along its other axis (torchao float8 CastConfig AXISWISE per operand).
-# MEASURED: torch._scaled_mm on an H200, torch 2.11 (cuBLAS), Llama 3 8B's four layer GEMMs at 8192 tokens: rowwise
-# 1,235 vs tensorwise 1,314 TFLOP/s, 0.94 (tests/bench/fp8_rowwise_gemm.py). Checked end to end on torchtitan commit
-# 7a04053 (Llama 3 8B, 8 H100, torch.compile, Jan 2025): rowwise / tensorwise = 6,424 / 7,186 = 0.894.
-ROWWISE_GEMM_EFFICIENCY = 0.94
+# Their rate relative to tensorwise: ROWWISE_GEMM_EFFICIENCY (planner.constants, measured on an H200).
 # Bytes per GEMM-input element of rowwise's second, other-axis quantization: read the bf16 input and its amax pass
 # (2 + 2), write the FP8 copy (1).
 ROWWISE_SECOND_CAST_BYTES = 2.0 + 2.0 + 1.0

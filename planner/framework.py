@@ -11,6 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.constants import (DS_DP_INTER_NODE_EFFICIENCY, DS_MICROBATCH_OVERHEAD_S, EAGER_ELEMENTWISE_TRAFFIC,
+                               EAGER_HOST_S, MEGATRON_HOST_S)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Framework:
@@ -38,6 +41,8 @@ class Framework:
     sharded_gather_per_rail: bool
     """ZeRO-3 gathers reach one NIC's rate per GPU, not the node's aggregate"""
     source: str
+    default_overlaps: tuple[str, ...] = ()
+    """the `OVERLAPS` a run of this framework has unless told otherwise (what plantune's emitted run sets)"""
     deepspeed_engine: bool = False
     """DeepSpeed's engine runs the step: blocking pipeline p2p and per-micro-batch gradient accumulation
     (planner.pipeline_engine)"""
@@ -47,38 +52,33 @@ class Framework:
 # partitioned over TP (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the
 # receiver, PartitionedTensor.from_meta's meta.tolist() device-to-host sync in the forward and in RecvGrad) but
 # gradients whole (is_grad_partitioned = False). What the engine does at every TP (blocking p2p, gradient
-# accumulation, BF16_Optimizer) is planner.pipeline_engine's.
-DS_MICROBATCH_OVERHEAD_S = 0.0425
-"""FITTED on the BLOOM tr11 dev tables (chronicles-prequel 02-20..24, all TP8: MBS sweeps at fixed PP/DP and the
-PP 4-12 sweep), after planner.pipeline_engine's blocking p2p and fp16 gradient accumulation: the tr11 throughput
-error is flat and lowest from 0.035 to 0.045 s (6.6-6.7%), every model shape's pick within 1% there, the spread of
-predicted/measured inside a table 0.094-0.096 (it was 0.05 s before those terms). Inside that plateau 0.0425 s is
-where tests/test_search_ei.py's property (ei never needs more probes than the plan's order on the dev tables and
-their perturbed replays) also holds: at 0.035, 0.045 and 0.0475 s one replay of the hundred is one probe behind.
-Only with TP > 1: seed 003's TP1 pipelines (1.3B, PP 2-8, up to 519 micro-batch slots a step) leave no room for a
-per-micro-batch cost at TP1 (planner.pipeline_engine), and the partitioned-activation path exists only with TP > 1"""
+# accumulation, BF16_Optimizer) is planner.pipeline_engine's; its fixed cost per micro-batch and stage with TP > 1:
+# DS_MICROBATCH_OVERHEAD_S (planner.constants).
 
-# Host time per layer forward. Eager Hugging Face blocks launch ~40 small kernels per layer forward
-# (reshapes, splits, dropout, masks, adds), ~100 us each with Python and autograd: FITTED on the DeepSpeed
-# autotuning HF GPT-2 dev tables (0.12B-1.5B on 16 V100, step times nearly flat in the micro-batch).
-EAGER_HOST_S = 4e-3
-# Megatron's fused layer launches a third as many: a third of the eager figure (by the same count).
-MEGATRON_HOST_S = EAGER_HOST_S / 3
+# Host time per layer forward, eager (EAGER_HOST_S) and Megatron's fused layer (MEGATRON_HOST_S): planner.constants.
 
 # DeepSpeed ZeRO-1/2 under its pipeline engine (runtime/zero/stage_1_and_2.py, 2022): the gradients
 # are all-reduced in buckets (reduce_gradients(pipeline_parallel=True) -> buffered all-reduce), then
 # the updated 16-bit parameters all-gathered (all_gather_dp_groups): 1.5x one all-reduce's bytes.
 DS_ZERO12_TRAFFIC = 1.5
-DS_DP_INTER_NODE_EFFICIENCY = 0.5
-"""FITTED on the BLOOM tr11 dev tables (the PP 4-12 sweep at TP8: shallow pipelines, larger DP
-reductions across nodes, measured slower than predicted; the issue saw 5-15x the predicted DP time),
-bucket-by-bucket synchronous reductions over 48 nodes; with it all 9 tr11 model shapes pick within 1%"""
+# its cross-node reduction rate: DS_DP_INTER_NODE_EFFICIENCY (planner.constants)
+
+# Communication a run can overlap with compute (planner.cost's terms hide under compute when on), with the
+# Megatron-LM flag that turns each on (megatron/training/arguments.py; --tp-comm-overlap is ModelParallelConfig's
+# tp_comm_overlap, which needs --sequence-parallel). Megatron-Core / NeMo / Megatron-Bridge recipes run the first
+# two and overlapped p2p (Megatron's default for the interleaved schedule); TP comm overlap needs Transformer
+# Engine's userbuffers and is off unless asked for.
+OVERLAPS = {"grad-reduce": "--overlap-grad-reduce", "param-gather": "--overlap-param-gather",
+            "tp-comm": "--tp-comm-overlap", "p2p": "overlap_p2p_comm (default; --no-overlap-p2p-communication: off)"}
+MEGATRON_OVERLAPS = ("grad-reduce", "param-gather", "p2p")
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
     Framework(name="megatron-lm", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=True,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=MEGATRON_HOST_S, pads_vocab=True,
-              zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False, source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
-                     "_vocab_size_with_padding (--make-vocab-size-divisible-by 128, times TP)"),
+              zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False,
+              source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
+                     "_vocab_size_with_padding (--make-vocab-size-divisible-by 128, times TP)",
+              default_overlaps=MEGATRON_OVERLAPS),
     Framework(name="megatron-deepspeed", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=False,
               microbatch_overhead_s=DS_MICROBATCH_OVERHEAD_S, host_s_per_layer_forward=MEGATRON_HOST_S,
               pads_vocab=True, zero12_traffic=DS_ZERO12_TRAFFIC, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
@@ -86,19 +86,26 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); PipelineModule "
                      "partition_method 'type:transformer' (the fork's default, which plan's command keeps; BLOOM's "
                      "run set 'type:transformer|embedding'); Megatron vocab padding; "
-                     "ZeRO-3 gathers per rail FITTED on Narayanan 2021 Table 2 ZeRO-3 rows"),
+                     "ZeRO-3 gathers per rail: a FITTED choice on Narayanan 2021 Table 2 ZeRO-3 rows"),
     # an eager PyTorch model (seed 002 trains a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and
     # SwiGLU as several unfused kernels each, reading and writing the activations about twice as often as
-    # Megatron's fused kernels: elementwise_traffic 2.0 set by hand, checked on the torchtitan, fms-fsdp
-    # and DeepSpeed autotuning HF GPT-2 dev tables (tests/bench/validate.py)
-    Framework(name="fsdp", elementwise_traffic=2.0, p2p_activation_split=False, p2p_grad_split=False,
+    # Megatron's fused kernels: EAGER_ELEMENTWISE_TRAFFIC (planner.constants)
+    Framework(name="fsdp", elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, p2p_activation_split=False,
+              p2p_grad_split=False,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=EAGER_HOST_S, pads_vocab=False,
-              zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False, source="PyTorch FSDP / torchtitan / Hugging Face eager modules (seed 002)"),
+              zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False,
+              source="PyTorch FSDP / torchtitan / Hugging Face eager modules (seed 002)"),
 )}
 
 
 def get_framework(name: str) -> Framework:
     return FRAMEWORKS[name]
+
+
+def overlaps(training: object) -> tuple[str, ...]:
+    """The overlaps the training runs with: its own ``overlap`` list, else its framework's defaults."""
+    chosen = getattr(training, "overlap", None)
+    return chosen if chosen is not None else FRAMEWORKS[training.framework].default_overlaps  # type: ignore
 
 
 # Megatron's --make-vocab-size-divisible-by default (megatron/arguments.py), multiplied by TP.

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from planner.framework import MEGATRON_HOST_S, Framework
+from planner.constants import ASYNC_TP_HIDDEN, MEGATRON_HOST_S
+from planner.framework import Framework
 from planner.space import PP_SCHEDULES_FSDP
 
 if TYPE_CHECKING:
@@ -28,11 +29,7 @@ MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBub
 SCHEDULES = PP_SCHEDULES_FSDP   # SINGLE_STAGE_SCHEDULES + MULTI_STAGE_SCHEDULES, named where TrainingSpec checks them
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")
 
-# Share of the TP collectives async TP hides: torch.compile's micro-pipelining decomposes each all-gather + matmul and
-# matmul + reduce-scatter into chunked p2p overlapped with the partial matmuls (torch/distributed/_symmetric_memory,
-# torchtitan docs/async_tp.md). FITTED on torchtitan's Dec-2024 Table 4 (Llama 3.1 70B, TP8 x FSDP32 on 256 H100,
-# 829 -> 876 tokens/s per GPU with async TP, +5.7%; predicted +5.6%), the one pair of rows that differ only in it.
-ASYNC_TP_HIDDEN = 0.18
+# Share of the TP collectives async TP hides: ASYNC_TP_HIDDEN (planner.constants, fitted on torchtitan Table 4).
 
 # torchtitan's pipeline split counts the embedding and the LM head as this many layers each
 # (pipeline_parallel_first_stage_less_layers / _last_stage_less_layers, default 1; pipeline_parallel.py
@@ -117,7 +114,7 @@ def layers_per_stage(model: "ModelSpec", c: "Candidate") -> int:
 def runtime_framework(fw: Framework, training: "TrainingSpec") -> Framework:
     """The framework's element-wise traffic and host time as run: torch.compile (Inductor) fuses each norm, RoPE and
     SwiGLU chain into one kernel, as Megatron's fused kernels do (elementwise_traffic 1.0, a third of the eager
-    launches: `planner.framework.MEGATRON_HOST_S`); nothing fitted. Against torchtitan's Dec-2024 Tables 1 and 3
+    launches: `planner.constants.MEGATRON_HOST_S`); nothing fitted. Against torchtitan's Dec-2024 Tables 1 and 3
     (Llama 3.1 8B FSDP on 8 and 128 H100): predicted +11.9% and +12.0% tokens/s, measured +15.7% and +16.2%."""
     if training.framework != "fsdp" or not training.torch_compile:
         return fw

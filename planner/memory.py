@@ -22,15 +22,14 @@ import math
 from dataclasses import dataclass, replace
 
 from planner import context_parallel, fp8, fsdp_parallel, moe, pipeline_engine, recompute
+from planner.constants import ALLOCATOR_OVERHEAD
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
 
-# PyTorch's caching allocator holds more than the tensors alive (block rounding, fragmentation
-# under changing activation shapes): Megatron's memory report shows "max reserved" a few percent
-# above "max allocated". Applied to the dynamic part (activations, logits).
-ALLOCATOR_OVERHEAD = 1.05
+# PyTorch's caching allocator's overhead on the dynamic part (activations, logits): ALLOCATOR_OVERHEAD, fitted
+# (planner.constants).
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -365,6 +365,16 @@ def get_preset(name: str) -> ModelSpec:
     return PRESETS[key]
 
 
+# RoPE base (the rules judge it, the emitters write it)
+DEFAULT_ROPE_THETA = 10000.0
+"""RoFormer's RoPE base (Su et al. 2021), Megatron's --rotary-base default: for a model that states none"""
+
+
+def rope_theta(model: ModelSpec) -> float:
+    """The model's RoPE base (ModelSpec.rope_theta: the file's, or the preset's), else RoFormer's 10,000."""
+    return float(model.rope_theta or DEFAULT_ROPE_THETA)
+
+
 HF_DEFAULT_SEQ_LEN = 4096
 """training length assumed for a HF config.json that does not say it: Llama 2's pretraining context
 (Touvron et al. 2023, Table 1); max_position_embeddings is the context limit, not a run's length"""

@@ -27,9 +27,13 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
+from planner.constants import KERNEL_LAUNCH_S
+from planner.terms import COMMUNICATION, Term
+from planner.topology import collective_time_s
 from planner.recompute import recomputed_of
 
 if TYPE_CHECKING:  # no import cycle at run time: model.py calls into this module
+    from planner.cost import StepContext
     from planner.model import ModelSpec
     from planner.space import Candidate, TrainingSpec
     from planner.topology import Topology
@@ -43,11 +47,7 @@ DROPLESS_CAPACITY = 1.0
 # Transformer Engine GroupedLinear's FC1 and FC2 GEMMs, one cuBLAS call each per expert split (m_splits); under FP8
 # also each GEMM input's quantization per split (TE split_quantize), so 4.
 MOE_KERNELS_PER_EXPERT = 2
-# Host seconds per such launch (TE's Python wrapper, the per-split bookkeeping, the launch itself). FITTED on the
-# Megatron-Bridge 25.11 DGX-B200 Qwen3-30B-A3B row (MBS 1: the host-bound one, 16 local experts; tokens/s per
-# GPU, tests/bench/validate_moe_cp.py), checked on its DGX-H100 Qwen3 and DGX-B200 DeepSeek-V3 (32 local) rows;
-# a fifth of the ~100 us per eager PyTorch op with autograd that planner.framework's EAGER_HOST_S counts.
-KERNEL_LAUNCH_S = 20e-6
+# Host seconds per such launch: KERNEL_LAUNCH_S, fitted (planner.constants).
 
 
 # -- shape --------------------------------------------------------------------------------------------
@@ -194,9 +194,15 @@ def attention_matmul_flops(m: "ModelSpec", tokens: int) -> float:
     weights = attention_params(m) - (m.q_lora_rank + m.kv_lora_rank if m.kv_lora_rank else 0)
     if m.bias and not m.kv_lora_rank:
         weights -= m.q_dim + 2 * m.kv_dim + m.hidden
+    return 2.0 * tokens * weights + attention_core_flops(m, tokens)
+
+
+def attention_core_flops(m: "ModelSpec", tokens: int) -> float:
+    """QK^T and AV over the full s x s scores: 2·tokens·s·(q/k width + v width), MLA's widths nope+rope and
+    v_head_dim."""
     qk = m.heads * (m.head_dim + m.qk_rope_head_dim) if m.kv_lora_rank else m.q_dim
     v = m.heads * (m.v_head_dim or m.head_dim) if m.kv_lora_rank else m.q_dim
-    return 2.0 * tokens * weights + 2.0 * tokens * m.seq_len * (qk + v)
+    return 2.0 * tokens * m.seq_len * (qk + v)
 
 
 def mlp_matmul_flops(m: "ModelSpec", tokens: int, ffn: int) -> float:
@@ -420,7 +426,32 @@ def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link
     return collective_s(link, kind="all_reduce", message_bytes=n * bytes_per_grad, group=edp)
 
 
-__all__ = ["active_params", "add_expert_states", "all_to_all_layer_s", "all_to_all_s", "attention_params", "capacity",
+def all_to_all_term_s(ctx: "StepContext") -> float:
+    """The term: the busiest stage's EP all-to-alls for one micro-batch (the EP group strides by ETP)."""
+    return ctx.stage_layers * all_to_all_layer_s(ctx.model, ctx.cand, ctx.training, ctx.tokens, ctx.topology,
+                                                 collective_time_s, ctx.half)
+
+
+def expert_grad_reduce_term_s(ctx: "StepContext") -> float:
+    """The term: routed-expert gradients reduced over the expert-DP group once a step."""
+    c, m = ctx.cand, ctx.model
+    edp = expert_data_parallel(c)
+    link = is_moe(m) and edp > 1 and ctx.topology.dp_link(c.etp * c.ep, edp)
+    return expert_grad_reduce_s(m, c, ctx.stage_layers, link, collective_time_s, ctx.half)
+
+
+ALL_TO_ALL = Term(name="ep_all_to_all", kind=COMMUNICATION, group="ep_comm_s", per_microbatch=True,
+                  seconds=all_to_all_term_s, source="Megatron-Core MoE alltoall token dispatcher (dispatch + combine, "
+                                               "forward and backward); nccl-tests alltoall busbw",
+                  constants=("LINK_EFFICIENCY",))
+EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
+                          seconds=expert_grad_reduce_term_s,
+                          source="Megatron DDP: expert parameters in their own buckets and expert-DP group",
+                          constants=("LINK_EFFICIENCY",))
+
+
+__all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "active_params", "add_expert_states", "all_to_all_layer_s",
+           "all_to_all_s", "attention_params", "capacity",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
            "host_sync_s", "is_moe", "layer_forward_matmul_flops", "mean_layer_params", "mlp_time_adjustment_s",
            "moe_layer_count", "mtp_forward_flops", "mtp_non_expert_params", "mtp_params", "needs_own_shape",

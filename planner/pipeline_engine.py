@@ -27,7 +27,7 @@ What it does not charge, and why:
   micro-batch slots a step) leave no room for it (with this module's terms the 16 GB table's TP1 PP8 MBS1 row is
   predicted at 0.99 of its measurement, the PP1 row at 1.00; without them 1.05 and 1.03: ~1 ms per slot), and host
   time does not grow with the model. The partitioned-activation path (TP > 1) is
-  `planner.framework.DS_MICROBATCH_OVERHEAD_S`, fitted on the TP8 tr11 tables.
+  `planner.constants.DS_MICROBATCH_OVERHEAD_S`, fitted on the TP8 tr11 tables.
 - BF16_Optimizer.update_hp_grads per micro-batch (cast 2 -> 4 bytes, then add 4 + 4 -> 4: 18 bytes per parameter):
   with it BLOOM's own run (TP4 PP12 MBS2, 104.7 s logged) is predicted 116.7 s, 11% slow, past the measured
   ranking error, and the bf16 sheets of Hagemann et al. (converted as Megatron-DeepSpeed, not run by DeepSpeed's

@@ -13,8 +13,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from planner import recompute as recompute_modes
-from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, throughput
+from planner import flops, recompute as recompute_modes
+from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, term_rows, throughput
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
 from planner.memory import MemoryBreakdown, PlanMemory, memory_breakdown
@@ -80,6 +80,8 @@ class Estimate:
                 d["time_breakdown_s"] = {k: _r(getattr(self.time, k), 4) for k in (
                     "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s", "dp_comm_s",
                     "optimizer_s")}
+                d["terms"] = [{k: _r(v, 4) if isinstance(v, float) else v for k, v in row.items()}
+                              for row in term_rows(self.time)]
         return d
 
 
@@ -113,7 +115,10 @@ class Plan:
         return {"model": self.model.name, "cluster": self.cluster.to_dict(), "global_batch": self.training.global_batch,
                 "seq_len": self.training.seq_len, "framework": self.training.framework,
                 "targets": [str(t) for t in self.targets],
-                "precision": self.training.precision, "enumerated": self.total, "survivors": len(self.candidates),
+                "precision": self.training.precision, "flops_attention": self.training.flops_attention,
+                "flops_definition": "model: 3 x forward matmuls, no recompute; hardware: with the recomputed "
+                                    f"forward; {flops.ATTENTION_COUNT_WORDS[self.training.flops_attention]}",
+                "enumerated": self.total, "survivors": len(self.candidates),
                 "candidates": [e.to_dict() for e in cands],
                 "pruned": {r.value: n for r, n in self.pruned.items()},
                 "pruned_examples": {r.value: {"candidate": c.label(), "detail": v.detail}

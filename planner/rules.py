@@ -28,13 +28,11 @@ from typing import Iterable, Iterator, Sequence
 from planner import context_parallel, fp8, fsdp_parallel, model_facts, moe, pipeline_engine, recompute as recompute_modes
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown, shard_group_size
-from planner.model import ModelSpec
+from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
-from planner.space import FRAMEWORKS, RECOMPUTE, Candidate, TrainingSpec
+from planner.space import FLAVORS, FRAMEWORKS, RECOMPUTE, Candidate, TrainingSpec
 
-FLAVORS = ("bigscience", "microsoft")
-"""Megatron-DeepSpeed forks: bigscience-workshop/Megatron-DeepSpeed, microsoft (now deepspeedai)/Megatron-DeepSpeed"""
 PROBE = "probe"
 """the torch-native probe `tune` runs (probes/train.py)"""
 TARGET_FRAMEWORKS = (*FRAMEWORKS, PROBE)
@@ -692,12 +690,9 @@ _FACT_EMITTERS = {"megatron-lm": "--framework megatron-lm",
 
 
 def _other_rope_base(model: ModelSpec) -> float | None:
-    """The model's RoPE base when it is not the BigScience fork's fixed 10000; None otherwise (and without
-    importing the emitters for a model without RoPE: `plan`'s start-up)."""
+    """The model's RoPE base when it is not the BigScience fork's fixed 10000; None otherwise."""
     if model.position != "rope":
         return None
-    from planner.emit.facts import DEFAULT_ROPE_THETA, rope_theta
-
     theta = rope_theta(model)
     return None if theta == DEFAULT_ROPE_THETA else theta
 

@@ -373,8 +373,7 @@ def _required(f: Field) -> Field:
 
 def plan_schema() -> dict[str, Field]:
     """plantune plan.yaml (planner.emit.plan_yaml): Megatron's names at the top, plantune's under ``plantune:``."""
-    from planner.emit.setup import FLAVORS, KINDS
-    from planner.space import FRAMEWORKS, OPTIMIZERS
+    from planner.space import FLAVORS, FRAMEWORKS, OPTIMIZERS
 
     size = Int(1, MAX_GPUS, why=WHY_GPUS, required=True)
     batch = Int(1, MAX_GLOBAL_BATCH, why=WHY_GLOBAL_BATCH, required=True)
@@ -414,7 +413,7 @@ def plan_schema() -> dict[str, Field]:
         "zero_stage": Enum(0, 1, 2, 3),
         "bf16": Bool(required=True), "fp16": Bool(required=True), "use_flash_attn": Bool(required=True),
         "plantune": Map({
-            "kind": Enum(*KINDS, required=True), "flavor": Enum(None, *FLAVORS),
+            "kind": Enum(*FRAMEWORKS, required=True), "flavor": Enum(None, *FLAVORS),
             "hybrid_shard": Bool(required=True),
             "recompute": Str(),   # planner.recompute's mode (torchtitan's selective-op / selective-layer-N too)
             "model": Map(model_rest, required=True),

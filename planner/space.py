@@ -12,6 +12,7 @@ from typing import Iterator
 
 from planner import context_parallel, moe, recompute as recompute_modes
 from planner.errors import InputError
+from planner.framework import OVERLAPS
 from planner.model import ModelSpec, Rampup
 from planner.pipeline_split import vpp_choices
 
@@ -22,7 +23,7 @@ PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
 FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FLAVORS = ("bigscience", "microsoft")
-"""Megatron-DeepSpeed forks (planner.rules.FLAVORS)"""
+"""Megatron-DeepSpeed forks: bigscience-workshop/Megatron-DeepSpeed, microsoft (now deepspeedai)/Megatron-DeepSpeed"""
 PP_SCHEDULES_FSDP = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 """torchtitan's pipeline_parallel_schedule values plan costs (planner.fsdp_parallel.SCHEDULES)"""
 PINNABLE = ("tp", "pp", "dp", "mbs", "gas", "vpp")
@@ -66,6 +67,11 @@ class TrainingSpec:
     """Transformer Engine FP8 scaling under --precision fp8 (Megatron-LM --fp8-recipe): delayed | tensorwise"""
     grad_reduce_dtype: str = "fp32"
     """Megatron-LM's main grads under bf16: fp32 (its default) | bf16 (--grad-reduce-in-bf16)"""
+    flops_attention: str = "full"
+    """how model / hardware FLOPs (TFLOPs, MFU) count attention's s^2 work: full | causal (planner.flops)"""
+    overlap: tuple[str, ...] | None = None
+    """Megatron-LM communication overlapped with compute (planner.framework.OVERLAPS: grad-reduce, param-gather,
+    tp-comm, p2p); None = the framework's default (Megatron-LM: grad-reduce, param-gather, p2p; --overlap)"""
     pp_schedule: str = ""
     """torchtitan's pipeline schedule (planner.fsdp_parallel.SCHEDULES); empty: 1F1B, Interleaved1F1B when VPP > 1"""
     torch_compile: bool = False
@@ -101,6 +107,18 @@ class TrainingSpec:
                              "(block-N, uniform-N and selective-layer-N fix N)")
         if not self.zero_options or any(z not in (0, 1, 2, 3) for z in self.zero_options):
             raise InputError(f"--zero: {list(self.zero_options)}; choose stages from 0, 1, 2, 3")
+        if self.flops_attention not in ("full", "causal"):
+            raise InputError(f"--flops-attention {self.flops_attention!r}: use full or causal")
+        if self.overlap is not None:
+            bad = [o for o in self.overlap if o not in OVERLAPS]
+            if bad:
+                raise InputError(f"unknown overlap {', '.join(bad)}; use some of {', '.join(OVERLAPS)} (or none)")
+            if self.overlap and self.framework != "megatron-lm":
+                raise InputError(f"--overlap {','.join(self.overlap)} is Megatron-LM's; the framework here is "
+                                 f"{self.framework}: add --framework megatron-lm or drop --overlap")
+            if "param-gather" in self.overlap and "grad-reduce" not in self.overlap:
+                raise InputError("--overlap param-gather needs grad-reduce too (Megatron-LM arguments.py: 'Must use "
+                                 "--overlap-param-gather with --overlap-grad-reduce'); add grad-reduce")
         if self.grad_reduce_dtype not in ("fp32", "bf16"):
             raise InputError(f"unknown gradient reduce dtype {self.grad_reduce_dtype!r}; use fp32 or bf16")
         if self.fp8_recipe not in ("delayed", "tensorwise", "rowwise"):   # planner.fp8.FP8_RECIPES

@@ -12,19 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.constants import COLLECTIVE_LATENCY_S, HALF_BANDWIDTH_BYTES, LINK_EFFICIENCY
 from planner.hardware import ClusterSpec
 
-# Achievable fraction of a datasheet link bandwidth for NCCL collectives at large messages (nccl-tests
-# PERFORMANCE.md defines bus bandwidth as the figure comparable to the link's peak; it gives no A100
-# number). FITTED by hand on Megatron-LM 2021 Table 1 and Korthikanti 2022 Table 5 (the TP/DP terms),
-# checked on the dev tables (tests/bench/validate.py). Never applied to a measured bus bandwidth.
-LINK_EFFICIENCY = 0.75
-# Message size at which a ring collective reaches half its asymptotic bus bandwidth: the pipelining
-# term of an alpha-beta model (Hockney 1994). FITTED by eye on nccl-tests all_reduce curves of DGX
-# A100 (NVLink and HDR InfiniBand), which reach half their plateau around 4-8 MB. Sends: no ring to fill.
-HALF_BANDWIDTH_BYTES = {"intra": 8e6, "inter": 8e6}
-# Per-collective start-up latency (alpha). FITTED by eye on the same nccl-tests curves (small messages).
-COLLECTIVE_LATENCY_S = {"intra": 20e-6, "inter": 40e-6}
+# Achievable link efficiency, the alpha-beta model's half-bandwidth message size and per-collective latency:
+# fitted constants, in planner.constants (value, source, fitted on, checked on).
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

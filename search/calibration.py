@@ -3,19 +3,19 @@
     >>> from search.calibration import Measurement, refit
     >>> params = refit(model, cluster, training, [Measurement(candidate=c, step_time_s=28.0)])
 
-A candidate's predicted step time is a sum of terms the planner already computed
-(`planner.cost.TimeBreakdown`): compute, TP all-reduces, PP bubble and p2p, exposed DP
-communication, and the rest (optimizer step, anything newer). `Terms` caches them once per
-candidate; every refit after that is arithmetic over the cache, never a new `planner.estimate`.
+A candidate's predicted step time is the planner's list of named terms (`planner.terms.StepTime`, built by
+`planner.cost.TERMS`): `Terms` caches it once per candidate; every refit after that is arithmetic over the cache,
+never a new `planner.estimate`.
 
 The fit over the cache:
 
-- `refit` -> `planner.CostParams` (compute_scale a, comm_scale b), as `tune` records and emits:
-  t(a, b) = a·compute + b·(tp + p2p + dp) + bubble·(a·f + b·(1 - f)) + rest, where f is the
-  compute share of a pipeline slot (the bubble is (p-1)/v slots of compute + TP + p2p). We minimise
-  sum_i (log measured_i - log t_i)^2 + RIDGE·((log a)^2 + (log b)^2) by Gauss-Newton in (log a, log b);
-  the ridge keeps a scale no measurement informs at 1. Exact for `planner.cost` except the
-  overlap max() of sharded DP communication, which the cache freezes at the unscaled value.
+- `refit` -> `planner.CostParams` (compute_scale a, comm_scale b), as `tune` records and emits: t(a, b) is
+  `StepTime.step_s`, the very sum the planner makes, with compute terms times a and communication terms times b
+  (pipeline bubble and overlaps re-taken at the new scales); memory, host and fixed terms stay. We minimise
+  sum_i (log measured_i - log t_i)^2 + RIDGE·((log a)^2 + (log b)^2) by Gauss-Newton in (log a, log b), the
+  Jacobian from `StepTime.parts` (t is piecewise linear and homogeneous in (a, b) on each side of an overlap's
+  max(), so a·dt/da and b·dt/db are its compute and communication parts); the ridge keeps a scale no
+  measurement informs at 1. At (1, 1) it equals `planner.estimate` for every term (tests/test_terms.py).
 - `residual_sigma`: the measured spread around that refit, what `--sampler ei` takes as every prediction's
   error (a per-term model with a per-candidate posterior, measured on tests/bench/bench_search.py, needed
   more probes and was dropped).
@@ -29,7 +29,9 @@ import math
 from dataclasses import dataclass
 
 from planner import Candidate, ClusterSpec, CostParams, ModelSpec, TrainingSpec, estimate
+from planner.constants import SIGMA_PRIOR
 from planner.cost import TimeBreakdown
+from planner.terms import StepTime
 from planner.topology import Topology
 
 RIDGE = 1e-2
@@ -38,54 +40,39 @@ ITERATIONS = 8
 SCALE_RANGE = (0.02, 50.0)
 """scales are clamped to this range (a probe 50x off the model is a broken probe, not a calibration)"""
 
-SIGMA_PRIOR = 0.07
-"""prior residual spread (log) of the plan's step time on one configuration, before probes say otherwise:
-FITTED as the median, over the 17 replay tables of tests/bench/bench_search.py (seed 003, tr11, Hagemann),
-of each table's spread of log(measured / planned) after its own global scale (column "resid sd"; 0.02-0.18).
-`--sampler ei` gives every candidate the same spread (`residual_sigma`), so its choice does not depend on this value"""
 SIGMA_PRIOR_WEIGHT = 2.0
 """how many measurements the prior spread counts as"""
 
 
 @dataclass(frozen=True, slots=True)
 class Terms:
-    """A candidate's predicted step time split into the parts the fits scale (seconds)."""
+    """A candidate's predicted step time as the planner's own terms (`planner.terms.StepTime`): the refit scales
+    exactly what the planner sums, term by term (`planner.terms.scale_of`: compute terms by compute_scale,
+    communication terms by comm_scale, the rest as they are; overlaps re-taken at the new scales)."""
 
-    compute: float
-    tp: float
-    p2p: float
-    bubble: float
-    dp: float
-    rest: float
-    bubble_compute_share: float
-    """share of a pipeline slot that is compute (the rest of the slot is TP and p2p communication)"""
+    step: StepTime
 
     @classmethod
     def of(cls, time: TimeBreakdown) -> "Terms":
-        # the framework's fixed per-micro-batch cost (in p2p and in the bubble's slots) is neither compute nor
-        # comm: the planner leaves it unscaled by CostParams, so it goes to `rest` here too
-        compute, tp = time.compute_s, time.tp_comm_s
-        p2p, bubble = time.pp_p2p_s - time.pp_overhead_s, time.pp_bubble_s - time.bubble_overhead_s
-        dp = time.dp_comm_s
-        rest = max(time.step_time_s - (compute + tp + p2p + bubble + dp), 0.0)
-        slot = compute + tp + p2p
-        return cls(compute=compute, tp=tp, p2p=p2p, bubble=bubble, dp=dp, rest=rest,
-                   bubble_compute_share=compute / slot if slot > 0 else 1.0)
+        if time.terms is None:
+            raise ValueError("a TimeBreakdown without its terms (planner.cost.estimate_time builds them)")
+        return cls(time.terms)
 
     @property
     def total(self) -> float:
-        return self.compute + self.tp + self.p2p + self.bubble + self.dp + self.rest
+        return self.step.step_s(CostParams())
 
     def step_s(self, params: CostParams) -> float:
-        """Step time under CostParams (a, b), from the cache."""
-        a, b = params.compute_scale, params.comm_scale
-        f = self.bubble_compute_share
-        return (a * self.compute + b * (self.tp + self.p2p + self.dp)
-                + self.bubble * (a * f + b * (1 - f)) + self.rest)
+        """Step time under CostParams (a, b), from the cache: `StepTime.step_s`, the planner's own sum."""
+        return self.step.step_s(params)
 
     def parts(self) -> tuple[float, float, float, float]:
-        """(compute + rest, tp, bubble + p2p, dp)."""
-        return (self.compute + self.rest, self.tp, self.bubble + self.p2p, self.dp)
+        """(compute + rest, tp, bubble + p2p, dp) at CostParams(): the breakdown's lines grouped."""
+        per_mb, bubble, per_step = self.step.groups(CostParams())
+        tp = per_mb.get("tp_comm_s", 0.0)
+        pp = per_mb.get("pp_p2p_s", 0.0) + bubble
+        dp = per_step.get("dp_comm_s", 0.0)
+        return (self.total - tp - pp - dp, tp, pp, dp)
 
 
 def terms_of(time: TimeBreakdown) -> Terms:
@@ -134,13 +121,10 @@ def refit_terms(data: list[tuple[Terms, float]], *, ridge: float = RIDGE) -> Cos
     lo, hi = (math.log(x) for x in SCALE_RANGE)
     theta = (0.0, 0.0)
     for _ in range(ITERATIONS):
-        a, b = math.exp(theta[0]), math.exp(theta[1])
         res, jac = [], []
         for t, measured in data:
-            f = t.bubble_compute_share
-            ca = a * (t.compute + t.bubble * f)                  # d t / d log a
-            cb = b * (t.tp + t.p2p + t.dp + t.bubble * (1 - f))  # d t / d log b
-            pred = ca + cb + t.rest
+            ca, cb, rest = t.step.parts(_params(theta))   # d t / d log a, d t / d log b, the unscaled rest
+            pred = ca + cb + rest
             res.append(math.log(measured) - math.log(pred))
             jac.append((ca / pred, cb / pred))
         a11 = sum(j[0] * j[0] for j in jac) + ridge

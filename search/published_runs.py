@@ -169,8 +169,9 @@ def table2_run(r: dict, line: int = 0) -> PublishedRun:
     gpus, gbs = hw["total_gpus"], p["global_batch"]
     zero3 = p["zero_stage"] == 3
     fw = "megatron-deepspeed" if zero3 else "megatron-lm"
+    # Megatron-LM of 2021 overlapped nothing (--overlap-grad-reduce / --overlap-param-gather came with Megatron-Core)
     training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="fp16", framework=fw,
-                            flash_attention=False)
+                            flash_attention=False, overlap=None if zero3 else ())
     cand = Candidate(tp=p["tp"], pp=p["pp"], dp=p["dp"], mbs=p["micro_batch"],
                      gas=gbs // (p["micro_batch"] * p["dp"]), recompute="full", zero=3 if zero3 else 0)
     eq3 = flops.megatron_eq3_flops(global_batch=gbs, seq_len=md["seq_len"], layers=md["layers"],
@@ -276,11 +277,6 @@ def torchtitan_2412_run(r: dict, line: int = 0) -> PublishedRun:
                         memory_definition=str(me.get("memory_definition", "")), source_row=line)
 
 
-def modern_torchtitan_runs(rows: list[dict]) -> list[PublishedRun]:
-    """The torchtitan rows of published_modern_dev.yaml (its other groups are read elsewhere)."""
-    return [torchtitan_2412_run(r, i) for i, r in enumerate(rows, 1) if r.get("group") == TORCHTITAN_2412_GROUP]
-
-
 # -- DeepSpeed autotuning of Hugging Face GPT-2 on one DGX-2 ------------------------------------------------
 def ds_autotuning_run(r: dict, line: int = 0) -> PublishedRun | None:
     md, p, hw, me = r["model"], r["parallel"], r["hardware"], r["measured"]
@@ -345,6 +341,89 @@ def hagemann_run(r: dict, line: int = 0) -> PublishedRun:
                         tokens_per_s_per_gpu=None if error else gbs * seq / t / world, memory_gib=None,
                         oom=bool(error), fused_norm=any(k in kernel for k in HAGEMANN_FUSED_NORM),
                         step_time_s=t, source_row=line)
+
+
+# -- published_modern_dev.yaml: MT-NLG 530B, MegaScale 175B, torchtitan Dec-2024 H100, NeMo 24.07 H100 FP8 -----------
+MODERN_SOURCES = {"mtnlg530b": "MT-NLG 530B (Smith et al. 2022)", "megascale": "MegaScale 2024 Table 2",
+                  "torchtitan_2024_12": "torchtitan Dec-2024 H100", "nemo_2407": "NeMo 24.07 H100 FP8"}
+# MegaScale does not give its network: ASSUMED 8x200 Gb/s HDR per node, as Selene (A100 generation)
+MEGASCALE_GBPS = 1600.0
+# NeMo's DGX-H100: 8 NDR 400 Gb/s NICs
+NEMO_GBPS = 3200.0
+# GPT-3 uses GPT-2's BPE vocabulary (Brown et al. 2020 Sec. 2.1): 50257, where NeMo's table gives no vocabulary
+GPT3_VOCAB = 50257
+
+
+def modern_source(group: str) -> str | None:
+    return next((name for prefix, name in MODERN_SOURCES.items() if group.startswith(prefix)), None)
+
+
+def _int_in(text: object) -> int | None:
+    m = re.search(r"\d+", str(text))
+    return int(m.group()) if m else None
+
+
+def modern_run(r: dict, line: int = 0) -> PublishedRun | None:
+    """One run of published_modern_dev.yaml, or None where the row lacks the architecture or a throughput.
+
+    ASSUMED where the sources are silent (each the framework's default or the common practice of the time):
+    MegaScale's and NeMo's recompute is selective (Megatron's --recompute-activations) with SP at TP > 1 and the
+    distributed optimizer (ZeRO-1); MegaScale's micro-batch is 1; MT-NLG ran bf16, micro-batch 1, full recompute,
+    ZeRO-1 (Smith et al. 2022 Sec. 2); torchtitan's rows as `torchtitan_2412_run` reads them (its pipeline splits a
+    rank's local batch into PP micro-batches, its interleaved schedule runs 2 stages a rank); MegaScale's baseline
+    Megatron overlaps nothing and MegaScale's own runs overlap TP, PP and DP communication (its Table 3 ablation),
+    NeMo overlaps as Megatron-LM's default here. The H100s' 500 W cap (torchtitan) is not modelled."""
+    g, md, p, hw, me = str(r.get("group", "")), r["model"], r["parallel"], r["hardware"], r["measured"]
+    source = modern_source(g)
+    if source is None or not all(k in md for k in ("layers", "hidden", "heads")):
+        return None
+    if g == TORCHTITAN_2412_GROUP:   # as torchtitan ran it (its schedules, float8, compile, async TP)
+        return replace(torchtitan_2412_run(r, line), framework=source)
+    gpus, seq = hw["total_gpus"], md["seq_len"]
+    tp, pp, cp = p.get("tp", 1), p.get("pp", 1), p.get("cp", 1) or 1
+    dp = p.get("dp") or gpus // (tp * pp * cp)
+    llama = "llama" in md["name"].lower()
+    if llama:
+        model = _llama_model(md, md["name"])
+    else:
+        model = _gpt_model(md["name"], md["layers"], md["hidden"], md["heads"], md.get("vocab") or GPT3_VOCAB, seq,
+                           md.get("ffn_hidden"))
+    precision_text = str(p.get("precision", "")).lower()
+    precision = "fp8" if "fp8" in precision_text or "float8" in precision_text else "bf16"
+    vpp = p.get("virtual_pipeline") or 1
+    if source.startswith("MT-NLG"):
+        framework, zero, flash, overlap, mbs, recompute = "megatron-deepspeed", 1, False, None, 1, "full"
+        gbs, sp = p["global_batch"], False
+        cluster = _cluster("A100-80GB", gpus, 8, SELENE_GBPS)
+    else:   # Megatron-LM: MegaScale's baseline and its own, NeMo 24.07
+        framework, zero, flash, recompute, sp = "megatron-lm", 1, True, "selective", tp > 1
+        gbs = p["global_batch"]
+        mbs = p["micro_batch"] if isinstance(p.get("micro_batch"), int) else 1
+        if source.startswith("MegaScale"):
+            ours = "megascale" in r["id"].split("_")[3]
+            overlap = ("grad-reduce", "param-gather", "tp-comm", "p2p") if ours else ()
+            cluster = _cluster("A100-80GB", gpus, 8, MEGASCALE_GBPS)
+        else:
+            overlap = None
+            cluster = _cluster("H100-SXM", gpus, 8, NEMO_GBPS)
+    tps = me.get("tokens_per_s_per_gpu")
+    step = me.get("seconds_per_iteration")
+    if not tps and step:
+        tps = gbs * seq / step / gpus
+    if not tps:
+        return None
+    training = TrainingSpec(global_batch=gbs, seq_len=seq, precision=precision, framework=framework,
+                            flash_attention=flash, overlap=overlap)
+    cand = Candidate(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, gas=max(1, gbs // (mbs * dp)), recompute=recompute,
+                     zero=zero, sp=sp, vpp=vpp)
+    return PublishedRun(id=r["id"], table=f"{source}: {g}", framework=source, model=model, cluster=cluster,
+                        training=training, cand=cand, tokens_per_s_per_gpu=tps, memory_gib=None, oom=False,
+                        step_time_s=step, source_row=line)
+
+
+def modern_runs(rows: list[dict]) -> list[PublishedRun]:
+    """The usable runs of published_modern_dev.yaml (rows without an architecture or a throughput left out)."""
+    return [x for i, r in enumerate(rows, 1) if (x := modern_run(r, i)) is not None]
 
 
 # -- the files ---------------------------------------------------------------------------------------------

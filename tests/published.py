@@ -14,7 +14,7 @@ import yaml
 from planner.hardware import ClusterSpec, load_cluster, make_cluster
 from planner.model import ModelSpec, get_preset
 from planner.space import Candidate, TrainingSpec
-from search.published_runs import PublishedRun, modern_torchtitan_runs, read_rows, read_runs
+from search.published_runs import PublishedRun, modern_runs, read_rows, read_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -49,8 +49,10 @@ def published_case(run: dict) -> tuple[ModelSpec, ClusterSpec, TrainingSpec, Can
     cluster = make_cluster(gpu="A100-80GB", gpus=run["hardware"]["total_gpus"], gpus_per_node=8)
     ac = p["activation_recompute"]
     recompute = "selective" if "selective" in ac else ("full" if "full" in ac else "none")
+    # Megatron-LM of 2021-22 overlapped no communication (--overlap-grad-reduce / --overlap-param-gather and
+    # overlap_p2p_comm came with Megatron-Core, 2023)
     training = TrainingSpec(global_batch=p["global_batch"], seq_len=md["seq_len"], precision="fp16",
-                            framework="megatron-lm", flash_attention=False)
+                            framework="megatron-lm", flash_attention=False, overlap=())
     cand = Candidate(tp=p["tp"], pp=p["pp"], dp=p["dp"], mbs=p["micro_batch"],
                      gas=p["global_batch"] // (p["micro_batch"] * p["dp"]), recompute=recompute,
                      sp=bool(p.get("sequence_parallel")), vpp=p.get("virtual_pipeline") or 1)
@@ -67,9 +69,14 @@ def dev_cases() -> list[DevCase]:
     return read_runs(DATA / "published_dev.yaml") + read_runs(DATA / "hagemann_13b_dev.yaml")
 
 
+def modern_dev_cases() -> list[DevCase]:
+    """published_modern_dev.yaml's usable runs (search.published_runs.modern_runs)."""
+    return modern_runs(read_rows(DATA / "published_modern_dev.yaml"))
+
+
 def modern_torchtitan_cases() -> list[DevCase]:
     """torchtitan's Dec-2024 H100 runs (FSDP2 x TP x PP x CP, float8, compile) of published_modern_dev.yaml."""
-    return modern_torchtitan_runs(read_rows(DATA / "published_modern_dev.yaml"))
+    return [c for c in modern_dev_cases() if c.id.startswith("torchtitan_2024_12")]
 
 
 def seed003_dev_cases() -> list[DevCase]:

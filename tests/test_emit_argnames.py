@@ -153,6 +153,8 @@ MEGATRON_LM = {
     "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank", "--sequence-parallel",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",   # TransformerConfig bools
     "--use-distributed-optimizer", "--grad-reduce-in-bf16",
+    "--overlap-grad-reduce", "--overlap-param-gather", "--no-overlap-p2p-communication",   # arguments.py literals
+    "--tp-comm-overlap",                                                                     # ModelParallelConfig
     # Megatron-FSDP (arguments.py literals; --ckpt-format fsdp_dtensor is the format validate_args asks of it)
     "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--no-gradient-accumulation-fusion", "--ckpt-format",
     # training (TrainingConfig fields, arguments.py literals)

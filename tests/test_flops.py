@@ -62,3 +62,50 @@ def test_published_megatron_tflops_recomputed_from_eq3(data_dir):
         assert meas["tflops_per_gpu"] * r["hardware"]["total_gpus"] / 1e3 == pytest.approx(
             meas["aggregate_pflops"], rel=0.06), r["id"]
         assert total > 0
+
+
+# Megatron-Bridge 25.11 performance summary (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md): each row's
+# model TFLOP/s per GPU and tokens/s per GPU, as in tests/bench/validate_moe_cp.py. Bridge counts causal attention
+# (flop_utils.py ``core_seq / 2``), so FLOPs per token x tokens/s must give its TFLOP/s under "causal", not "full".
+BRIDGE_TFLOPS_AND_TOKENS = [("llama3-70b", 8192, 719, 1602), ("llama3.1-405b", 8192, 737, 292),
+                            ("qwen3-30b-a3b", 4096, 121, 5275), ("deepseek-v3", 4096, 557, 2139)]
+
+
+@pytest.mark.parametrize("name, seq, tflops, tokens", BRIDGE_TFLOPS_AND_TOKENS)
+def test_causal_attention_count_reproduces_megatron_bridge_tflops(name, seq, tflops, tokens):
+    from planner.model import load_model
+
+    m = load_model(name).with_overrides(seq_len=seq)
+    per_token = {a: flops.model_flops_per_iteration(m, 1, a) / seq for a in flops.ATTENTION_COUNTS}
+    assert per_token["causal"] * tokens / 1e12 == pytest.approx(tflops, rel=0.01)
+    assert per_token["full"] * tokens / 1e12 > tflops * 1.04          # full s^2: 4-22% more at 4K-8K
+
+
+def test_causal_and_full_counts_grow_apart_with_the_sequence():
+    """Llama 3.1 405B: 1.04x at 8K, 1.4x at 128K (issue 19's figures), towards 2x as attention dominates."""
+    from planner.model import load_model
+
+    ratios = []
+    for seq in (8192, 131072, 1048576):
+        m = load_model("llama3.1-405b").with_overrides(seq_len=seq)
+        ratios.append(flops.model_flops_per_iteration(m, 1, "full") / flops.model_flops_per_iteration(m, 1, "causal"))
+    assert ratios[0] == pytest.approx(1.04, abs=0.02)
+    assert ratios[1] == pytest.approx(1.4, abs=0.1)
+    assert 1.8 < ratios[2] < 2.0
+
+
+def test_plan_says_which_count_it_uses():
+    import json
+    import subprocess
+    import sys
+
+    base = [sys.executable, "-m", "planner.cli", "--model", "llama3-8b", "--gpus", "16", "--gpu", "H100",
+            "--framework", "megatron-lm", "--top", "1"]
+    table = subprocess.run(base, capture_output=True, text=True, check=True).stdout
+    assert "attention s^2 counted in full" in table
+    full = json.loads(subprocess.run(base + ["--format", "json"], capture_output=True, text=True, check=True).stdout)
+    causal = json.loads(subprocess.run(base + ["--format", "json", "--flops-attention", "causal"], capture_output=True,
+                                       text=True, check=True).stdout)
+    assert (full["flops_attention"], causal["flops_attention"]) == ("full", "causal")
+    a, b = full["candidates"][0], causal["candidates"][0]
+    assert a["step_time_s"] == b["step_time_s"] and a["model_tflops_per_gpu"] > b["model_tflops_per_gpu"]

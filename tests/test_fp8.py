@@ -191,8 +191,8 @@ def test_moe_fp8_casts_quantize_the_permuted_copies():
 def test_fp8_param_gather_all_gathers_one_byte_weights():
     """The distributed optimizer's reduce-scatter (bf16 grads) + all-gather (FP8 weights under --fp8-param-gather):
     (2 + 1) / (2 + 2) of the 16-bit traffic; Llama 3.1 405B's Megatron-Bridge row (DP 8 x CP 2 over the network)."""
-    row = MEGATRON_BRIDGE_H100[1]
-    (f8, _), (b16, _) = _bridge_estimate(row), _bridge_estimate(row, precision="bf16")
+    row = MEGATRON_BRIDGE_H100[1]   # the traffic, not hidden (--overlap none)
+    (f8, _), (b16, _) = _bridge_estimate(row, overlap=()), _bridge_estimate(row, precision="bf16", overlap=())
     assert b16.time.dp_comm_s > 0
     assert f8.time.dp_comm_s == pytest.approx(0.75 * b16.time.dp_comm_s)
 
@@ -209,7 +209,7 @@ def test_megatron_lm_reduces_fp32_main_grads_under_bf16():
     for precision in ("bf16", "fp16"):
         for dtype in ("fp32", "bf16"):
             t = TrainingSpec(global_batch=gbs, seq_len=seq, framework="megatron-lm", precision=precision,
-                             grad_reduce_dtype=dtype)
+                             grad_reduce_dtype=dtype, overlap=())   # the traffic, not hidden
             for zero in (0, 1):
                 c = Candidate(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, gas=gbs // (mbs * dp), zero=zero, sp=True, vpp=vp)
                 times[precision, dtype, zero] = estimate(m, cluster, t, c).time.dp_comm_s
@@ -217,7 +217,8 @@ def test_megatron_lm_reduces_fp32_main_grads_under_bf16():
     assert times["bf16", "fp32", 1] == pytest.approx(1.5 * times["bf16", "bf16", 1])
     assert times["bf16", "fp32", 0] == pytest.approx(2.0 * times["bf16", "bf16", 0])
     assert times["fp16", "fp32", 1] == pytest.approx(times["fp16", "bf16", 1]) == pytest.approx(times["bf16", "bf16", 1])
-    f8, _ = _bridge_estimate(row, grad_reduce_dtype="fp32")   # FP8 weights gathered, fp32 grads reduced: (4 + 1) / 4
+    # FP8 weights gathered, fp32 grads reduced: (4 + 1) / 4
+    f8, _ = _bridge_estimate(row, grad_reduce_dtype="fp32", overlap=())
     assert f8.time.dp_comm_s == pytest.approx(1.25 * times["bf16", "bf16", 1])
 
 

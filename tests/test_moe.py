@@ -336,13 +336,13 @@ BRIDGE_MOE = {  # name: (model, gpu, GPUs, GBS, MBS, PP, VPP, EP, recompute, pub
 }
 
 
-def _bridge_tokens_per_gpu(row: str, **moe_overrides) -> float:
+def _bridge_tokens_per_gpu(row: str, overlap: tuple[str, ...] | None = None, **moe_overrides) -> float:
     from planner import make_cluster
     from planner.rank import estimate
     from planner.space import Candidate, TrainingSpec
 
     name, gpu, gpus, gbs, mbs, pp, vpp, ep, recompute, _ = BRIDGE_MOE[row]
-    t = TrainingSpec(global_batch=gbs, seq_len=4096, precision="fp8", framework="megatron-lm")
+    t = TrainingSpec(global_batch=gbs, seq_len=4096, precision="fp8", framework="megatron-lm", overlap=overlap)
     dp = gpus // pp
     c = Candidate(tp=1, pp=pp, dp=dp, ep=ep, mbs=mbs, gas=gbs // (mbs * dp), recompute=recompute, zero=1, vpp=vpp)
     e = estimate(load_model(name), make_cluster(gpu=gpu, gpus=gpus), t, c)
@@ -376,9 +376,10 @@ def test_bridge_moe_rows_tokens_per_gpu(row, tol):
 def test_small_expert_launches_narrow_the_qwen3_h100_gap():
     """Qwen3-30B-A3B on 16 H100 was predicted 1.84x too fast (tokens/s) without the post-sync launch model; with
     it the prediction must come below 1.7x (1.66x measured; the rest is not launch-bound, see
-    tests/bench/validate_moe_cp.py)."""
+    tests/bench/validate_moe_cp.py). Measured without communication overlap, as when the launch model was fitted:
+    Megatron's overlapped p2p (VP 24: 1.4 s of p2p hidden) takes this row to 1.81x (issue 19)."""
     published = BRIDGE_MOE["qwen3-h100"][-1]
-    with_launches = _bridge_tokens_per_gpu("qwen3-h100") / published
+    with_launches = _bridge_tokens_per_gpu("qwen3-h100", overlap=()) / published
     assert with_launches < 1.7
 
 

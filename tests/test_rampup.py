@@ -12,7 +12,8 @@ import pytest
 
 from planner.hardware import make_cluster
 from planner.model import Rampup, get_preset
-from planner.rampup import plan_launches, rampup_problems, rampup_schedule, relaunch_batches
+from planner.rampup import rampup_problems
+from planner.rampup_schedule import plan_launches, rampup_schedule, relaunch_batches
 from planner.rank import plan
 from planner.space import TrainingSpec
 

@@ -1,14 +1,15 @@
 """Model and run facts the emitters write, taken from the model and the token budget (never BLOOM's for all).
 
 The model's own facts are ModelSpec fields (``rope_theta``, ``norm_eps``, ``init_std``: the config.json's, the preset's
-or the model YAML's); otherwise the defaults below, each with its source.
+or the model YAML's; the RoPE base with its default is `planner.model.rope_theta`, re-exported here for the
+emitters); otherwise the defaults below, each with its source.
 """
 
 from __future__ import annotations
 
 import math
 
-from planner.model import ModelSpec
+from planner.model import ModelSpec, rope_theta
 from planner.space import TrainingSpec
 
 WARMUP_TOKENS = 375e6
@@ -20,17 +21,10 @@ MIN_LR_RATIO = 0.1
 GPT3_LR = ((125e6, 6.0e-4), (350e6, 3.0e-4), (760e6, 2.5e-4), (1.3e9, 2.0e-4), (2.7e9, 1.6e-4), (6.7e9, 1.2e-4),
            (13e9, 1.0e-4), (175e9, 0.6e-4))
 """peak learning rate by parameter count (GPT-3, Brown et al. 2020, Table 2.1)"""
-DEFAULT_ROPE_THETA = 10000.0
-"""RoFormer's RoPE base (Su et al. 2021), Megatron's --rotary-base default: for a model that states none"""
 LLAMA_INIT_STD = 0.02
 """Llama's initializer_range (Hugging Face LlamaConfig, the published checkpoints' config.json)"""
 VOCAB_MULTIPLE = 128
 """Megatron's --make-vocab-size-divisible-by default (both forks' megatron/arguments.py, Megatron-LM)"""
-
-
-def rope_theta(model: ModelSpec) -> float:
-    """The model's RoPE base (ModelSpec.rope_theta: the file's, or the preset's), else RoFormer's 10,000."""
-    return float(model.rope_theta or DEFAULT_ROPE_THETA)
 
 
 def dropout(model: ModelSpec) -> float | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from planner import recompute as recompute_modes
 from planner.emit import facts, parallel_extras
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
+from planner.framework import overlaps
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 
@@ -105,8 +106,26 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
                  ("--ckpt-format", "fsdp_dtensor")]
     if t.grad_reduce_dtype == "bf16":
         args.append(("--grad-reduce-in-bf16",))
+    args += overlap_args(setup)
     args += [tuple(f) for f in parallel_extras.megatron_lm_flags(setup)]   # CP / EP / MoE / MLA / FP8 / RoPE scaling
     return args
 
 
-__all__ = ["MEGATRON_FSDP_STRATEGY", "megatron_lm_args"]
+def overlap_args(setup: RunSetup) -> list[Arg]:
+    """The overlaps the planner's time assumed (planner.framework.overlaps, planner.cost's terms), as Megatron-LM's
+    flags: --overlap-param-gather only with the distributed optimizer, --tp-comm-overlap only with SP, and p2p
+    overlap is Megatron's default with VPP (turned off by --no-overlap-p2p-communication)."""
+    c, on = setup.candidate, overlaps(setup.training)
+    args: list[Arg] = []
+    if "grad-reduce" in on and c.dp * c.cp > 1:
+        args.append(("--overlap-grad-reduce",))
+        if "param-gather" in on and c.zero == 1:
+            args.append(("--overlap-param-gather",))
+    if "tp-comm" in on and c.sp and c.tp > 1:
+        args.append(("--tp-comm-overlap",))
+    if "p2p" not in on and c.vpp > 1:
+        args.append(("--no-overlap-p2p-communication",))
+    return args
+
+
+__all__ = ["MEGATRON_FSDP_STRATEGY", "megatron_lm_args", "overlap_args"]

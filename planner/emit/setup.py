@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
-from planner.rules import FLAVORS, MEGATRON_OPTIMIZERS, Target, setup_violations
-from planner.space import Candidate, TrainingSpec
+from planner.rules import MEGATRON_OPTIMIZERS, Target, setup_violations
+from planner.space import FLAVORS, FRAMEWORKS, Candidate, TrainingSpec
 
-KINDS = ("megatron-deepspeed", "megatron-lm", "fsdp")
+KINDS = FRAMEWORKS
+"""an emitter per framework"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -157,26 +157,25 @@ or its FITTED per-micro-batch framework overhead dropped; stated before any run,
 
 
 def perturbed_time(time, term: str, factor: float):
-    """A `planner.cost.TimeBreakdown` with one term mis-scaled (the step time moves by the same seconds)."""
+    """A `planner.cost.TimeBreakdown` with one term mis-scaled: the step moves by that line's seconds x (factor - 1),
+    added as one more communication term (so `tune`'s refit scales it with the others); the framework's
+    per-micro-batch overhead is dropped from its term (p2p and bubble both)."""
     from dataclasses import replace
 
-    if term == "tp":
-        delta = time.tp_comm_s * (factor - 1)
-        return replace(time, tp_comm_s=time.tp_comm_s + delta, step_time_s=time.step_time_s + delta)
-    if term == "dp":
-        delta = time.dp_comm_s * (factor - 1)
-        return replace(time, dp_comm_s=time.dp_comm_s + delta, step_time_s=time.step_time_s + delta)
-    if term == "pp":
-        p2p, bubble = time.pp_p2p_s - time.pp_overhead_s, time.pp_bubble_s - time.bubble_overhead_s
-        d_p2p, d_bubble = p2p * (factor - 1), bubble * (factor - 1)
-        return replace(time, pp_p2p_s=time.pp_p2p_s + d_p2p, pp_bubble_s=time.pp_bubble_s + d_bubble,
-                       step_time_s=time.step_time_s + d_p2p + d_bubble)
+    from planner.cost import breakdown
+    from planner.terms import COMMUNICATION, TermTime
+
+    step = time.terms
     if term == "no-overhead":
-        delta = time.pp_overhead_s + time.bubble_overhead_s
-        return replace(time, pp_p2p_s=time.pp_p2p_s - time.pp_overhead_s,
-                       pp_bubble_s=time.pp_bubble_s - time.bubble_overhead_s, pp_overhead_s=0.0,
-                       bubble_overhead_s=0.0, step_time_s=time.step_time_s - delta)
-    raise ValueError(term)
+        step = step.scaled(("pp_microbatch_overhead",), 0.0)
+    else:
+        seconds = {"tp": time.tp_comm_s, "dp": time.dp_comm_s,
+                   "pp": time.pp_p2p_s - time.pp_overhead_s + time.pp_bubble_s - time.bubble_overhead_s}[term]
+        group = {"tp": "tp_comm_s", "dp": "dp_comm_s", "pp": "pp_p2p_s"}[term]
+        extra = TermTime(name=f"perturbed {term}", kind=COMMUNICATION, group=group, per_microbatch=False,
+                         seconds=seconds * (factor - 1))
+        step = replace(step, terms=(*step.terms, extra))
+    return breakdown(step, time.params, model_flops=time.model_flops, hardware_flops=time.hardware_flops)
 
 
 def perturb(case: Case, term: str, factor: float) -> Case:

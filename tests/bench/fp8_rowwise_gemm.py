@@ -1,5 +1,5 @@
 """Rowwise vs tensorwise float8 GEMMs (torch._scaled_mm) and bf16 on this GPU, for Llama 3 8B's four layer GEMMs at
-8192 tokens: the measurement behind planner.fp8.ROWWISE_GEMM_EFFICIENCY.
+8192 tokens: the measurement behind planner.constants.ROWWISE_GEMM_EFFICIENCY.
 
     python tests/bench/fp8_rowwise_gemm.py      # needs FP8 tensor cores (H100/H200/B200); prints JSON
 

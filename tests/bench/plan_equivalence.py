@@ -66,9 +66,17 @@ def _api(argv: list[str]) -> str:
     lines = [f"total={p.total} survivors={len(p.candidates)}"]
     lines += [f"pruned {r.value} {n}" for r, n in p.pruned.items()]
     lines += [f"example {r.value} {c!r} {v!r}" for r, (c, v) in p.examples.items()]
-    lines += [repr(e) for e in p.candidates]
-    lines.append(f"free_best {p.free_best!r}")
+    lines += [_repr(e) for e in p.candidates]
+    lines.append(f"free_best {_repr(p.free_best)}")
     return "\n".join(lines)
+
+
+def _repr(e) -> str:
+    """An Estimate's repr without its time's `terms` and `params` (the lines they sum to are printed): comparable
+    with fingerprints written before the step time became a list of terms."""
+    if e is None or e.time is None:
+        return repr(e)
+    return repr(e).replace(repr(e.time), repr(e.time).split(", terms=")[0] + ")")
 
 
 def fingerprints() -> dict[str, str]:
