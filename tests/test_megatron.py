@@ -255,8 +255,11 @@ def test_layout_the_fork_refuses_is_a_crash_with_its_message(tmp_path):
 
 @pytest.mark.slow
 def test_any_backend_without_run_command_runs_here_one_replica_when_too_big(tmp_path):
-    class Wrapper(ProbeBackend):  # e.g. tune's one-node wrapper around LocalBackend
+    class Wrapper(ProbeBackend):  # e.g. tune's one-node wrapper around LocalBackend: no run_command of its own
         name = "wrapper"
+
+        def run(self, spec, *, workdir, timeout_s):   # the probe runs Megatron here, never through this
+            raise AssertionError("MegatronProbe must run the command itself on a backend without run_command")
 
     probe = MegatronProbe(f"python {FAKE} {{args}} --fake-step-ms 50", Wrapper(), max_local_procs=2)
     spec = tiny_spec(model=tiny_model(tied_embeddings=True), tp=1, pp=2, dp=4, mbs=1, gas=2, precision="bf16")
