@@ -57,9 +57,7 @@ def emitted(request, tmp_path):
 
 def test_writes_every_file_of_its_kind(emitted) -> None:
     case, out, paths = emitted
-    custom = case.kind == "fsdp" and case.setup.model.name not in fsdp.LLAMA3_FLAVORS   # plantune_model.py
-    assert {p.name for p in paths} == FILES[case.kind] | ({fsdp.MODEL_FILE} if custom else set()) \
-        == {p.name for p in out.iterdir()}
+    assert {p.name for p in paths} == FILES[case.kind] == {p.name for p in out.iterdir()}
     assert all(p.parent == out for p in paths)
 
 
