@@ -115,6 +115,8 @@ def config_text(setup: RunSetup) -> str:
                       f"model_compile_enabled={compile_on})]")
     training = {k: repr(tr[k]) for k in ("local_batch_size", "global_batch_size", "seq_len", "max_norm", "steps",
                                          "mixed_precision_param", "mixed_precision_reduce")}
+    if c.pp > 1 or c.ep > 1:   # Trainer.Config._validate_cuda_graphs: no CUDA graphs under PP (nor host-synced EP)
+        training["disable_cuda_graphs"] = "True"
     trainer = {
         "loss": "ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config("
                 "global_vocab_size=decoder_vocab_size(model_spec)))",
