@@ -25,6 +25,7 @@ VERSION = "0.3.0"
 MODULE = "plantune_torchtitan"
 FILE_NAME = f"{MODULE}.py"
 CONFIG_FN = "plantune"
+CUSTOM = fsdp.CUSTOM_FLAVOR
 """the config function ``--config`` names"""
 FP8_RECIPES = ("rowwise",)
 """plantune's --fp8-recipe values 0.3.0's Float8LinearConverter has (tensorwise went with 0.3.0)"""
@@ -95,9 +96,6 @@ def _model_lines(setup: RunSetup) -> list[str]:
     return lines
 
 
-CUSTOM = fsdp.CUSTOM_FLAVOR
-
-
 def _parallelism(setup: RunSetup) -> dict:
     return {k: v for k, v in fsdp.parallelism(setup).items() if k != "enable_async_tensor_parallel"}
 
@@ -118,8 +116,8 @@ def config_text(setup: RunSetup) -> str:
     if c.pp > 1 or c.ep > 1:   # Trainer.Config._validate_cuda_graphs: no CUDA graphs under PP (nor host-synced EP)
         training["disable_cuda_graphs"] = "True"
     trainer = {
-        "loss": "ChunkedLossWrapper.Config(loss_fn=CrossEntropyLoss.Config("
-                "global_vocab_size=decoder_vocab_size(model_spec)))",
+        "loss": "ChunkedLossWrapper.Config(\n            loss_fn=CrossEntropyLoss.Config("
+                "global_vocab_size=decoder_vocab_size(model_spec)),\n        )",
         "hf_assets_path": repr(f"{fsdp.PLACEHOLDER}HF_ASSETS_PATH"),
         "dump_folder": repr(d["job"]["dump_folder"]),
         "metrics": _call("MetricsProcessor.Config", {k: repr(v) for k, v in d["metrics"].items()}, 8),
@@ -127,8 +125,8 @@ def config_text(setup: RunSetup) -> str:
         "optimizer": f"default_adamw(lr={opt['lr']!r}, eps={opt['eps']!r}, weight_decay={opt['weight_decay']!r})",
         "lr_scheduler": _call("LRSchedulersContainer.Config", {k: repr(v) for k, v in lr.items()}, 8),
         "training": _call("TrainingConfig", training, 8),
-        "dataloader": f"HuggingFaceTextDataLoader.Config(dataset={tr['dataset']!r}, "
-                      f"dataset_path={tr['dataset_path']!r})",
+        "dataloader": _call("HuggingFaceTextDataLoader.Config", {k: repr(tr[k]) for k in ("dataset", "dataset_path")},
+                            8),
         "parallelism": _call("ParallelismConfig", {k: repr(v) for k, v in _parallelism(setup).items()}, 8),
         "checkpoint": _call("CheckpointManager.Config", {k: repr(v) for k, v in d["checkpoint"].items()}, 8),
         "activation_checkpoint": _ac(setup),
@@ -138,8 +136,8 @@ def config_text(setup: RunSetup) -> str:
     head = [f'"""torchtitan {VERSION} job for {one_line(m.name)}, written by plantune: FSDP {c.fsdp_strategy}, '
             f"DP={c.dp}, TP={c.tp}, PP={c.pp}, CP={c.cp},",
             f"MBS={c.mbs}, GAS={c.gas}, recompute {c.recompute}. Start it with ./{fsdp.LAUNCHER}, which runs",
-            f"python -m torchtitan.train --module {MODULE} --config {CONFIG_FN} and sets the {fsdp.PLACEHOLDER}* "
-            "values from its environment."]
+            f"python -m torchtitan.train --module {MODULE} --config {CONFIG_FN}",
+            f"and replaces the {fsdp.PLACEHOLDER}* values from its environment (command-line overrides)."]
     if train_samples(t) is None:
         head.append("No token budget was given: set training steps (or --training.steps on the command line).")
     lines = [*head, '"""', "",
@@ -181,4 +179,5 @@ def files(setup: RunSetup) -> dict[str, str]:
     return {FILE_NAME: config_text(setup), fsdp.LAUNCHER: launcher_text(setup)}
 
 
-__all__ = ["CONFIG_FN", "OVERRIDES", "FILE_NAME", "MODULE", "VERSION", "config_text", "files", "launcher_text", "problems"]
+__all__ = ["CONFIG_FN", "FILE_NAME", "MODULE", "OVERRIDES", "VERSION", "config_text", "files", "launcher_text",
+           "problems"]
