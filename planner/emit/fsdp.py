@@ -1,8 +1,9 @@
 """FSDP: a torchtitan job (``launch_torchtitan.sh`` runs ``torchrun -m torchtitan.train --job.config_file
 torchtitan.toml`` on every node, inside SLURM or not).
 
-Target: torchtitan 0.2.2 from PyPI, the last release configured by TOML (0.3.0 replaced the TOML with Python
-config_registry functions and tyro: planner/emit has no writer for it yet). Section and field names are v0.2.2's
+Target: torchtitan 0.2.2 from PyPI, the last release configured by TOML (``--torchtitan-version 0.2.2``; 0.3.0,
+the default, replaced the TOML with Python config functions: `planner.emit.torchtitan_py`, which reuses the mesh,
+batch, schedule and launcher here). Section and field names are v0.2.2's
 torchtitan/config/job_config.py; tests/test_torchtitan_parser.py parses the emitted file with v0.2.2's own
 ConfigManager (CI installs it into build/torchtitan). A model that is not one of torchtitan's llama3 flavors gets its
 flavor from ``plantune_model.py``, which registers `TorchtitanModelArgs` as torchtitan's

@@ -46,7 +46,8 @@ def problems(setup: RunSetup) -> list[str]:
         out.append(f"torchtitan {VERSION} has per-op selective activation checkpointing only, not {c.recompute} "
                    "(use --recompute selective or full, or --torchtitan-version 0.2.2)")
     if m.rope_scaling not in ("", "llama3"):
-        out.append(f"torchtitan {VERSION}'s llama3 RoPE has llama scaling only, not {m.rope_scaling}")
+        out.append(f"torchtitan {VERSION}'s llama3 RoPE has Llama 3.1 scaling only, not {m.rope_scaling} "
+                   "(emit megatron-lm for this model)")
     return out
 
 
@@ -73,7 +74,7 @@ def _model_lines(setup: RunSetup) -> list[str]:
               "rope": "ComplexRoPE.Config(" + ", ".join(f"{k}={v!r}" for k, v in rope.items()) + ")",
               "attn_backend": "attn_backend", "tp_gemm_backend": "tp_gemm_backend"}
     layers = {k: (v if k in ("rope", "attn_backend", "tp_gemm_backend") else repr(v)) for k, v in layers.items()}
-    lines = [
+    return [
         "",
         "",
         f"def _{CUSTOM}(attn_backend: str, tp_gemm_backend: str = \"default\") -> llama3.Llama3Model.Config:",
@@ -93,7 +94,6 @@ def _model_lines(setup: RunSetup) -> list[str]:
         "",
         f'llama3.llama3_configs["{CUSTOM}"] = _{CUSTOM}',
     ]
-    return lines
 
 
 def _parallelism(setup: RunSetup) -> dict:
