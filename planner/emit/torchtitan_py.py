@@ -10,14 +10,14 @@ only: no layer-wise selective AC), components/quantization/float8.py Float8Linea
 rowwise_with_gw_hp: no tensorwise), hf_datasets/text_datasets.py HuggingFaceTextDataLoader, models/llama3
 model_registry and llama3_configs (the flavors). A model that is not one of torchtitan's llama3 flavors is built in
 the module from torchtitan's own llama3 layer builder and registered as flavor "plantune" (no source patch).
-tests/test_torchtitan_parser.py loads the emitted module through 0.3.0's ConfigManager (build/torchtitan-0.3.0).
+tests/test_torchtitan3_parser.py loads the emitted module through 0.3.0's ConfigManager (build/torchtitan-0.3.0).
 The mesh, schedule, batch and learning-rate values are `planner.emit.fsdp`'s, shared with the 0.2.2 TOML.
 """
 
 from __future__ import annotations
 
 from planner import recompute as recompute_modes
-from planner.emit import facts, fsdp
+from planner.emit import fsdp
 from planner.emit.setup import RunSetup, one_line, train_samples
 from planner.errors import InputError
 
@@ -25,12 +25,12 @@ VERSION = "0.3.0"
 MODULE = "plantune_torchtitan"
 FILE_NAME = f"{MODULE}.py"
 CONFIG_FN = "plantune"
-CUSTOM = fsdp.CUSTOM_FLAVOR
 """the config function ``--config`` names"""
+CUSTOM = fsdp.CUSTOM_FLAVOR
 FP8_RECIPES = ("rowwise",)
 """plantune's --fp8-recipe values 0.3.0's Float8LinearConverter has (tensorwise went with 0.3.0)"""
 OVERRIDES = {"DATASET": "--dataloader.dataset", "DATASET_PATH": "--dataloader.dataset_path",
-              "HF_ASSETS_PATH": "--hf_assets_path"}
+             "HF_ASSETS_PATH": "--hf_assets_path"}
 """launcher environment -> the CLI override that replaces the module's placeholder"""
 
 
@@ -63,7 +63,8 @@ def _call(name: str, kw: dict, indent: int) -> str:
 
 
 def _model_lines(setup: RunSetup) -> list[str]:
-    """The custom flavor: torchtitan's llama3 builder with this model's sizes (facts.torchtitan_model_args)."""
+    """The custom flavor: torchtitan's llama3 builder with this model's sizes (facts.torchtitan_model_args;
+    untied embeddings, as the rulebook requires of fsdp)."""
     a = fsdp.model_args(setup.model)
     rope = {"dim": a.dim // a.n_heads, "max_seq_len": a.max_seq_len, "theta": a.rope_theta,
             "scaling": "llama" if setup.model.rope_scaling == "llama3" else "none"}
