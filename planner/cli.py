@@ -275,9 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "bigscience-workshop/Megatron-DeepSpeed) or microsoft (deepspeedai/Megatron-DeepSpeed: "
                         "GQA, RMSNorm, FlashAttention, ZeRO-2/3 without PP, selective recompute, SP); with --from: "
                         "the file's fork unless given")
-    p.add_argument("--torchtitan-version", "--torchtitan_version", choices=("0.3.0", "0.2.2"), default="0.3.0",
-                   help="with --emit fsdp: the torchtitan release to write for: 0.3.0 (default; a Python config "
-                        "module, plantune_torchtitan.py) or 0.2.2 (torchtitan.toml)")
+    from planner.emit.write import TORCHTITAN_VERSIONS
+
+    p.add_argument("--torchtitan-version", "--torchtitan_version", choices=TORCHTITAN_VERSIONS,
+                   default=TORCHTITAN_VERSIONS[0], help="with --emit fsdp: the torchtitan release to write for: "
+                   f"{TORCHTITAN_VERSIONS[0]} (default; a Python config module, plantune_torchtitan.py) or "
+                   f"{TORCHTITAN_VERSIONS[1]} (torchtitan.toml)")
     p.add_argument("--out", help="folder for --emit (default run/); files already there need --force")
     p.add_argument("--force", action="store_true", help="with --emit: replace the files --out already holds")
     p.add_argument("--reservation", help="SLURM reservation for launch.sbatch")
