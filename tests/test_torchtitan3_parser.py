@@ -178,3 +178,18 @@ def test_launcher_passes_the_placeholders_as_overrides(tmp_path) -> None:
         "-m", "torch.distributed.run", "--nnodes", str(cl.nodes), "--nproc_per_node", str(cl.gpus_per_node),
         "--node_rank", "3", "--rdzv_backend", "c10d", "--rdzv_endpoint", "node0:29500", "-m", "torchtitan.train",
         "--module", torchtitan_py.MODULE, "--config", torchtitan_py.CONFIG_FN, *FILLED, "--training.steps", "5"]
+
+
+def test_plan_cli_picks_the_torchtitan_version(tmp_path, capsys) -> None:
+    from planner.cli import main
+
+    base = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "H100-SXM", "--emit", "fsdp"]
+    assert main([*base, "--out", str(tmp_path / "new")]) == 0
+    assert {p.name for p in (tmp_path / "new").iterdir()} == {"plan.yaml", torchtitan_py.FILE_NAME, fsdp.LAUNCHER}
+    assert main([*base, "--torchtitan-version", "0.2.2", "--out", str(tmp_path / "old")]) == 0
+    assert {p.name for p in (tmp_path / "old").iterdir()} == {"plan.yaml", fsdp.FILE_NAME, fsdp.LAUNCHER}
+    capsys.readouterr()
+    code = main([*base, "--precision", "fp8", "--fp8-recipe", "tensorwise", "--out", str(tmp_path / "fp8")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--fp8-recipe rowwise" in err
+    assert not (tmp_path / "fp8").exists()
