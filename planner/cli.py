@@ -293,6 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "bigscience-workshop/Megatron-DeepSpeed) or microsoft (deepspeedai/Megatron-DeepSpeed: "
                         "GQA, RMSNorm, FlashAttention, ZeRO-2/3 without PP, selective recompute, SP); with --from: "
                         "the file's fork unless given")
+    from planner.emit.write import TORCHTITAN_VERSIONS
+
+    p.add_argument("--torchtitan-version", "--torchtitan_version", choices=TORCHTITAN_VERSIONS,
+                   default=TORCHTITAN_VERSIONS[0], help="with --emit fsdp: the torchtitan release to write for: "
+                   f"{TORCHTITAN_VERSIONS[0]} (default; a Python config module, plantune_torchtitan.py) or "
+                   f"{TORCHTITAN_VERSIONS[1]} (torchtitan.toml)")
     p.add_argument("--out", help="folder for --emit (default run/); files already there need --force")
     p.add_argument("--force", action="store_true", help="with --emit: replace the files --out already holds")
     p.add_argument("--reservation", help="SLURM reservation for launch.sbatch")
@@ -431,7 +437,7 @@ def _emit(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec, trai
 
     return emit(_setup(model, cluster, training, est), args.emit, Path(args.out or "run"),
                 flavor=flavor or training.flavor, reservation=args.reservation, time_hours=args.time_limit,
-                force=args.force)
+                force=args.force, torchtitan_version=args.torchtitan_version)
 
 
 def targets_for(training: TrainingSpec, emit: str | None) -> tuple[Target, ...]:

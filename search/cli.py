@@ -26,6 +26,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from planner.cli import OneLineParser, add_setup_arguments, number, setup_from_args
+from planner.emit.write import TORCHTITAN_VERSIONS
 from planner.errors import PlantuneError
 from planner.files import check_out, write_files
 
@@ -171,6 +172,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     o.add_argument("--emit", choices=EMIT_KINDS, help="write the best measured configuration like plan --emit")
     o.add_argument("--emit-flavor", "--emit_flavor", choices=("bigscience", "microsoft"), default="bigscience",
                    help="--emit megatron-deepspeed: which fork's arguments (default bigscience)")
+    o.add_argument("--torchtitan-version", "--torchtitan_version", choices=TORCHTITAN_VERSIONS,
+                   default=TORCHTITAN_VERSIONS[0], help="--emit fsdp: the torchtitan release to write for (default "
+                   f"{TORCHTITAN_VERSIONS[0]}, a Python config module; {TORCHTITAN_VERSIONS[1]}: torchtitan.toml)")
     o.add_argument("--out", help="folder for --emit (default WORKDIR/run); an existing non-empty folder needs --force")
     o.add_argument("--force", action="store_true",
                    help="let --out replace files in an existing folder (a symbolic link is replaced, never followed)")
@@ -371,7 +375,8 @@ def _emit_best(args: argparse.Namespace, model, cluster, training, best_summary,
                                 model_tflops_per_gpu=round(t.model_tflops_per_gpu, 3),
                                 hardware_tflops_per_gpu=round(t.hardware_tflops_per_gpu, 3), mfu=round(t.mfu, 4))
     files = render(RunSetup(model=model, cluster=cluster, training=training, candidate=cand, prediction=prediction),
-                   args.emit, flavor=args.emit_flavor, reservation=args.reservation)
+                   args.emit, flavor=args.emit_flavor, reservation=args.reservation,
+                   torchtitan_version=args.torchtitan_version)
     files["tune_measured.json"] = json.dumps({"study": args.study, "storage": storage, **best_summary.to_dict(),
                                               "calibration": {"compute_scale": calibration.compute_scale,
                                                               "comm_scale": calibration.comm_scale}}, indent=1) + "\n"

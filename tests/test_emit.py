@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_DIR = REPO / "examples" / "bloom-176b-48x8-a100"
 FILES = {"megatron-deepspeed": {"plan.yaml", "ds_config.json", "args.txt", "megatron_args.sh", "launch.sbatch"},
          "megatron-lm": {"plan.yaml", "args.txt", "megatron_args.sh", "launch.sbatch"},
-         "fsdp": {"plan.yaml", "torchtitan.toml", "launch_torchtitan.sh"}}
+         "fsdp": {"plan.yaml", "plantune_torchtitan.py", "launch_torchtitan.sh"}}   # torchtitan 0.3.0
 
 
 def _ids(case) -> str:
@@ -57,9 +57,7 @@ def emitted(request, tmp_path):
 
 def test_writes_every_file_of_its_kind(emitted) -> None:
     case, out, paths = emitted
-    custom = case.kind == "fsdp" and case.setup.model.name not in fsdp.LLAMA3_FLAVORS   # plantune_model.py
-    assert {p.name for p in paths} == FILES[case.kind] | ({fsdp.MODEL_FILE} if custom else set()) \
-        == {p.name for p in out.iterdir()}
+    assert {p.name for p in paths} == FILES[case.kind] == {p.name for p in out.iterdir()}
     assert all(p.parent == out for p in paths)
 
 
@@ -319,7 +317,7 @@ def test_megatron_lm_even_split_writes_no_split_flags(tmp_path) -> None:
 def test_torchtitan_toml(case, tmp_path) -> None:
     import tomllib
 
-    emit(case.setup, case.kind, tmp_path)
+    emit(case.setup, case.kind, tmp_path, torchtitan_version="0.2.2")
     d = tomllib.loads((tmp_path / "torchtitan.toml").read_text())
     c, cl = case.setup.candidate, case.setup.cluster
     par, tr = d["parallelism"], d["training"]

@@ -152,7 +152,7 @@ def test_torchtitan_keys_for_fsdp():
     setup = RunSetup(model=m, cluster=make_cluster(gpu="H100", gpus=64),
                      training=TrainingSpec(global_batch=512, seq_len=32768, framework="fsdp", precision="fp8"),
                      candidate=Candidate(tp=1, pp=1, dp=32, cp=2, mbs=1, gas=16, zero=3))
-    d = tomllib.loads(render(setup, "fsdp")["torchtitan.toml"])
+    d = tomllib.loads(render(setup, "fsdp", torchtitan_version="0.2.2")["torchtitan.toml"])
     assert {"context_parallel_degree", "expert_parallel_degree"} <= set(TORCHTITAN["parallelism"])
     assert (d["parallelism"]["context_parallel_degree"], d["parallelism"]["expert_parallel_degree"]) == (2, 1)
     assert d["parallelism"]["data_parallel_shard_degree"] == 32

@@ -57,7 +57,7 @@ CASES = {
 @pytest.mark.parametrize("name", CASES)
 def test_torchtitan_parses_the_emitted_config(name, tmp_path) -> None:
     setup = CASES[name]
-    emit(setup, "fsdp", tmp_path)
+    emit(setup, "fsdp", tmp_path, torchtitan_version=fsdp.TORCHTITAN_VERSION)
     proc = subprocess.run([sys.executable, "-c", DRIVER, str(SRC), str(tmp_path / fsdp.FILE_NAME)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -92,7 +92,7 @@ def test_model_args_give_the_model_ffn() -> None:
 
 def test_launcher_refuses_unset_placeholders(tmp_path) -> None:
     setup = CASES["llama2-7b-hsdp-custom-flavor"]
-    emit(setup, "fsdp", tmp_path)
+    emit(setup, "fsdp", tmp_path, torchtitan_version=fsdp.TORCHTITAN_VERSION)
     env = {k: v for k, v in os.environ.items() if k not in ("DATASET", "DATASET_PATH", "HF_ASSETS_PATH")}
     proc = subprocess.run(["bash", str(tmp_path / fsdp.LAUNCHER)], capture_output=True, text=True, env=env)
     assert proc.returncode != 0 and "set DATASET" in proc.stderr

@@ -1,8 +1,9 @@
 """FSDP: a torchtitan job (``launch_torchtitan.sh`` runs ``torchrun -m torchtitan.train --job.config_file
 torchtitan.toml`` on every node, inside SLURM or not).
 
-Target: torchtitan 0.2.2 from PyPI, the last release configured by TOML (0.3.0 replaced the TOML with Python
-config_registry functions and tyro: planner/emit has no writer for it yet). Section and field names are v0.2.2's
+Target: torchtitan 0.2.2 from PyPI, the last release configured by TOML (``--torchtitan-version 0.2.2``; 0.3.0,
+the default, replaced the TOML with Python config functions: `planner.emit.torchtitan_py`, which reuses the mesh,
+batch, schedule and launcher here). Section and field names are v0.2.2's
 torchtitan/config/job_config.py; tests/test_torchtitan_parser.py parses the emitted file with v0.2.2's own
 ConfigManager (CI installs it into build/torchtitan). A model that is not one of torchtitan's llama3 flavors gets its
 flavor from ``plantune_model.py``, which registers `TorchtitanModelArgs` as torchtitan's
@@ -87,7 +88,8 @@ def _mesh(setup: RunSetup) -> dict:
             "fsdp_reshard_after_forward": after}
 
 
-def _parallelism(setup: RunSetup) -> dict:
+def parallelism(setup: RunSetup) -> dict:
+    """The [parallelism] table (0.3.0's ParallelismConfig has the same names, less async TP)."""
     c, t = setup.candidate, setup.training
     out = {**_mesh(setup), "tensor_parallel_degree": c.tp, "pipeline_parallel_degree": c.pp,
            "context_parallel_degree": c.cp, "expert_parallel_degree": c.ep}
@@ -125,7 +127,7 @@ def torchtitan_dict(setup: RunSetup) -> dict[str, dict]:
                      "global_batch_size": t.global_batch, "seq_len": t.seq_len,
                      "max_norm": 1.0, "steps": steps if steps is not None else 10000,
                      "mixed_precision_param": _DTYPES[t.precision], "mixed_precision_reduce": "float32"},
-        "parallelism": _parallelism(setup),
+        "parallelism": parallelism(setup),
         "checkpoint": {"enable": True, "folder": "checkpoint", "interval": 500},
         "activation_checkpoint": activation_checkpoint(setup),
         "compile": {"enable": t.torch_compile, "components": ["model", "loss"]},
@@ -188,28 +190,8 @@ def model_file_text(setup: RunSetup, args: TorchtitanModelArgs | None = None) ->
 
 
 def launcher_text(setup: RunSetup) -> str:
-    """``launch_torchtitan.sh``: under SLURM (sbatch launch_torchtitan.sh) or by hand on each node (NODE_RANK,
-    MASTER_ADDR); it fills the placeholders from the environment and stops naming any that is unset."""
-    cl, c = setup.cluster, setup.candidate
-    env = {"DATASET": "a torchtitan dataset name (e.g. c4) or a registered custom one",
-           "DATASET_PATH": "the local folder of the dataset (or none to load it by name)",
-           "HF_ASSETS_PATH": "the tokenizer folder (python scripts/download_hf_assets.py --assets tokenizer)"}
-    lines = [
-        "#!/bin/bash",
-        f"# torchtitan {TORCHTITAN_VERSION} launch for {one_line(setup.model.name)}, written by plantune: "
-        f"{cl.nodes} node(s) x {cl.gpus_per_node} GPUs, TP={c.tp} PP={c.pp} CP={c.cp} DP={c.dp}.",
-        f"# pip install torchtitan=={TORCHTITAN_VERSION} (with its torch); then, from this folder:",
-        "#   DATASET=... DATASET_PATH=... HF_ASSETS_PATH=... sbatch launch_torchtitan.sh",
-        "# or on each node: NODE_RANK=i MASTER_ADDR=host0 DATASET=... ./launch_torchtitan.sh",
-        f"#SBATCH --job-name=plantune-torchtitan", f"#SBATCH --nodes={cl.nodes}", "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gres=gpu:{cl.gpus_per_node}", "#SBATCH --exclusive", "#SBATCH --output=%x-%j.out",
-        "",
-        "set -eu -o pipefail",
-        "PLAN_DIR=${PLAN_DIR:-${SLURM_SUBMIT_DIR:-$(cd \"$(dirname \"$0\")\" && pwd)}}",
-        "cd \"$PLAN_DIR\"",
-        "PYTHON=${PYTHON:-python}",
-        *(f"{k}=${{{k}:?set {k} to {why}}}" for k, why in env.items()),
-        "",
+    """``launch_torchtitan.sh`` for 0.2.2: fills the TOML's placeholders with sed into outputs/ and runs it."""
+    prepare = [
         "# the config as run: every placeholder filled (sed replaces whole values; the file keeps its own)",
         f"CONFIG=\"$PLAN_DIR/outputs/{FILE_NAME}\"",
         "mkdir -p \"$PLAN_DIR/outputs\"",
@@ -222,6 +204,36 @@ def launcher_text(setup: RunSetup) -> str:
         f"    echo \"{LAUNCHER}: placeholders left in $CONFIG (above): set them\" >&2",
         "    exit 2",
         "fi",
+        "export CONFIG",
+    ]
+    return launcher_lines(setup, TORCHTITAN_VERSION, prepare, '--job.config_file "$CONFIG"')
+
+
+def launcher_lines(setup: RunSetup, version: str, prepare: list[str], train_args: str) -> str:
+    """The launcher both versions share: under SLURM (sbatch launch_torchtitan.sh) or by hand on each node
+    (NODE_RANK, MASTER_ADDR); it stops naming any unset placeholder variable, runs ``prepare`` (bash lines) and
+    then ``torch.distributed.run -m torchtitan.train <train_args>`` (bash words, expanded on the node)."""
+    cl, c = setup.cluster, setup.candidate
+    env = {"DATASET": "a torchtitan dataset name (e.g. c4) or a registered custom one",
+           "DATASET_PATH": "the local folder of the dataset (or none to load it by name)",
+           "HF_ASSETS_PATH": "the tokenizer folder (python scripts/download_hf_assets.py --assets tokenizer)"}
+    lines = [
+        "#!/bin/bash",
+        f"# torchtitan {version} launch for {one_line(setup.model.name)}, written by plantune: "
+        f"{cl.nodes} node(s) x {cl.gpus_per_node} GPUs, TP={c.tp} PP={c.pp} CP={c.cp} DP={c.dp}.",
+        f"# pip install torchtitan=={version} (with its torch); then, from this folder:",
+        "#   DATASET=... DATASET_PATH=... HF_ASSETS_PATH=... sbatch launch_torchtitan.sh",
+        "# or on each node: NODE_RANK=i MASTER_ADDR=host0 DATASET=... ./launch_torchtitan.sh",
+        f"#SBATCH --job-name=plantune-torchtitan", f"#SBATCH --nodes={cl.nodes}", "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gres=gpu:{cl.gpus_per_node}", "#SBATCH --exclusive", "#SBATCH --output=%x-%j.out",
+        "",
+        "set -eu -o pipefail",
+        "PLAN_DIR=${PLAN_DIR:-${SLURM_SUBMIT_DIR:-$(cd \"$(dirname \"$0\")\" && pwd)}}",
+        "cd \"$PLAN_DIR\"",
+        "PYTHON=${PYTHON:-python}",
+        *(f"{k}=${{{k}:?set {k} to {why}}}" for k, why in env.items()),
+        "",
+        *prepare,
         "",
         f"NNODES={cl.nodes}",
         f"GPUS_PER_NODE={cl.gpus_per_node}",
@@ -230,13 +242,12 @@ def launcher_text(setup: RunSetup) -> str:
         "    MASTER_ADDR=${HOSTS%%$'\\n'*}",
         "fi",
         "MASTER_ADDR=${MASTER_ADDR:-localhost}",
-        "export PYTHON CONFIG NNODES GPUS_PER_NODE MASTER_ADDR",
-        "export PYTHONPATH=\"$PLAN_DIR${PYTHONPATH:+:$PYTHONPATH}\"   # plantune_model.py (custom flavor)",
+        "export PYTHON NNODES GPUS_PER_NODE MASTER_ADDR",
+        "export PYTHONPATH=\"$PLAN_DIR${PYTHONPATH:+:$PYTHONPATH}\"   # plantune's module(s) in this folder",
         "# one torch.distributed.run per node; its node rank is SLURM_PROCID (one task per node) or NODE_RANK",
         "RUN=" + shlex.quote('exec "$PYTHON" -m torch.distributed.run --nnodes "$NNODES" --nproc_per_node '
                              '"$GPUS_PER_NODE" --node_rank "${SLURM_PROCID:-${NODE_RANK:-0}}" --rdzv_backend c10d '
-                             '--rdzv_endpoint "$MASTER_ADDR:29500" -m torchtitan.train '
-                             '--job.config_file "$CONFIG" "$@"'),
+                             f'--rdzv_endpoint "$MASTER_ADDR:29500" -m torchtitan.train {train_args} "$@"'),
         "if [ -n \"${SLURM_JOB_ID:-}\" ]; then",
         "    exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \"$RUN\" torchrun \"$@\"",
         "fi",

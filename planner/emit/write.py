@@ -11,17 +11,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from planner.emit import fsdp, megatron_deepspeed as md, megatron_lm, sbatch
+from planner.emit import fsdp, megatron_deepspeed as md, megatron_lm, sbatch, torchtitan_py
 from planner.emit.plan_yaml import plan_yaml_text
 from planner.emit.setup import RunSetup, one_line, setup_problems
 from planner.errors import InputError
 from planner.files import write_files
 
 PLAN_FILE = "plan.yaml"
+TORCHTITAN_VERSIONS = (torchtitan_py.VERSION, fsdp.TORCHTITAN_VERSION)
+"""what ``fsdp`` writes for: 0.3.0 (PyPI's current, a Python config module; the default) or 0.2.2 (TOML)"""
 
 
 def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
-           reservation: str | None = None, time_hours: int = sbatch.TIME_LIMIT_HOURS) -> dict[str, str]:
+           reservation: str | None = None, time_hours: int = sbatch.TIME_LIMIT_HOURS,
+           torchtitan_version: str = TORCHTITAN_VERSIONS[0]) -> dict[str, str]:
     """File name -> content for this kind; InputError when the setup breaks any rule."""
     problems = setup_problems(setup, kind, flavor)
     if problems:
@@ -44,15 +47,21 @@ def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
                 "megatron_args.sh": md.megatron_args_sh(args, title, ds_config=False),
                 "launch.sbatch": sbatch.launch_sbatch(setup, "megatron-lm", reservation=reservation,
                                                       time_hours=time_hours)}
-    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), **fsdp.files(setup)}
+    if torchtitan_version not in TORCHTITAN_VERSIONS:
+        raise InputError(f"torchtitan {torchtitan_version} has no writer: use --torchtitan-version "
+                         + " or ".join(TORCHTITAN_VERSIONS))
+    job = fsdp.files(setup) if torchtitan_version == fsdp.TORCHTITAN_VERSION else torchtitan_py.files(setup)
+    return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None), **job}
 
 
 def emit(setup: RunSetup, kind: str, out_dir: Path, *, flavor: str = "bigscience",
-         reservation: str | None = None, time_hours: int = sbatch.TIME_LIMIT_HOURS, force: bool = False) -> list[Path]:
+         reservation: str | None = None, time_hours: int = sbatch.TIME_LIMIT_HOURS, force: bool = False,
+         torchtitan_version: str = TORCHTITAN_VERSIONS[0]) -> list[Path]:
     """Write the files for ``kind`` ("megatron-deepspeed" | "megatron-lm" | "fsdp") into out_dir; a file already
     there (a user's edit) is replaced only with ``force`` (planner.files.write_files)."""
-    files = render(setup, kind, flavor=flavor, reservation=reservation, time_hours=time_hours)
+    files = render(setup, kind, flavor=flavor, reservation=reservation, time_hours=time_hours,
+                   torchtitan_version=torchtitan_version)
     return write_files(Path(out_dir), files, force=force)
 
 
-__all__ = ["PLAN_FILE", "emit", "render"]
+__all__ = ["PLAN_FILE", "TORCHTITAN_VERSIONS", "emit", "render"]
