@@ -65,6 +65,8 @@ PUBLISHED = [
               "parameters (the 417M vision encoder apart)", non_embedding=25_600e6, non_embedding_digits=0.5e6),
     Published("gpt2-large.json", 774e6, 0.5e6, "HF openai-community/gpt2-large model card: the 774M parameter "
               "version of GPT-2"),
+    Published("Mixtral-8x7B-v0.1.json", 46.7e9, 0.05e9, "Mistral AI, 'Mixtral of experts' (mistral.ai/news/"
+              "mixtral-of-experts): 46.7B total parameters, 12.9B used per token", active=12.9e9),
 ]
 FILES = sorted(p.name for p in FIXTURES.glob("*.json"))
 
@@ -161,6 +163,13 @@ def test_gemma3_files_are_refused_and_their_text_config_read(name, heads, kv_hea
     assert (m.heads, m.kv_heads, m.head_dim, m.vocab, m.positions) == (heads, kv_heads, head_dim, 262_208, 131_072)
     assert (m.sliding_window, m.window_full_every, m.rope_scaling, m.rope_scaling_factor) == (1024, 6, "linear", 8.0)
     assert m.tied_embeddings and m.qk_norm == "head" and m.norm_placement == "sandwich" and m.init_std == 0.02
+
+
+def test_mixtral_file_without_a_window_key_reads_as_no_window():
+    """Mixtral-8x7B-v0.1's first published config.json has no sliding_window key (a later Hub revision adds
+    "sliding_window": null): full attention over the 32,768 positions, not Mistral's 4096-token window."""
+    _, m = _load("Mixtral-8x7B-v0.1.json")
+    assert (m.sliding_window, m.window_full_every, m.positions) == (0, 0, 32_768)
 
 
 def test_gemma2_window_soft_caps_and_head_width_are_read():
@@ -268,7 +277,7 @@ def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
     d, m = _load(name)
     e = _expected(d)
     cannot = {"qwen2": "q/k/v biases", "qwen3": "per-head q/k RMSNorm", "qwen3_moe": "mixture-of-experts",
-              "deepseek_v3": "mixture-of-experts", "gemma2": "soft-capped logits",
+              "mixtral": "mixture-of-experts", "deepseek_v3": "mixture-of-experts", "gemma2": "soft-capped logits",
               "gemma3_text": "norms before and after"}
     cannot = cannot.get(d["model_type"]) or ("RoPE scaling" if e["scaling"] else None)
     if cannot:
