@@ -164,6 +164,23 @@ HF_UNREAD = {"dbrx": "DBRX's experts", "olmoe": "OLMoE's experts", "gemma3": "Ge
 """model types plantune does not read, and why"""
 
 
+HF_LEGACY = {"RefinedWebModel": {}, "RefinedWeb": {"new_decoder_architecture": True}}
+"""tiiuae's first Falcon files (May 2023: RWForCausalLM, trust_remote_code configuration_RW.RWConfig), read as
+transformers' falcon: n_head_kv is num_kv_heads (RWConfig: None = 1), and RefinedWeb (Falcon-40B) is the new decoder
+architecture (its modelling_RW.py: ln_attn and ln_mlp, n_head_kv key/value groups); vLLM reads them the same way
+(vllm/transformers_utils/configs/falcon.py RWConfig: hidden_size 8192 = new_decoder_architecture)"""
+
+
+def _from_legacy(d: dict) -> dict:
+    """A RefinedWeb / RefinedWebModel file under FalconConfig's names (HF_LEGACY); any other file unchanged."""
+    if d.get("model_type") not in HF_LEGACY:
+        return d
+    out = {**HF_LEGACY[d["model_type"]], **{k: v for k, v in d.items() if k != "n_head_kv"}, "model_type": "falcon"}
+    if d.get("n_head_kv") is not None:
+        out["num_kv_heads"] = d["n_head_kv"]
+    return out
+
+
 def _inert(key: str) -> bool:
     return key in HF_INERT or key.startswith("_") or key.endswith(("_dropout", "_pdrop", "dropout_prob")) \
         or key.startswith("summary_")
@@ -291,6 +308,7 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
     from planner import moe
 
     where = f"config.json {path}"
+    d = _from_legacy(d)
     model_type = check_hf(d, where)
     fam = HF_FAMILIES[model_type]
     d = {**fam.defaults, **d}
@@ -367,4 +385,5 @@ def _moe_defaults(fam: HFFamily) -> dict:
     return {keys[k]: v for k, v in m.items() if k in keys}
 
 
-__all__ = ["ACTIVATIONS", "HF_FAMILIES", "HF_INERT", "HF_KEYS", "HFFamily", "check_hf", "file_name", "read_hf"]
+__all__ = ["ACTIVATIONS", "HF_FAMILIES", "HF_INERT", "HF_KEYS", "HF_LEGACY", "HFFamily", "check_hf", "file_name",
+           "read_hf"]

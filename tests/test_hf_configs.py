@@ -67,6 +67,9 @@ PUBLISHED = [
               "version of GPT-2"),
     Published("Mixtral-8x7B-v0.1.json", 46.7e9, 0.05e9, "Mistral AI, 'Mixtral of experts' (mistral.ai/news/"
               "mixtral-of-experts): 46.7B total parameters, 12.9B used per token", active=12.9e9),
+    Published("falcon-40b.json", 41_303_293_952, 0.5, "tiiuae/falcon-40b's checkpoint index (pytorch_model.bin."
+              "index.json, same copy): total_size 83,671,941,120 bytes of bfloat16 = 41,835,970,560 stored, less the "
+              "tied output head it stores a second time (lm_head.weight, 65,024 x 8,192)"),
 ]
 FILES = sorted(p.name for p in FIXTURES.glob("*.json"))
 
@@ -109,6 +112,9 @@ CLASS_DEFAULTS = {
                     "initializer_range": 0.02, "tie_word_embeddings": True, "sliding_window_pattern": 6},
     "gemma2": {"tie_word_embeddings": True},   # Gemma2Config
     "gpt2": {"tie_word_embeddings": True},     # GPT2Config
+    # Falcon-40B's first file (RWConfig): FalconConfig's 2,048 positions, RoPE base 10,000, tied head; n_head_kv
+    # key/value heads
+    "RefinedWeb": {"max_position_embeddings": 2048, "rope_theta": 10000.0, "tie_word_embeddings": True},
 }
 """the transformers config class's value of a key the published file leaves out (tie_word_embeddings is false
 for the other families here)"""
@@ -122,7 +128,7 @@ def _expected(d: dict) -> dict:
     head_dim = d.get("head_dim") or d.get("qk_nope_head_dim") or hidden // heads
     scaling = d.get("rope_scaling") or {}
     return {"layers": d.get("num_hidden_layers", d.get("n_layer")), "hidden": hidden, "heads": heads,
-            "kv_heads": d.get("num_key_value_heads", heads),
+            "kv_heads": d.get("num_key_value_heads", d.get("n_head_kv", heads)),
             "ffn": d.get("intermediate_size") or d.get("n_inner") or 4 * hidden,   # GPT2Config: n_inner null = 4h
             "vocab": d["vocab_size"], "positions": d.get("max_position_embeddings", d.get("n_positions")),
             "theta": float(d.get("rope_theta", 0.0)), "eps": float(d.get("rms_norm_eps", d.get("layer_norm_epsilon"))),
@@ -172,6 +178,16 @@ def test_mixtral_file_without_a_window_key_reads_as_no_window():
     assert (m.sliding_window, m.window_full_every, m.positions) == (0, 0, 32_768)
 
 
+def test_falcon_40b_first_file_reads_as_falcon():
+    """Falcon-40B's first published config.json (model_type RefinedWeb, RWForCausalLM): n_head_kv 8 key/value heads
+    and the new decoder architecture (two norms per layer) its own modelling_RW.py runs, attention beside the MLP,
+    RoPE, no biases; refused before ("model_type 'RefinedWeb' is not one plantune reads")."""
+    _, m = _load("falcon-40b.json")
+    assert (m.heads, m.kv_heads, m.ffn_hidden, m.positions) == (128, 8, 32_768, 2048)
+    assert (m.parallel_residual, m.position, m.norm, m.bias, m.glu, m.activation) == (True, "rope", "layernorm",
+                                                                                      False, False, "gelu")
+
+
 def test_gemma2_window_soft_caps_and_head_width_are_read():
     _, m = _load("gemma-2-2b-it.json")
     assert (m.sliding_window, m.window_full_every, m.attn_softcap, m.logit_softcap) == (4096, 2, 50.0, 30.0)
@@ -211,6 +227,10 @@ def test_megatron_lm_set_carries_the_files_facts(name):
         assert ("soft-capped logits" in refusal) == (d["model_type"] == "gemma2")
         # no other emitter writes these either: the refusal says so instead of pointing at the BigScience fork
         assert "plan without --emit" in refusal and "bigscience" not in refusal
+        return
+    if d.get("parallel_attn"):   # Falcon: attention and MLP side by side, which no emitter writes
+        refusal = _refusal(m, "megatron-lm")
+        assert "parallel residual" in refusal and "plan without --emit" in refusal
         return
     a = _args(render(_setup(m, "megatron-lm"), "megatron-lm")["args.txt"])
     assert [int(_one(a, f)) for f in ("--num-layers", "--hidden-size", "--num-attention-heads",
@@ -278,7 +298,7 @@ def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
     e = _expected(d)
     cannot = {"qwen2": "q/k/v biases", "qwen3": "per-head q/k RMSNorm", "qwen3_moe": "mixture-of-experts",
               "mixtral": "mixture-of-experts", "deepseek_v3": "mixture-of-experts", "gemma2": "soft-capped logits",
-              "gemma3_text": "norms before and after"}
+              "gemma3_text": "norms before and after", "RefinedWeb": "parallel residual"}
     cannot = cannot.get(d["model_type"]) or ("RoPE scaling" if e["scaling"] else None)
     if cannot:
         refusal = _refusal(m, "megatron-deepspeed", "microsoft")
@@ -300,7 +320,8 @@ def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
 @pytest.mark.parametrize("name", FILES)
 def test_bigscience_fork_refuses_what_it_cannot_express(name):
     """The BigScience fork has LayerNorm, biases, tied embeddings and a RoPE base fixed at 10,000: of these files only
-    GPT-2 is a model it can train; each refusal says why."""
+    GPT-2 is a model it can train; each refusal says why (Falcon's: its parallel residual, which no emitter writes,
+    and its grouped-query attention)."""
     d, m = _load(name)
     if d["model_type"] == "gpt2":
         a = _args(render(_setup(m, "megatron-deepspeed"), "megatron-deepspeed", flavor="bigscience")["args.txt"])
@@ -309,7 +330,9 @@ def test_bigscience_fork_refuses_what_it_cannot_express(name):
         assert float(_one(a, "--layernorm-epsilon")) == 1e-5 and "--glu-activation" not in a
         assert "--position-embedding-type" not in a or _one(a, "--position-embedding-type") == "absolute"
         return
-    assert "RMSNorm" in _refusal(m, "megatron-deepspeed", "bigscience")
+    refusal = _refusal(m, "megatron-deepspeed", "bigscience")
+    assert ("parallel residual" in refusal and "grouped-query" in refusal) if d.get("parallel_attn") else \
+        "RMSNorm" in refusal
 
 
 @pytest.mark.parametrize("name", FILES)

@@ -165,6 +165,18 @@ def test_gpt2_bloom_neox_falcon(tmp_path):
             _render(m)
 
 
+def test_first_falcon_files_read_as_falcon(tmp_path):
+    """tiiuae's May 2023 files (RWConfig, planner.hf_config.HF_LEGACY): Falcon-7B's RefinedWebModel is multi-query (one
+    key/value head), Falcon-40B's RefinedWeb the new decoder architecture with n_head_kv key/value heads."""
+    base = {k: v for k, v in BASE.items() if k not in DROP["falcon"]}
+    old = {k: v for k, v in FAMILIES["falcon"].items() if k != "new_decoder_architecture"}
+    (tmp_path / "7.json").write_text(json.dumps(base | old | {"model_type": "RefinedWebModel"}))
+    (tmp_path / "40.json").write_text(json.dumps(base | old | {"model_type": "RefinedWeb", "n_head_kv": 2}))
+    seven, forty = load_model(str(tmp_path / "7.json")), load_model(str(tmp_path / "40.json"))
+    assert (seven.kv_heads, forty.kv_heads) == (1, 2)
+    assert seven.parallel_residual and forty.parallel_residual and seven.positions == forty.positions == 2048
+
+
 def test_gpt2_vocabulary_is_padded_as_the_bigscience_fork_requires(tmp_path):
     """The fork's _vocab_size_with_padding (megatron/tokenizer/tokenizer.py) raises "50257 is not divisible by 128"
     for --pad-vocab-size-to 50257; the emit pads GPT-2's vocabulary to 50,304 (a multiple of 128 and of TP)."""
