@@ -164,20 +164,21 @@ HF_UNREAD = {"dbrx": "DBRX's experts", "olmoe": "OLMoE's experts", "gemma3": "Ge
 """model types plantune does not read, and why"""
 
 
-HF_LEGACY = {"RefinedWebModel": {}, "RefinedWeb": {"new_decoder_architecture": True}}
-"""tiiuae's first Falcon files (May 2023: RWForCausalLM, trust_remote_code configuration_RW.RWConfig), read as
-transformers' falcon: n_head_kv is num_kv_heads (RWConfig: None = 1), and RefinedWeb (Falcon-40B) is the new decoder
-architecture (its modelling_RW.py: ln_attn and ln_mlp, n_head_kv key/value groups); vLLM reads them the same way
-(vllm/transformers_utils/configs/falcon.py RWConfig: hidden_size 8192 = new_decoder_architecture)"""
+HF_LEGACY = ("RefinedWeb", "RefinedWebModel")
+"""tiiuae's first Falcon model types (May 2023: RWForCausalLM, trust_remote_code configuration_RW.RWConfig), read as
+transformers' falcon. Falcon-7B's files (RefinedWeb, then RefinedWebModel) say multi_query: one key/value head, one
+shared input norm. Falcon-40B's (RefinedWeb) gives n_head_kv instead: its own modelling_RW.py runs n_head_kv key/value
+groups with two norms per layer, FalconConfig's new_decoder_architecture (vLLM's RWConfig,
+vllm/transformers_utils/configs/falcon.py, keys that on the 40B's hidden size 8192)."""
 
 
 def _from_legacy(d: dict) -> dict:
     """A RefinedWeb / RefinedWebModel file under FalconConfig's names (HF_LEGACY); any other file unchanged."""
     if d.get("model_type") not in HF_LEGACY:
         return d
-    out = {**HF_LEGACY[d["model_type"]], **{k: v for k, v in d.items() if k != "n_head_kv"}, "model_type": "falcon"}
+    out = {**{k: v for k, v in d.items() if k != "n_head_kv"}, "model_type": "falcon"}
     if d.get("n_head_kv") is not None:
-        out["num_kv_heads"] = d["n_head_kv"]
+        out.update(num_kv_heads=d["n_head_kv"], new_decoder_architecture=True)
     return out
 
 

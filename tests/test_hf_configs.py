@@ -67,6 +67,8 @@ PUBLISHED = [
               "version of GPT-2"),
     Published("Mixtral-8x7B-v0.1.json", 46.7e9, 0.05e9, "Mistral AI, 'Mixtral of experts' (mistral.ai/news/"
               "mixtral-of-experts): 46.7B total parameters, 12.9B used per token", active=12.9e9),
+    Published("falcon-7b.json", 7e9, 0.5e9, "tiiuae/falcon-7b model card (the same copy's README.md): Falcon-7B is "
+              "a 7B parameters causal decoder-only model"),
     Published("falcon-40b.json", 41_303_293_952, 0.5, "tiiuae/falcon-40b's checkpoint index (pytorch_model.bin."
               "index.json, same copy): total_size 83,671,941,120 bytes of bfloat16 = 41,835,970,560 stored, less the "
               "tied output head it stores a second time (lm_head.weight, 65,024 x 8,192)"),
@@ -112,8 +114,8 @@ CLASS_DEFAULTS = {
                     "initializer_range": 0.02, "tie_word_embeddings": True, "sliding_window_pattern": 6},
     "gemma2": {"tie_word_embeddings": True},   # Gemma2Config
     "gpt2": {"tie_word_embeddings": True},     # GPT2Config
-    # Falcon-40B's first file (RWConfig): FalconConfig's 2,048 positions, RoPE base 10,000, tied head; n_head_kv
-    # key/value heads
+    # Falcon's first files (RWConfig): FalconConfig's 2,048 positions, RoPE base 10,000, tied head; n_head_kv
+    # key/value heads (40B), or one (7B: multi_query)
     "RefinedWeb": {"max_position_embeddings": 2048, "rope_theta": 10000.0, "tie_word_embeddings": True},
 }
 """the transformers config class's value of a key the published file leaves out (tie_word_embeddings is false
@@ -128,7 +130,7 @@ def _expected(d: dict) -> dict:
     head_dim = d.get("head_dim") or d.get("qk_nope_head_dim") or hidden // heads
     scaling = d.get("rope_scaling") or {}
     return {"layers": d.get("num_hidden_layers", d.get("n_layer")), "hidden": hidden, "heads": heads,
-            "kv_heads": d.get("num_key_value_heads", d.get("n_head_kv", heads)),
+            "kv_heads": d.get("num_key_value_heads", d.get("n_head_kv", 1 if d.get("multi_query") else heads)),
             "ffn": d.get("intermediate_size") or d.get("n_inner") or 4 * hidden,   # GPT2Config: n_inner null = 4h
             "vocab": d["vocab_size"], "positions": d.get("max_position_embeddings", d.get("n_positions")),
             "theta": float(d.get("rope_theta", 0.0)), "eps": float(d.get("rms_norm_eps", d.get("layer_norm_epsilon"))),
@@ -178,12 +180,14 @@ def test_mixtral_file_without_a_window_key_reads_as_no_window():
     assert (m.sliding_window, m.window_full_every, m.positions) == (0, 0, 32_768)
 
 
-def test_falcon_40b_first_file_reads_as_falcon():
-    """Falcon-40B's first published config.json (model_type RefinedWeb, RWForCausalLM): n_head_kv 8 key/value heads
-    and the new decoder architecture (two norms per layer) its own modelling_RW.py runs, attention beside the MLP,
-    RoPE, no biases; refused before ("model_type 'RefinedWeb' is not one plantune reads")."""
-    _, m = _load("falcon-40b.json")
-    assert (m.heads, m.kv_heads, m.ffn_hidden, m.positions) == (128, 8, 32_768, 2048)
+@pytest.mark.parametrize("name,heads,kv_heads,ffn", [("falcon-7b.json", 71, 1, 18_176),
+                                                     ("falcon-40b.json", 128, 8, 32_768)])
+def test_falcon_first_files_read_as_falcon(name, heads, kv_heads, ffn):
+    """Falcon's first published config.json files (model_type RefinedWeb, RWForCausalLM): the 7B multi-query (one
+    key/value head), the 40B n_head_kv 8 key/value heads (the new decoder architecture its own modelling_RW.py runs);
+    attention beside the MLP, RoPE, no biases. Refused before ("model_type 'RefinedWeb' is not one plantune reads")."""
+    _, m = _load(name)
+    assert (m.heads, m.kv_heads, m.ffn_hidden, m.positions) == (heads, kv_heads, ffn, 2048)
     assert (m.parallel_residual, m.position, m.norm, m.bias, m.glu, m.activation) == (True, "rope", "layernorm",
                                                                                       False, False, "gelu")
 

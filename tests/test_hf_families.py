@@ -167,7 +167,7 @@ def test_gpt2_bloom_neox_falcon(tmp_path):
 
 def test_first_falcon_files_read_as_falcon(tmp_path):
     """tiiuae's May 2023 files (RWConfig, planner.hf_config.HF_LEGACY): Falcon-7B's RefinedWebModel is multi-query (one
-    key/value head), Falcon-40B's RefinedWeb the new decoder architecture with n_head_kv key/value heads."""
+    key/value head); a RefinedWeb file with n_head_kv (Falcon-40B's) the new decoder architecture with that many."""
     base = {k: v for k, v in BASE.items() if k not in DROP["falcon"]}
     old = {k: v for k, v in FAMILIES["falcon"].items() if k != "new_decoder_architecture"}
     (tmp_path / "7.json").write_text(json.dumps(base | old | {"model_type": "RefinedWebModel"}))
