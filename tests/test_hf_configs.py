@@ -67,6 +67,11 @@ PUBLISHED = [
               "version of GPT-2"),
     Published("Mixtral-8x7B-v0.1.json", 46.7e9, 0.05e9, "Mistral AI, 'Mixtral of experts' (mistral.ai/news/"
               "mixtral-of-experts): 46.7B total parameters, 12.9B used per token", active=12.9e9),
+    Published("bloom.json", 176_247_271_424, 0.5, "bigscience/bloom model card (README.md, same copy): 176,247,271,424 "
+              "parameters, 3,596,615,680 of them embedding parameters", non_embedding=176_247_271_424 - 3_596_615_680),
+    Published("gemma-2b-it.json", 2.51e9, 0.005e9, "HF google/gemma-2b-it: 2.51B params; Gemma report arXiv "
+              "2403.08295 Table 2: 1,981,884,416 non-embedding parameters (its 524,550,144 embedding parameters count a "
+              "256,128-row table; the file's vocabulary is 256,000)", non_embedding=1_981_884_416),
     Published("falcon-7b.json", 7e9, 0.5e9, "tiiuae/falcon-7b model card (the same copy's README.md): Falcon-7B is "
               "a 7B parameters causal decoder-only model"),
     Published("falcon-40b.json", 41_303_293_952, 0.5, "tiiuae/falcon-40b's checkpoint index (pytorch_model.bin."
@@ -114,6 +119,8 @@ CLASS_DEFAULTS = {
                     "initializer_range": 0.02, "tie_word_embeddings": True, "sliding_window_pattern": 6},
     "gemma2": {"tie_word_embeddings": True},   # Gemma2Config
     "gpt2": {"tie_word_embeddings": True},     # GPT2Config
+    "gemma": {"tie_word_embeddings": True},    # GemmaConfig
+    "bloom": {"tie_word_embeddings": True},    # BloomConfig
     # Falcon's first files (RWConfig): FalconConfig's 2,048 positions, RoPE base 10,000, tied head; n_head_kv
     # key/value heads (40B), or one (7B: multi_query)
     "RefinedWeb": {"max_position_embeddings": 2048, "rope_theta": 10000.0, "tie_word_embeddings": True},
@@ -126,13 +133,16 @@ def _expected(d: dict) -> dict:
     """The facts every emitted set must carry, straight from the file (the transformers class defaults where the
     file is silent: CLASS_DEFAULTS)."""
     d = {**CLASS_DEFAULTS.get(d["model_type"], {}), **d}
-    heads, hidden = d.get("num_attention_heads", d.get("n_head")), d.get("hidden_size", d.get("n_embd"))
+    heads = d.get("num_attention_heads", d.get("n_head"))
+    hidden = d.get("hidden_size", d.get("n_embd", d.get("n_embed")))
     head_dim = d.get("head_dim") or d.get("qk_nope_head_dim") or hidden // heads
     scaling = d.get("rope_scaling") or {}
     return {"layers": d.get("num_hidden_layers", d.get("n_layer")), "hidden": hidden, "heads": heads,
             "kv_heads": d.get("num_key_value_heads", d.get("n_head_kv", 1 if d.get("multi_query") else heads)),
             "ffn": d.get("intermediate_size") or d.get("n_inner") or 4 * hidden,   # GPT2Config: n_inner null = 4h
-            "vocab": d["vocab_size"], "positions": d.get("max_position_embeddings", d.get("n_positions")),
+            # BLOOM's ALiBi has no position table: the training length plantune assumes
+            "vocab": d["vocab_size"],
+            "positions": d.get("max_position_embeddings", d.get("n_positions")) or HF_DEFAULT_SEQ_LEN,
             "theta": float(d.get("rope_theta", 0.0)), "eps": float(d.get("rms_norm_eps", d.get("layer_norm_epsilon"))),
             "tied": d.get("tie_word_embeddings", False), "head_dim": head_dim,
             "qkv_bias": d["model_type"] in ("qwen2", "qwen2_moe"),
@@ -227,10 +237,16 @@ def test_megatron_lm_set_carries_the_files_facts(name):
     e = _expected(d)
     if d["model_type"].startswith("gemma"):
         refusal = _refusal(m, "megatron-lm")
-        assert all(what in refusal for what in GEMMA_FACTS)
+        # Gemma (1) has GeGLU but pre-norms only
+        assert all(what in refusal for what in GEMMA_FACTS[d["model_type"] == "gemma":])
+        assert ("before and after" in refusal) == (d["model_type"] != "gemma")
         assert ("soft-capped logits" in refusal) == (d["model_type"] == "gemma2")
         # no other emitter writes these either: the refusal says so instead of pointing at the BigScience fork
         assert "plan without --emit" in refusal and "bigscience" not in refusal
+        return
+    if d["model_type"] == "bloom":   # ALiBi and the embedding LayerNorm: the BigScience fork's
+        refusal = _refusal(m, "megatron-lm")
+        assert "ALiBi" in refusal and "layernorm after the word embedding" in refusal and "bigscience" in refusal
         return
     if d.get("parallel_attn"):   # Falcon: attention and MLP side by side, which no emitter writes
         refusal = _refusal(m, "megatron-lm")
@@ -302,7 +318,8 @@ def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
     e = _expected(d)
     cannot = {"qwen2": "q/k/v biases", "qwen3": "per-head q/k RMSNorm", "qwen3_moe": "mixture-of-experts",
               "mixtral": "mixture-of-experts", "deepseek_v3": "mixture-of-experts", "gemma2": "soft-capped logits",
-              "gemma3_text": "norms before and after", "RefinedWeb": "parallel residual"}
+              "gemma3_text": "norms before and after", "RefinedWeb": "parallel residual", "gemma": "GeGLU",
+              "bloom": "ALiBi positions"}
     cannot = cannot.get(d["model_type"]) or ("RoPE scaling" if e["scaling"] else None)
     if cannot:
         refusal = _refusal(m, "megatron-deepspeed", "microsoft")
@@ -324,9 +341,16 @@ def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
 @pytest.mark.parametrize("name", FILES)
 def test_bigscience_fork_refuses_what_it_cannot_express(name):
     """The BigScience fork has LayerNorm, biases, tied embeddings and a RoPE base fixed at 10,000: of these files only
-    GPT-2 is a model it can train; each refusal says why (Falcon's: its parallel residual, which no emitter writes,
-    and its grouped-query attention)."""
+    GPT-2 and BLOOM (trained with it: ALiBi, the embedding LayerNorm) are models it can train; each refusal says why
+    (Falcon's: its parallel residual, which no emitter writes, and its grouped-query attention)."""
     d, m = _load(name)
+    if d["model_type"] == "bloom":
+        a = _args(render(_setup(m, "megatron-deepspeed"), "megatron-deepspeed", flavor="bigscience")["args.txt"])
+        assert [int(_one(a, f)) for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
+                                          "--pad-vocab-size-to")] == [70, 14336, 112, 57344, 250880]
+        assert _one(a, "--position-embedding-type") == "alibi" and "--embed-layernorm" in a
+        assert float(_one(a, "--layernorm-epsilon")) == 1e-5 and "--glu-activation" not in a
+        return
     if d["model_type"] == "gpt2":
         a = _args(render(_setup(m, "megatron-deepspeed"), "megatron-deepspeed", flavor="bigscience")["args.txt"])
         assert [int(_one(a, f)) for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
