@@ -70,8 +70,8 @@ PUBLISHED = [
     Published("bloom.json", 176_247_271_424, 0.5, "bigscience/bloom model card (README.md, same copy): 176,247,271,424 "
               "parameters, 3,596,615,680 of them embedding parameters", non_embedding=176_247_271_424 - 3_596_615_680),
     Published("gemma-2b-it.json", 2.51e9, 0.005e9, "HF google/gemma-2b-it: 2.51B params; Gemma report arXiv "
-              "2403.08295 Table 2: 1,981,884,416 non-embedding parameters (its 524,550,144 embedding parameters count a "
-              "256,128-row table; the file's vocabulary is 256,000)", non_embedding=1_981_884_416),
+              "2403.08295 Table 2: 1,981,884,416 non-embedding parameters (its 524,550,144 embedding parameters count "
+              "a 256,128-row table; the file's vocabulary is 256,000)", non_embedding=1_981_884_416),
     Published("falcon-7b.json", 7e9, 0.5e9, "tiiuae/falcon-7b model card (the same copy's README.md): Falcon-7B is "
               "a 7B parameters causal decoder-only model"),
     Published("falcon-40b.json", 41_303_293_952, 0.5, "tiiuae/falcon-40b's checkpoint index (pytorch_model.bin."
