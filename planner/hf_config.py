@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from planner.errors import InputError
-from planner.schema import Any, Bool, Field, Int, Num, Str, _WHY_SHAPE, _short, check, did_you_mean
+from planner.schema import Any, Bool, Field, Int, List, Num, Str, _WHY_SHAPE, _short, check, did_you_mean
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +108,8 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gel
 _SHAPE_INT = Int(1, 16_777_216, why=_WHY_SHAPE)
 HF_KEYS: dict[str, Field] = {
     "model_type": Str(required=True, what="a model_type plantune reads (" + ", ".join(HF_FAMILIES) + ")"),
+    # the model class's name: plantune keeps the first one in the spec (ModelSpec.architecture)
+    "architectures": List(Str(), null=True, what="a list of model class names (e.g. [\"LlamaForCausalLM\"])"),
     **{k: _SHAPE_INT for k in ("hidden_size", "n_embd", "n_embed", "d_model", "num_attention_heads", "n_head",
                                "n_heads", "num_hidden_layers", "n_layer", "num_layers", "vocab_size",
                                "intermediate_size", "ffn_dim", "max_position_embeddings", "n_positions", "n_ctx",
@@ -148,7 +150,7 @@ HF_KEYS: dict[str, Field] = {
 """config.json keys plantune reads or knows to leave the model alone, with their types"""
 
 HF_INERT = frozenset((
-    "architectures", "auto_map", "torch_dtype", "dtype", "transformers_version", "use_cache", "pretraining_tp",
+    "auto_map", "torch_dtype", "dtype", "transformers_version", "use_cache", "pretraining_tp",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "slow_but_exact",
     "offset_alibi", "masked_softmax_fusion", "skip_bias_add", "skip_bias_add_qkv", "bias_dropout_fusion",
     "attention_softmax_in_fp32", "task_specific_params", "id2label", "label2id", "tokenizer_class", "problem_type",

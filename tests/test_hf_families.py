@@ -201,3 +201,11 @@ def test_keys_that_would_change_the_model_are_refused(tmp_path, changes, needle)
     with pytest.raises(InputError, match=needle.replace("(", r"\(")) as err:
         _model(tmp_path, "llama" if "model_type" not in changes else changes["model_type"], **changes)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", [True, {"": 0}, [3]])
+def test_a_malformed_architectures_key_is_one_line(tmp_path, value):
+    """Found by tests/test_inputs_fuzz.py: architectures true or {"": 0} was a TypeError / KeyError traceback."""
+    with pytest.raises(InputError, match="architectures") as err:
+        _model(tmp_path, "llama", architectures=value)
+    assert "\n" not in str(err.value)
