@@ -312,6 +312,19 @@ def _refusal(m: ModelSpec, kind: str, flavor: str = "bigscience") -> str:
     return str(err.value)
 
 
+def test_refusals_name_only_emitters_that_write_the_model():
+    """BLOOM: only the BigScience fork writes ALiBi and the embedding LayerNorm; Falcon: no emitter writes its
+    parallel residual. torchtitan's refusal sent both to --framework megatron-lm, which refuses them too."""
+    _, bloom = _load("bloom.json")
+    for kind, flavor in (("fsdp", "bigscience"), ("megatron-lm", "bigscience"), ("megatron-deepspeed", "microsoft")):
+        refusal = _refusal(bloom, kind, flavor)
+        assert "use --framework megatron-deepspeed --emit-flavor bigscience" in refusal
+        assert "use --framework megatron-lm" not in refusal
+    _, falcon = _load("falcon-40b.json")
+    refusal = _refusal(falcon, "fsdp")
+    assert "plan without --emit" in refusal and "megatron-lm" not in refusal
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
     d, m = _load(name)
