@@ -638,15 +638,15 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                                                    "model's facts: plan without --emit"
     cannot: list[tuple[bool, str]] = []
     if fw == "megatron-deepspeed" and flavor == "bigscience":
-        cannot = [(training.flash_attention, "FlashAttention (plan with --no-flash-attention)")]
+        cannot = [(training.flash_attention, "FlashAttention")]
     elif fw == "fsdp" and emit:
         # torchtitan 0.2.2: bf16/fp32 mixed precision, Adam/AdamW, no batch rampup
         cannot = [(training.precision == "fp16", "fp16 mixed precision (bf16 or fp32 only)"),
                   (training.optimizer != "adamw", f"optimizer {training.optimizer!r} (AdamW)"),
                   (training.rampup is not None, "a batch-size rampup (use --no-rampup)")]
     where = "torchtitan (--emit fsdp)" if fw == "fsdp" else str(target)
-    run_fix = ("plan without --emit fsdp, or use --framework megatron-lm" if fw == "fsdp"
-               else "use --emit-flavor microsoft or --framework megatron-lm")
+    run_fix = "plan without --emit fsdp, or use --framework megatron-lm" if fw == "fsdp" else \
+        "plan with --no-flash-attention"
     out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {run_fix}") for bad, what in cannot if bad]
     if facts_target and (fw != "fsdp" or emit):   # what the model is, that the target has no argument for
         out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}")
