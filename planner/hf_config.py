@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from planner.errors import InputError
-from planner.schema import Any, Bool, Field, Int, Num, Str, _WHY_SHAPE, _short, check, did_you_mean
+from planner.schema import Any, Bool, Field, Int, List, Num, Str, _WHY_SHAPE, _short, check, did_you_mean
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -108,6 +108,8 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_new": "gel
 _SHAPE_INT = Int(1, 16_777_216, why=_WHY_SHAPE)
 HF_KEYS: dict[str, Field] = {
     "model_type": Str(required=True, what="a model_type plantune reads (" + ", ".join(HF_FAMILIES) + ")"),
+    # the model class's name: plantune keeps the first one in the spec (ModelSpec.architecture)
+    "architectures": List(Str(), null=True, what="a list of model class names (e.g. [\"LlamaForCausalLM\"])"),
     **{k: _SHAPE_INT for k in ("hidden_size", "n_embd", "n_embed", "d_model", "num_attention_heads", "n_head",
                                "n_heads", "num_hidden_layers", "n_layer", "num_layers", "vocab_size",
                                "intermediate_size", "ffn_dim", "max_position_embeddings", "n_positions", "n_ctx",
@@ -148,7 +150,7 @@ HF_KEYS: dict[str, Field] = {
 """config.json keys plantune reads or knows to leave the model alone, with their types"""
 
 HF_INERT = frozenset((
-    "architectures", "auto_map", "torch_dtype", "dtype", "transformers_version", "use_cache", "pretraining_tp",
+    "auto_map", "torch_dtype", "dtype", "transformers_version", "use_cache", "pretraining_tp",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "slow_but_exact",
     "offset_alibi", "masked_softmax_fusion", "skip_bias_add", "skip_bias_add_qkv", "bias_dropout_fusion",
     "attention_softmax_in_fp32", "task_specific_params", "id2label", "label2id", "tokenizer_class", "problem_type",
@@ -162,6 +164,24 @@ HF_INERT = frozenset((
 HF_UNREAD = {"dbrx": "DBRX's experts", "olmoe": "OLMoE's experts", "gemma3": "Gemma 3's vision tower (give the "
              "text_config part as a gemma3_text config.json)", "qwen2_vl": "Qwen2-VL's vision tower and M-RoPE"}
 """model types plantune does not read, and why"""
+
+
+HF_LEGACY = ("RefinedWeb", "RefinedWebModel")
+"""tiiuae's first Falcon model types (May 2023: RWForCausalLM, trust_remote_code configuration_RW.RWConfig), read as
+transformers' falcon. Falcon-7B's files (RefinedWeb, then RefinedWebModel) say multi_query: one key/value head, one
+shared input norm. Falcon-40B's (RefinedWeb) gives n_head_kv instead: its own modelling_RW.py runs n_head_kv key/value
+groups with two norms per layer, FalconConfig's new_decoder_architecture (vLLM's RWConfig,
+vllm/transformers_utils/configs/falcon.py, keys that on the 40B's hidden size 8192)."""
+
+
+def _from_legacy(d: dict) -> dict:
+    """A RefinedWeb / RefinedWebModel file under FalconConfig's names (HF_LEGACY); any other file unchanged."""
+    if d.get("model_type") not in HF_LEGACY:
+        return d
+    out = {**{k: v for k, v in d.items() if k != "n_head_kv"}, "model_type": "falcon"}
+    if d.get("n_head_kv") is not None:
+        out.update(num_kv_heads=d["n_head_kv"], new_decoder_architecture=True)
+    return out
 
 
 def _inert(key: str) -> bool:
@@ -291,6 +311,7 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
     from planner import moe
 
     where = f"config.json {path}"
+    d = _from_legacy(d)
     model_type = check_hf(d, where)
     fam = HF_FAMILIES[model_type]
     d = {**fam.defaults, **d}
@@ -367,4 +388,5 @@ def _moe_defaults(fam: HFFamily) -> dict:
     return {keys[k]: v for k, v in m.items() if k in keys}
 
 
-__all__ = ["ACTIVATIONS", "HF_FAMILIES", "HF_INERT", "HF_KEYS", "HFFamily", "check_hf", "file_name", "read_hf"]
+__all__ = ["ACTIVATIONS", "HF_FAMILIES", "HF_INERT", "HF_KEYS", "HF_LEGACY", "HFFamily", "check_hf", "file_name",
+           "read_hf"]

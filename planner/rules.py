@@ -630,49 +630,29 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
     if fw in ("megatron-deepspeed", "megatron-lm") and training.optimizer not in MEGATRON_OPTIMIZERS:
         out.append(Violation(Reason.FRAMEWORK_LIMIT, f"optimizer {training.optimizer!r} has no Megatron flag; plan "
                                                      f"with one of {', '.join(MEGATRON_OPTIMIZERS)}"))
+    facts_target = {"megatron-lm": "megatron-lm", "fsdp": "torchtitan", "megatron-deepspeed": flavor}.get(fw)
+    # the fix names the emitters that write the whole model (none writes Gemma 2's soft-capping or a parallel
+    # residual; only the BigScience fork writes BLOOM's ALiBi)
+    able = [flag for other, flag in _FACT_EMITTERS.items() if other != facts_target and _writes(model, other)]
+    fix = f"use {' or '.join(able)}" if able else "no emitter plantune writes has arguments for all of this " \
+                                                   "model's facts: plan without --emit"
     cannot: list[tuple[bool, str]] = []
     if fw == "megatron-deepspeed" and flavor == "bigscience":
-        theta = _other_rope_base(model)
-        cannot = [(model.kv_heads != model.heads, f"grouped-query attention ({model.kv_heads} kv heads)"),
-                  (training.flash_attention, "FlashAttention (plan with --no-flash-attention)"),
-                  (model.norm == "rmsnorm", "RMSNorm"),
-                  (not model.tied_embeddings, "untied input/output embeddings"),
-                  (not model.bias, "linear layers without biases"),
-                  (theta is not None, f"RoPE base {theta or 0:g} (its rotary base is fixed at 10000)"),
-                  (moe.is_moe(model), "mixture-of-experts layers"), (bool(model.kv_lora_rank), "multi-latent attention")]
-        fix = "use --emit-flavor microsoft or --framework megatron-lm"
-    elif fw == "megatron-deepspeed":
-        cannot = [(model.position == "alibi", "ALiBi positions"),
-                  (model.embedding_norm, "a layernorm after the word embedding"),
-                  (moe.is_moe(model), "mixture-of-experts layers (as planned here: Megatron-Core MoE)"),
-                  (bool(model.kv_lora_rank), "multi-latent attention")]
-        fix = ("use --framework megatron-lm" if moe.is_moe(model) or model.kv_lora_rank
-               else "use --emit-flavor bigscience")
-    elif fw == "megatron-lm":
-        cannot = [(model.position == "alibi", "ALiBi positions"),
-                  (model.embedding_norm, "a layernorm after the word embedding")]
-        fix = "use --framework megatron-deepspeed (bigscience fork)"
+        cannot = [(training.flash_attention, "FlashAttention")]
     elif fw == "fsdp" and emit:
-        # torchtitan 0.2.2: one dense model (Llama's), bf16/fp32 mixed precision, Adam/AdamW, no batch rampup
-        cannot = [(not model.glu or model.norm != "rmsnorm" or model.position != "rope" or model.bias
-                   or model.tied_embeddings, "this architecture (its dense model is Llama's: RoPE, RMSNorm, SwiGLU, "
-                                              "no biases, untied embeddings)"),
-                  (training.precision == "fp16", "fp16 mixed precision (bf16 or fp32 only)"),
+        # torchtitan 0.2.2: bf16/fp32 mixed precision, Adam/AdamW, no batch rampup
+        cannot = [(training.precision == "fp16", "fp16 mixed precision (bf16 or fp32 only)"),
                   (training.optimizer != "adamw", f"optimizer {training.optimizer!r} (AdamW)"),
-                  (training.rampup is not None, "a batch-size rampup (use --no-rampup)"),
-                  (moe.is_moe(model) or bool(model.kv_lora_rank), "mixture-of-experts or multi-latent attention "
-                                                                  "layers (the emitted model is torchtitan's llama3)")]
-        fix = "plan without --emit fsdp, or use --framework megatron-lm"
+                  (training.rampup is not None, "a batch-size rampup (use --no-rampup)")]
     where = "torchtitan (--emit fsdp)" if fw == "fsdp" else str(target)
-    out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}") for bad, what in cannot if bad]
-    facts_target = {"megatron-lm": "megatron-lm", "fsdp": "torchtitan", "megatron-deepspeed": flavor}.get(fw)
+    run_fix = "plan without --emit fsdp, or use --framework megatron-lm" if fw == "fsdp" else \
+        "plan with --no-flash-attention"
+    out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {run_fix}") for bad, what in cannot if bad]
+    if facts_target and (fw != "fsdp" or emit):   # what the model is, that the target has no argument for
+        out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}")
+                for bad, what in _limits(model, facts_target) if bad]
     if emit and facts_target:   # the model's own facts (planner.model_facts) its emitter has no argument for
-        # the fix names the emitters that write every one of the model's facts (none writes Gemma 2's soft-capping)
-        able = [flag for other, flag in _FACT_EMITTERS.items()
-                if other != facts_target and not model_facts.unexpressed(model, other)]
-        facts_fix = f"use {' or '.join(able)}" if able else "no emitter plantune writes has arguments for all of " \
-                                                             "this model's facts: plan without --emit"
-        out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {facts_fix}")
+        out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}")
                 for what in model_facts.unexpressed(model, facts_target)]
     if emit and fw != "megatron-lm" and model.kv_channels is not None and not model.kv_lora_rank:
         # a head width apart from hidden/heads (Gemma, Qwen3): only the Megatron-LM emitter writes --kv-channels
@@ -680,6 +660,36 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                                                    "hidden/heads) is emitted for --emit megatron-lm only "
                                                    "(--kv-channels); plan it here, or emit for megatron-lm"))
     return out
+
+
+def _limits(model: ModelSpec, target: str) -> list[tuple[bool, str]]:
+    """What the model is that ``target`` (megatron-lm | microsoft | bigscience | torchtitan) cannot train, whatever
+    the run: its positions, norms, embeddings, biases and layer kinds (the run's own limits are model_violations')."""
+    if target == "bigscience":
+        theta = _other_rope_base(model)
+        return [(model.kv_heads != model.heads, f"grouped-query attention ({model.kv_heads} kv heads)"),
+                (model.norm == "rmsnorm", "RMSNorm"),
+                (not model.tied_embeddings, "untied input/output embeddings"),
+                (not model.bias, "linear layers without biases"),
+                (theta is not None, f"RoPE base {theta or 0:g} (its rotary base is fixed at 10000)"),
+                (moe.is_moe(model), "mixture-of-experts layers"), (bool(model.kv_lora_rank), "multi-latent attention")]
+    limits = [(model.position == "alibi", "ALiBi positions"),
+              (model.embedding_norm, "a layernorm after the word embedding")]
+    if target == "microsoft":
+        return limits + [(moe.is_moe(model), "mixture-of-experts layers (as planned here: Megatron-Core MoE)"),
+                         (bool(model.kv_lora_rank), "multi-latent attention")]
+    if target == "torchtitan":   # torchtitan 0.2.2: one dense model, Llama's
+        return [(not model.glu or model.norm != "rmsnorm" or model.position != "rope" or model.bias
+                 or model.tied_embeddings, "this architecture (its dense model is Llama's: RoPE, RMSNorm, SwiGLU, "
+                                           "no biases, untied embeddings)"),
+                (moe.is_moe(model) or bool(model.kv_lora_rank), "mixture-of-experts or multi-latent attention "
+                                                                "layers (the emitted model is torchtitan's llama3)")]
+    return limits
+
+
+def _writes(model: ModelSpec, target: str) -> bool:
+    """``target``'s emitter writes every fact of this model (planner.model_facts targets)."""
+    return not any(bad for bad, _ in _limits(model, target)) and not model_facts.unexpressed(model, target)
 
 
 _FACT_EMITTERS = {"megatron-lm": "--framework megatron-lm",

@@ -65,6 +65,19 @@ PUBLISHED = [
               "parameters (the 417M vision encoder apart)", non_embedding=25_600e6, non_embedding_digits=0.5e6),
     Published("gpt2-large.json", 774e6, 0.5e6, "HF openai-community/gpt2-large model card: the 774M parameter "
               "version of GPT-2"),
+    Published("Mixtral-8x7B-v0.1.json", 46.7e9, 0.05e9, "Mistral AI, 'Mixtral of experts' (mistral.ai/news/"
+              "mixtral-of-experts): 46.7B total parameters, 12.9B used per token", active=12.9e9),
+    Published("Mistral-7B-Instruct-v0.3.json", 7.25e9, 0.005e9, "HF mistralai/Mistral-7B-Instruct-v0.3: 7.25B params"),
+    Published("bloom.json", 176_247_271_424, 0.5, "bigscience/bloom model card (README.md, same copy): 176,247,271,424 "
+              "parameters, 3,596,615,680 of them embedding parameters", non_embedding=176_247_271_424 - 3_596_615_680),
+    Published("gemma-2b-it.json", 2.51e9, 0.005e9, "HF google/gemma-2b-it: 2.51B params; Gemma report arXiv "
+              "2403.08295 Table 2: 1,981,884,416 non-embedding parameters (its 524,550,144 embedding parameters count "
+              "a 256,128-row table; the file's vocabulary is 256,000)", non_embedding=1_981_884_416),
+    Published("falcon-7b.json", 7e9, 0.5e9, "tiiuae/falcon-7b model card (the same copy's README.md): Falcon-7B is "
+              "a 7B parameters causal decoder-only model"),
+    Published("falcon-40b.json", 41_303_293_952, 0.5, "tiiuae/falcon-40b's checkpoint index (pytorch_model.bin."
+              "index.json, same copy): total_size 83,671,941,120 bytes of bfloat16 = 41,835,970,560 stored, less the "
+              "tied output head it stores a second time (lm_head.weight, 65,024 x 8,192)"),
 ]
 FILES = sorted(p.name for p in FIXTURES.glob("*.json"))
 
@@ -107,6 +120,11 @@ CLASS_DEFAULTS = {
                     "initializer_range": 0.02, "tie_word_embeddings": True, "sliding_window_pattern": 6},
     "gemma2": {"tie_word_embeddings": True},   # Gemma2Config
     "gpt2": {"tie_word_embeddings": True},     # GPT2Config
+    "gemma": {"tie_word_embeddings": True},    # GemmaConfig
+    "bloom": {"tie_word_embeddings": True},    # BloomConfig
+    # Falcon's first files (RWConfig): FalconConfig's 2,048 positions, RoPE base 10,000, tied head; n_head_kv
+    # key/value heads (40B), or one (7B: multi_query)
+    "RefinedWeb": {"max_position_embeddings": 2048, "rope_theta": 10000.0, "tie_word_embeddings": True},
 }
 """the transformers config class's value of a key the published file leaves out (tie_word_embeddings is false
 for the other families here)"""
@@ -116,13 +134,16 @@ def _expected(d: dict) -> dict:
     """The facts every emitted set must carry, straight from the file (the transformers class defaults where the
     file is silent: CLASS_DEFAULTS)."""
     d = {**CLASS_DEFAULTS.get(d["model_type"], {}), **d}
-    heads, hidden = d.get("num_attention_heads", d.get("n_head")), d.get("hidden_size", d.get("n_embd"))
+    heads = d.get("num_attention_heads", d.get("n_head"))
+    hidden = d.get("hidden_size", d.get("n_embd", d.get("n_embed")))
     head_dim = d.get("head_dim") or d.get("qk_nope_head_dim") or hidden // heads
     scaling = d.get("rope_scaling") or {}
     return {"layers": d.get("num_hidden_layers", d.get("n_layer")), "hidden": hidden, "heads": heads,
-            "kv_heads": d.get("num_key_value_heads", heads),
+            "kv_heads": d.get("num_key_value_heads", d.get("n_head_kv", 1 if d.get("multi_query") else heads)),
             "ffn": d.get("intermediate_size") or d.get("n_inner") or 4 * hidden,   # GPT2Config: n_inner null = 4h
-            "vocab": d["vocab_size"], "positions": d.get("max_position_embeddings", d.get("n_positions")),
+            # BLOOM's ALiBi has no position table: the training length plantune assumes
+            "vocab": d["vocab_size"],
+            "positions": d.get("max_position_embeddings", d.get("n_positions")) or HF_DEFAULT_SEQ_LEN,
             "theta": float(d.get("rope_theta", 0.0)), "eps": float(d.get("rms_norm_eps", d.get("layer_norm_epsilon"))),
             "tied": d.get("tie_word_embeddings", False), "head_dim": head_dim,
             "qkv_bias": d["model_type"] in ("qwen2", "qwen2_moe"),
@@ -163,6 +184,25 @@ def test_gemma3_files_are_refused_and_their_text_config_read(name, heads, kv_hea
     assert m.tied_embeddings and m.qk_norm == "head" and m.norm_placement == "sandwich" and m.init_std == 0.02
 
 
+def test_mixtral_file_without_a_window_key_reads_as_no_window():
+    """Mixtral-8x7B-v0.1's first published config.json has no sliding_window key (a later Hub revision adds
+    "sliding_window": null): full attention over the 32,768 positions, not Mistral's 4096-token window."""
+    _, m = _load("Mixtral-8x7B-v0.1.json")
+    assert (m.sliding_window, m.window_full_every, m.positions) == (0, 0, 32_768)
+
+
+@pytest.mark.parametrize("name,heads,kv_heads,ffn", [("falcon-7b.json", 71, 1, 18_176),
+                                                     ("falcon-40b.json", 128, 8, 32_768)])
+def test_falcon_first_files_read_as_falcon(name, heads, kv_heads, ffn):
+    """Falcon's first published config.json files (model_type RefinedWeb, RWForCausalLM): the 7B multi-query (one
+    key/value head), the 40B n_head_kv 8 key/value heads (the new decoder architecture its own modelling_RW.py runs);
+    attention beside the MLP, RoPE, no biases. Refused before ("model_type 'RefinedWeb' is not one plantune reads")."""
+    _, m = _load(name)
+    assert (m.heads, m.kv_heads, m.ffn_hidden, m.positions) == (heads, kv_heads, ffn, 2048)
+    assert (m.parallel_residual, m.position, m.norm, m.bias, m.glu, m.activation) == (True, "rope", "layernorm",
+                                                                                      False, False, "gelu")
+
+
 def test_gemma2_window_soft_caps_and_head_width_are_read():
     _, m = _load("gemma-2-2b-it.json")
     assert (m.sliding_window, m.window_full_every, m.attn_softcap, m.logit_softcap) == (4096, 2, 50.0, 30.0)
@@ -198,10 +238,20 @@ def test_megatron_lm_set_carries_the_files_facts(name):
     e = _expected(d)
     if d["model_type"].startswith("gemma"):
         refusal = _refusal(m, "megatron-lm")
-        assert all(what in refusal for what in GEMMA_FACTS)
+        # Gemma (1) has GeGLU but pre-norms only
+        assert all(what in refusal for what in GEMMA_FACTS[d["model_type"] == "gemma":])
+        assert ("before and after" in refusal) == (d["model_type"] != "gemma")
         assert ("soft-capped logits" in refusal) == (d["model_type"] == "gemma2")
         # no other emitter writes these either: the refusal says so instead of pointing at the BigScience fork
         assert "plan without --emit" in refusal and "bigscience" not in refusal
+        return
+    if d["model_type"] == "bloom":   # ALiBi and the embedding LayerNorm: the BigScience fork's
+        refusal = _refusal(m, "megatron-lm")
+        assert "ALiBi" in refusal and "layernorm after the word embedding" in refusal and "bigscience" in refusal
+        return
+    if d.get("parallel_attn"):   # Falcon: attention and MLP side by side, which no emitter writes
+        refusal = _refusal(m, "megatron-lm")
+        assert "parallel residual" in refusal and "plan without --emit" in refusal
         return
     a = _args(render(_setup(m, "megatron-lm"), "megatron-lm")["args.txt"])
     assert [int(_one(a, f)) for f in ("--num-layers", "--hidden-size", "--num-attention-heads",
@@ -263,13 +313,27 @@ def _refusal(m: ModelSpec, kind: str, flavor: str = "bigscience") -> str:
     return str(err.value)
 
 
+def test_refusals_name_only_emitters_that_write_the_model():
+    """BLOOM: only the BigScience fork writes ALiBi and the embedding LayerNorm; Falcon: no emitter writes its
+    parallel residual. torchtitan's refusal sent both to --framework megatron-lm, which refuses them too."""
+    _, bloom = _load("bloom.json")
+    for kind, flavor in (("fsdp", "bigscience"), ("megatron-lm", "bigscience"), ("megatron-deepspeed", "microsoft")):
+        refusal = _refusal(bloom, kind, flavor)
+        assert "use --framework megatron-deepspeed --emit-flavor bigscience" in refusal
+        assert "use --framework megatron-lm" not in refusal
+    _, falcon = _load("falcon-40b.json")
+    refusal = _refusal(falcon, "fsdp")
+    assert "plan without --emit" in refusal and "megatron-lm" not in refusal
+
+
 @pytest.mark.parametrize("name", FILES)
 def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
     d, m = _load(name)
     e = _expected(d)
     cannot = {"qwen2": "q/k/v biases", "qwen3": "per-head q/k RMSNorm", "qwen3_moe": "mixture-of-experts",
-              "deepseek_v3": "mixture-of-experts", "gemma2": "soft-capped logits",
-              "gemma3_text": "norms before and after"}
+              "mixtral": "mixture-of-experts", "deepseek_v3": "mixture-of-experts", "gemma2": "soft-capped logits",
+              "gemma3_text": "norms before and after", "RefinedWeb": "parallel residual", "gemma": "GeGLU",
+              "bloom": "ALiBi positions"}
     cannot = cannot.get(d["model_type"]) or ("RoPE scaling" if e["scaling"] else None)
     if cannot:
         refusal = _refusal(m, "megatron-deepspeed", "microsoft")
@@ -291,8 +355,16 @@ def test_megatron_deepspeed_microsoft_carries_the_facts_or_refuses(name):
 @pytest.mark.parametrize("name", FILES)
 def test_bigscience_fork_refuses_what_it_cannot_express(name):
     """The BigScience fork has LayerNorm, biases, tied embeddings and a RoPE base fixed at 10,000: of these files only
-    GPT-2 is a model it can train; each refusal says why."""
+    GPT-2 and BLOOM (trained with it: ALiBi, the embedding LayerNorm) are models it can train; each refusal says why
+    (Falcon's: its parallel residual, which no emitter writes, and its grouped-query attention)."""
     d, m = _load(name)
+    if d["model_type"] == "bloom":
+        a = _args(render(_setup(m, "megatron-deepspeed"), "megatron-deepspeed", flavor="bigscience")["args.txt"])
+        assert [int(_one(a, f)) for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
+                                          "--pad-vocab-size-to")] == [70, 14336, 112, 57344, 250880]
+        assert _one(a, "--position-embedding-type") == "alibi" and "--embed-layernorm" in a
+        assert float(_one(a, "--layernorm-epsilon")) == 1e-5 and "--glu-activation" not in a
+        return
     if d["model_type"] == "gpt2":
         a = _args(render(_setup(m, "megatron-deepspeed"), "megatron-deepspeed", flavor="bigscience")["args.txt"])
         assert [int(_one(a, f)) for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size",
@@ -300,14 +372,18 @@ def test_bigscience_fork_refuses_what_it_cannot_express(name):
         assert float(_one(a, "--layernorm-epsilon")) == 1e-5 and "--glu-activation" not in a
         assert "--position-embedding-type" not in a or _one(a, "--position-embedding-type") == "absolute"
         return
-    assert "RMSNorm" in _refusal(m, "megatron-deepspeed", "bigscience")
+    refusal = _refusal(m, "megatron-deepspeed", "bigscience")
+    assert ("parallel residual" in refusal and "grouped-query" in refusal) if d.get("parallel_attn") else \
+        "RMSNorm" in refusal
 
 
 @pytest.mark.parametrize("name", FILES)
 def test_torchtitan_model_args_or_refusal(name):
     d, m = _load(name)
     e = _expected(d)
-    expressible = d["model_type"] in ("llama", "phi3") and not e["tied"] and e["head_dim"] * e["heads"] == e["hidden"]
+    # Llama's shape; Mistral's too where its window is null (v0.3)
+    llama = d["model_type"] in ("llama", "phi3") or (d["model_type"] == "mistral" and not d.get("sliding_window"))
+    expressible = llama and not e["tied"] and e["head_dim"] * e["heads"] == e["hidden"]
     if not expressible:
         assert "cannot express" in _refusal(m, "fsdp") or "kv_channels" in _refusal(m, "fsdp")
         return

@@ -165,6 +165,18 @@ def test_gpt2_bloom_neox_falcon(tmp_path):
             _render(m)
 
 
+def test_first_falcon_files_read_as_falcon(tmp_path):
+    """tiiuae's May 2023 files (RWConfig, planner.hf_config.HF_LEGACY): Falcon-7B's RefinedWebModel is multi-query (one
+    key/value head); a RefinedWeb file with n_head_kv (Falcon-40B's) the new decoder architecture with that many."""
+    base = {k: v for k, v in BASE.items() if k not in DROP["falcon"]}
+    old = {k: v for k, v in FAMILIES["falcon"].items() if k != "new_decoder_architecture"}
+    (tmp_path / "7.json").write_text(json.dumps(base | old | {"model_type": "RefinedWebModel"}))
+    (tmp_path / "40.json").write_text(json.dumps(base | old | {"model_type": "RefinedWeb", "n_head_kv": 2}))
+    seven, forty = load_model(str(tmp_path / "7.json")), load_model(str(tmp_path / "40.json"))
+    assert (seven.kv_heads, forty.kv_heads) == (1, 2)
+    assert seven.parallel_residual and forty.parallel_residual and seven.positions == forty.positions == 2048
+
+
 def test_gpt2_vocabulary_is_padded_as_the_bigscience_fork_requires(tmp_path):
     """The fork's _vocab_size_with_padding (megatron/tokenizer/tokenizer.py) raises "50257 is not divisible by 128"
     for --pad-vocab-size-to 50257; the emit pads GPT-2's vocabulary to 50,304 (a multiple of 128 and of TP)."""
@@ -188,4 +200,12 @@ def test_gpt2_vocabulary_is_padded_as_the_bigscience_fork_requires(tmp_path):
 def test_keys_that_would_change_the_model_are_refused(tmp_path, changes, needle):
     with pytest.raises(InputError, match=needle.replace("(", r"\(")) as err:
         _model(tmp_path, "llama" if "model_type" not in changes else changes["model_type"], **changes)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("value", [True, {"": 0}, [3]])
+def test_a_malformed_architectures_key_is_one_line(tmp_path, value):
+    """Found by tests/test_inputs_fuzz.py: architectures true or {"": 0} was a TypeError / KeyError traceback."""
+    with pytest.raises(InputError, match="architectures") as err:
+        _model(tmp_path, "llama", architectures=value)
     assert "\n" not in str(err.value)
