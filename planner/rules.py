@@ -456,7 +456,8 @@ def parallel_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, traini
         yield Violation(Reason.FRAMEWORK_LIMIT, f"{target} has no context parallelism (cp={c.cp}); {fix} or cp=1")
     if moe.is_moe(model):
         yield Violation(Reason.FRAMEWORK_LIMIT, f"{target} has no mixture-of-experts layers ({model.num_experts} "
-                                                f"experts); {fix}")
+                                                f"experts); use --framework megatron-lm (plantune's torchtitan "
+                                                "emit writes dense models only)")
     elif c.ep > 1 or c.etp > 1:
         yield Violation(Reason.REDUNDANT, f"EP={c.ep}, ETP={c.etp} on a dense model: there are no experts to shard")
     if training.precision == "fp8":
