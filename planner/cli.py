@@ -455,7 +455,19 @@ def check_expressible(model: ModelSpec, cluster: ClusterSpec, training: Training
     problems = [v.detail for t in targets
                 for v in model_violations(model, training, cluster, t, emit=t.framework == emit)]
     if problems:
-        raise InputError("; ".join(dict.fromkeys(problems)))
+        raise InputError(_grouped(dict.fromkeys(problems)))
+
+
+def _grouped(details) -> str:
+    """"T cannot express A; FIX" and "T cannot express B; FIX" as one "T cannot express A, B; FIX"."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for detail in details:
+        target, sep, rest = detail.partition(" cannot express ")
+        what, sep2, fix = rest.rpartition("; ")
+        key = (target, fix) if sep and sep2 else (detail, "")
+        groups.setdefault(key, []).append(what if sep and sep2 else "")
+    return "; ".join(f"{target} cannot express {', '.join(whats)}; {fix}" if fix else target
+                     for (target, fix), whats in groups.items())
 
 
 def _refuse_unfit(est: Estimate) -> None:
