@@ -429,11 +429,16 @@ class PlanMemory:
                 + (model_states_bytes(*s[1:4]),) for stage in pipeline_stages(c))
         return states
 
-    def _dynamic_of(self, c: Candidate) -> tuple:
-        """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c``."""
-        key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas)
+    def _dynamic_of(self, c: Candidate, recompute: str | None = None) -> tuple:
+        """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c`` (with ``recompute`` instead of its own when
+        given: `smallest_partial` tries many N of one candidate, and builds none of them)."""
+        if recompute is None:
+            recompute = c.recompute
+        key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas)
         dynamic = self._dynamic.get(key)
         if dynamic is None:
+            if recompute != c.recompute:
+                c = replace(c, recompute=recompute)
             layer_key = (c.tp, c.sp, c.mbs, c.recompute)
             act = self._layers.get(layer_key)
             if act is None:
@@ -453,13 +458,14 @@ class PlanMemory:
             total = max(total, total_bytes(s[5], d[0], d[1], s[4], context))
         return total
 
-    def total_bytes(self, c: Candidate) -> float:
-        """`memory_breakdown(...).total_bytes`: the busiest stage's total."""
-        return self._busiest(self._states_of(c, c.ep, c.etp), self._dynamic_of(c))
+    def total_bytes(self, c: Candidate, recompute: str | None = None) -> float:
+        """`memory_breakdown(...).total_bytes`: the busiest stage's total (of ``c`` with ``recompute`` when given)."""
+        return self._busiest(self._states_of(c, c.ep, c.etp), self._dynamic_of(c, recompute))
 
-    def fits(self, c: Candidate) -> bool:
-        """`verdict(memory_breakdown(...)).fits`, without building the breakdown."""
-        return self.total_bytes(c) <= self.usable_bytes
+    def fits(self, c: Candidate, recompute: str | None = None) -> bool:
+        """`verdict(memory_breakdown(...)).fits`, without building the breakdown (nor, given ``recompute``, the
+        candidate with it)."""
+        return self.total_bytes(c, recompute) <= self.usable_bytes
 
     def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
         """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the
