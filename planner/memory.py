@@ -18,6 +18,7 @@ nvidia-smi peaks, torchtitan and fms-fsdp runs).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -51,6 +52,7 @@ class ParamBytes:
         return self.weights + self.master + self.grads + self.optimizer + self.grads_fp32
 
 
+@functools.lru_cache(maxsize=64)   # pure over three names; plan() asks for it a few times per candidate
 def param_bytes(precision: str, optimizer: str, framework: str = "megatron-lm") -> ParamBytes:
     """Seed 001 'Anatomy of Model's Memory': weights + grads + optimizer states per parameter.
 

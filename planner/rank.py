@@ -227,12 +227,17 @@ class _Row:
         return self.head if i == 0 else self.group.make(*self.row[:5], *self.row[5][i])
 
 
-def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str,
+_UNWORDED_MEMORY = Violation(Reason.MEMORY_TOTAL, "")
+"""`smallest_partial(..., words=False)`'s reason when no N fits: `_memory_example` words it for the one example"""
+
+
+def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str, *, words: bool = True,
                      ) -> tuple[Candidate, Violation | None]:
     """``cand`` (recompute ``block`` or ``uniform``, no N) at the smallest N that fits: a larger N only re-runs more
     of the forward (block) or holds more layers at once (uniform). block-N's memory falls as N grows (each
     checkpointed layer keeps its input only), so N is bisected over 1 .. chunk-1 (chunk: full). Ruled out, with the
-    candidate and the reason, when a cheaper mode fits already (none for block, full for uniform) or nothing does."""
+    candidate and the reason, when a cheaper mode fits already (none for block, full for uniform) or nothing does
+    (``words=False``: then `_UNWORDED_MEMORY`, plan() words only its example)."""
     kind = cand.recompute
     chunk = recompute_modes.chunk_layers(model, cand.pp, cand.vpp, framework)
     cheaper = "none" if kind == "block" else "full"
@@ -253,8 +258,9 @@ def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, fram
         found = next((n for n in ns if memory.fits(cand, f"uniform-{n}")), None)
     if found is None:
         last = replace(cand, recompute=f"{kind}-{ns[-1] if ns else 1}")
-        return last, memory_violations(memory.breakdown(last), memory.cluster, memory.training)[0] if ns else \
-            Violation(Reason.REDUNDANT, f"{chunk}-layer model chunks: {kind} recompute is full recompute")
+        if not ns:
+            return last, Violation(Reason.REDUNDANT, f"{chunk}-layer model chunks: {kind} recompute is full recompute")
+        return (last, _memory_example(last, memory)[1]) if words else (last, _UNWORDED_MEMORY)
     return replace(cand, recompute=f"{kind}-{found}"), None
 
 
@@ -309,7 +315,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             pruned[first.reason] += 1
             examples.setdefault(first.reason, (item, first))
             if item.recompute in recompute_modes.PARTIAL:
-                item, why = smallest_partial(model, item, memory, training.framework)
+                item, why = smallest_partial(model, item, memory, training.framework, words=False)
                 if why is not None:
                     continue
             if free.first(item) is None and memory.fits(item):
@@ -322,10 +328,12 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                 total += 1
                 cand, first = item.candidate(i), checker.extras(head, ep, etp)
                 if first is None:
-                    cand, first = smallest_partial(model, cand, memory, training.framework)
+                    cand, first = smallest_partial(model, cand, memory, training.framework, words=False)
                 if first is not None:
                     pruned[first.reason] += 1
-                    examples.setdefault(first.reason, (cand, first))
+                    if first.reason not in examples:
+                        examples[first.reason] = _memory_example(cand, memory) if first is _UNWORDED_MEMORY \
+                            else (cand, first)
                     continue
                 est = _score(model, cluster, training, cand, topology, params, memory, layer_times)
                 if free_best:
