@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from planner import context_parallel, fp8, fsdp_parallel, moe, pipeline_engine, recompute
 from planner.constants import ALLOCATOR_OVERHEAD
@@ -460,14 +461,20 @@ class PlanMemory:
             total = max(total, total_bytes(s[5], d[0], d[1], s[4], context))
         return total
 
-    def total_bytes(self, c: Candidate, recompute: str | None = None) -> float:
-        """`memory_breakdown(...).total_bytes`: the busiest stage's total (of ``c`` with ``recompute`` when given)."""
-        return self._busiest(self._states_of(c, c.ep, c.etp), self._dynamic_of(c, recompute))
+    def total_bytes(self, c: Candidate) -> float:
+        """`memory_breakdown(...).total_bytes`: the busiest stage's total."""
+        return self._busiest(self._states_of(c, c.ep, c.etp), self._dynamic_of(c))
 
-    def fits(self, c: Candidate, recompute: str | None = None) -> bool:
-        """`verdict(memory_breakdown(...)).fits`, without building the breakdown (nor, given ``recompute``, the
-        candidate with it)."""
-        return self.total_bytes(c, recompute) <= self.usable_bytes
+    def fits(self, c: Candidate) -> bool:
+        """`verdict(memory_breakdown(...)).fits`, without building the breakdown."""
+        return self.total_bytes(c) <= self.usable_bytes
+
+    def fits_under(self, c: Candidate) -> Callable[[str], bool]:
+        """`fits` of ``c`` with the recompute mode it is called with, that candidate not built and ``c``'s model
+        states looked up once (`planner.rank.smallest_partial` tries several N of one candidate)."""
+        states, usable, busiest, dynamic_of = self._states_of(c, c.ep, c.etp), self.usable_bytes, self._busiest, \
+            self._dynamic_of
+        return lambda recompute: busiest(states, dynamic_of(c, recompute)) <= usable
 
     def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
         """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the

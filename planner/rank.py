@@ -241,7 +241,8 @@ def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, fram
     kind = cand.recompute
     chunk = recompute_modes.chunk_layers(model, cand.pp, cand.vpp, framework)
     cheaper = "none" if kind == "block" else "full"
-    if memory.fits(cand, cheaper):
+    fits = memory.fits_under(cand)
+    if fits(cheaper):
         return cand, Violation(Reason.REDUNDANT, f"recompute={cheaper} fits already: {kind} recompute would only "
                                                  "re-run more of the forward")
     ns = range(1, chunk) if kind == "block" else range(2, chunk + 1)
@@ -249,13 +250,13 @@ def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, fram
         lo, hi = 0, len(ns)   # the first index whose N fits (len: none)
         while lo < hi:
             mid = (lo + hi) // 2
-            if memory.fits(cand, f"block-{ns[mid]}"):
+            if fits(f"block-{ns[mid]}"):
                 hi = mid
             else:
                 lo = mid + 1
         found = ns[lo] if lo < len(ns) else None
     else:   # uniform-N's memory is not monotone in N (fewer inputs kept, more layers re-run at once)
-        found = next((n for n in ns if memory.fits(cand, f"uniform-{n}")), None)
+        found = next((n for n in ns if fits(f"uniform-{n}")), None)
     if found is None:
         last = replace(cand, recompute=f"{kind}-{ns[-1] if ns else 1}")
         if not ns:
