@@ -412,6 +412,7 @@ class PlanMemory:
         self.model, self.cluster, self.training, self.fused_norm = model, cluster, training, fused_norm
         self.pb = training_param_bytes(training)
         self.usable_bytes = usable_bytes(cluster, training)
+        self.context_bytes = cluster.context_bytes
         self._states: dict[tuple, tuple] = {}
         """per stage: `stage_states` and their `model_states_bytes`"""
         self._layers: dict[tuple, LayerActivations] = {}
@@ -434,7 +435,7 @@ class PlanMemory:
 
     def _dynamic_of(self, c: Candidate, recompute: str | None = None) -> tuple:
         """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c`` (with ``recompute`` instead of its own when
-        given: `smallest_partial` tries many N of one candidate, and builds none of them)."""
+        given: `planner.rank.partial_mode` tries many N of one candidate, and builds none of them)."""
         if recompute is None:
             recompute = c.recompute
         key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas)
@@ -453,7 +454,7 @@ class PlanMemory:
 
     def _busiest(self, states: tuple, dynamic: tuple) -> float:
         """The larger stage total, as `memory_breakdown` picks it."""
-        context = self.cluster.context_bytes
+        context = self.context_bytes
         s, d = states[0], dynamic[0]
         total = total_bytes(s[5], d[0], d[1], s[4], context)
         if len(states) > 1:   # the first and the last stage
@@ -469,10 +470,11 @@ class PlanMemory:
         """`verdict(memory_breakdown(...)).fits`, without building the breakdown."""
         return self.total_bytes(c) <= self.usable_bytes
 
-    def fits_under(self, c: Candidate) -> Callable[[str], bool]:
-        """`fits` of ``c`` with the recompute mode it is called with, that candidate not built and ``c``'s model
-        states looked up once (`planner.rank.smallest_partial` tries several N of one candidate)."""
-        states, usable, busiest, dynamic_of = self._states_of(c, c.ep, c.etp), self.usable_bytes, self._busiest, \
+    def fits_under(self, c: Candidate, ep_etp: tuple[int, int] | None = None) -> Callable[[str], bool]:
+        """`fits` of ``c`` (with EP, ETP ``ep_etp`` when given) and the recompute mode it is called with, that
+        candidate not built and its model states looked up once (`planner.rank.partial_mode` tries several N)."""
+        ep, etp = (c.ep, c.etp) if ep_etp is None else ep_etp
+        states, usable, busiest, dynamic_of = self._states_of(c, ep, etp), self.usable_bytes, self._busiest, \
             self._dynamic_of
         return lambda recompute: busiest(states, dynamic_of(c, recompute)) <= usable
 
@@ -487,9 +489,12 @@ class PlanMemory:
         return [busiest(s, dynamic) <= usable for s in states]
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
-        """`memory_breakdown(model, c, cluster, training)`, equal field for field."""
-        parts = zip(pipeline_stages(c), self._states_of(c, c.ep, c.etp), self._dynamic_of(c))
-        return max((_breakdown(stage, s[:5], d, self.cluster) for stage, s, d in parts), key=lambda m: m.total_bytes)
+        """`memory_breakdown(model, c, cluster, training)`, equal field for field: the stage `max` picks there (the
+        first of the largest totals), the other not built."""
+        stages, states, dynamic = pipeline_stages(c), self._states_of(c, c.ep, c.etp), self._dynamic_of(c)
+        totals = [self._busiest((s,), (d,)) for s, d in zip(states, dynamic)]
+        i = totals.index(max(totals))
+        return _breakdown(stages[i], states[i][:5], dynamic[i], self.cluster)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
