@@ -16,7 +16,7 @@ Modes (``Candidate.recompute``):
   ``"N"`` (every N-th transformer block fully checkpointed; ``selective-layer`` = N 2).
 
 Search tokens (``--recompute`` lists): ``block`` and ``uniform`` without N; `plan` resolves ``block`` to the smallest
-N that fits (`planner.memory.PlanMemory.smallest_block`), since a larger N only re-runs more of the forward.
+N that fits (`planner.rank.smallest_partial`), since a larger N only re-runs more of the forward.
 """
 
 from __future__ import annotations
