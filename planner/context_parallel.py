@@ -101,13 +101,15 @@ def rank_model(model: "ModelSpec", cp: int) -> "ModelSpec":
 
 
 def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "TrainingSpec", link: object,
-                            send_s: Callable[..., float], core_s: float, bytes_per_value: float) -> float:
+                            send_s: Callable[..., float], core_s: float, bytes_per_value: float,
+                            recomputed_layers: float | None = None) -> float:
     """Exposed seconds of ring attention's K/V exchange in one layer's forward + backward.
 
     CP-1 steps forward, each sending one chunk's K and V (2·s/CP·b·kv_dim/TP values) to the next rank
     while the block already received is computed; the backward sends K, V and their gradients
     (twice the bytes) over twice the compute (Megatron-Core / TransformerEngine overlap the p2p with
-    the attention kernels). Only the part of each step's send longer than its block is exposed."""
+    the attention kernels). Only the part of each step's send longer than its block is exposed.
+    ``recomputed_layers``: `planner.recompute.recomputed_of(...).layers` when the caller has it."""
     if c.cp <= 1:
         return 0.0
     steps = c.cp - 1
@@ -116,7 +118,9 @@ def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "Train
     block = core_s / c.cp                       # one (s/CP x s/CP) block of the forward core
     forward = steps * max(0.0, send - block)
     backward = steps * max(0.0, 2 * send - 2 * block)
-    recompute = forward * recomputed_of(model, c, training.framework).layers   # full: all; block-N: its share
+    if recomputed_layers is None:
+        recomputed_layers = recomputed_of(model, c, training.framework).layers
+    recompute = forward * recomputed_layers   # full: all; block-N: its share
     return forward + backward + recompute
 
 
@@ -127,7 +131,7 @@ def ring_exchange_s(ctx: "StepContext") -> float:
         return 0.0
     link = ctx.topology.dp_link(c.tp, c.cp)
     return ctx.stage_layers * ring_exchange_exposed_s(ctx.model, c, ctx.training, link, collective_time_s,
-                                                      ctx.core_s, ctx.half)
+                                                      ctx.core_s, ctx.half, ctx.rc.layers)
 
 
 RING_EXCHANGE = Term(name="cp_ring_exchange", kind=COMMUNICATION, group="cp_comm_s", per_microbatch=True,

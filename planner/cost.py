@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from planner import context_parallel, flops, fp8, fsdp_parallel, moe, pipeline_engine, recompute
 from planner.constants import (DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFICIENCY, GEMM_K_HALF, RANKING_ERROR,
@@ -255,16 +256,20 @@ class StepContext:
     """`dp_comm_s`: the step's data-parallel traffic, shared by the DP terms"""
 
 
+def memoized(memo: dict | None, key: tuple, compute: Callable[[], Any]) -> Any:
+    """``compute()``, once per ``key`` in ``memo`` (plan()'s dict for one plan) when given."""
+    if memo is None:
+        return compute()
+    value = memo.get(key)
+    if value is None:
+        value = memo[key] = compute()
+    return value
+
+
 def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                 layer_memo: dict | None) -> tuple[float, float]:
-    """`layer_compute_s`, from ``layer_memo`` (plan()'s dict by `layer_key`) when given."""
-    if layer_memo is None:
-        return layer_compute_s(model, cand, cluster, training)
-    key = layer_key(cand)
-    parts = layer_memo.get(key)
-    if parts is None:
-        parts = layer_memo[key] = layer_compute_s(model, cand, cluster, training)
-    return parts
+    """`layer_compute_s`, from ``layer_memo`` (plan()'s dict, by `layer_key`) when given."""
+    return memoized(layer_memo, layer_key(cand), lambda: layer_compute_s(model, cand, cluster, training))
 
 
 def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
@@ -292,8 +297,8 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
         stage_compute, lps = pipeline_engine.stage_compute_s(model.layers, cand.pp, layer_s, logits_s)
     else:
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
-    params_gpu = max(stage_params(model, cand, s, training.framework)
-                     for s in (("only",) if cand.pp == 1 else ("first", "last")))
+    params_gpu = memoized(layer_memo, ("params_gpu", cand.tp, cand.pp, cand.vpp), lambda: max(
+        stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last"))))
     shard = shard_group_size(cand, cluster.gpus_per_node)
     rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
     return StepContext(model=model, cand=cand, cluster=cluster, training=training, topology=topology, fw=fw,
@@ -544,16 +549,20 @@ TERMS: tuple[Term, ...] = (
 def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   topology: Topology, params: CostParams = CostParams(),
                   layer_memo: dict | None = None) -> TimeBreakdown:
-    """One candidate's step time, by term (`TERMS`). ``layer_memo``: a dict plan() keeps for one plan,
-    `layer_compute_s` by `layer_key` (the same floats, computed once)."""
+    """One candidate's step time, by term (`TERMS`). ``layer_memo``: a dict plan() keeps for one plan, of what reads
+    few of the candidate's fields (`layer_compute_s` by `layer_key`, the busiest stage's parameters by TP, PP, VPP,
+    the FLOPs by global batch and what is recomputed): the same floats, computed once."""
     ctx = step_context(model, cand, cluster, training, topology, layer_memo)
     # (PP-1)/VPP slots (1F1B, interleaved); torchtitan's zero-bubble schedules fewer
     bubble = fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp, cand.recompute)
     step = evaluate(TERMS, ctx, microbatches=cand.gas, bubble_slots=bubble)
     gbs = cand.global_batch
     count = training.flops_attention
-    return breakdown(step, params, model_flops=flops.model_flops_per_iteration(model, gbs, count),
-                     hardware_flops=flops.hardware_flops_per_iteration(model, gbs, ctx.rc, count))
+    model_flops = memoized(layer_memo, ("model_flops", gbs),
+                           lambda: flops.model_flops_per_iteration(model, gbs, count))
+    hardware_flops = memoized(layer_memo, ("hardware_flops", gbs, ctx.rc), lambda: flops.hardware_flops_per_iteration(
+        model, gbs, ctx.rc, count, model_flops=model_flops))
+    return breakdown(step, params, model_flops=model_flops, hardware_flops=hardware_flops)
 
 
 def term_rows(time: TimeBreakdown) -> list[dict]:

@@ -85,13 +85,14 @@ def model_flops_per_iteration(model: ModelSpec, global_batch: int, attention: st
 
 
 def hardware_flops_per_iteration(model: ModelSpec, global_batch: int, recompute: str | Recomputed,
-                                 attention: str = "full") -> float:
+                                 attention: str = "full", *, model_flops: float | None = None) -> float:
     """Model FLOPs plus the forward recomputed by activation checkpointing (HFU numerator).
 
     ``full`` adds one more forward of every layer: 96·B·s·l·h²·(1 + s/6h + V/16lh), exactly
     Narayanan et al. 2021 Eq. 3. ``selective`` adds the attention core only (Korthikanti 2022); partial modes
     (block-N, selective-layer-N, op-level SAC) their share (`planner.recompute.recomputed_of`: pass its answer
-    for a candidate; a mode name is read on a single stage).
+    for a candidate; a mode name is read on a single stage). ``model_flops``: `model_flops_per_iteration`'s answer
+    when the caller has it.
     """
     tokens = global_batch * model.seq_len
     if isinstance(recompute, str):
@@ -101,7 +102,9 @@ def hardware_flops_per_iteration(model: ModelSpec, global_batch: int, recompute:
     core = attention_core_forward_flops(model, tokens)
     extra = model.layers * (recompute.layers * (layer - saving) + recompute.core * (core - saving)
                             + recompute.matmul * (layer - core))
-    return model_flops_per_iteration(model, global_batch, attention) + extra
+    if model_flops is None:
+        model_flops = model_flops_per_iteration(model, global_batch, attention)
+    return model_flops + extra
 
 
 def megatron_eq3_flops(*, global_batch: int, seq_len: int, layers: int, hidden: int, vocab: int) -> float:

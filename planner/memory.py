@@ -18,8 +18,10 @@ nvidia-smi peaks, torchtitan and fms-fsdp runs).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from planner import context_parallel, fp8, fsdp_parallel, moe, pipeline_engine, recompute
 from planner.constants import ALLOCATOR_OVERHEAD
@@ -51,6 +53,7 @@ class ParamBytes:
         return self.weights + self.master + self.grads + self.optimizer + self.grads_fp32
 
 
+@functools.lru_cache(maxsize=64)   # pure over three names; plan() asks for it a few times per candidate
 def param_bytes(precision: str, optimizer: str, framework: str = "megatron-lm") -> ParamBytes:
     """Seed 001 'Anatomy of Model's Memory': weights + grads + optimizer states per parameter.
 
@@ -409,6 +412,7 @@ class PlanMemory:
         self.model, self.cluster, self.training, self.fused_norm = model, cluster, training, fused_norm
         self.pb = training_param_bytes(training)
         self.usable_bytes = usable_bytes(cluster, training)
+        self.context_bytes = cluster.context_bytes
         self._states: dict[tuple, tuple] = {}
         """per stage: `stage_states` and their `model_states_bytes`"""
         self._layers: dict[tuple, LayerActivations] = {}
@@ -429,11 +433,16 @@ class PlanMemory:
                 + (model_states_bytes(*s[1:4]),) for stage in pipeline_stages(c))
         return states
 
-    def _dynamic_of(self, c: Candidate) -> tuple:
-        """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c``."""
-        key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas)
+    def _dynamic_of(self, c: Candidate, recompute: str | None = None) -> tuple:
+        """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c`` (with ``recompute`` instead of its own when
+        given: `planner.rank.partial_mode` tries many N of one candidate, and builds none of them)."""
+        if recompute is None:
+            recompute = c.recompute
+        key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas)
         dynamic = self._dynamic.get(key)
         if dynamic is None:
+            if recompute != c.recompute:
+                c = replace(c, recompute=recompute)
             layer_key = (c.tp, c.sp, c.mbs, c.recompute)
             act = self._layers.get(layer_key)
             if act is None:
@@ -445,7 +454,7 @@ class PlanMemory:
 
     def _busiest(self, states: tuple, dynamic: tuple) -> float:
         """The larger stage total, as `memory_breakdown` picks it."""
-        context = self.cluster.context_bytes
+        context = self.context_bytes
         s, d = states[0], dynamic[0]
         total = total_bytes(s[5], d[0], d[1], s[4], context)
         if len(states) > 1:   # the first and the last stage
@@ -461,6 +470,14 @@ class PlanMemory:
         """`verdict(memory_breakdown(...)).fits`, without building the breakdown."""
         return self.total_bytes(c) <= self.usable_bytes
 
+    def fits_under(self, c: Candidate, ep_etp: tuple[int, int] | None = None) -> Callable[[str], bool]:
+        """`fits` of ``c`` (with EP, ETP ``ep_etp`` when given) and the recompute mode it is called with, that
+        candidate not built and its model states looked up once (`planner.rank.partial_mode` tries several N)."""
+        ep, etp = (c.ep, c.etp) if ep_etp is None else ep_etp
+        states, usable, busiest, dynamic_of = self._states_of(c, ep, etp), self.usable_bytes, self._busiest, \
+            self._dynamic_of
+        return lambda recompute: busiest(states, dynamic_of(c, recompute)) <= usable
+
     def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
         """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the
         row's candidates differ only in those), none of them built."""
@@ -472,9 +489,12 @@ class PlanMemory:
         return [busiest(s, dynamic) <= usable for s in states]
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
-        """`memory_breakdown(model, c, cluster, training)`, equal field for field."""
-        parts = zip(pipeline_stages(c), self._states_of(c, c.ep, c.etp), self._dynamic_of(c))
-        return max((_breakdown(stage, s[:5], d, self.cluster) for stage, s, d in parts), key=lambda m: m.total_bytes)
+        """`memory_breakdown(model, c, cluster, training)`, equal field for field: the stage `max` picks there (the
+        first of the largest totals), the other not built."""
+        stages, states, dynamic = pipeline_stages(c), self._states_of(c, c.ep, c.etp), self._dynamic_of(c)
+        totals = [self._busiest((s,), (d,)) for s, d in zip(states, dynamic)]
+        i = totals.index(max(totals))
+        return _breakdown(stages[i], states[i][:5], dynamic[i], self.cluster)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

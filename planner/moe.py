@@ -401,17 +401,21 @@ def all_to_all_s(topology: "Topology", stride: int, group: int, message_bytes: f
 
 
 def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int, topology: "Topology",
-                       collective_s: Callable[..., float], bytes_per_value: float) -> float:
+                       collective_s: Callable[..., float], bytes_per_value: float,
+                       recomputed_layers: float | None = None) -> float:
     """Mean per-layer seconds of the EP all-to-all: dispatch and combine in the forward, both again in
     the backward (and the forward pair again under full recompute), not overlapped (Megatron-Core's
     alltoall token dispatcher without --overlap-moe-expert-parallel-comm). Each GPU sends its tokens·k
     hidden vectors (x capacity; no deduplication of a token's copies bound for one GPU), over the EP group,
-    which strides by ETP (Megatron-Core parallel_state's expert grid ETP x EP x expert-DP): `all_to_all_s`."""
+    which strides by ETP (Megatron-Core parallel_state's expert grid ETP x EP x expert-DP): `all_to_all_s`.
+    ``recomputed_layers``: `planner.recompute.recomputed_of(...).layers` when the caller has it."""
     if not is_moe(m) or c.ep <= 1:
         return 0.0
     message = tokens * m.moe_topk * capacity(training) * m.hidden * bytes_per_value / max(1, c.tp // c.etp)
     per = all_to_all_s(topology, c.etp, c.ep, message, collective_s)
-    calls = 4 + 2 * recomputed_of(m, c, training.framework).layers   # full: the pair again; block-N: its share
+    if recomputed_layers is None:
+        recomputed_layers = recomputed_of(m, c, training.framework).layers
+    calls = 4 + 2 * recomputed_layers   # full: the pair again; block-N: its share
     return calls * per * moe_layer_count(m) / m.layers
 
 
@@ -429,7 +433,7 @@ def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link
 def all_to_all_term_s(ctx: "StepContext") -> float:
     """The term: the busiest stage's EP all-to-alls for one micro-batch (the EP group strides by ETP)."""
     return ctx.stage_layers * all_to_all_layer_s(ctx.model, ctx.cand, ctx.training, ctx.tokens, ctx.topology,
-                                                 collective_time_s, ctx.half)
+                                                 collective_time_s, ctx.half, ctx.rc.layers)
 
 
 def expert_grad_reduce_term_s(ctx: "StepContext") -> float:

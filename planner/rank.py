@@ -222,9 +222,15 @@ class _Row:
     def eps(self) -> tuple[tuple[int, int], ...]:
         return self.row[5]
 
-    def candidate(self, i: int) -> Candidate:
-        """The row's ``i``-th candidate (``eps[i]``)."""
-        return self.head if i == 0 else self.group.make(*self.row[:5], *self.row[5][i])
+    def candidate(self, i: int, recompute: str | None = None) -> Candidate:
+        """The row's ``i``-th candidate (``eps[i]``), with ``recompute`` instead of the row's when given."""
+        if recompute is None or recompute == self.row[0]:
+            return self.head if i == 0 else self.group.make(*self.row[:5], *self.row[5][i])
+        return self.group.make(recompute, *self.row[1:5], *self.row[5][i])
+
+
+_UNWORDED_MEMORY = Violation(Reason.MEMORY_TOTAL, "")
+"""`partial_mode`'s reason when no N fits: `_memory_example` words it (plan() for its one example only)"""
 
 
 def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str,
@@ -233,29 +239,41 @@ def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, fram
     of the forward (block) or holds more layers at once (uniform). block-N's memory falls as N grows (each
     checkpointed layer keeps its input only), so N is bisected over 1 .. chunk-1 (chunk: full). Ruled out, with the
     candidate and the reason, when a cheaper mode fits already (none for block, full for uniform) or nothing does."""
+    mode, why = partial_mode(model, cand, memory, framework)
+    if mode != cand.recompute:
+        cand = replace(cand, recompute=mode)
+    return (cand, _memory_example(cand, memory)[1]) if why is _UNWORDED_MEMORY else (cand, why)
+
+
+def partial_mode(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str,
+                 ep_etp: tuple[int, int] | None = None) -> tuple[str, Violation | None]:
+    """`smallest_partial`'s recompute mode for ``cand`` (with EP, ETP ``ep_etp`` when given: plan() builds no
+    candidate it tries), and why it is ruled out (`_UNWORDED_MEMORY` when no N fits)."""
     kind = cand.recompute
     chunk = recompute_modes.chunk_layers(model, cand.pp, cand.vpp, framework)
     cheaper = "none" if kind == "block" else "full"
-    if memory.fits(replace(cand, recompute=cheaper)):
-        return cand, Violation(Reason.REDUNDANT, f"recompute={cheaper} fits already: {kind} recompute would only "
+    fits = memory.fits_under(cand, ep_etp)
+    if fits(cheaper):
+        return kind, Violation(Reason.REDUNDANT, f"recompute={cheaper} fits already: {kind} recompute would only "
                                                  "re-run more of the forward")
     ns = range(1, chunk) if kind == "block" else range(2, chunk + 1)
     if kind == "block":
         lo, hi = 0, len(ns)   # the first index whose N fits (len: none)
         while lo < hi:
             mid = (lo + hi) // 2
-            if memory.fits(replace(cand, recompute=f"block-{ns[mid]}")):
+            if fits(f"block-{ns[mid]}"):
                 hi = mid
             else:
                 lo = mid + 1
         found = ns[lo] if lo < len(ns) else None
     else:   # uniform-N's memory is not monotone in N (fewer inputs kept, more layers re-run at once)
-        found = next((n for n in ns if memory.fits(replace(cand, recompute=f"uniform-{n}"))), None)
+        found = next((n for n in ns if fits(f"uniform-{n}")), None)
     if found is None:
-        last = replace(cand, recompute=f"{kind}-{ns[-1] if ns else 1}")
-        return last, memory_violations(memory.breakdown(last), memory.cluster, memory.training)[0] if ns else \
-            Violation(Reason.REDUNDANT, f"{chunk}-layer model chunks: {kind} recompute is full recompute")
-    return replace(cand, recompute=f"{kind}-{found}"), None
+        last = f"{kind}-{ns[-1] if ns else 1}"
+        if not ns:
+            return last, Violation(Reason.REDUNDANT, f"{chunk}-layer model chunks: {kind} recompute is full recompute")
+        return last, _UNWORDED_MEMORY
+    return f"{kind}-{found}", None
 
 
 def _better(best: tuple[tuple, Estimate] | None, est: Estimate, index: int) -> tuple[tuple, Estimate]:
@@ -309,9 +327,10 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             pruned[first.reason] += 1
             examples.setdefault(first.reason, (item, first))
             if item.recompute in recompute_modes.PARTIAL:
-                item, why = smallest_partial(model, item, memory, training.framework)
+                mode, why = partial_mode(model, item, memory, training.framework)
                 if why is not None:
                     continue
+                item = replace(item, recompute=mode)
             if free.first(item) is None and memory.fits(item):
                 est = _score(model, cluster, training, item, topology, params, memory, layer_times)
                 best_free = _better(best_free, est, total)
@@ -320,14 +339,18 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
         if head.recompute in recompute_modes.PARTIAL:   # block / uniform: each candidate at its smallest fitting N
             for i, (ep, etp) in enumerate(item.eps):
                 total += 1
-                cand, first = item.candidate(i), checker.extras(head, ep, etp)
+                mode, first = head.recompute, checker.extras(head, ep, etp)
                 if first is None:
-                    cand, first = smallest_partial(model, cand, memory, training.framework)
+                    mode, first = partial_mode(model, head, memory, training.framework, (ep, etp))
                 if first is not None:
                     pruned[first.reason] += 1
-                    examples.setdefault(first.reason, (cand, first))
+                    if first.reason not in examples:
+                        cand = item.candidate(i, mode)
+                        examples[first.reason] = _memory_example(cand, memory) if first is _UNWORDED_MEMORY \
+                            else (cand, first)
                     continue
-                est = _score(model, cluster, training, cand, topology, params, memory, layer_times)
+                est = _score(model, cluster, training, item.candidate(i, mode), topology, params, memory,
+                             layer_times)
                 if free_best:
                     best_free = _better(best_free, est, total)
                 survivors.append(est)

@@ -16,11 +16,12 @@ Modes (``Candidate.recompute``):
   ``"N"`` (every N-th transformer block fully checkpointed; ``selective-layer`` = N 2).
 
 Search tokens (``--recompute`` lists): ``block`` and ``uniform`` without N; `plan` resolves ``block`` to the smallest
-N that fits (`planner.memory.PlanMemory.smallest_block`), since a larger N only re-runs more of the forward.
+N that fits (`planner.rank.smallest_partial`), since a larger N only re-runs more of the forward.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,7 @@ class Mode:
     """N of block-N / uniform-N / selective-layer-N; 0 for a search token (block, uniform) or a mode without N"""
 
 
+@functools.lru_cache(maxsize=256)   # pure over a name (a Mode is frozen); plan() reads a few modes ~100k times
 def parse(mode: str) -> Mode | None:
     """``"block-4"`` -> Mode("block", 4); None when ``mode`` is no recompute mode."""
     if mode in CLASSIC or mode == "selective-op":

@@ -25,7 +25,7 @@ No planner imports: pure arithmetic over the terms.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, NamedTuple
 
 COMPUTE, COMMUNICATION, MEMORY, HOST, FIXED = "compute", "communication", "memory", "host", "fixed"
@@ -57,6 +57,11 @@ class Term:
     overlap: Callable[[Any], Overlap | None] | None = None
     hides_under: str = ""
     flag: str = ""
+    head: tuple = field(init=False, repr=False, compare=False)
+    """(name, kind, group, per_microbatch): the first fields of each `TermTime` it gives, built once"""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "head", (self.name, self.kind, self.group, self.per_microbatch))
 
 
 class TermTime(NamedTuple):
@@ -187,8 +192,9 @@ class StepTime:
 
 
 def evaluate(terms: tuple[Term, ...], ctx: Any, *, microbatches: int, bubble_slots: float) -> StepTime:
-    return StepTime(terms=tuple([TermTime(t.name, t.kind, t.group, t.per_microbatch, t.seconds(ctx),
-                                          t.overlap(ctx) if t.overlap else None) for t in terms]),
+    make = TermTime._make   # plan() evaluates a dozen terms per candidate: the tuple from the declaration's head
+    return StepTime(terms=tuple([make((*t.head, t.seconds(ctx), t.overlap(ctx) if t.overlap else None))
+                                 for t in terms]),
                     microbatches=microbatches, bubble_slots=bubble_slots)
 
 

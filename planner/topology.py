@@ -37,10 +37,18 @@ class Topology:
         self._intra = cluster.intra_node_bw_bytes_per_s * intra_eff
         self._gpu_port_inter = cluster.intra_node_bw_bytes_per_s * inter_eff
         self._nic = cluster.inter_node_bw_bytes_per_s * inter_eff
+        self._strided: dict[tuple[int, int], Link] = {}
+        """`strided_link` by (stride, size): a plan asks for a few dozen, tens of thousands of times"""
 
     def strided_link(self, stride: int, size: int) -> Link:
         """The link of the group of ranks {0, stride, 2·stride, ...} (``size`` of them), while every
         GPU of a node is in some such group and communicates at the same time."""
+        link = self._strided.get((stride, size))
+        if link is None:
+            link = self._strided[stride, size] = self._strided_link(stride, size)
+        return link
+
+    def _strided_link(self, stride: int, size: int) -> Link:
         gpn = self.cluster.gpus_per_node
         if size <= 1 or (size - 1) * stride < gpn:
             return Link(kind="intra", bus_bw_bytes_per_s=self._intra)

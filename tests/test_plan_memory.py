@@ -56,6 +56,14 @@ def test_plan_memory_is_memory_breakdown_to_the_last_bit(name, gpus, gpu, kw):
     head = cands[0]   # a row: one candidate with other (EP, ETP), none of them built by PlanMemory
     eps = ((1, 1), (2, 1), (1, 2), (4, 2))
     assert memory.row_fits(head, eps) == [memory.fits(replace(head, ep=ep, etp=etp)) for ep, etp in eps]
+    modes = ("none", "full", "selective", "block-1", "block-3", "uniform-2")   # partial_mode's tries
+    for c in cands[:50]:
+        fits = [memory.fits(replace(c, recompute=m)) for m in modes]
+        assert fits == [not memory_violations(memory_breakdown(model, replace(c, recompute=m), cluster, training),
+                                              cluster, training) for m in modes]
+        assert [memory.fits_under(c)(m) for m in modes] == fits
+        other = replace(c, ep=1, etp=1)   # a row's head with c's (EP, ETP): c not built
+        assert [memory.fits_under(other, (c.ep, c.etp))(m) for m in modes] == fits
 
 
 def _one_by_one(model, cluster, training):
