@@ -471,8 +471,9 @@ def _target_rules(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training
         yield from parallel_extras(model, c, cluster, training, target)
 
 
-PROBE_RECOMPUTE = recompute_modes.CLASSIC + ("block",)
-"""what the torch-native probe checkpoints (probes/gpt.py): the classic modes and the first N layers of each chunk"""
+PROBE_RECOMPUTE = recompute_modes.CLASSIC + ("block", "selective-op")
+"""what the torch-native probe checkpoints (probes/gpt.py): the classic modes, the first N layers of each chunk and
+torchtitan's op-level SAC"""
 
 
 def _recompute(model: ModelSpec, c: Candidate, fw: str) -> Iterator[Violation]:
