@@ -48,6 +48,7 @@ LAYOUTS_2 = {
     "dp2-ddp-gas2": dict(dp=2, gas=2, zero=0),
     "dp2-fsdp-zero3": dict(dp=2, gas=2, zero=3),
     "dp2-fsdp-zero1-full": dict(dp=2, gas=2, zero=1, recompute="full"),
+    "dp2-fsdp-zero3-selective-op": dict(dp=2, gas=2, zero=3, recompute="selective-op"),
 }
 LAYOUTS_4 = {
     "tp2-dp2-fsdp-sp": dict(tp=2, dp=2, gas=2, zero=3, sp=True),
