@@ -209,5 +209,6 @@ def torchtitan_activation_checkpoint(mode: str) -> dict[str, str]:
 
 __all__ = ["CLASSIC", "FRAMEWORK_MODES", "Mode", "OPTIONS", "PARTIAL", "PLAN_DEFAULT", "Recomputed", "TORCHTITAN",
            "checkpointed_layers", "chunk_layers", "from_plan_yaml", "is_valid", "kept_inputs", "kind", "megatron_lm_args",
-           "op_sac_kept_width", "op_sac_matmul_share", "op_sac_matmuls", "parse", "plan_yaml_fields", "recomputed", "recomputed_of", "time_key",
+           "op_sac_kept_width", "op_sac_matmul_share", "op_sac_matmuls", "parse", "plan_yaml_fields", "recomputed",
+           "recomputed_of", "time_key",
            "torchtitan_activation_checkpoint"]

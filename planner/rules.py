@@ -387,6 +387,10 @@ def probe_extent_violations(model: ModelSpec, c: Candidate, *, cp: int, ep: int,
                                                     "parallelism)")
         if num_experts % ep:
             yield Violation(Reason.INVALID, f"num_experts {num_experts} is not divisible by ep {ep}")
+        if recompute_modes.kind(c.recompute) == "selective-op":
+            # its share of re-run matmuls counts a dense layer's projections (planner.recompute.op_sac_matmuls)
+            yield Violation(Reason.FRAMEWORK_LIMIT, "the probe's op-level SAC (recompute=selective-op) covers dense "
+                                                    "layers only; use recompute=full or selective with experts")
     if ep > 1:
         if not num_experts:
             yield Violation(Reason.INVALID, f"ep {ep} needs num_experts > 0")

@@ -25,7 +25,7 @@ def test_counted_flops_equal_planner(recompute, model):
     m = model_run(spec, resolve_layout(spec, world=1))
     layout = resolve_layout(spec, world=1)
     assert counted == pytest.approx(hardware_flops_per_iteration(m, 2 * 3, probe_recomputed(m, layout)), rel=1e-9)
-    if recompute.startswith("block") or recompute == "selective-op":   # part of the forward re-run: between none and full
+    if recompute.startswith("block") or recompute == "selective-op":   # part of the forward re-run
         assert hardware_flops_per_iteration(m, 6, "none") < counted < hardware_flops_per_iteration(m, 6, "full")
     if recompute == "none":
         assert counted == pytest.approx(model_flops_per_iteration(m, 6), rel=1e-9)

@@ -27,7 +27,8 @@ from conftest import HANG_GUARD_S
     (dict(pp=2, gas=1), 2, "1F1B needs micro-batches (gas) 1 >= pipeline stages (pp) 2"),
     (dict(sp=True), 1, "sequence parallelism needs TP > 1"),
     (dict(recompute="some"), 1, "recompute 'some' is not one of none, selective, full, block-N or selective-op"),
-    (dict(recompute="uniform-2"), 1, "recompute 'uniform-2' is not one of none, selective, full, block-N or selective-op"),
+    (dict(recompute="uniform-2"), 1, "recompute 'uniform-2' is not one of none, selective, full, block-N or "
+                                     "selective-op"),
     (dict(vpp=2), 1, "vpp 2 > 1 needs pp > 1"),
 ])
 def test_invalid_layouts_say_why(candidate, world, needle):

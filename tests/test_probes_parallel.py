@@ -40,6 +40,7 @@ def reference(tmp_path_factory):
 LAYOUTS_2 = {
     "tp2": dict(tp=2, gas=4),
     "tp2-sp-selective": dict(tp=2, gas=4, sp=True, recompute="selective"),
+    "tp2-sp-selective-op": dict(tp=2, gas=4, sp=True, recompute="selective-op"),
     "pp2-1f1b": dict(pp=2, gas=4),
     "pp2-gpipe-full": dict(pp=2, gas=4, recompute="full", pp_schedule="GPipe"),
     "pp2-interleaved": dict(pp=2, vpp=2, gas=4),

@@ -41,7 +41,8 @@ def test_oom_implication(other, implied):
 def test_oom_implication_op_level_sac():
     """full < selective-op < selective < none in kept activations (tests/test_probes_op_sac.py measures it)."""
     op = cand(recompute="selective-op")
-    assert needs_more_memory(cand(recompute="selective"), than=op) and needs_more_memory(cand(recompute="none"), than=op)
+    assert needs_more_memory(cand(recompute="selective"), than=op)
+    assert needs_more_memory(cand(recompute="none"), than=op)
     assert not needs_more_memory(cand(recompute="full"), than=op)
     assert not needs_more_memory(op, than=cand(recompute="block-2"))
     assert needs_more_memory(cand(recompute="block-2", mbs=8, gas=8), than=cand(recompute="block-2"))
