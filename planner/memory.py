@@ -231,9 +231,11 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
     if kind == "selective":
         stored = full - scores   # Korthikanti Sec. 4.2: recompute only the attention core
     elif kind == "selective-op":
-        # torchtitan op-level SAC (_save_list, "only save every other mm"): of wq, wk, wv, wo, w1, w3, w2 it keeps
-        # wq, wv, w1 and w2 outputs, plus the attention output and the layer input
-        stored = layer_input + (2 + 2 * kv + 2 * f_ratio + 2) * sbh / t + 2 * sbh / t
+        # torchtitan op-level SAC ("save every other mm"): of wq, wk, wv, wo, w1, (w3,) w2 it keeps the 1st, 3rd, ...
+        # outputs (wq, wv, w1, and w2 with GLU), plus the attention output and the layer input (measured on the probe,
+        # which runs the same policy: tests/test_probes_op_sac.py)
+        kept = recompute.op_sac_kept_width(model, f_ratio * h) / h
+        stored = layer_input + (2 * kept + 2) * sbh / t
     elif kind == "full":
         stored = layer_input
     elif kind == "selective-layer":

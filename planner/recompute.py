@@ -136,15 +136,27 @@ def recomputed_of(model: ModelSpec, cand: "Candidate", framework: str) -> Recomp
     return recomputed(model, cand.recompute, chunk_layers(model, cand.pp, cand.vpp, framework) * cand.vpp, cand.vpp)
 
 
+def op_sac_matmuls(model: ModelSpec, ffn: float | None = None) -> list[tuple[float, float]]:
+    """A layer's projections in forward order, wq, wk, wv, wo, w1, (w3,) w2, as (weight elements = forward FLOPs per
+    token / 2, output width); ``ffn``: the MLP width the activations count (MoE: `planner.moe.activation_ffn`)."""
+    h, q, kv = model.hidden, model.q_dim, model.kv_dim
+    f = model.ffn_hidden if ffn is None else ffn
+    mlp = [(h * f, f), (h * f, f), (f * h, h)] if model.glu else [(h * f, f), (f * h, h)]
+    return [(h * q, q), (h * kv, kv), (h * kv, kv), (q * h, h)] + mlp
+
+
 def op_sac_matmul_share(model: ModelSpec) -> float:
-    """torchtitan op-level SAC (torchtitan/distributed/activation_checkpoint.py ``_save_list``: "only save every other
-    mm", attention output saved): of wq, wk, wv, wo, w1, w3, w2 the 2nd, 4th and 6th (wk, wo, w3) are re-run in the
-    backward. Their share of the layer's dense forward matmul FLOPs (attention core excluded; it is saved)."""
-    h, q, kv, f = model.hidden, model.q_dim, model.kv_dim, model.ffn_hidden
-    wq, wk, wv, wo = h * q, h * kv, h * kv, q * h
-    mlp = [h * f, h * f, f * h] if model.glu else [h * f, f * h]
-    mms = [wq, wk, wv, wo] + mlp
+    """torchtitan op-level SAC (torchtitan/distributed/activation_checkpoint.py ``SelectiveAC``: "save all compute
+    ops, except every second mm", attention output saved): of wq, wk, wv, wo, w1, w3, w2 the 2nd, 4th and 6th (wk, wo,
+    w3; w2 without GLU) are re-run in the backward. Their share of the layer's dense forward matmul FLOPs (attention
+    core excluded; it is saved). probes/gpt.py ``op_sac_contexts`` runs the same policy."""
+    mms = [w for w, _ in op_sac_matmuls(model)]
     return sum(mms[1::2]) / sum(mms)
+
+
+def op_sac_kept_width(model: ModelSpec, ffn: float | None = None) -> float:
+    """Summed width of the matmul outputs op-level SAC keeps (the 1st, 3rd, ...: wq, wv, w1, and w2 with GLU)."""
+    return sum(width for _, width in op_sac_matmuls(model, ffn)[0::2])
 
 
 def time_key(cand: "Candidate") -> tuple:
@@ -197,5 +209,6 @@ def torchtitan_activation_checkpoint(mode: str) -> dict[str, str]:
 
 __all__ = ["CLASSIC", "FRAMEWORK_MODES", "Mode", "OPTIONS", "PARTIAL", "PLAN_DEFAULT", "Recomputed", "TORCHTITAN",
            "checkpointed_layers", "chunk_layers", "from_plan_yaml", "is_valid", "kept_inputs", "kind", "megatron_lm_args",
-           "op_sac_matmul_share", "parse", "plan_yaml_fields", "recomputed", "recomputed_of", "time_key",
+           "op_sac_kept_width", "op_sac_matmul_share", "op_sac_matmuls", "parse", "plan_yaml_fields", "recomputed",
+           "recomputed_of", "time_key",
            "torchtitan_activation_checkpoint"]

@@ -387,6 +387,10 @@ def probe_extent_violations(model: ModelSpec, c: Candidate, *, cp: int, ep: int,
                                                     "parallelism)")
         if num_experts % ep:
             yield Violation(Reason.INVALID, f"num_experts {num_experts} is not divisible by ep {ep}")
+        if recompute_modes.kind(c.recompute) == "selective-op":
+            # its share of re-run matmuls counts a dense layer's projections (planner.recompute.op_sac_matmuls)
+            yield Violation(Reason.FRAMEWORK_LIMIT, "the probe's op-level SAC (recompute=selective-op) covers dense "
+                                                    "layers only; use recompute=full or selective with experts")
     if ep > 1:
         if not num_experts:
             yield Violation(Reason.INVALID, f"ep {ep} needs num_experts > 0")
@@ -471,8 +475,9 @@ def _target_rules(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training
         yield from parallel_extras(model, c, cluster, training, target)
 
 
-PROBE_RECOMPUTE = recompute_modes.CLASSIC + ("block",)
-"""what the torch-native probe checkpoints (probes/gpt.py): the classic modes and the first N layers of each chunk"""
+PROBE_RECOMPUTE = recompute_modes.CLASSIC + ("block", "selective-op")
+"""what the torch-native probe checkpoints (probes/gpt.py): the classic modes, the first N layers of each chunk and
+torchtitan's op-level SAC"""
 
 
 def _recompute(model: ModelSpec, c: Candidate, fw: str) -> Iterator[Violation]:

@@ -39,7 +39,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
+from torch._functorch.partitioners import get_default_op_list
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn,
+                                    set_checkpoint_early_stop)
 
 import zlib
 from dataclasses import dataclass
@@ -356,6 +358,34 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+_MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.linear.default})
+"""the projections op-level SAC counts (torchtitan counts mm and linear; a biased nn.Linear on CPU runs addmm)"""
+_SAC_SAVED = _MATMULS | {op.default for op in get_default_op_list().compute_intensive_ops} | {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    torch.ops.aten._scaled_dot_product_attention_math.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default}
+"""ops whose outputs op-level SAC keeps: torch's compute-intensive ops (its partitioner's list, as torchtitan's
+_get_default_save_ops) and every SDPA kernel, the CPU one too (torchtitan lists no CPU kernel; planner.memory counts
+the attention output as kept)"""
+
+
+def op_sac_contexts():
+    """torchtitan's op-level SAC for one checkpointed block (torchtitan/distributed/activation_checkpoint.py
+    ``SelectiveAC._wrap_block``): compute-intensive outputs MUST_SAVE except every second matmul, counted separately in
+    the forward and in the recompute, which is PREFER_RECOMPUTE as is everything else. Of wq, wk, wv, wo, w1, w3, w2 it
+    keeps wq, wv, w1, w2 and re-runs wk, wo, w3 (`planner.recompute.op_sac_matmul_share`). A ``context_fn``."""
+    matmuls = {False: 0, True: 0}
+
+    def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+        if func in _MATMULS:
+            matmuls[ctx.is_recompute] += 1
+            if matmuls[ctx.is_recompute] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in _SAC_SAVED else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 class _SumOverGroup(torch.autograd.Function):
     """All-reduce (sum) forward, identity backward: Megatron's reduce-from-tensor-parallel region
     (the output is replicated, so each rank's gradient is already the whole gradient)."""
@@ -434,7 +464,8 @@ class GPTStage(nn.Module):
 
     ``recompute``: none | selective (attention core only) | full (every layer re-run in backward) | block-N (the
     stage's first N layers re-run, the others keep their activations: Megatron's --recompute-method block, per
-    model chunk as here, where an interleaved rank holds several stages).
+    model chunk as here, where an interleaved rank holds several stages) | selective-op (torchtitan's op-level SAC
+    on every layer: `op_sac_contexts`).
     Layers live in a ModuleDict keyed by their global index, so names are the same in every layout.
     Parameters are left as the modules' constructors make them: build under ``torch.device("meta")``
     and call `init_parameters` once the storage exists (``probes.parallel.build_stages`` does).
@@ -447,6 +478,7 @@ class GPTStage(nn.Module):
         # layers (from the first) whose forward is re-run in backward: all under full, N under block-N
         self.checkpointed = len(layer_ids) if recompute == "full" else (
             mode.n if mode is not None and mode.kind == "block" else 0)
+        self.op_sac = recompute == "selective-op"
         self.embed: Embedding | None = Embedding(m) if first else None
         self.head: Head | None = None
         self.layers = nn.ModuleDict(
@@ -472,9 +504,10 @@ class GPTStage(nn.Module):
         if self.embed is not None:
             x = self.embed(x)
         for i, block in enumerate(self.layers.values()):
-            if i < self.checkpointed and torch.is_grad_enabled():
+            if (i < self.checkpointed or self.op_sac) and torch.is_grad_enabled():
                 with set_checkpoint_early_stop(False):
-                    x = checkpoint(block, x, use_reentrant=False)
+                    x = checkpoint(block, x, use_reentrant=False, context_fn=op_sac_contexts if self.op_sac else
+                                   noop_context_fn)
             else:
                 x = block(x)
         if self.head is not None:

@@ -113,7 +113,7 @@ def resolve_layout(spec: ProbeSpec, *, world: int, local_world: int | None = Non
     if spec.precision not in PRECISIONS:
         errors.append(f"precision {spec.precision!r} is not one of {', '.join(PRECISIONS)}")
     if not recompute_modes.is_valid(c.recompute) or recompute_modes.kind(c.recompute) not in PROBE_RECOMPUTE:
-        errors.append(f"recompute {c.recompute!r} is not one of {', '.join(RECOMPUTE)} or block-N")
+        errors.append(f"recompute {c.recompute!r} is not one of {', '.join(RECOMPUTE)}, block-N or selective-op")
     if c.zero not in (0, 1, 2, 3):
         errors.append(f"zero {c.zero} is not a ZeRO stage 0-3")
     for name in ("tp", "pp", "dp", "mbs", "gas", "vpp"):

@@ -14,6 +14,7 @@ Trial user attributes are the study's record (``tune report`` reads nothing else
 from __future__ import annotations
 
 from planner.errors import InputError
+from planner.space import RECOMPUTE
 
 PROBED = ("ok", "oom", "timeout", "crash", "invalid")
 """outcomes of a probe that ran (or was refused by the probe's own layout check): final for the configuration"""
@@ -27,8 +28,16 @@ OUTCOMES = PROBED + DERIVED + NOT_FINAL
 PHASES = ("analytic", "sampler", "retry", "confirm", "implied")
 """how a trial came to be; ``implied`` trials are recorded without a probe by an OOM's implication"""
 
-RECOMPUTE_MEMORY_ORDER = {"full": 0, "selective": 1, "none": 2}
-"""activation memory needed, least to most: full recompute keeps only layer inputs, none keeps everything"""
+RECOMPUTE_MEMORY_ORDER = {"full": 0, "selective-op": 1, "selective": 2, "none": 3}
+"""activation memory needed, least to most: full recompute keeps only layer inputs, op-level SAC those and four
+projection outputs, selective all but the attention core, none everything (planner.memory.layer_activations;
+measured on the probe: tests/test_probes_op_sac.py). A mode not listed (block-N, uniform-N, selective-layer-N) is
+ordered against no other."""
+
+
+def recompute_sort_key(mode: str) -> tuple[int, str]:
+    """Search order of recompute modes: the classic three as `planner.space.RECOMPUTE` lists them, then the others."""
+    return (RECOMPUTE.index(mode), "") if mode in RECOMPUTE else (len(RECOMPUTE), mode)
 
 
 class TuneError(InputError):
@@ -40,4 +49,4 @@ class BackendError(RuntimeError):
 
 
 __all__ = ["BackendError", "DERIVED", "NOT_FINAL", "OUTCOMES", "PHASES", "PROBED", "RECOMPUTE_MEMORY_ORDER",
-           "TuneError"]
+           "TuneError", "recompute_sort_key"]

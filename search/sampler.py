@@ -27,9 +27,8 @@ import optuna
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 
 from planner import CostParams
-from planner.space import RECOMPUTE
 
-from search._base import TuneError
+from search._base import TuneError, recompute_sort_key
 from search.calibration import SIGMA_PRIOR, Terms, expected_improvement, refit_terms, residual_sigma
 from search.objective import Ledger
 from search.settings import SAMPLERS
@@ -39,7 +38,7 @@ from search.space import SearchSpace, config_key, params_of
 def grid_order(space: SearchSpace) -> list[str]:
     def key(e):
         c = e.candidate
-        return (c.tp, c.pp, c.dp, c.mbs, RECOMPUTE.index(c.recompute), c.zero, c.sp, c.vpp, c.hybrid)
+        return (c.tp, c.pp, c.dp, c.mbs, recompute_sort_key(c.recompute), c.zero, c.sp, c.vpp, c.hybrid)
     return [config_key(e.candidate) for e in sorted(space.survivors, key=key)]
 
 

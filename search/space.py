@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from planner import Candidate, Estimate, Plan
 from planner.space import RECOMPUTE
 
-from search._base import RECOMPUTE_MEMORY_ORDER
+from search._base import RECOMPUTE_MEMORY_ORDER, recompute_sort_key
 
 PARAMS = ("tp", "pp", "mbs", "recompute", "zero", "sp", "vpp", "hybrid", "cp", "ep", "etp")
 """the structured parameters a trial records (Optuna param names)"""
@@ -76,8 +76,10 @@ def needs_more_memory(candidate: Candidate, than: Candidate) -> bool:
         return False
     if c == t:
         return False
-    return (c.mbs >= t.mbs and RECOMPUTE_MEMORY_ORDER[c.recompute] >= RECOMPUTE_MEMORY_ORDER[t.recompute]
-            and c.zero <= t.zero and (not c.sp or t.sp))
+    order = RECOMPUTE_MEMORY_ORDER
+    keeps_more = (c.recompute == t.recompute if c.recompute not in order or t.recompute not in order
+                  else order[c.recompute] >= order[t.recompute])
+    return c.mbs >= t.mbs and keeps_more and c.zero <= t.zero and (not c.sp or t.sp)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,7 +120,7 @@ class SearchSpace:
     def values(self, name: str) -> list:
         vals = {getattr(e.candidate, name) for e in self.survivors}
         if name == "recompute":
-            return [r for r in RECOMPUTE if r in vals]
+            return sorted(vals, key=recompute_sort_key)
         return sorted(vals)
 
     def distributions(self) -> dict:

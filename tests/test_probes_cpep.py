@@ -121,6 +121,7 @@ def test_moe_differs_from_dense(dense_reference, moe_reference):
     (dict(ep=4, dp=2, zero=0, **MOE), 2, "must divide"),
     (dict(tp=2, **MOE), 2, "tp = 1"),
     (dict(num_experts=2, moe_top_k=3), 1, "moe_top_k"),
+    (dict(recompute="selective-op", **MOE), 1, "covers dense layers only"),
 ])
 def test_cp_ep_rules_name_the_problem(kw, world, fragment):
     with pytest.raises(LayoutError, match=fragment.replace("*", r"\*").replace("(", r"\(")):

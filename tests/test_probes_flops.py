@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 from probes.train import count_step_flops, probe_recomputed  # noqa: E402  (needs torch)
 
 
-@pytest.mark.parametrize("recompute", ["none", "selective", "full", "block-1", "block-3"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full", "block-1", "block-3", "selective-op"])
 @pytest.mark.parametrize("model", [tiny_model(), tiny_model(kv_heads=2, glu=True, ffn_hidden=128, position="rope",
                                                             norm="rmsnorm", bias=False)],
                          ids=["gpt", "llama-gqa"])
@@ -25,7 +25,7 @@ def test_counted_flops_equal_planner(recompute, model):
     m = model_run(spec, resolve_layout(spec, world=1))
     layout = resolve_layout(spec, world=1)
     assert counted == pytest.approx(hardware_flops_per_iteration(m, 2 * 3, probe_recomputed(m, layout)), rel=1e-9)
-    if recompute.startswith("block"):   # the first N layers re-run: between none and full
+    if recompute.startswith("block") or recompute == "selective-op":   # part of the forward re-run
         assert hardware_flops_per_iteration(m, 6, "none") < counted < hardware_flops_per_iteration(m, 6, "full")
     if recompute == "none":
         assert counted == pytest.approx(model_flops_per_iteration(m, 6), rel=1e-9)

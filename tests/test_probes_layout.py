@@ -26,12 +26,18 @@ from conftest import HANG_GUARD_S
     (dict(dp=2), 3, "world size 3 != tp(1) * pp(1) * dp(2) = 2"),
     (dict(pp=2, gas=1), 2, "1F1B needs micro-batches (gas) 1 >= pipeline stages (pp) 2"),
     (dict(sp=True), 1, "sequence parallelism needs TP > 1"),
-    (dict(recompute="some"), 1, "recompute 'some' is not one of none, selective, full"),
+    (dict(recompute="some"), 1, "recompute 'some' is not one of none, selective, full, block-N or selective-op"),
+    (dict(recompute="uniform-2"), 1, "recompute 'uniform-2' is not one of none, selective, full, block-N or "
+                                     "selective-op"),
     (dict(vpp=2), 1, "vpp 2 > 1 needs pp > 1"),
 ])
 def test_invalid_layouts_say_why(candidate, world, needle):
     with pytest.raises(LayoutError, match=re.escape(needle)):
         resolve_layout(tiny_spec(**candidate), world=world)
+
+
+def test_op_level_sac_is_a_probe_layout():
+    assert resolve_layout(tiny_spec(recompute="selective-op"), world=1).recompute == "selective-op"
 
 
 def test_gqa_kv_heads_must_divide_tp():

@@ -40,13 +40,16 @@ def reference(tmp_path_factory):
 LAYOUTS_2 = {
     "tp2": dict(tp=2, gas=4),
     "tp2-sp-selective": dict(tp=2, gas=4, sp=True, recompute="selective"),
+    "tp2-sp-selective-op": dict(tp=2, gas=4, sp=True, recompute="selective-op"),
     "pp2-1f1b": dict(pp=2, gas=4),
     "pp2-gpipe-full": dict(pp=2, gas=4, recompute="full", pp_schedule="GPipe"),
     "pp2-interleaved": dict(pp=2, vpp=2, gas=4),
     "pp2-block1": dict(pp=2, gas=4, recompute="block-1"),   # Megatron's block method: 1 layer per stage re-run
+    "pp2-selective-op": dict(pp=2, gas=4, recompute="selective-op"),   # torchtitan op-level SAC on every layer
     "dp2-ddp-gas2": dict(dp=2, gas=2, zero=0),
     "dp2-fsdp-zero3": dict(dp=2, gas=2, zero=3),
     "dp2-fsdp-zero1-full": dict(dp=2, gas=2, zero=1, recompute="full"),
+    "dp2-fsdp-zero3-selective-op": dict(dp=2, gas=2, zero=3, recompute="selective-op"),
 }
 LAYOUTS_4 = {
     "tp2-dp2-fsdp-sp": dict(tp=2, dp=2, gas=2, zero=3, sp=True),

@@ -31,9 +31,21 @@ OOM = cand()
     (cand(mbs=8, gas=8, recompute="full"), False),       # one dimension better: unknown
     (cand(tp=2, dp=2, mbs=8, gas=16), False),            # another layout
     (cand(pp=4, dp=2, mbs=8, gas=16), False),
+    (cand(recompute="selective-op"), False),             # op-level SAC keeps less than selective (the probe measures)
+    (cand(recompute="block-1"), False),                  # a partial mode is ordered against no other
 ])
 def test_oom_implication(other, implied):
     assert needs_more_memory(other, than=OOM) is implied
+
+
+def test_oom_implication_op_level_sac():
+    """full < selective-op < selective < none in kept activations (tests/test_probes_op_sac.py measures it)."""
+    op = cand(recompute="selective-op")
+    assert needs_more_memory(cand(recompute="selective"), than=op)
+    assert needs_more_memory(cand(recompute="none"), than=op)
+    assert not needs_more_memory(cand(recompute="full"), than=op)
+    assert not needs_more_memory(op, than=cand(recompute="block-2"))
+    assert needs_more_memory(cand(recompute="block-2", mbs=8, gas=8), than=cand(recompute="block-2"))
 
 
 def test_oom_implication_sequence_parallel():
@@ -95,3 +107,15 @@ def test_implied_oom(space):
     implied = [c for c in survivors if space.implied_oom(c, [small])]
     assert implied and all(c.mbs >= small.mbs and (c.tp, c.pp) == (small.tp, small.pp) for c in implied)
     assert small not in implied
+
+
+def test_space_keeps_torchtitan_op_level_sac():
+    """tune --framework fsdp --recompute none,selective-op,full: selective-op is a point and a sampler value."""
+    from search.sampler import grid_order
+
+    p = plan(load_model("1B3"), make_cluster(gpu="V100-32GB", gpus=8, gpus_per_node=4),
+             TrainingSpec(global_batch=512, seq_len=2048, precision="fp16", framework="fsdp",
+                          recompute_options=("none", "selective-op", "full"), zero_options=(3,)))
+    s = SearchSpace.from_plan(p)
+    assert s.values("recompute") == ["none", "full", "selective-op"]
+    assert sorted(grid_order(s)) == sorted(s.keys)
