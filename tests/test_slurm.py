@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -207,15 +208,29 @@ def test_inside_an_existing_allocation(slurm_cluster, tmp_path):
 
 @pytest.mark.slow
 def test_run_many_runs_probes_side_by_side(slurm_cluster, tmp_path):
+    """Both probes are in their set-up at once (each waits there, probes.lifeline.hold, until both have arrived):
+    an event, not file times or a wall-clock ratio, which a loaded machine can break."""
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    both = threading.Event()
+
+    def release_when_both_held() -> None:
+        deadline = time.monotonic() + HANG_GUARD_S   # a hang guard only: run one after another, the second never comes
+        while time.monotonic() < deadline and not both.is_set():
+            if len(list(hold.glob("held-setup-*"))) >= 2:
+                both.set()
+            time.sleep(0.2)
+        (hold / "release").write_text("")
+
+    releaser = threading.Thread(target=release_when_both_held, daemon=True)
+    releaser.start()
     with _backend(slurm_cluster, gres=None) as backend:  # CPU slots: steps ask --cpus-per-task, not GPUs
-        results = backend.run_many([tiny_spec(), tiny_spec(mbs=1, gas=4)], workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
+        backend.env.update(PLANTUNE_PROBE_HOLD="setup", PLANTUNE_PROBE_HOLD_DIR=str(hold))
+        results = backend.run_many([tiny_spec(), tiny_spec(mbs=1, gas=4)], workdir=tmp_path, timeout_s=HANG_GUARD_S)
+    releaser.join()
+    assert both.is_set(), "the two probes were never in set-up at the same time: run_many ran them one after another"
     assert [r.status for r in results] == ["ok", "ok"], [r.reason for r in results]
     assert all(r.world_size == 1 for r in results)
-    # the two 1-rank probes overlapped: each one's worker had started (its pid file) before either had finished
-    # (its result file); file times, not a wall-clock ratio a loaded machine can break
-    runs = [tmp_path / f"probe-{i:04d}" for i in range(len(results))]
-    started = max((run / "pid-rank0").stat().st_mtime for run in runs)
-    assert started < min((run / "result.json").stat().st_mtime for run in runs)
 
 
 @pytest.mark.slow
