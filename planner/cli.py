@@ -539,7 +539,8 @@ def run(args: argparse.Namespace) -> int:
         chosen = result.candidates[rank - 1]
         # refuse before printing anything: render() checks every rule and writes nothing; --out keeps a user's files
         files = render(_setup(model, cluster, training, chosen), args.emit, flavor=training.flavor,
-                       reservation=args.reservation, time_hours=args.time_limit)
+                       reservation=args.reservation, time_hours=args.time_limit,
+                       torchtitan_version=args.torchtitan_version)
         check_out(Path(args.out or "run"), files, force=args.force)
     schedule = _schedule(result, same_rules) if want_schedule else None
     if args.format == "table":
@@ -586,9 +587,9 @@ def render_schedule(rows: list) -> str:
 
 
 _FROM_FLAGS = ("from_yaml", "emit", "emit_flavor", "out", "reservation", "time_limit", "format", "explain", "debug",
-               "force")
+               "force", "torchtitan_version")
 """what `plan --from` honours; every other flag would be ignored (the file holds the setup)"""
-_EMIT_FLAGS = ("pick", "out", "reservation", "time_limit", "force")
+_EMIT_FLAGS = ("pick", "out", "reservation", "time_limit", "force", "torchtitan_version")
 """flags that only shape what --emit writes (--emit-flavor also picks the rules plan ranks with)"""
 
 

@@ -193,3 +193,18 @@ def test_plan_cli_picks_the_torchtitan_version(tmp_path, capsys) -> None:
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--fp8-recipe rowwise" in err
     assert not (tmp_path / "fp8").exists()
+
+
+def test_plan_cli_checks_the_requested_torchtitan_version(tmp_path, capsys) -> None:
+    """The pre-write check renders the version asked for: 0.2.2 still writes tensorwise float8; the flag alone
+    (no --emit) is refused in one line."""
+    from planner.cli import main
+
+    base = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "H100-SXM", "--framework", "fsdp", "--precision", "fp8",
+            "--fp8-recipe", "tensorwise"]
+    assert main([*base, "--emit", "fsdp", "--torchtitan-version", "0.2.2", "--out", str(tmp_path / "old")]) == 0
+    assert (tmp_path / "old" / fsdp.FILE_NAME).exists()
+    capsys.readouterr()
+    assert main(["--model", "llama3-8b", "--gpus", "8", "--torchtitan-version", "0.2.2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--torchtitan-version only applies with --emit" in err
