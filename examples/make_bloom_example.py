@@ -36,7 +36,8 @@ def bloom_setup() -> RunSetup:
 
 
 def main(out: Path = OUT) -> list[Path]:
-    return emit(bloom_setup(), "megatron-deepspeed", out, flavor="bigscience")
+    """Write (or rewrite: this script owns the folder) the example."""
+    return emit(bloom_setup(), "megatron-deepspeed", out, flavor="bigscience", force=True)
 
 
 if __name__ == "__main__":

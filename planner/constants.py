@@ -83,7 +83,8 @@ TABLE: tuple[Fitted, ...] = (
                   "the forward and in RecvGrad)",
            fitted_on="the BLOOM tr11 dev tables (chronicles-prequel 02-20..24, all TP8: MBS sweeps at fixed PP/DP and "
                      "the PP 4-12 sweep), after planner.pipeline_engine's blocking p2p and fp16 gradient accumulation: "
-                     "the tr11 throughput error is flat and lowest from 0.035 to 0.045 s (6.6-6.7%), every model "
+                     "the tr11 throughput error is flat and lowest from 0.035 to 0.045 s (6.6-6.7%; 6.1-6.3% with "
+                     "planner.cost's 256x128 GEMM tiles, still flat there), every model "
                      "shape's pick within 1% there, the spread of predicted/measured inside a table 0.094-0.096 (it "
                      "was 0.05 s before those terms); inside that plateau 0.0425 s is where tests/test_search_ei.py's "
                      "property (ei never needs more probes than the plan's order on the dev tables and their "

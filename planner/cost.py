@@ -36,9 +36,13 @@ from planner.space import Candidate, TrainingSpec
 from planner.terms import COMMUNICATION, COMPUTE, FIXED, MEMORY, Overlap, StepTime, Term, evaluate, scale_of
 from planner.topology import Topology, collective_time_s
 
-# Tile of the GEMM kernels cuBLAS picks for large shapes (128x128 thread-block tiles; NVIDIA "Matrix
-# Multiplication Background" user guide, "Tile Quantization").
-GEMM_TILE = 128
+# Thread-block tile of the GEMM kernels cuBLAS runs for large 16-bit shapes: 256 rows (tokens) x 128 columns
+# (NVIDIA "Matrix Multiplication Background" user guide, "Tile Quantization": 256x128 is the most efficient of its
+# tiles; cuBLAS's kernels are named for it: volta_h884gemm_256x128, ampere_h16816gemm_256x128). Checked on the BLOOM
+# tr11 MBS sweeps: per-sample time at MBS 1 / 2 vs 4 measured 1.12 / 1.03 (NHEADS 96 tables), predicted 1.11 / 1.03
+# with 256x128 tiles, 1.07 / 1.03 with 128x128 (python tests/bench/validate.py: classic error 20.0% -> 19.6%).
+GEMM_TILE_M = 256
+GEMM_TILE_N = 128
 # Inner size at which a GEMM is half as efficient as a long one (k / (k + GEMM_K_HALF)): planner.constants.
 # 16-bit tensor-core GEMMs want every dimension a multiple of 8 elements (NVIDIA "Matrix Multiplication
 # Background" user guide, "Tensor Core Requirements"). The attention's batched GEMMs (QK^T, AV) over a
@@ -121,13 +125,13 @@ class TimeBreakdown:
 def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
     """Fraction of peak for an (m x k) @ (k x n) GEMM repeated ``batch`` times.
 
-    Tile quantization: tiles of GEMM_TILE^2 waste the part of the last tile outside the matrix;
+    Tile quantization: tiles of GEMM_TILE_M x GEMM_TILE_N waste the part of the last tile outside the matrix;
     wave quantization: tiles run in waves of ``sm_count``, the last wave partly idle (NVIDIA
     "Matrix Multiplication Background" user guide, sections "Tile/Wave Quantization"); short
     inner dimensions cannot hide load latency: k / (k + GEMM_K_HALF).
     """
-    tiles_m, tiles_n = math.ceil(m / GEMM_TILE), math.ceil(n / GEMM_TILE)
-    tile_eff = (m * n) / (tiles_m * tiles_n * GEMM_TILE * GEMM_TILE)
+    tiles_m, tiles_n = math.ceil(m / GEMM_TILE_M), math.ceil(n / GEMM_TILE_N)
+    tile_eff = (m * n) / (tiles_m * tiles_n * GEMM_TILE_M * GEMM_TILE_N)
     tiles = tiles_m * tiles_n * batch
     wave_eff = tiles / (math.ceil(tiles / sm_count) * sm_count)
     return base * tile_eff * wave_eff * k / (k + GEMM_K_HALF)
