@@ -329,7 +329,7 @@ def tp_comm_s(ctx: StepContext) -> float:
 
 def pp_p2p_s(ctx: StepContext) -> float:
     """p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t,
-    DeepSpeed's pipeline engine the activation as 1/t and the gradient whole (planner.framework); vpp chunks."""
+    DeepSpeed's pipeline engine both as 1/t too since v0.5.4 (planner.framework); vpp chunks."""
     cand, fw = ctx.cand, ctx.fw
     if cand.pp <= 1:
         return 0.0

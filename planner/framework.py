@@ -48,17 +48,13 @@ class Framework:
     (planner.pipeline_engine)"""
 
 
-# Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022) with TP > 1 sends activations
-# partitioned over TP (is_pipe_partitioned = is_model_parallel: a meta tensor, the slice, an all-gather on the
-# receiver, PartitionedTensor.from_meta's meta.tolist() device-to-host sync in the forward and in RecvGrad).
-# Gradients: p2p_grad_split=False is a FITTED choice (a stand-in, not the source): DeepSpeed partitions them too since e2fdd25
-# "Big science related changes (#1407)", 2021-09-29 (v0.5.4; is_grad_partitioned = is_model_parallel), so BLOOM's
-# tr11 (2022) sent them partitioned; with that fact alone the tr11 tables are predicted ~10% fast, flat across the
-# PP 4-12 sweep (not a per-micro-batch cost), and refitting DS_MICROBATCH_OVERHEAD_S to close the gap makes the
-# tables' error and regret worse (python tests/bench/validate.py: tr11 6.3% -> 7.4%, the PP sweep's regret 3% -> 6%):
-# the missing cost is not found yet (issue 23). What the engine does at every TP (blocking p2p, gradient
-# accumulation, BF16_Optimizer) is planner.pipeline_engine's; its fixed cost per micro-batch and stage with TP > 1:
-# DS_MICROBATCH_OVERHEAD_S (planner.constants).
+# Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022) with TP > 1 sends activations and
+# their gradients partitioned over TP (is_pipe_partitioned = is_grad_partitioned = is_model_parallel: a meta tensor,
+# the slice, an all-gather on the receiver, PartitionedTensor.from_meta's meta.tolist() device-to-host sync in the
+# forward and in RecvGrad). Gradients went whole (is_grad_partitioned = False) until DeepSpeed e2fdd25 "Big science
+# related changes (#1407)", 2021-09-29, first in v0.5.4: what BLOOM's tr11 (2022) and every later run have. What
+# the engine does at every TP (blocking p2p, gradient accumulation, BF16_Optimizer) is planner.pipeline_engine's; its
+# fixed cost per micro-batch and stage with TP > 1: DS_MICROBATCH_OVERHEAD_S (planner.constants).
 
 # Host time per layer forward, eager (EAGER_HOST_S) and Megatron's fused layer (MEGATRON_HOST_S): planner.constants.
 
@@ -84,11 +80,11 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
                      "_vocab_size_with_padding (--make-vocab-size-divisible-by 128, times TP)",
               default_overlaps=MEGATRON_OVERLAPS),
-    Framework(name="megatron-deepspeed", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=False,
+    Framework(name="megatron-deepspeed", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=True,
               microbatch_overhead_s=DS_MICROBATCH_OVERHEAD_S, host_s_per_layer_forward=MEGATRON_HOST_S,
               pads_vocab=True, zero12_traffic=DS_ZERO12_TRAFFIC, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
               balances_stages=True, sharded_gather_per_rail=True, deepspeed_engine=True,
-              source="DeepSpeed runtime/pipe/engine.py (is_grad_partitioned = False); PipelineModule "
+              source="DeepSpeed runtime/pipe/engine.py (is_pipe_partitioned, is_grad_partitioned: v0.5.4+); PipelineModule "
                      "partition_method 'type:transformer' (the fork's default, which plan's command keeps; BLOOM's "
                      "run set 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail: a FITTED choice on Narayanan 2021 Table 2 ZeRO-3 rows"),

@@ -166,9 +166,9 @@ def test_default_top_k_is_one_for_ei_only():
 def test_ei_needs_fewer_probes_than_the_plans_order_on_the_dev_tables_and_their_perturbed_replays():
     """Every replay table of tests/bench/bench_search.py (tests/data copies), as published and under each planner
     made wrong on purpose (`PERTURBATIONS`): ei (the default, top-1) measures the best in no more probes than the
-    plan's order in all, is behind it on at most one replay by one probe (160 replays: tr11's 40-node NHEADS=96 MBS
-    sweep under TP x3, 3 probes against 2, with 256x128 GEMM tiles in the planner), and in fewer on several of the
-    perturbed replays (3 against 9, 6 and 6 on the Hagemann sheets)."""
+    plan's order in all, is behind it on at most one of the 160 replays by one probe (tr11's 40-node NHEADS=96 MBS
+    sweep under DP x3: 3 probes against 2), and in fewer on several of the perturbed replays (3 against 9 or 6 on
+    the Hagemann sheets; 347 probes against 368 in all)."""
     bench = _bench()
     cases = []
     for setup in [*bench.seed003_setups(), *bench.published_setups(ROOT / "tests" / "data")]:
