@@ -19,7 +19,7 @@ import math
 from dataclasses import replace
 
 from planner.constants import MEGATRON_HOST_S
-from planner.cost import GemmContext, _gemm_s
+from planner.cost import GemmContext, gemm_s
 from planner.files import read_mapping
 from planner.framework import get_framework
 from planner.errors import InputError
@@ -36,12 +36,12 @@ DTYPE_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 def gemm_base_efficiency(acc: Accelerator, rows: list[dict]) -> float:
     """Base efficiency b with sum_i model_seconds_i(b) = sum_i measured_seconds_i over the timed GEMMs, where
     model_seconds_i(b) = model_seconds_i(1) / b is the planner's GEMM time at the catalog peak of the dtype measured
-    (`planner.cost._gemm_s`: tile, wave and short-k penalties, misaligned shapes)."""
+    (`planner.cost.gemm_s`: tile, wave and short-k penalties, misaligned shapes)."""
     model_s = measured_s = 0.0
     for r in rows:
         peak = acc.peak_flops(DTYPE_PRECISION.get(str(r.get("dtype")), "bf16"))
         g = GemmContext(peak=peak, sm_count=acc.sm_count, base=1.0, cuda_core_ratio=1.0)
-        model_s += _gemm_s(int(r["m"]), int(r["n"]), int(r["k"]), g)
+        model_s += gemm_s(int(r["m"]), int(r["n"]), int(r["k"]), g)
         measured_s += float(r["seconds"])
     return model_s / measured_s
 

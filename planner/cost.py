@@ -138,7 +138,7 @@ def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: 
 
 
 @functools.lru_cache(maxsize=1 << 16)   # pure: a plan asks for a few hundred shapes, tens of thousands of times
-def _gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bool = False) -> float:
+def gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bool = False) -> float:
     if min(m, n, k) <= 0:  # a dimension split to nothing (vocab 1 over TP 2) does no work
         return 0.0
     eff = gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
@@ -168,15 +168,15 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     t, s, b, h = cand.tp, model.seq_len, cand.mbs, model.hidden
     tokens = s * b
     ffn_out = model.ffn_hidden * (2 if model.glu else 1)
-    dense = (_gemm_s(tokens, (model.q_dim + 2 * model.kv_dim) // t, h, g)
-             + _gemm_s(tokens, h, model.q_dim // t, g)
-             + _gemm_s(tokens, ffn_out // t, h, g)
-             + _gemm_s(tokens, h, model.ffn_hidden // t, g))
+    dense = (gemm_s(tokens, (model.q_dim + 2 * model.kv_dim) // t, h, g)
+             + gemm_s(tokens, h, model.q_dim // t, g)
+             + gemm_s(tokens, ffn_out // t, h, g)
+             + gemm_s(tokens, h, model.ffn_hidden // t, g))
     heads = b * max(1, model.heads // t)
     d = model.head_dim
     if training.precision == "fp8":   # the attention core never runs in FP8 (Transformer Engine)
         g = gemm_context(cluster, training, fp8.compute_precision(training.precision))
-    core = _gemm_s(s, s, d, g, heads, attention=True) + _gemm_s(s, d, s, g, heads, attention=True)
+    core = gemm_s(s, s, d, g, heads, attention=True) + gemm_s(s, d, s, g, heads, attention=True)
     # element-wise traffic, bytes (16-bit): 2 norms r/w 8·Th, 2 bias-dropout-add 14·Th (both split by SP),
     # Q/K/V and context layout copies between [s,b,a,d] and [b·a,s,d] 16·Th/t, activation r/w 4·T·f/t
     # (6 with GLU), scale-mask-softmax + dropout on scores 9·b·a·s²/t without flash
@@ -207,7 +207,7 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     dense, core, elem = context_parallel.layer_forward_s(layer_forward_s, model, cand, cluster, training, g, fw)
     # MoE: grouped expert GEMMs (at the FP8 peak under FP8) instead of the dense MLP
     dense += moe.mlp_time_adjustment_s(model, cand, training, tokens,
-                                       lambda m, n, k, batch=1: _gemm_s(m, n, k, g, batch))
+                                       lambda m, n, k, batch=1: gemm_s(m, n, k, g, batch))
     elem += moe.elementwise_extra_bytes(model, cand, training, tokens) * fw.elementwise_traffic / (
         acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)   # MoE: token permutation, expert activations
     # the host launches a layer's kernels asynchronously: a pass takes the longer of the GPU's work and
@@ -216,7 +216,7 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     host = fw.host_s_per_layer_forward * cluster.host_scale
     # MoE: the dispatcher's host sync; what is launched after it runs at the longer of its GPU and host time
     sync_host, sync_gpu = moe.host_sync_s(model, cand, training, tokens,
-                                          lambda m, n, k, batch=1: _gemm_s(m, n, k, g, batch))
+                                          lambda m, n, k, batch=1: gemm_s(m, n, k, g, batch))
     fwd = max(dense + core + elem - sync_gpu, host) + max(sync_gpu, sync_host)
     rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
     extra = rc.layers * fwd + rc.core * core + rc.matmul * dense
@@ -287,7 +287,7 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
     vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
-    logits_s = 3 * _gemm_s(tokens, vocab_t, model.hidden, g16)
+    logits_s = 3 * gemm_s(tokens, vocab_t, model.hidden, g16)
     logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
     # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
     logits_s += model.mtp_layers * (layer_s + logits_s)

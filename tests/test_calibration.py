@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from planner.calibration import HOST_REFERENCE_S, apply_calibration, compute_line, gemm_base_efficiency
-from planner.cost import _gemm_s, gemm_context, layer_compute_s
+from planner.cost import gemm_s, gemm_context, layer_compute_s
 from planner.hardware import make_cluster
 from planner.model import ModelSpec, load_model
 from planner.rank import estimate
@@ -22,7 +22,7 @@ SHAPES = [(4096, 3072, 2048), (4096, 2048, 2048), (4096, 16384, 2048), (4096, 20
 def _rows(cluster, base: float) -> list[dict]:
     """GEMM timings as a machine would give them if the planner's shape model at ``base`` were exact."""
     g = gemm_context(replace(cluster, matmul_efficiency=base), TrainingSpec(global_batch=1, seq_len=4096))
-    return [{"name": f"s{i}", "m": m, "n": n, "k": k, "dtype": "bfloat16", "seconds": _gemm_s(m, n, k, g)}
+    return [{"name": f"s{i}", "m": m, "n": n, "k": k, "dtype": "bfloat16", "seconds": gemm_s(m, n, k, g)}
             for i, (m, n, k) in enumerate(SHAPES)]
 
 
@@ -62,7 +62,7 @@ def test_a_file_without_timed_shapes_gives_its_efficiency_as_the_base(tmp_path):
     assert cal.matmul_efficiency == 0.65 and cal.host_scale == 1.0
     g = gemm_context(cal, TrainingSpec(global_batch=8, seq_len=2048))
     # an awkward shape (tile and wave waste, short k) still loses what the shape model says
-    assert 2 * 2048 * 1800 * 96 / _gemm_s(2048, 1800, 96, g) < 0.65 * g.peak
+    assert 2 * 2048 * 1800 * 96 / gemm_s(2048, 1800, 96, g) < 0.65 * g.peak
 
 
 def test_the_measured_host_launch_cost_replaces_the_fitted_one(tmp_path):

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from published import dev_cases
 
-from planner.cost import estimate_time, gemm_context, tied, _gemm_s
+from planner.cost import estimate_time, gemm_context, tied, gemm_s
 from planner.flops import megatron_eq3_flops
 from planner.framework import FRAMEWORKS, padded_vocab
 from planner.hardware import make_cluster
