@@ -250,6 +250,8 @@ class StepContext:
     """layers on the busiest stage"""
     stage_compute_s: float
     """one micro-batch's compute on the busiest stage (its layers, and the LM head on the last)"""
+    head_s: float
+    """one micro-batch's LM head and loss (forward + backward) on the last stage"""
     params_gpu: int
     """parameters on the GPU of the stage with the most"""
     shard: int
@@ -307,7 +309,8 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
     return StepContext(model=model, cand=cand, cluster=cluster, training=training, topology=topology, fw=fw,
                        tokens=tokens, half=half, core_s=core, layer_s=layer_s, rc=rc, stage_layers=lps,
-                       stage_compute_s=stage_compute, params_gpu=params_gpu, shard=shard, overlaps=overlaps(training),
+                       stage_compute_s=stage_compute, head_s=logits_s, params_gpu=params_gpu, shard=shard,
+                       overlaps=overlaps(training),
                        dp_traffic_s=dp_comm_s(cand, training, topology, fw, params_gpu * half, shard, half, rc.layers))
 
 
