@@ -19,7 +19,8 @@ same from 2020 to 2023):
   waits for the stage's stream); with TP > 1 the activation travels partitioned (PartitionedTensor: a meta tensor and
   1/TP of the data, two sends) and is rebuilt by PartitionedTensor.from_meta (meta.tolist(), a device-to-host sync,
   then an all-gather) in the forward of every stage but the first and in RecvGrad of every stage but the last.
-- per instruction, ``--host-ms`` of host time (Python dispatch); the host runs ahead of the stream but at the syncs.
+- per instruction, ``--host-ms`` of host time (Python dispatch); the host runs ahead of the stream but at the syncs,
+  so a forward's share (after its synchronize: clone, from_meta, launch) sits on the stage's timeline.
 
 Per-stage times come from the planner's own functions (planner.cost.step_context: the layer's forward + backward +
 recompute with its TP all-reduces, the LM head and loss, the fp16 gradient accumulation over the stage's own
@@ -164,17 +165,18 @@ def simulate(pipe: Pipe, m: int) -> SimResult:
                     waiting[x] = False
                     ptr[x] += 1
                 continue
-            host[s] += pipe.host_s
-            if kind == FWD:
-                host[s] = max(host[s], gpu[s])   # ThroughputTimer.start(): torch.cuda.synchronize()
+            if kind == FWD:   # ThroughputTimer.start(): torch.cuda.synchronize(), then the host prepares and launches
+                host[s] = max(host[s], gpu[s]) + pipe.host_s
                 work = st.meta_fwd + st.fwd
                 gpu[s] = host[s] + work
             elif kind == BWD:
+                host[s] += pipe.host_s
                 work = st.bwd
                 gpu[s] = max(gpu[s], host[s]) + work
                 if s == 0 and mb == 0:
                     first_bwd = gpu[s]
             else:
+                host[s] += pipe.host_s
                 work = 0.0
             busy[s] += work
             ptr[s] += 1
