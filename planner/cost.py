@@ -261,11 +261,9 @@ class StepContext:
     """the communication the run overlaps (planner.framework.overlaps)"""
     dp_traffic_s: float
     """`dp_comm_s`: the step's data-parallel traffic, shared by the DP terms"""
-    engine_stage: str = ""
-    """DeepSpeed's pipeline engine: the kind of stage the per-micro-batch terms are of (first | middle | last,
-    `deepspeed_engine_step`); "" elsewhere"""
     accumulated_params: int = 0
-    """parameters whose gradients that stage accumulates per micro-batch (0: params_gpu)"""
+    """parameters whose gradients the stage accumulates per micro-batch (0: params_gpu; DeepSpeed's engine: each
+    kind of stage's own, `deepspeed_engine_step`)"""
 
 
 def memoized(memo: dict | None, key: tuple, compute: Callable[[], Any]) -> Any:
@@ -347,7 +345,7 @@ def pp_p2p_s(ctx: StepContext) -> float:
     p2p = cand.vpp * collective_time_s(ctx.topology.pp_link(cand.tp, cand.dp * cand.cp, cand.pp), kind="send",
                                        message_bytes=sends, group=2)
     if fw.deepspeed_engine:   # blocking send and receive, one after the other (planner.pipeline_engine)
-        p2p *= pipeline_engine.p2p_serialization(cand.pp, ctx.engine_stage or "middle")
+        p2p *= pipeline_engine.p2p_serialization(cand.pp)
     return p2p
 
 
@@ -595,12 +593,12 @@ def engine_stage_params(ctx: StepContext, stage: pipeline_engine.EngineStage) ->
 
 def deepspeed_engine_step(ctx: StepContext) -> StepTime:
     """DeepSpeed's pipeline engine: the terms of each kind of stage (first, middle, last: its layers, the LM head on
-    the last, its p2p, its parameters), the slowest stage's for the step's slots and every stage's pass for the
+    the last, its parameters), the slowest stage's for the step's slots and every stage's pass for the
     bubble (planner.pipeline_engine.pipeline_bubble_slots; checked by tests/bench/ds_pipe_schedule.py)."""
     cand, unit = ctx.cand, CostParams()
     staged = []
     for st in pipeline_engine.engine_stages(ctx.model.layers, cand.pp):
-        c = replace(ctx, engine_stage=st.kind, stage_layers=st.layers, accumulated_params=engine_stage_params(ctx, st),
+        c = replace(ctx, stage_layers=st.layers, accumulated_params=engine_stage_params(ctx, st),
                     stage_compute_s=st.layers * ctx.layer_s + (ctx.head_s if st.kind == "last" else 0.0))
         step = evaluate(TERMS, c, microbatches=cand.gas, bubble_slots=0.0)
         staged.append((st.count, sum(step.groups(unit)[0].values()) / cand.gas, step))
