@@ -25,14 +25,33 @@ same from 2020 to 2023):
 Per-stage times come from the planner's own functions (planner.cost.step_context: the layer's forward + backward +
 recompute with its TP all-reduces, the LM head and loss, the fp16 gradient accumulation over the stage's own
 parameters, DeepSpeed's partition planner.pipeline_engine.deepspeed_stage_layers, the p2p messages on
-planner.topology's pipeline link), so that the comparison isolates the schedule. The fitted per-micro-batch cost
-DS_MICROBATCH_OVERHEAD_S (TP > 1) is placed where from_meta runs: half of it in a forward, half in a RecvGrad (a
-middle stage pays it whole per micro-batch, as the planner charges it). The first stage's embedding backward (the
-dense V/TP x h gradient it writes, torch's embedding_dense_backward) is added at HBM bandwidth; the planner has none.
+planner.topology's pipeline link), so that the comparison isolates the schedule. The first stage's embedding backward
+(the dense V/TP x h gradient it writes, torch's embedding_dense_backward) is added at HBM bandwidth; the planner has
+none (under 0.1% of the step here; --no-embedding leaves it out). Three variants per shape:
+- sim: the p2p and DS_MICROBATCH_OVERHEAD_S (TP > 1) as the planner charges them: each message twice on every stage
+  (the end stages' second pass a fixed cost in the forward), the overhead whole in every forward;
+- ends once: the first and last stages carry each message once, as the engine does;
+- at from_meta: the overhead half in the forward, half in RecvGrad, where the engine runs from_meta: RecvGrad's half
+  sits between the two halves of an exchange, so the peer waits for it (lock-step).
 
-Printed per shape: the planner's pipeline seconds ((m + p - 1) slots of the busiest stage, planner.cost), the
-simulated makespan, their difference as a share of the planner's whole step (DP and optimizer terms included), and
-where it comes from (bubble: planner (p - 1) slots vs the simulation's fill and drain).
+Printed per shape: the planner's pipeline seconds (its per-micro-batch terms over gas + bubble slots), each
+variant's makespan and (planner - simulation) as a share of the planner's step (DP and optimizer terms included).
+
+What it found (issue 23; numbers from this script, /work/wt/notes/sched23.md has the table):
+- equal stages, no transfers: exactly (m + p - 1)(F + B), 1F1B's; with transfers c each, a middle stage's slot
+  carries 4 of them and the fill and drain 2(p - 1): (m + p - 1)(F + B + 4c) less about 2c(p + 2);
+- unequal stages (the last holding the LM head and ceil(L/PP) layers, or the rest of L): (m - 1) slots of the
+  slowest stage plus one pass of every stage, not (m + p - 1) slots of the slowest. The planner charged the latter
+  until planner.pipeline_engine.pipeline_bubble_slots: 4.6% of the step slow on BLOOM-176B TP1 PP35 (70 layers,
+  2 a stage, the LM head on the last), 2.2% at TP2 PP35, up to 2.4% on the tr11 shapes (72 layers on PP 12: 6 on
+  every stage, the head on the last as well), 2.6% on seed 003's PP8 MBS8; now within 1% everywhere;
+- the end stages carry each message once: 3.5% of the step on the tr11 shapes (mean; 6.4% at most), 1.5% on the
+  BLOOM layouts (5.0% at TP2 PP35, where the last stage is the slowest); the planner keeps charging them twice
+  (its p2p is a fitted stand-in, planner.framework; once makes validate.py's figures worse);
+- the fitted overhead at from_meta instead of in the forward: BigScience's own layout 1.8% of the step slower;
+  TP > 1 at MBS 1 on deep pipelines up to 7.6% (BLOOM TP4 PP24), where the overhead is large beside a slot;
+- host time per instruction (--host-ms): 1 ms moves BLOOM and tr11 by under 0.5% of the step, seed 003's pipelines by
+  up to 1.4% (PP8 MBS1: 512 forwards a step, each after a synchronize).
 """
 
 from __future__ import annotations
