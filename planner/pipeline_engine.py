@@ -75,7 +75,7 @@ CONSTANTS: dict[str, Constant] = {
     # stage (PP 2) sends or receives each once
     "blocking_transfers_middle_stage": Constant(
         2.0, "transfers per message per micro-batch",
-        "DeepSpeed runtime/pipe/schedule.py TrainSchedule.steps (SendGrad+RecvActivation, RecvGrad+SendActivation) "
+        "DeepSpeed runtime/pipe/schedule.py TrainSchedule.steps (RecvActivation+SendGrad, SendActivation+RecvGrad) "
         "and p2p.py (blocking send/recv); a step-by-step simulation of that schedule "
         "(tests/bench/ds_pipe_schedule.py): a middle stage's micro-batch carries 4 transfers, the first and last "
         "stages' 2 (charged 4 on every stage: p2p_serialization)"),

@@ -88,7 +88,6 @@ def test_fp16_gradient_accumulation_is_a_pass_over_the_stage_parameters():
     assert pipeline_engine.grad_accumulation_s(1e9, "bf16", 1e12) == 0.0   # not charged: module docstring
 
 
-
 def _simulation():
     """tests/bench/ds_pipe_schedule.py, the step-by-step simulation of DeepSpeed's TrainSchedule."""
     import importlib.util
