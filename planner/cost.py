@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from planner import context_parallel, flops, fp8, fsdp_parallel, moe, pipeline_engine, recompute
@@ -29,7 +29,8 @@ from planner.constants import (DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFIC
                                SHARDED_OVERLAP)
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
-from planner.memory import layers_per_stage, param_bytes, shard_group_size, stage_params, training_param_bytes
+from planner.memory import (layer_params, layers_per_stage, param_bytes, shard_group_size, stage_params,
+                            training_param_bytes)
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
@@ -250,6 +251,8 @@ class StepContext:
     """layers on the busiest stage"""
     stage_compute_s: float
     """one micro-batch's compute on the busiest stage (its layers, and the LM head on the last)"""
+    head_s: float
+    """one micro-batch's LM head and loss (forward + backward) on the last stage"""
     params_gpu: int
     """parameters on the GPU of the stage with the most"""
     shard: int
@@ -258,6 +261,9 @@ class StepContext:
     """the communication the run overlaps (planner.framework.overlaps)"""
     dp_traffic_s: float
     """`dp_comm_s`: the step's data-parallel traffic, shared by the DP terms"""
+    accumulated_params: int = 0
+    """parameters whose gradients the stage accumulates per micro-batch (0: params_gpu; DeepSpeed's engine: each
+    kind of stage's own, `deepspeed_engine_step`)"""
 
 
 def memoized(memo: dict | None, key: tuple, compute: Callable[[], Any]) -> Any:
@@ -307,7 +313,8 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
     return StepContext(model=model, cand=cand, cluster=cluster, training=training, topology=topology, fw=fw,
                        tokens=tokens, half=half, core_s=core, layer_s=layer_s, rc=rc, stage_layers=lps,
-                       stage_compute_s=stage_compute, params_gpu=params_gpu, shard=shard, overlaps=overlaps(training),
+                       stage_compute_s=stage_compute, head_s=logits_s, params_gpu=params_gpu, shard=shard,
+                       overlaps=overlaps(training),
                        dp_traffic_s=dp_comm_s(cand, training, topology, fw, params_gpu * half, shard, half, rc.layers))
 
 
@@ -347,7 +354,7 @@ def grad_accumulation_s(ctx: StepContext) -> float:
     memory-bound pass over the stage's parameters per micro-batch (planner.pipeline_engine)."""
     if not (ctx.fw.deepspeed_engine and ctx.cand.zero <= 1):
         return 0.0
-    return pipeline_engine.grad_accumulation_s(ctx.params_gpu, ctx.training.precision,
+    return pipeline_engine.grad_accumulation_s(ctx.accumulated_params or ctx.params_gpu, ctx.training.precision,
                                                ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
 
@@ -559,7 +566,10 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     ctx = step_context(model, cand, cluster, training, topology, layer_memo)
     # (PP-1)/VPP slots (1F1B, interleaved); torchtitan's zero-bubble schedules fewer
     bubble = fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp, cand.recompute)
-    step = evaluate(TERMS, ctx, microbatches=cand.gas, bubble_slots=bubble)
+    if ctx.fw.deepspeed_engine and cand.pp > 1:
+        step = deepspeed_engine_step(ctx)
+    else:
+        step = evaluate(TERMS, ctx, microbatches=cand.gas, bubble_slots=bubble)
     gbs = cand.global_batch
     count = training.flops_attention
     model_flops = memoized(layer_memo, ("model_flops", gbs),
@@ -567,6 +577,33 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     hardware_flops = memoized(layer_memo, ("hardware_flops", gbs, ctx.rc), lambda: flops.hardware_flops_per_iteration(
         model, gbs, ctx.rc, count, model_flops=model_flops))
     return breakdown(step, params, model_flops=model_flops, hardware_flops=hardware_flops)
+
+
+def engine_stage_params(ctx: StepContext, stage: pipeline_engine.EngineStage) -> int:
+    """Parameters on one GPU of ``stage``: a middle stage holds its layers; the first and last stages
+    (planner.memory.stage_params, charged ceil(L/PP) layers) the embedding and the LM head, less the layers the last
+    stage lacks under DeepSpeed's partition."""
+    model, cand = ctx.model, ctx.cand
+    full = layers_per_stage(model, cand.pp)
+    if stage.kind == "middle":
+        return math.ceil(stage.layers * layer_params(model) / cand.tp)
+    held = stage_params(model, cand, stage.kind, ctx.training.framework)
+    return held - int((full - stage.layers) * layer_params(model) / cand.tp)
+
+
+def deepspeed_engine_step(ctx: StepContext) -> StepTime:
+    """DeepSpeed's pipeline engine: the terms of each kind of stage (first, middle, last: its layers, the LM head on
+    the last, its parameters), the slowest stage's for the step's slots and every stage's pass for the
+    bubble (planner.pipeline_engine.pipeline_bubble_slots; checked by tests/bench/ds_pipe_schedule.py)."""
+    cand, unit = ctx.cand, CostParams()
+    staged = []
+    for st in pipeline_engine.engine_stages(ctx.model.layers, cand.pp):
+        c = replace(ctx, stage_layers=st.layers, accumulated_params=engine_stage_params(ctx, st),
+                    stage_compute_s=st.layers * ctx.layer_s + (ctx.head_s if st.kind == "last" else 0.0))
+        step = evaluate(TERMS, c, microbatches=cand.gas, bubble_slots=0.0)
+        staged.append((st.count, sum(step.groups(unit)[0].values()) / cand.gas, step))
+    slowest = max(staged, key=lambda x: x[1])[2]
+    return replace(slowest, bubble_slots=pipeline_engine.pipeline_bubble_slots([(n, s) for n, s, _ in staged]))
 
 
 def term_rows(time: TimeBreakdown) -> list[dict]:

@@ -139,10 +139,14 @@ def stage_layers(model: ModelSpec, cand: Candidate, framework: str, stage: str) 
     return split.last if stage == "last" else max(split.first, split.middle)
 
 
+def layer_params(model: ModelSpec) -> float:
+    """Parameters of one layer as a stage holds them (MoE: the non-expert ones; experts: moe.add_expert_states)."""
+    return moe.mean_non_expert_layer_params(model) if moe.is_moe(model) else model.params_per_layer
+
+
 def stage_params(model: ModelSpec, cand: Candidate, stage: str, framework: str = "") -> int:
     """Parameters one GPU holds on ``stage`` (first | last | only), split by TP."""
-    layers = stage_layers(model, cand, framework, stage) * (moe.mean_non_expert_layer_params(model) if moe.is_moe(model)
-                                                            else model.params_per_layer)   # experts: moe.add_expert_states
+    layers = stage_layers(model, cand, framework, stage) * layer_params(model)
     word = model.vocab * model.hidden
     embedding_in = model.embedding_params - (0 if model.tied_embeddings else word)
     if stage == "only":   # routed experts are added (over EP) by moe.add_expert_states, not here
