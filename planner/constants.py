@@ -77,21 +77,27 @@ TABLE: tuple[Fitted, ...] = (
            source="alpha of the alpha-beta model (Hockney 1994)",
            fitted_on="by eye on nccl-tests small-message curves (InfiniBand)", checked_on=_DEV),
     # -- framework behaviour (planner.framework) --
-    Fitted(name="DS_MICROBATCH_OVERHEAD_S", value=0.045, unit="s per micro-batch and pipeline stage (TP > 1)",
+    Fitted(name="DS_MICROBATCH_OVERHEAD_S", value=0.04, unit="s per micro-batch and pipeline stage (TP > 1)",
            source="DeepSpeed runtime/pipe/engine.py (v0.5.4+): activations and their gradients sent partitioned over "
                   "TP (a meta tensor, the slice, an all-gather on the receiver, PartitionedTensor.from_meta's "
                   "meta.tolist() device-to-host sync in the forward and in RecvGrad)",
            fitted_on="the BLOOM tr11 dev tables (chronicles-prequel 02-20..24, all TP8: MBS sweeps at fixed PP/DP and "
                      "the PP 4-12 sweep) jointly with DS_DP_INTER_NODE_EFFICIENCY, after planner.pipeline_engine's "
-                     "blocking p2p (both directions partitioned), fp16 gradient accumulation and 256x128 GEMM tiles "
-                     "(python tests/bench/validate.py over a grid 0.04-0.055 s x 0.30-0.45): tr11 error 6.2 / 6.1 / "
-                     "5.9 / 5.8% at 0.04 / 0.045 / 0.05 / 0.055 s (efficiency 0.35), bounded above by MT-NLG 530B "
-                     "(DeepSpeed's engine, TP8 PP35, modern dev set): 0.8 / 1.8 / 4.0 / 6.0% against its one-MFU "
-                     "floor of 3.6%. It was 0.0425 s with gradients sent whole and 128x128 tiles",
-           checked_on="BLOOM's own run (TP4 PP12 MBS2 bf16 on 384 A100, 104.70 s logged): 108.3 s predicted; only "
-                      "with TP > 1: seed 003's TP1 pipelines (1.3B, PP 2-8, up to 519 micro-batch slots a step) "
-                      "leave no room for a per-micro-batch cost at TP1 (planner.pipeline_engine), and the "
-                      "partitioned path exists only with TP > 1"),
+                     "schedule (blocking p2p, both directions partitioned, end stages carrying each message once, "
+                     "the bubble as one pass of every stage), fp16 gradient accumulation and 256x128 GEMM tiles "
+                     "(python tests/bench/validate.py over 0.02-0.06 s x 0.20-0.40): at efficiency 0.33, tr11 error "
+                     "7.0 / 6.8 / 6.7 / 6.5% at 0.035 / 0.0375 / 0.04 / 0.0475 s; bounded above by the 48-node "
+                     "PP12/DP4 MBS sweep's MBS 1 / MBS 4 step ratio (1.16 measured; 1.20 / 1.21 / 1.23 predicted at "
+                     "0.0375 / 0.04 / 0.0475 s, tests/test_framework_cost.py) and below by BLOOM's own layout coming "
+                     "first on its cluster (from 0.0375 s). The value also carries the tr11 tables' level: fitted to "
+                     "their shape alone (a free per-step offset, tr11 48-node rows) the per-slot cost is 6 +- 6 ms and "
+                     "the offset ~11 s a step, which no term explains yet. It was 0.0425 s with gradients sent whole, "
+                     "128x128 tiles and the (p - 1)-slot bubble",
+           checked_on="BLOOM's own run (TP4 PP12 MBS2 bf16 on 384 A100, 104.70 s logged): 108.2 s predicted; MT-NLG "
+                      "530B (DeepSpeed's engine, TP8 PP35): 1.0% error (one-MFU floor 3.6%); only with TP > 1: seed "
+                      "003's TP1 pipelines (1.3B, PP 2-8, up to 519 micro-batch slots a step) leave no room for a "
+                      "per-micro-batch cost at TP1 (planner.pipeline_engine), and the partitioned path exists only "
+                      "with TP > 1"),
     Fitted(name="EAGER_HOST_S", value=4e-3, unit="s of host time per layer forward",
            source="eager Hugging Face blocks launch ~40 small kernels per layer forward, ~100 us each with Python "
                   "and autograd",
@@ -101,13 +107,13 @@ TABLE: tuple[Fitted, ...] = (
     Fitted(name="MEGATRON_HOST_S", value=4e-3 / 3, unit="s of host time per layer forward",
            source="Megatron's fused layer launches a third as many kernels as an eager block: EAGER_HOST_S / 3",
            fitted_on="derived from EAGER_HOST_S by the kernel count", checked_on=_DEV),
-    Fitted(name="DS_DP_INTER_NODE_EFFICIENCY", value=0.35, unit="fraction of the ring model's rate",
+    Fitted(name="DS_DP_INTER_NODE_EFFICIENCY", value=0.33, unit="fraction of the ring model's rate",
            source="DeepSpeed ZeRO-1/2 under the pipeline engine reduces bucket by bucket, synchronously",
            fitted_on="the BLOOM tr11 dev tables (the PP 4-12 sweep at TP8: larger DP reductions across 48 nodes; "
                      "the PP 6 / DP 8 rows against the PP 12 / DP 4 rows of each model shape), jointly with "
-                     "DS_MICROBATCH_OVERHEAD_S (its fitted_on): tr11 error 7.2 / 6.7 / 6.1 / 5.3% at 0.45 / 0.4 / "
-                     "0.35 / 0.3, regret of the tables' picks 0.8% mean from 0.35 up, 1.8% (one 23% pick) at 0.3. "
-                     "It was 0.5 with pipeline gradients sent whole",
+                     "DS_MICROBATCH_OVERHEAD_S (its fitted_on): tr11 error 7.7 / 7.0 / 6.7 / 6.2% at 0.40 / 0.35 / "
+                     "0.33 / 0.30 (0.04 s); regret of the tables' picks 0.8% mean from 0.33 up, 1.5% (one 23% pick) "
+                     "at 0.30 and below. It was 0.5 with pipeline gradients sent whole",
            checked_on="all 9 tr11 model shapes pick within 1%"),
     Fitted(name="EAGER_ELEMENTWISE_TRAFFIC", value=2.0, unit="x Megatron's fused element-wise HBM traffic",
            source="an eager PyTorch model runs RMSNorm, RoPE and SwiGLU as several unfused kernels each",

@@ -264,6 +264,9 @@ class StepContext:
     accumulated_params: int = 0
     """parameters whose gradients the stage accumulates per micro-batch (0: params_gpu; DeepSpeed's engine: each
     kind of stage's own, `deepspeed_engine_step`)"""
+    stage_kind: str = "middle"
+    """which stage the terms are of: first, middle or last (DeepSpeed's engine, `deepspeed_engine_step`; elsewhere the
+    busiest, read as a middle one)"""
 
 
 def memoized(memo: dict | None, key: tuple, compute: Callable[[], Any]) -> Any:
@@ -345,7 +348,7 @@ def pp_p2p_s(ctx: StepContext) -> float:
     p2p = cand.vpp * collective_time_s(ctx.topology.pp_link(cand.tp, cand.dp * cand.cp, cand.pp), kind="send",
                                        message_bytes=sends, group=2)
     if fw.deepspeed_engine:   # blocking send and receive, one after the other (planner.pipeline_engine)
-        p2p *= pipeline_engine.p2p_serialization(cand.pp)
+        p2p *= pipeline_engine.p2p_serialization(cand.pp, ctx.stage_kind)
     return p2p
 
 
@@ -599,6 +602,7 @@ def deepspeed_engine_step(ctx: StepContext) -> StepTime:
     staged = []
     for st in pipeline_engine.engine_stages(ctx.model.layers, cand.pp):
         c = replace(ctx, stage_layers=st.layers, accumulated_params=engine_stage_params(ctx, st),
+                    stage_kind=st.kind,
                     stage_compute_s=st.layers * ctx.layer_s + (ctx.head_s if st.kind == "last" else 0.0))
         step = evaluate(TERMS, c, microbatches=cand.gas, bubble_slots=0.0)
         staged.append((st.count, sum(step.groups(unit)[0].values()) / cand.gas, step))

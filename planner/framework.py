@@ -84,7 +84,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               microbatch_overhead_s=DS_MICROBATCH_OVERHEAD_S, host_s_per_layer_forward=MEGATRON_HOST_S,
               pads_vocab=True, zero12_traffic=DS_ZERO12_TRAFFIC, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
               balances_stages=True, sharded_gather_per_rail=True, deepspeed_engine=True,
-              source="DeepSpeed runtime/pipe/engine.py (is_pipe_partitioned, is_grad_partitioned: v0.5.4+); PipelineModule "
+              source="DeepSpeed runtime/pipe/engine.py (is_pipe_partitioned, is_grad_partitioned: v0.5.4+); "
+                     "PipelineModule "
                      "partition_method 'type:transformer' (the fork's default, which plan's command keeps; BLOOM's "
                      "run set 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail: a FITTED choice on Narayanan 2021 Table 2 ZeRO-3 rows"),

@@ -17,10 +17,8 @@ micro-batch's weight gradients into ``param.grad`` (ZeRO-1 in zero/stage2.py reg
 BF16_Optimizer.update_hp_grads casts them to fp32 and adds them into its fp32 gradients.
 
 What this module charges (each checked on the dev tables, `python tests/bench/validate.py`):
-- the blocking p2p: each message twice on a middle stage's timeline (`p2p_serialization`); the first and last
-  stages carry each once, but the message is a fitted stand-in (planner.framework: whole gradients) and charging
-  the end stages once makes `python tests/bench/validate.py` worse (throughput error 19.6% -> 19.8%, regret of the
-  pick 1.0% -> 1.2%), so every stage is charged as fitted;
+- the blocking p2p: each message twice on a middle stage's timeline, once on the first and last stages
+  (`p2p_serialization`);
 - the schedule over unequal stages (`engine_stages`, `pipeline_bubble_slots`): the slowest kind of stage (first,
   middle or last, each with its layers and parameters; the LM head on the last) sets the slots, and the bubble is
   one pass of every stage, not (p - 1) slots of the slowest (tests/bench/ds_pipe_schedule.py simulates
@@ -78,7 +76,7 @@ CONSTANTS: dict[str, Constant] = {
         "DeepSpeed runtime/pipe/schedule.py TrainSchedule.steps (RecvActivation+SendGrad, SendActivation+RecvGrad) "
         "and p2p.py (blocking send/recv); a step-by-step simulation of that schedule "
         "(tests/bench/ds_pipe_schedule.py): a middle stage's micro-batch carries 4 transfers, the first and last "
-        "stages' 2 (charged 4 on every stage: p2p_serialization)"),
+        "stages' 2"),
 }
 
 
@@ -144,12 +142,10 @@ def grad_accumulation_s(params_on_gpu: float, precision: str, bytes_per_s: float
     return per_param * params_on_gpu / bytes_per_s
 
 
-def p2p_serialization(pp: int) -> float:
+def p2p_serialization(pp: int, kind: str = "middle") -> float:
     """How many times a stage's timeline carries each p2p message under DeepSpeed's blocking schedule: twice on a
-    middle stage (received, then sent on). Charged on the first and last stages too, which carry each once
-    (tests/bench/ds_pipe_schedule.py): the message is planner.framework's fitted stand-in (whole gradients), fitted
-    at twice a slot; charging the end stages once moves the classic figures the wrong way (module docstring)."""
-    return CONSTANTS["blocking_transfers_middle_stage"].value if pp > 2 else 1.0
+    middle stage (received, then sent on), once on the first and last stages (tests/bench/ds_pipe_schedule.py)."""
+    return CONSTANTS["blocking_transfers_middle_stage"].value if pp > 2 and kind == "middle" else 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,10 +138,10 @@ def test_residual_sigma_shrinks_toward_the_prior(survivors):
 
 def test_a_probe_off_the_plan_reorders_the_rest():
     """A plan made wrong on purpose (TP time x3, the robustness benchmark's [tp x3]) ranks the measured best of a
-    Hagemann sheet 9th. The first probe runs 1.5x slower than planned; the refit puts that on the compute scale
+    Hagemann sheet 8th. The first probe runs 1.5x slower than planned; the refit puts that on the compute scale
     (compute is ~90% of its step), which the full-recompute layouts ranked above it spend more of, so the layouts
     without recompute go ahead and ei measures the best third (3 probes, one an OOM) where the plan's order
-    needs 9."""
+    needs 8."""
     from search.published_tables import read_table
 
     bench = _bench()
@@ -149,10 +149,10 @@ def test_a_probe_off_the_plan_reorders_the_rest():
     case, why = bench.make_case(t.name, t.model, t.cluster, t.training, t.table)
     assert case is not None, why
     wrong = bench.perturb(case, "tp", 3.0)
-    assert wrong.planner_rank == 9 and case.planner_rank == 3
+    assert wrong.planner_rank == 8 and case.planner_rank == 3
     planner = bench.probes_to_best(wrong, "planner", 0)
     ei = bench.probes_to_best(wrong, "ei", 0)
-    assert (ei, planner) == (3, 9)
+    assert (ei, planner) == (3, 8)
     assert bench.probes_to_best(case, "ei", 0) <= bench.probes_to_best(case, "planner", 0)
 
 
@@ -166,9 +166,10 @@ def test_default_top_k_is_one_for_ei_only():
 def test_ei_needs_fewer_probes_than_the_plans_order_on_the_dev_tables_and_their_perturbed_replays():
     """Every replay table of tests/bench/bench_search.py (tests/data copies), as published and under each planner
     made wrong on purpose (`PERTURBATIONS`): ei (the default, top-1) measures the best in no more probes than the
-    plan's order in all, is behind it on at most one of the 160 replays by one probe (tr11's 40-node NHEADS=96 MBS
-    sweep under DP x3: 3 probes against 2), and in fewer on several of the perturbed replays (3 against 9 or 6 on
-    the Hagemann sheets; 347 probes against 368 in all)."""
+    plan's order in all (331 probes against 350 over the 160 replays), is behind it on at most two replays by one
+    probe each (tr11's 40-node NHEADS=96 MBS sweep under DP x3: 3 against 2; a Hagemann 8K sheet under TP x1/3: 5
+    against 4), and ahead on several times as many (3 against 8 on two Hagemann sheets under TP x3, 9 against 12
+    under PP x3, ...)."""
     bench = _bench()
     cases = []
     for setup in [*bench.seed003_setups(), *bench.published_setups(ROOT / "tests" / "data")]:
@@ -184,8 +185,8 @@ def test_ei_needs_fewer_probes_than_the_plans_order_on_the_dev_tables_and_their_
             ei_total, planner_total = ei_total + ei, planner_total + planner
             (behind if ei > planner else ahead if ei < planner else []).append((c.name, ei - planner))
     assert ei_total < planner_total
-    assert len(behind) <= 1 and all(extra == 1 for _, extra in behind), behind
-    assert len(ahead) >= 3
+    assert len(behind) <= 2 and all(extra == 1 for _, extra in behind), behind
+    assert len(ahead) >= 3 * len(behind)
 
 
 def test_tunes_oom_inference_is_never_contradicted_by_the_published_sheets():

@@ -28,9 +28,10 @@ parameters, DeepSpeed's partition planner.pipeline_engine.deepspeed_stage_layers
 planner.topology's pipeline link), so that the comparison isolates the schedule. The first stage's embedding backward
 (the dense V/TP x h gradient it writes, torch's embedding_dense_backward) is added at HBM bandwidth; the planner has
 none (under 0.1% of the step here; --no-embedding leaves it out). Three variants per shape:
-- sim: the p2p and DS_MICROBATCH_OVERHEAD_S (TP > 1) as the planner charges them: each message twice on every stage
-  (the end stages' second pass a fixed cost in the forward), the overhead whole in every forward;
-- ends once: the first and last stages carry each message once, as the engine does;
+- sim: the p2p and DS_MICROBATCH_OVERHEAD_S (TP > 1) as the engine runs them and the planner charges them: each
+  message twice on a middle stage, once on the first and last, the overhead whole in every forward;
+- ends twice: the end stages' messages charged twice (their second pass a fixed cost in the forward), as the planner
+  did while its p2p was a fitted stand-in (gradients sent whole);
 - at from_meta: the overhead half in the forward, half in RecvGrad, where the engine runs from_meta: RecvGrad's half
   sits between the two halves of an exchange, so the peer waits for it (lock-step).
 
@@ -46,8 +47,9 @@ What it found (issue 23; numbers from this script, /work/wt/notes/sched23.md has
   2 a stage, the LM head on the last), 2.2% at TP2 PP35, up to 2.4% on the tr11 shapes (72 layers on PP 12: 6 on
   every stage, the head on the last as well), 2.6% on seed 003's PP8 MBS8; now within 1% everywhere;
 - the end stages carry each message once: 3.5% of the step on the tr11 shapes (mean; 6.4% at most), 1.5% on the
-  BLOOM layouts (5.0% at TP2 PP35, where the last stage is the slowest); the planner keeps charging them twice
-  (its p2p is a fitted stand-in, planner.framework; once makes validate.py's figures worse);
+  BLOOM layouts (5.0% at TP2 PP35, where the last stage is the slowest); the planner charges them once since its p2p
+  sends the gradients partitioned as DeepSpeed v0.5.4+ does (planner.framework), with DS_MICROBATCH_OVERHEAD_S and
+  DS_DP_INTER_NODE_EFFICIENCY refitted;
 - the fitted overhead at from_meta instead of in the forward: BigScience's own layout 1.8% of the step slower;
   TP > 1 at MBS 1 on deep pipelines up to 7.6% (BLOOM TP4 PP24), where the overhead is large beside a slot;
 - host time per instruction (--host-ms): 1 ms moves BLOOM and tr11 by under 0.5% of the step, seed 003's pipelines by
@@ -245,7 +247,7 @@ def stage_layers(layers: int, pp: int) -> tuple[int, ...]:
 
 
 def pipe_of(case: Case, host_s: float = 0.0, embedding: bool = True, overhead_at: str = "forward",
-            end_p2p_as_charged: bool = True) -> tuple[Pipe, tuple[int, ...]]:
+            end_p2p_twice: bool = False) -> tuple[Pipe, tuple[int, ...]]:
     """The stages of ``case`` with the planner's per-stage times (module docstring)."""
     model, cand, cluster, training = case.model, case.cand, case.cluster, case.training
     topo = Topology(cluster)
@@ -267,9 +269,9 @@ def pipe_of(case: Case, host_s: float = 0.0, embedding: bool = True, overhead_at
     act_s = send(act / cand.tp) + (send(META_BYTES) if cand.tp > 1 else 0.0) if ctx.fw.p2p_activation_split \
         else send(act)
     grad_s = send(act / cand.tp) if ctx.fw.p2p_grad_split else send(act)
-    # the planner charges the end stages each message twice too (pipeline_engine.p2p_serialization): the schedule's
-    # one pass, and a second as a fixed cost in the forward
-    second_pass = act_s + grad_s if end_p2p_as_charged and cand.pp > 2 else 0.0
+    # ends twice: the end stages' messages charged twice (the schedule's one pass, and a second as a fixed cost in the
+    # forward), as the planner did before pipeline_engine.p2p_serialization charged them once
+    second_pass = act_s + grad_s if end_p2p_twice and cand.pp > 2 else 0.0
     stages = []
     for s, n in enumerate(layers):
         first, last = s == 0, s == cand.pp - 1
@@ -292,10 +294,10 @@ def pipe_of(case: Case, host_s: float = 0.0, embedding: bool = True, overhead_at
 
 
 def compare(case: Case, host_s: float = 0.0, embedding: bool = True, overhead_at: str = "forward",
-            end_p2p_as_charged: bool = True) -> Comparison:
+            end_p2p_twice: bool = False) -> Comparison:
     time = estimate_time(case.model, case.cand, case.cluster, case.training, Topology(case.cluster))
     per_mb, bubble, _ = time.terms.groups(CostParams())
-    pipe, layers = pipe_of(case, host_s, embedding, overhead_at, end_p2p_as_charged)
+    pipe, layers = pipe_of(case, host_s, embedding, overhead_at, end_p2p_twice)
     sim = simulate(pipe, case.cand.gas)
     return Comparison(case=case, planner_pipe_s=sum(per_mb.values()) + bubble, planner_bubble_s=bubble,
                       planner_step_s=time.step_time_s, sim=sim, pipe=pipe, layers=layers)
@@ -346,7 +348,7 @@ def describe(c: Comparison, once: Comparison, meta: Comparison) -> str:
     k = c.case.cand
     return (f"{c.case.name:26} TP{k.tp} PP{k.pp:<2} MBS{k.mbs} GAS{k.gas:<4} layers {c.layers[0]}x{k.pp - 1}+"
             f"{c.layers[-1]:<2} planner {c.planner_pipe_s:7.2f} s  sim {c.sim.makespan:7.2f} s {100 * c.delta:+.2f}%  "
-            f"ends once {once.sim.makespan:7.2f} s {100 * once.delta:+.2f}%  "
+            f"ends twice {once.sim.makespan:7.2f} s {100 * once.delta:+.2f}%  "
             f"at from_meta {meta.sim.makespan:7.2f} s {100 * meta.delta:+.2f}%")
 
 
@@ -362,9 +364,9 @@ def main(argv: list[str] | None = None) -> int:
               "seed 003 1.3B pipelines": seed003_cases()}
     print("pipeline seconds of one step: the planner's, the simulation's and (planner - simulation) / the planner's "
           "step (+: the planner is slower).\n"
-          "  sim: p2p and DS_MICROBATCH_OVERHEAD_S as the planner charges them (each message twice on every stage, "
-          "the overhead whole in every forward): what the schedule alone changes;\n"
-          "  ends once: the first and last stages carry each message once, as the engine does;\n"
+          "  sim: p2p and DS_MICROBATCH_OVERHEAD_S as the engine runs them and the planner charges them (each message "
+          "twice on a middle stage, once on the end stages, the overhead whole in every forward);\n"
+          "  ends twice: the end stages' messages charged twice, as the planner did before;\n"
           "  at from_meta: the overhead half in the forward, half in RecvGrad, where the engine rebuilds "
           "partitioned tensors (in the middle of an exchange)")
     for name, cases in groups.items():
@@ -372,11 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for case in cases:
             opts = (args.host_ms / 1000, not args.no_embedding)
-            row = (compare(case, *opts), compare(case, *opts, end_p2p_as_charged=False),
+            row = (compare(case, *opts), compare(case, *opts, end_p2p_twice=True),
                    compare(case, *opts, overhead_at="from_meta"))
             rows.append(row)
             print(describe(*row))
-        for label, i in (("sim", 0), ("ends once", 1), ("at from_meta", 2)):
+        for label, i in (("sim", 0), ("ends twice", 1), ("at from_meta", 2)):
             d = [100 * r[i].delta for r in rows]
             print(f"  {name}, planner - {label}: mean {sum(d) / len(d):+.2f}% of the step, "
                   f"range {min(d):+.2f}% .. {max(d):+.2f}%")
