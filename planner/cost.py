@@ -603,7 +603,7 @@ def deepspeed_engine_step(ctx: StepContext) -> StepTime:
     for st in pipeline_engine.engine_stages(ctx.model.layers, cand.pp):
         c = replace(ctx, stage_layers=st.layers, accumulated_params=engine_stage_params(ctx, st),
                     stage_kind=st.kind,
-                    stage_compute_s=st.layers * ctx.layer_s + (ctx.head_s if st.kind == "last" else 0.0))
+                    stage_compute_s=st.compute_s(ctx.layer_s, ctx.head_s))
         step = evaluate(TERMS, c, microbatches=cand.gas, bubble_slots=0.0)
         staged.append((st.count, sum(step.groups(unit)[0].values()) / cand.gas, step))
     slowest = max(staged, key=lambda x: x[1])[2]

@@ -107,8 +107,8 @@ def deepspeed_stage_layers(layers: int, pp: int) -> StageLayers:
 def stage_compute_s(layers: int, pp: int, layer_s: float, head_s: float) -> tuple[float, int]:
     """(slowest stage's compute per micro-batch, layers on the busiest stage) under DeepSpeed's partition: every
     stage but the last runs ``full`` layers, the last its layers plus the LM head (``head_s``)."""
-    split = deepspeed_stage_layers(layers, pp)
-    return max(split.full * layer_s, split.last * layer_s + head_s), split.full
+    return (max(st.compute_s(layer_s, head_s) for st in engine_stages(layers, pp)),
+            deepspeed_stage_layers(layers, pp).full)
 
 
 def runs_bf16_optimizer(training: TrainingSpec) -> bool:
@@ -157,6 +157,10 @@ class EngineStage:
     count: int
     """stages of this kind"""
     layers: int
+
+    def compute_s(self, layer_s: float, head_s: float) -> float:
+        """One micro-batch's compute on a stage of this kind: its layers, and the LM head and loss on the last."""
+        return self.layers * layer_s + (head_s if self.kind == "last" else 0.0)
 
 
 def engine_stages(layers: int, pp: int) -> tuple[EngineStage, ...]:
