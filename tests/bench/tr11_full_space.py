@@ -2,6 +2,8 @@
 BigScience measured fastest rank among everything plan considers (not only among the rows they measured)?
 
     python tests/bench/tr11_full_space.py          # one line per model shape, then the summary
+    python tests/bench/tr11_full_space.py --why    # and, per shape, what puts each layout ranked above the measured
+                                                   # best ahead of it: the step's terms, their difference in seconds
 
 For every tr11 model shape (hidden, layers, heads) of tests/data/published_dev.yaml that the source measured in
 two layouts or more (the 9 shapes of validate.py's per-shape regret; rows the source flags left out): the measured
@@ -44,6 +46,8 @@ class ShapePick:
     """within the model's ranking error of plan's first pick"""
     top: tuple[Estimate, ...]
     """plan's first TOP distinct layouts"""
+    ahead: tuple[Estimate, ...] = ()
+    """every distinct layout plan ranks above the measured best, and the measured best itself last"""
 
 
 def layout(e_or_case) -> tuple:
@@ -73,7 +77,8 @@ def shape_pick(shape: str, runs: list[DevCase]) -> ShapePick:
             distinct.append(e)
     rank = next((i + 1 for i, e in enumerate(distinct) if layout(e) == layout(best)), None)
     is_tied = rank is not None and tied(distinct[0].step_time_s, distinct[rank - 1].step_time_s)
-    return ShapePick(shape=shape, best=best, rank=rank, tied=is_tied, top=tuple(distinct[:TOP]))
+    return ShapePick(shape=shape, best=best, rank=rank, tied=is_tied, top=tuple(distinct[:TOP]),
+                     ahead=tuple(distinct[:rank]) if rank else ())
 
 
 def picks() -> list[ShapePick]:
@@ -95,12 +100,36 @@ def _label(lay: tuple) -> str:
     return f"TP{tp} PP{pp} DP{dp} MBS{mbs} {rc}"
 
 
+WHY_TERMS = (("compute", "compute_s"), ("TP", "tp_comm_s"), ("bubble", "pp_bubble_s"), ("p2p+engine", "pp_p2p_s"),
+             ("DP", "dp_comm_s"), ("optimizer", "optimizer_s"))
+"""TimeBreakdown lines --why compares (p2p+engine: pipeline sends and DeepSpeed's per-micro-batch cost)"""
+
+
+def why_lines(p: ShapePick) -> list[str]:
+    """Each layout ranked above the measured best: its step's lines minus the measured best's, seconds (negative:
+    where it is faster), and its predicted memory."""
+    if not p.ahead:
+        return []
+    ref = p.ahead[-1].time
+    head = f"    {'layout ahead of ' + _label(layout(p.best)):40}" + "".join(f"{n:>11}" for n, _ in WHY_TERMS)
+    out = [head + f"{'step':>9}{'mem GB':>8}"]
+    for e in p.ahead[:-1]:
+        t = e.time
+        out.append(f"    {_label(layout(e)) + f' z{e.candidate.zero}':40}"
+                   + "".join(f"{getattr(t, a) - getattr(ref, a):+11.1f}" for _, a in WHY_TERMS)
+                   + f"{t.step_time_s - ref.step_time_s:+9.1f}{e.memory_gb_per_gpu:8.1f}")
+    return out
+
+
 def main() -> int:
+    why = "--why" in sys.argv[1:]
     ps = picks()
     print(f"{'shape':22} {'GPUs':>4} {'measured best':32} {'rank':>4} tied  plan's top {TOP}")
     for p in ps:
         print(f"{p.shape:22} {p.best.cand.world:4} {_label(layout(p.best)):32} {p.rank or '-':>4} "
               f"{'~' if p.tied else ' ':4}  " + "; ".join(f"{_label(layout(e))} {e.step_time_s:.0f}s" for e in p.top))
+        if why:
+            print("\n".join(why_lines(p)))
     n = sum(p.rank is not None and p.rank <= TOP for p in ps)
     print(f"\nmeasured best in plan's top {TOP} of the full space: {n} of {len(ps)} tr11 model shapes; "
           f"tied with plan's first: {sum(p.tied for p in ps)} of {len(ps)}")
