@@ -238,10 +238,9 @@ TORCHTITAN_2412_GROUP = "torchtitan_2024_12_llama31_h100"
 # Grand Teton: "RDMA backend network 400 Gb/s per GPU", 8 GPUs a node
 TORCHTITAN_2412_GBPS = 8 * 400.0
 # "Each H100 GPU is equipped with 96GB HBM2e with 2.4 TB/sec peak memory bandwidth ... the default 500W power limit"
-# (the benchmark file's Hardware section): the H100-SXM's tensor-core peaks (ASSUMED; the 500 W limit, which lowers
-# clocks under load, is not modelled) with that memory and bandwidth
-TORCHTITAN_2412_MEMORY_GB = 96
-TORCHTITAN_2412_HBM_BYTES_PER_S = 2.4e12
+# (the benchmark file's Hardware section): the catalog's H100-HBM2e-96GB (its memory, bandwidth, and GEMM rate under
+# the 500 W cap: planner/accelerators.yaml)
+TORCHTITAN_2412_GPU = "H100-HBM2e-96GB"
 # torchtitan at the benchmarked commit (9dec370, torchtitan/parallelisms/pipelining_utils.py): micro-batches default
 # to the PP degree (experimental.pipeline_parallel_microbatches None -> pp) and a looped schedule builds 2 stages per
 # rank (generate_split_points); float8 is torchao's tensorwise dynamic scaling with float8 all-gather
@@ -266,9 +265,7 @@ def torchtitan_2412_run(r: dict, line: int = 0) -> PublishedRun:
     recompute = "selective-op" if "selective" in str(p["activation_recompute"]) else "full"
     cand = Candidate(tp=tp, pp=pp, dp=dp, cp=cp, mbs=mbs, gas=gas, recompute=recompute, zero=3, sp=tp > 1, vpp=vpp)
     gpus = hw["total_gpus"]
-    cluster = _cluster("H100-SXM", gpus, 8, TORCHTITAN_2412_GBPS)
-    cluster = replace(cluster, gpu=replace(cluster.gpu, memory_bytes=TORCHTITAN_2412_MEMORY_GB * 1e9,
-                                           memory_bw_bytes_per_s=TORCHTITAN_2412_HBM_BYTES_PER_S))
+    cluster = _cluster(TORCHTITAN_2412_GPU, gpus, 8, TORCHTITAN_2412_GBPS)
     table = r["source"]["table"]
     return PublishedRun(id=r["id"], table=f"torchtitan 2024-12 {table}: {md['name']} on {gpus} H100",
                         framework="FSDP2/torchtitan 2024-12", model=_llama_model(md, r["id"]), cluster=cluster,

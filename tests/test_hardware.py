@@ -124,6 +124,17 @@ def test_torchtitan_h100_is_the_published_96gb_500w_part():
     assert "llama3_h100_202412_torchtitan.md" in acc.source
 
 
+def test_power_capped_h100_sustains_the_cube_root_of_its_power_share():
+    """Clocks go as the cube root of the power (dynamic power C·V²·f, the voltage scaled with the clock): the 500 W
+    part sustains H100-SXM's GEMM rate at 700 W times (500/700)^(1/3); its peak so derated lies "between SXM and
+    NVL" (torchtitan benchmarks/llama3_h100_202412_torchtitan.md), the two datasheets' 989 and 835 TFLOP/s."""
+    capped, sxm, nvl = (get_accelerator(g) for g in ("H100-HBM2e-96GB", "H100-SXM", "H100-NVL"))
+    share = (capped.power_w / sxm.power_w) ** (1 / 3)
+    assert capped.gemm_efficiency == pytest.approx(sxm.gemm_efficiency * share, abs=5e-4)
+    derated_peak = capped.peak_bf16_flops * capped.gemm_efficiency / sxm.gemm_efficiency
+    assert nvl.peak_bf16_flops < derated_peak < sxm.peak_bf16_flops
+
+
 def test_existing_entries_keep_their_network_defaults():
     """The default rail per GPU moved from a family table into each entry; the figures did not change."""
     for gpu, gbps in [("V100-32GB", 100), ("A100-80GB", 200), ("H100-SXM", 400), ("H100-PCIe", 400), ("H200", 400),
