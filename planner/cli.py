@@ -147,6 +147,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
                    help="attention without the s^2 matrices (default: on except for megatron-deepspeed)")
     p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="the opposite of --flash-attention: attention scores materialised (s^2 per head)")
+    add("--unfused-norm", action="store_true",
+        help="cost the norms as PyTorch ops (Hugging Face's LlamaRMSNorm), not one fused kernel: more activation "
+             "memory and HBM traffic; for a trainer outside plantune's emitters, which all fuse them")
     add("--train-tokens", type=_positive_float, help="tokens to train (for days / GPU-hours; default: the model's)")
 
 
@@ -256,7 +259,8 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         flops_attention=getattr(args, "flops_attention", None) or "full",
                         pp_schedule=getattr(args, "pp_schedule", None) or "",
                         torch_compile=bool(getattr(args, "torch_compile", False)),
-                        async_tp=bool(getattr(args, "async_tp", False)))
+                        async_tp=bool(getattr(args, "async_tp", False)),
+                        fused_norm=not getattr(args, "unfused_norm", False))
 
 
 def _overlap(text: str | None) -> tuple[str, ...] | None:
@@ -337,7 +341,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              + (f" [{framework_why}]" if framework_why else "") + f", {t.precision}"
              + (" (FP8 GEMMs; MFU against the bf16 peak)" if t.precision == "fp8" else "") + ", "
              f"{t.optimizer}, global batch {t.global_batch}"
-             + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else ""),
+             + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else "")
+             + (", norms as PyTorch ops (--unfused-norm)" if not t.fused_norm else ""),
              cl.network_line(),
              compute_line(cl, t.framework),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "

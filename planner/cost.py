@@ -61,6 +61,13 @@ DENSE_ALIGNMENT = 4
 # Bytes per logit the cross-entropy reads and writes, forward and backward: 16-bit logits read, fp32
 # softmax written and read back, 16-bit gradient written (Megatron's vocab-parallel cross-entropy).
 LOSS_BYTES_PER_LOGIT = 6
+# Bytes per element a norm run as PyTorch ops moves beyond the fused kernel's 2 read + 2 written (TrainingSpec
+# .fused_norm False). Hugging Face's LlamaRMSNorm (transformers models/llama/modeling_llama.py), 16-bit input:
+# .to(float32) r2 w4, .pow(2) r4 w4, .mean(-1) r4, x * rsqrt(var + eps) r4 w4, .to(input_dtype) r4 w2, weight * x
+# r2 w2: 20 read + 16 written = 36, 32 more than fused. The backward (autograd through the same ops) is counted as
+# twice the forward, as every element-wise op is here. Checked on Hagemann et al.'s sheets, the same layouts with and
+# without their "RMS kernel": 1.12x predicted, 1.14x measured (tests/test_framework_cost.py).
+UNFUSED_NORM_EXTRA_BYTES = 36 - 4
 
 
 # How far apart two candidates' predictions must be before the ranking between them means something: RANKING_ERROR
@@ -178,7 +185,7 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     if training.precision == "fp8":   # the attention core never runs in FP8 (Transformer Engine)
         g = gemm_context(cluster, training, fp8.compute_precision(training.precision))
     core = gemm_s(s, s, d, g, heads, attention=True) + gemm_s(s, d, s, g, heads, attention=True)
-    # element-wise traffic, bytes (16-bit): 2 norms r/w 8·Th, 2 bias-dropout-add 14·Th (both split by SP),
+    # element-wise traffic, bytes (16-bit): 2 fused norms r/w 8·Th, 2 bias-dropout-add 14·Th (both split by SP),
     # Q/K/V and context layout copies between [s,b,a,d] and [b·a,s,d] 16·Th/t, activation r/w 4·T·f/t
     # (6 with GLU), scale-mask-softmax + dropout on scores 9·b·a·s²/t without flash
     th = tokens * h
@@ -189,6 +196,8 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     # FP8 quantization of the GEMM inputs
     elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens, training.fp8_recipe)
     elementwise *= fw.elementwise_traffic
+    if not training.fused_norm:   # the norms as PyTorch ops: 32 more bytes an element than the fused kernel, each
+        elementwise += UNFUSED_NORM_EXTRA_BYTES * 2 * th / (t if cand.sp else 1)
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 
 

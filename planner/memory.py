@@ -189,8 +189,7 @@ class LayerActivations:
     """kept by a layer that is not checkpointed"""
 
 
-def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec, *,
-                      fused_norm: bool | None = None) -> LayerActivations:
+def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec) -> LayerActivations:
     """Korthikanti et al. 2022 Table 2, generalised to GQA and GLU MLPs, in bytes per layer.
 
     Per micro-batch of b sequences of length s, 16-bit activations: attention 11·sbh + 5·a·s²·b,
@@ -201,7 +200,7 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
 
     Norms count as fused (keeping only their input), as in Megatron-LM / Megatron-DeepSpeed (apex, Transformer
     Engine) and torchtitan: its Llama-2 13B without activation checkpointing ran at local batch 2, seq 4096 on 80 GB
-    (dev table torchtitan_2024_04_a100), which the unfused count does not allow. ``fused_norm=False`` counts
+    (dev table torchtitan_2024_04_a100), which the unfused count does not allow. ``training.fused_norm`` False counts
     PyTorch's unfused RMSNorm (Hagemann et al.'s sheets without their "RMS kernel").
     """
     s, b, h, t = model.seq_len, cand.mbs, model.hidden, cand.tp
@@ -218,7 +217,7 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec,
     not_tp = 2 + 1 + 2 + 1 + 4                                  # QKV input, attn dropout mask, MLP input, MLP mask, norms
     if model.glu:
         not_tp -= 2   # Llama-family recipes train without dropout (Touvron et al. 2023): no masks to keep
-    if fused_norm is False:
+    if not training.fused_norm:
         # an unfused norm, x·rsqrt(mean(x²))·w, also keeps the normalised x before the weight (autograd saves it
         # for w's gradient): 2 more bytes per element for each of the layer's two norms
         not_tp += 2 * 2
@@ -321,9 +320,9 @@ def framework_buffers_bytes(params_on_gpu: int, cand: Candidate, training: Train
 
 
 def memory_breakdown(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
-                     training: TrainingSpec, *, fused_norm: bool | None = None) -> MemoryBreakdown:
+                     training: TrainingSpec) -> MemoryBreakdown:
     """Memory of the busiest GPU (bytes): the larger of the first and the last stage."""
-    return max(stage_memory(model, cand, cluster, training, fused_norm=fused_norm), key=lambda m: m.total_bytes)
+    return max(stage_memory(model, cand, cluster, training), key=lambda m: m.total_bytes)
 
 
 def pipeline_stages(cand: Candidate) -> tuple[str, ...]:
@@ -332,10 +331,10 @@ def pipeline_stages(cand: Candidate) -> tuple[str, ...]:
 
 
 def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
-                 training: TrainingSpec, *, fused_norm: bool | None = None) -> list[MemoryBreakdown]:
+                 training: TrainingSpec) -> list[MemoryBreakdown]:
     """Memory of a GPU on the first and on the last pipeline stage (one entry, 'only', without PP)."""
     pb = training_param_bytes(training)
-    act = layer_activations(model, cand, training, fused_norm=fused_norm)
+    act = layer_activations(model, cand, training)
     return [_breakdown(stage, stage_states(model, cand, cluster, training, stage, pb),
                        stage_dynamic(model, cand, training, stage, act), cluster)
             for stage in pipeline_stages(cand)]
@@ -413,9 +412,8 @@ class PlanMemory:
     and PP, VPP, CP, GAS. A candidate's busiest-stage total is then a sum (`total_bytes`); its `MemoryBreakdown` is
     built only when asked for."""
 
-    def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
-                 fused_norm: bool | None = None) -> None:
-        self.model, self.cluster, self.training, self.fused_norm = model, cluster, training, fused_norm
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
+        self.model, self.cluster, self.training = model, cluster, training
         self.pb = training_param_bytes(training)
         self.usable_bytes = usable_bytes(cluster, training)
         self.context_bytes = cluster.context_bytes
@@ -452,8 +450,7 @@ class PlanMemory:
             layer_key = (c.tp, c.sp, c.mbs, c.recompute)
             act = self._layers.get(layer_key)
             if act is None:
-                act = self._layers[layer_key] = layer_activations(self.model, c, self.training,
-                                                                  fused_norm=self.fused_norm)
+                act = self._layers[layer_key] = layer_activations(self.model, c, self.training)
             dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act)
                                                  for stage in pipeline_stages(c))
         return dynamic

@@ -78,6 +78,10 @@ class TrainingSpec:
     """torchtitan [compile] enable: Inductor fuses the element-wise chains (planner.fsdp_parallel.runtime_framework)"""
     async_tp: bool = False
     """torchtitan's async tensor parallel (needs torch_compile): planner.fsdp_parallel.tp_exposed_fraction"""
+    fused_norm: bool = True
+    """the norms run as one fused kernel (apex / Transformer Engine / Inductor, and every config plantune emits);
+    False: PyTorch's reference RMSNorm as separate ops (--unfused-norm; Hagemann et al.'s runs without their "RMS
+    kernel"), more activation memory (planner.memory.layer_activations) and HBM traffic (planner.cost)"""
 
     def __post_init__(self) -> None:
         if self.global_batch <= 0:

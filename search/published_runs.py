@@ -45,8 +45,6 @@ class PublishedRun:
     """which stage the memory figure is of: first (BigScience: first node) | max"""
     memory_definition: str = ""
     """what the memory figure counts: nvidia-smi (context and allocator cache included) | ..."""
-    fused_norm: bool | None = None
-    """the run normalised with a fused kernel (None: the framework's default)"""
     step_time_s: float | None = None
     """measured seconds per iteration where the source gives it"""
     caveat: str | None = None
@@ -325,6 +323,7 @@ def hagemann_run(r: dict, line: int = 0) -> PublishedRun:
     model = get_preset("llama2-13b").with_overrides(name="hagemann-llama-13b", seq_len=seq, rampup=None)
     training = TrainingSpec(global_batch=gbs, seq_len=seq, precision="bf16", framework="megatron-deepspeed",
                             flavor="microsoft", flash_attention=kernel not in HAGEMANN_NO_FLASH,
+                            fused_norm=any(k in kernel for k in HAGEMANN_FUSED_NORM),
                             recompute_options=("none", "full"), zero_options=(1,))
     tp, pp, dp, mbs = (int(r[k]) for k in ("tp", "pp", "dp", "micro_batch"))
     cand = Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=max(1, gbs // (mbs * dp)), recompute=recompute,
@@ -336,7 +335,7 @@ def hagemann_run(r: dict, line: int = 0) -> PublishedRun:
                         framework="Megatron-style (Hagemann)", model=model,
                         cluster=_cluster("A100-80GB", world, 8, HAGEMANN_GBPS), training=training, cand=cand,
                         tokens_per_s_per_gpu=None if error else gbs * seq / t / world, memory_gib=None,
-                        oom=bool(error), fused_norm=any(k in kernel for k in HAGEMANN_FUSED_NORM),
+                        oom=bool(error),
                         step_time_s=t, source_row=line)
 
 

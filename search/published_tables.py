@@ -61,6 +61,8 @@ class PublishedTable:
                  "--precision", t.precision, "--recompute", ",".join(t.recompute_options),
                  "--zero", ",".join(map(str, t.zero_options)), "--no-rampup",
                  "--flash-attention" if t.flash_attention else "--no-flash-attention"]
+        if not t.fused_norm:
+            flags.append("--unfused-norm")   # Hagemann et al.'s sheets without their "RMS kernel"
         if t.framework == "megatron-deepspeed":
             flags += ["--emit-flavor", t.flavor]    # the fork planned (Hagemann's: microsoft, with FlashAttention)
         return flags

@@ -33,14 +33,11 @@ class MemoryCase:
     """peak memory per GPU in GiB as the source measured it (None: not recorded)"""
     definition: str = ""
     """what the measurement counts: nvidia-smi (context and allocator cache included) | peak allocated"""
-    fused_norm: bool | None = None
-    """the run normalised with a fused kernel (None: the framework's default)"""
 
 
 def _case(r: PublishedRun, table: str) -> MemoryCase:
     return MemoryCase(id=r.id, table=table, model=r.model, cluster=r.cluster, training=r.training, cand=r.cand,
-                      ran=not r.oom, measured_gib=r.memory_gib, definition=r.memory_definition,
-                      fused_norm=r.fused_norm)
+                      ran=not r.oom, measured_gib=r.memory_gib, definition=r.memory_definition)
 
 
 def _dev_runs() -> list[PublishedRun]:

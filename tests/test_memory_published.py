@@ -17,7 +17,7 @@ KNOWN_FALSE_PRUNES = {"bloom_prequel_L511_n48_tp8_pp6_dp8_mbs8_gbs2048"}
 
 
 def _fits(case) -> bool:
-    mem = memory_breakdown(case.model, case.cand, case.cluster, case.training, fused_norm=case.fused_norm)
+    mem = memory_breakdown(case.model, case.cand, case.cluster, case.training)
     return verdict(mem, case.cluster, case.training).fits
 
 

@@ -28,7 +28,7 @@ def main(show_rows: bool) -> None:
     by_table: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
     errors: list[tuple[str, float, float]] = []
     for c in cases:
-        mem = memory_breakdown(c.model, c.cand, c.cluster, c.training, fused_norm=c.fused_norm)
+        mem = memory_breakdown(c.model, c.cand, c.cluster, c.training)
         fits = verdict(mem, c.cluster, c.training).fits
         by_table[c.table].append((c.ran, fits))
         if show_rows and fits != c.ran:

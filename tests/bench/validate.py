@@ -170,8 +170,7 @@ def evaluate(cases: list[DevCase] | None = None, *, floor_per_source: bool = Fal
         topo = topologies.setdefault(c.cluster, Topology(c.cluster))
         est = estimate(c.model, c.cluster, c.training, c.time_candidate(), topology=topo)
         tps = c.training.global_batch * c.model.seq_len / est.step_time_s / c.cand.world if est.time else 0.0
-        stages = stage_memory(c.model.with_overrides(seq_len=c.training.seq_len), c.cand, c.cluster, c.training,
-                              fused_norm=c.fused_norm)
+        stages = stage_memory(c.model.with_overrides(seq_len=c.training.seq_len), c.cand, c.cluster, c.training)
         first = stages[0] if c.memory_stage == "first" else max(stages, key=lambda m: m.total_bytes)
         busiest = max(stages, key=lambda m: m.total_bytes)
         # predicted OOM: the planner's one memory verdict (tests/bench/memory_fit.py uses the same)
