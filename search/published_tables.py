@@ -140,6 +140,7 @@ def _hagemann_tables(path: str, rows: list[dict]) -> list[PublishedTable]:
             assumptions=f"search.published_runs.hagemann_run: GBS {t.global_batch} (implied by MFU x step time), "
                         "bf16, 16-bit gradients + ZeRO-1 (Megatron-DeepSpeed), flash attention "
                         + ("on" if t.flash_attention else "off")
+                        + (", norms fused" if t.fused_norm else ", norms as PyTorch ops (no RMS kernel)")
                         + f", inter-node {runs.HAGEMANN_GBPS:g} Gb/s (assumed)"))
     return out
 
