@@ -231,3 +231,22 @@ def test_fewer_gpus_than_a_node_plan_on_one_node(gpus):
 def test_partial_nodes_beyond_one_node_name_whole_nodes(gpus, needle):
     proc = plan("--model", "1B3", "--gpus", gpus, check=False)
     assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_unfused_norm_costs_more_and_is_never_emitted(tmp_path):
+    """--unfused-norm: the same layout of Llama 2 13B plans slower and heavier (the norms as PyTorch ops), the header
+    says so; with --emit it is one line, exit status 2, nothing written (every emitter writes fused norms)."""
+    base = ("--model", "llama2-13b", "--gpus", "64", "--framework", "megatron-lm", "--tp", "2", "--pp", "1",
+            "--recompute", "none", "--mbs", "1", "--format", "json", "--top", "1")
+    fused = json.loads(plan(*base).stdout)["candidates"][0]
+    unfused_proc = plan(*base, "--unfused-norm")
+    unfused = json.loads(unfused_proc.stdout)["candidates"][0]
+    assert (unfused["zero"], unfused["sp"]) == (fused["zero"], fused["sp"])
+    assert unfused["step_time_s"] > fused["step_time_s"] and unfused["memory_gb_per_gpu"] > fused["memory_gb_per_gpu"]
+    table = plan("--model", "llama2-13b", "--gpus", "64", "--unfused-norm", "--top", "1").stdout
+    assert "norms as PyTorch ops (--unfused-norm)" in table
+    out = tmp_path / "run"
+    refused = plan("--model", "llama2-13b", "--gpus", "64", "--unfused-norm", "--emit", "megatron-lm", "--out", str(out),
+                   check=False)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr and not out.exists()
+    assert len(refused.stderr.strip().splitlines()) == 1 and "--unfused-norm" in refused.stderr

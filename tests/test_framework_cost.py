@@ -120,7 +120,6 @@ def test_tied_embedding_gradient_all_reduce_between_first_and_last_stage():
     assert estimate_time(model, one_stage, cluster, training, topo).tied_embedding_s == 0
 
 
-
 def test_unfused_rmsnorm_costs_what_hagemanns_rms_kernel_saved():
     """Hagemann et al.'s sheets ran the same layouts with FlashAttention-2 with and without their fused "RMS kernel":
     the kernel made them 1.14x faster (geometric mean of the 9 layouts measured both ways, means of repeated rows).
