@@ -196,7 +196,9 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     # FP8 quantization of the GEMM inputs
     elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens, training.fp8_recipe)
     elementwise *= fw.elementwise_traffic
-    if not training.fused_norm:   # the norms as PyTorch ops: 32 more bytes an element than the fused kernel, each
+    # the norms as PyTorch ops: 32 more bytes an element than the fused kernel, each; an eager framework's traffic
+    # (EAGER_ELEMENTWISE_TRAFFIC) counts its norms as ops already
+    if not training.fused_norm and fw.elementwise_traffic == 1.0:
         elementwise += UNFUSED_NORM_EXTRA_BYTES * 2 * th / (t if cand.sp else 1)
     return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
 

@@ -151,3 +151,17 @@ def _mean(xs: list[float]) -> float:
 
 def _geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def test_unfused_norm_is_not_counted_twice_under_eager_traffic():
+    """Eager FSDP's element-wise traffic (EAGER_ELEMENTWISE_TRAFFIC) already counts its norms as PyTorch ops:
+    --unfused-norm adds nothing there; under torch.compile (fused chains) it adds the norm's ops again."""
+    m = get_preset("llama2-13b")
+    cl = make_cluster(gpu="A100-80GB", gpus=8)
+    c = Candidate(tp=1, pp=1, dp=8, mbs=1, gas=1, recompute="full", zero=3)
+
+    def step(**kw) -> float:
+        return estimate(m, cl, TrainingSpec(global_batch=8, seq_len=4096, framework="fsdp", **kw), c).step_time_s
+
+    assert step(fused_norm=False) == step()
+    assert step(fused_norm=False, torch_compile=True) > step(torch_compile=True)
