@@ -3,7 +3,7 @@
     >>> cluster = apply_calibration(make_cluster(gpu="H200", gpus=8), "calibration.yaml")
 
 - GEMMs: the file's timed GEMM shapes (``measurements.matmul``: m, n, k, seconds, dtype) fit the *base* efficiency
-  of the planner's own shape model (`planner.cost.gemm_efficiency`: tile, wave and short-k penalties), so that
+  of the planner's own shape model (`planner.ops.gemm_efficiency`: tile, wave and short-k penalties), so that
   the model reproduces the measured total time of those shapes; every other shape keeps its tile/wave effects
   (one flat measured rate would give MBS 2, 4 and 8 one prediction). A file without timed shapes (hand-written)
   gives its ``matmul_efficiency`` as that base.
@@ -19,7 +19,7 @@ import math
 from dataclasses import replace
 
 from planner.constants import MEGATRON_HOST_S
-from planner.cost import GemmContext, gemm_s
+from planner.ops import GemmContext, gemm_s
 from planner.files import read_mapping
 from planner.framework import get_framework
 from planner.errors import InputError
@@ -36,7 +36,7 @@ DTYPE_PRECISION = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 def gemm_base_efficiency(acc: Accelerator, rows: list[dict]) -> float:
     """Base efficiency b with sum_i model_seconds_i(b) = sum_i measured_seconds_i over the timed GEMMs, where
     model_seconds_i(b) = model_seconds_i(1) / b is the planner's GEMM time at the catalog peak of the dtype measured
-    (`planner.cost.gemm_s`: tile, wave and short-k penalties, misaligned shapes)."""
+    (`planner.ops.gemm_s`: tile, wave and short-k penalties, misaligned shapes)."""
     model_s = measured_s = 0.0
     for r in rows:
         peak = acc.peak_flops(DTYPE_PRECISION.get(str(r.get("dtype")), "bf16"))

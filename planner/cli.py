@@ -403,6 +403,17 @@ def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | N
                    f"{d['hardware_tflops_per_gpu']:.1f}, MFU {d['mfu']:.1%}, {d['tokens_per_s']:,.0f} tokens/s")
         if training is not None:
             out.append(flops.ATTENTION_COUNT_WORDS[training.flops_attention])
+    if e.layer_ops:
+        out.append("\nOne layer's operations (one GPU, one micro-batch; backward = 2x forward; ms; FLOPs and bytes of the "
+                   "forward; a MoE model's mean layer):")
+        out.append(tabulate([[r["op"], r["class"], r["forward_s"] * 1e3, r["backward_s"] * 1e3, r["recompute_s"] * 1e3,
+                              f"{r['share']:.1%}", f"{r['forward_flops'] / 1e9:.3g}" if r["forward_flops"] else "-",
+                              f"{r['forward_bytes'] / 1e6:.3g}" if r["forward_bytes"] else "-"]
+                             for r in e.layer_ops]
+                            + [["layer", "", sum(r["forward_s"] for r in e.layer_ops) * 1e3, "", "",
+                                "100%", "", ""]],
+                            headers=["op", "class", "fwd ms", "bwd ms", "recompute ms", "share", "GFLOP", "MB"],
+                            floatfmt=".3f"))
     return "\n".join(out)
 
 

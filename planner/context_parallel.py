@@ -15,8 +15,10 @@ one-line hooks.
 from __future__ import annotations
 
 from functools import lru_cache
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
+from planner.ops import ATTENTION
 from planner.terms import COMMUNICATION, Term
 from planner.topology import collective_time_s
 from planner.recompute import recomputed_of
@@ -24,7 +26,8 @@ from planner.recompute import recomputed_of
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
     from planner.model import ModelSpec
-    from planner.cost import StepContext
+    from planner.ops import LayerOps
+    from planner.step_context import StepContext
     from planner.space import Candidate, TrainingSpec
 
 # Smallest per-rank chunk the default search tries: Llama 3 ran CP=16 on 128K sequences, 8K tokens a
@@ -81,17 +84,13 @@ def split_activations(activations: float, logits: float, model: "ModelSpec", c: 
     return activations / c.cp + kv_buffers, logits / c.cp
 
 
-def layer_forward_s(layer_fn: Callable, model: "ModelSpec", c: "Candidate", cluster: "ClusterSpec",
-                    training: "TrainingSpec", *args: object) -> tuple[float, float, float]:
-    """(matmul, attention core, element-wise) seconds of one layer on one CP rank: ``layer_fn`` (cost's
-    per-layer timing, called with ``args`` after the training) on the rank's share of the sequence.
-
-    Token-local work runs on s/CP tokens; ring attention computes CP blocks of (s/CP x s/CP) per
-    rank, i.e. CP times the attention core of an s/CP-token sequence."""
+def ring_attention(lo: "LayerOps", c: "Candidate") -> "LayerOps":
+    """The layer's op list as one CP rank runs it: built on the rank's s/CP tokens (`rank_model`), its attention core
+    is CP blocks of (s/CP x s/CP), i.e. CP times the core of an s/CP-token sequence (ring attention: each rank
+    attends its chunk to every chunk that passes it)."""
     if c.cp <= 1:
-        return layer_fn(model, c, cluster, training, *args)
-    dense, core, elem = layer_fn(rank_model(model, c.cp), c, cluster, training, *args)
-    return dense, core * c.cp, elem
+        return lo
+    return replace(lo, ops=tuple(op.scaled(c.cp) if op.cls == ATTENTION else op for op in lo.ops))
 
 
 @lru_cache(maxsize=64)   # pure in a frozen ModelSpec; one object per CP size keeps the model's lru_caches (moe) hitting
@@ -141,6 +140,6 @@ RING_EXCHANGE = Term(name="cp_ring_exchange", kind=COMMUNICATION, group="cp_comm
                      constants=("LINK_EFFICIENCY",))
 
 
-__all__ = ["FRAMEWORKS_WITH_CP", "RING_EXCHANGE", "MIN_CHUNK_TOKENS", "cp_choices", "layer_forward_s",
+__all__ = ["FRAMEWORKS_WITH_CP", "RING_EXCHANGE", "MIN_CHUNK_TOKENS", "cp_choices", "rank_model", "ring_attention",
            "ring_exchange_exposed_s",
            "split_activations", "violations"]

@@ -19,55 +19,26 @@ Validated on every published dev table by `python tests/bench/validate.py`.
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable
 
-from planner import context_parallel, flops, fp8, fsdp_parallel, moe, pipeline_engine, recompute
-from planner.constants import (DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFICIENCY, GEMM_K_HALF, RANKING_ERROR,
-                               SHARDED_OVERLAP)
+from planner import context_parallel, flops, fp8, fsdp_parallel, moe, ops, pipeline_engine, recompute
+from planner.constants import ELEMENTWISE_BW_EFFICIENCY, RANKING_ERROR, SHARDED_OVERLAP
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
+from planner.ops import GemmContext, LayerOps, gemm_s
 from planner.memory import (layer_params, layers_per_stage, param_bytes, shard_group_size, stage_params,
                             training_param_bytes)
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
 from planner.terms import COMMUNICATION, COMPUTE, FIXED, MEMORY, Overlap, StepTime, Term, evaluate, scale_of
+from planner.step_context import StepContext, memoized
 from planner.topology import Topology, collective_time_s
 
-# Thread-block tile of the GEMM kernels cuBLAS runs for large 16-bit shapes: 256 rows (tokens) x 128 columns
-# (NVIDIA "Matrix Multiplication Background" user guide, "Tile Quantization": 256x128 is the most efficient of its
-# tiles; cuBLAS's kernels are named for it: volta_h884gemm_256x128, ampere_h16816gemm_256x128). Checked on the BLOOM
-# tr11 MBS sweeps: per-sample time at MBS 1 / 2 vs 4 measured 1.12 / 1.03 (NHEADS 96 tables), predicted 1.11 / 1.03
-# with 256x128 tiles, 1.07 / 1.03 with 128x128 (python tests/bench/validate.py: classic error 20.0% -> 19.6%).
-GEMM_TILE_M = 256
-GEMM_TILE_N = 128
-# Inner size at which a GEMM is half as efficient as a long one (k / (k + GEMM_K_HALF)): planner.constants.
-# 16-bit tensor-core GEMMs want every dimension a multiple of 8 elements (NVIDIA "Matrix Multiplication
-# Background" user guide, "Tensor Core Requirements"). The attention's batched GEMMs (QK^T, AV) over a
-# head_dim that is not are modelled at the CUDA-core FP32 rate (datasheet `peak_fp32_flops`): checked on
-# the BLOOM tr11 NHEADS table (head_dim 108 = 13824/128 ran 1.30x slower than head_dim 144) and the 02-20
-# tables (head_dim 150). Dense GEMMs with h/TP not a multiple of 8 (tr8-104B at TP4: 2900) ran within the
-# noise of aligned ones; dense GEMMs with an odd-sized dimension (a vocabulary of 50257 unpadded) run at
-# about half speed: nanoGPT (karpathy/nanoGPT model.py, "vocab_size ... padded up to nearest multiple of
-# 64 for efficiency") measured ~25% faster GPT-2 training from 50257 -> 50304, the LM head being ~30% of
-# the FLOPs (DENSE_MISALIGNED_EFFICIENCY, planner.constants); also the DeepSpeed autotuning HF GPT-2 dev tables.
-TENSOR_CORE_MULTIPLE = 8
-DENSE_ALIGNMENT = 4
-# Fraction of HBM bandwidth element-wise kernels sustain (ELEMENTWISE_BW_EFFICIENCY) and share of the ZeRO-3/FSDP
-# gathers prefetching hides (SHARDED_OVERLAP): fitted, planner.constants.
 # Bytes per logit the cross-entropy reads and writes, forward and backward: 16-bit logits read, fp32
 # softmax written and read back, 16-bit gradient written (Megatron's vocab-parallel cross-entropy).
 LOSS_BYTES_PER_LOGIT = 6
-# Bytes per element a norm run as PyTorch ops moves beyond the fused kernel's 2 read + 2 written (TrainingSpec
-# .fused_norm False). Hugging Face's LlamaRMSNorm (transformers models/llama/modeling_llama.py), 16-bit input:
-# .to(float32) r2 w4, .pow(2) r4 w4, .mean(-1) r4, x * rsqrt(var + eps) r4 w4, .to(input_dtype) r4 w2, weight * x
-# r2 w2: 20 read + 16 written = 36, 32 more than fused. The backward (autograd through the same ops) is counted as
-# twice the forward, as every element-wise op is here. Checked on Hagemann et al.'s sheets, the same layouts with and
-# without their "RMS kernel": 1.12x predicted, 1.14x measured (tests/test_framework_cost.py).
-UNFUSED_NORM_EXTRA_BYTES = 36 - 4
 
 
 # How far apart two candidates' predictions must be before the ranking between them means something: RANKING_ERROR
@@ -77,18 +48,6 @@ UNFUSED_NORM_EXTRA_BYTES = 36 - 4
 def tied(best_step_s: float, step_s: float) -> bool:
     """``step_s`` is within the model's measured ranking error of the best prediction."""
     return step_s <= best_step_s * (1 + RANKING_ERROR)
-
-
-@dataclass(frozen=True, slots=True)
-class GemmContext:
-    """What a GEMM's time depends on besides its shape."""
-
-    peak: float
-    sm_count: int
-    base: float
-    """large-GEMM fraction of peak: the catalog's, or fitted to this machine's timed GEMMs (planner.calibration)"""
-    cuda_core_ratio: float
-    """CUDA-core rate / tensor-core peak, for shapes tensor cores cannot take"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,33 +89,6 @@ class TimeBreakdown:
     """the CostParams the lines are under"""
 
 
-def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
-    """Fraction of peak for an (m x k) @ (k x n) GEMM repeated ``batch`` times.
-
-    Tile quantization: tiles of GEMM_TILE_M x GEMM_TILE_N waste the part of the last tile outside the matrix;
-    wave quantization: tiles run in waves of ``sm_count``, the last wave partly idle (NVIDIA
-    "Matrix Multiplication Background" user guide, sections "Tile/Wave Quantization"); short
-    inner dimensions cannot hide load latency: k / (k + GEMM_K_HALF).
-    """
-    tiles_m, tiles_n = math.ceil(m / GEMM_TILE_M), math.ceil(n / GEMM_TILE_N)
-    tile_eff = (m * n) / (tiles_m * tiles_n * GEMM_TILE_M * GEMM_TILE_N)
-    tiles = tiles_m * tiles_n * batch
-    wave_eff = tiles / (math.ceil(tiles / sm_count) * sm_count)
-    return base * tile_eff * wave_eff * k / (k + GEMM_K_HALF)
-
-
-@functools.lru_cache(maxsize=1 << 16)   # pure: a plan asks for a few hundred shapes, tens of thousands of times
-def gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bool = False) -> float:
-    if min(m, n, k) <= 0:  # a dimension split to nothing (vocab 1 over TP 2) does no work
-        return 0.0
-    eff = gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
-    if attention and (n % TENSOR_CORE_MULTIPLE or k % TENSOR_CORE_MULTIPLE):
-        eff = min(eff, g.base) * g.cuda_core_ratio
-    elif n % DENSE_ALIGNMENT or k % DENSE_ALIGNMENT:
-        eff *= DENSE_MISALIGNED_EFFICIENCY
-    return 2.0 * m * n * k * batch / (g.peak * eff)
-
-
 def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | None = None) -> GemmContext:
     """GEMMs at ``precision``'s peak (default the training's; FP8 runs the attention core and LM head in bf16)."""
     acc = cluster.gpu
@@ -169,125 +101,40 @@ def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | 
     return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, cuda_core_ratio=ratio)
 
 
-def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
-                    g: GemmContext, fw: Framework) -> tuple[float, float, float]:
-    """(matmul seconds, attention-core seconds, element-wise seconds) of one layer's forward for one micro-batch."""
-    acc = cluster.gpu
-    t, s, b, h = cand.tp, model.seq_len, cand.mbs, model.hidden
-    tokens = s * b
-    ffn_out = model.ffn_hidden * (2 if model.glu else 1)
-    dense = (gemm_s(tokens, (model.q_dim + 2 * model.kv_dim) // t, h, g)
-             + gemm_s(tokens, h, model.q_dim // t, g)
-             + gemm_s(tokens, ffn_out // t, h, g)
-             + gemm_s(tokens, h, model.ffn_hidden // t, g))
-    heads = b * max(1, model.heads // t)
-    d = model.head_dim
-    if training.precision == "fp8":   # the attention core never runs in FP8 (Transformer Engine)
-        g = gemm_context(cluster, training, fp8.compute_precision(training.precision))
-    core = gemm_s(s, s, d, g, heads, attention=True) + gemm_s(s, d, s, g, heads, attention=True)
-    # element-wise traffic, bytes (16-bit): 2 fused norms r/w 8·Th, 2 bias-dropout-add 14·Th (both split by SP),
-    # Q/K/V and context layout copies between [s,b,a,d] and [b·a,s,d] 16·Th/t, activation r/w 4·T·f/t
-    # (6 with GLU), scale-mask-softmax + dropout on scores 9·b·a·s²/t without flash
-    th = tokens * h
-    elementwise = (22 * th / (t if cand.sp else 1) + 16 * th / t
-                   + (6 if model.glu else 4) * tokens * model.ffn_hidden / t)
-    if not training.flash_attention:
-        elementwise += 9 * b * model.heads * s * s / t
-    # FP8 quantization of the GEMM inputs
-    elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens, training.fp8_recipe)
-    elementwise *= fw.elementwise_traffic
-    # the norms as PyTorch ops: 32 more bytes an element than the fused kernel, each; an eager framework's traffic
-    # (EAGER_ELEMENTWISE_TRAFFIC) counts its norms as ops already
-    if not training.fused_norm and fw.elementwise_traffic == 1.0:
-        elementwise += UNFUSED_NORM_EXTRA_BYTES * 2 * th / (t if cand.sp else 1)
-    return dense, core, elementwise / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
-
-
 def layer_key(cand: Candidate) -> tuple:
     """The candidate fields `layer_compute_s` reads: plan() computes it once per distinct key."""
     return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, *recompute.time_key(cand))
 
 
+def layer_op_list(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> LayerOps:
+    """One layer's operations on one GPU for one micro-batch on one CP rank: the dense layer (planner.ops), edited by
+    each feature: CP's ring attention, the MoE MLP, FP8's casts."""
+    fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
+    g = gemm_context(cluster, training)
+    g_core = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # never FP8
+    rank = context_parallel.rank_model(model, cand.cp) if cand.cp > 1 else model   # s/CP tokens on a CP rank
+    tokens = rank.seq_len * cand.mbs
+    lo = ops.layer_ops(rank, cand, cluster, training, g, g_core, fw)
+    lo = context_parallel.ring_attention(lo, cand)
+    lo = moe.expert_ops(lo, rank, cand, training, tokens, g, cluster, fw.elementwise_traffic)
+    return fp8.cast_ops(lo, rank, cand, training, tokens, cluster, fw.elementwise_traffic)
+
+
 def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                     ) -> tuple[float, float]:
     """(attention-core forward, forward + backward + recompute) seconds of one layer for one micro-batch on one CP
-    rank: what reads only the candidate's `layer_key`."""
-    acc = cluster.gpu
-    fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
-    g = gemm_context(cluster, training)
-    tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
-    dense, core, elem = context_parallel.layer_forward_s(layer_forward_s, model, cand, cluster, training, g, fw)
-    # MoE: grouped expert GEMMs (at the FP8 peak under FP8) instead of the dense MLP
-    dense += moe.mlp_time_adjustment_s(model, cand, training, tokens,
-                                       lambda m, n, k, batch=1: gemm_s(m, n, k, g, batch))
-    elem += moe.elementwise_extra_bytes(model, cand, training, tokens) * fw.elementwise_traffic / (
-        acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)   # MoE: token permutation, expert activations
-    # the host launches a layer's kernels asynchronously: a pass takes the longer of the GPU's work and
-    # the host's (framework.host_s_per_layer_forward, times this host's measured speed from a calibration, 1 without;
-    # the backward launches about twice as many kernels)
-    host = fw.host_s_per_layer_forward * cluster.host_scale
-    # MoE: the dispatcher's host sync; what is launched after it runs at the longer of its GPU and host time
-    sync_host, sync_gpu = moe.host_sync_s(model, cand, training, tokens,
-                                          lambda m, n, k, batch=1: gemm_s(m, n, k, g, batch))
-    fwd = max(dense + core + elem - sync_gpu, host) + max(sync_gpu, sync_host)
+    rank: what reads only the candidate's `layer_key`. The host launches a layer's kernels asynchronously: a pass
+    takes the longer of the GPU's work and the host's (`planner.ops.LayerOps.forward_s`)."""
+    lo = layer_op_list(model, cand, cluster, training)
     rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
-    extra = rc.layers * fwd + rc.core * core + rc.matmul * dense
-    # backward = 2x forward (seed 001 "forward vs backward"); it launches the experts' kernels without a sync
-    layer_s = fwd + max(2 * (dense + core + elem), 2 * (host + sync_host)) + extra
-    return core, layer_s
+    return lo.seconds(ops.ATTENTION), lo.layer_s(rc)
 
 
-@dataclass(slots=True, kw_only=True)   # not frozen: plan() builds one per candidate, and frozen init is slower
-class StepContext:
-    """What the terms of one candidate's step share, computed once (`step_context`); every term reads it (and none
-    writes it)."""
-
-    model: ModelSpec
-    cand: Candidate
-    cluster: ClusterSpec
-    training: TrainingSpec
-    topology: Topology
-    fw: Framework
-    tokens: int
-    """tokens of one micro-batch on one CP rank"""
-    half: int
-    """bytes of a 16-bit (or fp32) activation / gradient value"""
-    core_s: float
-    """one layer's attention-core forward (one micro-batch, one CP rank)"""
-    layer_s: float
-    """one layer's forward + backward (+ recompute), with its host time"""
-    rc: recompute.Recomputed
-    """what the backward re-runs on the busiest rank (planner.recompute.recomputed_of)"""
-    stage_layers: int
-    """layers on the busiest stage"""
-    stage_compute_s: float
-    """one micro-batch's compute on the busiest stage (its layers, and the LM head on the last)"""
-    head_s: float
-    """one micro-batch's LM head and loss (forward + backward) on the last stage"""
-    params_gpu: int
-    """parameters on the GPU of the stage with the most"""
-    shard: int
-    """ZeRO-3/FSDP shard group"""
-    overlaps: tuple[str, ...]
-    """the communication the run overlaps (planner.framework.overlaps)"""
-    dp_traffic_s: float
-    """`dp_comm_s`: the step's data-parallel traffic, shared by the DP terms"""
-    accumulated_params: int = 0
-    """parameters whose gradients the stage accumulates per micro-batch (0: params_gpu; DeepSpeed's engine: each
-    kind of stage's own, `deepspeed_engine_step`)"""
-    stage_kind: str = "middle"
-    """which stage the terms are of: first, middle or last (DeepSpeed's engine, `deepspeed_engine_step`; elsewhere the
-    busiest, read as a middle one)"""
-
-
-def memoized(memo: dict | None, key: tuple, compute: Callable[[], Any]) -> Any:
-    """``compute()``, once per ``key`` in ``memo`` (plan()'s dict for one plan) when given."""
-    if memo is None:
-        return compute()
-    value = memo.get(key)
-    if value is None:
-        value = memo[key] = compute()
-    return value
+def layer_op_rows(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> list[dict]:
+    """`plan --explain`'s op table: one layer's operations (`layer_op_list`) with forward, backward and recomputed
+    seconds, share of the layer's time, forward FLOPs and bytes, and a last row for the host's launches when they,
+    not the GPU, set the layer's time (`planner.ops.LayerOps.rows`)."""
+    return layer_op_list(model, cand, cluster, training).rows(recompute.recomputed_of(model, cand, training.framework))
 
 
 def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING
 
 from planner import moe
 from planner.constants import ROWWISE_GEMM_EFFICIENCY
+from planner.ops import bytes_op
 
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
-    from planner.memory import ParamBytes
     from planner.model import ModelSpec
+    from planner.ops import LayerOps
     from planner.space import Candidate, TrainingSpec
 
 FRAMEWORKS_WITH_FP8 = {"megatron-lm": "--fp8-format hybrid", "fsdp": "torchtitan float8 (torchao)"}
@@ -101,12 +102,6 @@ def param_gather_bytes(c: "Candidate", training: "TrainingSpec", half: int) -> i
     return 1 if fp8_param_gather(c, training) else half
 
 
-def model_param_bytes(pb: "ParamBytes", c: "Candidate", training: "TrainingSpec") -> "ParamBytes":
-    """``pb`` with the forward's weights as --fp8-param-gather keeps them: FP8 and its transpose, 2 bytes, no bf16
-    copy (the embedding, norms and LM head stay bf16: 2 bytes as well)."""
-    return replace(pb, weights=FP8_PARAM_BYTES) if fp8_param_gather(c, training) else pb
-
-
 def fc1_input_copies(model: "ModelSpec", training: "TrainingSpec") -> float:
     """FC1 inputs per token, in units of h, whose saved copy FP8 shrinks (mean over layers): a dense MLP's norm output,
     1; a MoE layer's expert GroupedLinear input, the k permuted copies x capacity, 16-bit in
@@ -155,8 +150,18 @@ def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, token
     return out
 
 
-__all__ = ["FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_traffic_bytes",
-           "compute_precision", "fc1_input_copies", "fp8_param_gather", "gemm_rate_factor", "model_param_bytes",
+def cast_ops(lo: "LayerOps", model: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
+             cluster: "ClusterSpec", traffic: float) -> "LayerOps":
+    """The layer's op list with FP8's quantization of the GEMM inputs (`cast_traffic_bytes`) added: a memory-bound
+    op, at the framework's element-wise ``traffic`` factor."""
+    casts = cast_traffic_bytes(model, c, training.precision, tokens, training.fp8_recipe)
+    if not casts:
+        return lo
+    return replace(lo, ops=lo.ops + (bytes_op("fp8_casts", casts * traffic, cluster),))
+
+
+__all__ = ["FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_ops", "cast_traffic_bytes",
+           "compute_precision", "fc1_input_copies", "fp8_param_gather", "gemm_rate_factor",
            "param_gather_bytes", "violations", "weight_bytes"]
 
 

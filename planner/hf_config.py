@@ -127,7 +127,7 @@ HF_KEYS: dict[str, Field] = {
     "use_parallel_residual": Bool(), "parallel_attn": Bool(), "multi_query": Bool(),
     "new_decoder_architecture": Bool(), "alibi": Bool(), "apply_residual_connection_post_layernorm": Bool(),
     "use_mrope": Bool(), "attn_logit_softcapping": Num(0, null=True), "final_logit_softcapping": Num(0, null=True),
-    # mixture of experts and multi-latent attention (planner.moe.hf_fields)
+    # mixture of experts and multi-latent attention (hf_fields)
     **{k: Int(0, 1_000_000) for k in ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
                                       "n_shared_experts", "moe_intermediate_size", "shared_expert_intermediate_size",
                                       "moe_layer_freq", "decoder_sparse_step", "first_k_dense_replace",
@@ -298,6 +298,35 @@ def _moe_router(d: dict, fam: HFFamily, where: str) -> dict:
     return out
 
 
+def hf_fields(d: dict) -> dict:
+    """MoE, MLA, explicit head_dim and rope-scaling keys of a Hugging Face config.json:
+    MixtralForCausalLM (num_local_experts, num_experts_per_tok), Qwen3MoeForCausalLM (num_experts,
+    moe_intermediate_size, decoder_sparse_step, head_dim), DeepseekV3ForCausalLM (n_routed_experts,
+    n_shared_experts, first_k_dense_replace, moe_layer_freq, q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+    qk_rope_head_dim, v_head_dim), and rope_scaling {rope_type|type, factor} (Llama 3.1, YaRN)."""
+    out: dict = {}
+    experts = d.get("num_local_experts") or d.get("n_routed_experts") or d.get("num_experts")
+    if experts:
+        out.update(num_experts=int(experts), moe_topk=int(d.get("num_experts_per_tok") or 2),
+                   moe_ffn_hidden=int(d.get("moe_intermediate_size") or d.get("intermediate_size") or 0),
+                   shared_experts=int(d.get("n_shared_experts") or 0),
+                   moe_layer_freq=int(d.get("moe_layer_freq") or d.get("decoder_sparse_step") or 1),
+                   first_dense_layers=int(d.get("first_k_dense_replace") or 0))
+        if d.get("shared_expert_intermediate_size") and out["moe_ffn_hidden"]:   # Qwen2-MoE: shared width
+            out["shared_experts"] = max(1, round(int(d["shared_expert_intermediate_size"]) / out["moe_ffn_hidden"]))
+    if d.get("kv_lora_rank"):
+        out.update(kv_lora_rank=int(d["kv_lora_rank"]), q_lora_rank=int(d.get("q_lora_rank") or 0),
+                   qk_rope_head_dim=int(d.get("qk_rope_head_dim") or 0), v_head_dim=int(d.get("v_head_dim") or 0),
+                   kv_channels=int(d.get("qk_nope_head_dim") or 0) or None)   # MLA's per-head width
+    if d.get("num_nextn_predict_layers"):   # DeepseekV3ForCausalLM: the MTP modules
+        out["mtp_layers"] = int(d["num_nextn_predict_layers"])
+    scaling = d.get("rope_scaling")
+    if isinstance(scaling, dict) and scaling.get("factor"):
+        out.update(rope_scaling=str(scaling.get("rope_type") or scaling.get("type") or ""),
+                   rope_scaling_factor=float(scaling["factor"]))
+    return out
+
+
 def file_name(path: str, d: dict) -> str:
     """The model's name: the hub id it was saved from, else the folder holding config.json, else the file's stem."""
     p = Path(path)
@@ -308,8 +337,6 @@ def file_name(path: str, d: dict) -> str:
 
 def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
     """ModelSpec fields of a config.json (planner.model builds the spec)."""
-    from planner import moe
-
     where = f"config.json {path}"
     d = _from_legacy(d)
     model_type = check_hf(d, where)
@@ -361,7 +388,7 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
     for key, name in (("attn_logit_softcapping", "attn_softcap"), ("final_logit_softcapping", "logit_softcap")):
         if key in d:
             facts[name] = float(d[key] or 0.0)
-    extra = moe.hf_fields({**{k: v for k, v in _moe_defaults(fam).items() if k not in d}, **d})
+    extra = hf_fields({**{k: v for k, v in _moe_defaults(fam).items() if k not in d}, **d})
     for key in ("rope_scaling", "rope_scaling_factor"):   # read (and checked) by _rope
         extra.pop(key, None)
     if extra.get("num_experts"):

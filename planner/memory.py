@@ -362,7 +362,10 @@ def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
                  pb: ParamBytes) -> tuple[int, float, float, float, float]:
     """(parameters, weights, grads, optimizer, buffers) of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
     ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`."""
-    pb = fp8.model_param_bytes(pb, cand, training)   # --fp8-param-gather (ZeRO >= 1): FP8 weights, no bf16 copy
+    if fp8.fp8_param_gather(cand, training):
+        # --fp8-param-gather (ZeRO >= 1): the forward's weights as FP8 and its transpose, 2 bytes, no bf16 copy (the
+        # embedding, norms and LM head stay bf16: 2 bytes as well)
+        pb = replace(pb, weights=fp8.FP8_PARAM_BYTES)
     shard = shard_group_size(cand, cluster.gpus_per_node)
     lps = stage_layers(model, cand, training.framework, stage)
     params = stage_params(model, cand, stage, training.framework)

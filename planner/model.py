@@ -12,10 +12,10 @@ published counts.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from dataclasses import fields as dataclass_fields
+from functools import lru_cache
 from pathlib import Path
 
-
-from planner import model_facts, moe
 from planner.errors import InputError
 from planner.files import read_mapping
 from planner.hf_config import read_hf
@@ -177,7 +177,7 @@ class ModelSpec:
             raise InputError(f"model {self.name!r}: position must be learned, rope or alibi")
         if self.norm not in ("layernorm", "rmsnorm"):
             raise InputError(f"model {self.name!r}: norm must be layernorm or rmsnorm")
-        for problem in moe.shape_problems(self) + model_facts.problems(self):
+        for problem in shape_problems(self) + fact_problems(self):
             raise InputError(f"model {self.name!r}: {problem}")
 
     # -- derived shape ---------------------------------------------------------------
@@ -202,8 +202,8 @@ class ModelSpec:
     @property
     def params_per_layer(self) -> int:
         """One transformer block: attention (Q, K, V, O), MLP, two norms, optional biases."""
-        if moe.needs_own_shape(self):
-            return moe.mean_layer_params(self)   # MoE / MLA / head width: mean over dense and MoE layers
+        if needs_own_shape(self):
+            return mean_layer_params(self)   # MoE / MLA / head width: mean over dense and MoE layers
         h, f, kv, q = self.hidden, self.ffn_hidden, self.kv_dim, self.q_dim
         attn = h * (q + 2 * kv) + q * h
         mlp = (3 if self.glu else 2) * h * f
@@ -242,14 +242,14 @@ class ModelSpec:
     @property
     def params(self) -> int:
         """Total parameters: embeddings + layers + final norm."""
-        if moe.needs_own_shape(self):
-            return moe.total_params(self)
+        if needs_own_shape(self):
+            return total_params(self)
         return self.embedding_params + self.layers * self.params_per_layer + self.norm_params
 
     @property
     def active_params(self) -> int:
         """Parameters one token goes through: == params for dense models, top-k experts for MoE."""
-        return moe.active_params(self) if moe.is_moe(self) else self.params
+        return active_params(self) if is_moe(self) else self.params
 
     def with_overrides(self, **changes: object) -> "ModelSpec":
         clean = {k: v for k, v in changes.items() if v is not None}
@@ -259,6 +259,239 @@ class ModelSpec:
         d = asdict(self)
         d["rampup"] = self.rampup.as_list() if self.rampup else None
         return d
+
+
+# -- the model's own facts (planner.model_facts: which a target can express) -----------------------------
+QK_NORMS = ("", "head", "full")
+NORM_PLACEMENTS = ("pre", "post", "sandwich")
+ACTIVATIONS = ("", "gelu", "gelu_tanh", "silu", "relu")
+MOE_SCORES = ("softmax", "sigmoid")
+ROPE_SCALINGS = ("", "llama3", "yarn", "linear")
+"""RoPE scalings plantune reads: Llama 3.1's (factor, 1/4/8192), YaRN (DeepSeek-V2/V3), linear interpolation"""
+
+FACT_YAML_DEFAULTS: dict[str, object] = {
+    "architecture": "", "max_positions": 0, "rope_theta": 0.0, "rotary_percent": 1.0, "norm_eps": 0.0,
+    "qkv_bias": False, "qk_norm": "", "norm_placement": "pre", "activation": "", "parallel_residual": False,
+    "attn_softcap": 0.0, "init_std": 0.0, "logit_softcap": 0.0, "sliding_window": 0, "window_full_every": 0,
+    "yarn_mscale": 1.0,
+    "yarn_mscale_all_dim": 0.0, "moe_aux_loss_coeff": 0.0, "moe_seq_aux": False, "moe_score": "softmax",
+    "moe_norm_topk": True, "moe_topk_scale": 1.0, "moe_groups": 0, "moe_group_topk": 0, "moe_expert_bias": False,
+    "moe_shared_gate": False,
+}
+"""the fields above at their defaults: a model YAML leaves them out (and plan.yaml does not write them)"""
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def fact_problems(m: ModelSpec) -> list[str]:
+    """What makes these facts meaningless (checked by ModelSpec on construction)."""
+    out: list[str] = []
+    for name in ("max_positions", "sliding_window", "window_full_every", "moe_groups", "moe_group_topk"):
+        v = getattr(m, name)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            out.append(f"{name} must be a non-negative integer, got {v!r}")
+    for name in ("rope_theta", "norm_eps", "attn_softcap", "logit_softcap", "moe_aux_loss_coeff", "yarn_mscale_all_dim",
+                 "init_std"):
+        v = getattr(m, name)
+        if not _number(v) or v < 0:
+            out.append(f"{name} must be a number >= 0, got {v!r}")
+    for name in ("rotary_percent",):
+        v = getattr(m, name)
+        if not _number(v) or not 0 < v <= 1:
+            out.append(f"{name} must be a number in (0, 1], got {v!r}")
+    for name in ("moe_topk_scale", "yarn_mscale"):
+        v = getattr(m, name)
+        if not _number(v) or v <= 0:
+            out.append(f"{name} must be a number > 0, got {v!r}")
+    for name in ("qkv_bias", "parallel_residual", "moe_seq_aux", "moe_norm_topk", "moe_expert_bias", "moe_shared_gate"):
+        if not isinstance(getattr(m, name), bool):
+            out.append(f"{name} must be true or false, got {getattr(m, name)!r}")
+    for name, choices in (("qk_norm", QK_NORMS), ("norm_placement", NORM_PLACEMENTS), ("activation", ACTIVATIONS),
+                          ("moe_score", MOE_SCORES), ("rope_scaling", ROPE_SCALINGS)):
+        if getattr(m, name) not in choices:
+            out.append(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {getattr(m, name)!r}")
+    if not isinstance(m.architecture, str):
+        out.append(f"architecture must be text, got {m.architecture!r}")
+    if out:
+        return out
+    if m.max_positions and m.max_positions < m.seq_len and m.position == "learned":
+        out.append(f"seq_len {m.seq_len} is over the {m.max_positions} learned positions (max_positions)")
+    if m.moe_group_topk > m.moe_groups or (m.moe_groups and m.num_experts % m.moe_groups):
+        out.append(f"moe_groups {m.moe_groups} must divide the {m.num_experts} experts and be >= moe_group_topk "
+                   f"{m.moe_group_topk}")
+    if m.window_full_every and not m.sliding_window:
+        out.append("window_full_every needs a sliding_window")
+    return out
+
+
+# -- mixture-of-experts and multi-latent attention: shape and parameters (planner.moe: the rest) ---------
+# Sources: Jiang et al. 2024 "Mixtral of Experts" (arXiv 2401.04088) Sec. 2; DeepSeek-AI 2024 "DeepSeek-V3 Technical
+# Report" (arXiv 2412.19437) Sec. 2.1 and 4.2; Qwen3 Technical Report (arXiv 2505.09388) Table 2.
+def is_moe(m: ModelSpec) -> bool:
+    return m.num_experts > 0
+
+
+def expert_ffn(m: ModelSpec) -> int:
+    """One routed expert's FFN width (Megatron ``--moe-ffn-hidden-size``; defaults to ffn_hidden)."""
+    return m.moe_ffn_hidden or m.ffn_hidden
+
+
+def moe_layer_count(m: ModelSpec) -> int:
+    """Layers with experts: every ``moe_layer_freq``-th layer after the first ``first_dense_layers``
+    (Megatron ``--moe-layer-freq``; DeepSeek-V3 ``first_k_dense_replace`` = 3)."""
+    if not is_moe(m):
+        return 0
+    return -(-(m.layers - m.first_dense_layers) // m.moe_layer_freq)   # layers f, f+k, f+2k, ... below L
+
+
+def dense_layer_count(m: ModelSpec) -> int:
+    return m.layers - moe_layer_count(m)
+
+
+def mlp_params(m: ModelSpec, ffn: int) -> int:
+    """One (SwiGLU or GELU) MLP of width ``ffn``: (3 or 2)·h·ffn weights (+ biases)."""
+    h = m.hidden
+    biases = ((2 if m.glu else 1) * ffn + h) if m.bias else 0
+    return (3 if m.glu else 2) * h * ffn + biases
+
+
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
+def attention_params(m: ModelSpec) -> int:
+    """Q, K, V, O (+ biases). MLA (DeepSeek-V3 report Eq. 1-11): q down (h·q_lora) + norm + q up
+    (q_lora·heads·(nope+rope)); kv down (h·(kv_lora+rope)) + norm + kv up (kv_lora·heads·(nope+v));
+    output heads·v·h. Otherwise Q and O are heads·head_dim wide, K and V kv_heads·head_dim."""
+    h, a = m.hidden, m.heads
+    if m.kv_lora_rank:
+        nope, rope, v = m.head_dim, m.qk_rope_head_dim, m.v_head_dim or m.head_dim
+        q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * (nope + rope)) if m.q_lora_rank \
+            else h * a * (nope + rope)
+        kv = h * (m.kv_lora_rank + rope) + m.kv_lora_rank + m.kv_lora_rank * a * (nope + v)
+        return q + kv + a * v * h
+    q, kv = m.q_dim, m.kv_dim
+    biases = (q + 2 * kv + h) if m.bias else 0
+    return h * (q + 2 * kv) + q * h + biases
+
+
+def router_params(m: ModelSpec) -> int:
+    """The gate: h x experts (Mixtral ``block_sparse_moe.gate``)."""
+    return m.hidden * m.num_experts
+
+
+def expert_layer_params(m: ModelSpec) -> int:
+    """Routed experts of one MoE layer: what EP and ETP shard."""
+    return m.num_experts * mlp_params(m, expert_ffn(m))
+
+
+def moe_layer_non_expert_params(m: ModelSpec) -> int:
+    """One MoE layer without its routed experts: attention, router, shared experts (and their sigmoid gate, h x 1:
+    Qwen2MoeSparseMoeBlock shared_expert_gate), norms and the other vectors (ModelSpec.layer_vector_params)."""
+    shared = mlp_params(m, m.shared_experts * expert_ffn(m)) if m.shared_experts else 0
+    gate = m.hidden if m.moe_shared_gate else 0
+    return attention_params(m) + router_params(m) + shared + gate + m.layer_vector_params
+
+
+def dense_layer_params(m: ModelSpec) -> int:
+    return attention_params(m) + mlp_params(m, m.ffn_hidden) + m.layer_vector_params
+
+
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
+def layers_params(m: ModelSpec) -> int:
+    """All transformer layers."""
+    n_moe = moe_layer_count(m)
+    return (dense_layer_count(m) * dense_layer_params(m)
+            + n_moe * (moe_layer_non_expert_params(m) + expert_layer_params(m)))
+
+
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
+def active_layers_params(m: ModelSpec) -> int:
+    """All layers counting only the ``moe_topk`` routed experts a token goes through (Mixtral Sec. 2)."""
+    n_moe = moe_layer_count(m)
+    active_experts = m.moe_topk * mlp_params(m, expert_ffn(m))
+    return dense_layer_count(m) * dense_layer_params(m) + n_moe * (moe_layer_non_expert_params(m) + active_experts)
+
+
+def total_params(m: ModelSpec) -> int:
+    return m.embedding_params + layers_params(m) + m.norm_params
+
+
+def active_params(m: ModelSpec) -> int:
+    """Parameters one token touches: Mixtral's 12.9B of 46.7B, DeepSeek-V3's 37B of 671B."""
+    return m.embedding_params + active_layers_params(m) + m.norm_params
+
+
+def mtp_non_expert_params(m: ModelSpec) -> int:
+    """What TP shards of the MTP modules: each has RMSNorms on the hidden state and on the next token's embedding,
+    a projection M_k of [h; h] -> h (2h·h), one transformer layer (DeepSeek-V3's is a MoE layer: HF layer 61) and
+    a final norm; the embedding and output head are the main model's (report Sec. 2.2, 'shared')."""
+    if not m.mtp_layers:
+        return 0
+    layer = moe_layer_non_expert_params(m) if is_moe(m) else dense_layer_params(m)
+    return m.mtp_layers * (2 * m.hidden * m.hidden + 3 * m.norm_params + layer)
+
+
+def mtp_expert_params(m: ModelSpec) -> int:
+    """The MTP layers' routed experts (sharded over EP x ETP like the others)."""
+    return m.mtp_layers * expert_layer_params(m) if is_moe(m) else 0
+
+
+def mtp_params(m: ModelSpec) -> int:
+    """All MTP parameters: DeepSeek-V3's HF checkpoint (685B) holds 14B beyond the report's 671B, i.e. these
+    plus its own copies of the embedding and output head (2·V·h)."""
+    return mtp_non_expert_params(m) + mtp_expert_params(m)
+
+
+def mean_layer_params(m: ModelSpec) -> int:
+    return round(layers_params(m) / m.layers)
+
+
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
+def mean_non_expert_layer_params(m: ModelSpec) -> float:
+    """Per-layer average of what TP (not EP) shards: attention, norms, router, shared and dense MLPs."""
+    return (dense_layer_count(m) * dense_layer_params(m) + moe_layer_count(m) * moe_layer_non_expert_params(m)) / m.layers
+
+
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
+def mean_expert_layer_params(m: ModelSpec) -> float:
+    return moe_layer_count(m) * expert_layer_params(m) / m.layers
+
+
+def needs_own_shape(m: ModelSpec) -> bool:
+    """Shapes the plain dense formula does not describe: MoE, MLA, or heads·head_dim != hidden."""
+    return is_moe(m) or bool(m.kv_lora_rank) or m.q_dim != m.hidden
+
+
+def shape_problems(m: ModelSpec) -> list[str]:
+    """What makes a MoE / MLA shape meaningless (checked by ModelSpec on construction)."""
+    out = []
+    for name in ("num_experts", "moe_topk", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
+                 "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
+        value = getattr(m, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            out.append(f"{name} must be a non-negative integer, got {value!r}")
+    if out:
+        return out
+    if not isinstance(m.moe_layer_freq, int) or m.moe_layer_freq < 1:
+        out.append(f"moe_layer_freq must be an integer >= 1, got {m.moe_layer_freq!r}")
+    if m.num_experts and not 0 < m.moe_topk <= m.num_experts:
+        out.append(f"moe_topk {m.moe_topk} must be in 1..num_experts ({m.num_experts})")
+    if m.num_experts and m.first_dense_layers >= m.layers:
+        out.append(f"first_dense_layers {m.first_dense_layers} leaves no MoE layer of {m.layers}")
+    if m.kv_lora_rank and not m.qk_rope_head_dim:
+        out.append("multi-latent attention (kv_lora_rank > 0) needs qk_rope_head_dim")
+    if not (isinstance(m.rope_scaling_factor, (int, float)) and m.rope_scaling_factor >= 1):
+        out.append(f"rope_scaling_factor must be a number >= 1, got {m.rope_scaling_factor!r}")
+    return out
+
+
+MOE_YAML_KEYS = {"num_experts", "moe_topk", "moe_ffn_hidden", "shared_experts", "moe_layer_freq", "first_dense_layers",
+             "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "rope_scaling",
+             "rope_scaling_factor", "mtp_layers"}
+"""plantune model YAML keys for the fields above (the ModelSpec field names)."""
+MOE_YAML_DEFAULTS = {k: (1 if k == "moe_layer_freq" else 1.0 if k == "rope_scaling_factor" else "" if k == "rope_scaling"
+                     else 0) for k in MOE_YAML_KEYS}
+"""their defaults: a dense model's YAML leaves them out"""
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 51200, seq_len: int = 2048,
@@ -388,7 +621,7 @@ def _from_hf(d: dict, name: str) -> ModelSpec:
 
 def _from_yaml(d: dict, name: str) -> ModelSpec:
     """plantune model YAML: name, layers, hidden, heads, kv_heads, ffn_hidden, vocab, seq_len, ..."""
-    check_model_yaml(d, f"model YAML {name}")
+    check_model_yaml(d, f"model YAML {name}", tuple(f.name for f in dataclass_fields(ModelSpec)))
     d = dict(d)
     d.setdefault("kv_heads", d["heads"])
     d.setdefault("ffn_hidden", 4 * d["hidden"])
@@ -412,7 +645,7 @@ def load_model(arg: str) -> ModelSpec:
 def model_to_yaml_dict(model: ModelSpec) -> dict:
     """The plantune model YAML for a spec (inverse of the YAML reader)."""
     d = model.to_dict()
-    defaults = {**moe.YAML_DEFAULTS, **model_facts.YAML_DEFAULTS}
+    defaults = {**MOE_YAML_DEFAULTS, **FACT_YAML_DEFAULTS}
     return {k: v for k, v in d.items() if v is not None and v != "" and defaults.get(k, ...) != v}
 
 

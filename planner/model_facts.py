@@ -1,79 +1,14 @@
 """The model's own facts beyond its shape: RoPE base and scaling, norm epsilon and placement, biases, QK norm,
 activation, soft-capping, sliding windows, and the MoE router's settings (ModelSpec's fields from ``architecture``
-on). This module checks them when a ModelSpec is built and says which ones a model YAML may leave out; the
-emitters (planner.emit) write them and `planner.rules.model_violations` refuses a target that cannot express one.
+on). planner.model checks them when a ModelSpec is built and says which ones a model YAML may leave out; this module
+says which a target cannot express: the emitters (planner.emit) write them and `planner.rules.model_violations`
+refuses a target that cannot express one.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from planner.model import ModelSpec
-
-QK_NORMS = ("", "head", "full")
-NORM_PLACEMENTS = ("pre", "post", "sandwich")
-ACTIVATIONS = ("", "gelu", "gelu_tanh", "silu", "relu")
-MOE_SCORES = ("softmax", "sigmoid")
-ROPE_SCALINGS = ("", "llama3", "yarn", "linear")
-"""RoPE scalings plantune reads: Llama 3.1's (factor, 1/4/8192), YaRN (DeepSeek-V2/V3), linear interpolation"""
-
-YAML_DEFAULTS: dict[str, object] = {
-    "architecture": "", "max_positions": 0, "rope_theta": 0.0, "rotary_percent": 1.0, "norm_eps": 0.0,
-    "qkv_bias": False, "qk_norm": "", "norm_placement": "pre", "activation": "", "parallel_residual": False,
-    "attn_softcap": 0.0, "init_std": 0.0, "logit_softcap": 0.0, "sliding_window": 0, "window_full_every": 0,
-    "yarn_mscale": 1.0,
-    "yarn_mscale_all_dim": 0.0, "moe_aux_loss_coeff": 0.0, "moe_seq_aux": False, "moe_score": "softmax",
-    "moe_norm_topk": True, "moe_topk_scale": 1.0, "moe_groups": 0, "moe_group_topk": 0, "moe_expert_bias": False,
-    "moe_shared_gate": False,
-}
-"""the fields above at their defaults: a model YAML leaves them out (and plan.yaml does not write them)"""
-
-
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-
-
-def problems(m: "ModelSpec") -> list[str]:
-    """What makes these facts meaningless (checked by ModelSpec on construction)."""
-    out: list[str] = []
-    for name in ("max_positions", "sliding_window", "window_full_every", "moe_groups", "moe_group_topk"):
-        v = getattr(m, name)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            out.append(f"{name} must be a non-negative integer, got {v!r}")
-    for name in ("rope_theta", "norm_eps", "attn_softcap", "logit_softcap", "moe_aux_loss_coeff", "yarn_mscale_all_dim",
-                 "init_std"):
-        v = getattr(m, name)
-        if not _number(v) or v < 0:
-            out.append(f"{name} must be a number >= 0, got {v!r}")
-    for name in ("rotary_percent",):
-        v = getattr(m, name)
-        if not _number(v) or not 0 < v <= 1:
-            out.append(f"{name} must be a number in (0, 1], got {v!r}")
-    for name in ("moe_topk_scale", "yarn_mscale"):
-        v = getattr(m, name)
-        if not _number(v) or v <= 0:
-            out.append(f"{name} must be a number > 0, got {v!r}")
-    for name in ("qkv_bias", "parallel_residual", "moe_seq_aux", "moe_norm_topk", "moe_expert_bias", "moe_shared_gate"):
-        if not isinstance(getattr(m, name), bool):
-            out.append(f"{name} must be true or false, got {getattr(m, name)!r}")
-    for name, choices in (("qk_norm", QK_NORMS), ("norm_placement", NORM_PLACEMENTS), ("activation", ACTIVATIONS),
-                          ("moe_score", MOE_SCORES), ("rope_scaling", ROPE_SCALINGS)):
-        if getattr(m, name) not in choices:
-            out.append(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {getattr(m, name)!r}")
-    if not isinstance(m.architecture, str):
-        out.append(f"architecture must be text, got {m.architecture!r}")
-    if out:
-        return out
-    if m.max_positions and m.max_positions < m.seq_len and m.position == "learned":
-        out.append(f"seq_len {m.seq_len} is over the {m.max_positions} learned positions (max_positions)")
-    if m.moe_group_topk > m.moe_groups or (m.moe_groups and m.num_experts % m.moe_groups):
-        out.append(f"moe_groups {m.moe_groups} must divide the {m.num_experts} experts and be >= moe_group_topk "
-                   f"{m.moe_group_topk}")
-    if m.window_full_every and not m.sliding_window:
-        out.append("window_full_every needs a sliding_window")
-    return out
-
+from planner.model import (ACTIVATIONS, MOE_SCORES, NORM_PLACEMENTS, QK_NORMS, ROPE_SCALINGS,  # noqa: F401
+                           FACT_YAML_DEFAULTS as YAML_DEFAULTS, ModelSpec)
 
 def _gated_gelu(m: "ModelSpec") -> bool:
     return m.glu and activation(m) != "silu"
@@ -119,4 +54,4 @@ def activation(m: "ModelSpec") -> str:
 
 
 __all__ = ["ACTIVATIONS", "MOE_SCORES", "NORM_PLACEMENTS", "QK_NORMS", "ROPE_SCALINGS", "YAML_DEFAULTS",
-           "activation", "problems", "unexpressed"]
+           "activation", "unexpressed"]

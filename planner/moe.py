@@ -1,4 +1,5 @@
-"""Mixture-of-experts and multi-latent attention: shapes, parameters, FLOPs, memory split, time.
+"""Mixture-of-experts and multi-latent attention: FLOPs, memory split, time (shapes and parameters: planner.model,
+re-exported here for the modules that read them beside the rest).
 
 Small pure functions over a `ModelSpec` whose ``num_experts`` > 0 (MoE) or ``kv_lora_rank`` > 0
 (DeepSeek's multi-latent attention, MLA). `planner.model`, `memory`, `cost`, `flops` and
@@ -24,17 +25,25 @@ per-head q/k norms (256 parameters a layer) are ignored.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
 from planner.constants import KERNEL_LAUNCH_S
+# the shape and parameter counts live in planner.model; the ones other modules read beside this module's
+from planner.model import (attention_params, dense_layer_count, expert_ffn, expert_layer_params, is_moe,  # noqa: F401
+                           mean_expert_layer_params, mean_non_expert_layer_params, moe_layer_count, mtp_expert_params,
+                           mtp_non_expert_params, mtp_params, needs_own_shape, router_params)
 from planner.terms import COMMUNICATION, Term
+from planner.ops import bytes_op, gemm_op
 from planner.topology import collective_time_s
 from planner.recompute import recomputed_of
 
-if TYPE_CHECKING:  # no import cycle at run time: model.py calls into this module
-    from planner.cost import StepContext
+if TYPE_CHECKING:
+    from planner.hardware import ClusterSpec
     from planner.model import ModelSpec
+    from planner.ops import GemmContext, LayerOps
+    from planner.step_context import StepContext
     from planner.space import Candidate, TrainingSpec
     from planner.topology import Topology
 
@@ -50,140 +59,16 @@ MOE_KERNELS_PER_EXPERT = 2
 # Host seconds per such launch: KERNEL_LAUNCH_S, fitted (planner.constants).
 
 
-# -- shape --------------------------------------------------------------------------------------------
-def is_moe(m: "ModelSpec") -> bool:
-    return m.num_experts > 0
-
-
-def expert_ffn(m: "ModelSpec") -> int:
-    """One routed expert's FFN width (Megatron ``--moe-ffn-hidden-size``; defaults to ffn_hidden)."""
-    return m.moe_ffn_hidden or m.ffn_hidden
-
-
-def moe_layer_count(m: "ModelSpec") -> int:
-    """Layers with experts: every ``moe_layer_freq``-th layer after the first ``first_dense_layers``
-    (Megatron ``--moe-layer-freq``; DeepSeek-V3 ``first_k_dense_replace`` = 3)."""
-    if not is_moe(m):
-        return 0
-    return -(-(m.layers - m.first_dense_layers) // m.moe_layer_freq)   # layers f, f+k, f+2k, ... below L
-
-
-def dense_layer_count(m: "ModelSpec") -> int:
-    return m.layers - moe_layer_count(m)
-
-
-def mlp_params(m: "ModelSpec", ffn: int) -> int:
-    """One (SwiGLU or GELU) MLP of width ``ffn``: (3 or 2)·h·ffn weights (+ biases)."""
-    h = m.hidden
-    biases = ((2 if m.glu else 1) * ffn + h) if m.bias else 0
-    return (3 if m.glu else 2) * h * ffn + biases
-
-
-@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
-def attention_params(m: "ModelSpec") -> int:
-    """Q, K, V, O (+ biases). MLA (DeepSeek-V3 report Eq. 1-11): q down (h·q_lora) + norm + q up
-    (q_lora·heads·(nope+rope)); kv down (h·(kv_lora+rope)) + norm + kv up (kv_lora·heads·(nope+v));
-    output heads·v·h. Otherwise Q and O are heads·head_dim wide, K and V kv_heads·head_dim."""
-    h, a = m.hidden, m.heads
-    if m.kv_lora_rank:
-        nope, rope, v = m.head_dim, m.qk_rope_head_dim, m.v_head_dim or m.head_dim
-        q = (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * a * (nope + rope)) if m.q_lora_rank \
-            else h * a * (nope + rope)
-        kv = h * (m.kv_lora_rank + rope) + m.kv_lora_rank + m.kv_lora_rank * a * (nope + v)
-        return q + kv + a * v * h
-    q, kv = m.q_dim, m.kv_dim
-    biases = (q + 2 * kv + h) if m.bias else 0
-    return h * (q + 2 * kv) + q * h + biases
-
-
-def router_params(m: "ModelSpec") -> int:
-    """The gate: h x experts (Mixtral ``block_sparse_moe.gate``)."""
-    return m.hidden * m.num_experts
-
-
-def expert_layer_params(m: "ModelSpec") -> int:
-    """Routed experts of one MoE layer: what EP and ETP shard."""
-    return m.num_experts * mlp_params(m, expert_ffn(m))
-
-
-def moe_layer_non_expert_params(m: "ModelSpec") -> int:
-    """One MoE layer without its routed experts: attention, router, shared experts (and their sigmoid gate, h x 1:
-    Qwen2MoeSparseMoeBlock shared_expert_gate), norms and the other vectors (ModelSpec.layer_vector_params)."""
-    shared = mlp_params(m, m.shared_experts * expert_ffn(m)) if m.shared_experts else 0
-    gate = m.hidden if m.moe_shared_gate else 0
-    return attention_params(m) + router_params(m) + shared + gate + m.layer_vector_params
-
-
-def dense_layer_params(m: "ModelSpec") -> int:
-    return attention_params(m) + mlp_params(m, m.ffn_hidden) + m.layer_vector_params
-
-
-@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
-def layers_params(m: "ModelSpec") -> int:
-    """All transformer layers."""
-    n_moe = moe_layer_count(m)
-    return (dense_layer_count(m) * dense_layer_params(m)
-            + n_moe * (moe_layer_non_expert_params(m) + expert_layer_params(m)))
-
-
-@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
-def active_layers_params(m: "ModelSpec") -> int:
-    """All layers counting only the ``moe_topk`` routed experts a token goes through (Mixtral Sec. 2)."""
-    n_moe = moe_layer_count(m)
-    active_experts = m.moe_topk * mlp_params(m, expert_ffn(m))
-    return dense_layer_count(m) * dense_layer_params(m) + n_moe * (moe_layer_non_expert_params(m) + active_experts)
-
-
-def total_params(m: "ModelSpec") -> int:
-    return m.embedding_params + layers_params(m) + m.norm_params
-
-
-def active_params(m: "ModelSpec") -> int:
-    """Parameters one token touches: Mixtral's 12.9B of 46.7B, DeepSeek-V3's 37B of 671B."""
-    return m.embedding_params + active_layers_params(m) + m.norm_params
+# -- shape (parameters: planner.model) --------------------------------------------------------------------------------------------
 
 
 # -- multi-token prediction (DeepSeek-V3 report Sec. 2.2, Fig. 3) ----------------------------------------
-def mtp_non_expert_params(m: "ModelSpec") -> int:
-    """What TP shards of the MTP modules: each has RMSNorms on the hidden state and on the next token's embedding,
-    a projection M_k of [h; h] -> h (2h·h), one transformer layer (DeepSeek-V3's is a MoE layer: HF layer 61) and
-    a final norm; the embedding and output head are the main model's (report Sec. 2.2, 'shared')."""
-    if not m.mtp_layers:
-        return 0
-    layer = moe_layer_non_expert_params(m) if is_moe(m) else dense_layer_params(m)
-    return m.mtp_layers * (2 * m.hidden * m.hidden + 3 * m.norm_params + layer)
-
-
-def mtp_expert_params(m: "ModelSpec") -> int:
-    """The MTP layers' routed experts (sharded over EP x ETP like the others)."""
-    return m.mtp_layers * expert_layer_params(m) if is_moe(m) else 0
-
-
-def mtp_params(m: "ModelSpec") -> int:
-    """All MTP parameters: DeepSeek-V3's HF checkpoint (685B) holds 14B beyond the report's 671B, i.e. these
-    plus its own copies of the embedding and output head (2·V·h)."""
-    return mtp_non_expert_params(m) + mtp_expert_params(m)
 
 
 def mtp_forward_flops(m: "ModelSpec", tokens: int, layer_flops: float, logits_flops: float) -> float:
     """Forward FLOPs of the MTP modules: the projection 2·t·2h·h, a layer and a second LM head each (Megatron-
     Bridge flop_utils.py adds mtp_num_layers layers and (1 + mtp_num_layers) logits)."""
     return m.mtp_layers * (2.0 * tokens * 2 * m.hidden * m.hidden + layer_flops + logits_flops)
-
-
-def mean_layer_params(m: "ModelSpec") -> int:
-    return round(layers_params(m) / m.layers)
-
-
-@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
-def mean_non_expert_layer_params(m: "ModelSpec") -> float:
-    """Per-layer average of what TP (not EP) shards: attention, norms, router, shared and dense MLPs."""
-    return (dense_layer_count(m) * dense_layer_params(m) + moe_layer_count(m) * moe_layer_non_expert_params(m)) / m.layers
-
-
-@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
-def mean_expert_layer_params(m: "ModelSpec") -> float:
-    return moe_layer_count(m) * expert_layer_params(m) / m.layers
 
 
 # -- FLOPs --------------------------------------------------------------------------------------------
@@ -219,11 +104,6 @@ def layer_forward_matmul_flops(m: "ModelSpec", tokens: int) -> float:
                + 2.0 * tokens * router_params(m)) if n_moe else 0.0
     dense_mlp = mlp_matmul_flops(m, tokens, m.ffn_hidden)
     return attention_matmul_flops(m, tokens) + (n_moe * moe_mlp + n_dense * dense_mlp) / m.layers
-
-
-def needs_own_shape(m: "ModelSpec") -> bool:
-    """Shapes the plain dense formula does not describe: MoE, MLA, or heads·head_dim != hidden."""
-    return is_moe(m) or bool(m.kv_lora_rank) or m.q_dim != m.hidden
 
 
 # -- memory -------------------------------------------------------------------------------------------
@@ -280,30 +160,53 @@ def dispatch_activation_sbh(m: "ModelSpec", training: "TrainingSpec") -> float:
 
 
 # -- time ---------------------------------------------------------------------------------------------
-def mlp_time_adjustment_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
-                          gemm_s: Callable[..., float]) -> float:
-    """Mean forward MLP seconds of a layer minus what the dense formula charged (ffn_hidden over TP).
-
-    MoE layers run the router GEMM, the shared experts (split by TP) and the routed experts as one
-    grouped GEMM over the E/EP local experts, each with tokens·k·EP/E rows (balanced routing, x the
-    capacity factor on the busiest rank) and ffn/ETP columns: `gemm_s` (tile and wave quantization)
-    prices the small per-expert row counts, which is where grouped GEMMs lose efficiency.
-    """
+def expert_ops(lo: "LayerOps", m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
+               g: "GemmContext", cluster: "ClusterSpec", traffic: float) -> "LayerOps":
+    """The layer's op list with a MoE model's MLP as it runs, as a mean over layers: on the MoE layers the router
+    GEMM, the shared experts (split by TP), the routed experts as one grouped GEMM over the E/EP local experts, each
+    with tokens·k·EP/E rows (balanced routing, x the capacity factor on the busiest rank) and expert_ffn/ETP columns
+    (`planner.ops.gemm_s`' tile and wave quantization prices the small per-expert row counts, where grouped GEMMs
+    lose efficiency), the token permutation into top-k expert slots and back (Megatron-Core moe_utils
+    permute/unpermute: read T·h, write T·k·h; read T·k·h, write the weighted sum T·h, 16-bit) and the experts'
+    activation (read 2·f, write f with SwiGLU: 6 bytes; 4 with GELU); the dense MLP on the other layers. The routed
+    GEMMs run after the dispatcher's host sync (`host_sync_s`). ``traffic``: the framework's element-wise factor."""
     if not is_moe(m):
-        return 0.0
+        return lo
     h, t = m.hidden, c.tp
     glu = 2 if m.glu else 1
+    share = moe_layer_count(m) / m.layers
+    dense = [op.scaled(1 - share) for op in lo.ops if op.name in ("fc1", "mlp_act", "fc2") and share < 1]
+    ffn = expert_ffn(m)
+    rows, local = routed_rows(m, c, training, tokens)
+    sync_host, _ = host_sync_s(m, c, training, tokens, lambda *a, **k: 0.0)
+    experts = [gemm_op("router", tokens // (t if c.sp else 1), m.num_experts, h, g),   # on the SP shard
+               bytes_op("moe_permute", 2 * h * tokens * (2 + 2 * m.moe_topk * capacity(training))
+                        / max(1, t if c.sp else 1) * traffic, cluster),
+               gemm_op("expert_fc1", rows, glu * ffn // c.etp, h, g, local, after_sync=sync_host > 0),
+               bytes_op("expert_act", (6 if m.glu else 4) * tokens * m.moe_topk * capacity(training) * ffn / c.etp
+                        / tp_per_etp(c) * traffic, cluster),
+               gemm_op("expert_fc2", rows, h, max(1, ffn // c.etp), g, local, after_sync=sync_host > 0)]
+    if m.shared_experts:
+        width = m.shared_experts * ffn
+        experts += [gemm_op("shared_fc1", tokens, glu * width // t, h, g),
+                    bytes_op("shared_act", (6 if m.glu else 4) * tokens * width / t * traffic, cluster),
+                    gemm_op("shared_fc2", tokens, h, max(1, width // t), g)]
+    out = lo.replace_ops(("fc1", "mlp_act", "fc2"), dense + [op.scaled(share) for op in experts])
+    return replace(out, sync_host_s=out.sync_host_s + sync_host)
 
-    def mlp(rows: int, ffn: int, split: int, batch: int = 1) -> float:
-        return (gemm_s(rows, glu * ffn // split, h, batch=batch) + gemm_s(rows, h, max(1, ffn // split), batch=batch))
 
-    dense = mlp(tokens, m.ffn_hidden, t)
-    routed = routed_gemm_s(m, c, training, tokens, gemm_s)
-    shared = mlp(tokens, m.shared_experts * expert_ffn(m), t) if m.shared_experts else 0.0
-    router = gemm_s(tokens, m.num_experts, h)
-    n_moe = moe_layer_count(m)
-    mean = (n_moe * (routed + shared + router) + (m.layers - n_moe) * dense) / m.layers
-    return mean - dense
+def routed_rows(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int) -> tuple[int, int]:
+    """(rows per local expert, local experts) of the routed experts' grouped GEMM: each GPU dispatches its share of
+    the tokens' k copies, 1/(TP/ETP) of them (the TP group's sequence-parallel shards regroup as ETP x expert-DP:
+    Megatron-Core parallel_state's expert grid; the same share `all_to_all_layer_s` sends), so each of the E/EP local
+    experts gets tokens·k·EP/E / (TP/ETP) rows (balanced routing, x the capacity factor)."""
+    return (max(1, math.ceil(tokens * m.moe_topk * c.ep / m.num_experts * capacity(training) / tp_per_etp(c))),
+            max(1, m.num_experts // c.ep))
+
+
+def tp_per_etp(c: "Candidate") -> int:
+    """TP ranks per expert-TP group: the share of the tokens' copies one GPU's experts run is 1 / this."""
+    return max(1, c.tp // c.etp)
 
 
 def routed_gemm_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
@@ -311,8 +214,7 @@ def routed_gemm_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", toke
     """Forward seconds of one MoE layer's routed experts: a grouped GEMM over the E/EP local experts, each with
     tokens·k·EP/E rows (balanced routing, x the capacity factor) and expert_ffn/ETP columns (SwiGLU: FC1 2x wide)."""
     glu = 2 if m.glu else 1
-    local_experts = max(1, m.num_experts // c.ep)
-    rows = max(1, math.ceil(tokens * m.moe_topk * c.ep / m.num_experts * capacity(training)))
+    rows, local_experts = routed_rows(m, c, training, tokens)
     ffn = expert_ffn(m)
     return (gemm_s(rows, glu * ffn // c.etp, m.hidden, batch=local_experts)
             + gemm_s(rows, m.hidden, max(1, ffn // c.etp), batch=local_experts))
@@ -357,23 +259,6 @@ def mlp_gemm_input_widths(m: "ModelSpec", c: "Candidate") -> tuple[float, float]
     return mean(fc1, dense[0]), mean(fc2, dense[1])
 
 
-def elementwise_extra_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int) -> float:
-    """Mean forward HBM bytes a layer moves beyond the dense formula's (which charged the activation
-    function on ffn_hidden/TP): MoE layers permute each token's hidden vector into top-k expert
-    slots and back (Megatron-Core moe_utils permute/unpermute: read T·h, write T·k·h; read T·k·h,
-    write the weighted sum T·h, 16-bit), and run the activation on k·capacity·expert_ffn/ETP per token
-    (read 2·f, write f with SwiGLU: 6 bytes; 4 with GELU) plus the shared experts' on shared·ffn/TP."""
-    if not is_moe(m):
-        return 0.0
-    act = 6 if m.glu else 4
-    k = m.moe_topk * capacity(training)
-    permute = 2 * m.hidden * tokens * (2 + 2 * k) / max(1, c.tp if c.sp else 1)
-    experts = act * tokens * (k * expert_ffn(m) / c.etp + m.shared_experts * expert_ffn(m) / c.tp)
-    dense_charge = act * tokens * m.ffn_hidden / c.tp
-    n_moe = moe_layer_count(m)
-    return n_moe * (permute + experts - dense_charge) / m.layers
-
-
 def all_to_all_s(topology: "Topology", stride: int, group: int, message_bytes: float,
                  collective_s: Callable[..., float]) -> float:
     """Seconds of one all-to-all in which each GPU of the group {0, stride, 2·stride, ...} (``group`` ranks) sends
@@ -411,7 +296,7 @@ def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec",
     ``recomputed_layers``: `planner.recompute.recomputed_of(...).layers` when the caller has it."""
     if not is_moe(m) or c.ep <= 1:
         return 0.0
-    message = tokens * m.moe_topk * capacity(training) * m.hidden * bytes_per_value / max(1, c.tp // c.etp)
+    message = tokens * m.moe_topk * capacity(training) * m.hidden * bytes_per_value / tp_per_etp(c)
     per = all_to_all_s(topology, c.etp, c.ep, message, collective_s)
     if recomputed_layers is None:
         recomputed_layers = recomputed_of(m, c, training.framework).layers
@@ -454,74 +339,15 @@ EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="
                           constants=("LINK_EFFICIENCY",))
 
 
-__all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "active_params", "add_expert_states", "all_to_all_layer_s",
+__all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "add_expert_states", "all_to_all_layer_s",
            "all_to_all_s", "attention_params", "capacity",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
-           "host_sync_s", "is_moe", "layer_forward_matmul_flops", "mean_layer_params", "mlp_time_adjustment_s",
+           "expert_ops", "host_sync_s", "is_moe", "layer_forward_matmul_flops",
            "moe_layer_count", "mtp_forward_flops", "mtp_non_expert_params", "mtp_params", "needs_own_shape",
-           "routed_gemm_s", "total_params"]
+           "routed_gemm_s", "routed_rows"]
 
 
 # -- input --------------------------------------------------------------------------------------------
-def shape_problems(m: "ModelSpec") -> list[str]:
-    """What makes a MoE / MLA shape meaningless (checked by ModelSpec on construction)."""
-    out = []
-    for name in ("num_experts", "moe_topk", "moe_ffn_hidden", "shared_experts", "first_dense_layers",
-                 "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "mtp_layers"):
-        value = getattr(m, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            out.append(f"{name} must be a non-negative integer, got {value!r}")
-    if out:
-        return out
-    if not isinstance(m.moe_layer_freq, int) or m.moe_layer_freq < 1:
-        out.append(f"moe_layer_freq must be an integer >= 1, got {m.moe_layer_freq!r}")
-    if m.num_experts and not 0 < m.moe_topk <= m.num_experts:
-        out.append(f"moe_topk {m.moe_topk} must be in 1..num_experts ({m.num_experts})")
-    if m.num_experts and m.first_dense_layers >= m.layers:
-        out.append(f"first_dense_layers {m.first_dense_layers} leaves no MoE layer of {m.layers}")
-    if m.kv_lora_rank and not m.qk_rope_head_dim:
-        out.append("multi-latent attention (kv_lora_rank > 0) needs qk_rope_head_dim")
-    if not (isinstance(m.rope_scaling_factor, (int, float)) and m.rope_scaling_factor >= 1):
-        out.append(f"rope_scaling_factor must be a number >= 1, got {m.rope_scaling_factor!r}")
-    return out
-
-
-def hf_fields(d: dict) -> dict:
-    """MoE, MLA, explicit head_dim and rope-scaling keys of a Hugging Face config.json:
-    MixtralForCausalLM (num_local_experts, num_experts_per_tok), Qwen3MoeForCausalLM (num_experts,
-    moe_intermediate_size, decoder_sparse_step, head_dim), DeepseekV3ForCausalLM (n_routed_experts,
-    n_shared_experts, first_k_dense_replace, moe_layer_freq, q_lora_rank, kv_lora_rank, qk_nope_head_dim,
-    qk_rope_head_dim, v_head_dim), and rope_scaling {rope_type|type, factor} (Llama 3.1, YaRN)."""
-    out: dict = {}
-    experts = d.get("num_local_experts") or d.get("n_routed_experts") or d.get("num_experts")
-    if experts:
-        out.update(num_experts=int(experts), moe_topk=int(d.get("num_experts_per_tok") or 2),
-                   moe_ffn_hidden=int(d.get("moe_intermediate_size") or d.get("intermediate_size") or 0),
-                   shared_experts=int(d.get("n_shared_experts") or 0),
-                   moe_layer_freq=int(d.get("moe_layer_freq") or d.get("decoder_sparse_step") or 1),
-                   first_dense_layers=int(d.get("first_k_dense_replace") or 0))
-        if d.get("shared_expert_intermediate_size") and out["moe_ffn_hidden"]:   # Qwen2-MoE: shared width
-            out["shared_experts"] = max(1, round(int(d["shared_expert_intermediate_size"]) / out["moe_ffn_hidden"]))
-    if d.get("kv_lora_rank"):
-        out.update(kv_lora_rank=int(d["kv_lora_rank"]), q_lora_rank=int(d.get("q_lora_rank") or 0),
-                   qk_rope_head_dim=int(d.get("qk_rope_head_dim") or 0), v_head_dim=int(d.get("v_head_dim") or 0),
-                   kv_channels=int(d.get("qk_nope_head_dim") or 0) or None)   # MLA's per-head width
-    if d.get("num_nextn_predict_layers"):   # DeepseekV3ForCausalLM: the MTP modules
-        out["mtp_layers"] = int(d["num_nextn_predict_layers"])
-    scaling = d.get("rope_scaling")
-    if isinstance(scaling, dict) and scaling.get("factor"):
-        out.update(rope_scaling=str(scaling.get("rope_type") or scaling.get("type") or ""),
-                   rope_scaling_factor=float(scaling["factor"]))
-    return out
-
-
-YAML_KEYS = {"num_experts", "moe_topk", "moe_ffn_hidden", "shared_experts", "moe_layer_freq", "first_dense_layers",
-             "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "rope_scaling",
-             "rope_scaling_factor", "mtp_layers"}
-"""plantune model YAML keys for the fields above (the ModelSpec field names)."""
-YAML_DEFAULTS = {k: (1 if k == "moe_layer_freq" else 1.0 if k == "rope_scaling_factor" else "" if k == "rope_scaling"
-                     else 0) for k in YAML_KEYS}
-"""their defaults: a dense model's YAML leaves them out"""
 
 
 # -- rules --------------------------------------------------------------------------------------------

@@ -14,14 +14,16 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from planner import flops, recompute as recompute_modes
-from planner.cost import CostParams, Throughput, TimeBreakdown, estimate_time, term_rows, throughput
+from planner.cost import (CostParams, Throughput, TimeBreakdown, estimate_time, layer_op_rows, term_rows,
+                          throughput)
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
 from planner.memory import MemoryBreakdown, PlanMemory, memory_breakdown
 from planner.model import ModelSpec
 from planner.rules import (Checker, Reason, Target, Violation, iter_violations, knob_values, memory_advice,
                            memory_violations, target_of)
-from planner.space import Candidate, Group, TrainingSpec, enumerate_groups
+from planner.enumeration import Group, enumerate_groups
+from planner.space import Candidate, TrainingSpec
 from planner.topology import Topology
 
 
@@ -37,6 +39,9 @@ class Estimate:
     advice: tuple[Violation, ...] = ()
     """marks that do not rule the candidate out (seed 004's 75% model-states guess)"""
     rank: int | None = None
+    layer_ops: tuple[dict, ...] = ()
+    """one layer's operations on the busiest GPU for one micro-batch (`planner.cost.layer_op_rows`): what
+    `estimate` (--explain) shows; empty in a ranked plan"""
 
     @property
     def fits(self) -> bool:
@@ -82,6 +87,9 @@ class Estimate:
                     "optimizer_s")}
                 d["terms"] = [{k: _r(v, 4) if isinstance(v, float) else v for k, v in row.items()}
                               for row in term_rows(self.time)]
+            if self.layer_ops:
+                d["layer_ops"] = [{k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in row.items()}
+                                  for row in self.layer_ops]
         return d
 
 
@@ -146,7 +154,8 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, can
     time = estimate_time(model, candidate, cluster, training, topology, params)
     return Estimate(candidate=candidate, memory=mem, time=time,
                     throughput=throughput(model, candidate, cluster, training, time), reasons=tuple(reasons),
-                    advice=tuple(memory_advice(mem, cluster, training)))
+                    advice=tuple(memory_advice(mem, cluster, training)),
+                    layer_ops=tuple(layer_op_rows(model, candidate, cluster, training)))
 
 
 def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand: Candidate, topology: Topology,
@@ -211,7 +220,7 @@ def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training:
 
 @dataclass(frozen=True, slots=True)
 class _Row:
-    """A row of a `planner.space.Group` that passed every rule but the CP / EP / FP8 ones: its candidates differ only
+    """A row of a `planner.enumeration.Group` that passed every rule but the CP / EP / FP8 ones: its candidates differ only
     in (EP, ETP), ``row[5]``; ``head`` is the first."""
 
     group: Group

@@ -542,7 +542,7 @@ class Checker:
 
     def shared(self, c: Candidate) -> Violation | None:
         """The first broken rule on (TP, PP, DP, CP) or on (MBS, DP, GAS, PP): the same for every candidate of a
-        `planner.space.Group`, and `first`'s answer whenever it is not None."""
+        `planner.enumeration.Group`, and `first`'s answer whenever it is not None."""
         key = (c.tp, c.pp, c.dp, c.cp)
         if key not in self._degrees:
             self._degrees[key] = next(_degrees(self.model, c, self.cluster), None)
@@ -567,7 +567,7 @@ class Checker:
 
     def row(self, c: Candidate) -> Violation | None:
         """After `shared`: the redundancy and framework rules, which read no EP, ETP or MBS (the same for every
-        candidate of a row of `planner.space.Group.rows`), remembered by `row_key`."""
+        candidate of a row of `planner.enumeration.Group.rows`), remembered by `row_key`."""
         key = self.row_key(c.tp, c.pp, c.dp, c.cp, c.gas, c.recompute, c.zero, c.sp, c.vpp, c.hybrid)
         if key not in self._rows:
             self._rows[key] = self._row(c)

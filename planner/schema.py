@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping
 
 from planner.errors import InputError
@@ -237,7 +237,7 @@ def _check_value(v: object, f: Field, where: str, label: str) -> None:
 
 
 # -- the schemas ---------------------------------------------------------------------------------------------------
-_RAMPUP = List(Int(1, MAX_GLOBAL_BATCH * MAX_RAMPUP_STEPS), 3, null=True,
+RAMPUP = List(Int(1, MAX_GLOBAL_BATCH * MAX_RAMPUP_STEPS), 3, null=True,
                what="[START, INCREMENT, SAMPLES] positive integers")
 
 MODEL: dict[str, Field] = {
@@ -257,7 +257,7 @@ MODEL: dict[str, Field] = {
     "bias": Bool(),
     "embedding_norm": Bool(),
     "global_batch": Int(1, MAX_GLOBAL_BATCH, why=WHY_GLOBAL_BATCH, null=True),
-    "rampup": _RAMPUP,
+    "rampup": RAMPUP,
     "train_tokens": Num(0, MAX_TRAIN_TOKENS, open_lo=True, why=WHY_TRAIN_TOKENS, null=True),
     "source": Str(null=True),
 }
@@ -357,98 +357,12 @@ def check_world(nodes: int, gpus_per_node: int) -> None:
                          f"{MAX_GPUS:,} plantune plans for ({WHY_GPUS}); give fewer GPUs")
 
 
-def check_model_yaml(data: dict, where: str) -> dict:
-    """A plantune model YAML; fields another module adds to ModelSpec pass as plain values (it checks them)."""
-    from dataclasses import fields
-
-    from planner.model import ModelSpec
-
-    extra = {f.name: Scalar() for f in fields(ModelSpec) if f.name not in MODEL}
+def check_model_yaml(data: dict, where: str, model_fields: tuple[str, ...]) -> dict:
+    """A plantune model YAML; ``model_fields`` (ModelSpec's) that other modules add pass as plain values (they check
+    them)."""
+    extra = {name: Scalar() for name in model_fields if name not in MODEL}
     return check(data, {**MODEL, **extra}, where)
 
 
-def _required(f: Field) -> Field:
-    return replace(f, required=True)
-
-
-def plan_schema() -> dict[str, Field]:
-    """plantune plan.yaml (planner.emit.plan_yaml): Megatron's names at the top, plantune's under ``plantune:``."""
-    from planner.space import FLAVORS, FRAMEWORKS, OPTIMIZERS
-
-    size = Int(1, MAX_GPUS, why=WHY_GPUS, required=True)
-    batch = Int(1, MAX_GLOBAL_BATCH, why=WHY_GLOBAL_BATCH, required=True)
-    model_rest = {k: v for k, v in MODEL.items()
-                  if k not in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len")}
-    model_rest["name"] = Str()
-    training = {
-        "optimizer": Enum(*OPTIMIZERS), "framework": Enum(*FRAMEWORKS),
-        "memory_fraction": Num(0, 1, open_lo=True), "memory_headroom": Num(0, 0.99),
-        "train_tokens": MODEL["train_tokens"], "max_mbs": Int(1, MAX_MBS),
-        "recompute_options": List(Str()), "zero_options": List(Enum(0, 1, 2, 3)),   # TrainingSpec checks the modes
-    }
-    cluster = {**CLUSTER, "gpus_per_node": _required(CLUSTER["gpus_per_node"]), "nodes": _required(CLUSTER["nodes"]),
-               "matmul_efficiency": CALIBRATION["matmul_efficiency"],
-               "host_scale": Num(0, 1000, open_lo=True, what="a multiple of the fitted host time in (0, 1000]"),
-               "cuda_context_bytes": CALIBRATION["cuda_context_bytes"]}
-    prediction = {k: Num(0, required=True) for k in ("memory_gb_per_gpu", "step_time_s", "model_tflops_per_gpu",
-                                                      "hardware_tflops_per_gpu")}
-    prediction["mfu"] = Num(0, 1, required=True)
-    return {
-        "num_layers": _required(MODEL["layers"]), "hidden_size": _required(MODEL["hidden"]),
-        "num_attention_heads": _required(MODEL["heads"]), "num_key_value_heads": _required(MODEL["kv_heads"]),
-        "ffn_hidden_size": _required(MODEL["ffn_hidden"]), "max_position_embeddings": MODEL["seq_len"],
-        "seq_length": MODEL["seq_len"],
-        "tensor_model_parallel_size": size, "pipeline_model_parallel_size": size, "data_parallel_size": size,
-        "context_parallel_size": size, "expert_model_parallel_size": size, "expert_tensor_parallel_size": size,
-        "fp8": Enum(None, "hybrid", "e4m3", what="null, hybrid or e4m3 (Megatron's --fp8-format)"),
-        "num_virtual_stages_per_pipeline_rank": Int(2, 10_000, null=True),
-        "sequence_parallel": Bool(required=True),
-        "micro_batch_size": batch, "global_batch_size": batch, "gradient_accumulation_steps": batch,
-        "rampup_batch_size": replace(_RAMPUP, what="[START, INCREMENT, SAMPLES] integers", required=True),
-        "train_samples": Int(1, None, null=True),
-        "recompute_granularity": Enum(None, "full", "selective",
-                                      what="null, full or selective (Megatron's --recompute-granularity)"),
-        "recompute_method": Enum(None, "uniform", "block", what="null, uniform or block (Megatron's --recompute-method)"),
-        "recompute_num_layers": Int(1, None, null=True),
-        "zero_stage": Enum(0, 1, 2, 3),
-        "bf16": Bool(required=True), "fp16": Bool(required=True), "use_flash_attn": Bool(required=True),
-        "plantune": Map({
-            "kind": Enum(*FRAMEWORKS, required=True), "flavor": Enum(None, *FLAVORS),
-            "hybrid_shard": Bool(required=True),
-            "recompute": Str(),   # planner.recompute's mode (torchtitan's selective-op / selective-layer-N too)
-            "model": Map(model_rest, required=True),
-            "training": Map(training, required=True),
-            "cluster": Map(cluster, required=True),
-            "prediction": Map(prediction, null=True),
-        }, required=True),
-    }
-
-
-def check_plan(data: dict, where: str) -> dict:
-    """A plan.yaml mapping, checked; fields other modules add to ModelSpec / TrainingSpec pass as plain values."""
-    from dataclasses import fields
-
-    from planner.model import ModelSpec
-    from planner.space import TrainingSpec
-
-    schema = plan_schema()
-    p = dict(schema["plantune"].sub or {})
-    model, training = dict(p["model"].sub or {}), dict(p["training"].sub or {})
-    top = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len")
-    model.update({f.name: Scalar() for f in fields(ModelSpec) if f.name not in model and f.name not in top})
-    training.update({f.name: Scalar() for f in fields(TrainingSpec) if f.name not in training and f.name not in
-                     ("global_batch", "seq_len", "precision", "rampup", "flash_attention")})
-    p["model"], p["training"] = Map(model, required=True), Map(training, required=True)
-    check(data, {**schema, "plantune": Map(p, required=True)}, where)
-    for key, gbs in (("rampup_batch_size", data["global_batch_size"]),
-                     ("plantune.model.rampup", data["plantune"]["model"].get("global_batch"))):
-        ramp = data.get("rampup_batch_size") if key == "rampup_batch_size" else data["plantune"]["model"].get("rampup")
-        if ramp and gbs:
-            from planner.model import Rampup
-
-            check_training(gbs, Rampup(start=ramp[0], increment=ramp[1], samples=ramp[2]), f"{where}: {key}")
-    return data
-
-
 __all__ = ["ACCELERATOR", "CALIBRATION", "CLUSTER", "Field", "MODEL", "MAX_GPUS", "MAX_GLOBAL_BATCH", "check",
-           "check_plan", "describe", "did_you_mean", "plan_schema"]
+           "describe", "did_you_mean"]

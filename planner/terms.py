@@ -1,6 +1,6 @@
 """The step time as a list of named terms: what `plan` sums, `--explain` and the JSON show, and `tune` refits.
 
-A term is one small pure function ``seconds(ctx) -> float`` over the candidate's `planner.cost.StepContext`
+A term is one small pure function ``seconds(ctx) -> float`` over the candidate's `planner.step_context.StepContext`
 (built once per candidate), declared as a `Term`:
 
 - ``kind``: compute | communication | memory | host | fixed. `tune`'s refit (`planner.CostParams`) scales compute

@@ -10,7 +10,8 @@ from planner import context_parallel, load_model, make_cluster
 from planner.constraints import Reason, structural_violations
 from planner.memory import memory_breakdown
 from planner.rank import estimate, plan
-from planner.space import Candidate, TrainingSpec, enumerate_candidates
+from planner.enumeration import enumerate_candidates
+from planner.space import Candidate, TrainingSpec
 from planner.topology import Topology, collective_time_s
 
 LLAMA = load_model("llama3.1-405b")

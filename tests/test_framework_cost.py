@@ -123,7 +123,7 @@ def test_tied_embedding_gradient_all_reduce_between_first_and_last_stage():
 def test_unfused_rmsnorm_costs_what_hagemanns_rms_kernel_saved():
     """Hagemann et al.'s sheets ran the same layouts with FlashAttention-2 with and without their fused "RMS kernel":
     the kernel made them 1.14x faster (geometric mean of the 9 layouts measured both ways, means of repeated rows).
-    The planner's unfused norm (planner.cost.UNFUSED_NORM_EXTRA_BYTES, counted from Hugging Face's LlamaRMSNorm ops,
+    The planner's unfused norm (planner.ops.UNFUSED_NORM_EXTRA_BYTES, counted from Hugging Face's LlamaRMSNorm ops,
     not fitted) predicts the same speedup, and nothing for a fused norm."""
     kernels = {"flash_attention2": False, "flash_attention2 + RMS kernel": True}
     by: dict[tuple, dict[bool, list]] = {}

@@ -131,10 +131,11 @@ from dataclasses import replace  # noqa: E402
 
 from planner import make_cluster  # noqa: E402
 from planner.constraints import Reason, structural_violations  # noqa: E402
-from planner.cost import gemm_efficiency  # noqa: E402
+from planner.ops import gemm_efficiency  # noqa: E402
 from planner.memory import memory_breakdown  # noqa: E402
 from planner.rank import estimate, plan  # noqa: E402
-from planner.space import Candidate, TrainingSpec, enumerate_candidates  # noqa: E402
+from planner.enumeration import enumerate_candidates  # noqa: E402
+from planner.space import Candidate, TrainingSpec  # noqa: E402
 from planner.topology import Topology, collective_time_s  # noqa: E402
 
 MIXTRAL = get_preset("mixtral-8x22b")

@@ -11,7 +11,8 @@ from planner.hardware import make_cluster
 from planner.model import get_preset
 from planner.rank import plan, prepare
 from planner.rules import Checker, Reason, knob_values, target_of
-from planner.space import TrainingSpec, enumerate_candidates, enumerate_groups
+from planner.enumeration import enumerate_candidates, enumerate_groups
+from planner.space import TrainingSpec
 
 CASES = [  # (model, GPUs, GPU, training)
     ("176B", 384, "A100-80GB", dict(global_batch=2048, seq_len=2048, flash_attention=False)),

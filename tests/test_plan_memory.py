@@ -15,7 +15,8 @@ from planner.memory import PlanMemory, memory_breakdown
 from planner.model import Rampup, get_preset
 from planner.rank import Estimate, plan, prepare, rank_key
 from planner.rules import Checker, Reason, knob_values, memory_advice, memory_violations, target_of
-from planner.space import TrainingSpec, enumerate_candidates
+from planner.enumeration import enumerate_candidates
+from planner.space import TrainingSpec
 from planner.topology import Topology
 
 CASES = [  # (model, GPUs, GPU, training): PP and not, MoE with EP/ETP, CP, FP8, ZeRO-3/FSDP, DeepSpeed, rampup

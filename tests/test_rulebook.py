@@ -357,7 +357,7 @@ def test_checker_fast_path_agrees_with_the_rules(name):
     """`Checker.first` (cached per degree, batch, framework and CP/EP/ETP key) names the same first rule as
     `iter_violations` on CP and EP candidates, for the plan's target and for the forks that refuse them."""
     from planner.rules import Checker, iter_violations
-    from planner.space import enumerate_candidates
+    from planner.enumeration import enumerate_candidates
 
     model, gpus, gbs, seq, target, _ = PARALLEL_CASES[name]
     cluster = make_cluster(gpu="H100-SXM", gpus=gpus)

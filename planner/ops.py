@@ -1,0 +1,250 @@
+"""A transformer layer as a list of operations: each GEMM with its shape, the attention core, the element-wise and norm
+traffic, the host's launches; each op with its forward FLOPs, HBM bytes and a kernel model of its time on the GPU.
+
+`layer_ops` builds the dense layer one GPU runs for one micro-batch (TP/SP split, FP8 casts, the framework's
+element-wise traffic); the features then edit the list, never calling back into the cost code:
+`planner.context_parallel.ring_attention` multiplies the attention core by the CP blocks, `planner.moe.expert_ops`
+swaps the MLP for the router, shared and routed experts' grouped GEMMs and the token permutation. `LayerOps` sums
+the list into what the step needs: one layer's forward, forward + backward + recompute (`planner.cost`), and a
+table for `plan --explain`. Memory's activation model (planner.memory) and the FLOPs formulas (planner.flops) are
+checked against the same list in tests/test_ops.py.
+
+Kernel models: GEMMs at peak x tile/wave/inner-dimension efficiency (NVIDIA "Matrix Multiplication Background"
+user guide); the attention core as two batched GEMMs (QK^T, AV) at the same rate, or at the CUDA-core rate when its
+head width does not suit tensor cores; element-wise work at HBM bandwidth x ELEMENTWISE_BW_EFFICIENCY; backward = 2x
+forward (seed 001 "forward vs backward"), op by op.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+from planner.constants import DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFICIENCY, GEMM_K_HALF
+from planner.framework import Framework
+from planner.hardware import ClusterSpec
+from planner.model import ModelSpec
+from planner.recompute import Recomputed
+from planner.space import Candidate, TrainingSpec
+
+# Thread-block tile of the GEMM kernels cuBLAS runs for large 16-bit shapes: 256 rows (tokens) x 128 columns
+# (NVIDIA "Matrix Multiplication Background" user guide, "Tile Quantization": 256x128 is the most efficient of its
+# tiles; cuBLAS's kernels are named for it: volta_h884gemm_256x128, ampere_h16816gemm_256x128). Checked on the BLOOM
+# tr11 MBS sweeps: per-sample time at MBS 1 / 2 vs 4 measured 1.12 / 1.03 (NHEADS 96 tables), predicted 1.11 / 1.03
+# with 256x128 tiles, 1.07 / 1.03 with 128x128 (python tests/bench/validate.py: classic error 20.0% -> 19.6%).
+GEMM_TILE_M = 256
+GEMM_TILE_N = 128
+# Inner size at which a GEMM is half as efficient as a long one (k / (k + GEMM_K_HALF)): planner.constants.
+# 16-bit tensor-core GEMMs want every dimension a multiple of 8 elements (NVIDIA "Matrix Multiplication
+# Background" user guide, "Tensor Core Requirements"). The attention's batched GEMMs (QK^T, AV) over a
+# head_dim that is not are modelled at the CUDA-core FP32 rate (datasheet `peak_fp32_flops`): checked on
+# the BLOOM tr11 NHEADS table (head_dim 108 = 13824/128 ran 1.30x slower than head_dim 144) and the 02-20
+# tables (head_dim 150). Dense GEMMs with h/TP not a multiple of 8 (tr8-104B at TP4: 2900) ran within the
+# noise of aligned ones; dense GEMMs with an odd-sized dimension (a vocabulary of 50257 unpadded) run at
+# about half speed: nanoGPT (karpathy/nanoGPT model.py, "vocab_size ... padded up to nearest multiple of
+# 64 for efficiency") measured ~25% faster GPT-2 training from 50257 -> 50304, the LM head being ~30% of
+# the FLOPs (DENSE_MISALIGNED_EFFICIENCY, planner.constants); also the DeepSpeed autotuning HF GPT-2 dev tables.
+TENSOR_CORE_MULTIPLE = 8
+DENSE_ALIGNMENT = 4
+# Bytes per element a norm run as PyTorch ops moves beyond the fused kernel's 2 read + 2 written (TrainingSpec
+# .fused_norm False). Hugging Face's LlamaRMSNorm (transformers models/llama/modeling_llama.py), 16-bit input:
+# .to(float32) r2 w4, .pow(2) r4 w4, .mean(-1) r4, x * rsqrt(var + eps) r4 w4, .to(input_dtype) r4 w2, weight * x
+# r2 w2: 20 read + 16 written = 36, 32 more than fused. The backward (autograd through the same ops) is counted as
+# twice the forward, as every element-wise op is here. Checked on Hagemann et al.'s sheets, the same layouts with and
+# without their "RMS kernel": 1.12x predicted, 1.14x measured (tests/test_framework_cost.py).
+UNFUSED_NORM_EXTRA_BYTES = 36 - 4
+
+GEMM, ATTENTION, ELEMENTWISE, HOST = "gemm", "attention", "elementwise", "host"
+"""the op classes: what calibration and --explain group by (HOST: the launches' wait, a row of the table only)"""
+
+
+@dataclass(frozen=True, slots=True)
+class GemmContext:
+    """What a GEMM's time depends on besides its shape."""
+
+    peak: float
+    sm_count: int
+    base: float
+    """large-GEMM fraction of peak: the catalog's, or fitted to this machine's timed GEMMs (planner.calibration)"""
+    cuda_core_ratio: float
+    """CUDA-core rate / tensor-core peak, for shapes tensor cores cannot take"""
+
+
+def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
+    """Fraction of peak for an (m x k) @ (k x n) GEMM repeated ``batch`` times.
+
+    Tile quantization: tiles of GEMM_TILE_M x GEMM_TILE_N waste the part of the last tile outside the matrix;
+    wave quantization: tiles run in waves of ``sm_count``, the last wave partly idle (NVIDIA
+    "Matrix Multiplication Background" user guide, sections "Tile/Wave Quantization"); short
+    inner dimensions cannot hide load latency: k / (k + GEMM_K_HALF).
+    """
+    tiles_m, tiles_n = math.ceil(m / GEMM_TILE_M), math.ceil(n / GEMM_TILE_N)
+    tile_eff = (m * n) / (tiles_m * tiles_n * GEMM_TILE_M * GEMM_TILE_N)
+    tiles = tiles_m * tiles_n * batch
+    wave_eff = tiles / (math.ceil(tiles / sm_count) * sm_count)
+    return base * tile_eff * wave_eff * k / (k + GEMM_K_HALF)
+
+
+@functools.lru_cache(maxsize=1 << 16)   # pure: a plan asks for a few hundred shapes, tens of thousands of times
+def gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bool = False) -> float:
+    if min(m, n, k) <= 0:  # a dimension split to nothing (vocab 1 over TP 2) does no work
+        return 0.0
+    eff = gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
+    if attention and (n % TENSOR_CORE_MULTIPLE or k % TENSOR_CORE_MULTIPLE):
+        eff = min(eff, g.base) * g.cuda_core_ratio
+    elif n % DENSE_ALIGNMENT or k % DENSE_ALIGNMENT:
+        eff *= DENSE_MISALIGNED_EFFICIENCY
+    return 2.0 * m * n * k * batch / (g.peak * eff)
+
+
+def elementwise_s(nbytes: float, cluster: ClusterSpec) -> float:
+    """Seconds of memory-bound work moving ``nbytes`` through HBM (ELEMENTWISE_BW_EFFICIENCY of the datasheet's)."""
+    return nbytes / (cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation of a layer's forward on one GPU for one micro-batch (the backward runs each at 2x)."""
+
+    name: str
+    cls: str
+    """GEMM | ATTENTION | ELEMENTWISE"""
+    forward_s: float
+    """forward seconds on the GPU (already x ``share``)"""
+    flops: float = 0.0
+    """forward FLOPs (already x ``share``)"""
+    bytes: float = 0.0
+    """forward HBM bytes of a memory-bound op (already x ``share``)"""
+    share: float = 1.0
+    """share of the layers that run it (MoE models: experts on the MoE layers, the dense MLP on the rest)"""
+    after_sync: bool = False
+    """launched after a host-device sync (Megatron's dropless MoE dispatcher): runs no faster than it is launched"""
+
+    def scaled(self, k: float) -> "Op":
+        """The op run ``k`` times as much (a share of the layers, CP's blocks)."""
+        return replace(self, forward_s=self.forward_s * k, flops=self.flops * k, bytes=self.bytes * k,
+                       share=self.share * k)
+
+
+def gemm_op(name: str, m: int, n: int, k: int, g: GemmContext, batch: int = 1, *, attention: bool = False,
+            after_sync: bool = False) -> Op:
+    """A GEMM op: (m x k) @ (k x n), ``batch`` times."""
+    return Op(name, ATTENTION if attention else GEMM, gemm_s(m, n, k, g, batch, attention),
+              flops=2.0 * m * n * k * batch, after_sync=after_sync)
+
+
+def bytes_op(name: str, nbytes: float, cluster: ClusterSpec) -> Op:
+    """A memory-bound op moving ``nbytes``."""
+    return Op(name, ELEMENTWISE, elementwise_s(nbytes, cluster), bytes=nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerOps:
+    """One layer's operations on one GPU for one micro-batch, and the host time that launches them."""
+
+    ops: tuple[Op, ...]
+    host_s: float
+    """the host's launch time of the layer's forward (framework.host_s_per_layer_forward x this host's speed)"""
+    sync_host_s: float = 0.0
+    """the host's launches after a host-device sync (`Op.after_sync`), over all layers' mean"""
+
+    def seconds(self, cls: str) -> float:
+        return sum(op.forward_s for op in self.ops if op.cls == cls)
+
+    @property
+    def gpu_s(self) -> float:
+        return sum(op.forward_s for op in self.ops)
+
+    @property
+    def after_sync_s(self) -> float:
+        return sum(op.forward_s for op in self.ops if op.after_sync)
+
+    def forward_s(self) -> float:
+        """One forward: the GPU's work or the host's launches, whichever is longer; the part after a sync no faster
+        than the host launches it (the host cannot run ahead of it)."""
+        after = self.after_sync_s
+        return max(self.gpu_s - after, self.host_s) + max(after, self.sync_host_s)
+
+    def layer_s(self, rc: Recomputed) -> float:
+        """Forward + backward (2x the GPU work, or 2x the launches: the backward launches about twice as many
+        kernels) + what recompute re-runs: ``rc.layers`` whole forwards, ``rc.core`` attention cores,
+        ``rc.matmul`` of the GEMMs (op-level SAC)."""
+        fwd = self.forward_s()
+        extra = rc.layers * fwd + rc.core * self.seconds(ATTENTION) + rc.matmul * self.seconds(GEMM)
+        return fwd + max(2 * self.gpu_s, 2 * (self.host_s + self.sync_host_s)) + extra
+
+    def replace_ops(self, names: tuple[str, ...], new: list[Op]) -> "LayerOps":
+        """The list with the ops named ``names`` taken out and ``new`` put where the first of them was."""
+        out: list[Op] = []
+        placed = False
+        for op in self.ops:
+            if op.name in names:
+                if not placed:
+                    out.extend(new)
+                    placed = True
+            else:
+                out.append(op)
+        if not placed:
+            out.extend(new)
+        return replace(self, ops=tuple(out))
+
+    def rows(self, rc: Recomputed) -> list[dict]:
+        """The op table: each op's forward, backward and recomputed seconds, its share of the layer's time, its
+        forward FLOPs and bytes; then the time the host's launches add when they, not the GPU, set the pace."""
+        layer = self.layer_s(rc)
+        rows = []
+        for op in self.ops:
+            again = op.forward_s * (rc.layers + (rc.core if op.cls == ATTENTION else 0.0)
+                                    + (rc.matmul if op.cls == GEMM else 0.0))
+            seconds = 3 * op.forward_s + again
+            rows.append({"op": op.name, "class": op.cls, "forward_s": op.forward_s, "backward_s": 2 * op.forward_s,
+                         "recompute_s": again, "seconds": seconds, "share": seconds / layer if layer else 0.0,
+                         "forward_flops": op.flops, "forward_bytes": op.bytes, "layers_share": op.share})
+        wait = layer - sum(r["seconds"] for r in rows)
+        if wait > 1e-9 * layer:
+            rows.append({"op": "host_launch_wait", "class": HOST, "forward_s": 0.0, "backward_s": 0.0,
+                         "recompute_s": 0.0, "seconds": wait, "share": wait / layer, "forward_flops": 0.0,
+                         "forward_bytes": 0.0, "layers_share": 1.0})
+        return rows
+
+
+def layer_ops(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, g: GemmContext,
+              g_core: GemmContext, fw: Framework) -> LayerOps:
+    """The dense layer one GPU runs for one micro-batch of ``model.seq_len`` tokens: QKV, attention core, output
+    projection, FC1, FC2 split by TP (Megatron Sec. 3: column-parallel QKV / FC1, row-parallel projection / FC2);
+    the element-wise traffic (split by SP where SP splits it); the host's launches. ``g``: the GEMMs' rate (FP8's
+    under FP8), ``g_core``: the attention core's (never FP8 in Transformer Engine)."""
+    t, s, b, h = cand.tp, model.seq_len, cand.mbs, model.hidden
+    tokens = s * b
+    sp = t if cand.sp else 1
+    ffn_out = model.ffn_hidden * (2 if model.glu else 1)
+    heads = b * max(1, model.heads // t)
+    d = model.head_dim
+    th = tokens * h
+    traffic = fw.elementwise_traffic   # an eager framework's element-wise ops move more (planner.framework)
+    norm_bytes = 8 * th / sp * traffic
+    # the norms as PyTorch ops: 32 more bytes an element than the fused kernel, each; an eager framework's traffic
+    # (EAGER_ELEMENTWISE_TRAFFIC) counts its norms as ops already
+    if not training.fused_norm and traffic == 1.0:
+        norm_bytes += UNFUSED_NORM_EXTRA_BYTES * 2 * th / sp
+    # element-wise traffic, bytes (16-bit; Korthikanti et al. 2022 Sec. 4's tensors): 2 norms r/w 8·Th, 2
+    # bias-dropout-add 14·Th (both split by SP), Q/K/V and context layout copies between [s,b,a,d] and [b·a,s,d]
+    # 16·Th/t, activation r/w 4·T·f/t (6 with GLU), scale-mask-softmax + dropout on scores 9·b·a·s²/t without flash
+    ops = [bytes_op("norms", norm_bytes, cluster),
+           gemm_op("qkv", tokens, (model.q_dim + 2 * model.kv_dim) // t, h, g),
+           bytes_op("qkv_layout", 16 * th / t * traffic, cluster),
+           gemm_op("attn_scores", s, s, d, g_core, heads, attention=True),
+           gemm_op("attn_values", s, d, s, g_core, heads, attention=True)]
+    if not training.flash_attention:
+        ops.append(bytes_op("softmax_dropout", 9 * b * model.heads * s * s / t * traffic, cluster))
+    ops += [gemm_op("proj", tokens, h, model.q_dim // t, g),
+            bytes_op("bias_dropout_add", 14 * th / sp * traffic, cluster),
+            gemm_op("fc1", tokens, ffn_out // t, h, g),
+            bytes_op("mlp_act", (6 if model.glu else 4) * tokens * model.ffn_hidden / t * traffic, cluster),
+            gemm_op("fc2", tokens, h, model.ffn_hidden // t, g)]
+    return LayerOps(ops=tuple(ops), host_s=fw.host_s_per_layer_forward * cluster.host_scale)
+
+
+__all__ = ["ATTENTION", "ELEMENTWISE", "GEMM", "HOST", "GemmContext", "LayerOps", "Op", "UNFUSED_NORM_EXTRA_BYTES",
+           "bytes_op", "elementwise_s", "gemm_efficiency", "gemm_op", "gemm_s", "layer_ops"]
