@@ -41,7 +41,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from planner import Candidate, Estimate, Plan, estimate
-from planner.space import RECOMPUTE, enumerate_candidates
+from planner.enumeration import enumerate_candidates
+from planner.space import RECOMPUTE
 from probes.backend import ProbeBackend
 from probes.result import ProbeResult, ProbeSpec
 
