@@ -115,10 +115,6 @@ TABLE: tuple[Fitted, ...] = (
                      "0.33 / 0.30 (0.04 s); regret of the tables' picks 0.8% mean from 0.33 up, 1.5% (one 23% pick) "
                      "at 0.30 and below. It was 0.5 with pipeline gradients sent whole",
            checked_on="all 9 tr11 model shapes pick within 1%"),
-    Fitted(name="EAGER_ELEMENTWISE_TRAFFIC", value=2.0, unit="x Megatron's fused element-wise HBM traffic",
-           source="an eager PyTorch model runs RMSNorm, RoPE and SwiGLU as several unfused kernels each",
-           fitted_on="set by hand",
-           checked_on="the torchtitan, fms-fsdp and DeepSpeed autotuning HF GPT-2 dev tables"),
     # -- torchtitan (planner.fsdp_parallel, planner.fp8) --
     Fitted(name="ASYNC_TP_HIDDEN", value=0.21, unit="share of the TP collectives hidden",
            source="async TP: torch.compile's micro-pipelining decomposes each all-gather + matmul and matmul + "
@@ -170,7 +166,6 @@ DS_MICROBATCH_OVERHEAD_S = BY_NAME["DS_MICROBATCH_OVERHEAD_S"].value
 EAGER_HOST_S = BY_NAME["EAGER_HOST_S"].value
 MEGATRON_HOST_S = BY_NAME["MEGATRON_HOST_S"].value
 DS_DP_INTER_NODE_EFFICIENCY = BY_NAME["DS_DP_INTER_NODE_EFFICIENCY"].value
-EAGER_ELEMENTWISE_TRAFFIC = BY_NAME["EAGER_ELEMENTWISE_TRAFFIC"].value
 KERNEL_LAUNCH_S = BY_NAME["KERNEL_LAUNCH_S"].value
 ASYNC_TP_HIDDEN = BY_NAME["ASYNC_TP_HIDDEN"].value
 ROWWISE_GEMM_EFFICIENCY = BY_NAME["ROWWISE_GEMM_EFFICIENCY"].value

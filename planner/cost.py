@@ -101,9 +101,15 @@ def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | 
     return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, cuda_core_ratio=ratio)
 
 
+def op_list_key(cand: Candidate) -> tuple:
+    """The candidate fields `layer_op_list` reads: plan() builds one op list per distinct key."""
+    return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp)
+
+
 def layer_key(cand: Candidate) -> tuple:
-    """The candidate fields `layer_compute_s` reads: plan() computes it once per distinct key."""
-    return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, *recompute.time_key(cand))
+    """The candidate fields `layer_compute_s` reads (the op list's and what recompute re-runs): plan() computes it
+    once per distinct key."""
+    return (*op_list_key(cand), *recompute.time_key(cand))
 
 
 def layer_op_list(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> LayerOps:
@@ -116,16 +122,17 @@ def layer_op_list(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     tokens = rank.seq_len * cand.mbs
     lo = ops.layer_ops(rank, cand, cluster, training, g, g_core, fw)
     lo = context_parallel.ring_attention(lo, cand)
-    lo = moe.expert_ops(lo, rank, cand, training, tokens, g, cluster, fw.elementwise_traffic)
-    return fp8.cast_ops(lo, rank, cand, training, tokens, cluster, fw.elementwise_traffic)
+    lo = moe.expert_ops(lo, rank, cand, training, tokens, g, cluster)
+    return fp8.cast_ops(lo, rank, cand, training, tokens, cluster)
 
 
 def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
-                    ) -> tuple[float, float]:
+                    memo: dict | None = None) -> tuple[float, float]:
     """(attention-core forward, forward + backward + recompute) seconds of one layer for one micro-batch on one CP
     rank: what reads only the candidate's `layer_key`. The host launches a layer's kernels asynchronously: a pass
-    takes the longer of the GPU's work and the host's (`planner.ops.LayerOps.forward_s`)."""
-    lo = layer_op_list(model, cand, cluster, training)
+    takes the longer of the GPU's work and the host's (`planner.ops.LayerOps.forward_s`). ``memo``: plan()'s dict,
+    which keeps the op list by `op_list_key` across recompute modes."""
+    lo = memoized(memo, ("ops", *op_list_key(cand)), lambda: layer_op_list(model, cand, cluster, training))
     rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
     return lo.seconds(ops.ATTENTION), lo.layer_s(rc)
 
@@ -140,7 +147,7 @@ def layer_op_rows(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
 def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                 layer_memo: dict | None) -> tuple[float, float]:
     """`layer_compute_s`, from ``layer_memo`` (plan()'s dict, by `layer_key`) when given."""
-    return memoized(layer_memo, layer_key(cand), lambda: layer_compute_s(model, cand, cluster, training))
+    return memoized(layer_memo, layer_key(cand), lambda: layer_compute_s(model, cand, cluster, training, layer_memo))
 
 
 def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
@@ -372,7 +379,7 @@ TERMS: tuple[Term, ...] = (
          source="GEMMs at peak x tile/wave/inner-dimension efficiency (NVIDIA 'Matrix Multiplication Background'), "
                 "element-wise at HBM bandwidth, backward = 2x forward (seed 001), host-bound passes (framework)",
          constants=("GEMM_K_HALF", "DENSE_MISALIGNED_EFFICIENCY", "ELEMENTWISE_BW_EFFICIENCY", "EAGER_HOST_S",
-                    "MEGATRON_HOST_S", "EAGER_ELEMENTWISE_TRAFFIC", "KERNEL_LAUNCH_S", "ROWWISE_GEMM_EFFICIENCY")),
+                    "MEGATRON_HOST_S", "KERNEL_LAUNCH_S", "ROWWISE_GEMM_EFFICIENCY")),
     Term(name="grad_accumulation", kind=MEMORY, group="compute_s", per_microbatch=True, seconds=grad_accumulation_s,
          source="DeepSpeed engine (ZeRO 0-1): autograd adds each micro-batch's gradients into param.grad, at HBM "
                 "bandwidth (planner.pipeline_engine)",

@@ -151,13 +151,13 @@ def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, token
 
 
 def cast_ops(lo: "LayerOps", model: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
-             cluster: "ClusterSpec", traffic: float) -> "LayerOps":
+             cluster: "ClusterSpec") -> "LayerOps":
     """The layer's op list with FP8's quantization of the GEMM inputs (`cast_traffic_bytes`) added: a memory-bound
-    op, at the framework's element-wise ``traffic`` factor."""
+    op."""
     casts = cast_traffic_bytes(model, c, training.precision, tokens, training.fp8_recipe)
     if not casts:
         return lo
-    return replace(lo, ops=lo.ops + (bytes_op("fp8_casts", casts * traffic, cluster),))
+    return replace(lo, ops=lo.ops + (bytes_op("fp8_casts", casts, cluster),))
 
 
 __all__ = ["FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_ops", "cast_traffic_bytes",

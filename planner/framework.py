@@ -11,15 +11,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.constants import (DS_DP_INTER_NODE_EFFICIENCY, DS_MICROBATCH_OVERHEAD_S, EAGER_ELEMENTWISE_TRAFFIC,
-                               EAGER_HOST_S, MEGATRON_HOST_S)
+from planner.constants import DS_DP_INTER_NODE_EFFICIENCY, DS_MICROBATCH_OVERHEAD_S, EAGER_HOST_S, MEGATRON_HOST_S
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Framework:
     name: str
-    elementwise_traffic: float
-    """element-wise HBM traffic relative to Megatron's fused kernels"""
+    eager: bool
+    """element-wise work as PyTorch ops, one kernel each (planner.ops.eager_elementwise_ops); False: Megatron's /
+    Transformer Engine's fused kernels, or Inductor's (torch.compile)"""
     p2p_activation_split: bool
     """pipeline activations sent as 1/TP slices and all-gathered on the receiver"""
     p2p_grad_split: bool
@@ -74,13 +74,13 @@ OVERLAPS = {"grad-reduce": "--overlap-grad-reduce", "param-gather": "--overlap-p
 MEGATRON_OVERLAPS = ("grad-reduce", "param-gather", "p2p")
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
-    Framework(name="megatron-lm", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=True,
+    Framework(name="megatron-lm", eager=False, p2p_activation_split=True, p2p_grad_split=True,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=MEGATRON_HOST_S, pads_vocab=True,
               zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False,
               source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p), megatron/tokenizer "
                      "_vocab_size_with_padding (--make-vocab-size-divisible-by 128, times TP)",
               default_overlaps=MEGATRON_OVERLAPS),
-    Framework(name="megatron-deepspeed", elementwise_traffic=1.0, p2p_activation_split=True, p2p_grad_split=True,
+    Framework(name="megatron-deepspeed", eager=False, p2p_activation_split=True, p2p_grad_split=True,
               microbatch_overhead_s=DS_MICROBATCH_OVERHEAD_S, host_s_per_layer_forward=MEGATRON_HOST_S,
               pads_vocab=True, zero12_traffic=DS_ZERO12_TRAFFIC, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
               balances_stages=True, sharded_gather_per_rail=True, deepspeed_engine=True,
@@ -90,9 +90,8 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
                      "run set 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail: a FITTED choice on Narayanan 2021 Table 2 ZeRO-3 rows"),
     # an eager PyTorch model (seed 002 trains a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and
-    # SwiGLU as several unfused kernels each, reading and writing the activations about twice as often as
-    # Megatron's fused kernels: EAGER_ELEMENTWISE_TRAFFIC (planner.constants)
-    Framework(name="fsdp", elementwise_traffic=EAGER_ELEMENTWISE_TRAFFIC, p2p_activation_split=False,
+    # SwiGLU as several unfused kernels each (planner.ops.eager_elementwise_ops counts them)
+    Framework(name="fsdp", eager=True, p2p_activation_split=False,
               p2p_grad_split=False,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=EAGER_HOST_S, pads_vocab=False,
               zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False,

@@ -402,7 +402,7 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
         vocab=pick("vocab_size"), seq_len=seq, max_positions=positions if positions > seq else 0,
         glu=fam.glu, tied_embeddings=d.get("tie_word_embeddings", fam.tied),
         position=position, norm=fam.norm, bias=bias, embedding_norm=fam.embedding_norm,
-        activation=activation, norm_eps=float(eps), init_std=float(d.get("initializer_range") or 0.0),
+        activation=activation, activation_as_ops=act_name in ("gelu_new", "gelu_fast"), norm_eps=float(eps), init_std=float(d.get("initializer_range") or 0.0),
         source=f"Hugging Face config.json ({path}), {fam.source}; seq_len {seq} {seq_note}",
         **facts, **(_rope(d, fam, where) if position == "rope" else {}), **_window(d, fam, layers, where), **extra)
 

@@ -126,6 +126,9 @@ class ModelSpec:
     """pre (norm before attention and MLP) | post (after each, OLMo 2) | sandwich (before and after each: Gemma 2/3)"""
     activation: str = ""
     """the MLP's activation: gelu | gelu_tanh | silu | relu; "" = gelu, or silu with glu (SwiGLU)"""
+    activation_as_ops: bool = False
+    """the activation runs as Python ops, a kernel each (transformers' NewGELUActivation for gelu_new / gelu_fast:
+    GPT-2); False: one native kernel (torch's GELU, SiLU). Only an eager run's time reads it"""
     parallel_residual: bool = False
     """attention and MLP side by side from one residual (GPT-NeoX, Falcon, GPT-J)"""
     attn_softcap: float = 0.0
@@ -211,6 +214,13 @@ class ModelSpec:
         return attn + mlp + biases + self.layer_vector_params
 
     @property
+    def dropout(self) -> bool:
+        """The model trains with hidden and attention dropout: GPT-style models (LayerNorm with biases: GPT-2's
+        resid_pdrop / attn_pdrop 0.1, Megatron's --hidden-dropout / --attention-dropout default 0.1); Llama-style ones
+        (RMSNorm, no biases) without (Touvron et al. 2023; Megatron-LM's examples/llama: 0.0)."""
+        return self.norm != "rmsnorm" and self.bias
+
+    @property
     def positions(self) -> int:
         """The longest sequence the model takes: max_positions when the file says it, else seq_len."""
         return self.max_positions or self.seq_len
@@ -271,7 +281,8 @@ ROPE_SCALINGS = ("", "llama3", "yarn", "linear")
 
 FACT_YAML_DEFAULTS: dict[str, object] = {
     "architecture": "", "max_positions": 0, "rope_theta": 0.0, "rotary_percent": 1.0, "norm_eps": 0.0,
-    "qkv_bias": False, "qk_norm": "", "norm_placement": "pre", "activation": "", "parallel_residual": False,
+    "qkv_bias": False, "qk_norm": "", "norm_placement": "pre", "activation": "", "activation_as_ops": False,
+    "parallel_residual": False,
     "attn_softcap": 0.0, "init_std": 0.0, "logit_softcap": 0.0, "sliding_window": 0, "window_full_every": 0,
     "yarn_mscale": 1.0,
     "yarn_mscale_all_dim": 0.0, "moe_aux_loss_coeff": 0.0, "moe_seq_aux": False, "moe_score": "softmax",
@@ -305,7 +316,7 @@ def fact_problems(m: ModelSpec) -> list[str]:
         v = getattr(m, name)
         if not _number(v) or v <= 0:
             out.append(f"{name} must be a number > 0, got {v!r}")
-    for name in ("qkv_bias", "parallel_residual", "moe_seq_aux", "moe_norm_topk", "moe_expert_bias", "moe_shared_gate"):
+    for name in ("qkv_bias", "activation_as_ops", "parallel_residual", "moe_seq_aux", "moe_norm_topk", "moe_expert_bias", "moe_shared_gate"):
         if not isinstance(getattr(m, name), bool):
             out.append(f"{name} must be true or false, got {getattr(m, name)!r}")
     for name, choices in (("qk_norm", QK_NORMS), ("norm_placement", NORM_PLACEMENTS), ("activation", ACTIVATIONS),

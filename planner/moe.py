@@ -161,7 +161,7 @@ def dispatch_activation_sbh(m: "ModelSpec", training: "TrainingSpec") -> float:
 
 # -- time ---------------------------------------------------------------------------------------------
 def expert_ops(lo: "LayerOps", m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
-               g: "GemmContext", cluster: "ClusterSpec", traffic: float) -> "LayerOps":
+               g: "GemmContext", cluster: "ClusterSpec") -> "LayerOps":
     """The layer's op list with a MoE model's MLP as it runs, as a mean over layers: on the MoE layers the router
     GEMM, the shared experts (split by TP), the routed experts as one grouped GEMM over the E/EP local experts, each
     with tokens·k·EP/E rows (balanced routing, x the capacity factor on the busiest rank) and expert_ffn/ETP columns
@@ -169,7 +169,7 @@ def expert_ops(lo: "LayerOps", m: "ModelSpec", c: "Candidate", training: "Traini
     lose efficiency), the token permutation into top-k expert slots and back (Megatron-Core moe_utils
     permute/unpermute: read T·h, write T·k·h; read T·k·h, write the weighted sum T·h, 16-bit) and the experts'
     activation (read 2·f, write f with SwiGLU: 6 bytes; 4 with GELU); the dense MLP on the other layers. The routed
-    GEMMs run after the dispatcher's host sync (`host_sync_s`). ``traffic``: the framework's element-wise factor."""
+    GEMMs run after the dispatcher's host sync (`host_sync_s`)."""
     if not is_moe(m):
         return lo
     h, t = m.hidden, c.tp
@@ -181,15 +181,15 @@ def expert_ops(lo: "LayerOps", m: "ModelSpec", c: "Candidate", training: "Traini
     sync_host, _ = host_sync_s(m, c, training, tokens, lambda *a, **k: 0.0)
     experts = [gemm_op("router", tokens // (t if c.sp else 1), m.num_experts, h, g),   # on the SP shard
                bytes_op("moe_permute", 2 * h * tokens * (2 + 2 * m.moe_topk * capacity(training))
-                        / max(1, t if c.sp else 1) * traffic, cluster),
+                        / max(1, t if c.sp else 1), cluster),
                gemm_op("expert_fc1", rows, glu * ffn // c.etp, h, g, local, after_sync=sync_host > 0),
                bytes_op("expert_act", (6 if m.glu else 4) * tokens * m.moe_topk * capacity(training) * ffn / c.etp
-                        / tp_per_etp(c) * traffic, cluster),
+                        / tp_per_etp(c), cluster),
                gemm_op("expert_fc2", rows, h, max(1, ffn // c.etp), g, local, after_sync=sync_host > 0)]
     if m.shared_experts:
         width = m.shared_experts * ffn
         experts += [gemm_op("shared_fc1", tokens, glu * width // t, h, g),
-                    bytes_op("shared_act", (6 if m.glu else 4) * tokens * width / t * traffic, cluster),
+                    bytes_op("shared_act", (6 if m.glu else 4) * tokens * width / t, cluster),
                     gemm_op("shared_fc2", tokens, h, max(1, width // t), g)]
     out = lo.replace_ops(("fc1", "mlp_act", "fc2"), dense + [op.scaled(share) for op in experts])
     return replace(out, sync_host_s=out.sync_host_s + sync_host)

@@ -123,8 +123,8 @@ class Op:
 
     def scaled(self, k: float) -> "Op":
         """The op run ``k`` times as much (a share of the layers, CP's blocks)."""
-        return replace(self, forward_s=self.forward_s * k, flops=self.flops * k, bytes=self.bytes * k,
-                       share=self.share * k)
+        return Op(self.name, self.cls, self.forward_s * k, self.flops * k, self.bytes * k, self.share * k,
+                  self.after_sync)
 
 
 def gemm_op(name: str, m: int, n: int, k: int, g: GemmContext, batch: int = 1, *, attention: bool = False,
@@ -209,42 +209,99 @@ class LayerOps:
         return rows
 
 
+def fused_elementwise_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec) -> dict[str, float]:
+    """Forward HBM bytes of one layer's memory-bound ops as Megatron's fused kernels (and Inductor's) run them, 16-bit
+    (Korthikanti et al. 2022 Sec. 4's tensors): 2 norms r/w 8·Th, 2 bias-dropout-adds 14·Th (both split by SP), Q/K/V
+    and context layout copies between [s,b,a,d] and [b·a,s,d] 16·Th/t, the activation r/w 4·T·f/t (6 with GLU),
+    scale-mask-softmax + dropout on the scores 9·b·a·s²/t without flash; RoPE fused into the layout copies."""
+    t, s, b, h = cand.tp, model.seq_len, cand.mbs, model.hidden
+    tokens, sp = s * b, (cand.tp if cand.sp else 1)
+    th = tokens * h
+    norms = 8 * th / sp
+    if not training.fused_norm:   # the norms as PyTorch ops: 32 more bytes an element than the fused kernel, each
+        norms += UNFUSED_NORM_EXTRA_BYTES * 2 * th / sp
+    return {"norms": norms, "qkv_layout": 16 * th / t,
+            "softmax_dropout": 0.0 if training.flash_attention else 9 * b * model.heads * s * s / t,
+            "residual": 14 * th / sp, "mlp_act": (6 if model.glu else 4) * tokens * model.ffn_hidden / t}
+
+
+# Bytes per element of PyTorch's element-wise kernels, 16-bit tensors (each op reads its inputs and writes its
+# output once: a kernel per op in eager mode):
+EAGER_NORM_BYTES = {"layernorm": 4, "rmsnorm": 36}
+"""per element of a norm: torch.nn.LayerNorm is one native kernel (r2 w2); an RMSNorm as Hugging Face's
+LlamaRMSNorm / torchtitan's eager RMSNorm runs it, five ops in fp32 (UNFUSED_NORM_EXTRA_BYTES' count: 36)"""
+EAGER_BINARY_BYTES = 6
+"""a binary op (the residual add x + f(x), SwiGLU's gate multiply): r2 r2 w2"""
+EAGER_DROPOUT_BYTES = 5
+"""torch.nn.functional.dropout (native_dropout): r2, w2 and the 1-byte mask"""
+EAGER_ROPE_BYTES = 20
+"""per element of q and k: torchtitan's apply_rotary_emb (.float() r2 w4, complex multiply r4 w4, .type_as r4 w2);
+Hugging Face's rotate_half form (q*cos, cat of the negated halves, *sin, add) moves about as much"""
+EAGER_SCORE_BYTES = 17
+"""per attention score without a fused kernel (Hugging Face GPT2Attention._attn / eager_attention_forward): the
+scale r2 w2, the causal torch.where r2 r1 w2, the attention mask's add r2 w2, softmax r2 w2; dropout on the
+probabilities adds EAGER_DROPOUT_BYTES"""
+EAGER_ACTIVATION_BYTES = 4
+"""per FFN element of a native activation kernel (GELU, SiLU): r2 w2; SwiGLU's gate multiply adds r2 r2 w2"""
+EAGER_PYTHON_GELU_BYTES = 36
+"""per FFN element of transformers' NewGELUActivation, 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) as 8 ops: pow r2 w2,
+two scalar multiplies r2 w2 each, x + r2 r2 w2, tanh r2 w2, 1 + r2 w2, 0.5·x r2 w2, the product r2 r2 w2"""
+
+
+def eager_elementwise_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec) -> dict[str, float]:
+    """Forward HBM bytes of one layer's memory-bound ops as an eager PyTorch model runs them (torchtitan without
+    torch.compile, Hugging Face modules, fms-fsdp), counted op by op from the model's facts: its norm, RoPE, GQA's
+    repeat_kv copies, activation, dropout; SP (torchtitan's sequence parallel) splits the norms and residuals."""
+    t, s, b, h = cand.tp, model.seq_len, cand.mbs, model.hidden
+    tokens, sp = s * b, (cand.tp if cand.sp else 1)
+    th = tokens * h
+    norms_per_layer = 4 if model.norm_placement == "sandwich" else 2
+    residual = 2 * (EAGER_BINARY_BYTES + (EAGER_DROPOUT_BYTES if model.dropout else 0)) * th / sp
+    # layout copies around attention as the fused count has them, and repeat_kv expanding K and V to every head
+    # (torchtitan llama / Hugging Face repeat_kv: read kv_dim, write q_dim, 16-bit, each of K and V)
+    layout = 16 * th / t + (2 * (2 * model.kv_dim + 2 * model.q_dim) * tokens / t
+                            if model.kv_heads < model.heads else 0.0)
+    activation = (EAGER_PYTHON_GELU_BYTES if model.activation_as_ops else EAGER_ACTIVATION_BYTES) \
+        + (EAGER_BINARY_BYTES if model.glu else 0)
+    scores = 0.0
+    if not training.flash_attention:
+        scores = (EAGER_SCORE_BYTES + (EAGER_DROPOUT_BYTES if model.dropout else 0)) * b * model.heads * s * s / t
+    return {"norms": norms_per_layer * EAGER_NORM_BYTES[model.norm] * th / sp,
+            "rope": (EAGER_ROPE_BYTES * (model.q_dim + model.kv_dim) * tokens / t * model.rotary_percent
+                     if model.position == "rope" else 0.0),
+            "qkv_layout": layout, "softmax_dropout": scores, "residual": residual,
+            "mlp_act": activation * tokens * model.ffn_hidden / t}
+
+
 def layer_ops(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, g: GemmContext,
               g_core: GemmContext, fw: Framework) -> LayerOps:
     """The dense layer one GPU runs for one micro-batch of ``model.seq_len`` tokens: QKV, attention core, output
     projection, FC1, FC2 split by TP (Megatron Sec. 3: column-parallel QKV / FC1, row-parallel projection / FC2);
-    the element-wise traffic (split by SP where SP splits it); the host's launches. ``g``: the GEMMs' rate (FP8's
-    under FP8), ``g_core``: the attention core's (never FP8 in Transformer Engine)."""
+    the memory-bound ops fused (`fused_elementwise_bytes`) or eager (`eager_elementwise_bytes`); the host's
+    launches. ``g``: the GEMMs' rate (FP8's under FP8), ``g_core``: the attention core's (never FP8 in Transformer
+    Engine)."""
     t, s, b, h = cand.tp, model.seq_len, cand.mbs, model.hidden
     tokens = s * b
-    sp = t if cand.sp else 1
     ffn_out = model.ffn_hidden * (2 if model.glu else 1)
     heads = b * max(1, model.heads // t)
     d = model.head_dim
-    th = tokens * h
-    traffic = fw.elementwise_traffic   # an eager framework's element-wise ops move more (planner.framework)
-    norm_bytes = 8 * th / sp * traffic
-    # the norms as PyTorch ops: 32 more bytes an element than the fused kernel, each; an eager framework's traffic
-    # (EAGER_ELEMENTWISE_TRAFFIC) counts its norms as ops already
-    if not training.fused_norm and traffic == 1.0:
-        norm_bytes += UNFUSED_NORM_EXTRA_BYTES * 2 * th / sp
-    # element-wise traffic, bytes (16-bit; Korthikanti et al. 2022 Sec. 4's tensors): 2 norms r/w 8·Th, 2
-    # bias-dropout-add 14·Th (both split by SP), Q/K/V and context layout copies between [s,b,a,d] and [b·a,s,d]
-    # 16·Th/t, activation r/w 4·T·f/t (6 with GLU), scale-mask-softmax + dropout on scores 9·b·a·s²/t without flash
-    ops = [bytes_op("norms", norm_bytes, cluster),
-           gemm_op("qkv", tokens, (model.q_dim + 2 * model.kv_dim) // t, h, g),
-           bytes_op("qkv_layout", 16 * th / t * traffic, cluster),
-           gemm_op("attn_scores", s, s, d, g_core, heads, attention=True),
-           gemm_op("attn_values", s, d, s, g_core, heads, attention=True)]
-    if not training.flash_attention:
-        ops.append(bytes_op("softmax_dropout", 9 * b * model.heads * s * s / t * traffic, cluster))
-    ops += [gemm_op("proj", tokens, h, model.q_dim // t, g),
-            bytes_op("bias_dropout_add", 14 * th / sp * traffic, cluster),
-            gemm_op("fc1", tokens, ffn_out // t, h, g),
-            bytes_op("mlp_act", (6 if model.glu else 4) * tokens * model.ffn_hidden / t * traffic, cluster),
-            gemm_op("fc2", tokens, h, model.ffn_hidden // t, g)]
+    gemms = {"qkv": gemm_op("qkv", tokens, (model.q_dim + 2 * model.kv_dim) // t, h, g),
+             "attn_scores": gemm_op("attn_scores", s, s, d, g_core, heads, attention=True),
+             "attn_values": gemm_op("attn_values", s, d, s, g_core, heads, attention=True),
+             "proj": gemm_op("proj", tokens, h, model.q_dim // t, g),
+             "fc1": gemm_op("fc1", tokens, ffn_out // t, h, g),
+             "fc2": gemm_op("fc2", tokens, h, model.ffn_hidden // t, g)}
+    moved = (eager_elementwise_bytes if fw.eager else fused_elementwise_bytes)(model, cand, training)
+    ops = []
+    for name in ("norms", "rope", "qkv", "qkv_layout", "attn_scores", "softmax_dropout", "attn_values", "proj",
+                 "residual", "fc1", "mlp_act", "fc2"):
+        if name in gemms:
+            ops.append(gemms[name])
+        elif moved.get(name):
+            ops.append(bytes_op(name, moved[name], cluster))
     return LayerOps(ops=tuple(ops), host_s=fw.host_s_per_layer_forward * cluster.host_scale)
 
 
 __all__ = ["ATTENTION", "ELEMENTWISE", "GEMM", "HOST", "GemmContext", "LayerOps", "Op", "UNFUSED_NORM_EXTRA_BYTES",
-           "bytes_op", "elementwise_s", "gemm_efficiency", "gemm_op", "gemm_s", "layer_ops"]
+           "bytes_op", "eager_elementwise_bytes", "elementwise_s", "fused_elementwise_bytes", "gemm_efficiency", "gemm_op",
+           "gemm_s", "layer_ops"]

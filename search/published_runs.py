@@ -277,7 +277,9 @@ def ds_autotuning_run(r: dict, line: int = 0) -> PublishedRun | None:
     md, p, hw, me = r["model"], r["parallel"], r["hardware"], r["measured"]
     if not me.get("samples_per_s") or not p.get("micro_batch"):
         return None
-    model = _gpt_model(md["name"], md["layers"], md["hidden"], md["heads"], md["vocab"], md["seq_len"])
+    # Hugging Face's GPT-2: activation_function gelu_new, NewGELUActivation's Python ops (transformers GPT2Config)
+    model = _gpt_model(md["name"], md["layers"], md["hidden"], md["heads"], md["vocab"], md["seq_len"]).with_overrides(
+        activation="gelu_tanh", activation_as_ops=True)
     gbs, gpus = p["global_batch"], hw["total_gpus"]
     z = str(p.get("zero_stage"))
     # an eager Hugging Face model: the planner's eager framework is fsdp (ZeRO stage as the run had it)

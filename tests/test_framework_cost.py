@@ -154,7 +154,7 @@ def _geomean(xs: list[float]) -> float:
 
 
 def test_unfused_norm_is_not_counted_twice_under_eager_traffic():
-    """Eager FSDP's element-wise traffic (EAGER_ELEMENTWISE_TRAFFIC) already counts its norms as PyTorch ops:
+    """Eager FSDP's element-wise ops (planner.ops.eager_elementwise_bytes) already run its norms as PyTorch ops:
     --unfused-norm adds nothing there; under torch.compile (fused chains) it adds the norm's ops again."""
     m = get_preset("llama2-13b")
     cl = make_cluster(gpu="A100-80GB", gpus=8)

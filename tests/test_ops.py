@@ -110,8 +110,9 @@ def test_the_table_adds_up_to_the_compute_term(recompute):
 
 def test_a_host_bound_layer_shows_its_wait():
     """A small model under eager torchtitan launches slower than its GPU runs: the table says so in a host row."""
-    tiny = get_preset("llama3-8b").with_overrides(layers=4, hidden=512, heads=8, kv_heads=8, ffn_hidden=1536)
-    t = TrainingSpec(global_batch=8, seq_len=256, framework="fsdp")
+    tiny = get_preset("llama3-8b").with_overrides(layers=4, hidden=256, heads=4, kv_heads=4, ffn_hidden=768,
+                                                  seq_len=128)
+    t = TrainingSpec(global_batch=8, seq_len=128, framework="fsdp")
     cand = Candidate(tp=1, pp=1, dp=8, mbs=1, gas=1, zero=3)
     rows = layer_op_rows(tiny, cand, A100, t)
     host = [r for r in rows if r["class"] == HOST]

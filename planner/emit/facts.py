@@ -28,9 +28,9 @@ VOCAB_MULTIPLE = 128
 
 
 def dropout(model: ModelSpec) -> float | None:
-    """Hidden and attention dropout; None keeps the framework's default. Llama-style models (RMSNorm,
-    no biases) train without dropout (Touvron et al. 2023, and Megatron-LM's examples/llama: 0.0)."""
-    return 0.0 if model.norm == "rmsnorm" or not model.bias else None
+    """Hidden and attention dropout; None keeps the framework's default (ModelSpec.dropout: Llama-style models train
+    without)."""
+    return None if model.dropout else 0.0
 
 
 def init_std(model: ModelSpec) -> float:
