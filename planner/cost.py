@@ -194,7 +194,8 @@ def layer_forward_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     if not training.flash_attention:
         elementwise += 9 * b * model.heads * s * s / t
     # FP8 quantization of the GEMM inputs
-    elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens, training.fp8_recipe)
+    elementwise += fp8.cast_traffic_bytes(model, cand, training.precision, tokens, training.fp8_recipe,
+                                          training.framework)
     elementwise *= fw.elementwise_traffic
     # the norms as PyTorch ops: 32 more bytes an element than the fused kernel, each; an eager framework's traffic
     # (EAGER_ELEMENTWISE_TRAFFIC) counts its norms as ops already
