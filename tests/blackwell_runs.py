@@ -2,7 +2,7 @@
 DGX-GB200 (NVL72) pre-training table and torchao's B200 float8 / MXFP8 table of Llama 3 8B.
 
 Assumptions the rows leave open, stated once here:
-- NeMo GB200 rows: the cluster is the gb200-nvl72 preset (18 trays of 4 GPUs per 72-GPU NVLink domain, a 400G NIC
+- NeMo GB200 rows: the cluster is the gb200-nvl72 preset (a job of 128 GPUs in 64-GPU segments) (18 trays of 4 GPUs per 72-GPU NVLink domain, a 400G NIC
   per GPU: the rows' "hardware" says NVL72 rack, 4 GPUs a node); Megatron-Core with the distributed optimizer (the
   table's FSDP 0), selective recompute and SP at TP > 1 (NeMo's recipes; "not stated"), FP8 per-tensor current
   scaling as the page says (--fp8-recipe tensorwise).
@@ -43,6 +43,12 @@ def nemo_gb200_run(row_id: str) -> PublishedRun:
     if "Mixtral" in md["name"]:
         model = get_preset("mixtral-8x7b")
         model = ModelSpec(**{**{f: getattr(model, f) for f in model.__dataclass_fields__}, "seq_len": seq})
+    elif md.get("num_experts"):   # Llama 4 Scout's language model: every layer 16 experts top-1 + a shared expert
+        dense = _dense({**md, "ffn_hidden": md["moe_ffn_hidden"]}, md["name"], glu=True)
+        model = ModelSpec(**{**{f: getattr(dense, f) for f in ModelSpec.__dataclass_fields__},
+                             "num_experts": md["num_experts"],
+                             "moe_topk": md["moe_topk"], "moe_ffn_hidden": md["moe_ffn_hidden"],
+                             "shared_experts": md.get("shared_experts", 0)})
     else:   # GPT-3 175B (GeLU), Nemotron-4 (squared ReLU: relu's cost)
         model = _dense(md, md["name"], glu=False, activation="gelu" if "GPT" in md["name"] else "relu")
     tp, pp, dp, ep = p["tp"], p["pp"], p["dp"], p.get("ep", 1)
@@ -52,7 +58,7 @@ def nemo_gb200_run(row_id: str) -> PublishedRun:
                             framework="megatron-lm", flash_attention=True)
     cand = Candidate(tp=tp, pp=pp, dp=dp, ep=ep, mbs=mbs, gas=gbs // (mbs * dp), recompute="selective", zero=1,
                      sp=tp > 1, vpp=p.get("vpp") or 1)
-    return PublishedRun(id=row_id, table="NeMo 25.04 DGX-GB200", framework="NeMo/Megatron-Core", model=model,
+    return PublishedRun(id=row_id, table="NeMo 25.04/25.07 DGX-GB200", framework="NeMo/Megatron-Core", model=model,
                         cluster=cluster, training=training, cand=cand,
                         tokens_per_s_per_gpu=me["tokens_per_s_per_gpu"], memory_gib=None, oom=False)
 

@@ -159,7 +159,16 @@ def test_emit_megatron_lm_writes_tp_and_ep_across_trays(tmp_path):
 
 # -- published GB200 rows -------------------------------------------------------------------------------------------
 NEMO_GB200 = ["nemo_2504_gb200_gpt3_175b_tp4pp4vp12_128g", "nemo_2504_gb200_nemotron4_15b_dp64_64g",
-              "nemo_2504_gb200_nemotron4_340b_tp8pp4vp12_128g", "nemo_2504_gb200_mixtral_8x7b_ep8_64g"]
+              "nemo_2504_gb200_nemotron4_340b_tp8pp4vp12_128g", "nemo_2504_gb200_mixtral_8x7b_ep8_64g",
+              "nemo_2507_gb200_llama4_scout_ep16_64g"]
+
+
+def test_llama4_scout_ep16_over_four_trays_is_explained_by_the_domain_alone():
+    """NeMo 25.07 DGX-GB200, Llama 4 Scout on 64 GPUs at EP16 (four trays): within 5% on NVL72, 0.63x over the NICs."""
+    run = B.nemo_gb200_run("nemo_2507_gb200_llama4_scout_ep16_64g")
+    trays = replace(run, cluster=preset_cluster("gb200-nvl72", gpus=64, nvlink_domain=4))
+    assert _tps(run) / run.tokens_per_s_per_gpu == pytest.approx(1.0, abs=0.05)
+    assert _tps(trays) / run.tokens_per_s_per_gpu < 0.7
 
 
 def test_nemo_gb200_rows_within_20_percent_on_the_nvl72_preset():
