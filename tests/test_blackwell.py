@@ -73,6 +73,7 @@ def test_groups_inside_the_domain_use_nvlink_across_trays_and_not_beyond():
     assert topo.tp_link(16).kind == "inter"                     # 72 % 16: some TP-16 blocks straddle two racks
     assert Topology(preset_cluster("gb200-nvl72", gpus=128)).tp_link(16).kind == "intra"   # 64-GPU segments
     assert topo.dp_link(2, 4).kind == "intra" and topo.dp_link(1, 128).kind == "inter"
+    assert topo.dp_link(1, 8).kind == "intra"                   # CP 8 at TP 1 (Megatron: CP strides by TP)
     one_rack = Topology(preset_cluster("gb200-nvl72", gpus=64))    # the job inside one domain: every group on NVLink
     assert {one_rack.dp_link(1, 64).kind, one_rack.pp_link(4, 4, 4).kind, one_rack.tp_link(64).kind} == {"intra"}
     dgx = Topology(preset_cluster("dgx-b200", gpus=128))          # DGX B200: the node is the domain
@@ -249,3 +250,14 @@ def test_megatron_lm_knows_the_recipe_names_emitted(monkeypatch):
     text = (Path(src) / "megatron" / "core" / "enums.py").read_text()
     for recipe in ("mxfp8", "blockwise", "tensorwise", "delayed"):
         assert f'{recipe} = "{recipe}"' in text
+
+
+def test_emit_fsdp_writes_torchaos_mx_converter_for_mxfp8(tmp_path):
+    out = tmp_path / "tt"
+    r = subprocess.run([sys.executable, "-m", "planner", "--model", "llama3-8b", "--cluster", "dgx-b200", "--gpus", "8",
+                        "--framework", "fsdp", "--precision", "fp8", "--fp8-recipe", "mxfp8", "--torch-compile",
+                        "--emit", "fsdp", "--torchtitan-version", "0.2.2", "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    toml = (out / "torchtitan.toml").read_text()
+    assert 'converters = ["quantize.linear.mx"]' in toml and 'recipe_name = "mxfp8_cublas"' in toml
