@@ -147,6 +147,17 @@ def _emit(tmp_path, name: str, *flags: str) -> tuple[str, object]:
     return " ".join((out / "args.txt").read_text().split()), load_plan_yaml(out / "plan.yaml")
 
 
+def test_nvl72_picks_tp8_over_two_trays_where_trays_alone_fit_nothing():
+    """Llama 3 405B on 64 GB200 with a global batch of 8 (too few micro-batches for deep pipelines): the NVL72 plan's
+    pick runs TP 8 over two trays; with 4-GPU trays as the only NVLink domains no layout passes the rules."""
+    model = get_preset("llama3-405b")
+    t = TrainingSpec(global_batch=8, seq_len=8192, precision="fp8", fp8_recipe="tensorwise", framework="megatron-lm",
+                     zero_options=(1,))
+    best = plan(model, preset_cluster("gb200-nvl72", gpus=64), t).candidates[0].candidate
+    assert best.tp == 8 and best.tp > 4
+    assert not plan(model, preset_cluster("gb200-nvl72", gpus=64, nvlink_domain=4), t, allow_empty=True).candidates
+
+
 def test_emit_megatron_lm_writes_tp_and_ep_across_trays(tmp_path):
     # the plan's own pick: EP 8 over two trays (as NeMo ran Mixtral on GB200)
     args, setup = _emit(tmp_path, "moe", "--model", "mixtral-8x7b", "--gpus", "64", "--seq-len", "4096",
