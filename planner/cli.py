@@ -92,8 +92,12 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--gpus-per-node", type=_positive_int, default=None,
         help="GPUs per node (default: the accelerator's usual node, 8 for most); fewer --gpus plan one partial node")
     add("--cluster", help="cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps or nics_per_node x nic_gbps, "
-                          "intra_node_gbps) or a preset: jean-zay-a100, jean-zay-v100, dgx-a100-superpod, "
-                          "dgx-h100-superpod")
+                          "intra_node_gbps, nvlink_domain) or a preset: jean-zay-a100, jean-zay-v100, "
+                          "dgx-a100-superpod, dgx-h100-superpod, dgx-b200, gb200-nvl72")
+    add("--nvlink-domain", type=_positive_int, default=None,
+        help="GPUs one NVLink fabric joins across nodes, a whole number of nodes (GB200 NVL72: 72 = 18 trays of 4, "
+             "the default for GB200; 64 when a job gets 16 trays of each rack); TP, EP and CP groups inside it run "
+             "at NVLink speed")
     add("--calibration", help="calibration YAML from `tune calibrate`, overrides catalog figures")
     add("--inter-node-gbps", type=_positive_float, help="inter-node bandwidth per node, Gbit/s")
     add("--intra-node-gbps", type=_positive_float, help="intra-node bandwidth per GPU and direction, Gbit/s")
@@ -105,9 +109,10 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--precision", choices=PRECISIONS, default=None, help="bf16 (default; fp16 on GPUs without bf16) | fp16 | fp32")
     add("--optimizer", choices=OPTIMIZERS, default="adamw",
         help="optimizer, for its memory per parameter (default adamw)")
-    add("--fp8-recipe", choices=("delayed", "tensorwise", "rowwise"), default=None,
+    add("--fp8-recipe", choices=("delayed", "tensorwise", "rowwise", "mxfp8", "blockwise"), default=None,
         help="with --precision fp8: Transformer Engine's scaling, delayed (default; amax history) or tensorwise "
-             "(current scaling, as Megatron-Bridge's H100 recipes); torchtitan float8: tensorwise or rowwise")
+             "(current scaling, as Megatron-Bridge's H100 recipes), block-scaled mxfp8 (Blackwell: a scale per 32 "
+             "elements) or blockwise (DeepSeek-V3's 1x128 / 128x128 tiles); torchtitan: tensorwise, rowwise or mxfp8")
     add("--pp-schedule", choices=PP_SCHEDULES_FSDP, default=None,
         help="--framework fsdp: torchtitan's pipeline schedule (default 1F1B; Interleaved1F1B where VPP > 1)")
     add("--torch-compile", action="store_true", help="--framework fsdp: torchtitan with torch.compile")
@@ -164,13 +169,15 @@ def _split(text: str | None, kind: type, flag: str) -> tuple | None:
 
 def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
     if args.cluster:
-        cluster = load_cluster(args.cluster, gpus=args.gpus, nodes=args.nodes)
+        cluster = load_cluster(args.cluster, gpus=args.gpus, nodes=args.nodes,
+                               nvlink_domain=getattr(args, "nvlink_domain", None))
     else:
         if args.gpus is None and args.nodes is None:
             raise InputError("give --gpus N (or --nodes N, or --cluster FILE)")
         cluster = make_cluster(gpu=args.gpu or "A100-80GB", gpus=args.gpus, nodes=args.nodes,
                                gpus_per_node=args.gpus_per_node, inter_node_gbps=args.inter_node_gbps,
-                               intra_node_gbps=args.intra_node_gbps)
+                               intra_node_gbps=args.intra_node_gbps,
+                               nvlink_domain=getattr(args, "nvlink_domain", None))
     if args.calibration:
         cluster = apply_calibration(cluster, args.calibration)
     return cluster
@@ -236,6 +243,9 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
     if getattr(args, "fp8_recipe", None) and precision != "fp8":
         raise InputError(f"--fp8-recipe applies to FP8 training only (precision here: {precision}); "
                          "add --precision fp8 or drop --fp8-recipe")
+    if getattr(args, "fp8_recipe", None) == "mxfp8" and not cluster.gpu.mx_block_scaling:
+        raise InputError(f"--fp8-recipe mxfp8: {cluster.gpu.id}'s tensor cores take no MX block scales (Blackwell's "
+                         "B200/GB200 and MI355X do); use --fp8-recipe blockwise or tensorwise, or --gpu B200")
     if getattr(args, "grad_reduce_dtype", None) and framework != "megatron-lm":
         raise InputError(f"--grad-reduce-dtype is Megatron-LM's (--grad-reduce-in-bf16); the framework here is "
                          f"{framework}: add --framework megatron-lm or drop --grad-reduce-dtype")
@@ -336,7 +346,9 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
     lines = [f"{named}: {m.params / 1e9:.1f}B params{active}, {m.layers} layers, hidden {m.hidden}, heads {m.heads}"
              f"{f' (kv {m.kv_heads})' if m.kv_heads != m.heads else ''}, seq {t.seq_len}",
              f"cluster: {cl.nodes} nodes x {cl.gpus_per_node} {cl.gpu.id} = {cl.world_size} GPUs "
-             f"({cl.gpu.memory_bytes / 2**30:.0f} GiB each); framework {t.framework}"
+             f"({cl.gpu.memory_bytes / 2**30:.0f} GiB each"
+             + (f"; NVLink domains of {cl.nvlink_domain} GPUs" if cl.nvlink_domain else "")
+             + f"); framework {t.framework}"
              + (f" ({t.flavor} fork)" if t.framework == "megatron-deepspeed" else "")
              + (f" [{framework_why}]" if framework_why else "") + f", {t.precision}"
              + (" (FP8 GEMMs; MFU against the bf16 peak)" if t.precision == "fp8" else "") + ", "

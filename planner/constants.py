@@ -130,6 +130,18 @@ TABLE: tuple[Fitted, ...] = (
                      "8192 tokens: rowwise 1,235 vs tensorwise 1,314 TFLOP/s (tests/bench/fp8_rowwise_gemm.py)",
            checked_on="torchtitan commit 7a04053 (Llama 3 8B, 8 H100, torch.compile, Jan 2025): rowwise / "
                       "tensorwise = 6,424 / 7,186 = 0.894 end to end"),
+    Fitted(name="BLOCK_SCALED_GEMM_EFFICIENCY", value=0.92,
+           unit="x the FP8 GEMMs' usual rate (block-scaled FP8: --fp8-recipe mxfp8, blockwise)",
+           source="a scale per 32 (MX) or 128 (DeepSeek-V3) elements of K for each operand row: the GEMM loads the "
+                  "scales with every K-block and applies them before accumulating (Blackwell tcgen05 block-scaled MMA; "
+                  "on Hopper, DeepSeek-V3 Sec. 3.3.2's promotion to FP32 every 128 elements); the quantization passes "
+                  "are costed apart (planner.fp8.cast_traffic_bytes)",
+           fitted_on="torchao's B200 table (docs/source/workflows/training.md @ 36027d8, Llama 3 8B, FSDP2 on 8 B200): "
+                     "mxfp8_cublas / float8 tensorwise = 9,969 / 10,417 = 0.957 end to end; predicted 0.991 at 1.0, "
+                     "0.957 at 0.92 (tests/test_blackwell.py)",
+           checked_on="torchtitan nvfp4.md @ b5bcd76 (4 Blackwell GPUs, ASSUMED GB200): MXFP8 / BF16 Llama 3 8B 1.281 "
+                      "measured, 1.447 -> 1.382 predicted; Qwen3 8B 1.319 measured, 1.416 -> 1.356 predicted. No "
+                      "published blockwise (128x128) pair here: blockwise takes MXFP8's value"),
     # -- MoE (planner.moe) --
     Fitted(name="KERNEL_LAUNCH_S", value=20e-6, unit="s of host time per grouped-GEMM split launch",
            source="Transformer Engine GroupedLinear: one cuBLAS call (and under FP8 one quantization) per expert "
@@ -169,6 +181,7 @@ DS_DP_INTER_NODE_EFFICIENCY = BY_NAME["DS_DP_INTER_NODE_EFFICIENCY"].value
 KERNEL_LAUNCH_S = BY_NAME["KERNEL_LAUNCH_S"].value
 ASYNC_TP_HIDDEN = BY_NAME["ASYNC_TP_HIDDEN"].value
 ROWWISE_GEMM_EFFICIENCY = BY_NAME["ROWWISE_GEMM_EFFICIENCY"].value
+BLOCK_SCALED_GEMM_EFFICIENCY = BY_NAME["BLOCK_SCALED_GEMM_EFFICIENCY"].value
 ALLOCATOR_OVERHEAD = BY_NAME["ALLOCATOR_OVERHEAD"].value
 SIGMA_PRIOR = BY_NAME["SIGMA_PRIOR"].value
 

@@ -379,7 +379,8 @@ TERMS: tuple[Term, ...] = (
          source="GEMMs at peak x tile/wave/inner-dimension efficiency (NVIDIA 'Matrix Multiplication Background'), "
                 "element-wise at HBM bandwidth, backward = 2x forward (seed 001), host-bound passes (framework)",
          constants=("GEMM_K_HALF", "DENSE_MISALIGNED_EFFICIENCY", "ELEMENTWISE_BW_EFFICIENCY", "EAGER_HOST_S",
-                    "MEGATRON_HOST_S", "KERNEL_LAUNCH_S", "ROWWISE_GEMM_EFFICIENCY")),
+                    "MEGATRON_HOST_S", "KERNEL_LAUNCH_S", "ROWWISE_GEMM_EFFICIENCY",
+                    "BLOCK_SCALED_GEMM_EFFICIENCY")),
     Term(name="grad_accumulation", kind=MEMORY, group="compute_s", per_microbatch=True, seconds=grad_accumulation_s,
          source="DeepSpeed engine (ZeRO 0-1): autograd adds each micro-batch's gradients into param.grad, at HBM "
                 "bandwidth (planner.pipeline_engine)",

@@ -26,8 +26,9 @@ def enumerate_candidates(model: ModelSpec, world: int, gpus_per_node: int, train
                          knobs: dict[str, tuple] | None = None) -> Iterator[Candidate]:
     """The plain product of TP, PP, MBS and the target's knobs, with TP*PP dividing the world size.
 
-    TP runs over divisors of the world up to 2x the node (so "TP inside a node" is a visible
-    reason, not a silent omission); PP over divisors of world/TP up to the layer count + 1 (one
+    TP runs over divisors of the world up to 2x ``gpus_per_node``, the NVLink domain (the node, or a GB200 NVL72
+    rack: `ClusterSpec.domain_gpus`), so "TP inside the NVLink domain" is a visible reason, not a silent
+    omission; PP over divisors of world/TP up to the layer count + 1 (one
     "PP exceeds layers" example); MBS over every value up to ``max_mbs`` dividing GBS/DP (GBS/DP not
     an integer gives MBS 1, which the batch rule then explains). ``knobs`` (recompute, zero, sp, vpp,
     hybrid value tuples; cp and ep: None where the target has them, then `planner.context_parallel.cp_choices`

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from planner import moe
-from planner.constants import ROWWISE_GEMM_EFFICIENCY
+from planner.constants import BLOCK_SCALED_GEMM_EFFICIENCY, ROWWISE_GEMM_EFFICIENCY
 from planner.ops import bytes_op
 
 if TYPE_CHECKING:
@@ -43,7 +43,19 @@ FP8_PARAM_BYTES = 1.0 + 1.0
 # Transformer Engine scaling recipes plan models (Megatron-LM --fp8-recipe): delayed scaling takes the scale from the
 # amax history, so the norm writes FP8 directly and a cast computes amax in the same pass; per-tensor current scaling
 # ("tensorwise", Megatron-Bridge's H100 FP8-CS runs: fp8_recipe="tensorwise") needs the tensor's amax first.
-FP8_RECIPES = ("delayed", "tensorwise", "rowwise")
+FP8_RECIPES = ("delayed", "tensorwise", "rowwise", "mxfp8", "blockwise")
+# Block-scaled FP8: a scale per block of consecutive elements along the GEMM's reduction axis, so the forward and the
+# backward need two quantized copies of each input (one per axis, each from the 16-bit tensor: an FP8 transpose of the
+# first would carry the wrong blocks). mxfp8: OCP Microscaling (MX spec v1.0), 32 elements per E8M0 scale (1 byte),
+# applied by Blackwell's tensor cores (Megatron-LM --fp8-recipe mxfp8 -> TE MXFP8BlockScaling; torchao MXLinear
+# recipe mxfp8_cublas); blockwise: DeepSeek-V3's (arXiv 2412.19437 Sec. 3.3.1) 1x128 tiles for activations and
+# gradients, 128x128 blocks for weights, fp32 scales (4 bytes; --fp8-recipe blockwise -> TE Float8BlockScaling).
+# recipe -> (elements per scale along the reduction axis, bytes per scale)
+BLOCK_SCALING = {"mxfp8": (32, 1.0), "blockwise": (128, 4.0)}
+# torchao's MXLinear casts each input twice, once per axis (the dim0 cast in torch.compile's fused kernels, the dim1
+# cast in its own kernel, mxfp8_dim1_cast_kernel_choice): the second reads the 16-bit input again. TE's MXFP8
+# quantizer writes both copies from one read (cast_mxfp8_2D with rowwise and columnwise scaling).
+BLOCK_SECOND_AXIS_READ_BYTES = 2.0
 # torchao's rowwise float8 (torchtitan quantize.linear.float8 recipe_name "rowwise"): a scale per row of each GEMM
 # operand, so GEMMs with row-scaled epilogues (torch._scaled_mm rowwise) and, for the weight-gradient GEMM, each input
 # quantized a second time along its other axis (torchao float8 CastConfig AXISWISE per operand).
@@ -60,8 +72,13 @@ CURRENT_SCALING_AMAX_READ_BYTES = 2.0
 
 
 def gemm_rate_factor(training: "TrainingSpec") -> float:
-    """The FP8 GEMMs' rate relative to the FP8 peak's usual efficiency: ROWWISE_GEMM_EFFICIENCY under rowwise."""
-    return ROWWISE_GEMM_EFFICIENCY if training.precision == "fp8" and training.fp8_recipe == "rowwise" else 1.0
+    """The FP8 GEMMs' rate relative to the FP8 peak's usual efficiency: ROWWISE_GEMM_EFFICIENCY under rowwise,
+    BLOCK_SCALED_GEMM_EFFICIENCY under block scaling (scales read and applied per K-block in the GEMM)."""
+    if training.precision != "fp8":
+        return 1.0
+    if training.fp8_recipe == "rowwise":
+        return ROWWISE_GEMM_EFFICIENCY
+    return BLOCK_SCALED_GEMM_EFFICIENCY if training.fp8_recipe in BLOCK_SCALING else 1.0
 
 
 def compute_precision(precision: str) -> str:
@@ -78,6 +95,10 @@ def violations(model: "ModelSpec", c: "Candidate", cluster: "ClusterSpec",
     if cluster.gpu.peak_fp8_flops is None:
         out.append(("fp8_needs_hardware", f"{cluster.gpu.id} has no FP8 tensor cores (H100, H200, B200 and MI300X "
                                           "do); use --precision bf16"))
+    elif training.fp8_recipe == "mxfp8" and not cluster.gpu.mx_block_scaling:
+        out.append(("fp8_needs_hardware", f"{cluster.gpu.id}'s tensor cores take no MX block scales (MXFP8 is "
+                                          "Blackwell's: B200, GB200; Megatron-LM 'mxfp8 for Blackwell architecture "
+                                          "only'); use --fp8-recipe blockwise or tensorwise"))
     if fw not in FRAMEWORKS_WITH_FP8:
         out.append(("framework_limit", f"FP8 training is not in {fw}; use --framework megatron-lm "
                                        "(Transformer Engine) or fsdp (torchtitan float8)"))
@@ -130,10 +151,14 @@ def activation_saving_bytes(c: "Candidate", precision: str, sbh: float, f_ratio:
 
 
 def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, tokens: int,
-                       recipe: str = "delayed") -> float:
+                       recipe: str = "delayed", framework: str = "megatron-lm") -> float:
     """HBM bytes of quantizing one layer's GEMM inputs in the forward (QKV, projection, FC1, FC2); MoE layers
     quantize each token's k permuted copies (`planner.moe.mlp_gemm_input_widths`). Current scaling
-    (``recipe`` tensorwise) adds the bf16 round trip of the norm-fed inputs and the amax read of the others."""
+    (``recipe`` tensorwise) adds the bf16 round trip of the norm-fed inputs and the amax read of the others.
+    Block scaling (mxfp8, blockwise) takes each block's amax in the cast itself (no amax pass), but the norm cannot
+    emit it (TE normalization.cpp: MXFP8 and block quantizers take UNFUSED, "compute norm in high precision, then
+    quantize"): the norm-fed inputs' bf16 round trip; both copies carry their scales (`block_scale_bytes`); torchao
+    (``framework`` fsdp) reads the input again for the second axis."""
     if precision != "fp8":
         return 0.0
     t, h = c.tp, model.hidden
@@ -147,22 +172,33 @@ def cast_traffic_bytes(model: "ModelSpec", c: "Candidate", precision: str, token
                          + CURRENT_SCALING_AMAX_READ_BYTES * (h + model.q_dim / t + fc1 + fc2 - norm_fed))
     if recipe == "rowwise":
         out += ROWWISE_SECOND_CAST_BYTES * elements
+    if recipe in BLOCK_SCALING:
+        norm_fed = h + (h if not moe.is_moe(model) else 0.0)
+        out += tokens * CURRENT_SCALING_NORM_FED_BYTES * norm_fed + block_scale_bytes(recipe) * elements
+        if framework == "fsdp":
+            out += BLOCK_SECOND_AXIS_READ_BYTES * elements
     return out
+
+
+def block_scale_bytes(recipe: str) -> float:
+    """Scale bytes per quantized element under block scaling, both copies (one per axis): 2 x bytes / block."""
+    block, scale = BLOCK_SCALING[recipe]
+    return 2 * scale / block
 
 
 def cast_ops(lo: "LayerOps", model: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
              cluster: "ClusterSpec") -> "LayerOps":
     """The layer's op list with FP8's quantization of the GEMM inputs (`cast_traffic_bytes`) added: a memory-bound
     op."""
-    casts = cast_traffic_bytes(model, c, training.precision, tokens, training.fp8_recipe)
+    casts = cast_traffic_bytes(model, c, training.precision, tokens, training.fp8_recipe, training.framework)
     if not casts:
         return lo
     return replace(lo, ops=lo.ops + (bytes_op("fp8_casts", casts, cluster),))
 
 
-__all__ = ["FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "cast_ops", "cast_traffic_bytes",
-           "compute_precision", "fc1_input_copies", "fp8_param_gather", "gemm_rate_factor",
-           "param_gather_bytes", "violations", "weight_bytes"]
+__all__ = ["BLOCK_SCALING", "FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "block_scale_bytes",
+           "cast_ops", "cast_traffic_bytes", "compute_precision", "fc1_input_copies", "fp8_param_gather",
+           "gemm_rate_factor", "param_gather_bytes", "violations", "weight_bytes"]
 
 
 def require_hardware(gpu: object, precision: str) -> None:

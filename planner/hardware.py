@@ -57,6 +57,12 @@ class Accelerator:
     """the usual node (NVLink domain) size: the default of --gpus-per-node"""
     nic_gbps: float
     """the usual inter-node NIC per GPU, Gbit/s per direction: the default network"""
+    nvlink_domain: int | None = None
+    """GPUs one NVLink fabric joins when it is larger than the node (GB200 NVL72: 72 GPUs over 18 trays of 4);
+    None: the node is the domain. The default of --nvlink-domain"""
+    mx_block_scaling: bool = False
+    """the tensor cores take MX block scales (OCP Microscaling: a shared E8M0 scale per 32 elements) in the GEMM
+    itself: Blackwell (MXFP8 in Transformer Engine, --fp8-recipe mxfp8) and AMD CDNA4 (MI355X)"""
     power_w: float | None = field(compare=False)
     aliases: tuple[str, ...] = field(compare=False)
     """other names --gpu accepts (A100 -> A100-80GB)"""
@@ -93,12 +99,15 @@ ACCELERATOR_KEYS: dict[str, tuple[str, float | None]] = {
     "tf32_tflops": ("peak_tf32_flops", TB), "fp32_tflops": ("peak_fp32_flops", TB),
     "hbm_gb_per_s": ("memory_bw_bytes_per_s", GB), "intra_node_gb_per_s": ("intra_node_bw_bytes_per_s", GB),
     "intra_node_link": ("intra_node_link", None), "gpus_per_node": ("gpus_per_node", None),
-    "nic_gbps": ("nic_gbps", None), "sm_count": ("sm_count", None), "gemm_efficiency": ("gemm_efficiency", None),
+    "nic_gbps": ("nic_gbps", None), "nvlink_domain": ("nvlink_domain", None),
+    "mx_block_scaling": ("mx_block_scaling", None), "sm_count": ("sm_count", None),
+    "gemm_efficiency": ("gemm_efficiency", None),
     "cuda_context_gib": ("cuda_context_bytes", GiB), "power_w": ("power_w", None), "source": ("source", None),
     "aliases": ("aliases", None),
 }
 ACCELERATOR_DEFAULTS = {"bf16_tflops": None, "fp8_tflops": None, "tf32_tflops": None, "intra_node_link": "",
-                        "gpus_per_node": 8, "nic_gbps": 100.0, "gemm_efficiency": 0.7, "cuda_context_gib": 1.0,
+                        "gpus_per_node": 8, "nic_gbps": 100.0, "nvlink_domain": None, "mx_block_scaling": False,
+                        "gemm_efficiency": 0.7, "cuda_context_gib": 1.0,
                         "power_w": None, "source": "", "aliases": []}
 """what a description without ``base`` may leave out: no bf16/FP8/TF32 peak; gemm_efficiency 0.7, the H100-class
 figure (planner/accelerators.yaml says where each comes from); one 100 Gb/s NIC per GPU; a 1 GiB CUDA context"""
@@ -235,10 +244,23 @@ class ClusterSpec:
     intra_node_bw_measured: bool = False
     """intra_node_bw is a measured bus bandwidth (calibration): used as is, no link-efficiency derate"""
     inter_node_bw_measured: bool = False
+    nvlink_domain: int | None = None
+    """GPUs one NVLink fabric joins across nodes (GB200 NVL72: 72, 18 trays of 4), a whole number of nodes; groups
+    inside it run at the NVLink bandwidth even across nodes. None: the node is the domain"""
 
     def __post_init__(self) -> None:
         if self.gpus_per_node <= 0 or self.nodes <= 0:
             raise InputError(f"cluster {self.name!r}: gpus per node and nodes must be > 0")
+        d = self.nvlink_domain
+        if d is not None and (d < self.gpus_per_node or d % self.gpus_per_node):
+            lo = max(self.gpus_per_node, d // self.gpus_per_node * self.gpus_per_node)
+            raise InputError(f"NVLink domain {d} is not a whole number of {self.gpus_per_node}-GPU nodes; use {lo} "
+                             f"(--nvlink-domain counts GPUs, e.g. 72 for GB200 NVL72's 18 trays of 4)")
+
+    @property
+    def domain_gpus(self) -> int:
+        """GPUs whose collectives stay on NVLink: the NVLink domain (a GB200 NVL72 rack), else the node."""
+        return self.nvlink_domain if self.nvlink_domain is not None else self.gpus_per_node
 
     @property
     def world_size(self) -> int:
@@ -260,8 +282,10 @@ class ClusterSpec:
         kind = "measured bus bandwidth" if self.inter_node_bw_measured else rails
         intra = (f"{self.intra_node_bw_bytes_per_s / 1e9:g} GB/s per GPU "
                  f"{'measured' if self.intra_node_bw_measured else self.gpu.intra_node_link}")
+        where = (f"inside an NVLink domain of {self.nvlink_domain} GPUs ({self.nvlink_domain // self.gpus_per_node} "
+                 f"nodes of {self.gpus_per_node})" if self.nvlink_domain else "inside a node")
         return (f"network: {kind} ({self.inter_node_bw_per_gpu / 1e9:.1f} GB/s per GPU across nodes), "
-                f"{intra} inside a node; {self.network or 'default'}")
+                f"{intra} {where}; {self.network or 'default'}")
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "gpu": self.gpu.id, "gpus_per_node": self.gpus_per_node, "nodes": self.nodes,
@@ -269,6 +293,8 @@ class ClusterSpec:
              "intra_node_gbps_per_gpu": round(self.intra_node_bw_bytes_per_s * 8 / 1e9, 3)}
         if self.nics_per_node and self.nic_gbps:
             d |= {"nics_per_node": self.nics_per_node, "nic_gbps": self.nic_gbps}
+        if self.nvlink_domain:
+            d["nvlink_domain"] = self.nvlink_domain
         return d
 
 
@@ -281,6 +307,8 @@ class ClusterPreset:
     nics_per_node: int
     nic_gbps: float
     source: str
+    nvlink_domain: int | None = None
+    """GPUs in one NVLink domain when it spans nodes (GB200 NVL72: 72); None: the node"""
 
 
 # Clusters people train on, with their real network (one home for these figures). `--cluster NAME`.
@@ -301,20 +329,48 @@ CLUSTER_PRESETS: dict[str, ClusterPreset] = {
         gpu="H100-SXM", gpus_per_node=8, nics_per_node=8, nic_gbps=400.0,
         source="NVIDIA DGX H100 SuperPOD reference architecture: 8 x NDR 400 Gb/s ConnectX-7 compute "
                "rails per DGX H100, NVLink4/NVSwitch inside"),
+    "dgx-b200": ClusterPreset(
+        gpu="B200", gpus_per_node=8, nics_per_node=8, nic_gbps=400.0,
+        source="NVIDIA DGX B200 user guide, Hardware Overview: 8 B200 (1,440 GB), 2 fifth-generation NVLink switches "
+               "(14.4 TB/s aggregate = 1.8 TB/s per GPU), 4 OSFP ports for 8 single-port ConnectX-7 at up to "
+               "400 Gb/s InfiniBand (one compute rail per GPU)"),
+    "gb200-nvl72": ClusterPreset(
+        gpu="GB200", gpus_per_node=4, nics_per_node=4, nic_gbps=400.0, nvlink_domain=72,
+        source="NVIDIA DGX GB200 user guide, Hardware: racks of 72-GPU NVL domains, 18 compute trays of 2 Grace + "
+               "4 Blackwell GPUs joined by 9 NVLink switch trays (NVLink 5, 1.8 TB/s per GPU bidirectional), each "
+               "tray with 4 ConnectX-7 single-port 400G NICs for the cluster network (one per GPU); InfiniBand "
+               "between racks"),
 }
 CLUSTER_PRESETS["selene"] = CLUSTER_PRESETS["dgx-a100-superpod"]
+CLUSTER_PRESETS["dgx-gb200"] = CLUSTER_PRESETS["gb200-nvl72"]
+
+
+def job_domain(usual: int | None, gpus_per_node: int, world: int) -> int | None:
+    """The NVLink domain a job gets on machines whose domain is ``usual`` GPUs (None: the node), when the user does not
+    say: the whole domain (in whole nodes) for a job that fits one; a job spanning several is placed in segments of a
+    power-of-two number of nodes inside a domain, 16 trays = 64 GPUs on GB200 NVL72 (Slurm topology/block --segment;
+    NVIDIA's "Slurm topology-aware job scheduling on GB200 NVL72" blog recommends segment size 16 for jobs of 128+
+    GPUs), so that power-of-two groups never straddle two racks."""
+    if usual is None:
+        return None
+    nodes = usual // gpus_per_node
+    if world <= nodes * gpus_per_node:
+        return nodes * gpus_per_node
+    return 2 ** (nodes.bit_length() - 1) * gpus_per_node if nodes else None
 
 
 def make_cluster(*, gpu: "str | Accelerator", gpus: int | None = None, gpus_per_node: int | None = None,
                  nodes: int | None = None, inter_node_gbps: float | None = None, intra_node_gbps: float | None = None,
                  name: str = "", nics_per_node: int | None = None, nic_gbps: float | None = None,
-                 network: str = "") -> ClusterSpec:
+                 network: str = "", nvlink_domain: int | None = None) -> ClusterSpec:
     """A cluster from flags: ``--gpu A100-80GB --gpus 384 --gpus-per-node 8``.
 
     ``gpu`` is a catalog id, a GPU YAML path or an `Accelerator`; ``gpus_per_node`` defaults to the accelerator's
     usual node. Fewer GPUs than a node are one node of that many GPUs (a partial node: the same links inside it).
     The inter-node bandwidth per node is ``inter_node_gbps``, else ``nics_per_node`` x ``nic_gbps``, else one NIC
-    per GPU at the accelerator's usual rate (its ``nic_gbps``).
+    per GPU at the accelerator's usual rate (its ``nic_gbps``). ``nvlink_domain`` (GPUs, whole nodes) defaults to
+    `job_domain` of the accelerator's (GB200: 72; 64 for jobs beyond one rack); a domain no larger than the node is
+    the node.
     """
     acc = gpu if isinstance(gpu, Accelerator) else get_accelerator(gpu)
     gpus_per_node = acc.gpus_per_node if gpus_per_node is None else gpus_per_node
@@ -344,28 +400,38 @@ def make_cluster(*, gpu: "str | Accelerator", gpus: int | None = None, gpus_per_
         network = network or (f"default for {acc.id}: one {rate:g} Gb/s NIC per GPU (a DGX-like node); give "
                               "--cluster PRESET/FILE or --inter-node-gbps for your cluster")
     intra = intra_node_gbps * 1e9 / 8 if intra_node_gbps else acc.intra_node_bw_bytes_per_s
+    domain = nvlink_domain if nvlink_domain is not None else job_domain(acc.nvlink_domain, gpus_per_node,
+                                                                        nodes * gpus_per_node)
+    if domain is not None and domain <= gpus_per_node:   # the node (or the part of one planned) is the domain
+        domain = None
     return ClusterSpec(name=name or f"{nodes}x{gpus_per_node} {acc.id}", gpu=acc, gpus_per_node=gpus_per_node,
                        nodes=nodes, inter_node_bw_bytes_per_s=inter, intra_node_bw_bytes_per_s=intra,
-                       nics_per_node=nics, nic_gbps=rate, network=network)
+                       nics_per_node=nics, nic_gbps=rate, network=network, nvlink_domain=domain)
 
 
-def preset_cluster(preset: str, *, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
-    """A cluster preset (CLUSTER_PRESETS) at ``gpus`` / ``nodes`` (default: one node)."""
+def preset_cluster(preset: str, *, gpus: int | None = None, nodes: int | None = None,
+                   nvlink_domain: int | None = None) -> ClusterSpec:
+    """A cluster preset (CLUSTER_PRESETS) at ``gpus`` / ``nodes`` (default: one node); ``nvlink_domain`` replaces the
+    preset's (a job given part of each NVL72 rack: --nvlink-domain 64)."""
     p = CLUSTER_PRESETS[preset]
     if gpus is None and nodes is None:
         nodes = 1
     return make_cluster(gpu=p.gpu, gpus=gpus, nodes=nodes, gpus_per_node=p.gpus_per_node,
                         nics_per_node=p.nics_per_node, nic_gbps=p.nic_gbps, name=preset,
-                        network=f"preset {preset}: {p.source}")
+                        network=f"preset {preset}: {p.source}",
+                        nvlink_domain=nvlink_domain if nvlink_domain is not None else job_domain(
+                            p.nvlink_domain, p.gpus_per_node, gpus if gpus is not None else nodes * p.gpus_per_node))
 
 
-def load_cluster(path: str, *, gpus: int | None = None, nodes: int | None = None) -> ClusterSpec:
+def load_cluster(path: str, *, gpus: int | None = None, nodes: int | None = None,
+                 nvlink_domain: int | None = None) -> ClusterSpec:
     """A cluster YAML (gpu, gpus_per_node, nodes, inter_node_gbps per node or nics_per_node x nic_gbps,
-    intra_node_gbps per GPU), or the name of a preset (CLUSTER_PRESETS: jean-zay-a100, dgx-h100-superpod, ...).
+    intra_node_gbps per GPU, nvlink_domain in GPUs when NVLink spans nodes), or the name of a preset (CLUSTER_PRESETS:
+    jean-zay-a100, dgx-h100-superpod, dgx-b200, gb200-nvl72, ...).
     ``gpu`` is a catalog id, a GPU YAML (a path beside the cluster file or as given), or the accelerator's
     description itself (a mapping of GPU YAML keys, ``base: ID`` to change a catalog entry)."""
     if path.strip().lower() in CLUSTER_PRESETS:
-        return preset_cluster(path.strip().lower(), gpus=gpus, nodes=nodes)
+        return preset_cluster(path.strip().lower(), gpus=gpus, nodes=nodes, nvlink_domain=nvlink_domain)
     where = f"cluster YAML {path}"
     d = check(read_mapping(path, "cluster file"), CLUSTER, where)
     gpu = d["gpu"]
@@ -378,4 +444,5 @@ def load_cluster(path: str, *, gpus: int | None = None, nodes: int | None = None
     return make_cluster(gpu=acc, gpus=gpus, gpus_per_node=d.get("gpus_per_node"), nodes=nodes,
                         inter_node_gbps=d.get("inter_node_gbps"), intra_node_gbps=d.get("intra_node_gbps"),
                         nics_per_node=d.get("nics_per_node"), nic_gbps=d.get("nic_gbps"), name=d.get("name", ""),
-                        network=f"cluster file {path}" + (f": {d['source']}" if d.get("source") else ""))
+                        network=f"cluster file {path}" + (f": {d['source']}" if d.get("source") else ""),
+                        nvlink_domain=nvlink_domain if nvlink_domain is not None else d.get("nvlink_domain"))

@@ -274,8 +274,8 @@ def all_to_all_s(topology: "Topology", stride: int, group: int, message_bytes: f
     Inside one node (m = n) this is the all-gather of the whole message."""
     if group <= 1 or message_bytes <= 0:
         return 0.0
-    gpn = topology.cluster.gpus_per_node
-    members = min(group, max(1, gpn // stride))          # ranks of the group on one node
+    gpn = topology.domain   # the node, or an NVLink domain spanning nodes (GB200 NVL72: EP across trays on NVLink)
+    members = min(group, max(1, gpn // stride))          # ranks of the group on one node (NVLink domain)
     intra = collective_s(topology.strided_link(stride, members), kind="all_gather",
                          message_bytes=message_bytes * members / group, group=members)
     if members >= group:

@@ -182,7 +182,7 @@ def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training:
     under that rule (with its first candidate as the example, as one by one would) and yielded as its size; a row that
     passes them is yielded as a `_Row`, its candidates not built. ``keep_rampup``: the candidates of groups broken only
     by the rampup are yielded one by one (`plan`'s free_best scores them without the rampup)."""
-    for group in enumerate_groups(model, cluster.world_size, cluster.gpus_per_node, training, knobs):
+    for group in enumerate_groups(model, cluster.world_size, cluster.domain_gpus, training, knobs):
         size = group.size
         if not size:
             continue
@@ -396,7 +396,8 @@ def min_gpus_to_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     def fits(nodes: int) -> bool:
         c = make_cluster(gpu=cluster.gpu, nodes=nodes, gpus_per_node=cluster.gpus_per_node,
                          inter_node_gbps=cluster.inter_node_bw_bytes_per_s * 8 / 1e9,
-                         intra_node_gbps=cluster.intra_node_bw_bytes_per_s * 8 / 1e9)
+                         intra_node_gbps=cluster.intra_node_bw_bytes_per_s * 8 / 1e9,
+                         nvlink_domain=cluster.nvlink_domain)
         t = replace(training, rampup=None, recompute_options=("full",), max_mbs=1, pins=())
         probe = plan(model, c, t, allow_empty=True, targets=targets)
         return bool(probe.candidates)

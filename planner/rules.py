@@ -201,9 +201,11 @@ def _degrees(model: ModelSpec, c: Candidate, cluster: ClusterSpec) -> Iterator[V
         yield Violation(Reason.WORLD_SIZE, f"TP({c.tp})*PP({c.pp})*DP({c.dp}){cp} = {c.world} "
                                            f"!= world size {world} ({cluster.nodes} nodes x {cluster.gpus_per_node} "
                                            f"GPUs); pick DP = world / (TP*PP{'*CP' if cp else ''})")
-    if c.tp > cluster.gpus_per_node:
-        yield Violation(Reason.TP_EXCEEDS_NODE, f"TP {c.tp} > {cluster.gpus_per_node} GPUs per node: TP all-reduces "
-                                                "every layer and must stay on the intra-node link (seed 004)")
+    if c.tp > cluster.domain_gpus:   # the NVLink domain: the node, or a GB200 NVL72 rack's 72 GPUs across 18 trays
+        where = (f"{cluster.domain_gpus} GPUs in the NVLink domain" if cluster.nvlink_domain
+                 else f"{cluster.gpus_per_node} GPUs per node")
+        yield Violation(Reason.TP_EXCEEDS_NODE, f"TP {c.tp} > {where}: TP all-reduces every layer and must stay on "
+                                                "NVLink (seed 004)")
     yield from _tp_divides(model, c)
     if c.pp > model.layers:
         yield Violation(Reason.PP_EXCEEDS_LAYERS, f"PP {c.pp} > {model.layers} layers")

@@ -121,8 +121,9 @@ class TrainingSpec:
                                  "--overlap-param-gather with --overlap-grad-reduce'); add grad-reduce")
         if self.grad_reduce_dtype not in ("fp32", "bf16"):
             raise InputError(f"unknown gradient reduce dtype {self.grad_reduce_dtype!r}; use fp32 or bf16")
-        if self.fp8_recipe not in ("delayed", "tensorwise", "rowwise"):   # planner.fp8.FP8_RECIPES
-            raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed, tensorwise or rowwise")
+        if self.fp8_recipe not in ("delayed", "tensorwise", "rowwise", "mxfp8", "blockwise"):   # fp8.FP8_RECIPES
+            raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed, tensorwise, rowwise, mxfp8 or "
+                             "blockwise")
         if self.pp_schedule and self.pp_schedule not in PP_SCHEDULES_FSDP:
             raise InputError(f"unknown pipeline schedule {self.pp_schedule!r}; use one of "
                              f"{', '.join(PP_SCHEDULES_FSDP)}")
@@ -131,7 +132,11 @@ class TrainingSpec:
                              f"the framework here is {self.framework}: add --framework fsdp or drop them")
         if self.fp8_recipe == "rowwise" and self.framework != "fsdp":
             raise InputError("--fp8-recipe rowwise is torchao's (torchtitan float8, --framework fsdp); Transformer "
-                             "Engine plans delayed or tensorwise")
+                             "Engine plans delayed, tensorwise, mxfp8 or blockwise")
+        if self.fp8_recipe == "blockwise" and self.framework != "megatron-lm":
+            raise InputError("--fp8-recipe blockwise is Transformer Engine's Float8BlockScaling (Megatron-LM "
+                             "--fp8-recipe blockwise); add --framework megatron-lm, or use mxfp8, tensorwise or "
+                             "rowwise")
         if self.async_tp and not self.torch_compile:
             raise InputError("--async-tp needs --torch-compile (torchtitan: async TP is a torch.compile pass)")
         if self.moe_capacity_factor is not None and not self.moe_capacity_factor >= 1:

@@ -6,6 +6,12 @@ TP, a PP group strides by TP·DP. A group's collective is limited by its bottlen
 NVLink/PCIe port inside a node, or the node's NICs (all rails together) shared by every group
 that crosses the node at the same time. Closed forms in the group's stride and size, so the
 cost of a plan does not grow with the number of GPUs.
+
+An NVLink domain larger than the node (GB200 NVL72: 72 GPUs over 18 trays of 4, joined by NVLink switch trays;
+`ClusterSpec.nvlink_domain`) carries a group's collectives at the GPU's NVLink bandwidth even across trays, when the
+group and its siblings lie inside domains: the whole job in one domain, or the block of consecutive ranks they fill
+(stride x size) dividing the domain, so that no block straddles two racks. A group that leaves its domain is
+priced as between nodes (the tray's NICs).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class Topology:
         self._intra = cluster.intra_node_bw_bytes_per_s * intra_eff
         self._gpu_port_inter = cluster.intra_node_bw_bytes_per_s * inter_eff
         self._nic = cluster.inter_node_bw_bytes_per_s * inter_eff
+        self.domain = cluster.domain_gpus
+        """GPUs on one NVLink fabric: the node, or the NVLink domain spanning nodes (GB200 NVL72)"""
         self._strided: dict[tuple[int, int], Link] = {}
         """`strided_link` by (stride, size): a plan asks for a few dozen, tens of thousands of times"""
 
@@ -48,12 +56,25 @@ class Topology:
             link = self._strided[stride, size] = self._strided_link(stride, size)
         return link
 
+    def in_domain(self, stride: int, size: int) -> bool:
+        """Whether the group {0, stride, ..., (size-1)·stride} and its siblings each lie inside one NVLink domain
+        that spans nodes (GB200 NVL72): the job fits one domain, or their block of stride·size consecutive ranks
+        divides the domain (Megatron's rank order places blocks back to back; a block that does not divide 72 would
+        straddle two racks somewhere). False where the node is the domain (the node rule applies)."""
+        if self.domain <= self.cluster.gpus_per_node:
+            return False
+        if size <= 1 or self.cluster.world_size <= self.domain:
+            return True
+        block = stride * size
+        return block <= self.domain and self.domain % block == 0
+
     def _strided_link(self, stride: int, size: int) -> Link:
         gpn = self.cluster.gpus_per_node
-        if size <= 1 or (size - 1) * stride < gpn:
+        if size <= 1 or (size - 1) * stride < gpn or self.in_domain(stride, size):
             return Link(kind="intra", bus_bw_bytes_per_s=self._intra)
         # members of this group on one node; the node's GPUs form gpn / members such groups, each
-        # crossing the node's NICs once in a ring
+        # crossing the node's NICs once in a ring (a group leaving its NVLink domain: as between nodes, each tray's
+        # ring crossing on that tray's NICs; NCCL's rings across racks are not credited with the rack's NICs)
         members = min(size, -(-gpn // stride)) if stride < gpn else 1
         concurrent = max(1, gpn // members)
         return Link(kind="inter", bus_bw_bytes_per_s=min(self._gpu_port_inter, self._nic / concurrent))
@@ -63,7 +84,7 @@ class Topology:
         """TP groups are consecutive ranks: inside a node when TP divides the node's GPUs; otherwise (TP 3, 6 on
         8-GPU nodes) some groups straddle two nodes, and every layer waits for their all-reduces on the network."""
         gpn = self.cluster.gpus_per_node
-        if tp <= 1 or (tp <= gpn and gpn % tp == 0):
+        if tp <= 1 or (tp <= gpn and gpn % tp == 0) or self.in_domain(1, tp):   # NVL72: TP across trays on NVLink
             return Link(kind="intra", bus_bw_bytes_per_s=self._intra)
         return Link(kind="inter", bus_bw_bytes_per_s=min(self._gpu_port_inter, self._nic))
 
@@ -73,7 +94,7 @@ class Topology:
     def pp_link(self, tp: int, dp: int, pp: int) -> Link:
         """The link between consecutive stages; every GPU of a stage sends at once."""
         gpn = self.cluster.gpus_per_node
-        if pp <= 1 or tp * dp < gpn:
+        if pp <= 1 or tp * dp < gpn or self.in_domain(tp * dp, pp):
             return Link(kind="intra", bus_bw_bytes_per_s=self._intra)
         concurrent = min(gpn, tp * dp)
         return Link(kind="inter", bus_bw_bytes_per_s=min(self._gpu_port_inter, self._nic / concurrent))

@@ -339,7 +339,7 @@ def candidate_of(row: ReplayRow, plan: Plan) -> Candidate:
 def enumerated_labels(plan: Plan) -> set[str]:
     """Every configuration the plan's space enumerates (survivors and ruled out), by label."""
     cluster = plan.cluster
-    return {x.label() for x in enumerate_candidates(plan.model, cluster.world_size, cluster.gpus_per_node,
+    return {x.label() for x in enumerate_candidates(plan.model, cluster.world_size, cluster.domain_gpus,
                                                     plan.training)}
 
 

@@ -138,9 +138,12 @@ def test_power_capped_h100_sustains_the_cube_root_of_its_power_share():
 def test_existing_entries_keep_their_network_defaults():
     """The default rail per GPU moved from a family table into each entry; the figures did not change."""
     for gpu, gbps in [("V100-32GB", 100), ("A100-80GB", 200), ("H100-SXM", 400), ("H100-PCIe", 400), ("H200", 400),
-                      ("B200", 400), ("GB200", 400), ("MI250X", 200), ("MI300X", 400), ("CPU", 100)]:
+                      ("B200", 400), ("MI250X", 200), ("MI300X", 400), ("CPU", 100)]:
         cluster = make_cluster(gpu=gpu, gpus=16)
         assert cluster.gpus_per_node == 8 and cluster.inter_node_bw_bytes_per_s == gbps * 1e9 / 8 * 8, gpu
+    # GB200: a compute tray of 4 GPUs, one 400G ConnectX-7 each, in a 72-GPU NVLink domain (DGX GB200 user guide)
+    gb200 = make_cluster(gpu="GB200", gpus=16)
+    assert (gb200.gpus_per_node, gb200.nvlink_domain, gb200.inter_node_bw_bytes_per_s) == (4, 72, 4 * 400e9 / 8)
 
 
 def test_the_catalog_is_read_once_by_the_users_loader_and_is_read_only():

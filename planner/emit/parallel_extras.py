@@ -108,6 +108,9 @@ def torchtitan_dict(setup) -> dict:
     [parallelism] table."""
     if setup.training.precision != "fp8":
         return {}
+    if setup.training.fp8_recipe == "mxfp8":   # torchao MXLinear (components/quantization/mx.py), cuBLAS MX GEMMs
+        return {"model": {"converters": ["quantize.linear.mx"]},
+                "quantize.linear.mx": {"recipe_name": "mxfp8_cublas"}}
     if setup.training.fp8_recipe == "rowwise":   # torchao: float8 all-gather is for tensorwise scaling only
         return {"model": {"converters": ["quantize.linear.float8"]},
                 "quantize.linear.float8": {"recipe_name": "rowwise"}}

@@ -130,6 +130,8 @@ def _cluster_dict(setup: RunSetup) -> dict:
     d = {"name": cl.name, "gpu": accelerator_ref(cl.gpu), "gpus_per_node": cl.gpus_per_node, "nodes": cl.nodes,
          "inter_node_gbps": round(cl.inter_node_bw_bytes_per_s * 8 / 1e9, 3),
          "intra_node_gbps": round(cl.intra_node_bw_bytes_per_s * 8 / 1e9, 3)}
+    if cl.nvlink_domain:
+        d["nvlink_domain"] = cl.nvlink_domain
     if cl.matmul_efficiency is not None:
         d["matmul_efficiency"] = cl.matmul_efficiency
     if cl.host_scale != 1.0:
@@ -287,7 +289,8 @@ def load_plan_yaml(path: Path) -> RunSetup:
                                nodes=_need(pc, "nodes", "plantune.cluster.", int, path),
                                inter_node_gbps=_need(pc, "inter_node_gbps", "plantune.cluster.", num, path),
                                intra_node_gbps=_need(pc, "intra_node_gbps", "plantune.cluster.", num, path),
-                               name=_need(pc, "name", "plantune.cluster.", str, path))
+                               name=_need(pc, "name", "plantune.cluster.", str, path),
+                               nvlink_domain=pc.get("nvlink_domain"))
         cluster = replace(cluster, matmul_efficiency=pc.get("matmul_efficiency"),
                           host_scale=float(pc.get("host_scale", 1.0)), cuda_context_bytes=pc.get("cuda_context_bytes"))
         pred = p.get("prediction")

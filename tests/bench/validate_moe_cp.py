@@ -14,13 +14,14 @@ plantune's count the full s^2 (Narayanan et al. 2021), so their TFLOP/s ratio is
   Its DGX-H100 Qwen3-235B-A22B row (EP 32: the all-to-all crosses 4 nodes over InfiniBand) lacks its GBS cell; GBS
   2048 and TP2/PP8/VP4/EP32 are QWEN3_235B_A22B_H100_FP8_CS_PARALLEL_CONFIG in
   scripts/performance/configs/qwen3/workload_base_configs.py.
-  Its GB200 rows are left out: the NVL72 domain (72 GPUs on NVLink: --gpus-per-node 72) is not modelled, and its
-  DeepSeek-V3 PP4 x VP4 split of 61 layers needs --pipeline-model-parallel-layout, which plan does not search.
+  Its GB200 rows are left out: they were written before the NVL72 domain was modelled (now --cluster gb200-nvl72;
+  NeMo's GB200 rows are scored by tests/bench/validate_blackwell.py), and its DeepSeek-V3 PP4 x VP4 split of 61
+  layers needs --pipeline-model-parallel-layout, which plan does not search.
 The MoE launch cost (planner.moe.KERNEL_LAUNCH_S) is FITTED on the B200 Qwen3-30B-A3B row; the others check it.
 Megatron-Bridge rows run as its perf scripts do (scripts/performance/configs/*/*_llm_pretrain.py at 25.11,
 da980700a): ``grad_reduce_in_fp32 = False`` (plan: grad_reduce_dtype bf16, Megatron-LM --grad-reduce-in-bf16) and, on H100,
 ``fp8_cs`` = bf16_with_fp8_current_scaling_mixed (fp8_recipe "tensorwise", fp8_param_gather True); the B200 rows'
-MXFP8 is planned as delayed scaling (plan has no MXFP8 recipe).
+MXFP8 is planned as --fp8-recipe mxfp8 (block-scaled: planner.fp8.BLOCK_SCALING; delayed scaling before it existed).
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def main() -> int:
     for src, model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, pub_tf, pub_tok in ROWS:
         bridge = src.startswith("Megatron-Bridge")
         best = predict(model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, grad_reduce_dtype="bf16" if bridge else "fp32",
-                       fp8_recipe="tensorwise" if bridge and gpu == "H100" else "delayed",
+                       fp8_recipe=("tensorwise" if gpu == "H100" else "mxfp8") if bridge else "delayed",
                        recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge else None)
         tf, tok, note = best if best else (float("nan"), float("nan"), "does not fit")
         unit, pub, pred = ("tokens/s", pub_tok, tok) if pub_tok else ("TFLOP/s", pub_tf, tf)
