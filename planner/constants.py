@@ -185,4 +185,13 @@ BLOCK_SCALED_GEMM_EFFICIENCY = BY_NAME["BLOCK_SCALED_GEMM_EFFICIENCY"].value
 ALLOCATOR_OVERHEAD = BY_NAME["ALLOCATOR_OVERHEAD"].value
 SIGMA_PRIOR = BY_NAME["SIGMA_PRIOR"].value
 
-__all__ = ["BY_NAME", "TABLE", "Fitted"]
+
+
+def markdown() -> str:
+    """The table as the README shows it (tests/bench/fitted_constants.py): name, value, unit, what it was fitted on."""
+    rows = ["| constant | value | unit | fitted on |", "|---|---|---|---|"]
+    rows += [f"| `{f.name}` | {f.value:g} | {f.unit} | {f.fitted_on} |" for f in TABLE]
+    return "\n".join(rows)
+
+
+__all__ = ["BY_NAME", "TABLE", "Fitted", "markdown"]

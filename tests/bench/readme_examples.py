@@ -107,6 +107,7 @@ EXAMPLES: tuple[Example, ...] = (
                                   "v100-16gb", "--backend", "replay", "--results", "tests/data/bigscience_1b3_v100.csv",
                                   "--results-table", "v100-16gb-recompute", "--no-progress")),),
             slow=True),
+    Example("fitted-constants", (Step(("python3", "tests/bench/fitted_constants.py")),)),
     Example("validate-summary", (Step(("python3", "tests/bench/validate.py"), start="^Summary"),), slow=True),
     Example("memory-fit", (Step(("python3", "tests/bench/memory_fit.py")),), slow=True),
     Example("validate-moe-cp", (Step(("python3", "tests/bench/validate_moe_cp.py")),), slow=True),
