@@ -114,13 +114,14 @@ def layer_key(cand: Candidate) -> tuple:
 
 def layer_op_list(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> LayerOps:
     """One layer's operations on one GPU for one micro-batch on one CP rank: the dense layer (planner.ops), edited by
-    each feature: CP's ring attention, the MoE MLP, FP8's casts."""
+    each feature: multi-latent attention, CP's ring attention, the MoE MLP, FP8's casts."""
     fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
     g = gemm_context(cluster, training)
     g_core = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # never FP8
     rank = context_parallel.rank_model(model, cand.cp) if cand.cp > 1 else model   # s/CP tokens on a CP rank
     tokens = rank.seq_len * cand.mbs
     lo = ops.layer_ops(rank, cand, cluster, training, g, g_core, fw)
+    lo = moe.latent_attention_ops(lo, rank, cand, tokens, g, g_core)
     lo = context_parallel.ring_attention(lo, cand)
     lo = moe.expert_ops(lo, rank, cand, training, tokens, g, cluster)
     return fp8.cast_ops(lo, rank, cand, training, tokens, cluster)

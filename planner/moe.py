@@ -195,6 +195,28 @@ def expert_ops(lo: "LayerOps", m: "ModelSpec", c: "Candidate", training: "Traini
     return replace(out, sync_host_s=out.sync_host_s + sync_host)
 
 
+def latent_attention_ops(lo: "LayerOps", m: "ModelSpec", c: "Candidate", tokens: int, g: "GemmContext",
+                         g_core: "GemmContext") -> "LayerOps":
+    """The layer's op list with DeepSeek's multi-latent attention in place of Q/K/V and the core (DeepSeek-V3 report
+    Eq. 1-11; Megatron-Core multi_latent_attention.py): the q and kv down-projections on every TP rank (duplicated
+    linears), the up-projections split by heads over TP, the core over heads/TP with q/k width nope+rope and v width
+    v_head_dim, the output projection row-parallel. FLOPs are `attention_matmul_flops`' split by TP."""
+    if not m.kv_lora_rank:
+        return lo
+    t, h, s, a = c.tp, m.hidden, m.seq_len, m.heads
+    nope, rope, v = m.head_dim, m.qk_rope_head_dim, m.v_head_dim or m.head_dim
+    heads = c.mbs * max(1, a // t)
+    q = ([gemm_op("q_down", tokens, m.q_lora_rank, h, g), gemm_op("q_up", tokens, a * (nope + rope) // t,
+                                                                   m.q_lora_rank, g)]
+         if m.q_lora_rank else [gemm_op("q_proj", tokens, a * (nope + rope) // t, h, g)])
+    mla = q + [gemm_op("kv_down", tokens, m.kv_lora_rank + rope, h, g),
+               gemm_op("kv_up", tokens, a * (nope + v) // t, m.kv_lora_rank, g),
+               gemm_op("attn_scores", s, s, nope + rope, g_core, heads, attention=True),
+               gemm_op("attn_values", s, v, s, g_core, heads, attention=True),
+               gemm_op("proj", tokens, h, a * v // t, g)]
+    return lo.replace_ops(("qkv", "attn_scores", "attn_values", "proj"), mla)
+
+
 def routed_rows(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int) -> tuple[int, int]:
     """(rows per local expert, local experts) of the routed experts' grouped GEMM: each GPU dispatches its share of
     the tokens' k copies, 1/(TP/ETP) of them (the TP group's sequence-parallel shards regroup as ETP x expert-DP:
@@ -342,7 +364,7 @@ EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="
 __all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "add_expert_states", "all_to_all_layer_s",
            "all_to_all_s", "attention_params", "capacity",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
-           "expert_ops", "host_sync_s", "is_moe", "layer_forward_matmul_flops",
+           "expert_ops", "host_sync_s", "is_moe", "latent_attention_ops", "layer_forward_matmul_flops",
            "moe_layer_count", "mtp_forward_flops", "mtp_non_expert_params", "mtp_params", "needs_own_shape",
            "routed_gemm_s", "routed_rows"]
 

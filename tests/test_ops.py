@@ -134,3 +134,17 @@ def test_explain_prints_the_op_table(capsys):
     ops = {r["op"]: r for r in d["layer_ops"]}
     assert ops["fc1"]["class"] == GEMM and ops["fc1"]["recompute_s"] == ops["fc1"]["forward_s"]
     assert sum(r["share"] for r in d["layer_ops"]) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_latent_attention_replaces_qkv():
+    """DeepSeek-V3's multi-latent attention: the down- and up-projections and the core of width nope+rope / v
+    instead of a dense Q/K/V; with the MoE MLP the op list's FLOPs at TP1 are `flops.layer_forward_matmul_flops`
+    (the DeepSeek-V3 report's shapes: 671B parameters, 37B active) within the routed rows' rounding."""
+    m = get_preset("deepseek-v3")
+    h100 = make_cluster(gpu="H100-SXM", gpus=2048)
+    t = TrainingSpec(global_batch=2048, seq_len=m.seq_len, framework="megatron-lm")
+    cand = Candidate(tp=1, pp=16, dp=128, mbs=1, gas=16, ep=64)
+    lo = layer_op_list(m, cand, h100, t)
+    names = [op.name for op in lo.ops]
+    assert {"q_down", "q_up", "kv_down", "kv_up"} <= set(names) and "qkv" not in names
+    assert _flops(lo, GEMM, ATTENTION) == pytest.approx(flops.layer_forward_matmul_flops(m, m.seq_len), rel=1e-3)
