@@ -215,15 +215,21 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     # Megatron-LM's fused SwiGLU (default; --no-bias-swiglu-fusion turns it off) saves only its input, the FC1
     # output (megatron/core/fusions/fused_bias_swiglu.py save_for_backward(input)): gate and up, then the FC2 input
     not_tp = 2 + 1 + 2 + 1 + 4                                  # QKV input, attn dropout mask, MLP input, MLP mask, norms
-    if model.glu:
-        not_tp -= 2   # Llama-family recipes train without dropout (Touvron et al. 2023): no masks to keep
+    if not model.dropout:
+        not_tp -= 2   # Llama-family recipes train without dropout (ModelSpec.dropout): no masks to keep
     if not training.fused_norm:
         # an unfused norm, x·rsqrt(mean(x²))·w, also keeps the normalised x before the weight (autograd saves it
         # for w's gradient): 2 more bytes per element for each of the layer's two norms
         not_tp += 2 * 2
     not_tp += moe.dispatch_activation_sbh(model, training)      # MoE: permuted tokens (0 for dense)
     sbh = s * b * h
-    scores = 0.0 if training.flash_attention else 5 * model.heads * s * s * b / t
+    # without FlashAttention: the softmax output (2·as²b, the AV GEMM's input and the softmax backward's), and with
+    # dropout its mask and output (as²b + 2·as²b): Korthikanti's 5as²b. Megatron-Core's DotProductAttention without
+    # dropout keeps the probabilities alone (megatron/core/transformer/dot_product_attention.py: softmax, then
+    # nn.Dropout(0), which returns its input; the H200 Megatron-LM peaks of tests/bench/gpu_runs); the other trainers
+    # keep Korthikanti's count: Hagemann et al.'s Llama sheets OOM where the probabilities alone would fit
+    per_score = 2 if training.framework == "megatron-lm" and not model.dropout else 5
+    scores = 0.0 if training.flash_attention else per_score * model.heads * s * s * b / t
     not_tp_bytes = not_tp * sbh / (t if cand.sp else 1)
     full = not_tp_bytes + (attn_tp + mlp_tp) * sbh / t + scores
     full -= fp8.activation_saving_bytes(cand, training.precision, sbh, f_ratio, training.flash_attention,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import yaml
 
@@ -175,3 +177,30 @@ def test_torchtitan_llama3_8b_selective_op_published_peak():
     c = Candidate(tp=1, pp=1, dp=8, mbs=2, gas=1, recompute="selective-op", zero=3)
     total = memory_breakdown(m, c, cluster, LLAMA3_8B_TORCHTITAN).total_bytes / 2**30
     assert total == pytest.approx(82.4, rel=0.15)
+
+
+def test_megatron_core_without_dropout_keeps_the_probabilities_alone():
+    """Without FlashAttention and without dropout, Megatron-Core's DotProductAttention keeps the softmax output alone
+    (2 bytes a score, not Korthikanti's 5): real Megatron-LM (core_v0.17.1, local transformer, unfused attention) on
+    one H200 peaked at 24.6 / 32.8 / 25.4 GB for llama-1.1b at MBS 1 / 2 / 4-full (tests/bench/gpu_runs NOTES.md,
+    2026-11-26); the count with 5 bytes a score said 39.7 / 58.4 / 27.9 GB, this one says 30.4 / 39.8 / 26.2."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "bench"))
+    from bench_megatron import GLOBAL_BATCH, MODEL, candidate
+
+    from planner import estimate, make_cluster
+
+    t = TrainingSpec(global_batch=GLOBAL_BATCH, seq_len=MODEL.seq_len, precision="bf16", framework="megatron-lm",
+                     flash_attention=False)
+    h200 = make_cluster(gpu="H200", gpus=1)
+    for layout, measured_gb in (("mbs=1", 24.6), ("mbs=2", 32.8), ("mbs=4,recompute=full", 25.4)):
+        predicted = estimate(MODEL, h200, t, candidate(layout)).memory.total_gb
+        assert 1.0 <= predicted / measured_gb <= 1.25, layout
+    gpt = MODEL.with_overrides(norm="layernorm", bias=True, glu=False, ffn_hidden=4 * MODEL.hidden)
+    assert gpt.dropout and not MODEL.dropout
+    llama_scores = layer_activations(MODEL, Candidate(tp=1, pp=1, dp=1, mbs=1, gas=1), t).stored_bytes - \
+        layer_activations(MODEL, Candidate(tp=1, pp=1, dp=1, mbs=1, gas=1),
+                          replace(t, flash_attention=True)).stored_bytes
+    assert llama_scores == pytest.approx(2 * MODEL.heads * MODEL.seq_len ** 2)
