@@ -445,7 +445,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     from search.calibration import refit
     from search.objective import Ledger, Objective, ProbeSettings
-    from search.report import best, best_line, format_table, report_dict, summarize
+    from search.report import best, best_line, dashboard_command, format_table, report_dict, summarize
     from search.space import SearchSpace
     from search.progress import Progress
     from search.settings import TuneSettings
@@ -539,6 +539,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                                             f"comm x{calibration.comm_scale:.3g}"))
         for config, why in space.restricted_out:
             print(f"  not probed: {config}: {why}")
+        print(calibration_note(calibration.compute_scale, calibration.comm_scale))
     _say_invalid(summaries, args)
     _say_clamped(calibration)
     if winner is None:
@@ -549,8 +550,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         written = _emit_best(args, model, cluster, training, winner, calibration, storage)
         print(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}",
               file=sys.stderr)
-    print(f"tune: open the study with: optuna-dashboard {storage}", file=sys.stderr)
+    print(f"tune: open the study with: {dashboard_command(storage)}", file=sys.stderr)
     return 0
+
+
+def calibration_note(compute: float, comm: float) -> str:
+    """What the title's "calibration compute xA, comm xB" means, said under the table."""
+    return (f"calibration compute x{compute:.3g}, comm x{comm:.3g}: the planner's compute terms (GEMMs, attention, "
+            f"element-wise) times {compute:.3g} and its communication terms (TP/PP/DP/CP/EP collectives) times "
+            f"{comm:.3g} best fit these measured step times (search.calibration.refit; x1: as predicted, below 1: "
+            "faster than predicted); pred after uses them, and tune --emit writes them")
 
 
 def _resources(args: argparse.Namespace, cluster) -> str:
@@ -588,7 +597,8 @@ def report(args: argparse.Namespace) -> int:
     import optuna
 
     from search.objective import TrialRecord
-    from search.report import best_line, format_table, format_trials, report_dict, summarize, write_plots
+    from search.report import (best_line, dashboard_command, format_table, format_trials, report_dict, summarize,
+                               write_plots)
     from search.settings import TuneSettings
     from search.storage import open_storage
 
@@ -623,7 +633,7 @@ def report(args: argparse.Namespace) -> int:
             raise TuneError(f"--plots {plots}: cannot write there ({err.strerror or err}); give a folder you can "
                             "write, or --no-plots") from None
         print(f"tune: wrote plots {', '.join(str(p) for p in paths)}", file=sys.stderr)
-    print(f"tune: open the study with: optuna-dashboard {storage}", file=sys.stderr)
+    print(f"tune: open the study with: {dashboard_command(storage)}", file=sys.stderr)
     return 0
 
 
