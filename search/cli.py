@@ -447,7 +447,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from search.objective import Ledger, Objective, ProbeSettings
     from search.report import best, best_line, dashboard_command, format_table, report_dict, summarize
     from search.space import SearchSpace
-    from search.progress import Progress
+    from search.progress import Progress, fold
     from search.settings import TuneSettings
     from search.storage import open_study, storage_url
     from search.study import run as run_study
@@ -534,12 +534,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         d["ruled_out_rows"] = [{"config": c, "why": w} for c, w in space.restricted_out]
         print(json.dumps(d, indent=1))
     else:
+        width = stdout_width()
         print(format_table(summaries, title=f"tune: study {args.study!r}, {len(records)} trials, "
                                             f"calibration compute x{calibration.compute_scale:.3g}, "
-                                            f"comm x{calibration.comm_scale:.3g}"))
-        for config, why in space.restricted_out:
-            print(f"  not probed: {config}: {why}")
-        print(calibration_note(calibration.compute_scale, calibration.comm_scale))
+                                            f"comm x{calibration.comm_scale:.3g}", width=width))
+        for line in [f"  not probed: {config}: {why}" for config, why in space.restricted_out] + [
+                calibration_note(calibration.compute_scale, calibration.comm_scale)]:
+            print(line if width is None else fold(line, width))
     _say_invalid(summaries, args)
     _say_clamped(calibration)
     if winner is None:
@@ -552,6 +553,16 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
               file=sys.stderr)
     print(f"tune: open the study with: {dashboard_command(storage)}", file=sys.stderr)
     return 0
+
+
+def stdout_width() -> int | None:
+    """The usable columns of the terminal stdout is (its width less one), or None when stdout is not a terminal (a
+    file or a pipe gets the wide table, one row per line)."""
+    if not sys.stdout.isatty():
+        return None
+    from search.progress import terminal_width
+
+    return terminal_width(sys.stdout) - 1
 
 
 def calibration_note(compute: float, comm: float) -> str:
@@ -621,7 +632,7 @@ def report(args: argparse.Namespace) -> int:
         print(json.dumps(report_dict(records, study=args.study, storage=storage), indent=1))
     else:
         summaries = summarize(records)
-        print(format_table(summaries, title=f"tune: study {args.study!r}, {len(records)} trials"))
+        print(format_table(summaries, title=f"tune: study {args.study!r}, {len(records)} trials", width=stdout_width()))
         print(f"tune: {best_line(summaries) or 'no configuration measured successfully'}")
         if args.trials:
             print()

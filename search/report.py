@@ -147,8 +147,14 @@ def short(config: str) -> str:
     return ",".join(p for p in config.split(",") if not p.startswith("gas="))
 
 
-def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
-    """The ranked table: measured beside predicted (analytic, before and after this probe's refit)."""
+def format_table(summaries: list[ConfigSummary], *, title: str = "", width: int | None = None) -> str:
+    """The ranked table: measured beside predicted (analytic, before and after this probe's refit). With ``width``
+    (a terminal's columns) narrower than the table, `format_table_narrow`'s form."""
+    if width is not None:
+        wide = format_table(summaries, title=title)
+        if max(len(line) for line in wide.splitlines()) > width:
+            return format_table_narrow(summaries, title=title, width=width)
+        return wide
     rows = []
     rank = 0
     for s in summaries:
@@ -170,6 +176,38 @@ def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
             "pred before/after: calibrated prediction before and after that probe's measurement; "
             "mem GB = 1e9 bytes, peak per rank")
     return "\n".join(x for x in (title, table, note) if x)
+
+
+def format_table_narrow(summaries: list[ConfigSummary], *, title: str = "", width: int = 80) -> str:
+    """The ranked table for a narrow terminal: rank, configuration (`brief` form, wrapped), outcome, measured TFLOPs
+    with its spread, the calibrated prediction after the refit; the reasons below the table, one folded paragraph
+    per row that has one (the wide table's other predictions: `tune report --format json`, or a wider terminal)."""
+    from search.progress import INDENT, brief, fold
+
+    rows, reasons, rank = [], [], 0
+    for s in summaries:
+        if s.tflops:
+            rank += 1
+        n = len(s.tflops)
+        mark = " ✓" if s.confirmed else (" ?" if s.reprobed else "")
+        key = str(rank) if s.tflops else "-"
+        rows.append([key, brief(s.config), s.outcome + mark, _f(s.median_tflops),
+                     f"±{100 * (s.spread or 0) / 2:.1f}% n={n}" if n > 1 else ("n=1" if n else ""),
+                     _f(s.pred_after_tflops)])
+        if s.reason:
+            reasons.append(f"{key} {short(s.config)}: {s.outcome}: {s.reason}")
+    headers = ["#", "configuration", "outcome", "TFLOPs", "spread", "pred"]
+    others = tabulate([[r[0], *r[2:]] for r in rows] or [[""] * 5], headers=headers[:1] + headers[2:],
+                      tablefmt="simple", disable_numparse=True).splitlines()[0]
+    config_w = max(len("configuration"), width - len(others) - 2)
+    for r in rows:                 # wrapped after a comma, never inside a "k=v"
+        r[1] = fold(r[1], config_w).replace("\n" + INDENT, "\n")
+    table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    note = ("#: confirmed rows first, then by measured model TFLOPs per GPU (median); ✓ confirmed, ? re-probed but "
+            f"noisy (> ±{100 * CONFIRM_SPREAD / 2:g}%); pred: calibrated prediction after the refit")
+    parts = [fold(title, width) if title else "", table, *(fold(INDENT[:2] + r, width) for r in reasons),
+             fold(note, width)]
+    return "\n".join(x for x in parts if x)
 
 
 def format_trials(records: list[TrialRecord]) -> str:
@@ -535,5 +573,5 @@ def write_plots(records: list[TrialRecord], out_dir: Path, *, study: str = "") -
 
 
 __all__ = ["CONFIRM_SPREAD", "ConfigSummary", "History", "PLOTS", "best", "best_line", "dashboard_command",
-           "format_table", "format_trials", "history", "layout_dims", "rank_key", "report_dict", "short", "summarize",
+           "format_table", "format_table_narrow", "format_trials", "history", "layout_dims", "rank_key", "report_dict", "short", "summarize",
            "write_plots"]

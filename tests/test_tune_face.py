@@ -92,3 +92,129 @@ def test_dashboard_hint_works_from_any_folder(tmp_path, monkeypatch):
     assert dashboard_command(url) == command                           # already absolute: unchanged
     assert dashboard_command("postgresql://u@h/db") == "optuna-dashboard postgresql://u@h/db"
     assert os.path.isabs(url.removeprefix("sqlite:///"))
+
+
+# -- the live line and the result lines at 80 columns, under a real pseudo-terminal ----------------------------------
+
+LAYOUT = "tp=8,pp=16,dp=2,mbs=1,gas=64,recompute=selective,zero=1,sp=1,vpp=4,cp=16,ep=8"
+OOM = ("CUDA out of memory: tried to allocate 2.00 GiB with 1.50 GiB free of 79.15 GiB; lower --max-mbs, add "
+       "recompute=full, or give the probe more processes with --local-procs")
+CHILD = f"""
+import sys
+from pathlib import Path
+from planner import plan
+from planner.cli import build_parser, setup_from_args
+from search.objective import Ledger, TrialRecord
+from search.progress import Progress
+from search.report import format_table, summarize
+from search.cli import stdout_width
+from search.space import SearchSpace
+
+workdir = Path(sys.argv[1])
+model, cluster, training = setup_from_args(build_parser().parse_args(["--model", "1B3", "--gpus", "8"]))
+space = SearchSpace.from_plan(plan(model, cluster, training))
+first, second = space.keys[0], space.keys[1]
+ok = TrialRecord(number=0, state="COMPLETE", params={{}}, config=first, slot=first, phase="analytic", outcome="ok",
+                 reason="", value=0.04123, attrs={{"candidate": {{}}, "probe_wall_s": 12.0, "measured_step_s": 0.5}})
+oom = TrialRecord(number=1, state="FAIL", params={{}}, config=second, slot=second, phase="sampler", outcome="oom",
+                  reason={OOM!r}, value=None, attrs={{"candidate": {{}}, "probe_wall_s": 30.0}})
+log = workdir / "logs" / "run" / "attempt_0" / "0" / "stdout.log"
+log.parent.mkdir(parents=True)
+log.write_text("[probe] step 3 0.245000 s\\n")
+p = Progress(total=len(space), budget_s=7200.0, max_probes=6, probe_timeout_s=600.0)
+assert p.tty
+p.probing(4, {LAYOUT!r}, timeout_s=600.0, workdir=workdir)
+p.update(Ledger([ok]), space, ok)
+p.probing(5, {LAYOUT!r}, timeout_s=600.0, workdir=workdir)
+p.probe_ended()
+p.update(Ledger([ok, oom]), space, oom)
+p.close()
+print(format_table(summarize([ok, oom]), title="tune: study 'face', 2 trials, calibration compute x0.224, comm x0.906",
+                   width=stdout_width()))
+print("END", stdout_width())
+"""
+
+
+def _terminal(text: str, columns: int) -> tuple[list[str], int]:
+    """What a terminal of ``columns`` shows for ``text``: the rows as finally drawn ("\\r" returns to column 0,
+    ESC[2K clears the row, "\\n" starts the next), and the rightmost column any character was written to."""
+    rows, row, col, widest = [], [], 0, 0
+    i = 0
+    while i < len(text):
+        if text.startswith("\x1b[2K", i):
+            row, i = [" "] * col, i + 4
+            continue
+        ch = text[i]
+        i += 1
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            rows.append("".join(row).rstrip())
+            row, col = [], 0
+        else:
+            row[col:col + 1] = [ch] if col < len(row) else [*([" "] * (col - len(row))), ch]
+            col += 1
+            widest = max(widest, col)
+    if row:
+        rows.append("".join(row).rstrip())
+    return rows, widest
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal (POSIX)")
+def test_live_line_result_lines_and_table_fit_80_columns_under_a_pty(tmp_path):
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    root = Path(__file__).resolve().parents[1]
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdin=slave, stdout=slave, stderr=slave,
+                             cwd=root, env=env, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:          # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert child.wait() == 0, b"".join(chunks).decode(errors="replace")[-3000:]
+    text = b"".join(chunks).decode()
+    rows, widest = _terminal(text, 80)
+    assert widest <= 79, [r for r in rows if len(r) > 79]            # nothing reached the last column: no wrap
+    assert "END 79" in rows                                          # the table was formed for 80 columns
+    # the live line: its changing fields come first and all of them are there, redrawn in place
+    frames = [f for f in text.replace("\r\n", "\n").replace("\n", "\r\x1b[2K").split("\r\x1b[2K")
+              if f.startswith("[tune] 0:0")]
+    assert len(frames) >= 2, text
+    for frame in frames:
+        assert len(frame) <= 79 and frame.startswith("[tune] 0:0") and "/10:00 | step 3 0.245s | " in frame, frame
+        assert " left | " in frame and "trial" in frame, frame
+    assert any("best 0.04123 TF/GPU" in f for f in frames)          # after trial 0's result
+    # the probe's layout, in full on the start line (folded after a comma), degrees first
+    starts = [i for i, r in enumerate(rows) if r.startswith("[tune] probe ")]
+    assert len(starts) == 2
+    started = " ".join(r.strip() for r in rows[starts[0]:starts[0] + 2])
+    assert "trial 4 tp=8,pp=16,cp=16,ep=8,vpp=4," in rows[starts[0]] and "sp=1" in started
+    # the per-trial result lines: the trial, then the study's status, each within the width, the reason whole
+    oom_rows = [i for i, r in enumerate(rows) if r.startswith("[tune] trial 1 sampler ")]
+    assert oom_rows, rows
+    block = []
+    for r in rows[oom_rows[0]:]:
+        if block and not r.startswith(" "):
+            break
+        block.append(r.strip())
+    assert " ".join(block).count("--local-procs") == 1 and "configs | best" in " ".join(block), block
+    assert "elapsed" in block[-1] and "2/" in " ".join(block), block
+    # the table's narrow form: a header row, and the wide table's ~170 columns nowhere
+    header = next(r for r in rows if r.startswith("#") and "configuration" in r)
+    assert "pred before" not in header and "TFLOPs" in header

@@ -440,7 +440,9 @@ def test_progress_on_a_terminal_is_one_live_line(tmp_path):
 
 
 def test_the_live_line_fits_the_terminal(tmp_path, monkeypatch):
-    """On a 100-column terminal a 150-character line wraps, and each redraw leaves a row behind: cut to 99."""
+    """On a 100-column terminal a 150-character line wraps, and each redraw leaves a row behind: the live line is made
+    to fit 99 columns (changing fields first, the layout cut last); the start line above it is folded, never cut
+    (tests/test_tune_face.py checks 80 columns under a real pseudo-terminal)."""
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
@@ -455,7 +457,11 @@ def test_the_live_line_fits_the_terminal(tmp_path, monkeypatch):
     p.probe_ended()
     p.close()
     drawn = [part for part in out.getvalue().replace("\n", "\r\x1b[2K").split("\r\x1b[2K") if part]
-    assert len(drawn) == 2 and all(len(d) <= 99 for d in drawn) and drawn[0].endswith("…"), drawn
+    live = [d for d in drawn if d.startswith("[tune] 0:0")]
+    assert len(live) == 2 and all(len(d) <= 99 for d in drawn) and live[0].endswith("…"), drawn
+    assert all(d.startswith("[tune] 0:00/10:00 | no step yet | no best yet | 1:59:") for d in live), live
+    starts = [d for d in drawn if d.startswith("[tune] probe ")]
+    assert len(starts) == 2 and "tp=2,pp=1,cp=2,ep=4,vpp=2,dp=4,mbs=2,recompute=selective," in starts[0]
 
 
 def test_a_trial_on_another_host_that_never_beat_is_failed_after_the_grace(tmp_path):
