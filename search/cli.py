@@ -450,7 +450,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from search.progress import Progress, fold
     from search.settings import TuneSettings
     from search.storage import open_study, storage_url
-    from search.study import run as run_study
+    from search.study import pick_line, run as run_study
 
     from planner.rules import PROBE
 
@@ -535,7 +535,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         print(json.dumps(d, indent=1))
     else:
         width = stdout_width()
-        print(format_table(summaries, title=f"tune: study {args.study!r}, {len(records)} trials, "
+        print(format_table(summaries, title=f"tune: study {args.study!r}, {probes_of(records)} trials, "
                                             f"calibration compute x{calibration.compute_scale:.3g}, "
                                             f"comm x{calibration.comm_scale:.3g}", width=width))
         for line in [f"  not probed: {config}: {why}" for config, why in space.restricted_out] + [
@@ -547,12 +547,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         print("tune: no configuration measured successfully; see the reasons above", file=sys.stderr)
         return 1
     print(f"tune: {best_line(summaries)}", file=sys.stderr)
+    recorded = pick_line(study)
+    if recorded:
+        print(f"tune: {recorded}", file=sys.stderr)
     if args.emit:
         written = _emit_best(args, model, cluster, training, winner, calibration, storage)
         print(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}",
               file=sys.stderr)
     print(f"tune: open the study with: {dashboard_command(storage)}", file=sys.stderr)
     return 0
+
+
+def probes_of(records) -> int:
+    """The trials of a study but the ones recording tune's pick (search.study.record_pick)."""
+    from search._base import PICK_PHASE
+
+    return sum(1 for r in records if r.phase != PICK_PHASE)
 
 
 def stdout_width() -> int | None:
@@ -612,6 +622,7 @@ def report(args: argparse.Namespace) -> int:
                                write_plots)
     from search.settings import TuneSettings
     from search.storage import open_storage
+    from search.study import pick_line
 
     plots = Path(args.plots) if args.plots else workdir_of(args) / "report"
     if not args.no_plots and (plots.is_symlink() or (plots.exists() and not plots.is_dir())):
@@ -632,8 +643,12 @@ def report(args: argparse.Namespace) -> int:
         print(json.dumps(report_dict(records, study=args.study, storage=storage), indent=1))
     else:
         summaries = summarize(records)
-        print(format_table(summaries, title=f"tune: study {args.study!r}, {len(records)} trials", width=stdout_width()))
+        print(format_table(summaries, title=f"tune: study {args.study!r}, {probes_of(records)} trials",
+                           width=stdout_width()))
         print(f"tune: {best_line(summaries) or 'no configuration measured successfully'}")
+        recorded = pick_line(study)
+        if recorded:
+            print(f"tune: {recorded}")
         if args.trials:
             print()
             print(format_trials(records))

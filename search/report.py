@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from tabulate import tabulate
 
+from search._base import PICK_PHASE
+
 if TYPE_CHECKING:                      # search.objective imports optuna; reports need only its records
     from search.objective import TrialRecord
 
@@ -215,7 +217,7 @@ def format_trials(records: list[TrialRecord]) -> str:
     rows = []
     for r in sorted(records, key=lambda r: r.number):
         a = r.attrs
-        rows.append([r.number, r.phase, short(r.config or "?"), r.outcome or r.state,
+        rows.append([r.number, r.phase, short(r.config or a.get("pick_config") or "?"), r.outcome or r.state,
                      _f(r.value if r.state == "COMPLETE" else None), _f(a.get("pred_before_tflops")),
                      _f(a.get("pred_after_tflops")), _f(a.get("probe_wall_s"), 3), r.reason])
     return tabulate(rows, headers=["trial", "phase", "configuration", "outcome", "measured TFLOPs", "pred before",
@@ -224,9 +226,14 @@ def format_trials(records: list[TrialRecord]) -> str:
 
 
 def report_dict(records: list[TrialRecord], *, study: str, storage: str) -> dict:
+    """The study as JSON: ``trials`` are the probes (and what was answered without one); ``pick_trial`` is the trial
+    tune added to record its pick (search.study.record_pick), Optuna's best_trial."""
     summaries = summarize(records)
     b = best(summaries)
+    picks = [r.number for r in records if r.phase == PICK_PHASE]
+    records = [r for r in records if r.phase != PICK_PHASE]
     return {"study": study, "storage": storage, "best": b.to_dict() if b else None,
+            "pick_trial": picks[-1] if picks else None,
             "configs": [s.to_dict() for s in summaries],
             "trials": [{"number": r.number, "state": r.state, "phase": r.phase, "config": r.config,
                         "outcome": r.outcome, "reason": r.reason, "value": r.value,

@@ -218,3 +218,88 @@ def test_live_line_result_lines_and_table_fit_80_columns_under_a_pty(tmp_path):
     # the table's narrow form: a header row, and the wide table's ~170 columns nowhere
     header = next(r for r in rows if r.startswith("#") and "configuration" in r)
     assert "pred before" not in header and "TFLOPs" in header
+
+
+# -- Optuna's best is tune's best ------------------------------------------------------------------------------------
+
+def test_optunas_best_trial_is_tunes_pick_on_a_real_study(tmp_path):
+    """The issue's study, probed by tune into SQLite: one configuration's first probe reads high and its re-probes
+    do not confirm it; another is confirmed lower. Through Optuna's own API (load_study, best_trial, best_value,
+    best_params, user_attrs) the study says what tune's table says."""
+    import optuna
+
+    from search.space import params_of
+    from search.study import PICK_ATTR
+    from test_tune_ux import Fake, go, seed003_plan, SearchSpace, config_key
+
+    p = seed003_plan()
+    space = SearchSpace.from_plan(p, keep={config_key(e.candidate) for e in p.candidates[:4]})
+    storage = f"sqlite:///{tmp_path}/s.db"
+    # step times in probe order: 4 search probes (the first fast: a noisy reading), then 2 re-probes of the best two
+    steps = [5.0, 10.0, 20.0, 20.0, 12.0, 12.0, 10.0, 10.1]
+    records = go(space, Fake(values=steps), storage, confirm_top=2, repeats=2)
+    pick = best(summarize(records))
+    assert pick.confirmed and len(pick.tflops) == 3
+
+    study = optuna.load_study(study_name="s", storage=storage)
+    probes = [t for t in study.trials if t.user_attrs.get("phase") != "pick"]
+    highest = max((t for t in probes if t.state.name == "COMPLETE"), key=lambda t: t.value)
+    assert highest.user_attrs["config"] != pick.config            # the highest single probe is not tune's pick
+    assert all(t.constraints == {"tune_pick": 1.0} for t in probes if t.state.name == "COMPLETE")
+    b = study.best_trial
+    assert b.user_attrs["phase"] == "pick" and b.user_attrs["pick_config"] == pick.config
+    assert study.best_value == pytest.approx(pick.median_tflops) and study.best_params == params_of(
+        space.by_key(pick.config).candidate)
+    assert sorted(b.user_attrs["measured_in_trials"]) == sorted(pick.trials) and b.user_attrs["confirmed"] is True
+    assert study.user_attrs[PICK_ATTR]["pick_config"] == pick.config
+    # the same command again finds nothing to probe: the pick is unchanged, and no second pick trial is added
+    go(space, Fake(), storage, confirm_top=2, repeats=2)
+    again = optuna.load_study(study_name="s", storage=storage)
+    assert [t.number for t in again.trials if t.user_attrs.get("phase") == "pick"] == [b.number]
+    assert again.best_trial.number == b.number
+
+
+def test_tpe_learns_from_the_measured_values_not_the_constraint(tmp_path):
+    """Every probe is 'infeasible' as an answer (the pick constraint); TPE must still rank probes by TFLOPs: it is
+    given the measurements alone, without constraints or pick trials."""
+    import optuna
+
+    from search.sampler import _measurements_only
+    from test_tune_ux import Fake, go, seed003_plan, SearchSpace, config_key
+
+    p = seed003_plan()
+    space = SearchSpace.from_plan(p, keep={config_key(e.candidate) for e in p.candidates[:4]})
+    storage = f"sqlite:///{tmp_path}/s.db"
+    go(space, Fake(), storage, confirm_top=1, repeats=1)
+    study = optuna.load_study(study_name="s", storage=storage)
+    shadow = _measurements_only(study)
+    probes = [t for t in study.trials if t.state.name == "COMPLETE" and t.user_attrs.get("phase") != "pick"]
+    assert len(probes) == 5 and len(study.trials) == 6                    # 4 probes, 1 re-probe, 1 pick trial
+    assert [t.value for t in shadow.trials] == [t.value for t in probes]
+    assert all(t.constraints == {} for t in shadow.trials)
+    assert [t.params for t in shadow.trials] == [t.params for t in probes]
+
+
+def test_a_pick_that_falls_later_is_said_not_hidden(tmp_path):
+    """Run 1 stops before any re-probe: its pick is one fast probe. Run 2 re-probes it slower and confirms another,
+    lower: the new pick trial cannot outrank the earlier one in Optuna (finished trials are frozen), and tune says
+    so instead of letting best_trial speak for it."""
+    import optuna
+
+    from search.study import pick_line
+    from test_tune_ux import Fake, go, seed003_plan, SearchSpace, config_key
+
+    p = seed003_plan()
+    space = SearchSpace.from_plan(p, keep={config_key(e.candidate) for e in p.candidates[:4]})
+    storage = f"sqlite:///{tmp_path}/s.db"
+    first = best(summarize(go(space, Fake(values=[5.0, 10.0, 20.0, 20.0]), storage, confirm_top=0)))
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert study.best_trial.user_attrs["pick_config"] == first.config and "Optuna's best_trial" in pick_line(study)
+    then = best(summarize(go(space, Fake(values=[12.0, 12.0, 10.0, 10.1]), storage, confirm_top=2, repeats=2)))
+    assert then.config != first.config and then.confirmed
+    study = optuna.load_study(study_name="s", storage=storage)
+    picks = [t for t in study.trials if t.user_attrs.get("phase") == "pick"]
+    assert [t.user_attrs["pick_config"] for t in picks] == [first.config, then.config]
+    assert study.best_trial.number == picks[0].number                   # frozen: the earlier, higher pick
+    assert study.user_attrs["tune_pick"]["pick_config"] == then.config  # the study attribute is always the latest
+    assert f"trial {picks[1].number}, but Optuna's best_trial is trial {picks[0].number}" in pick_line(study)
