@@ -501,10 +501,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         progress = Progress(total=len(space), budget_s=args.budget, enabled=not args.no_progress,
                             max_probes=args.max_probes, planned=len(space) + args.confirm_top * args.repeats,
                             probe_timeout_s=args.probe_timeout)
-        print(f"tune: study {args.study!r} in {storage}: {len(space)} configurations "
+        _say(f"tune: study {args.study!r} in {storage}: {len(space)} configurations "
               f"({full.total} enumerated, {len(full.candidates)} survive the planner"
               + (f", {restriction}" if restriction else "") + f"); backend {backend.name}"
-              + (f"; probe folders in {workdir}" if probe.workdir else ""), file=sys.stderr)
+              + (f"; probe folders in {workdir}" if probe.workdir else ""))
         objective = Objective(space=space, backend=backend, settings=probe, on_probe=progress.probing,
                               on_probe_end=progress.probe_ended)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -544,18 +544,27 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     _say_invalid(summaries, args)
     _say_clamped(calibration)
     if winner is None:
-        print("tune: no configuration measured successfully; see the reasons above", file=sys.stderr)
+        _say("tune: no configuration measured successfully; see the reasons above")
         return 1
-    print(f"tune: {best_line(summaries)}", file=sys.stderr)
+    _say(f"tune: {best_line(summaries)}")
     recorded = pick_line(study)
     if recorded:
-        print(f"tune: {recorded}", file=sys.stderr)
+        _say(f"tune: {recorded}")
     if args.emit:
         written = _emit_best(args, model, cluster, training, winner, calibration, storage)
-        print(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}",
-              file=sys.stderr)
-    print(f"tune: open the study with: {dashboard_command(storage)}", file=sys.stderr)
+        _say(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}")
+    _say(f"tune: open the study with: {dashboard_command(storage)}")
     return 0
+
+
+def _say(text: str) -> None:
+    """An informational line on stderr: as is in a log, folded to the width on a terminal (error lines stay one line
+    whatever the width: they are printed as they are)."""
+    if sys.stderr.isatty():
+        from search.progress import fold, terminal_width
+
+        text = fold(text, terminal_width(sys.stderr) - 1)
+    print(text, file=sys.stderr)
 
 
 def probes_of(records) -> int:
@@ -596,9 +605,8 @@ def _say_invalid(summaries, args: argparse.Namespace) -> None:
     """Configurations the probes refused here: what to change (they are re-checked when the resources change)."""
     invalid = [s for s in summaries if s.outcome == "invalid"]
     if invalid:
-        print(f"tune: {len(invalid)} configuration(s) could not run with these resources (e.g. {invalid[0].reason}); "
-              "rerun the same command with more --local-procs or --backend slurm and they are probed again",
-              file=sys.stderr)
+        _say(f"tune: {len(invalid)} configuration(s) could not run with these resources (e.g. {invalid[0].reason}); "
+             "rerun the same command with more --local-procs or --backend slurm and they are probed again")
 
 
 def _say_clamped(calibration) -> None:
@@ -607,9 +615,9 @@ def _say_clamped(calibration) -> None:
     for name in ("compute_scale", "comm_scale"):
         value = getattr(calibration, name)
         if value <= SCALE_RANGE[0] * 1.0001 or value >= SCALE_RANGE[1] * 0.9999:
-            print(f"tune: warning: the refit {name} hit its limit ({value:g}, range {SCALE_RANGE[0]:g}..."
-                  f"{SCALE_RANGE[1]:g}): the probes measure a machine unlike the plan's --gpu; the predictions are "
-                  "not calibrated", file=sys.stderr)
+            _say(f"tune: warning: the refit {name} hit its limit ({value:g}, range {SCALE_RANGE[0]:g}..."
+                 f"{SCALE_RANGE[1]:g}): the probes measure a machine unlike the plan's --gpu; the predictions are "
+                 "not calibrated")
 
 
 # -- report -------------------------------------------------------------------------------------------
@@ -658,8 +666,8 @@ def report(args: argparse.Namespace) -> int:
         except OSError as err:
             raise TuneError(f"--plots {plots}: cannot write there ({err.strerror or err}); give a folder you can "
                             "write, or --no-plots") from None
-        print(f"tune: wrote plots {', '.join(str(p) for p in paths)}", file=sys.stderr)
-    print(f"tune: open the study with: {dashboard_command(storage)}", file=sys.stderr)
+        _say(f"tune: wrote plots {', '.join(str(p) for p in paths)}")
+    _say(f"tune: open the study with: {dashboard_command(storage)}")
     return 0
 
 
