@@ -248,7 +248,8 @@ def dashboard_command(storage: str) -> str:
     prefix = "sqlite:///"
     if storage.startswith(prefix) and not storage.startswith(prefix + "/"):
         path, sep, query = storage[len(prefix):].partition("?")
-        storage = prefix + str(Path(path).resolve()) + sep + query
+        if path and path != ":memory:":
+            storage = prefix + str(Path(path).resolve()) + sep + query
     return f"optuna-dashboard {shlex.quote(storage)}"
 
 
