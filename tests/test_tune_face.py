@@ -228,8 +228,9 @@ def test_optunas_best_trial_is_tunes_pick_on_a_real_study(tmp_path):
     best_params, user_attrs) the study says what tune's table says."""
     import optuna
 
+    from search.sampler import _measurements_only
     from search.space import params_of
-    from search.study import PICK_ATTR
+    from search.study import PICK_ATTR, pick_line
     from test_tune_ux import Fake, go, seed003_plan, SearchSpace, config_key
 
     p = seed003_plan()
@@ -240,6 +241,7 @@ def test_optunas_best_trial_is_tunes_pick_on_a_real_study(tmp_path):
     records = go(space, Fake(values=steps), storage, confirm_top=2, repeats=2)
     pick = best(summarize(records))
     assert pick.confirmed and len(pick.tflops) == 3
+    assert pick_line(optuna.load_study(study_name="s", storage=storage)).startswith("the study records this pick as")
 
     study = optuna.load_study(study_name="s", storage=storage)
     probes = [t for t in study.trials if t.user_attrs.get("phase") != "pick"]
@@ -252,32 +254,17 @@ def test_optunas_best_trial_is_tunes_pick_on_a_real_study(tmp_path):
         space.by_key(pick.config).candidate)
     assert sorted(b.user_attrs["measured_in_trials"]) == sorted(pick.trials) and b.user_attrs["confirmed"] is True
     assert study.user_attrs[PICK_ATTR]["pick_config"] == pick.config
+    # every probe is 'infeasible' as an answer; TPE (Optuna 5 ranks constrained trials by violation, not value) is
+    # given the measured values alone, without constraints or the pick trial
+    shadow = _measurements_only(study)
+    assert [t.value for t in shadow.trials] == [t.value for t in probes if t.state.name == "COMPLETE"]
+    assert [t.params for t in shadow.trials] == [t.params for t in probes if t.state.name == "COMPLETE"]
+    assert len(shadow.trials) == 8 and all(t.constraints == {} for t in shadow.trials)
     # the same command again finds nothing to probe: the pick is unchanged, and no second pick trial is added
     go(space, Fake(), storage, confirm_top=2, repeats=2)
     again = optuna.load_study(study_name="s", storage=storage)
     assert [t.number for t in again.trials if t.user_attrs.get("phase") == "pick"] == [b.number]
     assert again.best_trial.number == b.number
-
-
-def test_tpe_learns_from_the_measured_values_not_the_constraint(tmp_path):
-    """Every probe is 'infeasible' as an answer (the pick constraint); TPE must still rank probes by TFLOPs: it is
-    given the measurements alone, without constraints or pick trials."""
-    import optuna
-
-    from search.sampler import _measurements_only
-    from test_tune_ux import Fake, go, seed003_plan, SearchSpace, config_key
-
-    p = seed003_plan()
-    space = SearchSpace.from_plan(p, keep={config_key(e.candidate) for e in p.candidates[:4]})
-    storage = f"sqlite:///{tmp_path}/s.db"
-    go(space, Fake(), storage, confirm_top=1, repeats=1)
-    study = optuna.load_study(study_name="s", storage=storage)
-    shadow = _measurements_only(study)
-    probes = [t for t in study.trials if t.state.name == "COMPLETE" and t.user_attrs.get("phase") != "pick"]
-    assert len(probes) == 5 and len(study.trials) == 6                    # 4 probes, 1 re-probe, 1 pick trial
-    assert [t.value for t in shadow.trials] == [t.value for t in probes]
-    assert all(t.constraints == {} for t in shadow.trials)
-    assert [t.params for t in shadow.trials] == [t.params for t in probes]
 
 
 def test_a_pick_that_falls_later_is_said_not_hidden(tmp_path):
