@@ -53,6 +53,7 @@ def fold(line: str, width: int) -> str:
     """``line`` in rows of at most ``width`` characters, broken after a ' ' or ',' (continuations indented by
     `INDENT`): a permanent line on a narrow terminal, where the terminal's own wrap would split a configuration or a
     number anywhere."""
+    width = max(width, len(INDENT) + 20)      # a terminal too narrow to fold into: rows of 27, the terminal wraps
     rows, rest = [], line
     while len(rest) > width:
         cut = max(rest.rfind(" ", 0, width), rest.rfind(",", 0, width - 1) + 1)

@@ -290,3 +290,14 @@ def test_a_pick_that_falls_later_is_said_not_hidden(tmp_path):
     assert study.best_trial.number == picks[0].number                   # frozen: the earlier, higher pick
     assert study.user_attrs["tune_pick"]["pick_config"] == then.config  # the study attribute is always the latest
     assert f"trial {picks[1].number}, but Optuna's best_trial is trial {picks[0].number}" in pick_line(study)
+
+
+@pytest.mark.parametrize("width", [1, 8, 30, 79])
+def test_fold_ends_and_keeps_every_character(width):
+    """Folding never loops on a tiny terminal, never drops a character, breaks after ',' or ' ' where it can."""
+    from search.progress import INDENT, fold
+
+    line = "[tune] trial 1 sampler tp=8,pp=16,cp=16,ep=8,vpp=4,dp=2,mbs=1: oom " + "x" * 90 + " lower --max-mbs"
+    rows = fold(line, width).split("\n")
+    assert all(len(r) <= max(width, len(INDENT) + 20) for r in rows)
+    assert "".join(r.removeprefix(INDENT) for r in rows).replace(" ", "") == line.replace(" ", "")
