@@ -54,6 +54,33 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
+    def _get_option_tuples(self, option_string: str):  # type: ignore[override]
+        """A prefix matching several spellings of one option (--global: --global-batch and --global_batch) is that
+        option, not ambiguous; a prefix of two different options stays ambiguous."""
+        tuples = super()._get_option_tuples(option_string)
+        unique: dict[int, tuple] = {}
+        for t in tuples:
+            unique.setdefault(id(t[0]), t)
+        return list(unique.values())
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """argparse's parse_args, whose refusal of unknown flags names the closest known one."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._did_you_mean(extras)}")
+        return parsed
+
+    def _did_you_mean(self, extras: list[str]) -> str:
+        import difflib
+
+        known = sorted({s for a in self._actions for s in a.option_strings if s.startswith("--")})
+        hints = []
+        for flag in (e.split("=", 1)[0] for e in extras if e.startswith("--")):
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            if close:
+                hints.append(f"{flag}: did you mean {close[0]}?")
+        return "; " + "; ".join(hints) if hints else ""
+
 
 def number(kind: type, *, allow_zero: bool = False) -> Callable[[str], float]:
     """An argparse ``type``: a positive (or, with ``allow_zero``, non-negative) int or float."""
@@ -161,10 +188,15 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
 def _split(text: str | None, kind: type, flag: str) -> tuple | None:
     if text is None:
         return None
+    example = {"--recompute": "none,full", "--zero": "0,1", "--cp": "1,2", "--ep": "1,8"}.get(flag, "1,2")
     try:
-        return tuple(kind(x.strip()) for x in text.split(",") if x.strip())
+        values = tuple(kind(x.strip()) for x in text.split(",") if x.strip())
     except ValueError:
-        raise InputError(f"{flag} {text!r}: expected a comma list, e.g. {flag} 0,1") from None
+        raise InputError(f"{flag} {text!r}: expected a comma list, e.g. {flag} {example}") from None
+    if not values:      # '' or ',,,' named nothing: the defaults would apply without a word
+        raise InputError(f"{flag} {text!r} names no value; give a comma list, e.g. {flag} {example}, or leave "
+                         f"{flag} out for its default")
+    return values
 
 
 def cluster_from_args(args: argparse.Namespace) -> ClusterSpec:
@@ -278,6 +310,9 @@ def _overlap(text: str | None) -> tuple[str, ...] | None:
     if text is None:
         return None
     names = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not names:
+        raise InputError(f"--overlap {text!r} names nothing; give a comma list, e.g. --overlap grad-reduce,p2p, or "
+                         "--overlap none")
     return () if names == ("none",) else names
 
 

@@ -22,6 +22,42 @@ PACKAGED_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """for the files plantune ships (the accelerator catalog, read by every `plan`): yaml.safe_load's constructor on
 libyaml's parser, ~7x faster (4 ms instead of 30 ms); a user's file keeps the pure-Python SafeLoader, whose
 RecursionError on absurd nesting is answered in one line"""
+class DuplicateKey(ValueError):
+    """A mapping gives one key twice (YAML and JSON readers would silently keep the last)."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader (same constructors, nothing more) that refuses a mapping giving one key twice: in
+    ``layers: 4 ... layers: 40`` the reader would keep the last and plan a model its author never meant.
+    Merge keys (``<<: *base``) still override as YAML defines them; only keys written twice are refused."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise DuplicateKey(f"key {key!r} is given twice (lines {seen[key] + 1} and "
+                                           f"{key_node.start_mark.line + 1})")
+                    seen[key] = key_node.start_mark.line
+                except TypeError:       # an unhashable key: SafeLoader's own error follows
+                    break
+        return super().construct_mapping(node, deep=deep)
+
+
+def _unique_pairs(pairs: list) -> dict:
+    """json.loads' object_pairs_hook: a dict, refusing a key given twice."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(f"key {key!r} is given twice")
+        out[key] = value
+    return out
+
+
 MAX_FILE_BYTES = 16 * 2**20
 """a model, cluster, calibration or plan file is a few kB; 16 MiB is far beyond any (calibrations ~50 kB)"""
 
@@ -62,8 +98,11 @@ def read_mapping(path: str | Path, what: str, *, missing_hint: str = "", package
     p = Path(path)
     text = read_text(p, what, missing_hint=missing_hint)
     try:
-        loader = PACKAGED_LOADER if packaged else yaml.SafeLoader
-        data = json.loads(text) if p.suffix.lower() == ".json" else yaml.load(text, Loader=loader)
+        loader = PACKAGED_LOADER if packaged else UniqueKeyLoader
+        data = (json.loads(text, object_pairs_hook=_unique_pairs) if p.suffix.lower() == ".json"
+                else yaml.load(text, Loader=loader))  # noqa: S506 - a SafeLoader subclass (safe constructors only)
+    except DuplicateKey as err:
+        raise InputError(f"malformed {what} {path}: {err}; keep one") from None
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise InputError(f"malformed {what} {path}: {first}; fix the syntax") from None

@@ -212,6 +212,10 @@ def divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
+MAX_VPP = 10_000
+"""--explain's largest vpp: the schema's largest layer count (planner.schema MODEL layers), one layer a chunk"""
+
+
 def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
     """``"tp=4,pp=12,mbs=2,recompute=full,zero=1"`` -> Candidate; dp and gas are derived when absent."""
     fields: dict[str, str] = {}
@@ -227,16 +231,34 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
     if set(fields) - known:
         raise InputError(f"--explain: unknown keys {sorted(set(fields) - known)}; known: {sorted(known)}")
 
+    # A value outside what the key can ever hold is an input error, not a layout "RULED OUT": a degree above the
+    # cluster's GPU count, a micro-batch or GAS above the global batch, a ZeRO stage other than 0-3.
+    most = {"tp": (world, f"the {world:,} GPUs"), "pp": (world, f"the {world:,} GPUs"),
+            "dp": (world, f"the {world:,} GPUs"), "cp": (world, f"the {world:,} GPUs"),
+            "ep": (world, f"the {world:,} GPUs"), "etp": (world, f"the {world:,} GPUs"),
+            "mbs": (global_batch, f"the global batch {global_batch:,}"),
+            "gas": (global_batch, f"the global batch {global_batch:,}"),
+            "vpp": (MAX_VPP, f"{MAX_VPP:,} model chunks per stage (one layer each in a 10,000-layer model)"),
+            "zero": (3, "")}
+
     def num(key: str, default: int) -> int:
         raw = fields.get(key)
         if raw is None:
             return default
         try:
             value = int(raw)
-        except ValueError:
-            raise InputError(f"--explain: {key}={raw} is not an integer") from None
+        except ValueError:     # also past Python's 4,300 digits: still a number, just too large
+            if not raw.isdigit():
+                raise InputError(f"--explain: {key}={raw[:24]} is not an integer") from None
+            value = most[key][0] + 1
         if value < 0 or (value == 0 and key not in ("zero", "sp", "hybrid")):
             raise InputError(f"--explain: {key}={raw} must be positive")
+        top, what = most[key]
+        if key == "zero" and value > top:
+            raise InputError(f"--explain: zero={raw[:24]} is not a ZeRO stage (or FSDP strategy); give zero=0, 1, 2 or 3")
+        if value > top:
+            shown = raw if len(raw) <= 24 else raw[:12] + "..." + raw[-4:]
+            raise InputError(f"--explain: {key}={shown} is more than {what}; give {key} <= {top:,}")
         return value
     tp, pp, mbs, cp = num("tp", 1), num("pp", 1), num("mbs", 1), num("cp", 1)
     dp = num("dp", max(world // (tp * pp * cp), 1))

@@ -27,6 +27,12 @@ OUTCOMES = PROBED + DERIVED + NOT_FINAL
 
 PHASES = ("analytic", "sampler", "retry", "confirm", "implied")
 """how a trial came to be; ``implied`` trials are recorded without a probe by an OOM's implication"""
+PICK_PHASE = "pick"
+"""the phase of a trial tune adds, not probes: its pick (`search.study.record_pick`), params of the chosen
+configuration, value the median of its measurements"""
+PICK_CONSTRAINT = "tune_pick"
+"""the Optuna constraint every probe's trial carries at 1.0 (infeasible as an answer: one probe is a measurement,
+not tune's pick); the pick's trial carries none, so `Study.best_trial` (best among feasible) is tune's pick"""
 
 RECOMPUTE_MEMORY_ORDER = {"full": 0, "selective-op": 1, "selective": 2, "none": 3}
 """activation memory needed, least to most: full recompute keeps only layer inputs, op-level SAC those and four
@@ -48,5 +54,5 @@ class BackendError(RuntimeError):
     """The probe backend itself failed (not the configuration): the study stops, the trial is retried later."""
 
 
-__all__ = ["BackendError", "DERIVED", "NOT_FINAL", "OUTCOMES", "PHASES", "PROBED", "RECOMPUTE_MEMORY_ORDER",
+__all__ = ["BackendError", "DERIVED", "NOT_FINAL", "OUTCOMES", "PHASES", "PICK_CONSTRAINT", "PICK_PHASE", "PROBED", "RECOMPUTE_MEMORY_ORDER",
            "TuneError", "recompute_sort_key"]

@@ -445,12 +445,12 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     from search.calibration import refit
     from search.objective import Ledger, Objective, ProbeSettings
-    from search.report import best, best_line, format_table, report_dict, summarize
+    from search.report import best, best_line, dashboard_command, format_table, report_dict, summarize
     from search.space import SearchSpace
-    from search.progress import Progress
+    from search.progress import Progress, fold
     from search.settings import TuneSettings
     from search.storage import open_study, storage_url
-    from search.study import run as run_study
+    from search.study import pick_line, run as run_study
 
     from planner.rules import PROBE
 
@@ -501,10 +501,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         progress = Progress(total=len(space), budget_s=args.budget, enabled=not args.no_progress,
                             max_probes=args.max_probes, planned=len(space) + args.confirm_top * args.repeats,
                             probe_timeout_s=args.probe_timeout)
-        print(f"tune: study {args.study!r} in {storage}: {len(space)} configurations "
+        _say(f"tune: study {args.study!r} in {storage}: {len(space)} configurations "
               f"({full.total} enumerated, {len(full.candidates)} survive the planner"
               + (f", {restriction}" if restriction else "") + f"); backend {backend.name}"
-              + (f"; probe folders in {workdir}" if probe.workdir else ""), file=sys.stderr)
+              + (f"; probe folders in {workdir}" if probe.workdir else ""))
         objective = Objective(space=space, backend=backend, settings=probe, on_probe=progress.probing,
                               on_probe_end=progress.probe_ended)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
@@ -534,23 +534,62 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         d["ruled_out_rows"] = [{"config": c, "why": w} for c, w in space.restricted_out]
         print(json.dumps(d, indent=1))
     else:
-        print(format_table(summaries, title=f"tune: study {args.study!r}, {len(records)} trials, "
+        width = stdout_width()
+        print(format_table(summaries, title=f"tune: study {args.study!r}, {probes_of(records)} trials, "
                                             f"calibration compute x{calibration.compute_scale:.3g}, "
-                                            f"comm x{calibration.comm_scale:.3g}"))
-        for config, why in space.restricted_out:
-            print(f"  not probed: {config}: {why}")
+                                            f"comm x{calibration.comm_scale:.3g}", width=width))
+        for line in [f"  not probed: {config}: {why}" for config, why in space.restricted_out] + [
+                calibration_note(calibration.compute_scale, calibration.comm_scale)]:
+            print(line if width is None else fold(line, width))
     _say_invalid(summaries, args)
     _say_clamped(calibration)
     if winner is None:
-        print("tune: no configuration measured successfully; see the reasons above", file=sys.stderr)
+        _say("tune: no configuration measured successfully; see the reasons above")
         return 1
-    print(f"tune: {best_line(summaries)}", file=sys.stderr)
+    _say(f"tune: {best_line(summaries)}")
+    recorded = pick_line(study)
+    if recorded:
+        _say(f"tune: {recorded}")
     if args.emit:
         written = _emit_best(args, model, cluster, training, winner, calibration, storage)
-        print(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}",
-              file=sys.stderr)
-    print(f"tune: open the study with: optuna-dashboard {storage}", file=sys.stderr)
+        _say(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}")
+    _say(f"tune: open the study with: {dashboard_command(storage)}")
     return 0
+
+
+def _say(text: str) -> None:
+    """An informational line on stderr: as is in a log, folded to the width on a terminal (error lines stay one line
+    whatever the width: they are printed as they are)."""
+    if sys.stderr.isatty():
+        from search.progress import fold, terminal_width
+
+        text = fold(text, terminal_width(sys.stderr) - 1)
+    print(text, file=sys.stderr)
+
+
+def probes_of(records) -> int:
+    """The trials of a study but the ones recording tune's pick (search.study.record_pick)."""
+    from search._base import PICK_PHASE
+
+    return sum(1 for r in records if r.phase != PICK_PHASE)
+
+
+def stdout_width() -> int | None:
+    """The usable columns of the terminal stdout is (its width less one), or None when stdout is not a terminal (a
+    file or a pipe gets the wide table, one row per line)."""
+    if not sys.stdout.isatty():
+        return None
+    from search.progress import terminal_width
+
+    return terminal_width(sys.stdout) - 1
+
+
+def calibration_note(compute: float, comm: float) -> str:
+    """What the title's "calibration compute xA, comm xB" means, said under the table."""
+    return (f"calibration compute x{compute:.3g}, comm x{comm:.3g}: the planner's compute terms (GEMMs, attention, "
+            f"element-wise) times {compute:.3g} and its communication terms (TP/PP/DP/CP/EP collectives) times "
+            f"{comm:.3g} best fit these measured step times (search.calibration.refit; x1: as predicted, below 1: "
+            "faster than predicted); pred after uses them, and tune --emit writes them")
 
 
 def _resources(args: argparse.Namespace, cluster) -> str:
@@ -566,9 +605,8 @@ def _say_invalid(summaries, args: argparse.Namespace) -> None:
     """Configurations the probes refused here: what to change (they are re-checked when the resources change)."""
     invalid = [s for s in summaries if s.outcome == "invalid"]
     if invalid:
-        print(f"tune: {len(invalid)} configuration(s) could not run with these resources (e.g. {invalid[0].reason}); "
-              "rerun the same command with more --local-procs or --backend slurm and they are probed again",
-              file=sys.stderr)
+        _say(f"tune: {len(invalid)} configuration(s) could not run with these resources (e.g. {invalid[0].reason}); "
+             "rerun the same command with more --local-procs or --backend slurm and they are probed again")
 
 
 def _say_clamped(calibration) -> None:
@@ -577,9 +615,9 @@ def _say_clamped(calibration) -> None:
     for name in ("compute_scale", "comm_scale"):
         value = getattr(calibration, name)
         if value <= SCALE_RANGE[0] * 1.0001 or value >= SCALE_RANGE[1] * 0.9999:
-            print(f"tune: warning: the refit {name} hit its limit ({value:g}, range {SCALE_RANGE[0]:g}..."
-                  f"{SCALE_RANGE[1]:g}): the probes measure a machine unlike the plan's --gpu; the predictions are "
-                  "not calibrated", file=sys.stderr)
+            _say(f"tune: warning: the refit {name} hit its limit ({value:g}, range {SCALE_RANGE[0]:g}..."
+                 f"{SCALE_RANGE[1]:g}): the probes measure a machine unlike the plan's --gpu; the predictions are "
+                 "not calibrated")
 
 
 # -- report -------------------------------------------------------------------------------------------
@@ -588,9 +626,11 @@ def report(args: argparse.Namespace) -> int:
     import optuna
 
     from search.objective import TrialRecord
-    from search.report import best_line, format_table, format_trials, report_dict, summarize, write_plots
+    from search.report import (best_line, dashboard_command, format_table, format_trials, report_dict, summarize,
+                               write_plots)
     from search.settings import TuneSettings
     from search.storage import open_storage
+    from search.study import pick_line
 
     plots = Path(args.plots) if args.plots else workdir_of(args) / "report"
     if not args.no_plots and (plots.is_symlink() or (plots.exists() and not plots.is_dir())):
@@ -611,8 +651,12 @@ def report(args: argparse.Namespace) -> int:
         print(json.dumps(report_dict(records, study=args.study, storage=storage), indent=1))
     else:
         summaries = summarize(records)
-        print(format_table(summaries, title=f"tune: study {args.study!r}, {len(records)} trials"))
+        print(format_table(summaries, title=f"tune: study {args.study!r}, {probes_of(records)} trials",
+                           width=stdout_width()))
         print(f"tune: {best_line(summaries) or 'no configuration measured successfully'}")
+        recorded = pick_line(study)
+        if recorded:
+            print(f"tune: {recorded}")
         if args.trials:
             print()
             print(format_trials(records))
@@ -622,8 +666,8 @@ def report(args: argparse.Namespace) -> int:
         except OSError as err:
             raise TuneError(f"--plots {plots}: cannot write there ({err.strerror or err}); give a folder you can "
                             "write, or --no-plots") from None
-        print(f"tune: wrote plots {', '.join(str(p) for p in paths)}", file=sys.stderr)
-    print(f"tune: open the study with: optuna-dashboard {storage}", file=sys.stderr)
+        _say(f"tune: wrote plots {', '.join(str(p) for p in paths)}")
+    _say(f"tune: open the study with: {dashboard_command(storage)}")
     return 0
 
 

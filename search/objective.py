@@ -38,7 +38,7 @@ from planner.flops import model_flops_per_iteration, tflops_per_gpu
 from probes.backend import ProbeBackend
 from probes.result import ProbeResult, ProbeSpec
 
-from search._base import DERIVED, PROBED, BackendError
+from search._base import DERIVED, PICK_CONSTRAINT, PROBED, BackendError
 from search.calibration import Measurement, refit
 from search.space import PARAMS, SearchSpace, config_key, params_of, with_defaults
 from search.trial_attrs import TrialAttrs
@@ -323,6 +323,7 @@ class Objective:
     # -- the trial -------------------------------------------------------------------------------
     def __call__(self, trial: optuna.Trial) -> float:
         self._set(trial, worker=WORKER)      # first: a dead tuner's RUNNING trial is known by its pid
+        trial.set_constraint(PICK_CONSTRAINT, 1.0)   # a probe is not tune's answer: search.study.record_pick
         try:
             return self._run(trial)
         except KeyboardInterrupt as stop:

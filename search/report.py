@@ -12,12 +12,15 @@ rank as the probe measured it: CUDA max allocated on GPUs, RSS on CPU).
 from __future__ import annotations
 
 import statistics
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from typing import TYPE_CHECKING
 
 from tabulate import tabulate
+
+from search._base import PICK_PHASE
 
 if TYPE_CHECKING:                      # search.objective imports optuna; reports need only its records
     from search.objective import TrialRecord
@@ -146,8 +149,14 @@ def short(config: str) -> str:
     return ",".join(p for p in config.split(",") if not p.startswith("gas="))
 
 
-def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
-    """The ranked table: measured beside predicted (analytic, before and after this probe's refit)."""
+def format_table(summaries: list[ConfigSummary], *, title: str = "", width: int | None = None) -> str:
+    """The ranked table: measured beside predicted (analytic, before and after this probe's refit). With ``width``
+    (a terminal's columns) narrower than the table, `format_table_narrow`'s form."""
+    if width is not None:
+        wide = format_table(summaries, title=title)
+        if max(len(line) for line in wide.splitlines()) > width:
+            return format_table_narrow(summaries, title=title, width=width)
+        return wide
     rows = []
     rank = 0
     for s in summaries:
@@ -171,12 +180,44 @@ def format_table(summaries: list[ConfigSummary], *, title: str = "") -> str:
     return "\n".join(x for x in (title, table, note) if x)
 
 
+def format_table_narrow(summaries: list[ConfigSummary], *, title: str = "", width: int = 80) -> str:
+    """The ranked table for a narrow terminal: rank, configuration (`brief` form, wrapped), outcome, measured TFLOPs
+    with its spread, the calibrated prediction after the refit; the reasons below the table, one folded paragraph
+    per row that has one (the wide table's other predictions: `tune report --format json`, or a wider terminal)."""
+    from search.progress import INDENT, brief, fold
+
+    rows, reasons, rank = [], [], 0
+    for s in summaries:
+        if s.tflops:
+            rank += 1
+        n = len(s.tflops)
+        mark = " ✓" if s.confirmed else (" ?" if s.reprobed else "")
+        key = str(rank) if s.tflops else "-"
+        rows.append([key, brief(s.config), s.outcome + mark, _f(s.median_tflops),
+                     f"±{100 * (s.spread or 0) / 2:.1f}% n={n}" if n > 1 else ("n=1" if n else ""),
+                     _f(s.pred_after_tflops)])
+        if s.reason:
+            reasons.append(f"{key} {short(s.config)}: {s.outcome}: {s.reason}")
+    headers = ["#", "configuration", "outcome", "TFLOPs", "spread", "pred"]
+    others = tabulate([[r[0], *r[2:]] for r in rows] or [[""] * 5], headers=headers[:1] + headers[2:],
+                      tablefmt="simple", disable_numparse=True).splitlines()[0]
+    config_w = max(len("configuration"), width - len(others) - 2)
+    for r in rows:                 # wrapped after a comma, never inside a "k=v"
+        r[1] = fold(r[1], config_w).replace("\n" + INDENT, "\n")
+    table = tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    note = ("#: confirmed rows first, then by measured model TFLOPs per GPU (median); ✓ confirmed, ? re-probed but "
+            f"noisy (> ±{100 * CONFIRM_SPREAD / 2:g}%); pred: calibrated prediction after the refit")
+    parts = [fold(title, width) if title else "", table, *(fold(INDENT[:2] + r, width) for r in reasons),
+             fold(note, width)]
+    return "\n".join(x for x in parts if x)
+
+
 def format_trials(records: list[TrialRecord]) -> str:
     """One row per trial: what each probe predicted before, after its refit, and measured."""
     rows = []
     for r in sorted(records, key=lambda r: r.number):
         a = r.attrs
-        rows.append([r.number, r.phase, short(r.config or "?"), r.outcome or r.state,
+        rows.append([r.number, r.phase, short(r.config or a.get("pick_config") or "?"), r.outcome or r.state,
                      _f(r.value if r.state == "COMPLETE" else None), _f(a.get("pred_before_tflops")),
                      _f(a.get("pred_after_tflops")), _f(a.get("probe_wall_s"), 3), r.reason])
     return tabulate(rows, headers=["trial", "phase", "configuration", "outcome", "measured TFLOPs", "pred before",
@@ -185,15 +226,31 @@ def format_trials(records: list[TrialRecord]) -> str:
 
 
 def report_dict(records: list[TrialRecord], *, study: str, storage: str) -> dict:
+    """The study as JSON: ``trials`` are the probes (and what was answered without one); ``pick_trial`` is the trial
+    tune added to record its pick (search.study.record_pick), Optuna's best_trial."""
     summaries = summarize(records)
     b = best(summaries)
+    picks = [r.number for r in records if r.phase == PICK_PHASE]
+    records = [r for r in records if r.phase != PICK_PHASE]
     return {"study": study, "storage": storage, "best": b.to_dict() if b else None,
+            "pick_trial": picks[-1] if picks else None,
             "configs": [s.to_dict() for s in summaries],
             "trials": [{"number": r.number, "state": r.state, "phase": r.phase, "config": r.config,
                         "outcome": r.outcome, "reason": r.reason, "value": r.value,
                         **{k: v for k, v in r.attrs.items() if k.startswith(("measured_", "pred_", "calibration"))}}
                        for r in records],
-            "dashboard": f"optuna-dashboard {storage}"}
+            "dashboard": dashboard_command(storage)}
+
+
+def dashboard_command(storage: str) -> str:
+    """``optuna-dashboard URL`` that works from any folder: a relative SQLite path made absolute (sqlite:////abs),
+    quoted for the shell when it needs it."""
+    prefix = "sqlite:///"
+    if storage.startswith(prefix) and not storage.startswith(prefix + "/"):
+        path, sep, query = storage[len(prefix):].partition("?")
+        if path and path != ":memory:":
+            storage = prefix + str(Path(path).resolve()) + sep + query
+    return f"optuna-dashboard {shlex.quote(storage)}"
 
 
 # -- plots ------------------------------------------------------------------------------------------
@@ -238,7 +295,7 @@ def _layout_key(candidate: dict) -> tuple[str, str]:
     return str(candidate.get("recompute", "none")), str(candidate.get("zero", 0))
 
 
-def _plot_fastest(summaries: list[ConfigSummary], path: Path, study: str, top: int = 20) -> None:
+def _plot_fastest(summaries: list[ConfigSummary], path: Path, study: str, top: int = 20):
     """Which layout is fastest, and how sure are we? Ranked measured TFLOPs, every measurement a dot, the range
     as a bar, the confirmed ones marked."""
     ok = [s for s in summaries if s.tflops][:top]
@@ -251,7 +308,12 @@ def _plot_fastest(summaries: list[ConfigSummary], path: Path, study: str, top: i
         ax.plot([lo, hi], [y, y], color=color, linewidth=6, alpha=0.35, solid_capstyle="butt")
         ax.scatter(s.tflops, [y] * len(s.tflops), color=color, s=18, zorder=3)
         ax.scatter([s.median_tflops], [y], color=color, marker="|", s=200, zorder=4)
-    ax.set_yticks(range(len(ok)), [short(s.config) for s in reversed(ok)], fontsize=7)
+    pick = best(summaries)         # row 1 of the ranking: tune's answer, marked so the plot says which it is
+    if pick is not None and ok and ok[0].config == pick.config:
+        ax.scatter([pick.median_tflops], [len(ok) - 1], marker="*", s=260, color="gold", edgecolors="black",
+                   zorder=5, label=f"tune's pick ({'confirmed' if pick.confirmed else 'not confirmed'})")
+    ax.set_yticks(range(len(ok)), [("★ " if pick is not None and s.config == pick.config else "") + short(s.config)
+                                   for s in reversed(ok)], fontsize=7)
     for label, color in (("confirmed (re-probes agree)", "tab:green"), ("re-probed, disagree (noisy)", "tab:red"),
                          ("measured once", "tab:gray")):
         ax.scatter([], [], color=color, label=label)
@@ -262,6 +324,7 @@ def _plot_fastest(summaries: list[ConfigSummary], path: Path, study: str, top: i
         ax.axvline(best_lo, color="tab:green", linewidth=0.8, linestyle=":", label="slowest probe of the best")
     _legend_outside(ax)
     fig.savefig(path)
+    return fig
 
 
 def _plot_planner(measured: list[TrialRecord], path: Path) -> None:
@@ -362,17 +425,17 @@ def _legend_below(ax) -> None:
                   frameon=False)
 
 
-LAYOUT_DIMS = ("tp", "pp", "mbs")
-"""the by-layout plot's panels, always; `layout_dims` adds CP and EP where the measurements vary them"""
-VARYING_DIMS = ("cp", "ep", "dp")
+LAYOUT_DIMS = ("tp", "pp", "mbs", "cp", "ep", "dp")
+"""the by-layout plot's candidate panels, in this order; `layout_dims` keeps those the measurements vary"""
 
 
 def layout_dims(measured: list[TrialRecord]) -> list[str]:
-    """Panels of the by-layout plot: TP, PP, MBS, then CP, EP and DP each where the measured configurations do not
-    all share one value (a long-context or MoE study; DP where the world size is not fixed by TP x PP x CP)."""
+    """Panels of the by-layout plot: each of TP, PP, MBS, CP, EP and DP whose measured configurations do not all share
+    one value (a panel of one x value shows nothing about that dimension); DP only where the world size is not fixed
+    by TP x PP x CP (else it mirrors the TP and PP panels)."""
     def values(name: str) -> set:
         return {r.attrs.get("candidate", {}).get(name, 1) for r in measured}
-    return [*LAYOUT_DIMS, *(d for d in VARYING_DIMS if len(values(d)) > 1 and (d != "dp" or not _dp_follows(measured)))]
+    return [d for d in LAYOUT_DIMS if len(values(d)) > 1 and (d != "dp" or not _dp_follows(measured))]
 
 
 def _dp_follows(measured: list[TrialRecord]) -> bool:
@@ -382,11 +445,20 @@ def _dp_follows(measured: list[TrialRecord]) -> bool:
     return len(worlds) <= 1
 
 
-def _plot_layout(measured: list[TrialRecord], path: Path) -> None:
+def _plot_layout(measured: list[TrialRecord], path: Path):
     """How does each parallel dimension matter? Measured TFLOPs by TP, PP and MBS (and CP, EP where the study varies
     them); marker = recompute, colour = ZeRO."""
     dims = layout_dims(measured)
-    fig = _figure(3.7 * len(dims), 3.9)
+    fig = _figure(3.7 * max(len(dims), 1) + (2.0 if not dims else 0.0), 3.9)
+    if not dims:         # every measurement shares its TP, PP, MBS...: no dimension to show, say so
+        ax = fig.add_subplot()
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no parallel dimension varies among the measured configurations"
+                + (f"\n(all {short(measured[0].config or '?')})" if measured else "\n(nothing measured)"),
+                ha="center", va="center", transform=ax.transAxes, fontsize=9, color="gray")
+        fig.suptitle("Measured TFLOPs by parallel dimension", fontsize=10)
+        fig.savefig(path)
+        return fig
     axes = [fig.add_subplot(1, len(dims), i + 1) for i in range(len(dims))]
     for i, (ax, name) in enumerate(zip(axes, dims)):
         for r in measured:
@@ -417,22 +489,68 @@ def _plot_layout(measured: list[TrialRecord], path: Path) -> None:
                  fontsize=10)
     _legend_outside(axes[-1])
     fig.savefig(path)
+    return fig
 
 
-def _plot_history(measured: list[TrialRecord], records: list[TrialRecord], path: Path, study: str) -> None:
-    """How fast did the search find its best? Each measurement in probe order, the best so far."""
+@dataclass(frozen=True, slots=True)
+class History:
+    """history.png's data, in trial order. Two running maxima, so neither line can fall:
+
+    - ``confirmed``: the best median among configurations confirmed (re-probes agree, `ConfigSummary.confirmed`) by
+      that trial, as known then; None before the first confirmation. Once confirmed, a figure stays on the line
+      even if later re-probes lower it: the line is the record of what had been confirmed, not today's ranking.
+    - ``single``: the best single probe so far (a measurement, confirmed or not): the upper envelope of the dots.
+
+    ``pick`` is tune's answer now (`best`: confirmed first, by median), which the plot marks apart from both."""
+
+    trials: tuple[int, ...]
+    values: tuple[float, ...]
+    confirmed: tuple[float | None, ...]
+    single: tuple[float, ...]
+    pick: ConfigSummary | None
+
+
+def history(records: list[TrialRecord]) -> History:
+    """`History` of a study's records (measured trials only carry points)."""
+    ordered = sorted(records, key=lambda r: r.number)
+    measured = [r for r in ordered if r.measured and r.value is not None]
+    confirmed: list[float | None] = []
+    single: list[float] = []
+    top_c: float | None = None
+    top_s = 0.0
+    for r in measured:
+        known = summarize([q for q in ordered if q.number <= r.number])
+        now = max((s.median_tflops or 0.0 for s in known if s.confirmed), default=None)
+        if now is not None:
+            top_c = now if top_c is None else max(top_c, now)
+        top_s = max(top_s, float(r.value))
+        confirmed.append(top_c)
+        single.append(top_s)
+    return History(trials=tuple(r.number for r in measured), values=tuple(float(r.value) for r in measured),
+                   confirmed=tuple(confirmed), single=tuple(single), pick=best(summarize(records)))
+
+
+def _plot_history(records: list[TrialRecord], path: Path, study: str) -> None:
+    """How fast did the search find its best? Each measurement in probe order, the best single probe and the best
+    confirmed median so far (`History`: both only rise), and tune's pick."""
     fig = _figure(7.5, 4.2)
     ax = fig.add_subplot()
-    if measured:
-        xs = [r.number for r in measured]
-        ys = [r.value for r in measured]
-        ax.scatter(xs, ys, label="measured", color="tab:blue", zorder=3)
-        # the best as tune names it after each trial (`best`: confirmed first, median of its measurements)
-        ordered = sorted(records, key=lambda r: r.number)
-        run_y = [best(summarize([r for r in ordered if r.number <= x])).median_tflops for x in xs]
-        ax.step(xs, run_y, where="post", label=f"best so far (median; confirmed first): {run_y[-1]:.4g}",
-                color="tab:green", linewidth=2, zorder=2)
-        ax.set_ylim(0, max(ys + run_y) * 1.1)
+    h = history(records)
+    if h.trials:
+        xs = list(h.trials)
+        ax.scatter(xs, h.values, label="measured (one probe)", color="tab:blue", zorder=3)
+        ax.step(xs, h.single, where="post", label=f"best single probe so far: {h.single[-1]:.4g}",
+                color="tab:gray", linewidth=1, linestyle="--", zorder=2)
+        first = next((i for i, v in enumerate(h.confirmed) if v is not None), None)
+        if first is not None:
+            ax.step(xs[first:], h.confirmed[first:], where="post", color="tab:green", linewidth=2, zorder=2,
+                    label=f"best confirmed median so far: {h.confirmed[-1]:.4g}")
+        if h.pick is not None:
+            ax.scatter([max(h.pick.trials)], [h.pick.median_tflops], marker="*", s=220, color="gold",
+                       edgecolors="black", zorder=5,
+                       label=f"tune's pick: {short(h.pick.config)} {h.pick.median_tflops:.4g}"
+                             + (" (confirmed)" if h.pick.confirmed else " (not confirmed)"))
+        ax.set_ylim(0, max(h.values) * 1.1)
     failed = [r for r in records if r.state == "FAIL" and r.outcome not in (None, "interrupted", "implied_oom")]
     if failed:
         ax.scatter([r.number for r in failed], [0.0] * len(failed), marker="x", color="tab:red",
@@ -458,9 +576,10 @@ def write_plots(records: list[TrialRecord], out_dir: Path, *, study: str = "") -
     _plot_planner(measured, paths[1])
     _plot_cost(records, paths[2])
     _plot_layout(measured, paths[3])
-    _plot_history(measured, records, paths[4], study)
+    _plot_history(records, paths[4], study)
     return paths
 
 
-__all__ = ["CONFIRM_SPREAD", "ConfigSummary", "PLOTS", "best", "best_line", "format_table", "format_trials",
-           "layout_dims", "rank_key", "report_dict", "short", "summarize", "write_plots"]
+__all__ = ["CONFIRM_SPREAD", "ConfigSummary", "History", "PLOTS", "best", "best_line", "dashboard_command",
+           "format_table", "format_table_narrow", "format_trials", "history", "layout_dims", "rank_key", "report_dict", "short", "summarize",
+           "write_plots"]

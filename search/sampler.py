@@ -25,10 +25,11 @@ import random
 
 import optuna
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
+from optuna.trial import TrialState, create_trial
 
 from planner import CostParams
 
-from search._base import TuneError, recompute_sort_key
+from search._base import PICK_PHASE, TuneError, recompute_sort_key
 from search.calibration import SIGMA_PRIOR, Terms, expected_improvement, refit_terms, residual_sigma
 from search.objective import Ledger
 from search.settings import SAMPLERS
@@ -56,6 +57,17 @@ def measured_data(ledger: Ledger, space: SearchSpace, terms: dict) -> list[tuple
         if r.measured and step and r.config in terms and float(step) > 0:
             out.append((r.config, float(step)))
     return out
+
+
+def _measurements_only(study: optuna.Study) -> optuna.Study:
+    """What TPE learns from: the study's probes as an in-memory study, each trial's measured value without the
+    `PICK_CONSTRAINT` every probe carries (Optuna 5's TPE ranks constrained trials by violation, not value) and
+    without tune's pick trials (a median of probes it already has)."""
+    shadow = optuna.create_study(direction="maximize", sampler=RandomSampler(seed=0))
+    shadow.add_trials([create_trial(state=t.state, value=t.value, params=t.params, distributions=t.distributions)
+                       for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                       if t.user_attrs.get("phase") != PICK_PHASE])
+    return shadow
 
 
 class SurvivorSampler(BaseSampler):
@@ -143,7 +155,7 @@ class SurvivorSampler(BaseSampler):
         elif self.strategy == "random":
             pick = self._rng.choice(remaining)
         else:
-            proposal = self._inner.sample_relative(study, trial, search_space)
+            proposal = self._inner.sample_relative(_measurements_only(study), trial, search_space)
             if proposal:
                 pick = config_key(self.space.nearest(proposal, exclude=exclude, order=order).candidate)
             else:

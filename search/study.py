@@ -21,10 +21,12 @@ import time
 import warnings
 
 import optuna
+from optuna.trial import TrialState
 
+from search._base import PICK_PHASE
 from search.objective import RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, ProbeFailed, TrialRecord
 from search.progress import Progress, hms
-from search.report import short
+from search.report import best, short, summarize
 from search.settings import TuneSettings, default_top_k
 from search.space import SearchSpace, params_of
 from search.storage import reap, recover, requeue
@@ -193,11 +195,90 @@ def run(study: optuna.Study, objective: Objective, space: SearchSpace, settings:
             if len(study.get_trials(deepcopy=False)) == before or limits_reached(Ledger.of(study), settings,
                                                                                   progress):
                 break
+    except KeyboardInterrupt:
+        progress.close()
+        record_pick(study, space)          # the pick of the trials finished so far
+        raise
     finally:
         progress.close()
+    record_pick(study, space)              # what the table will say, said in the study
     if limits_reached(Ledger.of(study), settings, progress):
         _say_left(study, space, settings, progress)
     return Ledger.of(study).records
+
+
+PICK_ATTR = "tune_pick"
+"""study attribute: tune's pick as the table names it (configuration, median, agreement, the trials measuring it)"""
+
+
+def record_pick(study: optuna.Study, space: SearchSpace) -> optuna.trial.FrozenTrial | None:
+    """Record tune's pick in the study, so that Optuna's own API says what tune says.
+
+    Why a trial of its own: Optuna ranks trials by their value, and a trial's value is frozen when it finishes.
+    tune's pick is a verdict over trials: the best median among configurations whose re-probes agree (`best`),
+    known only after the re-probes, and often not the highest single probe (one noisy first probe can read
+    higher than every re-probe of it). No value a probe's trial could carry when it finishes would keep the pick
+    on top honestly, so:
+
+    - every probe's trial carries the constraint `PICK_CONSTRAINT` = 1 (Optuna: infeasible; here: one probe is a
+      measurement, not an answer), its value staying the measured TFLOPs (`search.sampler` gives TPE those values
+      without the constraint);
+    - the pick is one added COMPLETE trial (phase `PICK_PHASE`, no constraint), the configuration's parameters, its
+      median as the value, the trials it summarises in its attributes; `Study.best_trial` (the best feasible trial)
+      is then this trial; a new one is added only when the pick or its median changes;
+    - `PICK_ATTR` on the study holds the same, always the latest.
+
+    optuna-dashboard 0.21's "best trial" box is the highest value whatever the constraints (storage.get_best_trial):
+    there the pick is the trial whose phase is ``pick`` (and the study's note, where optuna_dashboard is installed).
+    A later pick whose median is below an earlier pick trial's value leaves `Study.best_trial` on the earlier one
+    (finished trials cannot change): returned trial != best_trial then, and `tune` says so.
+    Returns the pick's trial, or None when nothing was measured (or the pick lies outside this run's space)."""
+    records = Ledger.of(study).records
+    pick = best(summarize(records))
+    if pick is None or space.by_key(pick.config) is None:
+        return None
+    attrs = TrialAttrs.user_attrs(phase=PICK_PHASE, pick_config=pick.config, median_tflops=pick.median_tflops,
+                                  measurements=list(pick.tflops), measured_in_trials=list(pick.trials),
+                                  confirmed=pick.confirmed, agreement=pick.agreement)
+    study.set_user_attr(PICK_ATTR, attrs)
+    picks = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+             if t.user_attrs.get("phase") == PICK_PHASE]
+    if picks and all(picks[-1].user_attrs.get(k) == v for k, v in attrs.items()):
+        return picks[-1]
+    study.add_trial(optuna.trial.create_trial(params=params_of(space.by_key(pick.config).candidate),
+                                              distributions=space.distributions(), value=pick.median_tflops,
+                                              user_attrs=attrs))
+    _note_for_dashboard(study, attrs)
+    return study.get_trials(deepcopy=False)[-1]
+
+
+def pick_line(study: optuna.Study) -> str | None:
+    """Where the study records tune's pick, in one line (None before any pick was recorded)."""
+    picks = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+             if t.user_attrs.get("phase") == PICK_PHASE]
+    if not picks:
+        return None
+    n = picks[-1].number
+    try:
+        top = study.best_trial.number
+    except ValueError:
+        top = None
+    if top == n:
+        return (f"the study records this pick as trial {n}: Optuna's best_trial (optuna.load_study(...).best_trial); "
+                "in optuna-dashboard the trial whose phase is pick")
+    return (f"the study records this pick as trial {n}, but Optuna's best_trial is trial {top}, an earlier pick "
+            "whose median was higher (a finished trial cannot change); trust trial " + str(n))
+
+
+def _note_for_dashboard(study: optuna.Study, attrs: dict) -> None:
+    """The pick at the top of the study's page in optuna-dashboard (its public save_note), when it is installed."""
+    try:
+        from optuna_dashboard import save_note
+    except ImportError:
+        return
+    save_note(study, f"**tune's pick**: `{attrs['pick_config']}`, {attrs['median_tflops']:.4g} model TFLOPs/GPU "
+                     f"measured ({attrs['agreement']}); the trial whose phase is `pick`. The best-trial box shows "
+                     "the highest single probe, which re-probes may not have confirmed.")
 
 
 def _run_waiting(study: optuna.Study, objective: Objective, space: SearchSpace, settings: TuneSettings,
@@ -221,4 +302,5 @@ def _say_left(study: optuna.Study, space: SearchSpace, settings: TuneSettings, p
                       "limit to continue the study")
 
 
-__all__ = ["await_others", "confirm", "confirmation_slots", "limits_reached", "run", "search"]
+__all__ = ["PICK_ATTR", "await_others", "confirm", "confirmation_slots", "limits_reached", "pick_line", "record_pick",
+           "run", "search"]

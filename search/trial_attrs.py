@@ -27,7 +27,7 @@ class TrialAttrs:
     slot: str | None = None
     """config, or config#confirmN for the N-th confirmation repeat"""
     phase: str | None = None
-    """analytic | sampler | retry | confirm | implied (search._base.PHASES)"""
+    """analytic | sampler | retry | confirm | implied (search._base.PHASES), or pick (search._base.PICK_PHASE)"""
     repeat: int | None = None
     """N of a confirmation repeat"""
     candidate: dict | None = None
@@ -71,6 +71,18 @@ class TrialAttrs:
     step_cv: float | None = None
     step_spread: float | None = None
     reduced: bool | None = None
+    # tune's pick (a trial search.study.record_pick adds, phase "pick"; no probe)
+    pick_config: str | None = None
+    """the configuration tune picks (its table's row 1)"""
+    median_tflops: float | None = None
+    """the median of its measurements, the trial's value"""
+    measurements: list | None = None
+    """its measured model TFLOPs per GPU, every probe"""
+    measured_in_trials: list | None = None
+    """the trials that measured it"""
+    confirmed: bool | None = None
+    agreement: str | None = None
+    """search.report.ConfigSummary.agreement, in words"""
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -164,10 +164,12 @@ def test_bad_value_is_one_line(kind, key, name, base, tmp_path):
 
 
 def test_1e400_in_json_and_yaml(base, tmp_path):
-    (tmp_path / "c.json").write_text(json.dumps(HF_CONFIG)[:-1] + ', "rope_theta": 1e400}')
+    without = lambda d, k: {x: v for x, v in d.items() if x != k}  # noqa: E731 - the key is given once, as 1e400
+    (tmp_path / "c.json").write_text(json.dumps(without(HF_CONFIG, "rope_theta"))[:-1] + ', "rope_theta": 1e400}')
     _, _, err = assert_contract(argv_for("hf", tmp_path / "c.json", base), expect=2)
     assert "rope_theta" in err and "finite" in err
-    (tmp_path / "c.yaml").write_text(yaml.safe_dump(CLUSTER_YAML) + "inter_node_gbps: 1.0e+400\n")
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(without(CLUSTER_YAML, "inter_node_gbps"))
+                                     + "inter_node_gbps: 1.0e+400\n")
     _, _, err = assert_contract(argv_for("cluster", tmp_path / "c.yaml", base), expect=2)
     assert "inter_node_gbps" in err and "finite" in err
 
@@ -249,6 +251,23 @@ FLAGS = [
     (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12", "--top", "3"], "--top does not apply"),
     (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,mbs=two"], "mbs=two is not an integer"),
     (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,sp=2"], "sp=2 must be 1 or 0"),
+    # issue 32: values no layout can hold are input errors, not a "RULED OUT" layout
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,zero=7"], "zero=7 is not a ZeRO stage"),
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=999999999999999999999999999999"],
+     "is more than the 384 GPUs; give tp <= 384"),
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=" + "9" * 5000], "is more than the 384 GPUs"),
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,mbs=4096"], "more than the global batch 2,048"),
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,vpp=99999999999999999999"], "give vpp <= 10,000"),
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,ep=100000"], "give ep <= 384"),
+    # a list flag that names nothing would have let the defaults apply silently
+    (["--model", "176B", "--gpus", "384", "--recompute", ""], "--recompute '' names no value"),
+    (["--model", "176B", "--gpus", "384", "--zero", ",,,"], "--zero ',,,' names no value"),
+    (["--model", "176B", "--gpus", "384", "--cp", " , "], "--cp ' , ' names no value"),
+    (["--model", "176B", "--gpus", "384", "--overlap", ""], "--overlap '' names nothing"),
+    # unknown flags get the closest known one; an ambiguous prefix of two different options stays refused
+    (["--model", "176B", "--gpus", "384", "--tpp", "4"], "--tpp: did you mean --tp?"),
+    (["--model", "176B", "--gpus", "384", "--recompte", "full"], "--recompte: did you mean --recompute?"),
+    (["--model", "176B", "--gpus", "384", "--g", "512"], "ambiguous option: --g could match --gpus, --gpu,"),
 ]
 
 
@@ -267,6 +286,69 @@ def test_bad_flags(argv, needle):
 def test_from_refuses_flags_it_would_ignore(extra, needle, base):
     _, _, err = assert_contract(["--from", str(base["plan"]), *extra], expect=2)
     assert needle in err, err
+
+
+def test_prefix_of_two_spellings_of_one_option_is_that_option():
+    """--global matches --global-batch and --global_batch, one option written two ways: it is that option (argparse
+    called it ambiguous), and the plan says the batch it used."""
+    rc, out, _ = assert_contract(["--model", "176B", "--gpus", "384", "--global", "512", *J], expect=0)
+    assert json.loads(out)["global_batch"] == 512
+    _, _, err = assert_contract(["--model", "176B", "--gpus", "384", "--g", "512"], expect=2)
+    assert err.count("--global") == 1 and "--global_batch" not in err, err   # one spelling listed per option
+
+
+def test_explain_in_range_is_still_explained():
+    """The bounds refuse only values no layout can hold: ZeRO 3 and TP = all GPUs are explained (fits or not)."""
+    for cfg in ("tp=4,pp=12,zero=3", "tp=384,pp=1"):
+        rc, out, _ = assert_contract(["--model", "176B", "--gpus", "384", "--explain", cfg, "--format", "json"],
+                                     expect=0)
+        assert json.loads(out)["tp"] in (4, 384)
+
+
+@pytest.mark.parametrize("kind", ["model", "cluster", "calibration", "plan"])
+def test_a_key_given_twice_is_refused(kind, base, tmp_path):
+    """YAML (and JSON) readers keep the last of two equal keys; plantune names both lines instead."""
+    text = yaml.safe_dump(_base_data(kind), sort_keys=False)
+    first = text.splitlines()[0]
+    path = tmp_path / "twice.yaml"
+    path.write_text(text + first + "\n")
+    _, _, err = assert_contract(argv_for(kind, path, base), expect=2)
+    key = first.split(":")[0]
+    assert f"key {key!r} is given twice (lines 1 and {len(text.splitlines()) + 1})" in err, err
+
+
+def test_a_json_key_given_twice_is_refused(base, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(HF_CONFIG)[:-1] + ', "hidden_size": 128}')
+    _, _, err = assert_contract(argv_for("hf", path, base), expect=2)
+    assert "key 'hidden_size' is given twice" in err, err
+
+
+def test_yaml_merge_keys_still_override(tmp_path):
+    """``<<: *base`` then a key of its own is YAML's override, not a key given twice."""
+    path = tmp_path / "m.yaml"
+    data = dict(MODEL_YAML)
+    layers = data.pop("layers")
+    body = yaml.safe_dump(data, sort_keys=False)
+    path.write_text(f"<<: {{layers: {layers + 8}}}\nlayers: {layers}\n" + body)
+    assert load_model(str(path)).layers == layers
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (("data_parallel_size", 16), "data_parallel_size 16 disagrees with its 384 GPUs (48 nodes x 8) / (TP 4 x PP 12); "
+                                 "set data_parallel_size 8"),
+    (("data_parallel_size", 5), "data_parallel_size 5 disagrees"),
+    (("gradient_accumulation_steps", 64), "gradient_accumulation_steps 64 = 1024 disagrees with global_batch_size "
+                                          "2048; set gradient_accumulation_steps 128"),
+])
+def test_from_a_plan_whose_degrees_disagree(edit, needle, tmp_path):
+    """plan --from: a DP that is not GPUs / (TP x PP), or a GAS that breaks the batch, is the file's error (one line,
+    exit 2), not a layout explained as RULED OUT."""
+    data = _set(plan_yaml_base(), *edit)
+    path = write(tmp_path / "plan.yaml", data)
+    for extra in ([], ["--explain"]):
+        _, _, err = assert_contract(["--from", str(path), *extra], expect=2)
+        assert needle in err, err
 
 
 def test_from_with_bare_explain_is_answered(base):

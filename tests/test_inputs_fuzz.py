@@ -187,3 +187,32 @@ def test_fuzz_flags(flags, rampup, no_rampup):
     if no_rampup:
         argv.append("--no-rampup")
     assert_contract([*argv, *J])
+
+
+EXPLAIN_NUMBERS = st.one_of(st.integers(min_value=-3, max_value=10**40).map(str),
+                            st.sampled_from(["4", "7", "384", "385", "2049", "9" * 5000, "10001", "1e3", "+4"]))
+
+
+@FUZZ
+@given(values=st.lists(st.tuples(st.sampled_from(["tp", "pp", "dp", "mbs", "gas", "zero", "vpp", "cp", "ep"]),
+                                 EXPLAIN_NUMBERS), min_size=1, max_size=4))
+def test_fuzz_explain_invalid_value_is_an_input_error(values):
+    """Issue 32: a value no layout can hold (ZeRO 7, a degree above the GPUs, 10^40) is one line and exit 2; an
+    answered --explain is never a layout RULED OUT for an invalid value."""
+    config = ",".join(f"{k}={v}" for k, v in values)
+    rc, out, _ = assert_contract(["--model", "1B3", "--gpus", "16", "--explain", config, "--format", "json"])
+    if rc == 0:
+        assert not [r for r in json.loads(out)["reasons"] if r["reason"] == "invalid_value"], config
+
+
+LIST_TEXT = st.one_of(st.sampled_from(["", ",", ",,,", " , ", "0,,1", "full,", ",none"]),
+                      st.text(alphabet=", 0123nofulsectiv", max_size=8))
+
+
+@FUZZ
+@given(flag=st.sampled_from(["--recompute", "--zero", "--cp", "--ep", "--overlap"]), text=LIST_TEXT)
+def test_fuzz_list_flags_name_something(flag, text):
+    """A comma list that names nothing ('', ',,,') is refused in one line, never planned with the defaults."""
+    rc, _, err = assert_contract(["--model", "1B3", "--gpus", "16", flag, text, *J])
+    if not [x for x in text.split(",") if x.strip()]:
+        assert rc == 2 and "names no" in err, (flag, text, err)

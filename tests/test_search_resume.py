@@ -93,7 +93,8 @@ def test_ctrl_c_records_interrupted_and_the_next_run_probes_it_first(space, tmp_
     study = optuna.load_study(study_name="s", storage=storage)
     failed = [t for t in study.trials if t.state.name == "FAIL"]
     assert len(failed) == 1 and failed[0].user_attrs["outcome"] == "interrupted"
-    assert len([t for t in study.trials if t.state.name == "COMPLETE"]) == 2
+    assert len([t for t in study.trials if t.state.name == "COMPLETE" and t.user_attrs.get("phase") != "pick"]) == 2
+    assert [t.user_attrs.get("phase") for t in study.trials][-1] == "pick"   # the pick so far, recorded on Ctrl-C
     fake = Fake()
     records = go(space, fake, storage, confirm_top=0)
     retried = [r for r in records if r.phase == "retry"]

@@ -440,7 +440,9 @@ def test_progress_on_a_terminal_is_one_live_line(tmp_path):
 
 
 def test_the_live_line_fits_the_terminal(tmp_path, monkeypatch):
-    """On a 100-column terminal a 150-character line wraps, and each redraw leaves a row behind: cut to 99."""
+    """On a 100-column terminal a 150-character line wraps, and each redraw leaves a row behind: the live line is made
+    to fit 99 columns (changing fields first, the layout cut last); the start line above it is folded, never cut
+    (tests/test_tune_face.py checks 80 columns under a real pseudo-terminal)."""
     class Tty(io.StringIO):
         def isatty(self) -> bool:
             return True
@@ -455,7 +457,11 @@ def test_the_live_line_fits_the_terminal(tmp_path, monkeypatch):
     p.probe_ended()
     p.close()
     drawn = [part for part in out.getvalue().replace("\n", "\r\x1b[2K").split("\r\x1b[2K") if part]
-    assert len(drawn) == 2 and all(len(d) <= 99 for d in drawn) and drawn[0].endswith("…"), drawn
+    live = [d for d in drawn if d.startswith("[tune] 0:0")]
+    assert len(live) == 2 and all(len(d) <= 99 for d in drawn) and live[0].endswith("…"), drawn
+    assert all(d.startswith("[tune] 0:00/10:00 | no step yet | no best yet | 1:59:") for d in live), live
+    starts = [d for d in drawn if d.startswith("[tune] probe ")]
+    assert len(starts) == 2 and "tp=2,pp=1,cp=2,ep=4,vpp=2,dp=4,mbs=2,recompute=selective," in starts[0]
 
 
 def test_a_trial_on_another_host_that_never_beat_is_failed_after_the_grace(tmp_path):
@@ -491,7 +497,7 @@ def test_a_trial_on_another_host_that_never_beat_is_failed_after_the_grace(tmp_p
     assert after[beating.number].state.name == "RUNNING"           # the heartbeat rule decides for this one
 
 
-def test_the_by_layout_plot_has_a_cp_and_an_ep_panel_where_the_study_varies_them(tmp_path):
+def test_the_by_layout_plot_has_a_panel_only_for_dimensions_the_study_varies(tmp_path):
     from search.objective import TrialRecord
     from search.report import layout_dims, write_plots
 
@@ -502,9 +508,12 @@ def test_the_by_layout_plot_has_a_cp_and_an_ep_panel_where_the_study_varies_them
                            attrs={"candidate": cand, "outcome": "ok", "measured_step_s": 1.0})
 
     dense = [rec(0, 100.0), rec(1, 90.0, tp=4, dp=2)]
-    assert layout_dims(dense) == ["tp", "pp", "mbs"]                # DP follows TP x PP: no panel of its own
+    assert layout_dims(dense) == ["tp"]          # PP and MBS one value each: no panel; DP follows TP x PP: none
+    assert layout_dims(dense + [rec(2, 80.0, pp=2, dp=2, mbs=2)]) == ["tp", "pp", "mbs"]
     moe = [rec(0, 100.0, ep=1), rec(1, 110.0, ep=2), rec(2, 95.0, cp=2, dp=2)]
-    assert layout_dims(moe) == ["tp", "pp", "mbs", "cp", "ep"]
+    assert layout_dims(moe) == ["cp", "ep"]
+    assert layout_dims(dense[:1]) == []          # one layout measured: nothing varies (the plot says so)
+    assert all(p.is_file() for p in write_plots(dense[:1], tmp_path / "one"))
     old = [rec(0, 100.0), rec(1, 90.0, ep=4)]                        # a record without cp/ep reads as 1
     del old[0].attrs["candidate"]["dp"]
     assert "ep" in layout_dims(old) and "cp" not in layout_dims(old)

@@ -293,6 +293,24 @@ def load_plan_yaml(path: Path) -> RunSetup:
                                nvlink_domain=pc.get("nvlink_domain"))
         cluster = replace(cluster, matmul_efficiency=pc.get("matmul_efficiency"),
                           host_scale=float(pc.get("host_scale", 1.0)), cuda_context_bytes=pc.get("cuda_context_bytes"))
+        # The file's degrees must agree with its own cluster and batch (hand edits can break that): a layout
+        # whose DP is not GPUs / (TP x PP x CP) is no launchable setup, so it is refused here, not "RULED OUT".
+        if candidate.world != cluster.world_size:
+            rest = candidate.tp * candidate.pp * candidate.cp
+            cp = f" x CP {candidate.cp}" if candidate.cp > 1 else ""
+            fix = (f"data_parallel_size {cluster.world_size // rest}" if cluster.world_size % rest == 0 else
+                   "degrees whose product divides the GPUs")
+            raise InputError(f"plan file {path}: data_parallel_size {candidate.dp} disagrees with its "
+                             f"{cluster.world_size} GPUs ({cluster.nodes} nodes x {cluster.gpus_per_node}) / (TP "
+                             f"{candidate.tp} x PP {candidate.pp}{cp}); set {fix}, or regenerate it with "
+                             "`plan --emit`")
+        if candidate.global_batch != training.global_batch:
+            unit = candidate.mbs * candidate.dp
+            fix = (f"gradient_accumulation_steps {training.global_batch // unit}" if training.global_batch % unit == 0
+                   else f"a global_batch_size that is a multiple of micro_batch_size x DP = {unit}")
+            raise InputError(f"plan file {path}: micro_batch_size {candidate.mbs} x DP {candidate.dp} x "
+                             f"gradient_accumulation_steps {candidate.gas} = {candidate.global_batch} disagrees with "
+                             f"global_batch_size {training.global_batch}; set {fix}")
         pred = p.get("prediction")
         prediction = None if pred is None else Prediction(
             **{f.name: float(_need(pred, f.name, "plantune.prediction.", num, path)) for f in fields(Prediction)})
