@@ -23,7 +23,7 @@ from planner.model import ModelSpec
 from planner.rules import (Checker, Reason, Target, Violation, iter_violations, knob_values, memory_advice,
                            memory_violations, target_of)
 from planner.enumeration import Group, enumerate_groups
-from planner.space import Candidate, TrainingSpec
+from planner.space import DIMENSIONS, Candidate, TrainingSpec
 from planner.topology import Topology
 
 
@@ -62,14 +62,13 @@ class Estimate:
     def to_dict(self, *, detail: bool = False) -> dict:
         """The machine-readable contract: one object per candidate (see README)."""
         c, t, m = self.candidate, self.throughput, self.memory
-        d = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "mbs": c.mbs, "gas": c.gas, "recompute": c.recompute,
-             "zero": c.zero, "sp": c.sp, "vpp": c.vpp, "hybrid": c.hybrid, "cp": c.cp, "ep": c.ep, "etp": c.etp,
-             "memory_gb_per_gpu": _r(m.total_gb if m else None),
+        d = {dim.name: getattr(c, dim.name) for dim in DIMENSIONS}
+        d.update({"memory_gb_per_gpu": _r(m.total_gb if m else None),
              "step_time_s": _r(self.time.step_time_s if self.time else None),
              "model_tflops_per_gpu": _r(t.model_tflops_per_gpu if t else None),
              "hardware_tflops_per_gpu": _r(t.hardware_tflops_per_gpu if t else None),
              "mfu": _r(t.mfu if t else None, 4), "rank": self.rank,
-             "advice": [v.reason.value for v in self.advice]}
+             "advice": [v.reason.value for v in self.advice]})
         if t:
             d.update(samples_per_s=_r(t.samples_per_s), tokens_per_s=_r(t.tokens_per_s, 1),
                      days_to_train=_r(t.days_to_train), gpu_hours_to_train=_r(t.gpu_hours_to_train, 0))

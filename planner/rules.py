@@ -31,7 +31,7 @@ from planner.memory import MemoryBreakdown, shard_group_size
 from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
-from planner.space import FLAVORS, FRAMEWORKS, RECOMPUTE, Candidate, TrainingSpec
+from planner.space import FLAVORS, FRAMEWORKS, RECOMPUTE, SIZES, Candidate, TrainingSpec
 
 PROBE = "probe"
 """the torch-native probe `tune` runs (probes/train.py)"""
@@ -171,8 +171,7 @@ def _bad_sizes(c: Candidate) -> str | None:
             and type(c.etp) is int and min(c.tp, c.pp, c.dp, c.mbs, c.gas, c.vpp, c.cp, c.ep, c.etp) >= 1
             and c.zero in (0, 1, 2, 3) and (c.recompute in RECOMPUTE or recompute_modes.is_valid(c.recompute, search=True))):
         return None
-    sizes = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "mbs": c.mbs, "gas": c.gas, "vpp": c.vpp, "cp": c.cp, "ep": c.ep,
-             "etp": c.etp}
+    sizes = {k: getattr(c, k) for k in SIZES}
     bad = [f"{k}={v}" for k, v in sizes.items() if not isinstance(v, int) or isinstance(v, bool) or v < 1]
     if c.zero not in (0, 1, 2, 3):
         bad.append(f"zero={c.zero} (ZeRO stages are 0-3)")

@@ -148,6 +148,34 @@ class TrainingSpec:
                              f"{self.global_batch} (megatron/microbatches.py)")
 
 
+@dataclass(frozen=True, slots=True)
+class Dimension:
+    """One dimension of a layout (a `Candidate` field): what enumeration, the label, --explain, the JSON row, tune's
+    search space and the rulebook's size check read, from `DIMENSIONS`."""
+
+    name: str
+    kind: type
+    """int, bool or str"""
+    default: object = None
+    """None: every layout states it (the label always shows it); else the label shows it only when it differs"""
+    searched: bool = True
+    """a parameter of tune's study (DP and GAS follow from the others)"""
+    log2: bool = False
+    """a size compared on a log2 scale (tune's nearest-survivor distance)"""
+
+
+DIMENSIONS: tuple[Dimension, ...] = (
+    Dimension("tp", int, log2=True), Dimension("pp", int, log2=True), Dimension("dp", int, searched=False),
+    Dimension("mbs", int, log2=True), Dimension("gas", int, searched=False), Dimension("recompute", str),
+    Dimension("zero", int), Dimension("sp", bool, False), Dimension("vpp", int, 1, log2=True),
+    Dimension("hybrid", bool, False), Dimension("cp", int, 1, log2=True), Dimension("ep", int, 1, log2=True),
+    Dimension("etp", int, 1, log2=True),
+)
+"""the one table of a layout's dimensions, in `Candidate`'s field order (tests/test_dimensions.py checks both)"""
+SIZES = tuple(d.name for d in DIMENSIONS if d.kind is int and d.name != "zero")
+"""the dimensions that are sizes (>= 1)"""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
     """One parallel layout. DP is derived by the caller as world / (TP·PP)."""
@@ -191,15 +219,13 @@ class Candidate:
         return "HYBRID_SHARD" if self.hybrid else FSDP_STRATEGIES.get(self.zero, f"ZERO{self.zero}")
 
     def label(self) -> str:
-        parts = [f"tp={self.tp}", f"pp={self.pp}", f"dp={self.dp}", f"mbs={self.mbs}", f"gas={self.gas}",
-                 f"recompute={self.recompute}", f"zero={self.zero}"]
-        if self.sp:
-            parts.append("sp=1")
-        if self.vpp > 1:
-            parts.append(f"vpp={self.vpp}")
-        if self.hybrid:
-            parts.append("hybrid=1")
-        parts += [f"{k}={v}" for k, v in (("cp", self.cp), ("ep", self.ep), ("etp", self.etp)) if v > 1]
+        """``tp=4,pp=12,dp=8,mbs=2,gas=128,recompute=full,zero=1[,sp=1,vpp=2,...]``: every dimension without a default,
+        the others where they differ from it (`DIMENSIONS`)."""
+        parts = []
+        for d in DIMENSIONS:
+            value = getattr(self, d.name)
+            if d.default is None or value != d.default:
+                parts.append(f"{d.name}={int(value) if d.kind is bool else value}")
         return ",".join(parts)
 
     def to_dict(self) -> dict:
@@ -227,7 +253,7 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
             raise InputError(f"--explain: {part!r} is not key=value; e.g. \"tp=4,pp=12,mbs=2,recompute=full,zero=1\"")
         k, v = (s.strip().lower() for s in part.split("=", 1))
         fields[k] = v
-    known = {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "hybrid", "cp", "ep", "etp"}
+    known = {d.name for d in DIMENSIONS}
     if set(fields) - known:
         raise InputError(f"--explain: unknown keys {sorted(set(fields) - known)}; known: {sorted(known)}")
 

@@ -17,15 +17,15 @@ import math
 from dataclasses import dataclass, field
 
 from planner import Candidate, Estimate, Plan
-from planner.space import RECOMPUTE
+from planner.space import DIMENSIONS, RECOMPUTE
 
 from search._base import RECOMPUTE_MEMORY_ORDER, recompute_sort_key
 
-PARAMS = ("tp", "pp", "mbs", "recompute", "zero", "sp", "vpp", "hybrid", "cp", "ep", "etp")
-"""the structured parameters a trial records (Optuna param names)"""
+PARAMS = tuple(d.name for d in DIMENSIONS if d.searched)
+"""the structured parameters a trial records (Optuna param names): planner.space.DIMENSIONS but DP and GAS"""
 DEFAULTS = {"cp": 1, "ep": 1, "etp": 1}
 """the value of a parameter a stored trial lacks (studies created before context and expert parallelism)"""
-LOG2_PARAMS = ("tp", "pp", "mbs", "vpp", "cp", "ep", "etp")
+LOG2_PARAMS = tuple(d.name for d in DIMENSIONS if d.log2)
 """sizes compared on a log2 scale by the nearest-survivor distance"""
 
 
