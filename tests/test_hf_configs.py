@@ -147,7 +147,9 @@ def _expected(d: dict) -> dict:
             "theta": float(d.get("rope_theta", 0.0)), "eps": float(d.get("rms_norm_eps", d.get("layer_norm_epsilon"))),
             "tied": d.get("tie_word_embeddings", False), "head_dim": head_dim,
             "qkv_bias": d["model_type"] in ("qwen2", "qwen2_moe"),
-            "qk_norm": d["model_type"].startswith("qwen3") or d["model_type"] == "gemma3_text",
+            # DeepSeek's MLA normalises its compressed q and kv latents (q_a_layernorm, kv_a_layernorm): Megatron's
+            # --qk-layernorm under --multi-latent-attention
+            "qk_norm": d["model_type"].startswith("qwen3") or d["model_type"] == "gemma3_text" or "kv_lora_rank" in d,
             "scaling": (scaling.get("rope_type") or scaling.get("type"), float(scaling["factor"])) if scaling else None,
             "experts": d.get("num_experts") or d.get("n_routed_experts"), "topk": d.get("num_experts_per_tok"),
             # DeepSeek-V3's file leaves aux_loss_alpha to its configuration_deepseek.py (auto_map): 0.001
@@ -162,7 +164,7 @@ def test_the_spec_says_what_the_file_says(name):
                                                                  e["vocab"])
     assert m.ffn_hidden == e["ffn"] and m.head_dim == e["head_dim"] and m.positions == e["positions"]
     assert (m.rope_theta, m.norm_eps, m.tied_embeddings, m.init_std) == (e["theta"], e["eps"], e["tied"], e["init"])
-    assert (m.qkv_bias, m.qk_norm == "head") == (e["qkv_bias"], e["qk_norm"])
+    assert (m.qkv_bias, m.qk_norm == "head" or bool(m.kv_lora_rank)) == (e["qkv_bias"], e["qk_norm"])
     assert ((m.rope_scaling, m.rope_scaling_factor) if m.rope_scaling else None) == e["scaling"]
     assert m.architecture == d.get("architectures", [""])[0] and m.name == name.removesuffix(".json")
     if e["experts"]:
@@ -459,3 +461,21 @@ def test_presets_emit_their_own_rope_base_and_epsilon(preset, theta, eps):
 
     a = _args(render(_setup(get_preset(preset), "megatron-lm"), "megatron-lm")["args.txt"])
     assert (int(_one(a, "--rotary-base")), float(_one(a, "--norm-epsilon"))) == (theta, eps)
+
+
+@pytest.mark.parametrize("source", ["DeepSeek-V3.json", "deepseek-v3"])
+def test_mla_emits_the_norms_on_its_latents(source):
+    """Issue 31.1: DeepSeek's MLA normalises the compressed q and kv latents (q_a_layernorm, kv_a_layernorm; plantune
+    counts them: planner.moe.attention_params). Megatron-Core builds them only with --qk-layernorm beside
+    --multi-latent-attention (gpt_layer_specs.py, core_v0.17.1: linear_q_up_proj / linear_kv_up_proj become
+    column_parallel_layer_norm_linear when qk_layernorm), as its own DeepSeek-V2-Lite launcher passes
+    (examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-V2-Lite.sh)."""
+    from planner.model import get_preset
+
+    m = _load(source)[1] if source.endswith(".json") else get_preset(source)
+    a = _args(render(_setup(m, "megatron-lm"), "megatron-lm")["args.txt"])
+    assert "--multi-latent-attention" in a and "--qk-layernorm" in a
+    # a model without MLA or q/k norms gets neither
+    _, llama = _load("Llama-3.1-8B.json")
+    b = _args(render(_setup(llama, "megatron-lm"), "megatron-lm")["args.txt"])
+    assert "--qk-layernorm" not in b and "--multi-latent-attention" not in b

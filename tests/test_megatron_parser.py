@@ -97,6 +97,8 @@ def arg_set(group: str, case_id: str, setup, kind: str = "megatron-lm", flavor: 
         expect |= {"context_parallel_size": c.cp, "expert_model_parallel_size": c.ep if m.num_experts else 1,
                    "num_experts": m.num_experts or None,
                    "fp8": "hybrid" if setup.training.precision == "fp8" else None}
+    if kind == "megatron-lm" and m.kv_lora_rank:   # MLA with the RMSNorms on its q/kv latents (issue 31)
+        expect |= {"multi_latent_attention": True, "qk_layernorm": True}
     if kind == "megatron-lm" and c.zero >= 2:   # Megatron-FSDP
         expect |= {"use_megatron_fsdp": True,
                    "data_parallel_sharding_strategy": {2: "optim_grads", 3: "optim_grads_params"}[c.zero]}
