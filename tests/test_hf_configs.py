@@ -43,6 +43,8 @@ class Published:
 
 PUBLISHED = [
     Published("Llama-3.1-8B.json", 8.03e9, 0.005e9, "HF meta-llama/Llama-3.1-8B: 8.03B params (safetensors)"),
+    Published("Llama-3.1-70B-Instruct.json", 70.6e9, 0.05e9, "HF meta-llama/Llama-3.1-70B-Instruct: 70.6B params "
+              "(safetensors)"),
     Published("Llama-3.2-3B.json", 3.21e9, 0.005e9, "Llama 3.2 model card: 3.21B"),
     Published("Llama-3.2-1B-Instruct.json", 1.24e9, 0.005e9, "HF meta-llama/Llama-3.2-1B-Instruct: 1.24B params"),
     Published("Qwen2.5-3B.json", 3.09e9, 0.005e9, "Qwen2.5-3B model card: 3.09B"),
