@@ -123,6 +123,7 @@ HF_KEYS: dict[str, Field] = {
     "rms_norm_eps": Num(0, open_lo=True), "layer_norm_eps": Num(0, open_lo=True),
     "layer_norm_epsilon": Num(0, open_lo=True), "initializer_range": Num(0, open_lo=True),
     "sliding_window": Int(1, None, null=True), "use_sliding_window": Bool(), "max_window_layers": Int(0, None),
+    "sliding_window_size": Int(1, None, null=True),   # the same fact as sliding_window (HF_SAME_FACT)
     "sliding_window_pattern": Int(1, None, null=True), "layer_types": Any(),
     "use_parallel_residual": Bool(), "parallel_attn": Bool(), "multi_query": Bool(),
     "new_decoder_architecture": Bool(), "alibi": Bool(), "apply_residual_connection_post_layernorm": Bool(),
@@ -160,6 +161,11 @@ HF_INERT = frozenset((
     "use_bidirectional_attention",
 ))
 """metadata keys that do not describe the network (any value); names ending in _dropout/_pdrop also pass"""
+
+HF_SAME_FACT = {"sliding_window_size": "sliding_window"}
+"""keys that name a fact the reader already has under another name (older transformers wrote both: Gemma-2-9B's and
+-27B's first config.json carry ``sliding_window_size`` beside ``sliding_window``, Gemma2Config reads the latter);
+read when they agree, refused in one line when they do not"""
 
 HF_UNREAD = {"dbrx": "DBRX's experts", "olmoe": "OLMoE's experts", "gemma3": "Gemma 3's vision tower (give the "
              "text_config part as a gemma3_text config.json)", "qwen2_vl": "Qwen2-VL's vision tower and M-RoPE"}
@@ -201,6 +207,10 @@ def check_hf(data: dict, where: str) -> str:
         raise InputError(f"{where}: model_type {_short(model_type)} is not one plantune reads ("
                          f"{', '.join(HF_FAMILIES)}); write a plantune model YAML with its shape "
                          "(see examples/model-tiny.yaml)")
+    for key, same in HF_SAME_FACT.items():
+        if key in data and same in data and data[key] != data[same]:
+            raise InputError(f"{where}: {key} {_short(data[key])} and {same} {_short(data[same])} name one fact and "
+                             f"disagree; keep {same} (what transformers reads) and remove {key}")
     for key in data:
         if isinstance(key, str) and key not in HF_KEYS and not _inert(key):
             raise InputError(f"{where}: key {key!r} is not understood and may change the model"
@@ -313,6 +323,8 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
     where = f"config.json {path}"
     d = _from_legacy(d)
     model_type = check_hf(d, where)
+    d = {**{same: d[key] for key, same in HF_SAME_FACT.items() if key in d and same not in d},
+         **{k: v for k, v in d.items() if k not in HF_SAME_FACT}}
     fam = HF_FAMILIES[model_type]
     d = {**fam.defaults, **d}
     if d.get("use_mrope"):
@@ -388,5 +400,5 @@ def _moe_defaults(fam: HFFamily) -> dict:
     return {keys[k]: v for k, v in m.items() if k in keys}
 
 
-__all__ = ["ACTIVATIONS", "HF_FAMILIES", "HF_INERT", "HF_KEYS", "HF_LEGACY", "HFFamily", "check_hf", "file_name",
-           "read_hf"]
+__all__ = ["ACTIVATIONS", "HF_FAMILIES", "HF_INERT", "HF_KEYS", "HF_LEGACY", "HF_SAME_FACT", "HFFamily", "check_hf",
+           "file_name", "read_hf"]

@@ -481,3 +481,25 @@ def test_mla_emits_the_norms_on_its_latents(source):
     _, llama = _load("Llama-3.1-8B.json")
     b = _args(render(_setup(llama, "megatron-lm"), "megatron-lm")["args.txt"])
     assert "--qk-layernorm" not in b and "--multi-latent-attention" not in b
+
+
+def test_a_key_naming_a_fact_already_read_does_not_stop_the_reader(tmp_path):
+    """Issue 31.2: Gemma-2-9B's first config.json carries ``sliding_window_size`` beside ``sliding_window`` (older
+    transformers wrote both; Gemma2Config reads sliding_window). Constructed here from the published gemma-2-2b-it
+    file with that one key added (no published Gemma-2-9B file is in the fixtures: see their README): it reads as the
+    file without it; the key alone reads as the window; the two disagreeing is refused in one line."""
+    d = json.loads((FIXTURES / "gemma-2-2b-it.json").read_text())
+    plain = load_model(str(FIXTURES / "gemma-2-2b-it.json"))
+    path = tmp_path / "gemma-2-2b-it.json"
+    path.write_text(json.dumps({**d, "sliding_window_size": d["sliding_window"]}))
+    assert load_model(str(path)) == ModelSpec(**{**plain.to_dict(), "rampup": None,
+                                                 "source": plain.source.replace(str(FIXTURES / "gemma-2-2b-it.json"),
+                                                                                str(path))})
+    alone = {k: v for k, v in d.items() if k != "sliding_window"}
+    path.write_text(json.dumps({**alone, "sliding_window_size": 2048}))
+    assert load_model(str(path)).sliding_window == 2048
+    path.write_text(json.dumps({**d, "sliding_window_size": 2048}))
+    with pytest.raises(InputError, match=r"sliding_window_size 2048 and sliding_window 4096 name one fact and "
+                                         r"disagree; keep sliding_window") as err:
+        load_model(str(path))
+    assert "\n" not in str(err.value)
