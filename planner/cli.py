@@ -35,7 +35,7 @@ from planner.errors import InputError, PlantuneError
 from planner.calibration import apply_calibration, compute_line
 from planner.files import check_out
 from planner.hardware import ClusterSpec, load_cluster, make_cluster
-from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
+from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, at_seq_len, load_model, positions_note
 from planner.rampup_schedule import rampup_schedule
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
@@ -274,7 +274,7 @@ def _overlap(text: str | None) -> tuple[str, ...] | None:
 def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:
     """Flags -> typed model, cluster and training specs, before any work (shared with `tune`)."""
     check_flags(args)
-    model = load_model(args.model)
+    model = at_seq_len(load_model(args.model), args.seq_len)
     cluster = cluster_from_args(args)
     return model, cluster, training_from_args(args, model, cluster)
 
@@ -513,6 +513,8 @@ def run(args: argparse.Namespace) -> int:
     check_expressible(model, cluster, training, targets, args.emit)
     # said after the answer (stderr), so that a refusal stays one line
     note = f"plan: note: {model.source}\n" if args.seq_len is None and HF_SEQ_NOTE in model.source else ""
+    raised = positions_note(model)   # --seq-len past the model's positions: planned and emitted with them raised
+    note += f"plan: note: {raised}\n" if raised else ""
     if args.explain:
         cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)
         est = estimate(model, cluster, training, cand, targets=targets)

@@ -381,6 +381,37 @@ HF_DEFAULT_SEQ_LEN = 4096
 HF_SEQ_NOTE = "set --seq-len to your run's length"
 
 
+POSITIONS_RAISED = "max_position_embeddings raised"
+"""what a model's source says when --seq-len went past its positions (planner.model.at_seq_len)"""
+
+
+def at_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:
+    """The model for a run of ``seq_len`` tokens (--seq-len; None: the model's own). A config.json's assumed training
+    length becomes the run's; positions the model lacks are raised to ``seq_len``, as a run trained from scratch at
+    that length has them (its source says so, and `plan` prints it), so that plan and emit agree; a learned position
+    table (GPT-2) is refused instead: its rows are weights of that many positions."""
+    if seq_len is None:
+        return model
+    positions = model.positions
+    if seq_len > positions and model.position == "learned":
+        raise InputError(f"--seq-len {seq_len} is over {model.name}'s {positions} learned positions (a table of "
+                         f"{positions} rows in its weights); use --seq-len <= {positions}")
+    if HF_SEQ_NOTE in model.source and "; seq_len " in model.source:   # the run's length, no longer an assumption
+        source = model.source[:model.source.rindex("; seq_len ")] + f"; seq_len {seq_len} from --seq-len"
+        model = replace(model, seq_len=seq_len, max_positions=positions if positions > seq_len else 0, source=source)
+    if seq_len > positions:
+        model = replace(model, max_positions=seq_len, source=(
+            f"{model.source}; {POSITIONS_RAISED} from {positions} to {seq_len} for --seq-len {seq_len} (a run "
+            "trained from scratch at that length; fine-tuning the published weights this long needs RoPE scaling)"))
+    return model
+
+
+def positions_note(model: ModelSpec) -> str | None:
+    """The one line `plan` prints when at_seq_len raised the model's positions; None otherwise."""
+    at = model.source.find(POSITIONS_RAISED)
+    return None if at < 0 else f"{model.name}: {model.source[at:]}"
+
+
 def _from_hf(d: dict, name: str) -> ModelSpec:
     """Hugging Face config.json of a family in ``hf_config.HF_FAMILIES``; every key is understood or refused."""
     return ModelSpec(**read_hf(d, name, HF_DEFAULT_SEQ_LEN, HF_SEQ_NOTE))
@@ -416,5 +447,5 @@ def model_to_yaml_dict(model: ModelSpec) -> dict:
     return {k: v for k, v in d.items() if v is not None and v != "" and defaults.get(k, ...) != v}
 
 
-__all__ = ["ModelSpec", "Rampup", "PRESETS", "SHORTHANDS", "get_preset", "load_model", "preset_names",
-           "model_to_yaml_dict"]
+__all__ = ["ModelSpec", "POSITIONS_RAISED", "Rampup", "PRESETS", "SHORTHANDS", "at_seq_len", "get_preset",
+           "load_model", "model_to_yaml_dict", "positions_note", "preset_names"]

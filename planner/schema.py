@@ -378,7 +378,7 @@ def plan_schema() -> dict[str, Field]:
     size = Int(1, MAX_GPUS, why=WHY_GPUS, required=True)
     batch = Int(1, MAX_GLOBAL_BATCH, why=WHY_GLOBAL_BATCH, required=True)
     model_rest = {k: v for k, v in MODEL.items()
-                  if k not in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len")}
+                  if k not in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden")}
     model_rest["name"] = Str()
     training = {
         "optimizer": Enum(*OPTIMIZERS), "framework": Enum(*FRAMEWORKS),
@@ -434,7 +434,7 @@ def check_plan(data: dict, where: str) -> dict:
     schema = plan_schema()
     p = dict(schema["plantune"].sub or {})
     model, training = dict(p["model"].sub or {}), dict(p["training"].sub or {})
-    top = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len")
+    top = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden")
     model.update({f.name: Scalar() for f in fields(ModelSpec) if f.name not in model and f.name not in top})
     training.update({f.name: Scalar() for f in fields(TrainingSpec) if f.name not in training and f.name not in
                      ("global_batch", "seq_len", "precision", "rampup", "flash_attention")})

@@ -20,7 +20,7 @@ from planner import recompute as recompute_modes
 from planner.errors import InputError, PlantuneError
 from planner.files import read_mapping
 from planner.hardware import accelerator_from, accelerator_ref, make_cluster
-from planner.model import ModelSpec, Rampup, model_to_yaml_dict
+from planner.model import ModelSpec, Rampup, model_to_yaml_dict, positions_note
 from planner.schema import check_plan
 from planner.space import Candidate, TrainingSpec
 
@@ -28,7 +28,9 @@ from planner.emit.setup import Prediction, RunSetup, train_samples
 
 # ModelSpec fields written at the top level under Megatron's names (the rest go to plantune.model).
 _SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
-          "kv_heads": "num_key_value_heads", "ffn_hidden": "ffn_hidden_size", "seq_len": "max_position_embeddings"}
+          "kv_heads": "num_key_value_heads", "ffn_hidden": "ffn_hidden_size"}
+# max_position_embeddings is the model's positions (what the emitted --max-position-embeddings says: a config.json's
+# own); the model's default training length (seq_len) and its max_positions are plantune.model's
 # TrainingSpec fields written at the top level; every other field goes to plantune.training (tuples as lists).
 _TRAINING_TOP = {"global_batch", "seq_len", "precision", "rampup", "flash_attention"}
 # flavor is plantune.flavor; pins only narrow the search and mean nothing once a layout is chosen
@@ -73,7 +75,7 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
         "num_key_value_heads": m.kv_heads,
         "ffn_hidden_size": m.ffn_hidden,
         "seq_length": t.seq_len,
-        "max_position_embeddings": m.seq_len,
+        "max_position_embeddings": m.positions,
         "tensor_model_parallel_size": c.tp,
         "pipeline_model_parallel_size": c.pp,
         "data_parallel_size": c.dp,
@@ -115,6 +117,9 @@ def plan_yaml_text(setup: RunSetup, *, kind: str, flavor: str | None) -> str:
              "(Megatron's partial recompute; the Megatron-DeepSpeed forks spell full as --checkpoint-activations); "
              "plantune.recompute: plantune's mode (torchtitan's selective-op / selective-layer-N).",
              "Read back with planner.emit.load_plan_yaml; regenerate rather than edit by hand."]
+    raised = positions_note(setup.model)
+    if raised:
+        lines.append(raised)
     if kind == "megatron-deepspeed" and flavor == "bigscience" and setup.training.precision == "bf16":
         lines.append(f"zero_stage {setup.candidate.zero} is the planned sharding: the bigscience fork's bf16 optimizer "
                      "(ZeRO-1-like) runs with stage 0 in ds_config.json.")
@@ -155,10 +160,15 @@ def load_plan_yaml(path: Path) -> RunSetup:
             heads=_need(d, "num_attention_heads", "", int, path),
             kv_heads=_need(d, "num_key_value_heads", "", int, path),
             ffn_hidden=_need(d, "ffn_hidden_size", "", int, path),
-            seq_len=_need(d, "max_position_embeddings", "", int, path),
-            **{k: v for k, v in pm.items() if k != "rampup"},
+            # plan files before issue 31 wrote the model's seq_len as max_position_embeddings
+            seq_len=pm["seq_len"] if "seq_len" in pm else _need(d, "max_position_embeddings", "", int, path),
+            **{k: v for k, v in pm.items() if k not in ("rampup", "seq_len")},
             rampup=Rampup(start=model_rampup[0], increment=model_rampup[1], samples=model_rampup[2])
             if model_rampup else None)
+        if _need(d, "max_position_embeddings", "", int, path) != model.positions:
+            raise InputError(f"plan file {path}: max_position_embeddings {d['max_position_embeddings']} disagrees with "
+                             f"the model's {model.positions} positions (plantune.model max_positions / seq_len); "
+                             "regenerate it with `plan --emit`")
         bf16, fp16 = _need(d, "bf16", "", bool, path), _need(d, "fp16", "", bool, path)
         if bf16 and fp16:
             raise InputError(f"plan file {path}: bf16 and fp16 are both true; keep one")

@@ -1,0 +1,82 @@
+"""A new user's run from a published config.json (issue 31): what `plan` says and what `--emit` writes agree, in
+plan.yaml as in the framework's files; a run longer than the file's positions is said at plan time and emitted with
+them raised. `plan` runs in-process (planner.cli.main), as its console script does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
+
+
+def plan(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _args(text: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split()[1:] for line in text.splitlines()}
+
+
+def test_plan_yaml_carries_the_files_positions_and_the_runs_length(tmp_path, capsys):
+    """Issue 31.3: with --seq-len 8192 plan.yaml said max_position_embeddings 4096 and "seq_len 4096 assumed", while
+    args.txt beside it had the file's 131,072."""
+    code, _, err = plan(capsys, "--model", str(FIXTURES / "Llama-3.1-8B.json"), "--gpus", "8", "--gpu", "H100",
+                        "--seq-len", "8192", "--global-batch", "64", "--emit", "megatron-lm", "--out", str(tmp_path))
+    assert code == 0, err
+    doc = yaml.safe_load((tmp_path / "plan.yaml").read_text())
+    args = _args((tmp_path / "args.txt").read_text())
+    assert (doc["seq_length"], doc["max_position_embeddings"]) == (8192, 131072)
+    assert args["--max-position-embeddings"] == ["131072"] and args["--seq-length"] == ["8192"]
+    model = doc["plantune"]["model"]
+    assert model["seq_len"] == 8192 and "seq_len 8192 from --seq-len" in model["source"]
+    assert "assumed" not in model["source"] and "assumed" not in err
+    # and read back: `plan --from plan.yaml --emit` writes the same arguments
+    code, _, err = plan(capsys, "--from", str(tmp_path / "plan.yaml"), "--emit", "megatron-lm", "--out",
+                        str(tmp_path / "again"))
+    assert code == 0, err
+    assert (tmp_path / "again" / "args.txt").read_text() == (tmp_path / "args.txt").read_text()
+
+
+def test_a_plan_file_whose_positions_disagree_is_refused(tmp_path, capsys):
+    code, _, err = plan(capsys, "--model", str(FIXTURES / "Llama-3.1-8B.json"), "--gpus", "8", "--gpu", "H100",
+                        "--global-batch", "64", "--emit", "megatron-lm", "--out", str(tmp_path))
+    assert code == 0, err
+    text = (tmp_path / "plan.yaml").read_text().replace("max_position_embeddings: 131072",
+                                                         "max_position_embeddings: 4096")
+    (tmp_path / "plan.yaml").write_text(text)
+    code, _, err = plan(capsys, "--from", str(tmp_path / "plan.yaml"))
+    assert code == 2 and err.count("\n") == 1 and "max_position_embeddings 4096 disagrees" in err
+
+
+def test_a_run_longer_than_the_files_positions_is_said_and_emitted_with_them_raised(tmp_path, capsys):
+    """Issue 31.4: phi-4's file has 16,384 positions; --seq-len 32768 was planned silently, then refused by --emit
+    with advice about a YAML key. Now plan says it in one line and emit writes the raised positions (what a run
+    trained from scratch at that length has), plan.yaml's header saying it too."""
+    base = ["--model", str(FIXTURES / "phi-4.json"), "--gpus", "64", "--gpu", "H100", "--seq-len", "32768",
+            "--global-batch", "64", "--framework", "megatron-lm"]
+    code, out, err = plan(capsys, *base)
+    assert code == 0, err
+    said = [line for line in err.splitlines() if "max_position_embeddings raised" in line]
+    assert len(said) == 1 and "from 16384 to 32768 for --seq-len 32768" in said[0]
+    code, _, err = plan(capsys, *base, "--emit", "megatron-lm", "--out", str(tmp_path))
+    assert code == 0, err
+    args = _args((tmp_path / "args.txt").read_text())
+    assert args["--max-position-embeddings"] == ["32768"] and args["--seq-length"] == ["32768"]
+    assert "# phi-4: max_position_embeddings raised from 16384 to 32768" in (tmp_path / "plan.yaml").read_text()
+    assert yaml.safe_load((tmp_path / "plan.yaml").read_text())["max_position_embeddings"] == 32768
+
+
+@pytest.mark.parametrize("emit", [[], ["--emit", "megatron-lm"]])
+def test_a_learned_position_table_is_not_raised_and_both_refuse(tmp_path, capsys, emit):
+    """GPT-2's 1,024 learned positions are rows of its weights: plan and emit refuse --seq-len 2048 alike."""
+    code, out, err = plan(capsys, "--model", str(FIXTURES / "gpt2-large.json"), "--gpus", "8", "--gpu", "H100",
+                          "--seq-len", "2048", "--global-batch", "64", *emit, *(["--out", str(tmp_path)] if emit else []))
+    assert code == 2 and err.count("\n") == 1 and "over gpt2-large's 1024 learned positions" in err
+    assert "--seq-len <= 1024" in err and not list(tmp_path.iterdir())
