@@ -389,7 +389,13 @@ def test_torchtitan_model_args_or_refusal(name):
     llama = d["model_type"] in ("llama", "phi3") or (d["model_type"] == "mistral" and not d.get("sliding_window"))
     expressible = llama and not e["tied"] and e["head_dim"] * e["heads"] == e["hidden"]
     if not expressible:
-        assert "cannot express" in _refusal(m, "fsdp") or "kv_channels" in _refusal(m, "fsdp")
+        refusal = _refusal(m, "fsdp")
+        assert "cannot express" in refusal or "kv_channels" in refusal
+        # issue 31.5: each fact named (Llama 3.2 1B's tied embeddings were "this architecture")
+        assert ("tied input/output embeddings" in refusal) == e["tied"]
+        assert ("mixture-of-experts layers" in refusal) == bool(m.num_experts)
+        assert ("multi-latent attention" in refusal) == ("kv_lora_rank" in d)
+        assert "this architecture" not in refusal
         return
     render(_setup(m, "fsdp"), "fsdp")
     args = torchtitan_model_args(m)
