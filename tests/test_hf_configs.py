@@ -509,3 +509,51 @@ def test_a_key_naming_a_fact_already_read_does_not_stop_the_reader(tmp_path):
                                          r"disagree; keep sliding_window") as err:
         load_model(str(path))
     assert "\n" not in str(err.value)
+
+
+QWEN25_TOKENIZER = 151_665
+"""Qwen2.5's tokenizer: 151,643 regular tokens and 22 control tokens (Qwen2.5 Technical Report, arXiv 2412.15115,
+Sec. 3.1 "Tokenizer"), fewer than its config.json's 152,064 embedding rows"""
+
+
+def _megatron_rows(argv: dict, tokenizer: int, tp: int) -> int:
+    """Megatron's vocab_size_with_padding: the tokenizer's size rounded up to --make-vocab-size-divisible-by x TP."""
+    step = int(argv["--make-vocab-size-divisible-by"][0]) * tp
+    return -(-tokenizer // step) * step
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_megatron_embedding_has_the_files_rows_for_a_smaller_tokenizer(tp):
+    """Issue 31.6: Megatron pads the tokenizer's size, config.json's vocab_size is the embedding's rows. With the
+    default divisor 128 Qwen2.5's 151,665 tokens padded to 151,680 rows, and its converted 152,064-row checkpoint
+    would not load; the emitted divisor (vocab / TP) lands on 152,064 at every TP, and the header says so."""
+    _, m = _load("Qwen2.5-7B.json")
+    setup = _setup(m, "megatron-lm")
+    setup = RunSetup(model=m, cluster=setup.cluster, training=setup.training,
+                     candidate=Candidate(tp=tp, pp=1, dp=8 // tp, mbs=1, gas=64 // (8 // tp), zero=1,
+                                         recompute="full", sp=tp > 1))
+    files = render(setup, "megatron-lm")
+    a = _args(files["args.txt"])
+    assert _megatron_rows(a, QWEN25_TOKENIZER, tp) == 152_064 == m.vocab
+    if tp == 1:   # what Megatron's default divisor 128 gave
+        assert -(-QWEN25_TOKENIZER // 128) * 128 == 151_680
+    assert "the embedding has the model's 152064 rows" in files["megatron_args.sh"]
+
+
+def test_vocabulary_rows_are_said_by_every_emitter():
+    """Issue 31.6, each target: the BigScience fork pads GPT-2's 50,257 to 50,304 (a checkpoint must be padded to
+    load), torchtitan takes the model's rows as they are."""
+    _, gpt2 = _load("gpt2-large.json")
+    files = render(_setup(gpt2, "megatron-deepspeed"), "megatron-deepspeed", flavor="bigscience")
+    assert "--pad-vocab-size-to 50304" in files["megatron_args.sh"].replace("'", "")
+    assert "a checkpoint of the model's 50257 rows loads only with its embedding (and output layer) padded to " \
+           "50304 rows" in files["megatron_args.sh"]
+    _, mistral = _load("Mistral-7B-Instruct-v0.3.json")
+    files = render(_setup(mistral, "megatron-deepspeed"), "megatron-deepspeed", flavor="microsoft")
+    assert "--make-vocab-size-divisible-by 32768" in files["args.txt"]
+    assert "the embedding has the model's 32768 rows" in files["megatron_args.sh"]
+    _, llama = _load("Llama-3.1-8B.json")
+    for version in ("0.3.0", "0.2.2"):
+        job = render(_setup(llama, "fsdp"), "fsdp", torchtitan_version=version)
+        text = job["plantune_torchtitan.py"] if version == "0.3.0" else job["torchtitan.toml"]
+        assert "vocab_size 128256, the model's rows (torchtitan does not pad)" in text

@@ -163,7 +163,8 @@ def torchtitan_text(setup: RunSetup) -> str:
     head = [f"torchtitan {TORCHTITAN_VERSION} job config for {one_line(m.name)}, written by plantune: "
             f"FSDP {c.fsdp_strategy}, DP={c.dp}, TP={c.tp}, PP={c.pp}, CP={c.cp}, MBS={c.mbs}, GAS={c.gas}, "
             f"recompute {c.recompute}.",
-            f"Start it with ./{LAUNCHER} (it fills the {PLACEHOLDER}* values from the environment)."]
+            f"Start it with ./{LAUNCHER} (it fills the {PLACEHOLDER}* values from the environment).",
+            facts.vocab_note(m, c.tp, "torchtitan")]
     if train_samples(t) is None:
         head.append("No token budget was given: set [training].steps.")
     return "".join(f"# {line}\n" for line in head) + "\n" + toml_text(torchtitan_dict(setup))
