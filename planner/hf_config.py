@@ -11,6 +11,7 @@ model (Mixtral's experts planned as a dense 7B).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -316,6 +317,16 @@ def file_name(path: str, d: dict) -> str:
     return p.parent.name if p.stem == "config" and p.parent.name not in ("", ".") else p.stem
 
 
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+"""a Hugging Face repository id, org/name (a local path starts with / or . or has more parts)"""
+
+
+def hub_id(d: dict) -> str:
+    """The repository a config.json was saved from (``_name_or_path`` when it is an org/name id); "" otherwise."""
+    name = d.get("_name_or_path")
+    return name if isinstance(name, str) and _HUB_ID.match(name) else ""
+
+
 def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
     """ModelSpec fields of a config.json (planner.model builds the spec)."""
     from planner import moe
@@ -380,7 +391,7 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
         extra.update(_moe_router(d, fam, where))
     eps = d.get("rms_norm_eps") or d.get("layer_norm_eps") or d.get("layer_norm_epsilon") or fam.norm_eps
     return dict(
-        name=file_name(path, d), architecture=str((d.get("architectures") or [""])[0]),
+        name=file_name(path, d), architecture=str((d.get("architectures") or [""])[0]), hub_id=hub_id(d),
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
         kv_channels=extra.pop("kv_channels", head_dim if head_dim is not None and head_dim * heads != hidden else None),
         ffn_hidden=pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
@@ -401,4 +412,4 @@ def _moe_defaults(fam: HFFamily) -> dict:
 
 
 __all__ = ["ACTIVATIONS", "HF_FAMILIES", "HF_INERT", "HF_KEYS", "HF_LEGACY", "HF_SAME_FACT", "HFFamily", "check_hf",
-           "file_name", "read_hf"]
+           "file_name", "hub_id", "read_hf"]

@@ -108,6 +108,10 @@ class ModelSpec:
     # the model's own facts beyond its shape (planner.model_facts: checks, YAML defaults; planner.emit writes them)
     architecture: str = ""
     """the Hugging Face class the file names (``architectures[0]``: LlamaForCausalLM); empty for presets / YAML"""
+    hub_id: str = ""
+    """the Hugging Face repository the model is published as (meta-llama/Llama-3.1-8B): where its tokenizer is, for
+    the launchers; a preset's, a config.json's ``_name_or_path`` or the cached repository it was read from; empty
+    when unknown"""
     max_positions: int = 0
     """positions the model was built for (config.json max_position_embeddings: Llama-3.1 131,072); 0 = seq_len.
     seq_len is the default training length, this the limit a run may go up to"""
@@ -340,6 +344,17 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
                   "2.1.2 (sigmoid affinities, bias-based auxiliary-loss-free balancing); HF DeepSeek-V3 config.json "
                   "(routed_scaling_factor 2.5, n_group 8, topk_group 4, rms_norm_eps 1e-6)"),
 )}
+
+HUB_IDS: dict[str, str] = {
+    "bloom-176b": "bigscience/bloom", "llama2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama2-13b": "meta-llama/Llama-2-13b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf",
+    "llama3-8b": "meta-llama/Meta-Llama-3-8B", "llama3-70b": "meta-llama/Meta-Llama-3-70B",
+    "llama3.1-405b": "meta-llama/Llama-3.1-405B", "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+    "mixtral-8x22b": "mistralai/Mixtral-8x22B-v0.1", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+}
+"""the Hugging Face repository of each preset published with weights (its tokenizer: the launchers' default)"""
+PRESETS = {name: replace(m, hub_id=HUB_IDS.get(name, "")) for name, m in PRESETS.items()}
 
 # Size shorthands a person types; `176B` is BLOOM-176B as in BigScience's usage.
 SHORTHANDS: dict[str, str] = {

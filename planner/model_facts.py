@@ -19,7 +19,7 @@ ROPE_SCALINGS = ("", "llama3", "yarn", "linear")
 """RoPE scalings plantune reads: Llama 3.1's (factor, 1/4/8192), YaRN (DeepSeek-V2/V3), linear interpolation"""
 
 YAML_DEFAULTS: dict[str, object] = {
-    "architecture": "", "max_positions": 0, "rope_theta": 0.0, "rotary_percent": 1.0, "norm_eps": 0.0,
+    "architecture": "", "hub_id": "", "max_positions": 0, "rope_theta": 0.0, "rotary_percent": 1.0, "norm_eps": 0.0,
     "qkv_bias": False, "qk_norm": "", "norm_placement": "pre", "activation": "", "parallel_residual": False,
     "attn_softcap": 0.0, "init_std": 0.0, "logit_softcap": 0.0, "sliding_window": 0, "window_full_every": 0,
     "yarn_mscale": 1.0,
@@ -61,8 +61,9 @@ def problems(m: "ModelSpec") -> list[str]:
                           ("moe_score", MOE_SCORES), ("rope_scaling", ROPE_SCALINGS)):
         if getattr(m, name) not in choices:
             out.append(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {getattr(m, name)!r}")
-    if not isinstance(m.architecture, str):
-        out.append(f"architecture must be text, got {m.architecture!r}")
+    for name in ("architecture", "hub_id"):
+        if not isinstance(getattr(m, name), str):
+            out.append(f"{name} must be text, got {getattr(m, name)!r}")
     if out:
         return out
     if m.max_positions and m.max_positions < m.seq_len and m.position == "learned":

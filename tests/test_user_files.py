@@ -80,3 +80,21 @@ def test_a_learned_position_table_is_not_raised_and_both_refuse(tmp_path, capsys
                           "--seq-len", "2048", "--global-batch", "64", *emit, *(["--out", str(tmp_path)] if emit else []))
     assert code == 2 and err.count("\n") == 1 and "over gpt2-large's 1024 learned positions" in err
     assert "--seq-len <= 1024" in err and not list(tmp_path.iterdir())
+
+
+def test_a_config_json_saved_from_a_repository_names_its_tokenizer(tmp_path, capsys):
+    """A config.json saved by transformers carries _name_or_path: the launcher's TOKENIZER defaults to that
+    repository (issue 31.7); a local path there is not taken for one."""
+    import json
+
+    d = json.loads((FIXTURES / "Llama-3.1-8B.json").read_text())
+    for name, hub in (("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B"), ("/home/me/llama", "")):
+        (tmp_path / "config.json").write_text(json.dumps({**d, "_name_or_path": name}))
+        out = tmp_path / ("run" + str(bool(hub)))
+        code, _, err = plan(capsys, "--model", str(tmp_path / "config.json"), "--gpus", "8", "--gpu", "H100",
+                            "--global-batch", "64", "--emit", "megatron-lm", "--out", str(out))
+        assert code == 0, err
+        text = (out / "launch.sbatch").read_text()
+        assert (f"TOKENIZER=${{TOKENIZER:-{hub}}}" in text) == bool(hub)
+        assert ("TOKENIZER=${TOKENIZER:?set TOKENIZER" in text) == (not hub)
+        assert yaml.safe_load((out / "plan.yaml").read_text())["plantune"]["model"].get("hub_id", "") == hub

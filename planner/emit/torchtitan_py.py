@@ -141,7 +141,7 @@ def config_text(setup: RunSetup) -> str:
             f"and replaces the {fsdp.PLACEHOLDER}* values from its environment (command-line overrides).",
             facts.vocab_note(m, c.tp, "torchtitan")]
     if train_samples(t) is None:
-        head.append("No token budget was given: set training steps (or --training.steps on the command line).")
+        head.append(f"No token budget was given: ./{fsdp.LAUNCHER} asks for TRAIN_STEPS (--training.steps).")
     lines = [*head, '"""', "",
              "from torchtitan.components.checkpoint import CheckpointManager",
              "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",
