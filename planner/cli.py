@@ -39,7 +39,7 @@ from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, at_seq_len, load_model
 from planner.rampup_schedule import rampup_schedule
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
-from planner.schema import check_flags, check_training
+from planner.schema import check_flags, check_training, did_you_mean
 from planner.space import (FRAMEWORKS, OPTIMIZERS, PINNABLE, PP_SCHEDULES_FSDP, PRECISIONS, RECOMPUTE, TrainingSpec,
                            parse_explain)
 
@@ -52,6 +52,10 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line and exit status 2 (shared by `plan` and `tune`)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments: "):   # the nearest flag for the first one not known
+            flag = message.removeprefix("unrecognized arguments: ").split()[0].split("=")[0]
+            if flag.startswith("--"):
+                message += did_you_mean(flag, [o for o in self._option_string_actions if o.startswith("--")])
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 

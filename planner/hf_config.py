@@ -11,11 +11,11 @@ model (Mixtral's experts planned as a dense 7B).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from planner.errors import InputError
+from planner.hf_cache import REPO_ID, repo_of_snapshot
 from planner.schema import Any, Bool, Field, Int, List, Num, Str, _WHY_SHAPE, _short, check, did_you_mean
 
 
@@ -312,19 +312,19 @@ def _moe_router(d: dict, fam: HFFamily, where: str) -> dict:
 def file_name(path: str, d: dict) -> str:
     """The model's name: the hub id it was saved from, else the folder holding config.json, else the file's stem."""
     p = Path(path)
+    if repo_of_snapshot(p.parent):   # models--org--name/snapshots/<commit>/config.json: the repository's name
+        return repo_of_snapshot(p.parent).split("/")[-1]
     if d.get("_name_or_path"):
         return str(d["_name_or_path"]).rstrip("/").split("/")[-1]
     return p.parent.name if p.stem == "config" and p.parent.name not in ("", ".") else p.stem
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
-"""a Hugging Face repository id, org/name (a local path starts with / or . or has more parts)"""
-
-
-def hub_id(d: dict) -> str:
-    """The repository a config.json was saved from (``_name_or_path`` when it is an org/name id); "" otherwise."""
+def hub_id(d: dict, path: str = "") -> str:
+    """The repository a config.json comes from: the Hugging Face cache snapshot it sits in, else the file's
+    ``_name_or_path`` when that is an org/name id; "" otherwise."""
+    cached = repo_of_snapshot(Path(path).parent) if path else ""
     name = d.get("_name_or_path")
-    return name if isinstance(name, str) and _HUB_ID.match(name) else ""
+    return cached or (name if isinstance(name, str) and REPO_ID.match(name) else "")
 
 
 def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
@@ -391,7 +391,7 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
         extra.update(_moe_router(d, fam, where))
     eps = d.get("rms_norm_eps") or d.get("layer_norm_eps") or d.get("layer_norm_epsilon") or fam.norm_eps
     return dict(
-        name=file_name(path, d), architecture=str((d.get("architectures") or [""])[0]), hub_id=hub_id(d),
+        name=file_name(path, d), architecture=str((d.get("architectures") or [""])[0]), hub_id=hub_id(d, path),
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
         kv_channels=extra.pop("kv_channels", head_dim if head_dim is not None and head_dim * heads != hidden else None),
         ffn_hidden=pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),

@@ -18,6 +18,7 @@ from pathlib import Path
 from planner import model_facts, moe
 from planner.errors import InputError
 from planner.files import read_mapping
+from planner.hf_cache import REPO_ID, cached_config
 from planner.hf_config import read_hf
 from planner.schema import check_model_yaml
 
@@ -446,8 +447,18 @@ def _from_yaml(d: dict, name: str) -> ModelSpec:
 
 
 def load_model(arg: str) -> ModelSpec:
-    """A preset name or shorthand, a HF config.json, or a plantune model YAML."""
+    """A preset name or shorthand, a HF config.json, a folder holding one (a downloaded snapshot), a repository id
+    found in the local Hugging Face cache (planner.hf_cache), or a plantune model YAML."""
     path = Path(arg)
+    if path.is_dir() and path.suffix.lower() not in (".json", ".yaml", ".yml"):
+        if not (path / "config.json").is_file():
+            raise InputError(f"model folder {arg} holds no config.json; give a Hugging Face model folder (with its "
+                             "config.json), a config.json, a model YAML or a preset")
+        path = path / "config.json"
+        return _from_hf(read_mapping(path, "model file"), str(path))
+    if REPO_ID.match(arg) and not path.exists() and path.suffix.lower() not in (".json", ".yaml", ".yml"):
+        path = cached_config(arg)
+        return _from_hf(read_mapping(path, "model file"), str(path))
     if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file() or ("/" in arg and path.exists()):
         data = read_mapping(path, "model file", missing_hint=f"; give a preset ({', '.join(preset_names())}) "
                                                              "or an existing config.json / model YAML")

@@ -98,3 +98,85 @@ def test_a_config_json_saved_from_a_repository_names_its_tokenizer(tmp_path, cap
         assert (f"TOKENIZER=${{TOKENIZER:-{hub}}}" in text) == bool(hub)
         assert ("TOKENIZER=${TOKENIZER:?set TOKENIZER" in text) == (not hub)
         assert yaml.safe_load((out / "plan.yaml").read_text())["plantune"]["model"].get("hub_id", "") == hub
+
+
+# -- names people type (issue 31.8) -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("typed,catalog_id", [("A10G", "A10G"), ("H100-SXM5", "H100-SXM"), ("H100 80GB", "H100-SXM"),
+                                              ("A100-40G", "A100-40GB"), ("RTX4090", "RTX-4090"),
+                                              ("RTX-A6000", "RTX-A6000"), ("rtx 4090", "RTX-4090"),
+                                              ("a100_80gb", "A100-80GB")])
+def test_gpu_names_people_type(typed, catalog_id):
+    from planner.hardware import get_accelerator
+
+    assert get_accelerator(typed).id == catalog_id
+
+
+def test_the_added_gpus_carry_their_datasheet_figures():
+    """RTX A6000 datasheet: 309.7 TFLOPS tensor with sparsity, 48 GB at 768 GB/s; the Ada whitepaper's RTX 4090:
+    165.2 bf16 dense, 24 GB at 1,008 GB/s; the A10G: the A10's memory (600 GB/s), its peaks an upper bound."""
+    from planner.hardware import get_accelerator
+
+    a6000, r4090, a10g = (get_accelerator(g) for g in ("RTX-A6000", "RTX-4090", "A10G"))
+    assert (a6000.peak_bf16_flops * 2, a6000.memory_bytes / 2**30, a6000.memory_bw_bytes_per_s) == (309.7e12, 48,
+                                                                                                    768e9)
+    assert (r4090.peak_bf16_flops, r4090.peak_fp8_flops, r4090.memory_bw_bytes_per_s) == (165.2e12, 330.3e12, 1008e9)
+    assert a10g.memory_bw_bytes_per_s == get_accelerator("A10").memory_bw_bytes_per_s == 600e9
+    assert "upper bound" in a10g.source and a6000.peak_fp8_flops is None
+
+
+def test_an_unknown_gpu_says_the_nearest_name(capsys):
+    code, _, err = plan(capsys, "--model", "176B", "--gpus", "8", "--gpu", "H100-SMX")
+    assert code == 2 and err.count("\n") == 1 and "unknown GPU 'H100-SMX' (did you mean 'H100-SXM'?)" in err
+
+
+def test_a_mistyped_flag_says_the_nearest_one(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--model", "176B", "--gpus", "8", "--gloabl-batch", "8"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "(did you mean '--global-batch'?)" in err and err.count("\n") == 1
+
+
+def test_a_mistyped_replay_column_says_the_nearest_one(tmp_path):
+    from search._base import TuneError
+    from search.replay import ReplayTable
+
+    (tmp_path / "r.csv").write_text("tp,pp,dp,micro_batch,status,seconds_per_iteraton\n1,1,8,1,ok,2.0\n")
+    with pytest.raises(TuneError, match=r"column 'seconds_per_iteraton' is not understood \(did you mean "
+                                        r"'seconds_per_iteration'\?\)"):
+        ReplayTable.read(str(tmp_path / "r.csv"))
+
+
+def _snapshot(root: Path, repo: str, fixture: str, commit: str = "0123abcd") -> Path:
+    """A repository in huggingface_hub's cache layout: refs/main naming the snapshot that holds config.json."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "refs").mkdir()
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit / "config.json").write_text((FIXTURES / fixture).read_text())
+    return folder / "snapshots" / commit
+
+
+def test_a_model_folder_or_a_cached_repository_is_read(tmp_path, monkeypatch, capsys):
+    """A snapshot folder holding config.json, or the repository id when the local cache (HF_HUB_CACHE) has it: read
+    as the file, named after the repository, whose id becomes the launcher's tokenizer."""
+    from planner.model import load_model
+
+    snap = _snapshot(tmp_path / "hub", "Qwen/Qwen2.5-7B", "Qwen2.5-7B.json")
+    by_file = load_model(str(FIXTURES / "Qwen2.5-7B.json"))
+    for given in (str(snap), "Qwen/Qwen2.5-7B"):
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+        m = load_model(given)
+        assert (m.name, m.hub_id, m.params, m.vocab) == ("Qwen2.5-7B", "Qwen/Qwen2.5-7B", by_file.params, by_file.vocab)
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))   # $HF_HOME/hub
+    code, _, err = plan(capsys, "--model", "Qwen/Qwen2.5-7B", "--gpus", "8", "--gpu", "H100", "--global-batch", "64",
+                        "--emit", "megatron-lm", "--out", str(tmp_path / "run"))
+    assert code == 0, err
+    assert "TOKENIZER=${TOKENIZER:-Qwen/Qwen2.5-7B}" in (tmp_path / "run" / "launch.sbatch").read_text()
+    code, _, err = plan(capsys, "--model", "Qwen/Qwen2.5-72B", "--gpus", "8")
+    assert code == 2 and err.count("\n") == 1 and "not a preset, a file, or a repository in the local" in err
+    assert "huggingface-cli download Qwen/Qwen2.5-72B config.json" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = plan(capsys, "--model", str(tmp_path / "empty"), "--gpus", "8")
+    assert code == 2 and "holds no config.json" in err
