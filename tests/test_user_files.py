@@ -125,6 +125,17 @@ def test_the_added_gpus_carry_their_datasheet_figures():
     assert "upper bound" in a10g.source and a6000.peak_fp8_flops is None
 
 
+@pytest.mark.parametrize("device,catalog_id", [("NVIDIA A10G", "A10G"), ("NVIDIA A10", "A10"),
+                                               ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+                                               ("NVIDIA RTX A6000", "RTX-A6000")])
+def test_the_added_gpus_as_cuda_names_them(device, catalog_id):
+    """What torch.cuda.get_device_name reports (tune calibrate) finds the new entries, the A10G not taken for the
+    A10."""
+    from planner.hardware import catalog_id_for_device
+
+    assert catalog_id_for_device(device) == catalog_id
+
+
 def test_an_unknown_gpu_says_the_nearest_name(capsys):
     code, _, err = plan(capsys, "--model", "176B", "--gpus", "8", "--gpu", "H100-SMX")
     assert code == 2 and err.count("\n") == 1 and "unknown GPU 'H100-SMX' (did you mean 'H100-SXM'?)" in err
