@@ -263,8 +263,8 @@ def test_launch_sbatch_without_a_known_tokenizer_asks_for_it(tmp_path) -> None:
     """GPT-3 has no published tokenizer repository of its own: TOKENIZER must be set, and the launcher says so."""
     case = next(c for c in VALID_CASES if c.id == "gpt3-bigscience")
     emit(case.setup, case.kind, tmp_path / "plan", flavor=case.flavor)
-    env = _stand_ins(tmp_path) | {"SLURM_SUBMIT_DIR": str(tmp_path / "plan"), "DATA_PATH": "/d", "CHECKPOINT_PATH": "/c",
-                                  "MEGATRON_DIR": "/m", "SLURM_NNODES": "16"}
+    env = _stand_ins(tmp_path) | {"SLURM_SUBMIT_DIR": str(tmp_path / "plan"), "DATA_PATH": "/d",
+                                  "CHECKPOINT_PATH": "/c", "MEGATRON_DIR": "/m", "SLURM_NNODES": "16"}
     result = subprocess.run(["bash", str(tmp_path / "plan" / "launch.sbatch")], capture_output=True, text=True,
                             timeout=HANG_GUARD_S, env=env)
     assert result.returncode != 0 and "set TOKENIZER to the Hugging Face tokenizer of the model" in result.stderr

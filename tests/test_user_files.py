@@ -77,7 +77,8 @@ def test_a_run_longer_than_the_files_positions_is_said_and_emitted_with_them_rai
 def test_a_learned_position_table_is_not_raised_and_both_refuse(tmp_path, capsys, emit):
     """GPT-2's 1,024 learned positions are rows of its weights: plan and emit refuse --seq-len 2048 alike."""
     code, out, err = plan(capsys, "--model", str(FIXTURES / "gpt2-large.json"), "--gpus", "8", "--gpu", "H100",
-                          "--seq-len", "2048", "--global-batch", "64", *emit, *(["--out", str(tmp_path)] if emit else []))
+                          "--seq-len", "2048", "--global-batch", "64", *emit,
+                          *(["--out", str(tmp_path)] if emit else []))
     assert code == 2 and err.count("\n") == 1 and "over gpt2-large's 1024 learned positions" in err
     assert "--seq-len <= 1024" in err and not list(tmp_path.iterdir())
 

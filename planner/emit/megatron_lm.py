@@ -27,8 +27,8 @@ Arg = tuple[str, ...]
 
 def model_fact_args(m: ModelSpec) -> list[Arg]:
     """The model's own facts Megatron-LM takes as arguments (TransformerConfig fields: --norm-epsilon, --add-qkv-bias,
-    --qk-layernorm, which under MLA is the latents' norms; megatron/training/arguments.py: --window-size, --window-attn-skip-freq). Facts it cannot take
-    are refused before this runs (planner.model_facts.unexpressed)."""
+    --qk-layernorm, which under MLA is the latents' norms; megatron/training/arguments.py: --window-size,
+    --window-attn-skip-freq). Facts it cannot take are refused before this runs (planner.model_facts.unexpressed)."""
     out: list[Arg] = []
     eps = facts.norm_eps(m)
     if eps is not None:

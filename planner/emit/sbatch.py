@@ -136,8 +136,8 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
                  "megatron-lm": "--tokenizer-type HuggingFaceTokenizer --tokenizer-model \"$TOKENIZER\""}[flavor]
     needs_samples = train_samples(setup.training) is None
     env = [
-        "DATA_PATH=${DATA_PATH:?set DATA_PATH to your dataset tokenized with the tokenizer of this model by the Megatron "
-        "tools/preprocess_data.py (the .bin/.idx prefix)}",
+        "DATA_PATH=${DATA_PATH:?set DATA_PATH to your dataset tokenized with the tokenizer of this model by the "
+        "Megatron tools/preprocess_data.py (the .bin/.idx prefix)}",
         tokenizer_line(setup),
         "CHECKPOINT_PATH=${CHECKPOINT_PATH:?set CHECKPOINT_PATH to the folder checkpoints are saved to "
         "and resumed from}",
