@@ -35,11 +35,11 @@ from planner.errors import InputError, PlantuneError
 from planner.calibration import apply_calibration, compute_line
 from planner.files import check_out
 from planner.hardware import ClusterSpec, load_cluster, make_cluster
-from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, load_model
+from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, at_seq_len, load_model, positions_note
 from planner.rampup_schedule import rampup_schedule
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
-from planner.schema import check_flags, check_training
+from planner.schema import check_flags, check_training, did_you_mean
 from planner.space import (FRAMEWORKS, OPTIMIZERS, PINNABLE, PP_SCHEDULES_FSDP, PRECISIONS, RECOMPUTE, TrainingSpec,
                            parse_explain)
 
@@ -52,6 +52,10 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line and exit status 2 (shared by `plan` and `tune`)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        if message.startswith("unrecognized arguments: "):   # the nearest flag for the first one not known
+            flag = message.removeprefix("unrecognized arguments: ").split()[0].split("=")[0]
+            if flag.startswith("--"):
+                message += did_you_mean(flag, [o for o in self._option_string_actions if o.startswith("--")])
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
     def _get_option_tuples(self, option_string: str):  # type: ignore[override]
@@ -319,7 +323,7 @@ def _overlap(text: str | None) -> tuple[str, ...] | None:
 def setup_from_args(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:
     """Flags -> typed model, cluster and training specs, before any work (shared with `tune`)."""
     check_flags(args)
-    model = load_model(args.model)
+    model = at_seq_len(load_model(args.model), args.seq_len)
     cluster = cluster_from_args(args)
     return model, cluster, training_from_args(args, model, cluster)
 
@@ -571,6 +575,8 @@ def run(args: argparse.Namespace) -> int:
     check_expressible(model, cluster, training, targets, args.emit)
     # said after the answer (stderr), so that a refusal stays one line
     note = f"plan: note: {model.source}\n" if args.seq_len is None and HF_SEQ_NOTE in model.source else ""
+    raised = positions_note(model)   # --seq-len past the model's positions: planned and emitted with them raised
+    note += f"plan: note: {raised}\n" if raised else ""
     if args.explain:
         cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)
         est = estimate(model, cluster, training, cand, targets=targets)

@@ -12,7 +12,9 @@ Every figure is a dense (no sparsity) datasheet number with its source; `Acceler
 
 from __future__ import annotations
 
+import difflib
 import functools
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -200,11 +202,20 @@ def catalog_id_for_device(name: str) -> str:
     return aliases.get(best, best)
 
 
+def gpu_spelling(name: str) -> str:
+    """A GPU name as people type it, reduced for lookup: case, spaces, '-' and '_' dropped, a memory size's G read as
+    GB ("H100 80GB", "h100-80gb", "A100-40G", "RTX4090" and "rtx 4090" match the catalog's H100-80GB, A100-40GB,
+    RTX-4090)."""
+    return re.sub(r"(\d)G(?!B)", r"\1GB", name.strip().upper()).replace(" ", "").replace("-", "").replace("_", "")
+
+
 def get_accelerator(gpu_id: str, *, known: Mapping[str, Accelerator] | None = None) -> Accelerator:
-    """A catalog id (case-insensitive), a listed alias, or a path to a GPU YAML; anything else fails with the list."""
+    """A catalog id or a listed alias, however spelled (gpu_spelling), or a path to a GPU YAML; anything else fails
+    with the nearest name and the list."""
     known = catalog() if known is None else known
-    by_lower = {k.lower(): k for k in known} | {k.lower(): v for k, v in _aliases(known).items()}
-    key = by_lower.get(gpu_id.strip().lower())
+    names = {k: k for k in known} | _aliases(known)
+    by_spelling = {gpu_spelling(k): v for k, v in names.items()}
+    key = by_spelling.get(gpu_spelling(gpu_id))
     if key is not None:
         return known[key]
     if gpu_id.lower().endswith((".yaml", ".yml", ".json")) or Path(gpu_id).is_file():
@@ -213,7 +224,9 @@ def get_accelerator(gpu_id: str, *, known: Mapping[str, Accelerator] | None = No
             raise InputError(f"GPU file {gpu_id} holds {len(found)} accelerators; --gpu takes a file of one "
                              "(its keys at the top level)")
         return next(iter(found.values()))
-    raise InputError(f"unknown GPU {gpu_id!r}; known: {', '.join(known)}, or a GPU YAML file "
+    close = difflib.get_close_matches(gpu_spelling(gpu_id), list(by_spelling), n=1, cutoff=0.6)
+    hint = f" (did you mean {by_spelling[close[0]]!r}?)" if close else ""
+    raise InputError(f"unknown GPU {gpu_id!r}{hint}; known: {', '.join(known)}, or a GPU YAML file "
                      "(keys as in planner/accelerators.yaml)")
 
 

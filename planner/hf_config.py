@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from planner.errors import InputError
+from planner.hf_cache import REPO_ID, repo_of_snapshot
 from planner.schema import Any, Bool, Field, Int, List, Num, Str, _WHY_SHAPE, _short, check, did_you_mean
 
 
@@ -123,6 +124,7 @@ HF_KEYS: dict[str, Field] = {
     "rms_norm_eps": Num(0, open_lo=True), "layer_norm_eps": Num(0, open_lo=True),
     "layer_norm_epsilon": Num(0, open_lo=True), "initializer_range": Num(0, open_lo=True),
     "sliding_window": Int(1, None, null=True), "use_sliding_window": Bool(), "max_window_layers": Int(0, None),
+    "sliding_window_size": Int(1, None, null=True),   # the same fact as sliding_window (HF_SAME_FACT)
     "sliding_window_pattern": Int(1, None, null=True), "layer_types": Any(),
     "use_parallel_residual": Bool(), "parallel_attn": Bool(), "multi_query": Bool(),
     "new_decoder_architecture": Bool(), "alibi": Bool(), "apply_residual_connection_post_layernorm": Bool(),
@@ -160,6 +162,11 @@ HF_INERT = frozenset((
     "use_bidirectional_attention",
 ))
 """metadata keys that do not describe the network (any value); names ending in _dropout/_pdrop also pass"""
+
+HF_SAME_FACT = {"sliding_window_size": "sliding_window"}
+"""keys that name a fact the reader already has under another name (older transformers wrote both: Gemma-2-9B's and
+-27B's first config.json carry ``sliding_window_size`` beside ``sliding_window``, Gemma2Config reads the latter);
+read when they agree, refused in one line when they do not"""
 
 HF_UNREAD = {"dbrx": "DBRX's experts", "olmoe": "OLMoE's experts", "gemma3": "Gemma 3's vision tower (give the "
              "text_config part as a gemma3_text config.json)", "qwen2_vl": "Qwen2-VL's vision tower and M-RoPE"}
@@ -201,6 +208,10 @@ def check_hf(data: dict, where: str) -> str:
         raise InputError(f"{where}: model_type {_short(model_type)} is not one plantune reads ("
                          f"{', '.join(HF_FAMILIES)}); write a plantune model YAML with its shape "
                          "(see examples/model-tiny.yaml)")
+    for key, same in HF_SAME_FACT.items():
+        if key in data and same in data and data[key] != data[same]:
+            raise InputError(f"{where}: {key} {_short(data[key])} and {same} {_short(data[same])} name one fact and "
+                             f"disagree; keep {same} (what transformers reads) and remove {key}")
     for key in data:
         if isinstance(key, str) and key not in HF_KEYS and not _inert(key):
             raise InputError(f"{where}: key {key!r} is not understood and may change the model"
@@ -330,9 +341,19 @@ def hf_fields(d: dict) -> dict:
 def file_name(path: str, d: dict) -> str:
     """The model's name: the hub id it was saved from, else the folder holding config.json, else the file's stem."""
     p = Path(path)
+    if repo_of_snapshot(p.parent):   # models--org--name/snapshots/<commit>/config.json: the repository's name
+        return repo_of_snapshot(p.parent).split("/")[-1]
     if d.get("_name_or_path"):
         return str(d["_name_or_path"]).rstrip("/").split("/")[-1]
     return p.parent.name if p.stem == "config" and p.parent.name not in ("", ".") else p.stem
+
+
+def hub_id(d: dict, path: str = "") -> str:
+    """The repository a config.json comes from: the Hugging Face cache snapshot it sits in, else the file's
+    ``_name_or_path`` when that is an org/name id; "" otherwise."""
+    cached = repo_of_snapshot(Path(path).parent) if path else ""
+    name = d.get("_name_or_path")
+    return cached or (name if isinstance(name, str) and REPO_ID.match(name) else "")
 
 
 def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
@@ -340,6 +361,8 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
     where = f"config.json {path}"
     d = _from_legacy(d)
     model_type = check_hf(d, where)
+    d = {**{same: d[key] for key, same in HF_SAME_FACT.items() if key in d and same not in d},
+         **{k: v for k, v in d.items() if k not in HF_SAME_FACT}}
     fam = HF_FAMILIES[model_type]
     d = {**fam.defaults, **d}
     if d.get("use_mrope"):
@@ -395,7 +418,7 @@ def read_hf(d: dict, path: str, default_seq_len: int, seq_hint: str) -> dict:
         extra.update(_moe_router(d, fam, where))
     eps = d.get("rms_norm_eps") or d.get("layer_norm_eps") or d.get("layer_norm_epsilon") or fam.norm_eps
     return dict(
-        name=file_name(path, d), architecture=str((d.get("architectures") or [""])[0]),
+        name=file_name(path, d), architecture=str((d.get("architectures") or [""])[0]), hub_id=hub_id(d, path),
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads,
         kv_channels=extra.pop("kv_channels", head_dim if head_dim is not None and head_dim * heads != hidden else None),
         ffn_hidden=pick("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden),
@@ -415,5 +438,5 @@ def _moe_defaults(fam: HFFamily) -> dict:
     return {keys[k]: v for k, v in m.items() if k in keys}
 
 
-__all__ = ["ACTIVATIONS", "HF_FAMILIES", "HF_INERT", "HF_KEYS", "HF_LEGACY", "HFFamily", "check_hf", "file_name",
-           "read_hf"]
+__all__ = ["ACTIVATIONS", "HF_FAMILIES", "HF_INERT", "HF_KEYS", "HF_LEGACY", "HF_SAME_FACT", "HFFamily", "check_hf",
+           "file_name", "hub_id", "read_hf"]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from planner.errors import InputError
 from planner.files import read_mapping
+from planner.hf_cache import REPO_ID, cached_config
 from planner.hf_config import read_hf
 from planner.schema import check_model_yaml
 
@@ -108,6 +109,10 @@ class ModelSpec:
     # the model's own facts beyond its shape (planner.model_facts: checks, YAML defaults; planner.emit writes them)
     architecture: str = ""
     """the Hugging Face class the file names (``architectures[0]``: LlamaForCausalLM); empty for presets / YAML"""
+    hub_id: str = ""
+    """the Hugging Face repository the model is published as (meta-llama/Llama-3.1-8B): where its tokenizer is, for
+    the launchers; a preset's, a config.json's ``_name_or_path`` or the cached repository it was read from; empty
+    when unknown"""
     max_positions: int = 0
     """positions the model was built for (config.json max_position_embeddings: Llama-3.1 131,072); 0 = seq_len.
     seq_len is the default training length, this the limit a run may go up to"""
@@ -280,7 +285,7 @@ ROPE_SCALINGS = ("", "llama3", "yarn", "linear")
 """RoPE scalings plantune reads: Llama 3.1's (factor, 1/4/8192), YaRN (DeepSeek-V2/V3), linear interpolation"""
 
 FACT_YAML_DEFAULTS: dict[str, object] = {
-    "architecture": "", "max_positions": 0, "rope_theta": 0.0, "rotary_percent": 1.0, "norm_eps": 0.0,
+    "architecture": "", "hub_id": "", "max_positions": 0, "rope_theta": 0.0, "rotary_percent": 1.0, "norm_eps": 0.0,
     "qkv_bias": False, "qk_norm": "", "norm_placement": "pre", "activation": "", "activation_as_ops": False,
     "parallel_residual": False,
     "attn_softcap": 0.0, "init_std": 0.0, "logit_softcap": 0.0, "sliding_window": 0, "window_full_every": 0,
@@ -323,8 +328,9 @@ def fact_problems(m: ModelSpec) -> list[str]:
                           ("moe_score", MOE_SCORES), ("rope_scaling", ROPE_SCALINGS)):
         if getattr(m, name) not in choices:
             out.append(f"{name} must be one of {', '.join(repr(c) for c in choices)}, got {getattr(m, name)!r}")
-    if not isinstance(m.architecture, str):
-        out.append(f"architecture must be text, got {m.architecture!r}")
+    for name in ("architecture", "hub_id"):
+        if not isinstance(getattr(m, name), str):
+            out.append(f"{name} must be text, got {getattr(m, name)!r}")
     if out:
         return out
     if m.max_positions and m.max_positions < m.seq_len and m.position == "learned":
@@ -585,6 +591,17 @@ PRESETS: dict[str, ModelSpec] = {m.name: m for m in (
                   "(routed_scaling_factor 2.5, n_group 8, topk_group 4, rms_norm_eps 1e-6)"),
 )}
 
+HUB_IDS: dict[str, str] = {
+    "bloom-176b": "bigscience/bloom", "llama2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama2-13b": "meta-llama/Llama-2-13b-hf", "llama2-70b": "meta-llama/Llama-2-70b-hf",
+    "llama3-8b": "meta-llama/Meta-Llama-3-8B", "llama3-70b": "meta-llama/Meta-Llama-3-70B",
+    "llama3.1-405b": "meta-llama/Llama-3.1-405B", "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+    "mixtral-8x22b": "mistralai/Mixtral-8x22B-v0.1", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+}
+"""the Hugging Face repository of each preset published with weights (its tokenizer: the launchers' default)"""
+PRESETS = {name: replace(m, hub_id=HUB_IDS.get(name, "")) for name, m in PRESETS.items()}
+
 # Size shorthands a person types; `176B` is BLOOM-176B as in BigScience's usage.
 SHORTHANDS: dict[str, str] = {
     "176b": "bloom-176b", "bloom": "bloom-176b", "1b3": "bigscience-1b3", "1.3b": "bigscience-1b3",
@@ -625,6 +642,37 @@ HF_DEFAULT_SEQ_LEN = 4096
 HF_SEQ_NOTE = "set --seq-len to your run's length"
 
 
+POSITIONS_RAISED = "max_position_embeddings raised"
+"""what a model's source says when --seq-len went past its positions (planner.model.at_seq_len)"""
+
+
+def at_seq_len(model: ModelSpec, seq_len: int | None) -> ModelSpec:
+    """The model for a run of ``seq_len`` tokens (--seq-len; None: the model's own). A config.json's assumed training
+    length becomes the run's; positions the model lacks are raised to ``seq_len``, as a run trained from scratch at
+    that length has them (its source says so, and `plan` prints it), so that plan and emit agree; a learned position
+    table (GPT-2) is refused instead: its rows are weights of that many positions."""
+    if seq_len is None:
+        return model
+    positions = model.positions
+    if seq_len > positions and model.position == "learned":
+        raise InputError(f"--seq-len {seq_len} is over {model.name}'s {positions} learned positions (a table of "
+                         f"{positions} rows in its weights); use --seq-len <= {positions}")
+    if HF_SEQ_NOTE in model.source and "; seq_len " in model.source:   # the run's length, no longer an assumption
+        source = model.source[:model.source.rindex("; seq_len ")] + f"; seq_len {seq_len} from --seq-len"
+        model = replace(model, seq_len=seq_len, max_positions=positions if positions > seq_len else 0, source=source)
+    if seq_len > positions:
+        model = replace(model, max_positions=seq_len, source=(
+            f"{model.source}; {POSITIONS_RAISED} from {positions} to {seq_len} for --seq-len {seq_len} (a run "
+            "trained from scratch at that length; fine-tuning the published weights this long needs RoPE scaling)"))
+    return model
+
+
+def positions_note(model: ModelSpec) -> str | None:
+    """The one line `plan` prints when at_seq_len raised the model's positions; None otherwise."""
+    at = model.source.find(POSITIONS_RAISED)
+    return None if at < 0 else f"{model.name}: {model.source[at:]}"
+
+
 def _from_hf(d: dict, name: str) -> ModelSpec:
     """Hugging Face config.json of a family in ``hf_config.HF_FAMILIES``; every key is understood or refused."""
     return ModelSpec(**read_hf(d, name, HF_DEFAULT_SEQ_LEN, HF_SEQ_NOTE))
@@ -644,8 +692,18 @@ def _from_yaml(d: dict, name: str) -> ModelSpec:
 
 
 def load_model(arg: str) -> ModelSpec:
-    """A preset name or shorthand, a HF config.json, or a plantune model YAML."""
+    """A preset name or shorthand, a HF config.json, a folder holding one (a downloaded snapshot), a repository id
+    found in the local Hugging Face cache (planner.hf_cache), or a plantune model YAML."""
     path = Path(arg)
+    if path.is_dir() and path.suffix.lower() not in (".json", ".yaml", ".yml"):
+        if not (path / "config.json").is_file():
+            raise InputError(f"model folder {arg} holds no config.json; give a Hugging Face model folder (with its "
+                             "config.json), a config.json, a model YAML or a preset")
+        path = path / "config.json"
+        return _from_hf(read_mapping(path, "model file"), str(path))
+    if REPO_ID.match(arg) and not path.exists() and path.suffix.lower() not in (".json", ".yaml", ".yml"):
+        path = cached_config(arg)
+        return _from_hf(read_mapping(path, "model file"), str(path))
     if path.suffix.lower() in (".json", ".yaml", ".yml") or path.is_file() or ("/" in arg and path.exists()):
         data = read_mapping(path, "model file", missing_hint=f"; give a preset ({', '.join(preset_names())}) "
                                                              "or an existing config.json / model YAML")
@@ -660,5 +718,5 @@ def model_to_yaml_dict(model: ModelSpec) -> dict:
     return {k: v for k, v in d.items() if v is not None and v != "" and defaults.get(k, ...) != v}
 
 
-__all__ = ["ModelSpec", "Rampup", "PRESETS", "SHORTHANDS", "get_preset", "load_model", "preset_names",
-           "model_to_yaml_dict"]
+__all__ = ["ModelSpec", "POSITIONS_RAISED", "Rampup", "PRESETS", "SHORTHANDS", "at_seq_len", "get_preset",
+           "load_model", "model_to_yaml_dict", "positions_note", "preset_names"]

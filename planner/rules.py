@@ -688,12 +688,17 @@ def _limits(model: ModelSpec, target: str) -> list[tuple[bool, str]]:
     if target == "microsoft":
         return limits + [(moe.is_moe(model), "mixture-of-experts layers (as planned here: Megatron-Core MoE)"),
                          (bool(model.kv_lora_rank), "multi-latent attention")]
-    if target == "torchtitan":   # torchtitan 0.2.2: one dense model, Llama's
-        return [(not model.glu or model.norm != "rmsnorm" or model.position != "rope" or model.bias
-                 or model.tied_embeddings, "this architecture (its dense model is Llama's: RoPE, RMSNorm, SwiGLU, "
-                                           "no biases, untied embeddings)"),
-                (moe.is_moe(model) or bool(model.kv_lora_rank), "mixture-of-experts or multi-latent attention "
-                                                                "layers (the emitted model is torchtitan's llama3)")]
+    if target == "torchtitan":   # one dense model, Llama's (RoPE, RMSNorm, SwiGLU, no biases, untied embeddings): each
+        # fact named (its MLP's activation is planner.model_facts.unexpressed's)
+        llama3 = "torchtitan's llama3"
+        positions = {"alibi": "ALiBi positions", "learned": "learned absolute positions"}.get(model.position, "")
+        return [(model.tied_embeddings, f"tied input/output embeddings ({llama3} has its own output layer)"),
+                (model.norm != "rmsnorm", f"LayerNorm ({llama3} normalises with RMSNorm)"),
+                (model.position != "rope", f"{positions} ({llama3} rotates with RoPE)"),
+                (model.bias, f"linear layers with biases ({llama3}'s have none)"),
+                (model.embedding_norm, "a layernorm after the word embedding"),
+                (moe.is_moe(model), f"mixture-of-experts layers ({llama3} is dense)"),
+                (bool(model.kv_lora_rank), f"multi-latent attention ({llama3} has grouped-query attention)")]
     return limits
 
 

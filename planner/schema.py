@@ -260,6 +260,7 @@ MODEL: dict[str, Field] = {
     "rampup": RAMPUP,
     "train_tokens": Num(0, MAX_TRAIN_TOKENS, open_lo=True, why=WHY_TRAIN_TOKENS, null=True),
     "source": Str(null=True),
+    "hub_id": Str(what="a Hugging Face repository id (org/name), the model's tokenizer for the launchers"),
 }
 """plantune model YAML (the fields of planner.model.ModelSpec)"""
 

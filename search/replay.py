@@ -42,6 +42,7 @@ from pathlib import Path
 
 from planner import Candidate, Estimate, Plan, estimate
 from planner.enumeration import enumerate_candidates
+from planner.schema import did_you_mean
 from planner.space import RECOMPUTE
 from probes.backend import ProbeBackend
 from probes.result import ProbeResult, ProbeSpec
@@ -207,7 +208,8 @@ def _read_csv(p: Path, path: str) -> list[dict]:
                             f"{', '.join(a for a, c in ALIASES.items() if c == twice[0]) or twice[0]})")
         unknown = [c for c in header if c not in KNOWN_COLUMNS]
         if unknown:
-            raise TuneError(f"--results {path}: column {unknown[0]!r} is not understood; a column that "
+            raise TuneError(f"--results {path}: column {unknown[0]!r} is not understood"
+                            f"{did_you_mean(unknown[0], [*KNOWN_COLUMNS, *ALIASES])}; a column that "
                             f"changes the configuration must be matched, not ignored: rename it to one of "
                             f"{', '.join(DIMENSION_COLUMNS)} or drop it (descriptions: "
                             f"{', '.join(DESCRIPTION_COLUMNS)})")

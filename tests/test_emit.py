@@ -203,12 +203,14 @@ def test_launch_sbatch_runs_the_real_command_with_stand_ins(tmp_path) -> None:
     out = tmp_path / "plan"
     emit(bloom(), "megatron-deepspeed", out)
     env = _stand_ins(tmp_path) | {"SLURM_SUBMIT_DIR": str(out), "DATA_PATH": "/data/oscar", "TOKENIZER": "bs/tok",
-                                  "CHECKPOINT_PATH": "/ckpt", "PRETRAIN_SCRIPT": "/opt/stand_in.py"}
+                                  "CHECKPOINT_PATH": "/ckpt", "PRETRAIN_SCRIPT": "/opt/stand_in.py",
+                                  "SLURM_CPUS_ON_NODE": "112"}
     result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=HANG_GUARD_S,
                             env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     srun = (tmp_path / "argv.srun").read_text().split("\n")
-    assert srun[:3] == ["--wait=60", "--kill-on-bad-exit=1", "bash"]
+    # the node's CPUs as SLURM allocated them (issue 31.7: a fixed --cpus-per-task=64 before); no container unless set
+    assert srun[:4] == ["--wait=60", "--kill-on-bad-exit=1", "--cpus-per-task=112", "bash"]
     argv = (tmp_path / "argv").read_text().split("\n")[:-1]
     assert argv[:20] == ["-u", "-m", "torch.distributed.run", "--nproc_per_node", "8", "--nnodes", "48",
                          "--rdzv_endpoint", "node-a:6000", "--rdzv_backend", "c10d", "--max_restarts", "0",
@@ -231,7 +233,45 @@ def _group(tokens: list[str]) -> list[list[str]]:
     return groups
 
 
-@pytest.mark.parametrize("missing", ["DATA_PATH", "TOKENIZER", "CHECKPOINT_PATH"])
+def test_launch_sbatch_site_settings_are_overridable(tmp_path) -> None:
+    """Issue 31.7: NCCL settings are written commented for the site to set; a container image given in the
+    environment runs the srun step in it (pyxis --container-image), with the plan folder mounted."""
+    out = tmp_path / "plan"
+    emit(bloom(), "megatron-deepspeed", out)
+    text = (out / "launch.sbatch").read_text()
+    assert "# export NCCL_SOCKET_IFNAME=" in text and "# export NCCL_IB_HCA=" in text
+    assert "oscar" not in text and "bigscience/tokenizer" not in text
+    env = _stand_ins(tmp_path) | {"SLURM_SUBMIT_DIR": str(out), "DATA_PATH": "/d", "CHECKPOINT_PATH": "/c",
+                                  "PRETRAIN_SCRIPT": "/opt/stand_in.py", "CONTAINER_IMAGE": "nvcr.io/nvidia/pytorch:x",
+                                  "CPUS_PER_TASK": "32"}
+    # the stand-in srun logs its arguments (it cannot start a container)
+    subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=HANG_GUARD_S,
+                   env=env, cwd=tmp_path)
+    srun = (tmp_path / "argv.srun").read_text().split("\n")
+    assert srun[2:10] == ["--cpus-per-task=32", "--container-image", "nvcr.io/nvidia/pytorch:x", "--container-mounts",
+                          f"{out}:{out}", "--container-workdir", str(out), "bash"]
+    # BLOOM's own tokenizer when TOKENIZER is not set
+    del env["CONTAINER_IMAGE"]
+    result = subprocess.run(["bash", str(out / "launch.sbatch")], capture_output=True, text=True, timeout=HANG_GUARD_S,
+                            env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    argv = (tmp_path / "argv").read_text().split("\n")
+    assert argv[argv.index("--tokenizer-name-or-path") + 1] == "bigscience/bloom"
+
+
+def test_launch_sbatch_without_a_known_tokenizer_asks_for_it(tmp_path) -> None:
+    """GPT-3 has no published tokenizer repository of its own: TOKENIZER must be set, and the launcher says so."""
+    case = next(c for c in VALID_CASES if c.id == "gpt3-bigscience")
+    emit(case.setup, case.kind, tmp_path / "plan", flavor=case.flavor)
+    env = _stand_ins(tmp_path) | {"SLURM_SUBMIT_DIR": str(tmp_path / "plan"), "DATA_PATH": "/d",
+                                  "CHECKPOINT_PATH": "/c", "MEGATRON_DIR": "/m", "SLURM_NNODES": "16"}
+    result = subprocess.run(["bash", str(tmp_path / "plan" / "launch.sbatch")], capture_output=True, text=True,
+                            timeout=HANG_GUARD_S, env=env)
+    assert result.returncode != 0 and "set TOKENIZER to the Hugging Face tokenizer of the model" in result.stderr
+    assert not (tmp_path / "argv").exists()
+
+
+@pytest.mark.parametrize("missing", ["DATA_PATH", "CHECKPOINT_PATH"])
 def test_launch_sbatch_names_a_missing_placeholder(tmp_path, missing) -> None:
     out = tmp_path / "plan"
     emit(bloom(), "megatron-deepspeed", out)

@@ -208,7 +208,8 @@ FORK_CHOICES = {
 # torch/distributed/run.py and srun(1) options the launcher uses.
 TORCHRUN = {"--nproc_per_node", "--nnodes", "--rdzv_endpoint", "--rdzv_backend", "--max_restarts", "--tee",
             "--node_rank"}
-SRUN = {"--wait", "--kill-on-bad-exit"}
+SRUN = {"--wait", "--kill-on-bad-exit", "--cpus-per-task"}
+"""srun(1); the container's --container-image/-mounts/-workdir are pyxis's, only when CONTAINER_IMAGE is set"""
 
 MD_CASES = [case for case in VALID_CASES if case.kind == "megatron-deepspeed"]
 

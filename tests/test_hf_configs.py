@@ -43,6 +43,8 @@ class Published:
 
 PUBLISHED = [
     Published("Llama-3.1-8B.json", 8.03e9, 0.005e9, "HF meta-llama/Llama-3.1-8B: 8.03B params (safetensors)"),
+    Published("Llama-3.1-70B-Instruct.json", 70.6e9, 0.05e9, "HF meta-llama/Llama-3.1-70B-Instruct: 70.6B params "
+              "(safetensors)"),
     Published("Llama-3.2-3B.json", 3.21e9, 0.005e9, "Llama 3.2 model card: 3.21B"),
     Published("Llama-3.2-1B-Instruct.json", 1.24e9, 0.005e9, "HF meta-llama/Llama-3.2-1B-Instruct: 1.24B params"),
     Published("Qwen2.5-3B.json", 3.09e9, 0.005e9, "Qwen2.5-3B model card: 3.09B"),
@@ -147,7 +149,9 @@ def _expected(d: dict) -> dict:
             "theta": float(d.get("rope_theta", 0.0)), "eps": float(d.get("rms_norm_eps", d.get("layer_norm_epsilon"))),
             "tied": d.get("tie_word_embeddings", False), "head_dim": head_dim,
             "qkv_bias": d["model_type"] in ("qwen2", "qwen2_moe"),
-            "qk_norm": d["model_type"].startswith("qwen3") or d["model_type"] == "gemma3_text",
+            # DeepSeek's MLA normalises its compressed q and kv latents (q_a_layernorm, kv_a_layernorm): Megatron's
+            # --qk-layernorm under --multi-latent-attention
+            "qk_norm": d["model_type"].startswith("qwen3") or d["model_type"] == "gemma3_text" or "kv_lora_rank" in d,
             "scaling": (scaling.get("rope_type") or scaling.get("type"), float(scaling["factor"])) if scaling else None,
             "experts": d.get("num_experts") or d.get("n_routed_experts"), "topk": d.get("num_experts_per_tok"),
             # DeepSeek-V3's file leaves aux_loss_alpha to its configuration_deepseek.py (auto_map): 0.001
@@ -162,7 +166,7 @@ def test_the_spec_says_what_the_file_says(name):
                                                                  e["vocab"])
     assert m.ffn_hidden == e["ffn"] and m.head_dim == e["head_dim"] and m.positions == e["positions"]
     assert (m.rope_theta, m.norm_eps, m.tied_embeddings, m.init_std) == (e["theta"], e["eps"], e["tied"], e["init"])
-    assert (m.qkv_bias, m.qk_norm == "head") == (e["qkv_bias"], e["qk_norm"])
+    assert (m.qkv_bias, m.qk_norm == "head" or bool(m.kv_lora_rank)) == (e["qkv_bias"], e["qk_norm"])
     assert ((m.rope_scaling, m.rope_scaling_factor) if m.rope_scaling else None) == e["scaling"]
     assert m.architecture == d.get("architectures", [""])[0] and m.name == name.removesuffix(".json")
     if e["experts"]:
@@ -385,7 +389,13 @@ def test_torchtitan_model_args_or_refusal(name):
     llama = d["model_type"] in ("llama", "phi3") or (d["model_type"] == "mistral" and not d.get("sliding_window"))
     expressible = llama and not e["tied"] and e["head_dim"] * e["heads"] == e["hidden"]
     if not expressible:
-        assert "cannot express" in _refusal(m, "fsdp") or "kv_channels" in _refusal(m, "fsdp")
+        refusal = _refusal(m, "fsdp")
+        assert "cannot express" in refusal or "kv_channels" in refusal
+        # issue 31.5: each fact named (Llama 3.2 1B's tied embeddings were "this architecture")
+        assert ("tied input/output embeddings" in refusal) == e["tied"]
+        assert ("mixture-of-experts layers" in refusal) == bool(m.num_experts)
+        assert ("multi-latent attention" in refusal) == ("kv_lora_rank" in d)
+        assert "this architecture" not in refusal
         return
     render(_setup(m, "fsdp"), "fsdp")
     args = torchtitan_model_args(m)
@@ -459,3 +469,91 @@ def test_presets_emit_their_own_rope_base_and_epsilon(preset, theta, eps):
 
     a = _args(render(_setup(get_preset(preset), "megatron-lm"), "megatron-lm")["args.txt"])
     assert (int(_one(a, "--rotary-base")), float(_one(a, "--norm-epsilon"))) == (theta, eps)
+
+
+@pytest.mark.parametrize("source", ["DeepSeek-V3.json", "deepseek-v3"])
+def test_mla_emits_the_norms_on_its_latents(source):
+    """Issue 31.1: DeepSeek's MLA normalises the compressed q and kv latents (q_a_layernorm, kv_a_layernorm; plantune
+    counts them: planner.moe.attention_params). Megatron-Core builds them only with --qk-layernorm beside
+    --multi-latent-attention (gpt_layer_specs.py, core_v0.17.1: linear_q_up_proj / linear_kv_up_proj become
+    column_parallel_layer_norm_linear when qk_layernorm), as its own DeepSeek-V2-Lite launcher passes
+    (examples/post_training/modelopt/conf/deepseek-ai/DeepSeek-V2-Lite.sh)."""
+    from planner.model import get_preset
+
+    m = _load(source)[1] if source.endswith(".json") else get_preset(source)
+    a = _args(render(_setup(m, "megatron-lm"), "megatron-lm")["args.txt"])
+    assert "--multi-latent-attention" in a and "--qk-layernorm" in a
+    # a model without MLA or q/k norms gets neither
+    _, llama = _load("Llama-3.1-8B.json")
+    b = _args(render(_setup(llama, "megatron-lm"), "megatron-lm")["args.txt"])
+    assert "--qk-layernorm" not in b and "--multi-latent-attention" not in b
+
+
+def test_a_key_naming_a_fact_already_read_does_not_stop_the_reader(tmp_path):
+    """Issue 31.2: Gemma-2-9B's first config.json carries ``sliding_window_size`` beside ``sliding_window`` (older
+    transformers wrote both; Gemma2Config reads sliding_window). Constructed here from the published gemma-2-2b-it
+    file with that one key added (no published Gemma-2-9B file is in the fixtures: see their README): it reads as the
+    file without it; the key alone reads as the window; the two disagreeing is refused in one line."""
+    d = json.loads((FIXTURES / "gemma-2-2b-it.json").read_text())
+    plain = load_model(str(FIXTURES / "gemma-2-2b-it.json"))
+    path = tmp_path / "gemma-2-2b-it.json"
+    path.write_text(json.dumps({**d, "sliding_window_size": d["sliding_window"]}))
+    assert load_model(str(path)) == ModelSpec(**{**plain.to_dict(), "rampup": None,
+                                                 "source": plain.source.replace(str(FIXTURES / "gemma-2-2b-it.json"),
+                                                                                str(path))})
+    alone = {k: v for k, v in d.items() if k != "sliding_window"}
+    path.write_text(json.dumps({**alone, "sliding_window_size": 2048}))
+    assert load_model(str(path)).sliding_window == 2048
+    path.write_text(json.dumps({**d, "sliding_window_size": 2048}))
+    with pytest.raises(InputError, match=r"sliding_window_size 2048 and sliding_window 4096 name one fact and "
+                                         r"disagree; keep sliding_window") as err:
+        load_model(str(path))
+    assert "\n" not in str(err.value)
+
+
+QWEN25_TOKENIZER = 151_665
+"""Qwen2.5's tokenizer: 151,643 regular tokens and 22 control tokens (Qwen2.5 Technical Report, arXiv 2412.15115,
+Sec. 3.1 "Tokenizer"), fewer than its config.json's 152,064 embedding rows"""
+
+
+def _megatron_rows(argv: dict, tokenizer: int, tp: int) -> int:
+    """Megatron's vocab_size_with_padding: the tokenizer's size rounded up to --make-vocab-size-divisible-by x TP."""
+    step = int(argv["--make-vocab-size-divisible-by"][0]) * tp
+    return -(-tokenizer // step) * step
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_megatron_embedding_has_the_files_rows_for_a_smaller_tokenizer(tp):
+    """Issue 31.6: Megatron pads the tokenizer's size, config.json's vocab_size is the embedding's rows. With the
+    default divisor 128 Qwen2.5's 151,665 tokens padded to 151,680 rows, and its converted 152,064-row checkpoint
+    would not load; the emitted divisor (vocab / TP) lands on 152,064 at every TP, and the header says so."""
+    _, m = _load("Qwen2.5-7B.json")
+    setup = _setup(m, "megatron-lm")
+    setup = RunSetup(model=m, cluster=setup.cluster, training=setup.training,
+                     candidate=Candidate(tp=tp, pp=1, dp=8 // tp, mbs=1, gas=64 // (8 // tp), zero=1,
+                                         recompute="full", sp=tp > 1))
+    files = render(setup, "megatron-lm")
+    a = _args(files["args.txt"])
+    assert _megatron_rows(a, QWEN25_TOKENIZER, tp) == 152_064 == m.vocab
+    if tp == 1:   # what Megatron's default divisor 128 gave
+        assert -(-QWEN25_TOKENIZER // 128) * 128 == 151_680
+    assert "the embedding has the model's 152064 rows" in files["megatron_args.sh"]
+
+
+def test_vocabulary_rows_are_said_by_every_emitter():
+    """Issue 31.6, each target: the BigScience fork pads GPT-2's 50,257 to 50,304 (a checkpoint must be padded to
+    load), torchtitan takes the model's rows as they are."""
+    _, gpt2 = _load("gpt2-large.json")
+    files = render(_setup(gpt2, "megatron-deepspeed"), "megatron-deepspeed", flavor="bigscience")
+    assert "--pad-vocab-size-to 50304" in files["megatron_args.sh"].replace("'", "")
+    assert "a checkpoint of the model's 50257 rows loads only with its embedding (and output layer) padded to " \
+           "50304 rows" in files["megatron_args.sh"]
+    _, mistral = _load("Mistral-7B-Instruct-v0.3.json")
+    files = render(_setup(mistral, "megatron-deepspeed"), "megatron-deepspeed", flavor="microsoft")
+    assert "--make-vocab-size-divisible-by 32768" in files["args.txt"]
+    assert "the embedding has the model's 32768 rows" in files["megatron_args.sh"]
+    _, llama = _load("Llama-3.1-8B.json")
+    for version in ("0.3.0", "0.2.2"):
+        job = render(_setup(llama, "fsdp"), "fsdp", torchtitan_version=version)
+        text = job["plantune_torchtitan.py"] if version == "0.3.0" else job["torchtitan.toml"]
+        assert "vocab_size 128256, the model's rows (torchtitan does not pad)" in text

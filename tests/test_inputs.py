@@ -199,7 +199,10 @@ NAMED = [
     ("hf", {"rope_scaling": {"rope_type": "longrope", "factor": 32.0}}, "rope_scaling type 'longrope'"),
     ("hf", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 2.0}}, "high_freq_factor"),
     ("hf", {"model_type": "t5"}, "model_type 't5' is not one plantune reads"),
-    ("hf", {"sliding_window_size": 6}, "key 'sliding_window_size' is not understood"),
+    ("hf", {"window_layers": 6}, "key 'window_layers' is not understood"),
+    # the same fact under two names (Gemma 2's sliding_window_size), disagreeing (issue 31.2)
+    ("hf", {"sliding_window": 4096, "sliding_window_size": 6}, "sliding_window_size 6 and sliding_window 4096 name "
+                                                               "one fact and disagree"),
     ("hf", {"hidden_sise": 64}, "did you mean 'hidden_size'"),
     ("cluster", {"nodes": 1.5}, "nodes must be int"),
     ("cluster", {"inter_node_gbps": 0}, "inter_node_gbps must be a number in (0,"),

@@ -171,7 +171,11 @@ def test_launcher_passes_the_placeholders_as_overrides(tmp_path) -> None:
     # PYTHON=echo prints the command it would run
     env |= {"DATASET": "c4", "DATASET_PATH": "none", "HF_ASSETS_PATH": "/assets/tok", "PYTHON": "echo",
             "NODE_RANK": "3", "MASTER_ADDR": "node0"}
-    proc = subprocess.run(["bash", str(launcher), "--training.steps", "5"], capture_output=True, text=True, env=env)
+    # no token budget: the launcher asks for the steps, as launch.sbatch asks for TRAIN_SAMPLES (issue 31.7)
+    proc = subprocess.run(["bash", str(launcher)], capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and "set TRAIN_STEPS" in proc.stderr and "no token budget" in proc.stderr
+    env["TRAIN_STEPS"] = "5"
+    proc = subprocess.run(["bash", str(launcher)], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     cl = setup.cluster
     assert proc.stdout.split() == [

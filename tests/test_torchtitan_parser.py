@@ -99,14 +99,14 @@ def test_launcher_refuses_unset_placeholders(tmp_path) -> None:
     # filled: the config it would run holds no placeholder; PYTHON=echo prints the command instead of running it
     env = {k: v for k, v in env.items() if not k.startswith("SLURM_")} | {
         "DATASET": "c4", "DATASET_PATH": "/data/c4", "HF_ASSETS_PATH": "/assets/tok", "PYTHON": "echo",
-        "NODE_RANK": "3", "MASTER_ADDR": "node0"}
+        "NODE_RANK": "3", "MASTER_ADDR": "node0", "TRAIN_STEPS": "1000"}   # no token budget: the launcher asks
     proc = subprocess.run(["bash", str(tmp_path / fsdp.LAUNCHER)], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     cl = setup.cluster
     assert proc.stdout.split() == ["-m", "torch.distributed.run", "--nnodes", str(cl.nodes), "--nproc_per_node",
                                    str(cl.gpus_per_node), "--node_rank", "3", "--rdzv_backend", "c10d",
                                    "--rdzv_endpoint", "node0:29500", "-m", "torchtitan.train", "--job.config_file",
-                                   str(tmp_path / "outputs" / fsdp.FILE_NAME)]
+                                   str(tmp_path / "outputs" / fsdp.FILE_NAME), "--training.steps", "1000"]
     text = (tmp_path / "outputs" / fsdp.FILE_NAME).read_text()
     assert all(fsdp.PLACEHOLDER not in line for line in text.splitlines() if not line.startswith("#"))
     assert 'dataset_path = "/data/c4"' in text

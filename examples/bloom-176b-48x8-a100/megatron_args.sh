@@ -1,5 +1,6 @@
 # shellcheck shell=bash
 # Megatron-DeepSpeed (bigscience fork) arguments for bloom-176b, written by plantune.
+# Vocabulary: --pad-vocab-size-to 250880, the model's own rows: a converted checkpoint loads as is.
 # pretrain_gpt.py arguments plantune decided; ds_config.json is relative to this folder.
 # Use: source megatron_args.sh && python pretrain_gpt.py "${MEGATRON_ARGS[@]}" <data, tokenizer, checkpoint, lr args>
 MEGATRON_ARGS=(

@@ -64,13 +64,42 @@ def warmup_samples(training: TrainingSpec) -> int | None:
 
 
 def vocab_divisor(model: ModelSpec, tp: int) -> int:
-    """``--make-vocab-size-divisible-by``: the largest power of two <= 128 (Megatron's default) with
-    divisor * TP dividing the model's vocabulary, so that Megatron's padding (a multiple of divisor * TP,
-    megatron/tokenizer) lands on the model's own vocabulary at this TP."""
+    """``--make-vocab-size-divisible-by``. Megatron pads the *tokenizer's* size up to a multiple of divisor * TP
+    (megatron/core/tokenizers/utils/build_tokenizer.py vocab_size_with_padding), while config.json's vocab_size is the
+    embedding's rows, often more than the tokenizer has (Qwen2.5: 152,064 rows, 151,665 tokens). The model's
+    vocabulary / TP makes the padding land on the model's rows for any tokenizer of at most that many tokens, so a
+    converted checkpoint loads (Megatron-LM's own DeepSeek-V2-Lite conf, examples/post_training/modelopt/conf,
+    passes 3200 for its 102,400). A vocabulary TP does not divide: the largest power of two <= 128 (Megatron's
+    default) with divisor * TP dividing it (1: the tokenizer's size rounded to TP)."""
+    if model.vocab % tp == 0:
+        return model.vocab // tp
     d = 128
     while d > 1 and model.vocab % (d * tp):
         d //= 2
     return d
+
+
+def vocab_note(model: ModelSpec, tp: int, target: str) -> str:
+    """What the emitted embedding's rows are, beside config.json's vocab_size, for a converted checkpoint to load
+    (``target``: megatron-lm | microsoft | bigscience | torchtitan); one line for the emitted file's header."""
+    v = model.vocab
+    if target in ("megatron-lm", "microsoft"):
+        d = vocab_divisor(model, tp)
+        if d * tp == v:
+            return (f"Vocabulary: --make-vocab-size-divisible-by {d} x TP {tp} = {v}: Megatron pads the tokenizer's "
+                    f"size to a multiple of it, so the embedding has the model's {v} rows (config.json vocab_size) "
+                    f"for any tokenizer of at most {v} tokens, and a converted checkpoint's {v} rows load as they are.")
+        return (f"Vocabulary: the model's {v} rows are not a multiple of TP {tp}: Megatron pads the tokenizer's size "
+                f"to a multiple of {d * tp}, and a converted checkpoint's embedding and output layer must be padded or "
+                "trimmed to that many rows.")
+    if target == "bigscience":
+        rows = padded_vocab(model, tp)
+        if rows == v:
+            return f"Vocabulary: --pad-vocab-size-to {rows}, the model's own rows: a converted checkpoint loads as is."
+        return (f"Vocabulary: --pad-vocab-size-to {rows} (the fork needs a multiple of 128 and TP): a checkpoint of "
+                f"the model's {v} rows loads only with its embedding (and output layer) padded to {rows} rows.")
+    return (f"Vocabulary: vocab_size {v}, the model's rows (torchtitan does not pad): a converted checkpoint loads as "
+            f"is, and the tokenizer must have at most {v} tokens.")
 
 
 def padded_vocab(model: ModelSpec, tp: int) -> int:
@@ -116,4 +145,4 @@ def lr_args(model: ModelSpec, training: TrainingSpec) -> list[tuple[str, ...]]:
 
 
 __all__ = ["dropout", "init_std", "lr_args", "norm_eps", "padded_vocab", "peak_lr", "rope_theta",
-           "torchtitan_model_args", "vocab_divisor", "warmup_samples"]
+           "torchtitan_model_args", "vocab_divisor", "vocab_note", "warmup_samples"]

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 
 from planner import fsdp_parallel, recompute as recompute_modes
 from planner.emit import facts, parallel_extras
-from planner.emit.setup import RunSetup, one_line, train_samples
+from planner.emit.setup import NO_BUDGET, RunSetup, one_line, train_samples
 from planner.model import ModelSpec
 
 FILE_NAME = "torchtitan.toml"
@@ -163,9 +163,10 @@ def torchtitan_text(setup: RunSetup) -> str:
     head = [f"torchtitan {TORCHTITAN_VERSION} job config for {one_line(m.name)}, written by plantune: "
             f"FSDP {c.fsdp_strategy}, DP={c.dp}, TP={c.tp}, PP={c.pp}, CP={c.cp}, MBS={c.mbs}, GAS={c.gas}, "
             f"recompute {c.recompute}.",
-            f"Start it with ./{LAUNCHER} (it fills the {PLACEHOLDER}* values from the environment)."]
+            f"Start it with ./{LAUNCHER} (it fills the {PLACEHOLDER}* values from the environment).",
+            facts.vocab_note(m, c.tp, "torchtitan")]
     if train_samples(t) is None:
-        head.append("No token budget was given: set [training].steps.")
+        head.append(f"No token budget was given: {LAUNCHER} asks for TRAIN_STEPS (--training.steps).")
     return "".join(f"# {line}\n" for line in head) + "\n" + toml_text(torchtitan_dict(setup))
 
 
@@ -214,9 +215,15 @@ def launcher_lines(setup: RunSetup, version: str, prepare: list[str], train_args
     (NODE_RANK, MASTER_ADDR); it stops naming any unset placeholder variable, runs ``prepare`` (bash lines) and
     then ``torch.distributed.run -m torchtitan.train <train_args>`` (bash words, expanded on the node)."""
     cl, c = setup.cluster, setup.candidate
+    repo = f"--repo_id {setup.model.hub_id} " if setup.model.hub_id else ""
     env = {"DATASET": "a torchtitan dataset name (e.g. c4) or a registered custom one",
            "DATASET_PATH": "the local folder of the dataset (or none to load it by name)",
-           "HF_ASSETS_PATH": "the tokenizer folder (python scripts/download_hf_assets.py --assets tokenizer)"}
+           "HF_ASSETS_PATH": f"the tokenizer folder of the model (python scripts/download_hf_assets.py {repo}--assets "
+                             "tokenizer)"}
+    if train_samples(setup.training) is None:   # the rule of every launcher (planner.emit.setup.NO_BUDGET)
+        env["TRAIN_STEPS"] = f"the optimizer steps to train: {NO_BUDGET}"
+        train_args += ' --training.steps "$TRAIN_STEPS"'
+    from planner.emit.sbatch import SITE_SETTINGS
     lines = [
         "#!/bin/bash",
         f"# torchtitan {version} launch for {one_line(setup.model.name)}, written by plantune: "
@@ -232,8 +239,11 @@ def launcher_lines(setup: RunSetup, version: str, prepare: list[str], train_args
         "cd \"$PLAN_DIR\"",
         "PYTHON=${PYTHON:-python}",
         *(f"{k}=${{{k}:?set {k} to {why}}}" for k, why in env.items()),
+        *(["export TRAIN_STEPS   # read on each node by --training.steps"] if "TRAIN_STEPS" in env else []),
         "",
         *prepare,
+        "",
+        *SITE_SETTINGS,
         "",
         f"NNODES={cl.nodes}",
         f"GPUS_PER_NODE={cl.gpus_per_node}",
@@ -249,7 +259,8 @@ def launcher_lines(setup: RunSetup, version: str, prepare: list[str], train_args
                              '"$GPUS_PER_NODE" --node_rank "${SLURM_PROCID:-${NODE_RANK:-0}}" --rdzv_backend c10d '
                              f'--rdzv_endpoint "$MASTER_ADDR:29500" -m torchtitan.train {train_args} "$@"'),
         "if [ -n \"${SLURM_JOB_ID:-}\" ]; then",
-        "    exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash -c \"$RUN\" torchrun \"$@\"",
+        "    exec srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task=\"$CPUS_PER_TASK\" "
+        "${CONTAINER[@]+\"${CONTAINER[@]}\"} bash -c \"$RUN\" torchrun \"$@\"",
         "fi",
         "exec bash -c \"$RUN\" torchrun \"$@\"",
         "",

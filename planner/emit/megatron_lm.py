@@ -27,15 +27,18 @@ Arg = tuple[str, ...]
 
 def model_fact_args(m: ModelSpec) -> list[Arg]:
     """The model's own facts Megatron-LM takes as arguments (TransformerConfig fields: --norm-epsilon, --add-qkv-bias,
-    --qk-layernorm; megatron/training/arguments.py: --window-size, --window-attn-skip-freq). Facts it cannot take
-    are refused before this runs (planner.model_facts.unexpressed)."""
+    --qk-layernorm, which under MLA is the latents' norms; megatron/training/arguments.py: --window-size,
+    --window-attn-skip-freq). Facts it cannot take are refused before this runs (planner.model_facts.unexpressed)."""
     out: list[Arg] = []
     eps = facts.norm_eps(m)
     if eps is not None:
         out.append(("--norm-epsilon", f"{eps:g}"))
     if m.qkv_bias and not m.bias:
         out.append(("--add-qkv-bias",))
-    if m.qk_norm == "head":
+    if m.qk_norm == "head" or m.kv_lora_rank:
+        # with --multi-latent-attention the same flag puts the RMSNorms on the compressed q and kv latents
+        # (Megatron-Core gpt_layer_specs.py at core_v0.17.1: linear_q_up_proj / linear_kv_up_proj become
+        # column_parallel_layer_norm_linear when qk_layernorm; DeepSeek's q_a_layernorm / kv_a_layernorm)
         out.append(("--qk-layernorm",))
     if m.sliding_window:
         # HF's window holds the token and the W - 1 before it (transformers masking_utils sliding_window_overlay:

@@ -20,7 +20,7 @@ from planner import recompute as recompute_modes
 from planner.errors import InputError, PlantuneError
 from planner.files import read_mapping
 from planner.hardware import accelerator_from, accelerator_ref, make_cluster
-from planner.model import ModelSpec, Rampup, model_to_yaml_dict
+from planner.model import ModelSpec, Rampup, model_to_yaml_dict, positions_note
 from planner.schema import (CALIBRATION, CLUSTER, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_MBS, MODEL, RAMPUP, WHY_GLOBAL_BATCH,
                             WHY_GPUS, Bool, Enum, Field, Int, List, Map, Num, Scalar, Str, check, check_training)
 from planner.space import FLAVORS, FRAMEWORKS, OPTIMIZERS, Candidate, TrainingSpec
@@ -29,7 +29,9 @@ from planner.emit.setup import Prediction, RunSetup, train_samples
 
 # ModelSpec fields written at the top level under Megatron's names (the rest go to plantune.model).
 _SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
-          "kv_heads": "num_key_value_heads", "ffn_hidden": "ffn_hidden_size", "seq_len": "max_position_embeddings"}
+          "kv_heads": "num_key_value_heads", "ffn_hidden": "ffn_hidden_size"}
+# max_position_embeddings is the model's positions (what the emitted --max-position-embeddings says: a config.json's
+# own); the model's default training length (seq_len) and its max_positions are plantune.model's
 # TrainingSpec fields written at the top level; every other field goes to plantune.training (tuples as lists).
 _TRAINING_TOP = {"global_batch", "seq_len", "precision", "rampup", "flash_attention"}
 # flavor is plantune.flavor; pins only narrow the search and mean nothing once a layout is chosen
@@ -55,7 +57,7 @@ def plan_schema() -> dict[str, Field]:
     size = Int(1, MAX_GPUS, why=WHY_GPUS, required=True)
     batch = Int(1, MAX_GLOBAL_BATCH, why=WHY_GLOBAL_BATCH, required=True)
     model_rest = {k: v for k, v in MODEL.items()
-                  if k not in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len")}
+                  if k not in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden")}
     model_rest["name"] = Str()
     training = {
         "optimizer": Enum(*OPTIMIZERS), "framework": Enum(*FRAMEWORKS),
@@ -106,7 +108,7 @@ def check_plan(data: dict, where: str) -> dict:
     schema = plan_schema()
     p = dict(schema["plantune"].sub or {})
     model, training = dict(p["model"].sub or {}), dict(p["training"].sub or {})
-    top = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len")
+    top = ("layers", "hidden", "heads", "kv_heads", "ffn_hidden")
     model.update({f.name: Scalar() for f in fields(ModelSpec) if f.name not in model and f.name not in top})
     training.update({f.name: Scalar() for f in fields(TrainingSpec) if f.name not in training and f.name not in
                      ("global_batch", "seq_len", "precision", "rampup", "flash_attention")})
@@ -152,7 +154,7 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
         "num_key_value_heads": m.kv_heads,
         "ffn_hidden_size": m.ffn_hidden,
         "seq_length": t.seq_len,
-        "max_position_embeddings": m.seq_len,
+        "max_position_embeddings": m.positions,
         "tensor_model_parallel_size": c.tp,
         "pipeline_model_parallel_size": c.pp,
         "data_parallel_size": c.dp,
@@ -194,6 +196,9 @@ def plan_yaml_text(setup: RunSetup, *, kind: str, flavor: str | None) -> str:
              "(Megatron's partial recompute; the Megatron-DeepSpeed forks spell full as --checkpoint-activations); "
              "plantune.recompute: plantune's mode (torchtitan's selective-op / selective-layer-N).",
              "Read back with planner.emit.load_plan_yaml; regenerate rather than edit by hand."]
+    raised = positions_note(setup.model)
+    if raised:
+        lines.append(raised)
     if kind == "megatron-deepspeed" and flavor == "bigscience" and setup.training.precision == "bf16":
         lines.append(f"zero_stage {setup.candidate.zero} is the planned sharding: the bigscience fork's bf16 optimizer "
                      "(ZeRO-1-like) runs with stage 0 in ds_config.json.")
@@ -234,10 +239,15 @@ def load_plan_yaml(path: Path) -> RunSetup:
             heads=_need(d, "num_attention_heads", "", int, path),
             kv_heads=_need(d, "num_key_value_heads", "", int, path),
             ffn_hidden=_need(d, "ffn_hidden_size", "", int, path),
-            seq_len=_need(d, "max_position_embeddings", "", int, path),
-            **{k: v for k, v in pm.items() if k != "rampup"},
+            # plan files before issue 31 wrote the model's seq_len as max_position_embeddings
+            seq_len=pm["seq_len"] if "seq_len" in pm else _need(d, "max_position_embeddings", "", int, path),
+            **{k: v for k, v in pm.items() if k not in ("rampup", "seq_len")},
             rampup=Rampup(start=model_rampup[0], increment=model_rampup[1], samples=model_rampup[2])
             if model_rampup else None)
+        if _need(d, "max_position_embeddings", "", int, path) != model.positions:
+            raise InputError(f"plan file {path}: max_position_embeddings {d['max_position_embeddings']} disagrees with "
+                             f"the model's {model.positions} positions (plantune.model max_positions / seq_len); "
+                             "regenerate it with `plan --emit`")
         bf16, fp16 = _need(d, "bf16", "", bool, path), _need(d, "fp16", "", bool, path)
         if bf16 and fp16:
             raise InputError(f"plan file {path}: bf16 and fp16 are both true; keep one")

@@ -18,7 +18,7 @@ import re
 import shlex
 
 from planner.emit.megatron_deepspeed import DS_CONFIG_NAME
-from planner.emit.setup import RunSetup, one_line, train_samples
+from planner.emit.setup import NO_BUDGET, RunSetup, one_line, train_samples
 from planner.errors import InputError
 
 MASTER_PORT = 6000
@@ -40,9 +40,33 @@ _HYPER = ("--adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --weight-decay 1e-
 _OUTPUT = "--log-interval 1 --save-interval 300 --eval-interval 1000 --eval-iters 5"
 TIME_LIMIT_HOURS = 20
 """SLURM --time; Megatron saves and exits 10 minutes before it (--exit-duration-in-mins; tr11: 20 h -> 1190)"""
-CPUS_PER_GPU = 8
-"""--cpus-per-task = this x GPUs per node (the one task per node runs torchrun and the data loaders); edit for
-your nodes"""
+SITE_SETTINGS = [
+    "# --- site settings: uncomment or set in the environment (plantune cannot know your fabric or container) ---",
+    "# export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-ib0}   # the interface NCCL bootstraps on",
+    "# export NCCL_IB_HCA=${NCCL_IB_HCA:-mlx5}                # the InfiniBand adapters NCCL uses",
+    "# export NCCL_DEBUG=${NCCL_DEBUG:-WARN}                  # INFO shows the rings and the transport chosen",
+    "# CONTAINER_IMAGE: an enroot/pyxis image to run in (e.g. nvcr.io/nvidia/pytorch:<tag>-py3), CONTAINER_MOUNTS its",
+    "# mounts (this folder, the data and the checkpoints); both empty: no container",
+    "CONTAINER_IMAGE=${CONTAINER_IMAGE:-}",
+    "CONTAINER_MOUNTS=${CONTAINER_MOUNTS:-$PLAN_DIR:$PLAN_DIR}",
+    "CONTAINER=()",
+    'if [ -n "$CONTAINER_IMAGE" ]; then CONTAINER=(--container-image "$CONTAINER_IMAGE" '
+    '--container-mounts "$CONTAINER_MOUNTS" --container-workdir "$PLAN_DIR"); fi',
+    "# the one task per node gets the node's CPUs (torchrun and the data loaders): SLURM's count for this node",
+    "CPUS_PER_TASK=${CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-1}}",
+]
+"""what a site sets around the launch, as commented or overridable variables (shared by every launcher); srun takes
+--cpus-per-task from the allocation, as srun no longer inherits sbatch's (Slurm >= 22.05)"""
+
+
+def tokenizer_line(setup: RunSetup) -> str:
+    """TOKENIZER: the model's own Hugging Face repository when known (overridable), else a variable the launcher
+    stops without."""
+    hub = setup.model.hub_id
+    if hub:
+        return f"TOKENIZER=${{TOKENIZER:-{hub}}}   # {one_line(setup.model.name)}'s own tokenizer (its Hugging Face id)"
+    return ("TOKENIZER=${TOKENIZER:?set TOKENIZER to the Hugging Face tokenizer of the model: its repository id or a "
+            "local folder}")
 
 
 def check_reservation(reservation: str | None) -> None:
@@ -103,7 +127,6 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
     q = shlex.quote
     directives = [f"--job-name={_job_name(setup)}", f"--nodes={cl.nodes}",
                   "--ntasks-per-node=1          # one torch.distributed.run per node, it starts the GPU ranks",
-                  f"--cpus-per-task={CPUS_PER_GPU * cl.gpus_per_node}",
                   f"--time={time_hours}:00:00", f"--gres=gpu:{cl.gpus_per_node}", "--exclusive",
                   "--output=%x-%j.out"]
     if reservation:
@@ -113,16 +136,16 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
                  "megatron-lm": "--tokenizer-type HuggingFaceTokenizer --tokenizer-model \"$TOKENIZER\""}[flavor]
     needs_samples = train_samples(setup.training) is None
     env = [
-        "DATA_PATH=${DATA_PATH:?set DATA_PATH to the Megatron-preprocessed dataset prefix "
-        "(e.g. /data/oscar_text_document)}",
-        "TOKENIZER=${TOKENIZER:?set TOKENIZER to a Hugging Face tokenizer name or folder (e.g. bigscience/tokenizer)}",
+        "DATA_PATH=${DATA_PATH:?set DATA_PATH to your dataset tokenized with the tokenizer of this model by the "
+        "Megatron tools/preprocess_data.py (the .bin/.idx prefix)}",
+        tokenizer_line(setup),
         "CHECKPOINT_PATH=${CHECKPOINT_PATH:?set CHECKPOINT_PATH to the folder checkpoints are saved to "
         "and resumed from}",
         f'PRETRAIN_SCRIPT=${{PRETRAIN_SCRIPT:-${{MEGATRON_DIR:?set MEGATRON_DIR to a clone of {_REPOS[flavor]} '
         '(or PRETRAIN_SCRIPT to an absolute path)}/pretrain_gpt.py}',
     ]
     if needs_samples:
-        env.append("TRAIN_SAMPLES=${TRAIN_SAMPLES:?set TRAIN_SAMPLES: plantune was given no token budget}")
+        env.append(f"TRAIN_SAMPLES=${{TRAIN_SAMPLES:?set TRAIN_SAMPLES to the sequences to train: {NO_BUDGET}}}")
     site = ['--data-path "$DATA_PATH" --split 949,50,1', tokenizer,
             '--save "$CHECKPOINT_PATH" --load "$CHECKPOINT_PATH" --tensorboard-dir "$CHECKPOINT_PATH/tensorboard"',
             *_HYPER, _OUTPUT, f"--exit-duration-in-mins {time_hours * 60 - 10}"]
@@ -143,7 +166,8 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
         *(f"# {line}" for line in _summary(setup, flavor)),
         "# Submit from this folder (it holds megatron_args.sh" + (" and ds_config.json" if flavor != "megatron-lm" else "")
         + "), with the placeholders set:",
-        "#   DATA_PATH=... TOKENIZER=... CHECKPOINT_PATH=... MEGATRON_DIR=... sbatch launch.sbatch",
+        "#   DATA_PATH=... " + ("" if setup.model.hub_id else "TOKENIZER=... ")
+        + "CHECKPOINT_PATH=... MEGATRON_DIR=... sbatch launch.sbatch",
         *(f"#SBATCH {d}" for d in directives),
         "",
         "set -eu -o pipefail",
@@ -167,6 +191,8 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
         "export PYTHON GPUS_PER_NODE NNODES MASTER_ADDR MASTER_PORT",
         *exports,
         "",
+        *SITE_SETTINGS,
+        "",
         f"cd \"$PLAN_DIR\"   # {DS_CONFIG_NAME} is given relative to this folder" if flavor != "megatron-lm"
         else "cd \"$PLAN_DIR\"",
         *_deepspeed_guard(flavor),
@@ -178,7 +204,9 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
         ")",
         "",
         "# one task per node; each runs torch.distributed.run with its node rank (evaluated on that node)",
-        "srun --wait=60 --kill-on-bad-exit=1 bash -c "
+        # ${CONTAINER[@]+...}: nothing when empty, also under set -u in bash < 4.4
+        'srun --wait=60 --kill-on-bad-exit=1 --cpus-per-task="$CPUS_PER_TASK" ${CONTAINER[@]+"${CONTAINER[@]}"} '
+        "bash -c "
         + q('exec "$PYTHON" -u -m torch.distributed.run --nproc_per_node "$GPUS_PER_NODE" --nnodes "$NNODES" '
             '--rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv_backend c10d --max_restarts 0 --tee 3 '
             '--node_rank "$SLURM_PROCID" "$@"')
@@ -188,4 +216,4 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
     return text
 
 
-__all__ = ["MASTER_PORT", "check_reservation", "launch_sbatch"]
+__all__ = ["MASTER_PORT", "SITE_SETTINGS", "check_reservation", "launch_sbatch", "tokenizer_line"]

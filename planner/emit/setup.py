@@ -56,6 +56,11 @@ def train_samples(training: TrainingSpec) -> int | None:
     return math.ceil(training.train_tokens / training.seq_len)
 
 
+NO_BUDGET = "plantune was given no token budget (plan --train-tokens N writes it)"
+"""why every launcher stops when the run's length is unknown: it asks for it (TRAIN_SAMPLES, TRAIN_STEPS) rather
+than run a length nobody chose"""
+
+
 def one_line(text: str) -> str:
     """Text safe inside a one-line comment of a written file (control characters become spaces)."""
     return re.sub(r"[\x00-\x1f\x7f]+", " ", text)
@@ -72,5 +77,5 @@ def setup_problems(setup: RunSetup, kind: str, flavor: str = "bigscience") -> li
     return [v.detail for v in setup_violations(s.model, s.candidate, s.cluster, s.training, Target(kind, flavor))]
 
 
-__all__ = ["FLAVORS", "KINDS", "MEGATRON_OPTIMIZERS", "Prediction", "RunSetup", "one_line", "setup_problems",
+__all__ = ["FLAVORS", "KINDS", "MEGATRON_OPTIMIZERS", "NO_BUDGET", "Prediction", "RunSetup", "one_line", "setup_problems",
            "train_samples"]

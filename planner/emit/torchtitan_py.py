@@ -17,7 +17,7 @@ The mesh, schedule, batch and learning-rate values are `planner.emit.fsdp`'s, sh
 from __future__ import annotations
 
 from planner import recompute as recompute_modes
-from planner.emit import fsdp
+from planner.emit import facts, fsdp
 from planner.emit.setup import RunSetup, one_line, train_samples
 from planner.errors import InputError
 
@@ -138,9 +138,10 @@ def config_text(setup: RunSetup) -> str:
             f"DP={c.dp}, TP={c.tp}, PP={c.pp}, CP={c.cp},",
             f"MBS={c.mbs}, GAS={c.gas}, recompute {c.recompute}. Start it with ./{fsdp.LAUNCHER}, which runs",
             f"python -m torchtitan.train --module {MODULE} --config {CONFIG_FN}",
-            f"and replaces the {fsdp.PLACEHOLDER}* values from its environment (command-line overrides)."]
+            f"and replaces the {fsdp.PLACEHOLDER}* values from its environment (command-line overrides).",
+            facts.vocab_note(m, c.tp, "torchtitan")]
     if train_samples(t) is None:
-        head.append("No token budget was given: set training steps (or --training.steps on the command line).")
+        head.append(f"No token budget was given: ./{fsdp.LAUNCHER} asks for TRAIN_STEPS (--training.steps).")
     lines = [*head, '"""', "",
              "from torchtitan.components.checkpoint import CheckpointManager",
              "from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from planner.emit import fsdp, megatron_deepspeed as md, megatron_lm, sbatch, torchtitan_py
+from planner.emit.facts import vocab_note
 from planner.emit.plan_yaml import plan_yaml_text
 from planner.emit.setup import RunSetup, one_line, setup_problems
 from planner.errors import InputError
@@ -33,7 +34,8 @@ def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
     sbatch.check_reservation(reservation)
     if kind == "megatron-deepspeed":
         args = md.megatron_args(setup, flavor)
-        title = f"Megatron-DeepSpeed ({flavor} fork) arguments for {one_line(setup.model.name)}, written by plantune."
+        title = (f"Megatron-DeepSpeed ({flavor} fork) arguments for {one_line(setup.model.name)}, written by plantune."
+                 f"\n# {vocab_note(setup.model, setup.candidate.tp, flavor)}")
         return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=flavor),
                 md.DS_CONFIG_NAME: md.ds_config_text(setup, flavor),
                 "args.txt": md.args_txt(args),
@@ -41,7 +43,8 @@ def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
                 "launch.sbatch": sbatch.launch_sbatch(setup, flavor, reservation=reservation, time_hours=time_hours)}
     if kind == "megatron-lm":
         args = megatron_lm.megatron_lm_args(setup)
-        title = f"Megatron-LM arguments for {one_line(setup.model.name)}, written by plantune."
+        title = (f"Megatron-LM arguments for {one_line(setup.model.name)}, written by plantune."
+                 f"\n# {vocab_note(setup.model, setup.candidate.tp, 'megatron-lm')}")
         return {PLAN_FILE: plan_yaml_text(setup, kind=kind, flavor=None),
                 "args.txt": md.args_txt(args),
                 "megatron_args.sh": md.megatron_args_sh(args, title, ds_config=False),
