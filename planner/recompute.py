@@ -82,7 +82,7 @@ def kind(mode: str) -> str:
 def chunk_layers(model: ModelSpec, pp: int, vpp: int, framework: str) -> int:
     """Layers of the largest model chunk (one virtual stage of the busiest pipeline rank): what Megatron's
     ``--recompute-num-layers`` counts in (transformer_block.py: ``num_layers_per_pipeline_rank = len(self.layers)``)."""
-    split = megatron_lm_split(model.layers, pp, vpp) if framework == "megatron-lm" and pp > 1 else None
+    split = megatron_lm_split(model.layers, pp, vpp, model.mtp_layers) if framework == "megatron-lm" and pp > 1 else None
     stage = split.busiest if split is not None else -(-model.layers // pp)
     return -(-stage // vpp)
 

@@ -356,7 +356,7 @@ def _groups(model: ModelSpec, world: int, training: TrainingSpec, knobs: dict[st
         return
     per_replica = training.global_batch // dp if training.global_batch % dp == 0 else 0
     mbss = [pins["mbs"]] if "mbs" in pins else mbs_values(per_replica, training.max_mbs)
-    vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"] or vpp_choices(model.layers, pp)
+    vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"] or vpp_choices(model.layers, pp, model.mtp_layers)
     ep_etps = tuple(knobs["ep"] or moe.ep_choices(model, tp, cp, dp, training.ep_options))
     # Megatron needs SP under MoE with EP and TP (planner.moe.violations): sp=0 is enumerated with EP=1 only
     ep_no_sp = tuple(pe for pe in ep_etps if pe[0] == 1) if knobs["moe_needs_sp"] and tp > 1 else ep_etps

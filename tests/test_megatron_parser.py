@@ -96,7 +96,8 @@ def arg_set(group: str, case_id: str, setup, kind: str = "megatron-lm", flavor: 
     if kind == "megatron-lm":
         expect |= {"context_parallel_size": c.cp, "expert_model_parallel_size": c.ep if m.num_experts else 1,
                    "num_experts": m.num_experts or None,
-                   "fp8": "hybrid" if setup.training.precision == "fp8" else None}
+                   "fp8": "hybrid" if setup.training.precision == "fp8" else None,
+                   "virtual_pipeline_model_parallel_size": c.vpp if c.vpp > 1 else None}
     if kind == "megatron-lm" and c.zero >= 2:   # Megatron-FSDP
         expect |= {"use_megatron_fsdp": True,
                    "data_parallel_sharding_strategy": {2: "optim_grads", 3: "optim_grads_params"}[c.zero]}
@@ -209,7 +210,7 @@ def test_the_parsed_sets_cover_every_emitted_feature():
             "--q-lora-rank", "--kv-channels", "--fp8-format", "--fp8-recipe", "--use-rope-scaling",
             "--rampup-batch-size", "--sequence-parallel", "--use-distributed-optimizer",
             "--recompute-granularity", "--recompute-method", "--train-samples", "--use-megatron-fsdp",
-            "--data-parallel-sharding-strategy"} <= flags
+            "--data-parallel-sharding-strategy", "--pipeline-model-parallel-layout", "--mtp-num-layers"} <= flags
     assert {s.group for s in all_arg_sets()} == set(GROUPS)
     assert len(all_arg_sets()) >= 40
     hf = {tok for s in all_arg_sets() if s.group == "hf-configs" for tok in s.argv if tok.startswith("--")}

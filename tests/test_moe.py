@@ -283,24 +283,25 @@ def test_plan_ranks_ep_layouts_for_deepseek_v3():
     cluster = make_cluster(gpu="H100", gpus=2048)
     p = plan(DEEPSEEK, cluster, _t(global_batch=15360, max_mbs=2, zero_options=(1,)))
     assert p.best.fits and p.best.candidate.ep > 1
-    # 61 layers (a prime): Megatron-LM runs PP > 2 with first and last stages of their own sizes
-    # (planner.pipeline_split.megatron_lm_split: 61 on PP 16 = 3 + 14 x 4 + 2); DeepSeek-V3 itself trained on PP 16
+    # 61 layers (a prime) and an MTP layer: Megatron-Bridge's DeepSeek-V3 recipes run every PP > 1 with a layout
+    # (planner.pipeline_split.recipe_layout: 61 on PP 16 = Et*4|(t*4|)*14tmL); DeepSeek-V3 itself trained on PP 16
     assert {e.candidate.pp for e in p.candidates} >= {2, 4, 8, 16}
     assert {e.candidate.ep for e in p.candidates} >= {64, 256}
     assert p.best.memory.total_bytes <= cluster.gpu.memory_bytes
     from planner.emit import RunSetup, render
+    from planner.pipeline_split import layout_problem, parse_layout
 
-    for e in p.candidates[:5]:   # ranked means emittable: every PP > 1 runs with the first/last stage flags
+    for e in p.candidates[:5]:   # ranked means emittable: every PP > 1 runs with a layout Megatron accepts
         args = render(RunSetup(model=DEEPSEEK, cluster=cluster, training=p.training, candidate=e.candidate),
                       "megatron-lm")["args.txt"].split()
         pp = e.candidate.pp
+        assert args[args.index("--mtp-num-layers") + 1] == "1"
         if pp == 1:
-            assert "--decoder-first-pipeline-num-layers" not in args
+            assert "--pipeline-model-parallel-layout" not in args
             continue
-        first = int(args[args.index("--decoder-first-pipeline-num-layers") + 1])
-        last = int(args[args.index("--decoder-last-pipeline-num-layers") + 1])
-        middle = (61 - first - last) // (pp - 2) if pp > 2 else 0
-        assert first + (pp - 2) * middle + last == 61 and max(first, last) <= max(middle, 31)   # divides evenly
+        chunks = parse_layout(args[args.index("--pipeline-model-parallel-layout") + 1])
+        assert len(chunks) == pp * e.candidate.vpp and layout_problem(chunks, pp, 61, 1) is None
+        assert "--decoder-first-pipeline-num-layers" not in args
 
 
 def test_plan_ranks_mixtral_8x22b_fp8_on_1024_h100():
@@ -408,7 +409,9 @@ def test_mtp_counts_in_flops_and_the_last_stage_only():
     extra = flops.model_flops_per_iteration(m, 1) - flops.model_flops_per_iteration(plain, 1)
     assert extra == pytest.approx(3 * (layer + logits + 2 * tokens * 2 * m.hidden ** 2))
     t = TrainingSpec(global_batch=2048, seq_len=4096, precision="bf16", framework="megatron-lm")
-    c = Candidate(tp=1, pp=16, dp=16, ep=8, mbs=1, gas=128, recompute="full", zero=1)
+    # PP4 x VP4 (NVIDIA's GB200 run): both run a layout with one decoder layer on the last chunk ("Et*4|(t*4|)*14tmL"
+    # and, without the MTP layer, "...tL"), so the last rank differs by the MTP layer alone
+    c = Candidate(tp=1, pp=4, dp=64, ep=8, mbs=1, gas=32, recompute="full", zero=1, vpp=4)
     cluster = make_cluster(gpu="H100", gpus=256)
     with_mtp = {s.stage: s for s in stage_memory(m, c, cluster, t)}
     without = {s.stage: s for s in stage_memory(plain, c, cluster, t)}
