@@ -415,7 +415,7 @@ def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec",
     per = all_to_all_s(topology, c.etp, c.ep, message, collective_s)
     if recomputed_layers is None:
         recomputed_layers = recomputed_of(m, c, training.framework).layers
-    calls = 4 + 2 * recomputed_layers   # full: the pair again; block-N: its share
+    calls = 4 + 2 * recomputed_layers   # full (or --recompute-modules moe): the pair again; block-N: its share
     return calls * per * moe_layer_count(m) / m.layers
 
 
@@ -433,7 +433,7 @@ def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link
 def all_to_all_term_s(ctx: "StepContext") -> float:
     """The term: the busiest stage's EP all-to-alls for one micro-batch (the EP group strides by ETP)."""
     return ctx.stage_layers * all_to_all_layer_s(ctx.model, ctx.cand, ctx.training, ctx.tokens, ctx.topology,
-                                                 collective_time_s, ctx.half, ctx.rc.layers)
+                                                 collective_time_s, ctx.half, ctx.rc.layers + ctx.rc.moe)
 
 
 def expert_grad_reduce_term_s(ctx: "StepContext") -> float:

@@ -15,8 +15,13 @@ Modes (``Candidate.recompute``):
   ``selective_ac_option = "op"`` (op-level SAC: every other matmul output saved, the attention output saved) or
   ``"N"`` (every N-th transformer block fully checkpointed; ``selective-layer`` = N 2).
 
-Search tokens (``--recompute`` lists): ``block`` and ``uniform`` without N; `plan` resolves ``block`` to the smallest
-N that fits (`planner.rank.smallest_partial`), since a larger N only re-runs more of the forward.
+- ``modules:<a>+<b>...``: Megatron-LM's module-level recompute, ``--recompute-granularity selective
+  --recompute-modules a b`` (megatron/core/transformer/transformer_config.py ``recompute_modules``: core_attn, moe_act,
+  layernorm, mla_up_proj, mlp, moe, shared_experts; ``selective`` is ``modules:core_attn``, Megatron's default). What
+  each module frees and re-runs: `planner.memory.layer_activations` and `module_matmul_share`.
+
+Search tokens (``--recompute`` lists): ``block`` and ``uniform`` without N, ``modules`` without a list; `plan` resolves ``block`` to the smallest
+N that fits (`planner.rank.smallest_partial`), since a larger N only re-runs more of the forward; ``modules`` to the first of `MODULE_SETS` that fits.
 """
 
 from __future__ import annotations
@@ -35,12 +40,24 @@ CLASSIC = ("none", "selective", "full")
 """the modes every target has (tune's search space orders these by memory)"""
 PARTIAL = ("block", "uniform")
 """Megatron's --recompute-method, N set per candidate (``block-N``, ``uniform-N``)"""
+MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+"""Megatron-LM's --recompute-modules (megatron-core 0.17.1 transformer_config.py: the allowed set, in its order)"""
+MODULE_SETS = ("modules:mla_up_proj", "modules:moe_act", "modules:layernorm+mla_up_proj",
+               "modules:layernorm+moe_act", "modules:moe_act+layernorm+mla_up_proj+mlp", "modules:mla_up_proj+mlp",
+               "modules:shared_experts+moe_act+layernorm+mla_up_proj+mlp", "modules:moe")
+"""what the ``modules`` search token tries, in order, the first that fits winning: NVIDIA's published MoE choices
+(Megatron-Bridge scripts/performance/configs/deepseek/deepseek_workload_base_configs.py: mla_up_proj; moe_act;
+mla_up_proj + mlp; mla_up_proj + layernorm + moe_act; qwen3 and gpt-oss configs: moe_act, layernorm), then larger
+sets, the whole MoE block last (it re-runs the all-to-all). A set whose modules a model lacks is skipped."""
+SEARCHED = PARTIAL + ("modules",)
+"""search tokens `plan` resolves per candidate (`planner.rank.partial_mode`)"""
 TORCHTITAN = ("selective-op", "selective-layer")
-OPTIONS = CLASSIC + PARTIAL + TORCHTITAN
+OPTIONS = CLASSIC + PARTIAL + TORCHTITAN + ("modules",)
 """what ``--recompute`` accepts (``block-N``, ``uniform-N``, ``selective-layer-N`` too)"""
-PLAN_DEFAULT = CLASSIC + ("block",)
-"""`plan`'s default list: the classic modes and Megatron's block recompute at the smallest N that fits"""
-FRAMEWORK_MODES = {"megatron-lm": CLASSIC + PARTIAL, "megatron-deepspeed": CLASSIC,
+PLAN_DEFAULT = CLASSIC + ("block", "modules")
+"""`plan`'s default list: the classic modes, Megatron's block recompute at the smallest N that fits and, for a model
+with MoE or MLA layers, its module recompute at the first of `MODULE_SETS` that fits (`module_sets`)"""
+FRAMEWORK_MODES = {"megatron-lm": CLASSIC + PARTIAL + ("modules",), "megatron-deepspeed": CLASSIC,
                    "fsdp": ("none", "full") + TORCHTITAN}
 """which modes each framework can run (torchtitan has no Megatron-style attention-core recompute: plantune's
 ``selective`` on FSDP is emitted as op-level SAC, the closest it has; kept for the classic tables)"""
@@ -52,6 +69,8 @@ class Mode:
     """none | selective | full | block | uniform | selective-op | selective-layer"""
     n: int = 0
     """N of block-N / uniform-N / selective-layer-N; 0 for a search token (block, uniform) or a mode without N"""
+    modules: tuple[str, ...] = ()
+    """Megatron's --recompute-modules of a ``modules:...`` mode (MODULES order); () for the search token"""
 
 
 @functools.lru_cache(maxsize=256)   # pure over a name (a Mode is frozen); plan() reads a few modes ~100k times
@@ -59,6 +78,13 @@ def parse(mode: str) -> Mode | None:
     """``"block-4"`` -> Mode("block", 4); None when ``mode`` is no recompute mode."""
     if mode in CLASSIC or mode == "selective-op":
         return Mode(mode)
+    if mode == "modules":
+        return Mode("modules")
+    if mode.startswith("modules:"):
+        names = mode.removeprefix("modules:").split("+")
+        if not names or any(n not in MODULES for n in names) or len(set(names)) != len(names):
+            return None
+        return Mode("modules", 0, tuple(sorted(names, key=MODULES.index)))
     for kind in PARTIAL + ("selective-layer",):
         if mode == kind:
             return Mode(kind, 2 if kind == "selective-layer" else 0)
@@ -71,7 +97,7 @@ def parse(mode: str) -> Mode | None:
 def is_valid(mode: str, *, search: bool = False) -> bool:
     """A mode a candidate can carry (``search``: also the tokens ``block`` / ``uniform`` a list may hold)."""
     m = parse(mode)
-    return m is not None and (search or m.kind not in PARTIAL or m.n > 0)
+    return m is not None and (search or (m.kind not in PARTIAL or m.n > 0) and (m.kind != "modules" or m.modules))
 
 
 def kind(mode: str) -> str:
@@ -91,7 +117,7 @@ def checkpointed_layers(mode: str, stage_layers: int, vpp: int) -> float:
     """Layers of a ``stage_layers``-layer pipeline rank (``vpp`` chunks) that keep only their input; the others keep
     all their activations. block-N: N per chunk (min(N, chunk)); full, uniform-N: all; selective-layer-N: every N-th."""
     m = parse(mode)
-    if m is None or m.kind in ("none", "selective", "selective-op"):
+    if m is None or m.kind in ("none", "selective", "selective-op", "modules"):
         return 0.0
     if m.kind == "block":
         return min(stage_layers, vpp * m.n)
@@ -119,6 +145,8 @@ class Recomputed:
     """share of the layers whose attention core alone is re-run (selective: 1)"""
     matmul: float
     """share of a layer's forward matmul FLOPs re-run besides those (op-level SAC: the matmuls it does not save)"""
+    moe: float = 0.0
+    """share of the MoE layers whose whole MoE block (dispatch, experts, combine) is re-run (modules:moe)"""
 
 
 def recomputed(model: ModelSpec, mode: str, stage_layers: int, vpp: int) -> Recomputed:
@@ -128,12 +156,68 @@ def recomputed(model: ModelSpec, mode: str, stage_layers: int, vpp: int) -> Reco
         return Recomputed(0.0, 1.0, 0.0)
     if k == "selective-op":
         return Recomputed(0.0, 0.0, op_sac_matmul_share(model))
+    if k == "modules":
+        mods = parse(mode).modules
+        return Recomputed(0.0, float("core_attn" in mods), module_matmul_share(model, mods),
+                          float("moe" in mods and _moe_layers(model) > 0))
     return Recomputed(checkpointed_layers(mode, stage_layers, vpp) / max(stage_layers, 1), 0.0, 0.0)
 
 
 def recomputed_of(model: ModelSpec, cand: "Candidate", framework: str) -> Recomputed:
     """`recomputed` on the candidate's busiest pipeline rank (Megatron-LM's split; ceil(L/PP) elsewhere)."""
     return recomputed(model, cand.recompute, chunk_layers(model, cand.pp, cand.vpp, framework) * cand.vpp, cand.vpp)
+
+
+def _moe_layers(model: ModelSpec) -> int:
+    from planner import moe
+
+    return moe.moe_layer_count(model) if moe.is_moe(model) else 0
+
+
+@functools.lru_cache(maxsize=256)
+def module_matmul_share(model: ModelSpec, modules: tuple[str, ...]) -> float:
+    """Share of a layer's forward projection and MLP GEMM FLOPs (attention core excluded; the mean layer) that
+    ``modules`` re-run in the backward: mla_up_proj the MLA up-projections (q_lora -> heads x (nope + rope), kv_lora
+    -> heads x (nope + v)); mlp the dense layers' MLP (Megatron's transformer_layer.py recomputes it only where the
+    layer is not MoE); shared_experts the shared experts; moe the routed experts (top-k), shared experts and router.
+    core_attn is `Recomputed.core`; moe_act and layernorm re-run element-wise work only (output-discarding
+    checkpoints of the expert activation and the two norms)."""
+    from planner import moe
+
+    per_token = moe.layer_forward_matmul_flops(model, 1) - moe.attention_core_flops(model, 1)
+    n_moe = _moe_layers(model)
+    dense_share = 1 - n_moe / model.layers
+    f = 0.0
+    if "mla_up_proj" in modules and model.kv_lora_rank:
+        nope, rope, v = model.head_dim, model.qk_rope_head_dim, model.v_head_dim or model.head_dim
+        f += 2.0 * model.heads * (model.q_lora_rank * (nope + rope) + model.kv_lora_rank * (nope + v))
+    if "mlp" in modules:
+        f += dense_share * moe.mlp_matmul_flops(model, 1, model.ffn_hidden)
+    if n_moe:
+        share, e = n_moe / model.layers, moe.expert_ffn(model)
+        if "moe" in modules:
+            f += share * (moe.mlp_matmul_flops(model, 1, e) * (model.moe_topk + model.shared_experts)
+                          + 2.0 * moe.router_params(model))
+        elif "shared_experts" in modules:
+            f += share * moe.mlp_matmul_flops(model, 1, e) * model.shared_experts
+    return min(1.0, f / per_token) if per_token > 0 else 0.0
+
+
+def module_sets(model: ModelSpec) -> tuple[str, ...]:
+    """`MODULE_SETS` whose every module the model has (none for a dense model without MLA)."""
+    return tuple(s for s in MODULE_SETS if not module_problems(model, s))
+
+
+def module_problems(model: ModelSpec, mode: str) -> list[str]:
+    """The modules of ``mode`` the model lacks (Megatron's transformer_config.py refuses mla_up_proj without MLA and
+    moe_act without MoE grouped GEMM; mlp is a no-op on an all-MoE model, moe and shared_experts without MoE)."""
+    m = parse(mode)
+    if m is None or m.kind != "modules":
+        return []
+    n_moe = _moe_layers(model)
+    lacks = {"mla_up_proj": not model.kv_lora_rank, "moe_act": not n_moe, "moe": not n_moe,
+             "shared_experts": not (n_moe and model.shared_experts), "mlp": n_moe == model.layers}
+    return [name for name in m.modules if lacks.get(name)]
 
 
 def op_sac_matmuls(model: ModelSpec, ffn: float | None = None) -> list[tuple[float, float]]:
@@ -173,6 +257,8 @@ def megatron_lm_args(mode: str) -> list[tuple[str, ...]]:
         return []
     if m.kind == "selective":
         return [("--recompute-granularity", "selective")]
+    if m.kind == "modules":
+        return [("--recompute-granularity", "selective"), ("--recompute-modules", *m.modules)]
     method, n = ("uniform", 1) if m.kind == "full" else (m.kind, m.n)
     return [("--recompute-granularity", "full"), ("--recompute-method", method), ("--recompute-num-layers", str(n))]
 
@@ -184,6 +270,8 @@ def plan_yaml_fields(mode: str) -> dict[str, object]:
         return {"recompute_granularity": None}
     if m.kind in ("block", "uniform"):
         return {"recompute_granularity": "full", "recompute_method": m.kind, "recompute_num_layers": m.n}
+    if m.kind == "modules":
+        return {"recompute_granularity": "selective", "recompute_modules": list(m.modules)}
     return {"recompute_granularity": mode}
 
 
@@ -207,7 +295,8 @@ def torchtitan_activation_checkpoint(mode: str) -> dict[str, str]:
     return {"mode": mode}
 
 
-__all__ = ["CLASSIC", "FRAMEWORK_MODES", "Mode", "OPTIONS", "PARTIAL", "PLAN_DEFAULT", "Recomputed", "TORCHTITAN",
+__all__ = ["CLASSIC", "FRAMEWORK_MODES", "MODULES", "MODULE_SETS", "Mode", "OPTIONS", "SEARCHED",
+           "module_matmul_share", "module_problems", "PARTIAL", "PLAN_DEFAULT", "Recomputed", "TORCHTITAN",
            "checkpointed_layers", "chunk_layers", "from_plan_yaml", "is_valid", "kept_inputs", "kind", "megatron_lm_args",
            "op_sac_kept_width", "op_sac_matmul_share", "op_sac_matmuls", "parse", "plan_yaml_fields", "recomputed",
            "recomputed_of", "time_key",

@@ -490,6 +490,11 @@ def _recompute(model: ModelSpec, c: Candidate, fw: str) -> Iterator[Violation]:
     if kind not in has:
         yield Violation(Reason.FRAMEWORK_LIMIT, f"recompute={c.recompute} is not one of {fw}'s modes "
                                                 f"({', '.join(has)}); use recompute=full or another of those")
+    elif recompute_modes.module_problems(model, c.recompute):
+        lacks = recompute_modes.module_problems(model, c.recompute)
+        yield Violation(Reason.MODEL_FEATURE, f"recompute={c.recompute}: {model.name} has nothing for "
+                                              f"{', '.join(lacks)} to recompute (no MLA, MoE or dense layer); drop "
+                                              "them from the modules")
     elif kind == "block":
         chunk = recompute_modes.chunk_layers(model, c.pp, c.vpp, fw)
         n = recompute_modes.parse(c.recompute).n

@@ -360,10 +360,12 @@ def _groups(model: ModelSpec, world: int, training: TrainingSpec, knobs: dict[st
     ep_etps = tuple(knobs["ep"] or moe.ep_choices(model, tp, cp, dp, training.ep_options))
     # Megatron needs SP under MoE with EP and TP (planner.moe.violations): sp=0 is enumerated with EP=1 only
     ep_no_sp = tuple(pe for pe in ep_etps if pe[0] == 1) if knobs["moe_needs_sp"] and tp > 1 else ep_etps
+    # the module-recompute search token only for a model with modules to recompute (MoE, MLA)
+    recomputes = tuple(r for r in knobs["recompute"] if r != "modules" or recompute_modes.module_sets(model))
     for mbs in mbss:
         gas = max(training.global_batch // (mbs * dp), 1)
         if "gas" in pins and gas != pins["gas"]:
             continue
-        yield Group(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, gas=gas, recompute=tuple(knobs["recompute"]),
+        yield Group(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, gas=gas, recompute=recomputes,
                     zero=tuple(knobs["zero"]), sp=tuple(knobs["sp"]), vpp=tuple(vpps), hybrid=tuple(knobs["hybrid"]),
                     ep_etps=ep_etps, ep_no_sp=ep_no_sp)

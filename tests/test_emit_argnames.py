@@ -153,6 +153,7 @@ MEGATRON_LM = {
     "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank", "--sequence-parallel",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",   # TransformerConfig bools
     "--pipeline-model-parallel-layout", "--mtp-num-layers",   # ModelParallelConfig / TransformerConfig fields
+    "--recompute-modules",   # TransformerConfig recompute_modules
     "--use-distributed-optimizer", "--grad-reduce-in-bf16",
     "--overlap-grad-reduce", "--overlap-param-gather", "--no-overlap-p2p-communication",   # arguments.py literals
     "--tp-comm-overlap",                                                                     # ModelParallelConfig

@@ -88,7 +88,8 @@ CASES = {
     # NVIDIA's DGX-H100 run (Megatron-Bridge deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1:
     # 1,024 GPUs, TP2 PP8 VP4 EP64, GBS 8192, pp_layout "Et|(tt|)*30mL")
     "deepseek-layout": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
-                                                             zero=1, vpp=4, recompute="full"),
+                                                             zero=1, vpp=4,
+                                                             recompute="modules:mla_up_proj+mlp"),
                               seq_len=4096, global_batch=8192),
 }
 
@@ -147,6 +148,7 @@ def test_deepseek_runs_nvidia_s_pipeline_layout_and_its_mtp_layer():
     (pipeline_parallel_layer_layout.py: the count of m must equal --mtp-num-layers)."""
     args = _args(CASES["deepseek-layout"])
     assert args["--pipeline-model-parallel-layout"] == ["Et|(tt|)*30mL"] and args["--mtp-num-layers"] == ["1"]
+    assert args["--recompute-granularity"] == ["selective"] and args["--recompute-modules"] == ["mla_up_proj", "mlp"]
     for flag in ("--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
         assert flag not in args
