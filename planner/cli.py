@@ -114,6 +114,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--async-tp", action="store_true", help="--framework fsdp: torchtitan's async TP (needs --torch-compile)")
     add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
         help="Megatron-LM's main-grad buffer and its reduce: fp32 (default) or bf16 (--grad-reduce-in-bf16)")
+    add("--optimizer-offload", type=float, default=None, metavar="FRACTION",
+        help="Megatron-LM: keep this fraction of the optimizer states on the host and step it there "
+             "(--optimizer-cpu-offload --optimizer-offload-fraction); costs PCIe and CPU-Adam time")
     add("--flops-attention", choices=flops.ATTENTION_COUNTS, default="full",
         help="how TFLOPs and MFU count attention's s^2 work: full (default; Narayanan et al. 2021 Eq. 3) or causal "
              "(half: Megatron-Bridge, recent NeMo); step times do not change")
@@ -236,6 +239,9 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
     if getattr(args, "fp8_recipe", None) and precision != "fp8":
         raise InputError(f"--fp8-recipe applies to FP8 training only (precision here: {precision}); "
                          "add --precision fp8 or drop --fp8-recipe")
+    if getattr(args, "optimizer_offload", None) and framework != "megatron-lm":
+        raise InputError(f"--optimizer-offload is Megatron-LM's (--optimizer-cpu-offload); the framework here is "
+                         f"{framework}: add --framework megatron-lm or drop --optimizer-offload")
     if getattr(args, "grad_reduce_dtype", None) and framework != "megatron-lm":
         raise InputError(f"--grad-reduce-dtype is Megatron-LM's (--grad-reduce-in-bf16); the framework here is "
                          f"{framework}: add --framework megatron-lm or drop --grad-reduce-dtype")
@@ -255,6 +261,7 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         moe_capacity_factor=args.moe_capacity_factor,
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
                         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
+                        optimizer_offload=getattr(args, "optimizer_offload", None) or 0.0,
                         overlap=_overlap(getattr(args, "overlap", None)),
                         flops_attention=getattr(args, "flops_attention", None) or "full",
                         pp_schedule=getattr(args, "pp_schedule", None) or "",
@@ -342,7 +349,9 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              + (" (FP8 GEMMs; MFU against the bf16 peak)" if t.precision == "fp8" else "") + ", "
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else "")
-             + (", norms as PyTorch ops (--unfused-norm)" if not t.fused_norm else ""),
+             + (", norms as PyTorch ops (--unfused-norm)" if not t.fused_norm else "")
+             + (f", {t.optimizer_offload:g} of the optimizer on the host (--optimizer-offload)"
+                if t.optimizer_offload else ""),
              cl.network_line(),
              compute_line(cl, t.framework),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
@@ -404,6 +413,27 @@ def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | N
         if training is not None:
             out.append(flops.ATTENTION_COUNT_WORDS[training.flops_attention])
     return "\n".join(out)
+
+
+def render_savers(model, cluster: ClusterSpec, training: TrainingSpec, est: Estimate, targets) -> str:
+    """What the candidate's memory savers cost: module recompute (recompute=modules:...) against none and the CPU
+    optimizer offload against none, each as GPU memory saved and step time added (the same model, layout and
+    estimate otherwise)."""
+    if est.memory is None or est.time is None:
+        return ""
+    savers = []
+    if recompute_modes.kind(est.candidate.recompute) == "modules":
+        savers.append((f"recompute {est.candidate.recompute.removeprefix('modules:')} (--recompute-modules)",
+                       training, replace(est.candidate, recompute="none")))
+    if training.optimizer_offload:
+        savers.append((f"optimizer offload {training.optimizer_offload:g} (--optimizer-offload-fraction)",
+                       replace(training, optimizer_offload=0.0), est.candidate))
+    lines = []
+    for name, t, c in savers:
+        base = estimate(model, cluster, t, c, targets=targets)
+        lines.append(f"{name}: saves {(base.memory.total_bytes - est.memory.total_bytes) / 1e9:.2f} GB of GPU "
+                     f"memory, costs {est.time.step_time_s - base.time.step_time_s:+.3f} s of step time")
+    return ("\nMemory savers (against the same layout without each):\n" + "\n".join(lines)) if lines else ""
 
 
 def _dump(obj: object, fmt: str) -> str:
@@ -524,6 +554,7 @@ def run(args: argparse.Namespace) -> int:
             print(_dump(est.to_dict(detail=True), args.format))
         else:
             print(render_explain(est, cluster, training))
+            print(render_savers(model, cluster, training, est, targets))
         sys.stderr.write(note)
         return 0
     if args.explain == "":

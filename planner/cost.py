@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from planner import context_parallel, flops, fp8, fsdp_parallel, moe, pipeline_engine, recompute
+from planner import context_parallel, flops, fp8, fsdp_parallel, moe, offload, pipeline_engine, recompute
 from planner.constants import (DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFICIENCY, GEMM_K_HALF, RANKING_ERROR,
                                SHARDED_OVERLAP)
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
@@ -517,7 +517,9 @@ def optimizer_s(ctx: StepContext) -> float:
     opt_bytes = ctx.params_gpu / shard_opt * per_param
     edp = moe.expert_data_parallel(cand)
     opt_bytes += moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
-    return opt_bytes / (ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    f = training.optimizer_offload   # Megatron-LM's CPU offload: that share steps on the host (planner.offload)
+    return (opt_bytes * (1 - f) / (ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+            + offload.host_step_s(f * opt_bytes / per_param, ctx.cluster))
 
 
 TERMS: tuple[Term, ...] = (

@@ -405,6 +405,7 @@ def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
         model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes, last_stage=stage != "first")
+    optimizer *= 1 - training.optimizer_offload   # the host's share (planner.offload)
     return params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model)
 
 

@@ -91,6 +91,11 @@ CASES = {
                                                              zero=1, vpp=4,
                                                              recompute="modules:mla_up_proj+mlp"),
                               seq_len=4096, global_batch=8192),
+    # the same with half the optimizer on the host, FP8 current scaling (Megatron refuses --fp8-param-gather there)
+    "deepseek-offload": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
+                                                              zero=1, vpp=4, recompute="modules:mla_up_proj+mlp"),
+                               seq_len=4096, global_batch=8192, optimizer_offload=0.5, precision="fp8",
+                               fp8_recipe="tensorwise"),
 }
 
 
