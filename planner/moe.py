@@ -28,7 +28,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
 from planner.constants import KERNEL_LAUNCH_S
-from planner.terms import COMMUNICATION, Term
+from planner.terms import COMMUNICATION, Overlap, Term
 from planner.topology import collective_time_s
 from planner.recompute import recomputed_of
 
@@ -444,10 +444,30 @@ def expert_grad_reduce_term_s(ctx: "StepContext") -> float:
     return expert_grad_reduce_s(m, c, ctx.stage_layers, link, collective_time_s, ctx.half)
 
 
+def unmerged_share(pp: int, vpp: int, gas: int) -> float:
+    """Share of a rank's micro-batch passes (model chunks under VPP) that run alone under Megatron's EP all-to-all
+    overlap, which merges the forward of one micro-batch with the backward of another (megatron/core/pipeline_parallel
+    combined_1f1b.py; Megatron-Core MoE docs, "EP communication overlap": "first FWD and last BWD can't be"
+    merged): the warm-up forwards and the cool-down backwards of the (interleaved) 1F1B schedule, pp - 1 + 1 passes
+    of gas, or (pp - 1)·2 + (vpp - 1)·pp + 1 chunks of gas·vpp (schedules.py's warm-up count)."""
+    if vpp > 1:
+        return min(1.0, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / (gas * vpp))
+    return min(1.0, pp / gas)
+
+
+def all_to_all_overlap(ctx: "StepContext") -> Overlap | None:
+    """--overlap-moe-expert-parallel-comm: each micro-batch's dispatch and combine run beside the other merged
+    micro-batch's attention and expert GEMMs, up to that compute (window 1), the unmerged passes' exposed."""
+    if "ep-a2a" not in ctx.overlaps or ctx.cand.ep <= 1:
+        return None
+    return Overlap(under="compute", window=1.0, exposed_min=unmerged_share(ctx.cand.pp, ctx.cand.vpp, ctx.cand.gas))
+
+
 ALL_TO_ALL = Term(name="ep_all_to_all", kind=COMMUNICATION, group="ep_comm_s", per_microbatch=True,
                   seconds=all_to_all_term_s, source="Megatron-Core MoE alltoall token dispatcher (dispatch + combine, "
                                                "forward and backward); nccl-tests alltoall busbw",
-                  constants=("LINK_EFFICIENCY",))
+                  constants=("LINK_EFFICIENCY",), overlap=all_to_all_overlap, hides_under="compute",
+                  flag="Megatron --overlap-moe-expert-parallel-comm (--overlap ep-a2a)")
 EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
                           seconds=expert_grad_reduce_term_s,
                           source="Megatron DDP: expert parameters in their own buckets and expert-DP group",
@@ -557,6 +577,21 @@ def violations(m: "ModelSpec", c: "Candidate", cluster: object, training: "Train
                                                    "(megatron/core/transformer/moe/README.md); set sp=1"))
     if fw == "fsdp" and c.etp > 1:
         out.append(("framework_limit", "FSDP/torchtitan plans here have no expert tensor parallelism; use ETP=1"))
+    if fw == "megatron-lm" and c.ep > 1 and "ep-a2a" in (training.overlap or ()):
+        # megatron/core/transformer/transformer_config.py asserts under overlap_moe_expert_parallel_comm
+        from planner import recompute as recompute_modes
+
+        mode = recompute_modes.parse(c.recompute)
+        if c.pp > 1 and c.vpp == 1:
+            out.append(("framework_limit", "EP all-to-all overlap with PP > 1 needs interleaving "
+                                           "(transformer_config.py: 'virtual_pipeline_model_parallel_size must be "
+                                           "specified'); set vpp > 1 or drop --overlap ep-a2a"))
+        if mode is not None and (mode.kind in ("full", "block", "uniform") or "moe" in mode.modules):
+            out.append(("framework_limit", f"EP all-to-all overlap refuses recompute={c.recompute} (transformer_"
+                                           "config.py: no full recompute, no recompute method, no moe module)"))
+        if m.mtp_layers > 1 or (m.mtp_layers and c.pp == 1):
+            out.append(("framework_limit", "EP all-to-all overlap takes one MTP layer, and with it PP > 1 "
+                                           "(transformer_config.py)"))
     if c.ep > 1 and training.precision == "fp16":
         out.append(("framework_limit", "Megatron refuses expert parallelism with fp16 ('Expert parallelism is not "
                                        "supported with fp16 training'); use bf16 or fp8"))

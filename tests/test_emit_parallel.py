@@ -96,6 +96,10 @@ CASES = {
                                                               zero=1, vpp=4, recompute="modules:mla_up_proj+mlp"),
                                seq_len=4096, global_batch=8192, optimizer_offload=0.5, precision="fp8",
                                fp8_recipe="tensorwise"),
+    # EP all-to-all overlap (--overlap ep-a2a): interleaved PP, as transformer_config.py asks of it
+    "mixtral-ep-a2a-overlap": _setup("mixtral-8x22b", 64, Candidate(tp=1, pp=2, dp=32, ep=8, mbs=1, gas=16, zero=1,
+                                                                    vpp=2), seq_len=4096,
+                                     overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a")),
 }
 
 

@@ -132,6 +132,8 @@ def overlap_args(setup: RunSetup) -> list[Arg]:
         args.append(("--tp-comm-overlap",))
     if "p2p" not in on and c.vpp > 1:
         args.append(("--no-overlap-p2p-communication",))
+    if "ep-a2a" in on and c.ep > 1 and setup.model.num_experts:
+        args.append(("--overlap-moe-expert-parallel-comm",))
     return args
 
 
