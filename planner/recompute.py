@@ -203,21 +203,23 @@ def module_matmul_share(model: ModelSpec, modules: tuple[str, ...]) -> float:
     return min(1.0, f / per_token) if per_token > 0 else 0.0
 
 
+@functools.lru_cache(maxsize=64)   # pure in a frozen ModelSpec; plan() asks per row
 def module_sets(model: ModelSpec) -> tuple[str, ...]:
     """`MODULE_SETS` whose every module the model has (none for a dense model without MLA)."""
     return tuple(s for s in MODULE_SETS if not module_problems(model, s))
 
 
-def module_problems(model: ModelSpec, mode: str) -> list[str]:
+@functools.lru_cache(maxsize=1024)
+def module_problems(model: ModelSpec, mode: str) -> tuple[str, ...]:
     """The modules of ``mode`` the model lacks (Megatron's transformer_config.py refuses mla_up_proj without MLA and
     moe_act without MoE grouped GEMM; mlp is a no-op on an all-MoE model, moe and shared_experts without MoE)."""
     m = parse(mode)
     if m is None or m.kind != "modules":
-        return []
+        return ()
     n_moe = _moe_layers(model)
     lacks = {"mla_up_proj": not model.kv_lora_rank, "moe_act": not n_moe, "moe": not n_moe,
              "shared_experts": not (n_moe and model.shared_experts), "mlp": n_moe == model.layers}
-    return [name for name in m.modules if lacks.get(name)]
+    return tuple(name for name in m.modules if lacks.get(name))
 
 
 def op_sac_matmuls(model: ModelSpec, ffn: float | None = None) -> list[tuple[float, float]]:

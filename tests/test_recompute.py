@@ -204,8 +204,8 @@ def test_module_modes_parse_emit_and_rule():
     assert megatron_lm_args("modules:mla_up_proj+mlp") == [("--recompute-granularity", "selective"),
                                                            ("--recompute-modules", "mla_up_proj", "mlp")]
     ds, llama = load_model("deepseek-v3"), load_model("llama3-8b")
-    assert module_problems(llama, "modules:mla_up_proj+moe_act") == ["moe_act", "mla_up_proj"]
-    assert module_problems(ds, "modules:mla_up_proj+moe_act+mlp") == []
+    assert module_problems(llama, "modules:mla_up_proj+moe_act") == ("moe_act", "mla_up_proj")
+    assert module_problems(ds, "modules:mla_up_proj+moe_act+mlp") == ()
     assert recomputed(ds, "modules:core_attn", 8, 1) == Recomputed(0.0, 1.0, 0.0)
     assert recomputed(ds, "modules:moe", 8, 1).moe == 1.0
     # the whole MoE block re-runs most of a DeepSeek layer's GEMMs; the up-projections a few percent
