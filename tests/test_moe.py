@@ -456,3 +456,22 @@ def test_ep_overlap_rules_and_flag():
     assert any("interleaving" in v for v in bad) and any("recompute=full" in v for v in bad)
     args = render(RunSetup(model=MIXTRAL, cluster=cluster, training=t, candidate=ok), "megatron-lm")["args.txt"]
     assert "--overlap-moe-expert-parallel-comm" in args.split()
+
+
+def test_plan_deepseek_v3_on_1024_h100_emits_nvidia_s_layout(tmp_path):
+    """NVIDIA's DGX-H100 DeepSeek-V3 run (Megatron-Bridge deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_
+    H100_V1: TP2 PP8 VP4 EP64, MBS 1, GBS 8192, FP8 current scaling, bf16 grad reduce, pp_layout "Et|(tt|)*30mL",
+    recompute_modules mla_up_proj + mlp): pinned to its degrees, plan fits it with module recompute and writes its
+    layout; unpinned, every PP x VPP it ranks runs a layout Megatron accepts (test_plan_ranks_ep_layouts_for_deepseek_v3)."""
+    from planner.cli import main
+
+    out = tmp_path / "run"
+    assert main(["--model", "deepseek-v3", "--gpus", "1024", "--gpu", "H100-SXM", "--global-batch", "8192",
+                 "--precision", "fp8", "--fp8-recipe", "tensorwise", "--grad-reduce-dtype", "bf16", "--tp", "2",
+                 "--pp", "8", "--vpp", "4", "--ep", "64", "--zero", "1", "--max-mbs", "1", "--emit", "megatron-lm",
+                 "--out", str(out)]) == 0
+    args = (out / "args.txt").read_text().split()
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et|(tt|)*30mL"
+    assert args[args.index("--recompute-granularity") + 1] == "selective"
+    assert args[args.index("--recompute-modules") + 1] == "mla_up_proj"
+    assert "--num-virtual-stages-per-pipeline-rank" not in args
