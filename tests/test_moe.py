@@ -475,3 +475,4 @@ def test_plan_deepseek_v3_on_1024_h100_emits_nvidia_s_layout(tmp_path):
     assert args[args.index("--recompute-granularity") + 1] == "selective"
     assert args[args.index("--recompute-modules") + 1] == "mla_up_proj"
     assert "--num-virtual-stages-per-pipeline-rank" not in args
+    assert main(["--from", str(out / "plan.yaml")]) == 0   # the plan file reads back (module recompute, --ep list)
