@@ -124,7 +124,7 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
         help="Megatron-LM communication overlapped with compute: a comma list of grad-reduce, param-gather, tp-comm, "
              "p2p, or none (default grad-reduce,param-gather,p2p: --overlap-grad-reduce --overlap-param-gather and "
              "Megatron's overlapped p2p in interleaved 1F1B; tp-comm adds --tp-comm-overlap, with SP; ep-a2a "
-             "--overlap-moe-expert-parallel-comm, MoE with EP)")
+             "--overlap-moe-expert-parallel-comm, MoE with EP; shared-expert --moe-shared-expert-overlap)")
     add("--rampup", nargs=3, type=_positive_int, metavar=("START", "INCREMENT", "SAMPLES"),
         help="batch-size rampup; every rampup batch size becomes a constraint (default: the model's own)")
     add("--no-rampup", action="store_true", help="ignore the model's default rampup")

@@ -71,7 +71,7 @@ DS_ZERO12_TRAFFIC = 1.5
 # Engine's userbuffers and is off unless asked for.
 OVERLAPS = {"grad-reduce": "--overlap-grad-reduce", "param-gather": "--overlap-param-gather",
             "tp-comm": "--tp-comm-overlap", "p2p": "overlap_p2p_comm (default; --no-overlap-p2p-communication: off)",
-            "ep-a2a": "--overlap-moe-expert-parallel-comm"}
+            "ep-a2a": "--overlap-moe-expert-parallel-comm", "shared-expert": "--moe-shared-expert-overlap"}
 MEGATRON_OVERLAPS = ("grad-reduce", "param-gather", "p2p")
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (

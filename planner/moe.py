@@ -455,19 +455,37 @@ def unmerged_share(pp: int, vpp: int, gas: int) -> float:
     return min(1.0, pp / gas)
 
 
+@lru_cache(maxsize=256)
+def shared_expert_share(m: "ModelSpec") -> float:
+    """Share of the mean layer's forward FLOPs (projections, attention core, experts, router) that are the shared
+    experts' GEMMs: what --moe-shared-expert-overlap runs on its own stream beside the dispatch and combine."""
+    if not is_moe(m) or not m.shared_experts:
+        return 0.0
+    shared = moe_layer_count(m) / m.layers * mlp_matmul_flops(m, 1, expert_ffn(m)) * m.shared_experts
+    return shared / layer_forward_matmul_flops(m, 1)
+
+
 def all_to_all_overlap(ctx: "StepContext") -> Overlap | None:
     """--overlap-moe-expert-parallel-comm: each micro-batch's dispatch and combine run beside the other merged
-    micro-batch's attention and expert GEMMs, up to that compute (window 1), the unmerged passes' exposed."""
-    if "ep-a2a" not in ctx.overlaps or ctx.cand.ep <= 1:
+    micro-batch's attention and expert GEMMs, up to that compute (window 1), the unmerged passes' exposed.
+    --moe-shared-expert-overlap: they run beside the same micro-batch's shared experts only (window: the shared
+    experts' share of the compute, megatron/core/transformer/moe/shared_experts.py's side stream)."""
+    if ctx.cand.ep <= 1:
         return None
-    return Overlap(under="compute", window=1.0, exposed_min=unmerged_share(ctx.cand.pp, ctx.cand.vpp, ctx.cand.gas))
+    if "ep-a2a" in ctx.overlaps:
+        return Overlap(under="compute", window=1.0,
+                       exposed_min=unmerged_share(ctx.cand.pp, ctx.cand.vpp, ctx.cand.gas))
+    if "shared-expert" in ctx.overlaps and shared_expert_share(ctx.model):
+        return Overlap(under="compute", window=shared_expert_share(ctx.model))
+    return None
 
 
 ALL_TO_ALL = Term(name="ep_all_to_all", kind=COMMUNICATION, group="ep_comm_s", per_microbatch=True,
                   seconds=all_to_all_term_s, source="Megatron-Core MoE alltoall token dispatcher (dispatch + combine, "
                                                "forward and backward); nccl-tests alltoall busbw",
                   constants=("LINK_EFFICIENCY",), overlap=all_to_all_overlap, hides_under="compute",
-                  flag="Megatron --overlap-moe-expert-parallel-comm (--overlap ep-a2a)")
+                  flag="Megatron --overlap-moe-expert-parallel-comm (--overlap ep-a2a) or --moe-shared-expert-overlap "
+                       "(--overlap shared-expert)")
 EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
                           seconds=expert_grad_reduce_term_s,
                           source="Megatron DDP: expert parameters in their own buckets and expert-DP group",
@@ -592,6 +610,10 @@ def violations(m: "ModelSpec", c: "Candidate", cluster: object, training: "Train
         if m.mtp_layers > 1 or (m.mtp_layers and c.pp == 1):
             out.append(("framework_limit", "EP all-to-all overlap takes one MTP layer, and with it PP > 1 "
                                            "(transformer_config.py)"))
+        if "shared-expert" in training.overlap:
+            out.append(("framework_limit", "--overlap ep-a2a and shared-expert exclude each other (transformer_"
+                                           "config.py: 'disable moe_shared_expert_overlap when enabling "
+                                           "overlap_moe_expert_parallel_comm'); keep one"))
     if c.ep > 1 and training.precision == "fp16":
         out.append(("framework_limit", "Megatron refuses expert parallelism with fp16 ('Expert parallelism is not "
                                        "supported with fp16 training'); use bf16 or fp8"))

@@ -156,6 +156,7 @@ MEGATRON_LM = {
     "--recompute-modules",   # TransformerConfig recompute_modules
     "--optimizer-cpu-offload", "--optimizer-offload-fraction", "--use-precision-aware-optimizer",   # arguments.py
     "--overlap-cpu-optimizer-d2h-h2d", "--overlap-moe-expert-parallel-comm",   # arguments.py, TransformerConfig
+    "--moe-shared-expert-overlap",   # TransformerConfig
     "--use-distributed-optimizer", "--grad-reduce-in-bf16",
     "--overlap-grad-reduce", "--overlap-param-gather", "--no-overlap-p2p-communication",   # arguments.py literals
     "--tp-comm-overlap",                                                                     # ModelParallelConfig

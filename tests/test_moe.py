@@ -476,3 +476,25 @@ def test_plan_deepseek_v3_on_1024_h100_emits_nvidia_s_layout(tmp_path):
     assert args[args.index("--recompute-modules") + 1] == "mla_up_proj"
     assert "--num-virtual-stages-per-pipeline-rank" not in args
     assert main(["--from", str(out / "plan.yaml")]) == 0   # the plan file reads back (module recompute, --ep list)
+
+
+def test_shared_expert_overlap_hides_the_all_to_all_under_the_shared_experts_only():
+    """--moe-shared-expert-overlap (shared_experts.py: the shared experts on a side stream beside dispatch and
+    combine): at most the shared experts' share of the compute hides the all-to-all; DeepSeek-V3's one shared expert
+    of 8 + 1 active is about a tenth of its layer's FLOPs. It excludes --overlap-moe-expert-parallel-comm."""
+    from planner.emit import RunSetup, render
+
+    assert 0.05 < moe.shared_expert_share(DEEPSEEK) < 0.2 and moe.shared_expert_share(MIXTRAL) == 0.0
+    cluster = make_cluster(gpu="H100", gpus=1024)
+    c = Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128, zero=1, vpp=4, recompute="full")
+    kw = dict(global_batch=8192, seq_len=4096, framework="megatron-lm")
+    plain = estimate(DEEPSEEK, cluster, TrainingSpec(**kw), c)
+    t = TrainingSpec(**kw, overlap=("grad-reduce", "param-gather", "p2p", "shared-expert"))
+    over = estimate(DEEPSEEK, cluster, t, c)
+    hidden = plain.time.ep_comm_s - over.time.ep_comm_s
+    assert 0 < hidden <= moe.shared_expert_share(DEEPSEEK) * plain.time.compute_s * 1.0001
+    assert "--moe-shared-expert-overlap" in render(RunSetup(model=DEEPSEEK, cluster=cluster, training=t, candidate=c),
+                                                   "megatron-lm")["args.txt"].split()
+    both = TrainingSpec(**kw, overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a", "shared-expert"))
+    assert any("exclude each other" in d for _, d in moe.violations(DEEPSEEK, replace(c, recompute="none"),
+                                                                     cluster, both))

@@ -134,6 +134,8 @@ def overlap_args(setup: RunSetup) -> list[Arg]:
         args.append(("--no-overlap-p2p-communication",))
     if "ep-a2a" in on and c.ep > 1 and setup.model.num_experts:
         args.append(("--overlap-moe-expert-parallel-comm",))
+    if "shared-expert" in on and setup.model.num_experts and setup.model.shared_experts:
+        args.append(("--moe-shared-expert-overlap",))
     return args
 
 
