@@ -311,7 +311,8 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
     # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
     logits_s += model.mtp_layers * (layer_s + logits_s)
-    split = megatron_lm_split(model.layers, cand.pp, cand.vpp, model.mtp_layers) if training.framework == "megatron-lm" else None
+    split = (megatron_lm_split(model.layers, cand.pp, cand.vpp, model.mtp_layers)
+             if training.framework == "megatron-lm" else None)
     if cand.pp == 1:
         stage_compute = lps * layer_s + logits_s
     elif split is not None:   # the busiest rank of the split Megatron-LM runs (the last also runs the LM head)

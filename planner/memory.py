@@ -133,7 +133,8 @@ def stage_layers(model: ModelSpec, cand: Candidate, framework: str, stage: str) 
     of the first and a middle rank (stage 1 holds PP-1 micro-batches in flight, nearly as many as stage 0), so it
     bounds every rank but the last. Other frameworks: ceil(L/PP) on every stage (DeepSpeed's partitioning).
     """
-    split = megatron_lm_split(model.layers, cand.pp, cand.vpp, model.mtp_layers) if framework == "megatron-lm" and cand.pp > 1 else None
+    split = (megatron_lm_split(model.layers, cand.pp, cand.vpp, model.mtp_layers)
+             if framework == "megatron-lm" and cand.pp > 1 else None)
     if split is None:
         return layers_per_stage(model, cand.pp)
     return split.last if stage == "last" else max(split.first, split.middle)

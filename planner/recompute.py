@@ -20,8 +20,9 @@ Modes (``Candidate.recompute``):
   layernorm, mla_up_proj, mlp, moe, shared_experts; ``selective`` is ``modules:core_attn``, Megatron's default). What
   each module frees and re-runs: `planner.memory.layer_activations` and `module_matmul_share`.
 
-Search tokens (``--recompute`` lists): ``block`` and ``uniform`` without N, ``modules`` without a list; `plan` resolves ``block`` to the smallest
-N that fits (`planner.rank.smallest_partial`), since a larger N only re-runs more of the forward; ``modules`` to the first of `MODULE_SETS` that fits.
+Search tokens (``--recompute`` lists): ``block`` and ``uniform`` without N, ``modules`` without a list; `plan`
+resolves ``block`` to the smallest N that fits (`planner.rank.smallest_partial`), since a larger N only re-runs more of
+the forward; ``modules`` to the first of `MODULE_SETS` that fits.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def kind(mode: str) -> str:
 def chunk_layers(model: ModelSpec, pp: int, vpp: int, framework: str) -> int:
     """Layers of the largest model chunk (one virtual stage of the busiest pipeline rank): what Megatron's
     ``--recompute-num-layers`` counts in (transformer_block.py: ``num_layers_per_pipeline_rank = len(self.layers)``)."""
-    split = megatron_lm_split(model.layers, pp, vpp, model.mtp_layers) if framework == "megatron-lm" and pp > 1 else None
+    split = (megatron_lm_split(model.layers, pp, vpp, model.mtp_layers)
+             if framework == "megatron-lm" and pp > 1 else None)
     stage = split.busiest if split is not None else -(-model.layers // pp)
     return -(-stage // vpp)
 

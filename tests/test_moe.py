@@ -462,7 +462,8 @@ def test_plan_deepseek_v3_on_1024_h100_emits_nvidia_s_layout(tmp_path):
     """NVIDIA's DGX-H100 DeepSeek-V3 run (Megatron-Bridge deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_
     H100_V1: TP2 PP8 VP4 EP64, MBS 1, GBS 8192, FP8 current scaling, bf16 grad reduce, pp_layout "Et|(tt|)*30mL",
     recompute_modules mla_up_proj + mlp): pinned to its degrees, plan fits it with module recompute and writes its
-    layout; unpinned, every PP x VPP it ranks runs a layout Megatron accepts (test_plan_ranks_ep_layouts_for_deepseek_v3)."""
+    layout; unpinned, every PP x VPP it ranks runs a layout Megatron accepts
+    (test_plan_ranks_ep_layouts_for_deepseek_v3)."""
     from planner.cli import main
 
     out = tmp_path / "run"

@@ -49,8 +49,8 @@ ROWS = [  # source, model, gpu, GPUs, precision, GBS, MBS, seq, TP, PP, CP, VP, 
 # DeepSeek-V3 B200 recomputes only the MLA up-projections (recompute_modules=["mla_up_proj"]: plan's
 # modules:mla_up_proj); the Llama 3 rows take the best of none/selective/full (the paper does not say).
 # The runs' EP all-to-all overlap (moe_a2a_overlap in Megatron-Bridge scripts/performance/configs/qwen/
-# qwen3_workload_base_configs.py and deepseek/deepseek_workload_base_configs.py): on for Qwen3-235B-A22B on H100, off for
-# Qwen3-30B-A3B on H100 and DeepSeek-V3 on B200 (V1), not set (off) for Qwen3-30B-A3B on B200.
+# qwen3_workload_base_configs.py and deepseek/deepseek_workload_base_configs.py): on for Qwen3-235B-A22B on H100,
+# off for Qwen3-30B-A3B on H100 and DeepSeek-V3 on B200 (V1), not set (off) for Qwen3-30B-A3B on B200.
 PUBLISHED_A2A_OVERLAP = {("qwen3-235b-a22b", "H100")}
 PUBLISHED_RECOMPUTE = {("llama3-70b", "H100"): "none", ("llama3.1-405b", "H100"): "none",
                        ("qwen3-30b-a3b", "H100"): "none", ("qwen3-30b-a3b", "B200"): "none",
