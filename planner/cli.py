@@ -150,13 +150,17 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--async-tp", action="store_true", help="--framework fsdp: torchtitan's async TP (needs --torch-compile)")
     add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
         help="Megatron-LM's main-grad buffer and its reduce: fp32 (default) or bf16 (--grad-reduce-in-bf16)")
+    add("--optimizer-offload", type=float, default=None, metavar="FRACTION",
+        help="Megatron-LM: keep this fraction of the optimizer states on the host and step it there "
+             "(--optimizer-cpu-offload --optimizer-offload-fraction); costs PCIe and CPU-Adam time")
     add("--flops-attention", choices=flops.ATTENTION_COUNTS, default="full",
         help="how TFLOPs and MFU count attention's s^2 work: full (default; Narayanan et al. 2021 Eq. 3) or causal "
              "(half: Megatron-Bridge, recent NeMo); step times do not change")
     add("--overlap", default=None, metavar="LIST",
         help="Megatron-LM communication overlapped with compute: a comma list of grad-reduce, param-gather, tp-comm, "
              "p2p, or none (default grad-reduce,param-gather,p2p: --overlap-grad-reduce --overlap-param-gather and "
-             "Megatron's overlapped p2p in interleaved 1F1B; tp-comm adds --tp-comm-overlap, with SP)")
+             "Megatron's overlapped p2p in interleaved 1F1B; tp-comm adds --tp-comm-overlap, with SP; ep-a2a "
+             "--overlap-moe-expert-parallel-comm, MoE with EP; shared-expert --moe-shared-expert-overlap)")
     add("--rampup", nargs=3, type=_positive_int, metavar=("START", "INCREMENT", "SAMPLES"),
         help="batch-size rampup; every rampup batch size becomes a constraint (default: the model's own)")
     add("--no-rampup", action="store_true", help="ignore the model's default rampup")
@@ -282,6 +286,9 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
     if getattr(args, "fp8_recipe", None) == "mxfp8" and not cluster.gpu.mx_block_scaling:
         raise InputError(f"--fp8-recipe mxfp8: {cluster.gpu.id}'s tensor cores take no MX block scales (Blackwell's "
                          "B200/GB200 and MI355X do); use --fp8-recipe blockwise or tensorwise, or --gpu B200")
+    if getattr(args, "optimizer_offload", None) and framework != "megatron-lm":
+        raise InputError(f"--optimizer-offload is Megatron-LM's (--optimizer-cpu-offload); the framework here is "
+                         f"{framework}: add --framework megatron-lm or drop --optimizer-offload")
     if getattr(args, "grad_reduce_dtype", None) and framework != "megatron-lm":
         raise InputError(f"--grad-reduce-dtype is Megatron-LM's (--grad-reduce-in-bf16); the framework here is "
                          f"{framework}: add --framework megatron-lm or drop --grad-reduce-dtype")
@@ -301,6 +308,7 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         moe_capacity_factor=args.moe_capacity_factor,
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
                         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
+                        optimizer_offload=getattr(args, "optimizer_offload", None) or 0.0,
                         overlap=_overlap(getattr(args, "overlap", None)),
                         flops_attention=getattr(args, "flops_attention", None) or "full",
                         pp_schedule=getattr(args, "pp_schedule", None) or "",
@@ -393,7 +401,9 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              + (" (FP8 GEMMs; MFU against the bf16 peak)" if t.precision == "fp8" else "") + ", "
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else "")
-             + (", norms as PyTorch ops (--unfused-norm)" if not t.fused_norm else ""),
+             + (", norms as PyTorch ops (--unfused-norm)" if not t.fused_norm else "")
+             + (f", {t.optimizer_offload:g} of the optimizer on the host (--optimizer-offload)"
+                if t.optimizer_offload else ""),
              cl.network_line(),
              compute_line(cl, t.framework),
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
@@ -466,6 +476,27 @@ def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | N
                             headers=["op", "class", "fwd ms", "bwd ms", "recompute ms", "share", "GFLOP", "MB"],
                             floatfmt=".3f"))
     return "\n".join(out)
+
+
+def render_savers(model, cluster: ClusterSpec, training: TrainingSpec, est: Estimate, targets) -> str:
+    """What the candidate's memory savers cost: module recompute (recompute=modules:...) against none and the CPU
+    optimizer offload against none, each as GPU memory saved and step time added (the same model, layout and
+    estimate otherwise)."""
+    if est.memory is None or est.time is None:
+        return ""
+    savers = []
+    if recompute_modes.kind(est.candidate.recompute) == "modules":
+        savers.append((f"recompute {est.candidate.recompute.removeprefix('modules:')} (--recompute-modules)",
+                       training, replace(est.candidate, recompute="none")))
+    if training.optimizer_offload:
+        savers.append((f"optimizer offload {training.optimizer_offload:g} (--optimizer-offload-fraction)",
+                       replace(training, optimizer_offload=0.0), est.candidate))
+    lines = []
+    for name, t, c in savers:
+        base = estimate(model, cluster, t, c, targets=targets)
+        lines.append(f"{name}: saves {(base.memory.total_bytes - est.memory.total_bytes) / 1e9:.2f} GB of GPU "
+                     f"memory, costs {est.time.step_time_s - base.time.step_time_s:+.3f} s of step time")
+    return ("\nMemory savers (against the same layout without each):\n" + "\n".join(lines)) if lines else ""
 
 
 def _dump(obj: object, fmt: str) -> str:
@@ -588,6 +619,7 @@ def run(args: argparse.Namespace) -> int:
             print(_dump(est.to_dict(detail=True), args.format))
         else:
             print(render_explain(est, cluster, training))
+            print(render_savers(model, cluster, training, est, targets))
         sys.stderr.write(note)
         return 0
     if args.explain == "":

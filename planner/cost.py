@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner import context_parallel, flops, fp8, fsdp_parallel, moe, ops, pipeline_engine, recompute
+from planner import context_parallel, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
 from planner.constants import ELEMENTWISE_BW_EFFICIENCY, RANKING_ERROR, SHARDED_OVERLAP
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
@@ -166,7 +166,8 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
     # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
     logits_s += model.mtp_layers * (layer_s + logits_s)
-    split = megatron_lm_split(model.layers, cand.pp, cand.vpp) if training.framework == "megatron-lm" else None
+    split = (megatron_lm_split(model.layers, cand.pp, cand.vpp, model.mtp_layers)
+             if training.framework == "megatron-lm" else None)
     if cand.pp == 1:
         stage_compute = lps * layer_s + logits_s
     elif split is not None:   # the busiest rank of the split Megatron-LM runs (the last also runs the LM head)
@@ -372,7 +373,9 @@ def optimizer_s(ctx: StepContext) -> float:
     opt_bytes = ctx.params_gpu / shard_opt * per_param
     edp = moe.expert_data_parallel(cand)
     opt_bytes += moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
-    return opt_bytes / (ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    f = training.optimizer_offload   # Megatron-LM's CPU offload: that share steps on the host (planner.offload)
+    return (opt_bytes * (1 - f) / (ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+            + offload.host_step_s(f * opt_bytes / per_param, ctx.cluster))
 
 
 TERMS: tuple[Term, ...] = (

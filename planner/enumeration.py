@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-from planner import context_parallel, moe
+from planner import context_parallel, moe, recompute
 from planner.model import ModelSpec
 from planner.pipeline_split import vpp_choices
 from planner.rules import knob_values, target_of
@@ -118,14 +118,16 @@ def _groups(model: ModelSpec, world: int, training: TrainingSpec, knobs: dict[st
         return
     per_replica = training.global_batch // dp if training.global_batch % dp == 0 else 0
     mbss = [pins["mbs"]] if "mbs" in pins else mbs_values(per_replica, training.max_mbs)
-    vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"] or vpp_choices(model.layers, pp)
+    vpps = (pins["vpp"],) if "vpp" in pins else knobs["vpp"] or vpp_choices(model.layers, pp, model.mtp_layers)
     ep_etps = tuple(knobs["ep"] or moe.ep_choices(model, tp, cp, dp, training.ep_options))
     # Megatron needs SP under MoE with EP and TP (planner.moe.violations): sp=0 is enumerated with EP=1 only
     ep_no_sp = tuple(pe for pe in ep_etps if pe[0] == 1) if knobs["moe_needs_sp"] and tp > 1 else ep_etps
+    # the module-recompute search token only for a model with modules to recompute (MoE, MLA)
+    recomputes = tuple(r for r in knobs["recompute"] if r != "modules" or recompute.module_sets(model))
     for mbs in mbss:
         gas = max(training.global_batch // (mbs * dp), 1)
         if "gas" in pins and gas != pins["gas"]:
             continue
-        yield Group(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, gas=gas, recompute=tuple(knobs["recompute"]),
+        yield Group(tp=tp, pp=pp, cp=cp, dp=dp, mbs=mbs, gas=gas, recompute=recomputes,
                     zero=tuple(knobs["zero"]), sp=tuple(knobs["sp"]), vpp=tuple(vpps), hybrid=tuple(knobs["hybrid"]),
                     ep_etps=ep_etps, ep_no_sp=ep_no_sp)

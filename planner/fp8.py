@@ -114,7 +114,9 @@ def weight_bytes(base: float, precision: str) -> float:
 def fp8_param_gather(c: "Candidate", training: "TrainingSpec") -> bool:
     """Whether plan runs FP8 with Megatron-LM's --fp8-param-gather: FP8 there, with the distributed optimizer it
     needs."""
-    return training.precision == "fp8" and training.framework == "megatron-lm" and c.zero >= 1
+    # arguments.py: under --optimizer-cpu-offload, --fp8-param-gather only with --fp8-recipe delayed
+    return (training.precision == "fp8" and training.framework == "megatron-lm" and c.zero >= 1
+            and not (training.optimizer_offload and training.fp8_recipe != "delayed"))
 
 
 def param_gather_bytes(c: "Candidate", training: "TrainingSpec", half: int) -> int:

@@ -70,7 +70,8 @@ DS_ZERO12_TRAFFIC = 1.5
 # two and overlapped p2p (Megatron's default for the interleaved schedule); TP comm overlap needs Transformer
 # Engine's userbuffers and is off unless asked for.
 OVERLAPS = {"grad-reduce": "--overlap-grad-reduce", "param-gather": "--overlap-param-gather",
-            "tp-comm": "--tp-comm-overlap", "p2p": "overlap_p2p_comm (default; --no-overlap-p2p-communication: off)"}
+            "tp-comm": "--tp-comm-overlap", "p2p": "overlap_p2p_comm (default; --no-overlap-p2p-communication: off)",
+            "ep-a2a": "--overlap-moe-expert-parallel-comm", "shared-expert": "--moe-shared-expert-overlap"}
 MEGATRON_OVERLAPS = ("grad-reduce", "param-gather", "p2p")
 
 FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (

@@ -133,7 +133,8 @@ def stage_layers(model: ModelSpec, cand: Candidate, framework: str, stage: str) 
     of the first and a middle rank (stage 1 holds PP-1 micro-batches in flight, nearly as many as stage 0), so it
     bounds every rank but the last. Other frameworks: ceil(L/PP) on every stage (DeepSpeed's partitioning).
     """
-    split = megatron_lm_split(model.layers, cand.pp, cand.vpp) if framework == "megatron-lm" and cand.pp > 1 else None
+    split = (megatron_lm_split(model.layers, cand.pp, cand.vpp, model.mtp_layers)
+             if framework == "megatron-lm" and cand.pp > 1 else None)
     if split is None:
         return layers_per_stage(model, cand.pp)
     return split.last if stage == "last" else max(split.first, split.middle)
@@ -247,6 +248,8 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
         stored = layer_input + (2 * kept + 2) * sbh / t
     elif kind == "full":
         stored = layer_input
+    elif kind == "modules":
+        stored = max(layer_input, full - _module_saved_bytes(model, cand, training, mode.modules, sbh, scores, kv))
     elif kind == "selective-layer":
         n = mode.n   # torchtitan layer SAC: every n-th block checkpointed (its input kept)
         stored = (layer_input + (n - 1) * full) / n
@@ -262,6 +265,40 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     unit = mode.n if mode is not None and mode.kind == "uniform" else 1
     return LayerActivations(stored_bytes=stored, working_bytes=unit * full + score_grad, input_bytes=layer_input,
                             full_bytes=full)
+
+
+def _module_saved_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec, modules: tuple[str, ...],
+                        sbh: float, scores: float, kv: float) -> float:
+    """Bytes per layer (the mean layer) Megatron-LM's --recompute-modules free, in `layer_activations`' terms:
+    core_attn the score matrices (none under FlashAttention); layernorm the two norm outputs, the QKV and FC1/router
+    inputs (2 + 2 bytes per sbh, split by SP); mla_up_proj MLA's Q, K and V (2 + 4·kv per sbh over TP); mlp the dense
+    layers' MLP activations (f-wide: FC1 outputs and the FC2 input); moe_act the routed experts' FC2 input (2 bytes x
+    top-k x capacity x expert width, output-discarding); shared_experts their MLP activations; moe the whole MoE
+    block's (experts, shared experts, the permuted tokens) (megatron/core/transformer/transformer_layer.py,
+    multi_latent_attention.py, moe/experts.py, moe/moe_layer.py)."""
+    h, t = model.hidden, cand.tp
+    sp = t if cand.sp else 1
+    unit = 2 * (2 if model.glu else 1) + 2   # bytes per f-wide element of an MLP: FC1 output(s) and FC2 input
+    n_moe = moe.moe_layer_count(model) if moe.is_moe(model) else 0
+    share = n_moe / model.layers
+    saved = scores if "core_attn" in modules else 0.0
+    if "layernorm" in modules:
+        saved += 4 * sbh / sp
+    if "mla_up_proj" in modules and model.kv_lora_rank:
+        saved += (2 + 4 * kv) * sbh / t
+    if "mlp" in modules:
+        saved += (1 - share) * model.ffn_hidden / h * unit * sbh / t
+    if n_moe:
+        e, cap = moe.expert_ffn(model), moe.capacity(training)
+        if "moe" in modules:
+            saved += share * e * (model.moe_topk * cap + model.shared_experts) / h * unit * sbh / t
+            saved += moe.dispatch_activation_sbh(model, training) * sbh / sp
+        else:
+            if "moe_act" in modules:
+                saved += share * 2 * e * model.moe_topk * cap / h * sbh / t
+            if "shared_experts" in modules:
+                saved += share * e * model.shared_experts / h * unit * sbh / t
+    return saved
 
 
 def in_flight_microbatches(cand: Candidate) -> float:
@@ -378,6 +415,7 @@ def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
         model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes, last_stage=stage != "first")
+    optimizer *= 1 - training.optimizer_offload   # the host's share (planner.offload)
     return params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model)
 
 

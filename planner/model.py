@@ -502,6 +502,43 @@ def shape_problems(m: ModelSpec) -> list[str]:
     return out
 
 
+# the FLOPs per token these weights imply (2 per weight per token; Narayanan et al. 2021 Sec. 5.1), which
+# planner.flops, planner.moe and planner.recompute read
+def attention_matmul_flops(m: ModelSpec, tokens: int) -> float:
+    """Forward projections (2 FLOPs per weight per token, no biases) plus the core QK^T and AV:
+    2·2·tokens·s·heads·head_dim (Narayanan et al. 2021 Sec. 5.1), with MLA's q/k width nope+rope
+    and v width v_head_dim."""
+    weights = attention_params(m) - (m.q_lora_rank + m.kv_lora_rank if m.kv_lora_rank else 0)
+    if m.bias and not m.kv_lora_rank:
+        weights -= m.q_dim + 2 * m.kv_dim + m.hidden
+    return 2.0 * tokens * weights + attention_core_flops(m, tokens)
+
+
+def attention_core_flops(m: ModelSpec, tokens: int) -> float:
+    """QK^T and AV over the full s x s scores: 2·tokens·s·(q/k width + v width), MLA's widths nope+rope and
+    v_head_dim."""
+    qk = m.heads * (m.head_dim + m.qk_rope_head_dim) if m.kv_lora_rank else m.q_dim
+    v = m.heads * (m.v_head_dim or m.head_dim) if m.kv_lora_rank else m.q_dim
+    return 2.0 * tokens * m.seq_len * (qk + v)
+
+
+def mlp_matmul_flops(m: ModelSpec, tokens: int, ffn: int) -> float:
+    return 2.0 * tokens * m.hidden * ffn * (3 if m.glu else 2)
+
+
+@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
+def layer_forward_matmul_flops(m: ModelSpec, tokens: int) -> float:
+    """Mean forward matmul FLOPs of one layer: the active experts (top-k), shared experts, router and
+    dense-layer MLPs averaged over all layers (Megatron-Core's MoE FLOPs in training.py
+    ``num_floating_point_operations`` count top-k experts the same way)."""
+    n_moe, n_dense = moe_layer_count(m), dense_layer_count(m)
+    moe_mlp = (mlp_matmul_flops(m, tokens, expert_ffn(m)) * (m.moe_topk + m.shared_experts)
+               + 2.0 * tokens * router_params(m)) if n_moe else 0.0
+    dense_mlp = mlp_matmul_flops(m, tokens, m.ffn_hidden)
+    return attention_matmul_flops(m, tokens) + (n_moe * moe_mlp + n_dense * dense_mlp) / m.layers
+
+
+
 MOE_YAML_KEYS = {"num_experts", "moe_topk", "moe_ffn_hidden", "shared_experts", "moe_layer_freq", "first_dense_layers",
              "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "rope_scaling",
              "rope_scaling_factor", "mtp_layers"}

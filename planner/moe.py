@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING, Callable
 
 from planner.constants import KERNEL_LAUNCH_S
 # the shape and parameter counts live in planner.model; the ones other modules read beside this module's
-from planner.model import (attention_params, dense_layer_count, expert_ffn, expert_layer_params, is_moe,  # noqa: F401
-                           mean_expert_layer_params, mean_non_expert_layer_params, moe_layer_count, mtp_expert_params,
-                           mtp_non_expert_params, mtp_params, needs_own_shape, router_params)
-from planner.terms import COMMUNICATION, Term
+from planner.model import (attention_core_flops, attention_matmul_flops, attention_params,  # noqa: F401
+                           dense_layer_count, expert_ffn, expert_layer_params, is_moe, layer_forward_matmul_flops,
+                           mean_expert_layer_params, mean_non_expert_layer_params, mlp_matmul_flops, moe_layer_count,
+                           mtp_expert_params, mtp_non_expert_params, mtp_params, needs_own_shape, router_params)
+from planner.terms import COMMUNICATION, Overlap, Term
 from planner.ops import bytes_op, gemm_op
 from planner.topology import collective_time_s
 from planner.recompute import recomputed_of
@@ -72,38 +73,6 @@ def mtp_forward_flops(m: "ModelSpec", tokens: int, layer_flops: float, logits_fl
 
 
 # -- FLOPs --------------------------------------------------------------------------------------------
-def attention_matmul_flops(m: "ModelSpec", tokens: int) -> float:
-    """Forward projections (2 FLOPs per weight per token, no biases) plus the core QK^T and AV:
-    2·2·tokens·s·heads·head_dim (Narayanan et al. 2021 Sec. 5.1), with MLA's q/k width nope+rope
-    and v width v_head_dim."""
-    weights = attention_params(m) - (m.q_lora_rank + m.kv_lora_rank if m.kv_lora_rank else 0)
-    if m.bias and not m.kv_lora_rank:
-        weights -= m.q_dim + 2 * m.kv_dim + m.hidden
-    return 2.0 * tokens * weights + attention_core_flops(m, tokens)
-
-
-def attention_core_flops(m: "ModelSpec", tokens: int) -> float:
-    """QK^T and AV over the full s x s scores: 2·tokens·s·(q/k width + v width), MLA's widths nope+rope and
-    v_head_dim."""
-    qk = m.heads * (m.head_dim + m.qk_rope_head_dim) if m.kv_lora_rank else m.q_dim
-    v = m.heads * (m.v_head_dim or m.head_dim) if m.kv_lora_rank else m.q_dim
-    return 2.0 * tokens * m.seq_len * (qk + v)
-
-
-def mlp_matmul_flops(m: "ModelSpec", tokens: int, ffn: int) -> float:
-    return 2.0 * tokens * m.hidden * ffn * (3 if m.glu else 2)
-
-
-@lru_cache(maxsize=256)   # pure in a frozen ModelSpec; plan() asks per candidate
-def layer_forward_matmul_flops(m: "ModelSpec", tokens: int) -> float:
-    """Mean forward matmul FLOPs of one layer: the active experts (top-k), shared experts, router and
-    dense-layer MLPs averaged over all layers (Megatron-Core's MoE FLOPs in training.py
-    ``num_floating_point_operations`` count top-k experts the same way)."""
-    n_moe, n_dense = moe_layer_count(m), dense_layer_count(m)
-    moe_mlp = (mlp_matmul_flops(m, tokens, expert_ffn(m)) * (m.moe_topk + m.shared_experts)
-               + 2.0 * tokens * router_params(m)) if n_moe else 0.0
-    dense_mlp = mlp_matmul_flops(m, tokens, m.ffn_hidden)
-    return attention_matmul_flops(m, tokens) + (n_moe * moe_mlp + n_dense * dense_mlp) / m.layers
 
 
 # -- memory -------------------------------------------------------------------------------------------
@@ -322,7 +291,7 @@ def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec",
     per = all_to_all_s(topology, c.etp, c.ep, message, collective_s)
     if recomputed_layers is None:
         recomputed_layers = recomputed_of(m, c, training.framework).layers
-    calls = 4 + 2 * recomputed_layers   # full: the pair again; block-N: its share
+    calls = 4 + 2 * recomputed_layers   # full (or --recompute-modules moe): the pair again; block-N: its share
     return calls * per * moe_layer_count(m) / m.layers
 
 
@@ -340,7 +309,7 @@ def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link
 def all_to_all_term_s(ctx: "StepContext") -> float:
     """The term: the busiest stage's EP all-to-alls for one micro-batch (the EP group strides by ETP)."""
     return ctx.stage_layers * all_to_all_layer_s(ctx.model, ctx.cand, ctx.training, ctx.tokens, ctx.topology,
-                                                 collective_time_s, ctx.half, ctx.rc.layers)
+                                                 collective_time_s, ctx.half, ctx.rc.layers + ctx.rc.moe)
 
 
 def expert_grad_reduce_term_s(ctx: "StepContext") -> float:
@@ -351,10 +320,48 @@ def expert_grad_reduce_term_s(ctx: "StepContext") -> float:
     return expert_grad_reduce_s(m, c, ctx.stage_layers, link, collective_time_s, ctx.half)
 
 
+def unmerged_share(pp: int, vpp: int, gas: int) -> float:
+    """Share of a rank's micro-batch passes (model chunks under VPP) that run alone under Megatron's EP all-to-all
+    overlap, which merges the forward of one micro-batch with the backward of another (megatron/core/pipeline_parallel
+    combined_1f1b.py; Megatron-Core MoE docs, "EP communication overlap": "first FWD and last BWD can't be"
+    merged): the warm-up forwards and the cool-down backwards of the (interleaved) 1F1B schedule, pp - 1 + 1 passes
+    of gas, or (pp - 1)·2 + (vpp - 1)·pp + 1 chunks of gas·vpp (schedules.py's warm-up count)."""
+    if vpp > 1:
+        return min(1.0, ((pp - 1) * 2 + (vpp - 1) * pp + 1) / (gas * vpp))
+    return min(1.0, pp / gas)
+
+
+@lru_cache(maxsize=256)
+def shared_expert_share(m: "ModelSpec") -> float:
+    """Share of the mean layer's forward FLOPs (projections, attention core, experts, router) that are the shared
+    experts' GEMMs: what --moe-shared-expert-overlap runs on its own stream beside the dispatch and combine."""
+    if not is_moe(m) or not m.shared_experts:
+        return 0.0
+    shared = moe_layer_count(m) / m.layers * mlp_matmul_flops(m, 1, expert_ffn(m)) * m.shared_experts
+    return shared / layer_forward_matmul_flops(m, 1)
+
+
+def all_to_all_overlap(ctx: "StepContext") -> Overlap | None:
+    """--overlap-moe-expert-parallel-comm: each micro-batch's dispatch and combine run beside the other merged
+    micro-batch's attention and expert GEMMs, up to that compute (window 1), the unmerged passes' exposed.
+    --moe-shared-expert-overlap: they run beside the same micro-batch's shared experts only (window: the shared
+    experts' share of the compute, megatron/core/transformer/moe/shared_experts.py's side stream)."""
+    if ctx.cand.ep <= 1:
+        return None
+    if "ep-a2a" in ctx.overlaps:
+        return Overlap(under="compute", window=1.0,
+                       exposed_min=unmerged_share(ctx.cand.pp, ctx.cand.vpp, ctx.cand.gas))
+    if "shared-expert" in ctx.overlaps and shared_expert_share(ctx.model):
+        return Overlap(under="compute", window=shared_expert_share(ctx.model))
+    return None
+
+
 ALL_TO_ALL = Term(name="ep_all_to_all", kind=COMMUNICATION, group="ep_comm_s", per_microbatch=True,
                   seconds=all_to_all_term_s, source="Megatron-Core MoE alltoall token dispatcher (dispatch + combine, "
                                                "forward and backward); nccl-tests alltoall busbw",
-                  constants=("LINK_EFFICIENCY",))
+                  constants=("LINK_EFFICIENCY",), overlap=all_to_all_overlap, hides_under="compute",
+                  flag="Megatron --overlap-moe-expert-parallel-comm (--overlap ep-a2a) or --moe-shared-expert-overlap "
+                       "(--overlap shared-expert)")
 EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
                           seconds=expert_grad_reduce_term_s,
                           source="Megatron DDP: expert parameters in their own buckets and expert-DP group",
@@ -405,6 +412,25 @@ def violations(m: "ModelSpec", c: "Candidate", cluster: object, training: "Train
                                                    "(megatron/core/transformer/moe/README.md); set sp=1"))
     if fw == "fsdp" and c.etp > 1:
         out.append(("framework_limit", "FSDP/torchtitan plans here have no expert tensor parallelism; use ETP=1"))
+    if fw == "megatron-lm" and c.ep > 1 and "ep-a2a" in (training.overlap or ()):
+        # megatron/core/transformer/transformer_config.py asserts under overlap_moe_expert_parallel_comm
+        from planner import recompute as recompute_modes
+
+        mode = recompute_modes.parse(c.recompute)
+        if c.pp > 1 and c.vpp == 1:
+            out.append(("framework_limit", "EP all-to-all overlap with PP > 1 needs interleaving "
+                                           "(transformer_config.py: 'virtual_pipeline_model_parallel_size must be "
+                                           "specified'); set vpp > 1 or drop --overlap ep-a2a"))
+        if mode is not None and (mode.kind in ("full", "block", "uniform") or "moe" in mode.modules):
+            out.append(("framework_limit", f"EP all-to-all overlap refuses recompute={c.recompute} (transformer_"
+                                           "config.py: no full recompute, no recompute method, no moe module)"))
+        if m.mtp_layers > 1 or (m.mtp_layers and c.pp == 1):
+            out.append(("framework_limit", "EP all-to-all overlap takes one MTP layer, and with it PP > 1 "
+                                           "(transformer_config.py)"))
+        if "shared-expert" in training.overlap:
+            out.append(("framework_limit", "--overlap ep-a2a and shared-expert exclude each other (transformer_"
+                                           "config.py: 'disable moe_shared_expert_overlap when enabling "
+                                           "overlap_moe_expert_parallel_comm'); keep one"))
     if c.ep > 1 and training.precision == "fp16":
         out.append(("framework_limit", "Megatron refuses expert parallelism with fp16 ('Expert parallelism is not "
                                        "supported with fp16 training'); use bf16 or fp8"))

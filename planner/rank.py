@@ -258,6 +258,17 @@ def partial_mode(model: ModelSpec, cand: Candidate, memory: PlanMemory, framewor
     """`smallest_partial`'s recompute mode for ``cand`` (with EP, ETP ``ep_etp`` when given: plan() builds no
     candidate it tries), and why it is ruled out (`_UNWORDED_MEMORY` when no N fits)."""
     kind = cand.recompute
+    if kind == "modules":   # Megatron's --recompute-modules: the first of MODULE_SETS the model has that fits
+        fits = memory.fits_under(cand, ep_etp)
+        if fits("none"):
+            return kind, Violation(Reason.REDUNDANT, "recompute=none fits already: module recompute would only re-run "
+                                                     "more of the forward")
+        sets = recompute_modes.module_sets(model)
+        found = next((s for s in sets if fits(s)), None)
+        if found is None:
+            return (sets[-1] if sets else "modules"), (_UNWORDED_MEMORY if sets else Violation(
+                Reason.MODEL_FEATURE, f"{model.name} has none of the modules plan recomputes"))
+        return found, None
     chunk = recompute_modes.chunk_layers(model, cand.pp, cand.vpp, framework)
     cheaper = "none" if kind == "block" else "full"
     fits = memory.fits_under(cand, ep_etp)
@@ -334,7 +345,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
             first = checker.first(item)
             pruned[first.reason] += 1
             examples.setdefault(first.reason, (item, first))
-            if item.recompute in recompute_modes.PARTIAL:
+            if item.recompute in recompute_modes.SEARCHED:
                 mode, why = partial_mode(model, item, memory, training.framework)
                 if why is not None:
                     continue
@@ -344,7 +355,7 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
                 best_free = _better(best_free, est, total)
             continue
         head = item.head   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its candidate is built
-        if head.recompute in recompute_modes.PARTIAL:   # block / uniform: each candidate at its smallest fitting N
+        if head.recompute in recompute_modes.SEARCHED:   # block / uniform / modules: each at its smallest that fits
             for i, (ep, etp) in enumerate(item.eps):
                 total += 1
                 mode, first = head.recompute, checker.extras(head, ep, etp)

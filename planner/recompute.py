@@ -15,18 +15,27 @@ Modes (``Candidate.recompute``):
   ``selective_ac_option = "op"`` (op-level SAC: every other matmul output saved, the attention output saved) or
   ``"N"`` (every N-th transformer block fully checkpointed; ``selective-layer`` = N 2).
 
-Search tokens (``--recompute`` lists): ``block`` and ``uniform`` without N; `plan` resolves ``block`` to the smallest
-N that fits (`planner.rank.smallest_partial`), since a larger N only re-runs more of the forward.
+- ``modules:<a>+<b>...``: Megatron-LM's module-level recompute, ``--recompute-granularity selective
+  --recompute-modules a b`` (megatron/core/transformer/transformer_config.py ``recompute_modules``: core_attn, moe_act,
+  layernorm, mla_up_proj, mlp, moe, shared_experts; ``selective`` is ``modules:core_attn``, Megatron's default). What
+  each module frees and re-runs: `planner.memory.layer_activations` and `module_matmul_share`.
+
+Search tokens (``--recompute`` lists): ``block`` and ``uniform`` without N, ``modules`` without a list; `plan`
+resolves ``block`` to the smallest N that fits (`planner.rank.smallest_partial`), since a larger N only re-runs more of
+the forward; ``modules`` to the first of `MODULE_SETS` that fits.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from planner.model import (attention_core_flops, expert_ffn, is_moe, layer_forward_matmul_flops, mlp_matmul_flops,
+                           moe_layer_count, router_params)
 from planner.pipeline_split import megatron_lm_split
-from planner.recompute_modes import (CLASSIC, FRAMEWORK_MODES, OPTIONS, PARTIAL, PLAN_DEFAULT, TORCHTITAN, Mode,  # noqa: F401
-                                     is_valid, kind, parse)
+from planner.recompute_modes import (CLASSIC, FRAMEWORK_MODES, MODULE_SETS, MODULES, OPTIONS, PARTIAL,  # noqa: F401
+                                     PLAN_DEFAULT, SEARCHED, TORCHTITAN, Mode, is_valid, kind, parse)
 
 if TYPE_CHECKING:
     from planner.model import ModelSpec
@@ -35,7 +44,8 @@ if TYPE_CHECKING:
 def chunk_layers(model: ModelSpec, pp: int, vpp: int, framework: str) -> int:
     """Layers of the largest model chunk (one virtual stage of the busiest pipeline rank): what Megatron's
     ``--recompute-num-layers`` counts in (transformer_block.py: ``num_layers_per_pipeline_rank = len(self.layers)``)."""
-    split = megatron_lm_split(model.layers, pp, vpp) if framework == "megatron-lm" and pp > 1 else None
+    split = (megatron_lm_split(model.layers, pp, vpp, model.mtp_layers)
+             if framework == "megatron-lm" and pp > 1 else None)
     stage = split.busiest if split is not None else -(-model.layers // pp)
     return -(-stage // vpp)
 
@@ -44,7 +54,7 @@ def checkpointed_layers(mode: str, stage_layers: int, vpp: int) -> float:
     """Layers of a ``stage_layers``-layer pipeline rank (``vpp`` chunks) that keep only their input; the others keep
     all their activations. block-N: N per chunk (min(N, chunk)); full, uniform-N: all; selective-layer-N: every N-th."""
     m = parse(mode)
-    if m is None or m.kind in ("none", "selective", "selective-op"):
+    if m is None or m.kind in ("none", "selective", "selective-op", "modules"):
         return 0.0
     if m.kind == "block":
         return min(stage_layers, vpp * m.n)
@@ -72,6 +82,8 @@ class Recomputed:
     """share of the layers whose attention core alone is re-run (selective: 1)"""
     matmul: float
     """share of a layer's forward matmul FLOPs re-run besides those (op-level SAC: the matmuls it does not save)"""
+    moe: float = 0.0
+    """share of the MoE layers whose whole MoE block (dispatch, experts, combine) is re-run (modules:moe)"""
 
 
 def recomputed(model: ModelSpec, mode: str, stage_layers: int, vpp: int) -> Recomputed:
@@ -81,12 +93,66 @@ def recomputed(model: ModelSpec, mode: str, stage_layers: int, vpp: int) -> Reco
         return Recomputed(0.0, 1.0, 0.0)
     if k == "selective-op":
         return Recomputed(0.0, 0.0, op_sac_matmul_share(model))
+    if k == "modules":
+        mods = parse(mode).modules
+        return Recomputed(0.0, float("core_attn" in mods), module_matmul_share(model, mods),
+                          float("moe" in mods and _moe_layers(model) > 0))
     return Recomputed(checkpointed_layers(mode, stage_layers, vpp) / max(stage_layers, 1), 0.0, 0.0)
 
 
 def recomputed_of(model: ModelSpec, cand: "Candidate", framework: str) -> Recomputed:
     """`recomputed` on the candidate's busiest pipeline rank (Megatron-LM's split; ceil(L/PP) elsewhere)."""
     return recomputed(model, cand.recompute, chunk_layers(model, cand.pp, cand.vpp, framework) * cand.vpp, cand.vpp)
+
+
+def _moe_layers(model: ModelSpec) -> int:
+    return moe_layer_count(model) if is_moe(model) else 0
+
+
+@functools.lru_cache(maxsize=256)
+def module_matmul_share(model: ModelSpec, modules: tuple[str, ...]) -> float:
+    """Share of a layer's forward projection and MLP GEMM FLOPs (attention core excluded; the mean layer) that
+    ``modules`` re-run in the backward: mla_up_proj the MLA up-projections (q_lora -> heads x (nope + rope), kv_lora
+    -> heads x (nope + v)); mlp the dense layers' MLP (Megatron's transformer_layer.py recomputes it only where the
+    layer is not MoE); shared_experts the shared experts; moe the routed experts (top-k), shared experts and router.
+    core_attn is `Recomputed.core`; moe_act and layernorm re-run element-wise work only (output-discarding
+    checkpoints of the expert activation and the two norms)."""
+    per_token = layer_forward_matmul_flops(model, 1) - attention_core_flops(model, 1)
+    n_moe = _moe_layers(model)
+    dense_share = 1 - n_moe / model.layers
+    f = 0.0
+    if "mla_up_proj" in modules and model.kv_lora_rank:
+        nope, rope, v = model.head_dim, model.qk_rope_head_dim, model.v_head_dim or model.head_dim
+        f += 2.0 * model.heads * (model.q_lora_rank * (nope + rope) + model.kv_lora_rank * (nope + v))
+    if "mlp" in modules:
+        f += dense_share * mlp_matmul_flops(model, 1, model.ffn_hidden)
+    if n_moe:
+        share, e = n_moe / model.layers, expert_ffn(model)
+        if "moe" in modules:
+            f += share * (mlp_matmul_flops(model, 1, e) * (model.moe_topk + model.shared_experts)
+                          + 2.0 * router_params(model))
+        elif "shared_experts" in modules:
+            f += share * mlp_matmul_flops(model, 1, e) * model.shared_experts
+    return min(1.0, f / per_token) if per_token > 0 else 0.0
+
+
+@functools.lru_cache(maxsize=64)   # pure in a frozen ModelSpec; plan() asks per row
+def module_sets(model: ModelSpec) -> tuple[str, ...]:
+    """`MODULE_SETS` whose every module the model has (none for a dense model without MLA)."""
+    return tuple(s for s in MODULE_SETS if not module_problems(model, s))
+
+
+@functools.lru_cache(maxsize=1024)
+def module_problems(model: ModelSpec, mode: str) -> tuple[str, ...]:
+    """The modules of ``mode`` the model lacks (Megatron's transformer_config.py refuses mla_up_proj without MLA and
+    moe_act without MoE grouped GEMM; mlp is a no-op on an all-MoE model, moe and shared_experts without MoE)."""
+    m = parse(mode)
+    if m is None or m.kind != "modules":
+        return ()
+    n_moe = _moe_layers(model)
+    lacks = {"mla_up_proj": not model.kv_lora_rank, "moe_act": not n_moe, "moe": not n_moe,
+             "shared_experts": not (n_moe and model.shared_experts), "mlp": n_moe == model.layers}
+    return tuple(name for name in m.modules if lacks.get(name))
 
 
 def op_sac_matmuls(model: ModelSpec, ffn: float | None = None) -> list[tuple[float, float]]:
@@ -126,6 +192,8 @@ def megatron_lm_args(mode: str) -> list[tuple[str, ...]]:
         return []
     if m.kind == "selective":
         return [("--recompute-granularity", "selective")]
+    if m.kind == "modules":
+        return [("--recompute-granularity", "selective"), ("--recompute-modules", *m.modules)]
     method, n = ("uniform", 1) if m.kind == "full" else (m.kind, m.n)
     return [("--recompute-granularity", "full"), ("--recompute-method", method), ("--recompute-num-layers", str(n))]
 
@@ -137,6 +205,8 @@ def plan_yaml_fields(mode: str) -> dict[str, object]:
         return {"recompute_granularity": None}
     if m.kind in ("block", "uniform"):
         return {"recompute_granularity": "full", "recompute_method": m.kind, "recompute_num_layers": m.n}
+    if m.kind == "modules":
+        return {"recompute_granularity": "selective", "recompute_modules": list(m.modules)}
     return {"recompute_granularity": mode}
 
 
@@ -160,7 +230,8 @@ def torchtitan_activation_checkpoint(mode: str) -> dict[str, str]:
     return {"mode": mode}
 
 
-__all__ = ["CLASSIC", "FRAMEWORK_MODES", "Mode", "OPTIONS", "PARTIAL", "PLAN_DEFAULT", "Recomputed", "TORCHTITAN",
+__all__ = ["CLASSIC", "FRAMEWORK_MODES", "MODULES", "MODULE_SETS", "Mode", "OPTIONS", "SEARCHED",
+           "module_matmul_share", "module_problems", "PARTIAL", "PLAN_DEFAULT", "Recomputed", "TORCHTITAN",
            "checkpointed_layers", "chunk_layers", "from_plan_yaml", "is_valid", "kept_inputs", "kind", "megatron_lm_args",
            "op_sac_kept_width", "op_sac_matmul_share", "op_sac_matmuls", "parse", "plan_yaml_fields", "recomputed",
            "recomputed_of", "time_key",

@@ -153,13 +153,13 @@ def knob_values(target: Target, training: TrainingSpec) -> dict[str, tuple]:
 
 # -- pipeline stages ---------------------------------------------------------------------------------------
 
-def megatron_lm_stages(layers: int, pp: int, vpp: int = 1) -> tuple[int, int, int] | None:
+def megatron_lm_stages(layers: int, pp: int, vpp: int = 1, mtp: int = 0) -> tuple[int, int, int] | None:
     """Layers on (first, each middle, last) pipeline rank as Megatron-LM runs them, or None when impossible.
 
     The split and the flags it needs (even; ``--account-for-embedding/loss-in-pipeline-split``; unequal first/last
     stages) come from `planner.pipeline_split.megatron_lm_split`. Llama 3 405B, 126 layers on PP=16: 7, 8, 7.
     """
-    split = megatron_lm_split(layers, pp, vpp)
+    split = megatron_lm_split(layers, pp, vpp, mtp)
     return None if split is None else split.as_tuple()
 
 
@@ -280,11 +280,13 @@ def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
         yield Violation(Reason.FRAMEWORK_LIMIT, f"ZeRO-{c.zero} on Megatron-LM is Megatron-FSDP, which composes with "
                                                 f"TP, CP and EP, not with PP {c.pp}; use zero=0 or 1 "
                                                 "(--use-distributed-optimizer) with PP, or PP=1")
-    if c.pp <= model.layers and megatron_lm_stages(model.layers, c.pp, c.vpp) is None:
+    if c.pp <= model.layers and megatron_lm_stages(model.layers, c.pp, c.vpp, model.mtp_layers) is None:
         yield Violation(Reason.PP_LAYERS, f"{model.layers} layers cannot be split over PP {c.pp} x VPP {c.vpp}: "
                                           "Megatron-LM needs equal stages (counting the embedding and the loss "
                                           "as a layer each, or not), or equal middle stages with first/last ones "
-                                          "no larger, every stage a multiple of VPP")
+                                          "no larger, every stage a multiple of VPP, or a layout "
+                                          "(--pipeline-model-parallel-layout) whose chunks differ only in the "
+                                          "first and the last")
     if c.vpp > 1:
         # validate_args: interleaving needs PP > 1 with p2p overlap (on by default; the emitter keeps it), PP > 2
         # only under --no-overlap-p2p-communication; schedules.py: micro-batches % PP == 0 (group size PP)
@@ -489,6 +491,11 @@ def _recompute(model: ModelSpec, c: Candidate, fw: str) -> Iterator[Violation]:
     if kind not in has:
         yield Violation(Reason.FRAMEWORK_LIMIT, f"recompute={c.recompute} is not one of {fw}'s modes "
                                                 f"({', '.join(has)}); use recompute=full or another of those")
+    elif recompute_modes.module_problems(model, c.recompute):
+        lacks = recompute_modes.module_problems(model, c.recompute)
+        yield Violation(Reason.MODEL_FEATURE, f"recompute={c.recompute}: {model.name} has nothing for "
+                                              f"{', '.join(lacks)} to recompute (no MLA, MoE or dense layer); drop "
+                                              "them from the modules")
     elif kind == "block":
         chunk = recompute_modes.chunk_layers(model, c.pp, c.vpp, fw)
         n = recompute_modes.parse(c.recompute).n

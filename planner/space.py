@@ -74,6 +74,9 @@ class TrainingSpec:
     """torchtitan [compile] enable: Inductor fuses the element-wise chains (planner.fsdp_parallel.runtime_framework)"""
     async_tp: bool = False
     """torchtitan's async tensor parallel (needs torch_compile): planner.fsdp_parallel.tp_exposed_fraction"""
+    optimizer_offload: float = 0.0
+    """fraction of the optimizer states Megatron-LM keeps on the host (--optimizer-cpu-offload
+    --optimizer-offload-fraction; `planner.offload`); 0: none"""
     fused_norm: bool = True
     """the norms run as one fused kernel (apex / Transformer Engine / Inductor, and every config plantune emits);
     False: PyTorch's reference RMSNorm as separate ops (--unfused-norm; Hagemann et al.'s runs without their "RMS
@@ -119,6 +122,11 @@ class TrainingSpec:
             if "param-gather" in self.overlap and "grad-reduce" not in self.overlap:
                 raise InputError("--overlap param-gather needs grad-reduce too (Megatron-LM arguments.py: 'Must use "
                                  "--overlap-param-gather with --overlap-grad-reduce'); add grad-reduce")
+        if not 0 <= self.optimizer_offload <= 1:
+            raise InputError(f"--optimizer-offload must be a fraction in [0, 1], got {self.optimizer_offload}")
+        if self.optimizer_offload and self.framework != "megatron-lm":
+            raise InputError("--optimizer-offload is Megatron-LM's (--optimizer-cpu-offload); the framework here is "
+                             f"{self.framework}: add --framework megatron-lm or drop --optimizer-offload")
         if self.grad_reduce_dtype not in ("fp32", "bf16"):
             raise InputError(f"unknown gradient reduce dtype {self.grad_reduce_dtype!r}; use fp32 or bf16")
         if self.fp8_recipe not in ("delayed", "tensorwise", "rowwise", "mxfp8", "blockwise"):   # fp8.FP8_RECIPES

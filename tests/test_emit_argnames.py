@@ -152,6 +152,11 @@ MEGATRON_LM = {
     "--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank", "--sequence-parallel",
     "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",   # TransformerConfig bools
+    "--pipeline-model-parallel-layout", "--mtp-num-layers",   # ModelParallelConfig / TransformerConfig fields
+    "--recompute-modules",   # TransformerConfig recompute_modules
+    "--optimizer-cpu-offload", "--optimizer-offload-fraction", "--use-precision-aware-optimizer",   # arguments.py
+    "--overlap-cpu-optimizer-d2h-h2d", "--overlap-moe-expert-parallel-comm",   # arguments.py, TransformerConfig
+    "--moe-shared-expert-overlap",   # TransformerConfig
     "--use-distributed-optimizer", "--grad-reduce-in-bf16",
     "--overlap-grad-reduce", "--overlap-param-gather", "--no-overlap-p2p-communication",   # arguments.py literals
     "--tp-comm-overlap",                                                                     # ModelParallelConfig

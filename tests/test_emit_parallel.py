@@ -85,6 +85,21 @@ CASES = {
                         seq_len=4096),
     "deepseek-mla": _setup("deepseek-v3", 256, Candidate(tp=1, pp=1, dp=256, ep=64, mbs=1, gas=2, zero=1),
                            seq_len=4096),
+    # NVIDIA's DGX-H100 run (Megatron-Bridge deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1:
+    # 1,024 GPUs, TP2 PP8 VP4 EP64, GBS 8192, pp_layout "Et|(tt|)*30mL")
+    "deepseek-layout": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
+                                                             zero=1, vpp=4,
+                                                             recompute="modules:mla_up_proj+mlp"),
+                              seq_len=4096, global_batch=8192),
+    # the same with half the optimizer on the host, FP8 current scaling (Megatron refuses --fp8-param-gather there)
+    "deepseek-offload": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
+                                                              zero=1, vpp=4, recompute="modules:mla_up_proj+mlp"),
+                               seq_len=4096, global_batch=8192, optimizer_offload=0.5, precision="fp8",
+                               fp8_recipe="tensorwise"),
+    # EP all-to-all overlap (--overlap ep-a2a): interleaved PP, as transformer_config.py asks of it
+    "mixtral-ep-a2a-overlap": _setup("mixtral-8x22b", 64, Candidate(tp=1, pp=2, dp=32, ep=8, mbs=1, gas=16, zero=1,
+                                                                    vpp=2), seq_len=4096,
+                                     overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a")),
 }
 
 
@@ -134,6 +149,18 @@ def test_deepseek_layer_freq_pattern_and_mla():
     assert freq[:3] == [0, 0, 0] and sum(freq) == 58 and len(freq) == 61
     assert args["--moe-shared-expert-intermediate-size"] == ["2048"]
     assert (args["--q-lora-rank"], args["--kv-lora-rank"], args["--qk-pos-emb-head-dim"]) == (["1536"], ["512"], ["64"])
+
+
+def test_deepseek_runs_nvidia_s_pipeline_layout_and_its_mtp_layer():
+    """The layout sets VPP in Megatron-LM (arguments.py: --num-virtual-stages-per-pipeline-rank, --num-layers-per-
+    virtual-pipeline-stage and --pipeline-model-parallel-layout exclude each other), and names the MTP layer
+    (pipeline_parallel_layer_layout.py: the count of m must equal --mtp-num-layers)."""
+    args = _args(CASES["deepseek-layout"])
+    assert args["--pipeline-model-parallel-layout"] == ["Et|(tt|)*30mL"] and args["--mtp-num-layers"] == ["1"]
+    assert args["--recompute-granularity"] == ["selective"] and args["--recompute-modules"] == ["mla_up_proj", "mlp"]
+    for flag in ("--num-virtual-stages-per-pipeline-rank", "--decoder-first-pipeline-num-layers",
+                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
+        assert flag not in args
 
 
 @pytest.mark.parametrize("name", ["mixtral-ep-fp8", "llama31-cp16", "qwen3-moe", "deepseek-mla"])

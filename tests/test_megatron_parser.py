@@ -96,7 +96,8 @@ def arg_set(group: str, case_id: str, setup, kind: str = "megatron-lm", flavor: 
     if kind == "megatron-lm":
         expect |= {"context_parallel_size": c.cp, "expert_model_parallel_size": c.ep if m.num_experts else 1,
                    "num_experts": m.num_experts or None,
-                   "fp8": "hybrid" if setup.training.precision == "fp8" else None}
+                   "fp8": "hybrid" if setup.training.precision == "fp8" else None,
+                   "virtual_pipeline_model_parallel_size": c.vpp if c.vpp > 1 else None}
     if kind == "megatron-lm" and m.kv_lora_rank:   # MLA with the RMSNorms on its q/kv latents (issue 31)
         expect |= {"multi_latent_attention": True, "qk_layernorm": True}
     if kind == "megatron-lm" and c.zero >= 2:   # Megatron-FSDP
@@ -214,7 +215,9 @@ def test_the_parsed_sets_cover_every_emitted_feature():
             "--q-lora-rank", "--kv-channels", "--fp8-format", "--fp8-recipe", "--use-rope-scaling",
             "--rampup-batch-size", "--sequence-parallel", "--use-distributed-optimizer",
             "--recompute-granularity", "--recompute-method", "--train-samples", "--use-megatron-fsdp",
-            "--data-parallel-sharding-strategy"} <= flags
+            "--data-parallel-sharding-strategy", "--pipeline-model-parallel-layout", "--mtp-num-layers",
+            "--recompute-modules", "--optimizer-cpu-offload", "--optimizer-offload-fraction",
+            "--overlap-moe-expert-parallel-comm"} <= flags
     assert {s.group for s in all_arg_sets()} == set(GROUPS)
     assert len(all_arg_sets()) >= 40
     hf = {tok for s in all_arg_sets() if s.group == "hf-configs" for tok in s.argv if tok.startswith("--")}

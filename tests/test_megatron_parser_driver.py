@@ -8,7 +8,9 @@ build_tokenizer does with the tokenizer's size (``vocab``): Megatron-LM's
 megatron/core/tokenizers/utils/build_tokenizer.py ``vocab_size_with_padding`` (megatron-core 0.17;
 megatron/training/tokenizer/tokenizer.py ``_vocab_size_with_padding`` in older checkouts), the forks'
 megatron/tokenizer/tokenizer.py ``_vocab_size_with_padding`` (the BigScience fork's raises "N is not divisible by
-128" for a --pad-vocab-size-to that is not). ``attrs`` may then ask for ``padded_vocab_size``.
+128" for a --pad-vocab-size-to that is not). ``attrs`` may then ask for ``padded_vocab_size``. A
+``--pipeline-model-parallel-layout`` goes through Megatron-Core's own layout checks (PipelineParallelLayerLayout and
+its ``validate_layer_layout``, which TransformerConfig runs; the rest of TransformerConfig needs transformer-engine).
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ def drive() -> None:
                 out["stage"] = "validate_args"
                 if hasattr(arguments, "validate_args"):   # the bigscience fork validates inside parse_args
                     arguments.validate_args(args)
+                layout = getattr(args, "pipeline_model_parallel_layout", None)
+                if layout is not None:   # what TransformerConfig.__post_init__ checks of it (needs no GPU)
+                    out["stage"] = "pipeline_layout"
+                    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+                    PipelineParallelLayerLayout(layout, args.pipeline_model_parallel_size).validate_layer_layout(
+                        args.num_layers, args.mtp_num_layers)
                 out["stage"] = "vocab_padding"
                 args.padded_vocab_size = _padding(lm)(case["vocab"], args)
             out.update(stage="ok", attrs={k: getattr(args, k, "<absent>") for k in case["attrs"]})

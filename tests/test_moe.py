@@ -284,24 +284,25 @@ def test_plan_ranks_ep_layouts_for_deepseek_v3():
     cluster = make_cluster(gpu="H100", gpus=2048)
     p = plan(DEEPSEEK, cluster, _t(global_batch=15360, max_mbs=2, zero_options=(1,)))
     assert p.best.fits and p.best.candidate.ep > 1
-    # 61 layers (a prime): Megatron-LM runs PP > 2 with first and last stages of their own sizes
-    # (planner.pipeline_split.megatron_lm_split: 61 on PP 16 = 3 + 14 x 4 + 2); DeepSeek-V3 itself trained on PP 16
+    # 61 layers (a prime) and an MTP layer: Megatron-Bridge's DeepSeek-V3 recipes run every PP > 1 with a layout
+    # (planner.pipeline_split.recipe_layout: 61 on PP 16 = Et*4|(t*4|)*14tmL); DeepSeek-V3 itself trained on PP 16
     assert {e.candidate.pp for e in p.candidates} >= {2, 4, 8, 16}
     assert {e.candidate.ep for e in p.candidates} >= {64, 256}
     assert p.best.memory.total_bytes <= cluster.gpu.memory_bytes
     from planner.emit import RunSetup, render
+    from planner.pipeline_split import layout_problem, parse_layout
 
-    for e in p.candidates[:5]:   # ranked means emittable: every PP > 1 runs with the first/last stage flags
+    for e in p.candidates[:5]:   # ranked means emittable: every PP > 1 runs with a layout Megatron accepts
         args = render(RunSetup(model=DEEPSEEK, cluster=cluster, training=p.training, candidate=e.candidate),
                       "megatron-lm")["args.txt"].split()
         pp = e.candidate.pp
+        assert args[args.index("--mtp-num-layers") + 1] == "1"
         if pp == 1:
-            assert "--decoder-first-pipeline-num-layers" not in args
+            assert "--pipeline-model-parallel-layout" not in args
             continue
-        first = int(args[args.index("--decoder-first-pipeline-num-layers") + 1])
-        last = int(args[args.index("--decoder-last-pipeline-num-layers") + 1])
-        middle = (61 - first - last) // (pp - 2) if pp > 2 else 0
-        assert first + (pp - 2) * middle + last == 61 and max(first, last) <= max(middle, 31)   # divides evenly
+        chunks = parse_layout(args[args.index("--pipeline-model-parallel-layout") + 1])
+        assert len(chunks) == pp * e.candidate.vpp and layout_problem(chunks, pp, 61, 1) is None
+        assert "--decoder-first-pipeline-num-layers" not in args
 
 
 def test_plan_ranks_mixtral_8x22b_fp8_on_1024_h100():
@@ -409,10 +410,93 @@ def test_mtp_counts_in_flops_and_the_last_stage_only():
     extra = flops.model_flops_per_iteration(m, 1) - flops.model_flops_per_iteration(plain, 1)
     assert extra == pytest.approx(3 * (layer + logits + 2 * tokens * 2 * m.hidden ** 2))
     t = TrainingSpec(global_batch=2048, seq_len=4096, precision="bf16", framework="megatron-lm")
-    c = Candidate(tp=1, pp=16, dp=16, ep=8, mbs=1, gas=128, recompute="full", zero=1)
+    # PP4 x VP4 (NVIDIA's GB200 run): both run a layout with one decoder layer on the last chunk ("Et*4|(t*4|)*14tmL"
+    # and, without the MTP layer, "...tL"), so the last rank differs by the MTP layer alone
+    c = Candidate(tp=1, pp=4, dp=64, ep=8, mbs=1, gas=32, recompute="full", zero=1, vpp=4)
     cluster = make_cluster(gpu="H100", gpus=256)
     with_mtp = {s.stage: s for s in stage_memory(m, c, cluster, t)}
     without = {s.stage: s for s in stage_memory(plain, c, cluster, t)}
     assert with_mtp["first"].params_on_gpu == without["first"].params_on_gpu
     added = with_mtp["last"].params_on_gpu - without["last"].params_on_gpu
     assert added == pytest.approx(moe.mtp_non_expert_params(m) + moe.mtp_expert_params(m) / 8, rel=1e-6)
+
+
+def test_ep_all_to_all_overlap_hides_under_the_merged_micro_batch():
+    """Megatron-Bridge 25.11's DGX-H100 Qwen3-235B-A22B run sets moe_a2a_overlap (scripts/performance/configs/qwen/
+    qwen3_workload_base_configs.py QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V1: TP2 PP8 VP4 EP32, alltoall
+    dispatcher): its 12+ s of off-node all-to-all (above) hide under the other micro-batch's compute but for the
+    interleaved schedule's warm-up and cool-down chunks. Predicted tokens/s per GPU with the overlap within 15% of the
+    published 1575 (without it, 0.72 of it: tests/bench/validate_moe_cp.py)."""
+    from tests.bench.validate_moe_cp import qwen3_235b_a22b
+
+    m = qwen3_235b_a22b()
+    cluster = make_cluster(gpu="H100", gpus=256)
+    kw = dict(global_batch=2048, seq_len=4096, precision="fp8", framework="megatron-lm", fp8_recipe="tensorwise",
+              grad_reduce_dtype="bf16")
+    c = Candidate(tp=2, pp=8, dp=16, ep=32, mbs=1, gas=128, recompute="none", zero=1, sp=True, vpp=4)
+    plain = estimate(m, cluster, TrainingSpec(**kw), c)
+    over = estimate(m, cluster, TrainingSpec(**kw, overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a")), c)
+    assert over.time.ep_comm_s < 0.5 * plain.time.ep_comm_s
+    assert over.time.ep_comm_s >= moe.unmerged_share(8, 4, 128) * plain.time.ep_comm_s * (1 - 1e-9)
+    assert over.throughput.tokens_per_s / 256 == pytest.approx(1575, rel=0.15)
+    # warm-up (pp - 1)·2 + (vpp - 1)·pp chunks and the first/last: 39 of 512 chunk passes (schedules.py)
+    assert moe.unmerged_share(8, 4, 128) == pytest.approx(39 / 512) and moe.unmerged_share(1, 1, 64) == 1 / 64
+
+
+def test_ep_overlap_rules_and_flag():
+    """transformer_config.py asserts under overlap_moe_expert_parallel_comm: VPP with PP > 1, no full recompute."""
+    from planner.emit import RunSetup, render
+
+    t = TrainingSpec(global_batch=1024, seq_len=4096, framework="megatron-lm",
+                     overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a"))
+    cluster = make_cluster(gpu="H100", gpus=64)
+    ok = Candidate(tp=1, pp=2, dp=32, ep=8, mbs=1, gas=32, zero=1, vpp=2)
+    assert moe.violations(MIXTRAL, ok, cluster, t) == []
+    bad = [v for _, v in moe.violations(MIXTRAL, Candidate(tp=1, pp=2, dp=32, ep=8, mbs=1, gas=32, zero=1,
+                                                           recompute="full"), cluster, t)]
+    assert any("interleaving" in v for v in bad) and any("recompute=full" in v for v in bad)
+    args = render(RunSetup(model=MIXTRAL, cluster=cluster, training=t, candidate=ok), "megatron-lm")["args.txt"]
+    assert "--overlap-moe-expert-parallel-comm" in args.split()
+
+
+def test_plan_deepseek_v3_on_1024_h100_emits_nvidia_s_layout(tmp_path):
+    """NVIDIA's DGX-H100 DeepSeek-V3 run (Megatron-Bridge deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_
+    H100_V1: TP2 PP8 VP4 EP64, MBS 1, GBS 8192, FP8 current scaling, bf16 grad reduce, pp_layout "Et|(tt|)*30mL",
+    recompute_modules mla_up_proj + mlp): pinned to its degrees, plan fits it with module recompute and writes its
+    layout; unpinned, every PP x VPP it ranks runs a layout Megatron accepts
+    (test_plan_ranks_ep_layouts_for_deepseek_v3)."""
+    from planner.cli import main
+
+    out = tmp_path / "run"
+    assert main(["--model", "deepseek-v3", "--gpus", "1024", "--gpu", "H100-SXM", "--global-batch", "8192",
+                 "--precision", "fp8", "--fp8-recipe", "tensorwise", "--grad-reduce-dtype", "bf16", "--tp", "2",
+                 "--pp", "8", "--vpp", "4", "--ep", "64", "--zero", "1", "--max-mbs", "1", "--emit", "megatron-lm",
+                 "--out", str(out)]) == 0
+    args = (out / "args.txt").read_text().split()
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et|(tt|)*30mL"
+    assert args[args.index("--recompute-granularity") + 1] == "selective"
+    assert args[args.index("--recompute-modules") + 1] == "mla_up_proj"
+    assert "--num-virtual-stages-per-pipeline-rank" not in args
+    assert main(["--from", str(out / "plan.yaml")]) == 0   # the plan file reads back (module recompute, --ep list)
+
+
+def test_shared_expert_overlap_hides_the_all_to_all_under_the_shared_experts_only():
+    """--moe-shared-expert-overlap (shared_experts.py: the shared experts on a side stream beside dispatch and
+    combine): at most the shared experts' share of the compute hides the all-to-all; DeepSeek-V3's one shared expert
+    of 8 + 1 active is about a tenth of its layer's FLOPs. It excludes --overlap-moe-expert-parallel-comm."""
+    from planner.emit import RunSetup, render
+
+    assert 0.05 < moe.shared_expert_share(DEEPSEEK) < 0.2 and moe.shared_expert_share(MIXTRAL) == 0.0
+    cluster = make_cluster(gpu="H100", gpus=1024)
+    c = Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128, zero=1, vpp=4, recompute="full")
+    kw = dict(global_batch=8192, seq_len=4096, framework="megatron-lm")
+    plain = estimate(DEEPSEEK, cluster, TrainingSpec(**kw), c)
+    t = TrainingSpec(**kw, overlap=("grad-reduce", "param-gather", "p2p", "shared-expert"))
+    over = estimate(DEEPSEEK, cluster, t, c)
+    hidden = plain.time.ep_comm_s - over.time.ep_comm_s
+    assert 0 < hidden <= moe.shared_expert_share(DEEPSEEK) * plain.time.compute_s * 1.0001
+    assert "--moe-shared-expert-overlap" in render(RunSetup(model=DEEPSEEK, cluster=cluster, training=t, candidate=c),
+                                                   "megatron-lm")["args.txt"].split()
+    both = TrainingSpec(**kw, overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a", "shared-expert"))
+    assert any("exclude each other" in d for _, d in moe.violations(DEEPSEEK, replace(c, recompute="none"),
+                                                                     cluster, both))

@@ -168,3 +168,68 @@ def test_nemo_llama3_70b_vp5_layout_is_ranked():
     p = plan(m, cluster, t)
     assert any((e.candidate.tp, e.candidate.pp, e.candidate.cp, e.candidate.vpp) == (4, 4, 2, 5)
                for e in p.candidates)
+
+
+# -- Megatron-LM's module-level recompute (--recompute-modules) --------------------------------------------------------
+# NVIDIA's DGX-H100 DeepSeek-V3 run (Megatron-Bridge deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_H100:
+# 1,024 GPUs, TP2 PP8 VP4 EP64, MBS 1, GBS 8192, FP8 current scaling, grad_reduce_in_fp32 False, recompute_modules
+# ["mla_up_proj", "mlp"]) ran on 80 GB H100s; plan fits it only with those modules recomputed.
+def _deepseek_h100(recompute: str):
+    from planner import load_model, make_cluster
+    from planner.rank import estimate
+    from planner.space import Candidate, TrainingSpec
+
+    t = TrainingSpec(global_batch=8192, seq_len=4096, precision="fp8", fp8_recipe="tensorwise",
+                     grad_reduce_dtype="bf16", framework="megatron-lm")
+    c = Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128, zero=1, vpp=4, recompute=recompute)
+    return estimate(load_model("deepseek-v3"), make_cluster(gpu="H100-SXM", gpus=1024), t, c)
+
+
+def test_module_recompute_fits_nvidia_s_deepseek_v3_h100_run_and_costs_its_up_projections():
+    none, mods, full = (_deepseek_h100(r) for r in ("none", "modules:mla_up_proj+mlp", "full"))
+    assert not none.fits and mods.fits
+    assert full.memory.activations_bytes < mods.memory.activations_bytes < none.memory.activations_bytes
+    # it re-runs the MLA up-projections (and the 3 dense layers' MLP): more than nothing, far less than a forward
+    assert none.time.compute_s < mods.time.compute_s
+    assert mods.time.compute_s - none.time.compute_s < 0.2 * (full.time.compute_s - none.time.compute_s)
+
+
+def test_module_modes_parse_emit_and_rule():
+    from planner import load_model
+    from planner.recompute import Recomputed, megatron_lm_args, module_matmul_share, module_problems, parse, recomputed
+
+    m = parse("modules:mlp+mla_up_proj")
+    assert m.kind == "modules" and m.modules == ("mla_up_proj", "mlp")   # Megatron's order
+    assert parse("modules:attn") is None and parse("modules:mlp+mlp") is None
+    assert megatron_lm_args("modules:mla_up_proj+mlp") == [("--recompute-granularity", "selective"),
+                                                           ("--recompute-modules", "mla_up_proj", "mlp")]
+    ds, llama = load_model("deepseek-v3"), load_model("llama3-8b")
+    assert module_problems(llama, "modules:mla_up_proj+moe_act") == ("moe_act", "mla_up_proj")
+    assert module_problems(ds, "modules:mla_up_proj+moe_act+mlp") == ()
+    assert recomputed(ds, "modules:core_attn", 8, 1) == Recomputed(0.0, 1.0, 0.0)
+    assert recomputed(ds, "modules:moe", 8, 1).moe == 1.0
+    # the whole MoE block re-runs most of a DeepSeek layer's GEMMs; the up-projections a few percent
+    assert 0.5 < module_matmul_share(ds, ("moe",)) < 1 and 0.01 < module_matmul_share(ds, ("mla_up_proj",)) < 0.2
+    assert module_matmul_share(ds, ("moe_act", "layernorm")) == 0.0
+
+
+def test_module_recompute_moe_re_runs_the_all_to_all():
+    none, moe_block = _deepseek_h100("none"), _deepseek_h100("modules:moe")
+    assert moe_block.time.ep_comm_s == pytest.approx(none.time.ep_comm_s * 6 / 4, rel=1e-6)   # 4 calls + the pair
+    assert moe_block.memory.activations_bytes < 0.5 * none.memory.activations_bytes
+
+
+def test_plan_searches_module_recompute_for_moe_models_only():
+    from planner import load_model, make_cluster
+    from planner.recompute import PLAN_DEFAULT
+    from planner.rank import plan
+    from planner.space import TrainingSpec
+
+    t = TrainingSpec(global_batch=8192, seq_len=4096, precision="fp8", fp8_recipe="tensorwise",
+                     grad_reduce_dtype="bf16", framework="megatron-lm", pins=(("pp", 8), ("tp", 2), ("vpp", 4)),
+                     ep_options=(64,), zero_options=(1,), max_mbs=1, recompute_options=PLAN_DEFAULT)
+    p = plan(load_model("deepseek-v3"), make_cluster(gpu="H100-SXM", gpus=1024), t)
+    assert any(e.candidate.recompute.startswith("modules:") for e in p.candidates)
+    dense = plan(load_model("llama3-8b"), make_cluster(gpu="H100-SXM", gpus=8),
+                 TrainingSpec(global_batch=64, seq_len=8192, framework="megatron-lm", recompute_options=PLAN_DEFAULT))
+    assert not any(e.candidate.recompute.startswith("modules") for e in dense.candidates)

@@ -141,7 +141,7 @@ def test_megatron_lm_stage_split():
 
 
 def test_megatron_lm_split_flags():
-    from planner.pipeline_split import StageSplit, megatron_lm_split
+    from planner.pipeline_split import StageSplit, layout_problem, megatron_lm_split, parse_layout
 
     # 126 + embedding + loss = 128 = 16 x 4 x 2: Llama 3 405B on PP 16 with interleaving (7, 8, 7 layers)
     assert megatron_lm_split(126, 16, 4) == StageSplit(7, 8, 7, account_embedding=True, account_loss=True)
@@ -163,11 +163,57 @@ def test_megatron_lm_split_flags():
             continue
         assert s.first + max(pp - 2, 0) * s.middle + s.last == layers
         assert not (s.first_last and (s.account_embedding or s.account_loss))
-        if s.first_last:
+        if s.layout:   # a layout: Megatron's own layout checks, and the chunks hold the split's layers
+            chunks = parse_layout(s.layout)
+            assert layout_problem(chunks, pp, layers, 0) is None and len(chunks) == pp * vpp
+            assert not (s.first_last or s.account_embedding or s.account_loss)
+        elif s.first_last:
             assert s.first % vpp == s.last % vpp == s.middle % vpp == 0 and s.first > 0 and s.last > 0
         else:
             total = layers + s.account_embedding + s.account_loss
             assert total % pp == 0 and (total // pp) % vpp == 0
+
+
+# NVIDIA's published DeepSeek-V3 layouts (61 decoder layers + 1 MTP layer): Megatron-Bridge
+# scripts/performance/configs/deepseek/deepseek_workload_base_configs.py (DGX-H100 1,024 GPUs TP2 PP8 VP4 EP64
+# pp_layout "Et|(tt|)*30mL"; DGX-B200 MXFP8 PP8 VP2 EP32 and GB300 PP2 VP8 "Et*4|(t*4|)*14tmL") and the recipe's map for
+# PP4 x VP4 (GB200), PP16 (B200), PP8 x VP2 (src/megatron/bridge/recipes/deepseek/deepseek_v3.py
+# set_deepseek_v3_pipeline_model_parallel_layout: [E + t*4] + [t*4] * 14 + [t, mtp, loss]; PP8 / PP4 x VP2:
+# [E + t*8] + [t*8] * 6 + [t*5, mtp, loss]; PP4: [E + t*16], [t*16] * 2, [t*13, mtp, loss]).
+DEEPSEEK_V3_LAYOUTS = {(4, 4): "Et*4|(t*4|)*14tmL", (8, 2): "Et*4|(t*4|)*14tmL", (16, 1): "Et*4|(t*4|)*14tmL",
+                       (2, 8): "Et*4|(t*4|)*14tmL", (8, 4): "Et|(tt|)*30mL", (8, 1): "Et*8|(t*8|)*6t*5mL",
+                       (4, 2): "Et*8|(t*8|)*6t*5mL", (4, 1): "Et*16|(t*16|)*2t*13mL"}
+
+
+@pytest.mark.parametrize("pp_vpp", sorted(DEEPSEEK_V3_LAYOUTS))
+def test_deepseek_v3_splits_as_nvidia_publishes(pp_vpp):
+    from planner.pipeline_split import layout_problem, megatron_lm_split, parse_layout
+
+    pp, vpp = pp_vpp
+    s = megatron_lm_split(61, pp, vpp, 1)
+    assert s.layout == DEEPSEEK_V3_LAYOUTS[pp_vpp]
+    chunks = parse_layout(s.layout)
+    assert len(chunks) == pp * vpp and layout_problem(chunks, pp, 61, 1) is None
+    assert s.first + max(pp - 2, 0) * s.middle + s.last == 61 and s.last < s.middle or pp == 2
+    # the layout is the only split of 61 layers on these PP x VPP > 1 (61 is prime: no flag gives one)
+    if vpp > 1:
+        plain = megatron_lm_split(61, pp, vpp)
+        assert plain == s.__class__(s.first, s.middle, s.last, layout=s.layout.replace("m", ""))
+
+
+def test_layout_strings_round_trip_and_megatron_refusals():
+    from planner.pipeline_split import format_layout, layout_problem, parse_layout
+
+    # Megatron-Bridge's DeepEP variant of the H100 run (Megatron-LM docs, flexible asymmetric VPP)
+    chunks = parse_layout("Et*3|(tt|)*29m|L")
+    assert chunks[:2] == ["Ettt", "tt"] and chunks[-2:] == ["m", "L"] and len(chunks) == 32
+    assert format_layout(chunks) == "Et*3|(tt|)*29m|L" and layout_problem(chunks, 8, 61, 1) is None
+    assert parse_layout("Et,t|tL") == ["Ett", "tL"] and parse_layout("Ex|L") is None
+    assert "multiple of PP" in layout_problem(chunks, 3, 61, 1)
+    assert "decoder layers" in layout_problem(chunks, 8, 60, 1)
+    assert "before the MTP" in layout_problem(["Et", "mtL"], 2, 2, 1)
+    assert "first and the loss" in layout_problem(["tE", "tL"], 2, 2, 0)
+    assert "other than the first" in layout_problem(["Et", "t", "tm", "L"], 2, 3, 1)   # m on PP rank 0
 
 
 def test_gqa_kv_heads_rule_agrees_between_explain_and_emit(capsys, tmp_path):

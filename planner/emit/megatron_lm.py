@@ -5,14 +5,16 @@ it builds arguments from), as used by its examples/llama/train_llama3_8b_h100_fp
 examples/gpt3/train_gpt3_175b_distributed.sh; tests/test_emit_argnames.py pins every one. A layer count
 that PP does not divide runs with the embedding and loss counted as layers (``--account-for-embedding/loss-in-
 pipeline-split``) or with first and last stages of their own sizes (``--decoder-first/last-pipeline-num-layers``),
-as `planner.pipeline_split.megatron_lm_split` decides; VPP is ``--num-virtual-stages-per-pipeline-rank``. Context parallel,
+or with a layout of the model's chunks (``--pipeline-model-parallel-layout``, which sets VPP; DeepSeek-V3's MTP layer
+``--mtp-num-layers``), as `planner.pipeline_split.megatron_lm_split` decides; else VPP is
+``--num-virtual-stages-per-pipeline-rank``. Context parallel,
 experts, MLA and FP8 flags come from `planner.emit.parallel_extras`.
 The same launch.sbatch as Megatron-DeepSpeed's starts it (torch.distributed.run, one task per node).
 """
 
 from __future__ import annotations
 
-from planner import recompute as recompute_modes
+from planner import offload, recompute as recompute_modes
 from planner.emit import facts, parallel_extras
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
 from planner.framework import overlaps
@@ -77,7 +79,11 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
         args.append(("--disable-bias-linear",))
     args.append(("--attention-backend", "flash" if t.flash_attention else "unfused"))
     args += [("--tensor-model-parallel-size", str(c.tp)), ("--pipeline-model-parallel-size", str(c.pp))]
-    split = megatron_lm_split(m.layers, c.pp, c.vpp)   # the rulebook's split: exactly the flags it needs
+    split = megatron_lm_split(m.layers, c.pp, c.vpp, m.mtp_layers)   # the rulebook's split: exactly its flags
+    if m.mtp_layers:   # DeepSeek-V3's multi-token prediction modules (Megatron-Core multi_token_prediction.py)
+        args.append(("--mtp-num-layers", str(m.mtp_layers)))
+    if split is not None and split.layout:   # sets VPP itself: --num-virtual-stages-per-pipeline-rank excluded
+        args.append(("--pipeline-model-parallel-layout", split.layout))
     if split is not None and split.first_last:
         args += [("--decoder-first-pipeline-num-layers", str(split.first)),
                  ("--decoder-last-pipeline-num-layers", str(split.last))]
@@ -85,7 +91,7 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
         args.append(("--account-for-embedding-in-pipeline-split",))
     if split is not None and split.account_loss:
         args.append(("--account-for-loss-in-pipeline-split",))
-    if c.vpp > 1:
+    if c.vpp > 1 and not (split is not None and split.layout):
         args.append(("--num-virtual-stages-per-pipeline-rank", str(c.vpp)))
     if c.sp:
         args.append(("--sequence-parallel",))
@@ -109,6 +115,7 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
                  ("--ckpt-format", "fsdp_dtensor")]
     if t.grad_reduce_dtype == "bf16":
         args.append(("--grad-reduce-in-bf16",))
+    args += offload.megatron_lm_args(t)   # CPU optimizer offload
     args += overlap_args(setup)
     args += [tuple(f) for f in parallel_extras.megatron_lm_flags(setup)]   # CP / EP / MoE / MLA / FP8 / RoPE scaling
     return args
@@ -128,6 +135,10 @@ def overlap_args(setup: RunSetup) -> list[Arg]:
         args.append(("--tp-comm-overlap",))
     if "p2p" not in on and c.vpp > 1:
         args.append(("--no-overlap-p2p-communication",))
+    if "ep-a2a" in on and c.ep > 1 and setup.model.num_experts:
+        args.append(("--overlap-moe-expert-parallel-comm",))
+    if "shared-expert" in on and setup.model.num_experts and setup.model.shared_experts:
+        args.append(("--moe-shared-expert-overlap",))
     return args
 
 

@@ -13,7 +13,7 @@ their own.
 
 from __future__ import annotations
 
-from planner import moe
+from planner import fp8, moe
 
 # Transformer Engine's delayed-scaling recipe as NVIDIA's recipes run it (NeMo/Megatron-Bridge FP8 defaults:
 # amax history 1024, amax from the max of the history).
@@ -65,7 +65,7 @@ def megatron_lm_flags(setup) -> list[list[str]]:
         if t.fp8_recipe == "delayed":
             out += [["--fp8-amax-history-len", str(FP8_AMAX_HISTORY_LEN)],
                     ["--fp8-amax-compute-algo", FP8_AMAX_COMPUTE_ALGO]]
-        if c.zero >= 1:   # FP8 weights, all-gathered in FP8 by the distributed optimizer (planner.fp8.FP8_PARAM_BYTES)
+        if fp8.fp8_param_gather(c, t):   # FP8 weights, all-gathered in FP8 by the distributed optimizer
             out.append(["--fp8-param-gather"])
     if m.rope_scaling == "llama3":
         out += [["--use-rope-scaling"], ["--rope-scaling-factor", str(m.rope_scaling_factor)]]

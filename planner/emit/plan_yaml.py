@@ -64,6 +64,9 @@ def plan_schema() -> dict[str, Field]:
         "memory_fraction": Num(0, 1, open_lo=True), "memory_headroom": Num(0, 0.99),
         "train_tokens": MODEL["train_tokens"], "max_mbs": Int(1, MAX_MBS),
         "recompute_options": List(Str()), "zero_options": List(Enum(0, 1, 2, 3)),   # TrainingSpec checks the modes
+        # --cp / --ep lists and --overlap (TrainingSpec checks them); null when not given
+        "cp_options": List(Int(1, MAX_GPUS), null=True), "ep_options": List(Int(1, MAX_GPUS), null=True),
+        "overlap": List(Str(), null=True), "optimizer_offload": Num(0, 1),
     }
     cluster = {**CLUSTER, "gpus_per_node": required_field(CLUSTER["gpus_per_node"]), "nodes": required_field(CLUSTER["nodes"]),
                "matmul_efficiency": CALIBRATION["matmul_efficiency"],
@@ -89,6 +92,7 @@ def plan_schema() -> dict[str, Field]:
                                       what="null, full or selective (Megatron's --recompute-granularity)"),
         "recompute_method": Enum(None, "uniform", "block", what="null, uniform or block (Megatron's --recompute-method)"),
         "recompute_num_layers": Int(1, None, null=True),
+        "recompute_modules": List(Str()),   # Megatron's --recompute-modules (plantune.recompute says the mode)
         "zero_stage": Enum(0, 1, 2, 3),
         "bf16": Bool(required=True), "fp16": Bool(required=True), "use_flash_attn": Bool(required=True),
         "plantune": Map({

@@ -47,11 +47,15 @@ ROWS = [  # source, model, gpu, GPUs, precision, GBS, MBS, seq, TP, PP, CP, VP, 
 
 # Recompute the Megatron-Bridge runs used where plan has the mode (same scripts): none for Llama 3 70B / 3.1 405B on H100
 # (no recompute_* in their workload configs) and Qwen3-30B-A3B (set_qwen3_common_configs: recompute_granularity None).
-# DeepSeek-V3 B200 recomputes only the MLA up-projections (recompute_modules=["mla_up_proj"]), which plan cannot name:
-# best of none/selective/full there, as for the Llama 3 rows (the paper does not say).
+# DeepSeek-V3 B200 recomputes only the MLA up-projections (recompute_modules=["mla_up_proj"]: plan's
+# modules:mla_up_proj); the Llama 3 rows take the best of none/selective/full (the paper does not say).
+# The runs' EP all-to-all overlap (moe_a2a_overlap in Megatron-Bridge scripts/performance/configs/qwen/
+# qwen3_workload_base_configs.py and deepseek/deepseek_workload_base_configs.py): on for Qwen3-235B-A22B on H100,
+# off for Qwen3-30B-A3B on H100 and DeepSeek-V3 on B200 (V1), not set (off) for Qwen3-30B-A3B on B200.
+PUBLISHED_A2A_OVERLAP = {("qwen3-235b-a22b", "H100")}
 PUBLISHED_RECOMPUTE = {("llama3-70b", "H100"): "none", ("llama3.1-405b", "H100"): "none",
                        ("qwen3-30b-a3b", "H100"): "none", ("qwen3-30b-a3b", "B200"): "none",
-                       ("qwen3-235b-a22b", "H100"): "none"}
+                       ("qwen3-235b-a22b", "H100"): "none", ("deepseek-v3", "B200"): "modules:mla_up_proj"}
 
 
 def qwen3_235b_a22b():
@@ -68,7 +72,8 @@ def qwen3_235b_a22b():
 
 def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int, seq: int, tp: int, pp: int,
             cp: int, vp: int | None, ep: int, *, fp8_recipe: str = "delayed",
-            grad_reduce_dtype: str = "fp32", recompute: str | None = None) -> tuple[float, float, str] | None:
+            grad_reduce_dtype: str = "fp32", recompute: str | None = None,
+            a2a_overlap: bool = False) -> tuple[float, float, str] | None:
     """(model TFLOP/s per GPU, tokens/s per GPU, what was chosen) of the best fitting variant, or None; with
     ``recompute`` (the published one) that mode only, marked "predicted OOM" where plan says it does not fit."""
     from planner import load_model, make_cluster
@@ -78,7 +83,8 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
     m = qwen3_235b_a22b() if model == "qwen3-235b-a22b" else load_model(model)
     cluster = make_cluster(gpu=gpu, gpus=gpus)
     t = TrainingSpec(global_batch=gbs, seq_len=seq, precision=precision, framework="megatron-lm", fp8_recipe=fp8_recipe,
-                     grad_reduce_dtype=grad_reduce_dtype)
+                     grad_reduce_dtype=grad_reduce_dtype,
+                     overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a") if a2a_overlap else None)
     dp = gpus // (tp * pp * cp)
     best = None
     for mode in (recompute,) if recompute else ("none", "selective", "full"):
@@ -106,7 +112,8 @@ def main() -> int:
         bridge = src.startswith("Megatron-Bridge")
         best = predict(model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, grad_reduce_dtype="bf16" if bridge else "fp32",
                        fp8_recipe=("tensorwise" if gpu == "H100" else "mxfp8") if bridge else "delayed",
-                       recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge else None)
+                       recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge else None,
+                       a2a_overlap=(model, gpu) in PUBLISHED_A2A_OVERLAP)
         tf, tok, note = best if best else (float("nan"), float("nan"), "does not fit")
         unit, pub, pred = ("tokens/s", pub_tok, tok) if pub_tok else ("TFLOP/s", pub_tf, tf)
         ratios.append(pred / pub)
