@@ -498,7 +498,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
             local = trainer.step(step)
             _sync(device)
             times.append(time.perf_counter() - t0)
-            if rank == 0:                   # the tuner's live progress reads this (search.progress.STEP_MARK)
+            if rank == 0:                   # the tuner reads this as it comes (probes.steps.STEP_MARK): progress, pruning
                 print(f"[probe] step {step} {times[-1]:.6f} s", flush=True)
             losses.append(_global_loss(local, world))
             if step == 0:

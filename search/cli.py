@@ -161,6 +161,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     b.add_argument("--probe-layers", type=_pos_int, help="run a reduced model of N layers (step time scaled up)")
     b.add_argument("--probe-steps", type=_pos_int, default=5, help="timed steps per probe (default 5)")
     b.add_argument("--probe-warmup", type=_nonneg_int, default=2, help="untimed steps first (default 2)")
+    b.add_argument("--no-prune", action="store_true",
+                   help="run every probe to its end (default: a probe whose timed steps are clearly behind the best "
+                        "so far, by more than the step-time noise measured here, stops early and is recorded pruned)")
     b.add_argument("--probe-timeout", type=parse_duration, default=600.0,
                    help="wall-clock limit of one probe (default 600 s)")
     b.add_argument("--probe-device", choices=("auto", "cuda", "cpu"), default="auto",
@@ -304,14 +307,16 @@ def _local_backend(capacity: int):
 
     class OneNode(ProbeBackend):
         name = "local"
+        reports_steps = True
 
-        def run(self, spec, *, workdir, timeout_s):
+        def run(self, spec, *, workdir, timeout_s, on_step=None):
             c = spec.candidate
             world, model_parallel = probe_world(spec), c["tp"] * c["pp"] * spec.cp
             if world <= capacity:
-                return LocalBackend(nproc=world).run(spec, workdir=workdir, timeout_s=timeout_s)
+                return LocalBackend(nproc=world).run(spec, workdir=workdir, timeout_s=timeout_s, on_step=on_step)
             if model_parallel <= capacity:
-                return LocalBackend(nproc=model_parallel).run(spec, workdir=workdir, timeout_s=timeout_s)
+                return LocalBackend(nproc=model_parallel).run(spec, workdir=workdir, timeout_s=timeout_s,
+                                                              on_step=on_step)
             return ProbeResult(status="invalid", wall_s=0.0, reason=(
                 f"needs TP*CP*PP = {model_parallel} processes, this node runs {capacity} (--local-procs); "
                 "probe it with --backend slurm"))
@@ -492,7 +497,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                                 repeats=args.repeats, heartbeat_s=args.heartbeat_s, grace_s=args.grace_s,
                                 max_retry=args.max_retry)
         probe = ProbeSettings(steps=args.probe_steps, warmup_steps=args.probe_warmup, layers=args.probe_layers,
-                              timeout_s=args.probe_timeout, device=args.probe_device,
+                              timeout_s=args.probe_timeout, device=args.probe_device, prune=not args.no_prune,
                               workdir=None if args.backend == "replay" else workdir,
                               resources=_resources(args, cluster))
         optuna.logging.set_verbosity(optuna.logging.ERROR)

@@ -25,7 +25,7 @@ import socket
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -38,13 +38,15 @@ from planner.flops import model_flops_per_iteration, tflops_per_gpu
 from probes.backend import ProbeBackend
 from probes.result import ProbeResult, ProbeSpec
 
+from search import pruning
 from search._base import DERIVED, PROBED, BackendError
 from search.calibration import Measurement, refit
+from search.pruning import MIN_STEPS
 from search.space import PARAMS, SearchSpace, config_key, params_of, with_defaults
 from search.trial_attrs import TrialAttrs
 
 FINAL = PROBED + DERIVED
-COUNTED = ("ok", "oom", "timeout", "crash")
+COUNTED = ("ok", "oom", "timeout", "crash", "pruned")
 """outcomes of a probe that ran processes to an end: what --max-probes and the budget's probe time count"""
 RESOURCES_ATTR = "plantune_resources"
 """study attribute: the resources (`ProbeSettings.resources`) of the latest run, for `Ledger.of`"""
@@ -80,6 +82,10 @@ class ProbeSettings:
     max_cv: float = 0.15
     workdir: Path | None = None
     """probe folders go to workdir/trial-NNNN (None: a backend that needs none, e.g. replay)"""
+    prune: bool = True
+    """stop a probe clearly behind the best so far (`search.pruning`; backends that report steps)"""
+    prune_min_steps: int = MIN_STEPS
+    """timed steps a probe runs before it may be pruned"""
     resources: str = ""
     """where and on how many processes probes run (backend, processes, device): an ``invalid`` verdict made
     under other resources is not final (`Ledger.of` with ``resources``) and the configuration is probed again"""
@@ -105,6 +111,8 @@ class TrialRecord:
     """an ``invalid`` verdict made under other resources than this run's: not final, probed again"""
     started: float | None = None
     """the trial's start, seconds since the epoch"""
+    reopened: bool = False
+    """a pruned trial no longer clearly behind the best (`search.pruning.still_behind`): not final, probed again"""
 
     @classmethod
     def from_trial(cls, t: FrozenTrial, resources: str | None = None) -> "TrialRecord":
@@ -119,7 +127,8 @@ class TrialRecord:
 
     @property
     def final(self) -> bool:
-        return self.state in ("COMPLETE", "FAIL") and self.outcome in FINAL and not self.stale
+        return (self.state in ("COMPLETE", "FAIL", "PRUNED") and self.outcome in FINAL and not self.stale
+                and not self.reopened)
 
     @property
     def counted(self) -> bool:
@@ -155,7 +164,16 @@ class Ledger:
         if resources is None:
             resources = study.user_attrs.get(RESOURCES_ATTR)
         trials = study.get_trials(deepcopy=False)
-        return cls([TrialRecord.from_trial(t, resources) for t in trials if t.number != exclude])
+        return cls.reopen([TrialRecord.from_trial(t, resources) for t in trials if t.number != exclude])
+
+    @classmethod
+    def reopen(cls, records: list[TrialRecord]) -> "Ledger":
+        """The ledger of ``records``, pruned trials no longer clearly behind the best marked ``reopened``."""
+        if any(r.outcome == "pruned" for r in records):
+            ref = pruning.reference(records)
+            records = [replace(r, reopened=True) if r.outcome == "pruned" and not pruning.still_behind(r, ref)
+                       else r for r in records]
+        return cls(records)
 
     def final_by_slot(self) -> dict[str, TrialRecord]:
         out: dict[str, TrialRecord] = {}
@@ -370,7 +388,8 @@ class Objective:
         tf_before, step_before = self.predict(cand, before)
         self._set(trial, pred_before_tflops=tf_before, pred_before_step_s=step_before,
                   calibration_before={"compute_scale": before.compute_scale, "comm_scale": before.comm_scale})
-        result = self._probe(trial, cand)
+        ref = pruning.reference(ledger.records) if self.settings.prune and phase != "confirm" else None
+        result = self._probe(trial, cand, ref)
         return self._record(trial, cand, result, ledger)
 
     def probe_spec(self, cand: Candidate) -> ProbeSpec:
@@ -384,7 +403,23 @@ class Objective:
                          pp_schedule=fsdp_parallel.probe_schedule(self.training),   # torchtitan's --pp-schedule
                          **({"moe_top_k": self.model.moe_topk} if self.model.num_experts else {}))
 
-    def _probe(self, trial: optuna.Trial, cand: Candidate) -> ProbeResult:
+    def _on_step(self, trial: optuna.Trial, cand: Candidate, spec: ProbeSpec, ref: pruning.Reference | None):
+        """The backend's ``on_step``: each timed step as the full configuration's TFLOPs/GPU, reported to Optuna
+        (intermediate values, optuna-dashboard's curves), and the reason to stop when `pruning.verdict` gives one."""
+        scale = self.model.layers / spec.layers_run if spec.layers_run else 1.0     # a reduced model's step, scaled
+        seen: list[float] = []
+
+        def on_step(index: int, seconds: float) -> str | None:
+            if not seconds or seconds <= 0:
+                return None
+            tflops = self.measured_tflops(cand, seconds * scale)
+            seen.append(tflops)
+            trial.report(tflops, index)
+            return pruning.verdict(ref, seen, min_steps=self.settings.prune_min_steps)
+
+        return on_step
+
+    def _probe(self, trial: optuna.Trial, cand: Candidate, ref: pruning.Reference | None = None) -> ProbeResult:
         s = self.settings
         spec = self.probe_spec(cand)
         study_dir = s.workdir or Path("tune-probes")
@@ -395,8 +430,10 @@ class Objective:
         if self.on_probe is not None:
             self.on_probe(trial.number, cand.label(), timeout_s=timeout, workdir=workdir if s.workdir else None)
         started = time.monotonic()
+        steps = ({"on_step": self._on_step(trial, cand, spec, ref)} if getattr(self.backend, "reports_steps", False)
+                 else {})
         try:
-            result = self.backend.run(spec, workdir=workdir, timeout_s=timeout)
+            result = self.backend.run(spec, workdir=workdir, timeout_s=timeout, **steps)
         except Exception as err:  # noqa: BLE001 -- any backend failure is recorded, then stops the study
             first = (str(err).splitlines() or [""])[0][:300]
             reason = f"{getattr(self.backend, 'name', 'probe')} backend failed: {type(err).__name__}: {first}"
@@ -419,6 +456,14 @@ class Objective:
 
     def _record(self, trial: optuna.Trial, cand: Candidate, result: ProbeResult, ledger: Ledger) -> float:
         memory = max(result.peak_memory_bytes_per_rank) / 1e9 if result.peak_memory_bytes_per_rank else None
+        if result.status == "pruned":
+            scale = self.model.layers / trial.user_attrs["layers_run"] if trial.user_attrs.get("layers_run") else 1.0
+            fastest = min((t for t in result.step_times_s if t > 0), default=None)
+            self._set(trial, outcome="pruned", reason=result.reason, pruned_steps=len(result.step_times_s),
+                      pruned_step_s=fastest * scale if fastest else None,
+                      pruned_tflops=self.measured_tflops(cand, fastest * scale) if fastest else None,
+                      resources=self.settings.resources)
+            raise optuna.TrialPruned(result.reason)
         if not result.ok:
             outcome = "not_measured" if result.extra.get("not_measured") else result.status
             reason = result.reason or f"probe ended {result.status}"

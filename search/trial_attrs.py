@@ -71,6 +71,14 @@ class TrialAttrs:
     step_cv: float | None = None
     step_spread: float | None = None
     reduced: bool | None = None
+    # a probe stopped early (search.pruning)
+    pruned_steps: int | None = None
+    """timed steps it ran before it was stopped"""
+    pruned_step_s: float | None = None
+    """its fastest timed step, seconds, as the full configuration's step"""
+    pruned_tflops: float | None = None
+    """what that fastest step means in model TFLOPs per GPU (a pruned configuration is probed again should the best
+    fall to within the margin of it)"""
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
