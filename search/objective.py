@@ -388,7 +388,9 @@ class Objective:
         tf_before, step_before = self.predict(cand, before)
         self._set(trial, pred_before_tflops=tf_before, pred_before_step_s=step_before,
                   calibration_before={"compute_scale": before.compute_scale, "comm_scale": before.comm_scale})
-        ref = pruning.reference(ledger.records) if self.settings.prune and phase != "confirm" else None
+        ref = pruning.reference(ledger.records) if self.settings.prune else None
+        if ref is not None and phase == "confirm" and ref.config == key:
+            ref = None                       # the best's own re-probes are the reference: never pruned
         result = self._probe(trial, cand, ref)
         return self._record(trial, cand, result, ledger)
 
@@ -415,7 +417,10 @@ class Objective:
             tflops = self.measured_tflops(cand, seconds * scale)
             seen.append(tflops)
             trial.report(tflops, index)
-            return pruning.verdict(ref, seen, min_steps=self.settings.prune_min_steps)
+            why = pruning.verdict(ref, seen, min_steps=self.settings.prune_min_steps)
+            if why:
+                self._set(trial, pruned_margin=ref.margin_after(len(seen)))
+            return why
 
         return on_step
 
@@ -443,7 +448,7 @@ class Objective:
             if self.on_probe_end is not None:
                 self.on_probe_end()
         wall = time.monotonic() - started
-        self._set(trial, probe_wall_s=round(wall, 3), device=result.device,
+        self._set(trial, probe_wall_s=round(wall, 3), phases=dict(result.phases), device=result.device,
                   workdir=result.workdir or (str(workdir) if s.workdir else ""), layers_run=spec.layers_run)
         if result.status == "timeout" and timeout < s.timeout_s:
             reason = (f"stopped at the end of --budget after {wall:.0f} s (its --probe-timeout is {s.timeout_s:g} s); "

@@ -22,6 +22,7 @@ import warnings
 
 import optuna
 
+from search import pruning
 from search.objective import RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, ProbeFailed, TrialRecord
 from search.progress import Progress, hms
 from search.report import short
@@ -95,8 +96,10 @@ def search(study: optuna.Study, objective: Objective, space: SearchSpace, settin
                    callbacks=[_Stopper(space, settings, progress)], gc_after_trial=False)
 
 
-def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int) -> list[tuple[str, int]]:
-    """(config, repeat) still to probe: the ``confirm_top`` best measured configurations, ``repeats`` each."""
+def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int,
+                       prune: bool = False) -> list[tuple[str, int]]:
+    """(config, repeat) still to probe: the ``confirm_top`` best measured configurations, ``repeats`` each; with
+    ``prune``, not those clearly behind the best (`search.pruning.behind`: a re-probe would be pruned)."""
     if confirm_top <= 0 or repeats <= 0:
         return []
     first = {}
@@ -104,6 +107,9 @@ def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int) -> list[t
         if r.measured and r.phase != "confirm" and r.config not in first:
             first[r.config] = r.value or 0.0
     top = sorted(first, key=lambda k: -first[k])[:confirm_top]
+    if prune:
+        ref = pruning.reference(ledger.records)
+        top = [k for k in top if not pruning.behind(ref, k, first[k])]
     present = {r.slot for r in ledger.records if r.phase == "confirm" and r.slot
                and (r.final or r.state in ("RUNNING", "WAITING"))}
     return [(k, i) for k in top for i in range(1, repeats + 1) if f"{k}#confirm{i}" not in present]
@@ -126,7 +132,8 @@ def confirm(study: optuna.Study, objective: Objective, space: SearchSpace, setti
     ledger = Ledger.of(study)
     if limits_reached(ledger, settings, progress):
         return 0
-    slots = confirmation_slots(ledger, settings.confirm_top, settings.repeats)
+    prunes = objective.settings.prune and getattr(objective.backend, "reports_steps", False)
+    slots = confirmation_slots(ledger, settings.confirm_top, settings.repeats, prune=prunes)
     slots = [(k, i) for k, i in slots if space.by_key(k) is not None]
     if settings.max_probes is not None:
         slots = slots[:max(0, settings.max_probes - sum(1 for r in ledger.records if r.counted))]

@@ -61,6 +61,9 @@ class TrialAttrs:
     calibration_after: dict | None = None
     # the probe
     probe_wall_s: float | None = None
+    phases: dict | None = None
+    """seconds of the probe by phase (probes.result.PHASES: queue, launch, rendezvous, build, warmup, steps,
+    teardown), as far as it got"""
     device: str | None = None
     workdir: str | None = None
     layers_run: int | None = None
@@ -79,6 +82,8 @@ class TrialAttrs:
     pruned_tflops: float | None = None
     """what that fastest step means in model TFLOPs per GPU (a pruned configuration is probed again should the best
     fall to within the margin of it)"""
+    pruned_margin: float | None = None
+    """the margin it was behind by (relative): it stays pruned while its fastest step x (1 + this) is below the best"""
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
