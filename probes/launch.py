@@ -32,6 +32,7 @@ from probes import lifeline
 from probes.extent import resolve_probe
 from probes.layout import LayoutError
 from probes.outcome import classify
+from probes.phases import phases_of, read_marks
 from probes.result import ProbeResult, ProbeSpec
 from probes.steps import OnStep, StepTail, StepWatch
 
@@ -109,6 +110,8 @@ class ProcessTracker:
         self.root_pid = root_pid
         self.workdir = workdir
         self.seen: dict[int, float | None] = {}
+        self.stopped_at: float | None = None
+        """epoch seconds when the launcher saw the command end or decided to stop it (run_with_timeout)"""
         self._ps = _psutil()
         self.snapshot()
 
@@ -211,6 +214,7 @@ def run_with_timeout(argv: list[str], *, env: dict[str, str], timeout_s: float, 
                     timed_out = True
                     break
     finally:
+        tracker.stopped_at = time.time()
         stop_processes(proc, tracker)
     return proc.returncode, timed_out, tracker
 
@@ -237,7 +241,7 @@ def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, e
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("pid-rank*"), *workdir.glob("rank*.std*"),
-                  workdir / "result.json"]:
+                  workdir / "result.json", workdir / "phase-marks.json"]:
         stale.unlink(missing_ok=True)
     shutil.rmtree(workdir / "logs", ignore_errors=True)
     spec_path = workdir / "spec.json"
@@ -258,10 +262,13 @@ def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, e
     (workdir / "command.json").write_text(json.dumps(command, indent=1) + "\n")
 
     watch = StepWatch(on_step, StepTail(workdir)) if on_step is not None else None
+    spawned = time.time()
     with open(workdir / "torchrun.stdout", "wb") as out, open(workdir / "torchrun.stderr", "wb") as err:
         returncode, timed_out, tracker = run_with_timeout(argv, env={**os.environ, **overrides}, timeout_s=timeout_s,
                                                           workdir=workdir, stdout=out, stderr=err, watch=watch)
     wall_s = time.monotonic() - started
+    ended = time.time()
+    phases = phases_of(read_marks(workdir), spawned=spawned, stopped=tracker.stopped_at or ended, ended=ended)
     rank_logs = _collect_rank_logs(workdir, log_dir)
     left = tracker.alive()
     command.update({"pids": sorted(tracker.seen), "returncode": returncode, "timed_out": timed_out,
@@ -273,11 +280,12 @@ def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, e
     if watch is not None and watch.stop_reason and not (workdir / "result.json").is_file():
         extra["pruned_after_steps"] = len(watch.steps)
         result = ProbeResult(status="pruned", reason=watch.stop_reason, step_times_s=list(watch.steps),
-                             wall_s=wall_s, workdir=str(workdir), world_size=nproc, extra=extra)
+                             wall_s=wall_s, workdir=str(workdir), world_size=nproc, extra=extra, phases=phases)
     else:
         result = classify(workdir, returncode=returncode, timed_out=timed_out, timeout_s=timeout_s,
                           torchrun_stderr=(workdir / "torchrun.stderr").read_text(errors="replace"),
                           rank_logs=rank_logs, wall_s=wall_s, world_size=nproc, extra=extra)
+        result = ProbeResult.from_dict({**result.to_dict(), "phases": phases})
     result.write(workdir / "result.json")
     return result
 

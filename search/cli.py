@@ -21,6 +21,7 @@ import json
 import re
 import shlex
 import sys
+import time
 import warnings
 from contextlib import ExitStack
 from pathlib import Path
@@ -513,6 +514,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         objective = Objective(space=space, backend=backend, settings=probe, on_probe=progress.probing,
                               on_probe_end=progress.probe_ended)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        run_started = time.time()
         try:
             records = run_study(study, objective, space, settings, progress)
         except BackendError as err:
@@ -550,12 +552,27 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         print("tune: no configuration measured successfully; see the reasons above", file=sys.stderr)
         return 1
     print(f"tune: {best_line(summaries)}", file=sys.stderr)
+    _say_steps_share(records, run_started, cluster.world_size)
     if args.emit:
         written = _emit_best(args, model, cluster, training, winner, calibration, storage)
         print(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}",
               file=sys.stderr)
     print(f"tune: open the study with: optuna-dashboard {storage}", file=sys.stderr)
     return 0
+
+
+def _say_steps_share(records, run_started: float, gpus: int) -> None:
+    """The share of this run's reservation (its GPUs x its wall time) that measured steps (search.accounting)."""
+    from search.accounting import steps_line
+
+    from search.accounting import gpu_seconds
+
+    elapsed = max(time.time() - run_started, 1e-9)
+    this_run = [r for r in records if r.started is not None and r.started >= run_started - 1.0]
+    if not sum(gpu_seconds(this_run).values()):
+        return                               # nothing ran here (a replay, or every answer from storage)
+    print(f"tune: {steps_line(this_run, reservation_gpu_s=elapsed * gpus, gpus=gpus, elapsed_s=elapsed)}",
+          file=sys.stderr)
 
 
 def _resources(args: argparse.Namespace, cluster) -> str:
@@ -593,6 +610,7 @@ def report(args: argparse.Namespace) -> int:
     import optuna
 
     from search.objective import TrialRecord
+    from search.accounting import PLOT as PHASES_PLOT, format_phases, gpu_seconds, plot_phases
     from search.report import best_line, format_table, format_trials, report_dict, summarize, write_plots
     from search.settings import TuneSettings
     from search.storage import open_storage
@@ -613,7 +631,9 @@ def report(args: argparse.Namespace) -> int:
     study = optuna.load_study(study_name=args.study, storage=optuna_storage)
     records = [TrialRecord.from_trial(t) for t in study.get_trials(deepcopy=False)]
     if args.format == "json":
-        print(json.dumps(report_dict(records, study=args.study, storage=storage), indent=1))
+        d = report_dict(records, study=args.study, storage=storage)
+        d["gpu_hours_by_phase"] = {k: v / 3600 for k, v in gpu_seconds(records).items()}
+        print(json.dumps(d, indent=1))
     else:
         summaries = summarize(records)
         print(format_table(summaries, title=f"tune: study {args.study!r}, {len(records)} trials"))
@@ -621,9 +641,13 @@ def report(args: argparse.Namespace) -> int:
         if args.trials:
             print()
             print(format_trials(records))
+        print()
+        print(format_phases(records))
     if not args.no_plots:
         try:
             paths = write_plots(records, plots, study=args.study)
+            paths.append(plots / PHASES_PLOT)
+            plot_phases(records, paths[-1], study=args.study)
         except OSError as err:
             raise TuneError(f"--plots {plots}: cannot write there ({err.strerror or err}); give a folder you can "
                             "write, or --no-plots") from None

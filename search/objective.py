@@ -448,7 +448,8 @@ class Objective:
             if self.on_probe_end is not None:
                 self.on_probe_end()
         wall = time.monotonic() - started
-        self._set(trial, probe_wall_s=round(wall, 3), phases=dict(result.phases), device=result.device,
+        self._set(trial, probe_wall_s=round(wall, 3), phases={k: round(float(v), 3) for k, v in result.phases.items()},
+                  probe_gpus=result.world_size or cand.world, device=result.device,
                   workdir=result.workdir or (str(workdir) if s.workdir else ""), layers_run=spec.layers_run)
         if result.status == "timeout" and timeout < s.timeout_s:
             reason = (f"stopped at the end of --budget after {wall:.0f} s (its --probe-timeout is {s.timeout_s:g} s); "

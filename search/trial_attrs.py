@@ -61,6 +61,8 @@ class TrialAttrs:
     calibration_after: dict | None = None
     # the probe
     probe_wall_s: float | None = None
+    probe_gpus: int | None = None
+    """processes (GPUs) the probe held: phase seconds x this = GPU-seconds (search.accounting)"""
     phases: dict | None = None
     """seconds of the probe by phase (probes.result.PHASES: queue, launch, rendezvous, build, warmup, steps,
     teardown), as far as it got"""
