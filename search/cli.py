@@ -75,6 +75,32 @@ def parse_duration(text: str) -> float:
     return value
 
 
+GPUH = re.compile(r"(\d+(?:\.\d+)?)\s*gpu-?h(?:ours?)?", re.IGNORECASE)
+
+
+def parse_budget(text: str) -> tuple[str, float]:
+    """``40gpuh`` (GPU-hours) -> ("gpuh", 40.0); a duration (`parse_duration`) -> ("wall", seconds)."""
+    m = GPUH.fullmatch(text.strip())
+    if m:
+        value = float(m.group(1))
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0 GPU-hours")
+        return "gpuh", value
+    try:
+        return "wall", parse_duration(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (2h, 90m, 1h30m, 600) or GPU-hours "
+                                         "(40gpuh)") from None
+
+
+class _BudgetAction(argparse.Action):
+    """--budget 2h sets ``budget`` (seconds), --budget 40gpuh sets ``budget_gpuh``; both may be given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        kind, value = values
+        setattr(namespace, "budget" if kind == "wall" else "budget_gpuh", value)
+
+
 _nonneg_float = number(float, allow_zero=True)
 _nonneg_int = number(int, allow_zero=True)
 
@@ -113,9 +139,11 @@ def build_run_parser() -> argparse.ArgumentParser:
     s.add_argument("--storage", default=None,
                    help=f"Optuna database URL (default sqlite:///WORKDIR/{DB_NAME}; postgresql://user@host/db to "
                         "share a study between several tuners)")
-    s.add_argument("--budget", type=parse_duration,
+    s.add_argument("--budget", type=parse_budget, action=_BudgetAction, dest="budget",
                    help="wall-clock limit of this run, every probe included: 2h, 90m, 1h30m, seconds "
-                        "(a probe running at the end is stopped and probed again next run)")
+                        "(a probe running at the end is stopped and probed again next run); and/or GPU-hours the "
+                        "probes of this run may hold, e.g. 40gpuh (give --budget twice for both); the study ends "
+                        "with its best so far")
     s.add_argument("--max-probes", "--n-trials", dest="max_probes", type=_pos_int,
                    help="probes run in the study, all runs and confirmation re-probes included (ok, oom, timeout, "
                         "crash; default: until every survivor is done)")
@@ -491,6 +519,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             _check_emittable(args, model, cluster, training, space)
         storage = storage_of(args, create=True)
         settings = TuneSettings(study_name=args.study, storage_url=storage, budget_s=args.budget,
+                                budget_gpuh=getattr(args, "budget_gpuh", None),
                                 max_probes=args.max_probes,
                                 top_k=args.top_k,
                                 sampler=args.sampler, seed=args.seed,

@@ -276,6 +276,8 @@ class Objective:
         self.on_probe_end = on_probe_end
         self.deadline: float | None = None
         """time.monotonic() at which the budget ends: a probe still running then is stopped (not final)"""
+        self.gpu_budget: Callable[[], float] | None = None
+        """GPU-seconds left of a --budget NNgpuh (search.study): a probe is stopped when it has held them"""
         self.on_budget_cut: Callable[[], None] | None = None
         """called when a probe was stopped at the deadline (the budget is spent, whatever the clock says)"""
         self.distributions = space.distributions()
@@ -432,6 +434,8 @@ class Objective:
         timeout = s.timeout_s
         if self.deadline is not None:
             timeout = max(min(timeout, self.deadline - time.monotonic()), 0.0)
+        if self.gpu_budget is not None:                   # what is left, held by this probe's GPUs
+            timeout = max(min(timeout, self.gpu_budget() / max(cand.world, 1)), 0.0)
         if self.on_probe is not None:
             self.on_probe(trial.number, cand.label(), timeout_s=timeout, workdir=workdir if s.workdir else None)
         started = time.monotonic()

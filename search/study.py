@@ -23,6 +23,7 @@ import warnings
 import optuna
 
 from search import pruning
+from search.accounting import gpu_seconds
 from search.objective import RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, ProbeFailed, TrialRecord
 from search.progress import Progress, hms
 from search.report import short
@@ -45,9 +46,19 @@ def _mean_probe_s(ledger: Ledger) -> float:
     return sum(walls) / len(walls) if walls else 0.0
 
 
+def gpu_hours_spent(ledger: Ledger, progress: Progress) -> float:
+    """GPU-hours the probes of this run held (search.accounting: phase seconds x their GPUs)."""
+    run_started = time.time() - progress.elapsed_s - 1.0
+    return sum(gpu_seconds([r for r in ledger.records if (r.started or 0.0) >= run_started]).values()) / 3600
+
+
 def limits_reached(ledger: Ledger, settings: TuneSettings, progress: Progress) -> bool:
-    """--max-probes probes ran, or the budget is spent: nothing more starts."""
+    """--max-probes probes ran, or a budget (wall clock, GPU-hours) is spent: nothing more starts."""
     if settings.max_probes is not None and sum(1 for r in ledger.records if r.counted) >= settings.max_probes:
+        return True
+    if progress.spent:
+        return True
+    if settings.budget_gpuh is not None and gpu_hours_spent(ledger, progress) >= settings.budget_gpuh:
         return True
     left = progress.remaining_s()
     return left is not None and left <= 0
@@ -183,6 +194,9 @@ def run(study: optuna.Study, objective: Objective, space: SearchSpace, settings:
     study.set_user_attr(RESOURCES_ATTR, objective.settings.resources)
     if settings.budget_s is not None:
         objective.deadline = progress.started + settings.budget_s
+    if settings.budget_gpuh is not None:
+        objective.gpu_budget = lambda: settings.budget_gpuh * 3600 - gpu_hours_spent(Ledger.of(study), progress) * 3600
+    if settings.budget_s is not None or settings.budget_gpuh is not None:
         objective.on_budget_cut = progress.spend
     recover(study, space, default_top_k(settings.sampler) if settings.top_k is None else settings.top_k,
             settings.grace_s)
@@ -220,8 +234,11 @@ def _say_left(study: optuna.Study, space: SearchSpace, settings: TuneSettings, p
     ledger = Ledger.of(study)
     left = [k for k in space.keys if k not in ledger.done_keys(space)]
     counted = sum(1 for r in ledger.records if r.counted)
+    gpuh = gpu_hours_spent(ledger, progress)
     which = (f"--max-probes {settings.max_probes} reached ({counted} probes)"
              if settings.max_probes is not None and counted >= settings.max_probes else
+             f"--budget {settings.budget_gpuh:g}gpuh spent ({gpuh:.3g} GPU-h)"
+             if settings.budget_gpuh is not None and (gpuh >= settings.budget_gpuh or settings.budget_s is None) else
              f"--budget {hms(settings.budget_s or 0)} spent")
     if left:
         progress.note(f"{which}; {len(left)} configuration(s) not probed yet: rerun the same command with a larger "

@@ -61,3 +61,44 @@ def test_gpu_hours_per_phase_and_per_probe(tmp_path):
     plot_phases(records, tmp_path / "p.png", study="s")
     assert (tmp_path / "p.png").stat().st_size > 1000
     assert format_phases([]) == "GPU-hours by phase: no probe ran"
+
+
+def test_budget_takes_a_duration_or_gpu_hours():
+    import argparse
+
+    from search.cli import build_run_parser, parse_budget
+
+    assert parse_budget("40gpuh") == ("gpuh", 40.0) and parse_budget("2.5 GPUh") == ("gpuh", 2.5)
+    assert parse_budget("1h30m") == ("wall", 5400.0)
+    for bad in ("0gpuh", "40gpus", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_budget(bad)
+    args = build_run_parser().parse_args(["--model", "1B3", "--gpus", "8", "--budget", "2h", "--budget", "40gpuh"])
+    assert args.budget == 7200.0 and args.budget_gpuh == 40.0
+
+
+def test_a_gpu_hours_budget_ends_the_study_with_its_best_so_far(tmp_path):
+    from conftest import seed003_plan
+    from test_pruning import Steps
+
+    from search.objective import Objective, ProbeSettings
+    from search.progress import Progress
+    from search.report import best, summarize
+    from search.settings import TuneSettings
+    from search.space import SearchSpace
+    from search.storage import open_study
+    from search.study import gpu_hours_spent, run
+    from search.objective import Ledger
+
+    space = SearchSpace.from_plan(seed003_plan())
+    budget = 1.0                          # GPU-hours: a fake probe holds 8 GPUs for 5 steps of 30-100 s
+    settings = TuneSettings(study_name="g", storage_url=f"sqlite:///{tmp_path}/g.db", seed=0, budget_gpuh=budget)
+    study = open_study(settings, space, {"test": "gpuh"})
+    progress = Progress(total=len(space), budget_s=None, enabled=False)
+    objective = Objective(space=space, backend=Steps(), settings=ProbeSettings(steps=5, prune=False))
+    records = run(study, objective, space, settings, progress)
+    probes = [r for r in records if r.counted]
+    spent = gpu_hours_spent(Ledger.of(study), progress)
+    assert 0 < len(probes) < len(space)                      # stopped early, by the budget
+    assert spent >= budget and spent - budget < max(gpu_seconds([p])["steps"] for p in probes) / 3600 + 1e-9
+    assert best(summarize(records)) is not None              # ... with its best so far
