@@ -424,7 +424,16 @@ class Objective:
                 self._set(trial, pruned_margin=ref.margin_after(len(seen)))
             return why
 
+        on_step.seen = seen          # the steps reported so far (`_report_rest` adds those the probe had no time to)
         return on_step
+
+    def _report_rest(self, trial: optuna.Trial, cand: Candidate, spec: ProbeSpec, on_step, result: ProbeResult) -> None:
+        """Report the timed steps of a finished probe that its ``on_step`` did not see (a probe quicker than the
+        launcher's poll), so every measured trial has its curve."""
+        scale = self.model.layers / spec.layers_run if spec.layers_run else 1.0
+        for i in range(len(getattr(on_step, "seen", [])), len(result.step_times_s)):
+            if result.step_times_s[i] > 0:
+                trial.report(self.measured_tflops(cand, result.step_times_s[i] * scale), i)
 
     def _probe(self, trial: optuna.Trial, cand: Candidate, ref: pruning.Reference | None = None) -> ProbeResult:
         s = self.settings
@@ -452,6 +461,8 @@ class Objective:
             if self.on_probe_end is not None:
                 self.on_probe_end()
         wall = time.monotonic() - started
+        if result.ok and steps:
+            self._report_rest(trial, cand, spec, steps["on_step"], result)
         self._set(trial, probe_wall_s=round(wall, 3), phases={k: round(float(v), 3) for k, v in result.phases.items()},
                   probe_gpus=result.world_size or cand.world, device=result.device,
                   workdir=result.workdir or (str(workdir) if s.workdir else ""), layers_run=spec.layers_run)
