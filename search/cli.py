@@ -579,14 +579,15 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     _say_clamped(calibration)
     if winner is None:
         print("tune: no configuration measured successfully; see the reasons above", file=sys.stderr)
+        _say_steps_share(records, run_started, cluster.world_size)
         return 1
     print(f"tune: {best_line(summaries)}", file=sys.stderr)
-    _say_steps_share(records, run_started, cluster.world_size)
     if args.emit:
         written = _emit_best(args, model, cluster, training, winner, calibration, storage)
         print(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}",
               file=sys.stderr)
     print(f"tune: open the study with: optuna-dashboard {storage}", file=sys.stderr)
+    _say_steps_share(records, run_started, cluster.world_size)          # the final line
     return 0
 
 
