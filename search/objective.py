@@ -171,7 +171,9 @@ class Ledger:
         """The ledger of ``records``, pruned trials no longer clearly behind the best marked ``reopened``."""
         if any(r.outcome == "pruned" for r in records):
             ref = pruning.reference(records)
-            records = [replace(r, reopened=True) if r.outcome == "pruned" and not pruning.still_behind(r, ref)
+            opened = {r.number for r in records if r.outcome == "pruned" and not pruning.still_behind(r, ref)}
+            # a duplicate answered from a reopened trial (another worker's race for the slot) is reopened with it
+            records = [replace(r, reopened=True) if r.number in opened or r.attrs.get("duplicate_of") in opened
                        else r for r in records]
         return cls(records)
 

@@ -67,6 +67,9 @@ def test_a_pruned_configuration_is_probed_again_when_the_best_falls():
     ledger = Ledger.reopen(later)
     b = ledger.records[1]
     assert b.reopened and not b.final and "b" not in ledger.final_by_slot()
+    # another worker's trial of b, answered from the pruned one while it was final, is reopened with it
+    copy = record(4, "b", outcome="duplicate", duplicate_of=1)
+    assert "b" not in Ledger.reopen(later + [copy]).final_by_slot()
 
 
 class Steps(ProbeBackend):
