@@ -64,6 +64,7 @@ def gpu_seconds(records: list[TrialRecord]) -> dict[str, float]:
 
 def format_phases(records: list[TrialRecord], *, per_probe: bool = True) -> str:
     """GPU-hours per phase (total and share), then one row per probe (seconds per phase, its GPUs and GPU-hours)."""
+    from search.report import short
     rows = probed(records)
     if not rows:
         return "GPU-hours by phase: no probe ran"
@@ -78,7 +79,7 @@ def format_phases(records: list[TrialRecord], *, per_probe: bool = True) -> str:
         for r in rows:
             secs = phase_seconds(r)
             g = gpus_of(r)
-            table.append([r.number, (r.config or "?").split(",gas=")[0], r.outcome or r.state, g,
+            table.append([r.number, short(r.config or "?"), r.outcome or r.state, g,
                           *(f"{secs[k]:.3g}" if secs.get(k) else "" for k in cols),
                           f"{sum(secs.values()) * g / 3600:.3g}"])
         lines += ["", "per probe (seconds by phase)",

@@ -37,12 +37,13 @@ def test_phases_sum_to_the_wall_time_and_stop_where_the_probe_was(tmp_path):
         marks.mark("lunch")
 
 
-def rec(number, outcome, gpus, phases=None, wall=None):
+def rec(number, outcome, gpus, phases=None, wall=None, vpp=False):
     attrs = {"probe_wall_s": wall if wall is not None else sum((phases or {}).values()), "probe_gpus": gpus}
     if phases:
         attrs["phases"] = phases
     return TrialRecord(number=number, state="COMPLETE" if outcome == "ok" else "FAIL", params={},
-                       config=f"tp={number},pp=1,dp=1,mbs=1,gas=8", slot=None, phase="sampler", outcome=outcome,
+                       config=f"tp={number},pp=1,dp=1,mbs=1,gas=8" + (",vpp=2" if vpp else ""), slot=None,
+                       phase="sampler", outcome=outcome,
                        reason="", value=None, attrs=attrs)
 
 
@@ -54,6 +55,7 @@ def test_gpu_hours_per_phase_and_per_probe(tmp_path):
     assert secs["steps"] == 8 * 50 + 4 * 20 and secs["launch"] == 8 * 10 + 4 * 10 and secs["other"] == 2 * 90
     text = format_phases(records)
     assert "GPU-hours by phase (3 probes" in text and "pruned" in text and "other" in text
+    assert "tp=1,pp=1,dp=1,mbs=1,vpp=2" in format_phases([rec(1, "ok", 2, {"steps": 1.0}, vpp=True)])
     steps, share = steps_share(records, reservation_gpu_s=8 * 3600.0)
     assert steps == 480 and share == pytest.approx(480 / 28800)
     line = steps_line(records, reservation_gpu_s=8 * 3600.0, gpus=8, elapsed_s=3600.0)
