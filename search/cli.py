@@ -53,7 +53,8 @@ COMMANDS = """commands:
                                       plan --calibration (tune calibrate --help)
 
 limits: --budget is the wall-clock time of this run, every probe included (confirmation re-probes
-too; a probe still running at the end is stopped and probed again by the next run); --max-probes
+too; a probe still running at the end is stopped and probed again by the next run), or with a gpuh
+suffix (--budget 40gpuh) the GPU-hours its probes may hold (phase seconds x GPUs); --max-probes
 counts the probes that ran in the study over all runs (ok, oom, timeout, crash; confirmation
 re-probes included; configurations answered from storage, implied out of memory or refused
 without starting a process are not counted).
