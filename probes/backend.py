@@ -17,6 +17,7 @@ from pathlib import Path
 from probes.extent import probe_world
 from probes.launch import run_local
 from probes.result import ProbeResult, ProbeSpec
+from probes.steps import OnStep
 
 
 class ProbeBackend(abc.ABC):
@@ -34,6 +35,9 @@ class ProbeBackend(abc.ABC):
     """
 
     name = "base"
+    reports_steps = False
+    """True: `run` also takes ``on_step`` (`probes.steps.OnStep`), calls it with each timed step as it comes,
+    and stops the probe with status ``pruned`` when it returns a reason"""
 
     @abc.abstractmethod
     def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
@@ -44,14 +48,15 @@ class LocalBackend(ProbeBackend):
     """torchrun with ``nproc`` processes on this machine (default: the candidate's TP*CP*PP*DP)."""
 
     name = "local"
+    reports_steps = True
 
     def __init__(self, nproc: int | None = None, *, env: dict | None = None) -> None:
         self.nproc = nproc
         self.env = dict(env or {})
 
-    def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
+    def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float, on_step: OnStep | None = None) -> ProbeResult:
         nproc = self.nproc if self.nproc is not None else probe_world(spec)
-        return run_local(spec, nproc=nproc, workdir=Path(workdir), timeout_s=timeout_s, env=self.env)
+        return run_local(spec, nproc=nproc, workdir=Path(workdir), timeout_s=timeout_s, env=self.env, on_step=on_step)
 
 
 __all__ = ["LocalBackend", "ProbeBackend"]

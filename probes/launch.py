@@ -26,12 +26,15 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from probes import lifeline
 from probes.extent import resolve_probe
 from probes.layout import LayoutError
 from probes.outcome import classify
+from probes.phases import phases_of, read_marks
 from probes.result import ProbeResult, ProbeSpec
+from probes.steps import OnStep, StepTail, StepWatch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 KILL_GRACE_S = 5.0
@@ -107,6 +110,8 @@ class ProcessTracker:
         self.root_pid = root_pid
         self.workdir = workdir
         self.seen: dict[int, float | None] = {}
+        self.stopped_at: float | None = None
+        """epoch seconds when the launcher saw the command end or decided to stop it (run_with_timeout)"""
         self._ps = _psutil()
         self.snapshot()
 
@@ -182,10 +187,13 @@ def stop_processes(proc: subprocess.Popen, tracker: ProcessTracker) -> None:
 
 def run_with_timeout(argv: list[str], *, env: dict[str, str], timeout_s: float, workdir: Path,
                      stdout: object = None, stderr: object = None,
-                     cwd: Path = REPO_ROOT) -> tuple[int | None, bool, ProcessTracker]:
+                     cwd: Path = REPO_ROOT,
+                     watch: Callable[[], str | None] | None = None) -> tuple[int | None, bool, ProcessTracker]:
     """Run ``argv`` (torchrun) in a new session behind a lifeline (it dies with this process, and its workers
     with it); kill everything it started on timeout or when it ends.
 
+    ``watch`` is polled every `POLL_S` while it runs (`probes.steps.StepWatch`); when it returns a reason,
+    everything is stopped as on a timeout (the caller's watch keeps the reason; ``timed_out`` stays False).
     Returns (returncode, timed_out, tracker); ``tracker.seen`` holds every pid observed.
     """
     proc = subprocess.Popen(lifeline.wrap("torchrun", argv), cwd=cwd, env=lifeline.parent_env(env), stdout=stdout,
@@ -200,10 +208,13 @@ def run_with_timeout(argv: list[str], *, env: dict[str, str], timeout_s: float, 
                 break
             except subprocess.TimeoutExpired:
                 tracker.snapshot()
+                if watch is not None and watch():
+                    break
                 if time.monotonic() >= deadline:
                     timed_out = True
                     break
     finally:
+        tracker.stopped_at = time.time()
         stop_processes(proc, tracker)
     return proc.returncode, timed_out, tracker
 
@@ -220,12 +231,17 @@ def _collect_rank_logs(workdir: Path, log_dir: Path) -> dict[int, str]:
     return texts
 
 
-def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, env: dict | None = None) -> ProbeResult:
-    """Run ``spec`` on ``nproc`` local processes; the classified `ProbeResult` (also in workdir/result.json)."""
+def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, env: dict | None = None,
+              on_step: OnStep | None = None) -> ProbeResult:
+    """Run ``spec`` on ``nproc`` local processes; the classified `ProbeResult` (also in workdir/result.json).
+
+    ``on_step(index, seconds)`` gets each timed step as rank 0 reports it; when it returns a reason the probe is
+    stopped and the result is ``pruned`` (that reason, the steps seen) -- unless rank 0 had already written its
+    measurement, which is then kept."""
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("pid-rank*"), *workdir.glob("rank*.std*"),
-                  workdir / "result.json"]:
+                  workdir / "result.json", workdir / "phase-marks.json"]:
         stale.unlink(missing_ok=True)
     shutil.rmtree(workdir / "logs", ignore_errors=True)
     spec_path = workdir / "spec.json"
@@ -245,10 +261,14 @@ def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, e
                "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     (workdir / "command.json").write_text(json.dumps(command, indent=1) + "\n")
 
+    watch = StepWatch(on_step, StepTail(workdir)) if on_step is not None else None
+    spawned = time.time()
     with open(workdir / "torchrun.stdout", "wb") as out, open(workdir / "torchrun.stderr", "wb") as err:
         returncode, timed_out, tracker = run_with_timeout(argv, env={**os.environ, **overrides}, timeout_s=timeout_s,
-                                                          workdir=workdir, stdout=out, stderr=err)
+                                                          workdir=workdir, stdout=out, stderr=err, watch=watch)
     wall_s = time.monotonic() - started
+    ended = time.time()
+    phases = phases_of(read_marks(workdir), spawned=spawned, stopped=tracker.stopped_at or ended, ended=ended)
     rank_logs = _collect_rank_logs(workdir, log_dir)
     left = tracker.alive()
     command.update({"pids": sorted(tracker.seen), "returncode": returncode, "timed_out": timed_out,
@@ -257,9 +277,15 @@ def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, e
     extra = {"pids": sorted(tracker.seen), "returncode": returncode}
     if left:
         extra["pids_left"] = left
-    result = classify(workdir, returncode=returncode, timed_out=timed_out, timeout_s=timeout_s,
-                      torchrun_stderr=(workdir / "torchrun.stderr").read_text(errors="replace"),
-                      rank_logs=rank_logs, wall_s=wall_s, world_size=nproc, extra=extra)
+    if watch is not None and watch.stop_reason and not (workdir / "result.json").is_file():
+        extra["pruned_after_steps"] = len(watch.steps)
+        result = ProbeResult(status="pruned", reason=watch.stop_reason, step_times_s=list(watch.steps),
+                             wall_s=wall_s, workdir=str(workdir), world_size=nproc, extra=extra, phases=phases)
+    else:
+        result = classify(workdir, returncode=returncode, timed_out=timed_out, timeout_s=timeout_s,
+                          torchrun_stderr=(workdir / "torchrun.stderr").read_text(errors="replace"),
+                          rank_logs=rank_logs, wall_s=wall_s, world_size=nproc, extra=extra)
+        result = ProbeResult.from_dict({**result.to_dict(), "phases": phases})
     result.write(workdir / "result.json")
     return result
 

@@ -9,7 +9,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-STATUSES = ("ok", "oom", "timeout", "crash", "invalid")
+STATUSES = ("ok", "oom", "timeout", "crash", "invalid", "pruned")
+"""``pruned``: stopped early by the caller's ``on_step`` (clearly slower than the best so far); only a backend that
+was given ``on_step`` returns it"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,10 +53,16 @@ class ProbeSpec:
         return cls(**d)
 
 
+PHASES = ("queue", "launch", "rendezvous", "build", "warmup", "steps", "teardown")
+"""where a probe's wall time goes: waiting for an allocation or a slice (queue), starting the launcher and the
+workers up to the probe's own code (launch), process groups (rendezvous), the model, optimizer and data (build),
+the untimed warm-up steps (warmup), the timed steps (steps) and the rest up to the last process' exit (teardown)"""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProbeResult:
     status: str
-    """ok | oom | timeout | crash | invalid"""
+    """ok | oom | timeout | crash | invalid | pruned"""
     reason: str = ""
     """for non-ok: the root cause, one line (e.g. 'rank 1: RuntimeError: ...')"""
     root_cause_rank: int | None = None
@@ -91,6 +99,8 @@ class ProbeResult:
     differs_from_planner (what differs from the planner's 18 bytes per parameter)"""
     timing_split: dict = field(default_factory=dict)
     """one profiled step (spec.profile): seconds of compute and of communication per parallel dimension"""
+    phases: dict = field(default_factory=dict)
+    """seconds of the probe's wall time by phase (`PHASES`), as far as it got: where the time went"""
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -47,6 +47,7 @@ from probes.launch import KILL_GRACE_S, REPO_ROOT, probe_env
 from probes.extent import resolve_probe
 from probes.layout import LayoutError
 from probes.outcome import classify
+from probes.phases import MARKS_FILE, phases_of, read_marks
 from probes.result import ProbeResult, ProbeSpec
 from probes.slurm_guard import SlurmGuard
 
@@ -585,7 +586,7 @@ class SlurmBackend(ProbeBackend):
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("pid-rank*"), *workdir.glob("rank*.std*"),
-                      workdir / "result.json"]:
+                      workdir / "result.json", workdir / MARKS_FILE]:
             stale.unlink(missing_ok=True)
         spec_path = workdir / "spec.json"
         spec_path.write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True) + "\n")
@@ -605,11 +606,15 @@ class SlurmBackend(ProbeBackend):
         if s is None:
             return invalid(f"{procs} ranks do not fit on the {len(self.pool.in_service())} node(s) in service "
                            f"x {self.gpus_per_node} (set aside: {sorted(self.pool.set_aside) or 'none'})")
+        spawned = time.time()
         try:
             worker = ["-m", "probes.train", "--spec", str(spec_path), "--out", str(workdir)]
             step = self.run_step(s, worker, workdir=workdir, timeout_s=timeout_s, log_dir=workdir / "logs")
         finally:
             self.pool.release(s)
+        ended = time.time()
+        # srun's wait for the step's resources is inside "launch" (it is not told apart from the start)
+        phases = phases_of(read_marks(workdir), spawned=spawned, stopped=ended, ended=ended)
         extra = {"hosts": list(step.hosts), "job_id": step.job_id, "step_name": step.step_name,
                  "returncode": step.returncode}
         if step.cancelled_step:
@@ -620,6 +625,7 @@ class SlurmBackend(ProbeBackend):
         launcher_error = not step.rank_logs and "srun: error" in step.stderr
         if launcher_error:  # the step never started: SLURM refused it, no node is to blame
             result = ProbeResult.from_dict({**result.to_dict(), "extra": {**result.extra, "launcher_error": True}})
+        result = ProbeResult.from_dict({**result.to_dict(), "phases": phases})
         newly = [] if launcher_error else self.pool.record(s, result)
         if newly:
             result = ProbeResult.from_dict({**result.to_dict(), "extra": {**result.extra, "set_aside": newly}})

@@ -63,6 +63,7 @@ from probes.extent import ProbeExtent, probe_extent, resolve_probe
 from probes.layout import LayoutError, ProbeLayout, model_run, model_spec
 from probes.lifeline import hold
 from probes.memstat import reset_peak_memory, vm_kib
+from probes.phases import PhaseMarks
 from probes.outcome import OOM_MARKERS
 from probes.parallel import (DTYPES, build_mesh, build_schedule, build_stages, expert_groups, local_parameter_count,
                              loss_fn, rank_position, reduce_expert_grads)
@@ -456,8 +457,9 @@ def flops_model(m, extent: ProbeExtent):
 
 
 def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, device: torch.device,
-              started: float, extent: ProbeExtent | None = None) -> ProbeResult:
+              started: float, extent: ProbeExtent | None = None, marks: PhaseMarks | None = None) -> ProbeResult:
     extent = extent if extent is not None else probe_extent(spec)
+    marks = marks if marks is not None else PhaseMarks(None)
     before: dict = {}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -477,6 +479,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
         before["rss_after_setup_bytes"] = None if kib is None else kib * 1024.0
     before["peak_reset"] = reset_peak_memory(device)
     _cap_address_space()
+    marks.mark("build")
     losses: list[float] = []
     step = 0
     for _ in range(spec.warmup_steps):
@@ -486,6 +489,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
         step += 1
     if world > 1:
         dist.barrier()
+    marks.mark("warmup")
     all_times: list[float] = []
     window: list[float] = []
     rounds = 0
@@ -498,7 +502,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
             local = trainer.step(step)
             _sync(device)
             times.append(time.perf_counter() - t0)
-            if rank == 0:                   # the tuner's live progress reads this (search.progress.STEP_MARK)
+            if rank == 0:                   # the tuner reads this as it comes (probes.steps.STEP_MARK): progress, pruning
                 print(f"[probe] step {step} {times[-1]:.6f} s", flush=True)
             losses.append(_global_loss(local, world))
             if step == 0:
@@ -508,6 +512,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
         all_times += window
         if _cv(window) <= spec.max_cv:
             break
+    marks.mark("steps")
     median = statistics.median(window)
     cv = _cv(window)
     records = _gather_records(memory_record(trainer, before), world)
@@ -582,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     (out / f"pid-rank{rank}").write_text(f"{os.getpid()}\n")
+    marks = PhaseMarks(out if rank == 0 else None)
+    marks.mark("start", started)
     try:
         layout, extent = resolve_probe(spec, world=world, local_world=local_world)
     except LayoutError as err:
@@ -601,7 +608,8 @@ def main(argv: list[str] | None = None) -> int:
         hold("setup")
         if world > 1:
             dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
-        result = run_probe(spec, layout, rank, world, device, started, extent)
+        marks.mark("rendezvous")
+        result = run_probe(spec, layout, rank, world, device, started, extent, marks)
     except Exception as err:  # noqa: BLE001 -- recorded for the launcher, then the process ends
         status = "oom" if _is_oom(err) else "crash"
         message = f"{type(err).__name__}: {err}".splitlines()[0][:500]

@@ -16,8 +16,9 @@ from __future__ import annotations
 from planner.errors import InputError
 from planner.space import RECOMPUTE
 
-PROBED = ("ok", "oom", "timeout", "crash", "invalid")
-"""outcomes of a probe that ran (or was refused by the probe's own layout check): final for the configuration"""
+PROBED = ("ok", "oom", "timeout", "crash", "invalid", "pruned")
+"""outcomes of a probe that ran (or was refused by the probe's own layout check): final for the configuration
+(``pruned``: stopped early, clearly behind the best, while it stays so: search.pruning)"""
 DERIVED = ("implied_oom", "not_measured", "ruled_out", "duplicate")
 """outcomes recorded without probing: final too (a duplicate carries the stored result of the original)"""
 NOT_FINAL = ("interrupted", "backend_error")

@@ -21,6 +21,7 @@ import json
 import re
 import shlex
 import sys
+import time
 import warnings
 from contextlib import ExitStack
 from pathlib import Path
@@ -52,7 +53,8 @@ COMMANDS = """commands:
                                       plan --calibration (tune calibrate --help)
 
 limits: --budget is the wall-clock time of this run, every probe included (confirmation re-probes
-too; a probe still running at the end is stopped and probed again by the next run); --max-probes
+too; a probe still running at the end is stopped and probed again by the next run), or with a gpuh
+suffix (--budget 40gpuh) the GPU-hours its probes may hold (phase seconds x GPUs); --max-probes
 counts the probes that ran in the study over all runs (ok, oom, timeout, crash; confirmation
 re-probes included; configurations answered from storage, implied out of memory or refused
 without starting a process are not counted).
@@ -72,6 +74,32 @@ def parse_duration(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
     return value
+
+
+GPUH = re.compile(r"(\d+(?:\.\d+)?)\s*gpu-?h(?:ours?)?", re.IGNORECASE)
+
+
+def parse_budget(text: str) -> tuple[str, float]:
+    """``40gpuh`` (GPU-hours) -> ("gpuh", 40.0); a duration (`parse_duration`) -> ("wall", seconds)."""
+    m = GPUH.fullmatch(text.strip())
+    if m:
+        value = float(m.group(1))
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} must be > 0 GPU-hours")
+        return "gpuh", value
+    try:
+        return "wall", parse_duration(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (2h, 90m, 1h30m, 600) or GPU-hours "
+                                         "(40gpuh)") from None
+
+
+class _BudgetAction(argparse.Action):
+    """--budget 2h sets ``budget`` (seconds), --budget 40gpuh sets ``budget_gpuh``; both may be given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        kind, value = values
+        setattr(namespace, "budget" if kind == "wall" else "budget_gpuh", value)
 
 
 _nonneg_float = number(float, allow_zero=True)
@@ -112,9 +140,11 @@ def build_run_parser() -> argparse.ArgumentParser:
     s.add_argument("--storage", default=None,
                    help=f"Optuna database URL (default sqlite:///WORKDIR/{DB_NAME}; postgresql://user@host/db to "
                         "share a study between several tuners)")
-    s.add_argument("--budget", type=parse_duration,
+    s.add_argument("--budget", type=parse_budget, action=_BudgetAction, dest="budget",
                    help="wall-clock limit of this run, every probe included: 2h, 90m, 1h30m, seconds "
-                        "(a probe running at the end is stopped and probed again next run)")
+                        "(a probe running at the end is stopped and probed again next run); and/or GPU-hours the "
+                        "probes of this run may hold, e.g. 40gpuh (give --budget twice for both); the study ends "
+                        "with its best so far")
     s.add_argument("--max-probes", "--n-trials", dest="max_probes", type=_pos_int,
                    help="probes run in the study, all runs and confirmation re-probes included (ok, oom, timeout, "
                         "crash; default: until every survivor is done)")
@@ -161,6 +191,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     b.add_argument("--probe-layers", type=_pos_int, help="run a reduced model of N layers (step time scaled up)")
     b.add_argument("--probe-steps", type=_pos_int, default=5, help="timed steps per probe (default 5)")
     b.add_argument("--probe-warmup", type=_nonneg_int, default=2, help="untimed steps first (default 2)")
+    b.add_argument("--no-prune", action="store_true",
+                   help="run every probe to its end (default: a probe whose timed steps are clearly behind the best "
+                        "so far, by more than the step-time noise measured here, stops early and is recorded pruned)")
     b.add_argument("--probe-timeout", type=parse_duration, default=600.0,
                    help="wall-clock limit of one probe (default 600 s)")
     b.add_argument("--probe-device", choices=("auto", "cuda", "cpu"), default="auto",
@@ -304,14 +337,16 @@ def _local_backend(capacity: int):
 
     class OneNode(ProbeBackend):
         name = "local"
+        reports_steps = True
 
-        def run(self, spec, *, workdir, timeout_s):
+        def run(self, spec, *, workdir, timeout_s, on_step=None):
             c = spec.candidate
             world, model_parallel = probe_world(spec), c["tp"] * c["pp"] * spec.cp
             if world <= capacity:
-                return LocalBackend(nproc=world).run(spec, workdir=workdir, timeout_s=timeout_s)
+                return LocalBackend(nproc=world).run(spec, workdir=workdir, timeout_s=timeout_s, on_step=on_step)
             if model_parallel <= capacity:
-                return LocalBackend(nproc=model_parallel).run(spec, workdir=workdir, timeout_s=timeout_s)
+                return LocalBackend(nproc=model_parallel).run(spec, workdir=workdir, timeout_s=timeout_s,
+                                                              on_step=on_step)
             return ProbeResult(status="invalid", wall_s=0.0, reason=(
                 f"needs TP*CP*PP = {model_parallel} processes, this node runs {capacity} (--local-procs); "
                 "probe it with --backend slurm"))
@@ -485,6 +520,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             _check_emittable(args, model, cluster, training, space)
         storage = storage_of(args, create=True)
         settings = TuneSettings(study_name=args.study, storage_url=storage, budget_s=args.budget,
+                                budget_gpuh=getattr(args, "budget_gpuh", None),
                                 max_probes=args.max_probes,
                                 top_k=args.top_k,
                                 sampler=args.sampler, seed=args.seed,
@@ -492,7 +528,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                                 repeats=args.repeats, heartbeat_s=args.heartbeat_s, grace_s=args.grace_s,
                                 max_retry=args.max_retry)
         probe = ProbeSettings(steps=args.probe_steps, warmup_steps=args.probe_warmup, layers=args.probe_layers,
-                              timeout_s=args.probe_timeout, device=args.probe_device,
+                              timeout_s=args.probe_timeout, device=args.probe_device, prune=not args.no_prune,
                               workdir=None if args.backend == "replay" else workdir,
                               resources=_resources(args, cluster))
         optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -508,6 +544,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         objective = Objective(space=space, backend=backend, settings=probe, on_probe=progress.probing,
                               on_probe_end=progress.probe_ended)
         previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        run_started = time.time()
         try:
             records = run_study(study, objective, space, settings, progress)
         except BackendError as err:
@@ -545,6 +582,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     _say_clamped(calibration)
     if winner is None:
         _say("tune: no configuration measured successfully; see the reasons above")
+        _say_steps_share(records, run_started, cluster.world_size)
         return 1
     _say(f"tune: {best_line(summaries)}")
     recorded = pick_line(study)
@@ -554,6 +592,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         written = _emit_best(args, model, cluster, training, winner, calibration, storage)
         _say(f"tune: wrote {len(written)} files to {out_dir_of(args)}: {', '.join(p.name for p in written)}")
     _say(f"tune: open the study with: {dashboard_command(storage)}")
+    _say_steps_share(records, run_started, cluster.world_size)          # the final line
     return 0
 
 
@@ -565,6 +604,17 @@ def _say(text: str) -> None:
 
         text = fold(text, terminal_width(sys.stderr) - 1)
     print(text, file=sys.stderr)
+
+
+def _say_steps_share(records, run_started: float, gpus: int) -> None:
+    """The share of this run's reservation (its GPUs x its wall time) that measured steps (search.accounting)."""
+    from search.accounting import gpu_seconds, steps_line
+
+    elapsed = max(time.time() - run_started, 1e-9)
+    this_run = [r for r in records if r.started is not None and r.started >= run_started - 1.0]
+    if not sum(gpu_seconds(this_run).values()):
+        return                               # nothing ran here (a replay, or every answer from storage)
+    _say(f"tune: {steps_line(this_run, reservation_gpu_s=elapsed * gpus, gpus=gpus, elapsed_s=elapsed)}")
 
 
 def probes_of(records) -> int:
@@ -626,6 +676,7 @@ def report(args: argparse.Namespace) -> int:
     import optuna
 
     from search.objective import TrialRecord
+    from search.accounting import PLOT as PHASES_PLOT, format_phases, gpu_seconds, plot_phases
     from search.report import (best_line, dashboard_command, format_table, format_trials, report_dict, summarize,
                                write_plots)
     from search.settings import TuneSettings
@@ -648,7 +699,9 @@ def report(args: argparse.Namespace) -> int:
     study = optuna.load_study(study_name=args.study, storage=optuna_storage)
     records = [TrialRecord.from_trial(t) for t in study.get_trials(deepcopy=False)]
     if args.format == "json":
-        print(json.dumps(report_dict(records, study=args.study, storage=storage), indent=1))
+        d = report_dict(records, study=args.study, storage=storage)
+        d["gpu_hours_by_phase"] = {k: v / 3600 for k, v in gpu_seconds(records).items()}
+        print(json.dumps(d, indent=1))
     else:
         summaries = summarize(records)
         print(format_table(summaries, title=f"tune: study {args.study!r}, {probes_of(records)} trials",
@@ -660,9 +713,13 @@ def report(args: argparse.Namespace) -> int:
         if args.trials:
             print()
             print(format_trials(records))
+        print()
+        print(format_phases(records))
     if not args.no_plots:
         try:
             paths = write_plots(records, plots, study=args.study)
+            paths.append(plots / PHASES_PLOT)
+            plot_phases(records, paths[-1], study=args.study)
         except OSError as err:
             raise TuneError(f"--plots {plots}: cannot write there ({err.strerror or err}); give a folder you can "
                             "write, or --no-plots") from None

@@ -25,7 +25,7 @@ import socket
 import statistics
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -38,13 +38,15 @@ from planner.flops import model_flops_per_iteration, tflops_per_gpu
 from probes.backend import ProbeBackend
 from probes.result import ProbeResult, ProbeSpec
 
+from search import pruning
 from search._base import DERIVED, PICK_CONSTRAINT, PROBED, BackendError
 from search.calibration import Measurement, refit
+from search.pruning import MIN_STEPS
 from search.space import PARAMS, SearchSpace, config_key, params_of, with_defaults
 from search.trial_attrs import TrialAttrs
 
 FINAL = PROBED + DERIVED
-COUNTED = ("ok", "oom", "timeout", "crash")
+COUNTED = ("ok", "oom", "timeout", "crash", "pruned")
 """outcomes of a probe that ran processes to an end: what --max-probes and the budget's probe time count"""
 RESOURCES_ATTR = "plantune_resources"
 """study attribute: the resources (`ProbeSettings.resources`) of the latest run, for `Ledger.of`"""
@@ -80,6 +82,10 @@ class ProbeSettings:
     max_cv: float = 0.15
     workdir: Path | None = None
     """probe folders go to workdir/trial-NNNN (None: a backend that needs none, e.g. replay)"""
+    prune: bool = True
+    """stop a probe clearly behind the best so far (`search.pruning`; backends that report steps)"""
+    prune_min_steps: int = MIN_STEPS
+    """timed steps a probe runs before it may be pruned"""
     resources: str = ""
     """where and on how many processes probes run (backend, processes, device): an ``invalid`` verdict made
     under other resources is not final (`Ledger.of` with ``resources``) and the configuration is probed again"""
@@ -105,6 +111,8 @@ class TrialRecord:
     """an ``invalid`` verdict made under other resources than this run's: not final, probed again"""
     started: float | None = None
     """the trial's start, seconds since the epoch"""
+    reopened: bool = False
+    """a pruned trial no longer clearly behind the best (`search.pruning.still_behind`): not final, probed again"""
 
     @classmethod
     def from_trial(cls, t: FrozenTrial, resources: str | None = None) -> "TrialRecord":
@@ -119,7 +127,8 @@ class TrialRecord:
 
     @property
     def final(self) -> bool:
-        return self.state in ("COMPLETE", "FAIL") and self.outcome in FINAL and not self.stale
+        return (self.state in ("COMPLETE", "FAIL", "PRUNED") and self.outcome in FINAL and not self.stale
+                and not self.reopened)
 
     @property
     def counted(self) -> bool:
@@ -155,7 +164,18 @@ class Ledger:
         if resources is None:
             resources = study.user_attrs.get(RESOURCES_ATTR)
         trials = study.get_trials(deepcopy=False)
-        return cls([TrialRecord.from_trial(t, resources) for t in trials if t.number != exclude])
+        return cls.reopen([TrialRecord.from_trial(t, resources) for t in trials if t.number != exclude])
+
+    @classmethod
+    def reopen(cls, records: list[TrialRecord]) -> "Ledger":
+        """The ledger of ``records``, pruned trials no longer clearly behind the best marked ``reopened``."""
+        if any(r.outcome == "pruned" for r in records):
+            ref = pruning.reference(records)
+            opened = {r.number for r in records if r.outcome == "pruned" and not pruning.still_behind(r, ref)}
+            # a duplicate answered from a reopened trial (another worker's race for the slot) is reopened with it
+            records = [replace(r, reopened=True) if r.number in opened or r.attrs.get("duplicate_of") in opened
+                       else r for r in records]
+        return cls(records)
 
     def final_by_slot(self) -> dict[str, TrialRecord]:
         out: dict[str, TrialRecord] = {}
@@ -258,6 +278,8 @@ class Objective:
         self.on_probe_end = on_probe_end
         self.deadline: float | None = None
         """time.monotonic() at which the budget ends: a probe still running then is stopped (not final)"""
+        self.gpu_budget: Callable[[], float] | None = None
+        """GPU-seconds left of a --budget NNgpuh (search.study): a probe is stopped when it has held them"""
         self.on_budget_cut: Callable[[], None] | None = None
         """called when a probe was stopped at the deadline (the budget is spent, whatever the clock says)"""
         self.distributions = space.distributions()
@@ -371,7 +393,10 @@ class Objective:
         tf_before, step_before = self.predict(cand, before)
         self._set(trial, pred_before_tflops=tf_before, pred_before_step_s=step_before,
                   calibration_before={"compute_scale": before.compute_scale, "comm_scale": before.comm_scale})
-        result = self._probe(trial, cand)
+        ref = pruning.reference(ledger.records) if self.settings.prune else None
+        if ref is not None and phase == "confirm" and ref.config == key:
+            ref = None                       # the best's own re-probes are the reference: never pruned
+        result = self._probe(trial, cand, ref)
         return self._record(trial, cand, result, ledger)
 
     def probe_spec(self, cand: Candidate) -> ProbeSpec:
@@ -385,7 +410,35 @@ class Objective:
                          pp_schedule=fsdp_parallel.probe_schedule(self.training),   # torchtitan's --pp-schedule
                          **({"moe_top_k": self.model.moe_topk} if self.model.num_experts else {}))
 
-    def _probe(self, trial: optuna.Trial, cand: Candidate) -> ProbeResult:
+    def _on_step(self, trial: optuna.Trial, cand: Candidate, spec: ProbeSpec, ref: pruning.Reference | None):
+        """The backend's ``on_step``: each timed step as the full configuration's TFLOPs/GPU, reported to Optuna
+        (intermediate values, optuna-dashboard's curves), and the reason to stop when `pruning.verdict` gives one."""
+        scale = self.model.layers / spec.layers_run if spec.layers_run else 1.0     # a reduced model's step, scaled
+        seen: list[float] = []
+
+        def on_step(index: int, seconds: float) -> str | None:
+            if not seconds or seconds <= 0:
+                return None
+            tflops = self.measured_tflops(cand, seconds * scale)
+            seen.append(tflops)
+            trial.report(tflops, index)
+            why = pruning.verdict(ref, seen, min_steps=self.settings.prune_min_steps)
+            if why:
+                self._set(trial, pruned_margin=ref.margin_after(len(seen)))
+            return why
+
+        on_step.seen = seen          # the steps reported so far (`_report_rest` adds those the probe had no time to)
+        return on_step
+
+    def _report_rest(self, trial: optuna.Trial, cand: Candidate, spec: ProbeSpec, on_step, result: ProbeResult) -> None:
+        """Report the timed steps of a finished probe that its ``on_step`` did not see (a probe quicker than the
+        launcher's poll), so every measured trial has its curve."""
+        scale = self.model.layers / spec.layers_run if spec.layers_run else 1.0
+        for i in range(len(getattr(on_step, "seen", [])), len(result.step_times_s)):
+            if result.step_times_s[i] > 0:
+                trial.report(self.measured_tflops(cand, result.step_times_s[i] * scale), i)
+
+    def _probe(self, trial: optuna.Trial, cand: Candidate, ref: pruning.Reference | None = None) -> ProbeResult:
         s = self.settings
         spec = self.probe_spec(cand)
         study_dir = s.workdir or Path("tune-probes")
@@ -393,11 +446,15 @@ class Objective:
         timeout = s.timeout_s
         if self.deadline is not None:
             timeout = max(min(timeout, self.deadline - time.monotonic()), 0.0)
+        if self.gpu_budget is not None:                   # what is left, held by this probe's GPUs
+            timeout = max(min(timeout, self.gpu_budget() / max(cand.world, 1)), 0.0)
         if self.on_probe is not None:
             self.on_probe(trial.number, cand.label(), timeout_s=timeout, workdir=workdir if s.workdir else None)
         started = time.monotonic()
+        steps = ({"on_step": self._on_step(trial, cand, spec, ref)} if getattr(self.backend, "reports_steps", False)
+                 else {})
         try:
-            result = self.backend.run(spec, workdir=workdir, timeout_s=timeout)
+            result = self.backend.run(spec, workdir=workdir, timeout_s=timeout, **steps)
         except Exception as err:  # noqa: BLE001 -- any backend failure is recorded, then stops the study
             first = (str(err).splitlines() or [""])[0][:300]
             reason = f"{getattr(self.backend, 'name', 'probe')} backend failed: {type(err).__name__}: {first}"
@@ -407,7 +464,10 @@ class Objective:
             if self.on_probe_end is not None:
                 self.on_probe_end()
         wall = time.monotonic() - started
-        self._set(trial, probe_wall_s=round(wall, 3), device=result.device,
+        if result.ok and steps:
+            self._report_rest(trial, cand, spec, steps["on_step"], result)
+        self._set(trial, probe_wall_s=round(wall, 3), phases={k: round(float(v), 3) for k, v in result.phases.items()},
+                  probe_gpus=result.world_size or cand.world, device=result.device,
                   workdir=result.workdir or (str(workdir) if s.workdir else ""), layers_run=spec.layers_run)
         if result.status == "timeout" and timeout < s.timeout_s:
             reason = (f"stopped at the end of --budget after {wall:.0f} s (its --probe-timeout is {s.timeout_s:g} s); "
@@ -420,6 +480,14 @@ class Objective:
 
     def _record(self, trial: optuna.Trial, cand: Candidate, result: ProbeResult, ledger: Ledger) -> float:
         memory = max(result.peak_memory_bytes_per_rank) / 1e9 if result.peak_memory_bytes_per_rank else None
+        if result.status == "pruned":
+            scale = self.model.layers / trial.user_attrs["layers_run"] if trial.user_attrs.get("layers_run") else 1.0
+            fastest = min((t for t in result.step_times_s if t > 0), default=None)
+            self._set(trial, outcome="pruned", reason=result.reason, pruned_steps=len(result.step_times_s),
+                      pruned_step_s=fastest * scale if fastest else None,
+                      pruned_tflops=self.measured_tflops(cand, fastest * scale) if fastest else None,
+                      resources=self.settings.resources)
+            raise optuna.TrialPruned(result.reason)
         if not result.ok:
             outcome = "not_measured" if result.extra.get("not_measured") else result.status
             reason = result.reason or f"probe ended {result.status}"

@@ -36,6 +36,7 @@ from __future__ import annotations
 import csv
 import math
 import random
+import statistics
 import time
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -385,18 +386,30 @@ class ReplayBackend(ProbeBackend):
     ``noise`` > 0 multiplies each answered step time by exp(N(0, noise)) (seeded by ``seed`` and
     the configuration), to exercise confirmation; 0 answers the table's numbers exactly.
     ``delay_s`` makes each probe take that long (wall clock), like a real one.
+
+    Steps: a probe answers ``spec.warmup_steps`` untimed and ``spec.steps`` timed steps of the (noisy) step time,
+    each multiplied by exp(N(0, sigma)) with sigma drawn per probe from ``step_noise`` (measured coefficients of
+    variation of timed steps; empty: every step the same). Each timed step goes to ``on_step`` as it comes, and a
+    reason returned stops the probe (``pruned``). Nothing is slept: ``phases`` holds the simulated seconds
+    (``launch_s`` per probe for launch and set-up, then warm-up and timed steps), ``extra["simulated"]`` is True.
+    A replay simulates (and reports) steps only when given ``step_noise`` or ``launch_s``
+    (tests/bench/bench_search.py --pruning); otherwise it answers the table's row as one step, as it always has.
     """
 
     name = "replay"
 
-    def __init__(self, table: ReplayTable, *, noise: float = 0.0, seed: int = 0, delay_s: float = 0.0) -> None:
+    def __init__(self, table: ReplayTable, *, noise: float = 0.0, seed: int = 0, delay_s: float = 0.0,
+                 step_noise: tuple[float, ...] = (), launch_s: float = 0.0) -> None:
         self.table = table
         self.noise = noise
         self.seed = seed
         self.delay_s = delay_s
+        self.step_noise = tuple(step_noise)
+        self.launch_s = launch_s
+        self.reports_steps = bool(self.step_noise) or launch_s > 0
         self.calls = 0
 
-    def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
+    def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float, on_step=None) -> ProbeResult:
         self.calls += 1
         if self.delay_s > 0:        # a probe that takes time (tests of concurrency, kills and Ctrl-C)
             time.sleep(min(self.delay_s, timeout_s))
@@ -419,9 +432,33 @@ class ReplayBackend(ProbeBackend):
             rng = random.Random(f"{self.seed}:{c.label()}:{self.calls}")
             step *= math.exp(rng.gauss(0.0, self.noise))
         gbs = c.mbs * c.dp * c.gas
-        return ProbeResult(status="ok", step_times_s=[step], step_time_median_s=step, step_time_cv=0.0, stable=True,
-                           samples_per_s=gbs / step, peak_memory_bytes_per_rank=memory,
-                           memory_kind="table (GB as measured)", device=device, world_size=c.world, wall_s=0.0)
+        if not self.reports_steps:
+            return ProbeResult(status="ok", step_times_s=[step], step_time_median_s=step, step_time_cv=0.0,
+                               stable=True, samples_per_s=gbs / step, peak_memory_bytes_per_rank=memory,
+                               memory_kind="table (GB as measured)", device=device, world_size=c.world, wall_s=0.0)
+        rng = random.Random(f"steps:{self.seed}:{c.label()}:{self.calls}")
+        sigma = rng.choice(self.step_noise) if self.step_noise else 0.0
+
+        def one() -> float:
+            return step * math.exp(rng.gauss(0.0, sigma)) if sigma else step
+
+        warmup = [one() for _ in range(spec.warmup_steps)]
+        phases = {"launch": self.launch_s, "warmup": sum(warmup), "steps": 0.0}
+        times: list[float] = []
+        for i in range(max(spec.steps, 1)):
+            times.append(one())
+            phases["steps"] += times[-1]
+            reason = on_step(i, times[-1]) if on_step is not None else None
+            if reason:
+                return ProbeResult(status="pruned", reason=reason, step_times_s=times, device=device,
+                                   world_size=c.world, wall_s=0.0, phases=phases,
+                                   extra={"simulated": True, "pruned_after_steps": len(times)})
+        median = statistics.median(times)
+        cv = statistics.pstdev(times) / statistics.mean(times) if len(times) > 1 else 0.0
+        return ProbeResult(status="ok", step_times_s=times, step_time_median_s=median, step_time_cv=cv,
+                           stable=cv <= spec.max_cv, samples_per_s=gbs / median, peak_memory_bytes_per_rank=memory,
+                           memory_kind="table (GB as measured)", device=device, world_size=c.world, wall_s=0.0,
+                           phases=phases, extra={"simulated": True})
 
 
 __all__ = ["KNOWN_COLUMNS", "NOT_MEASURED", "ReplayBackend", "ReplayRow", "ReplayTable", "candidate_of",

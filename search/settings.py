@@ -14,6 +14,8 @@ class TuneSettings:
     study_name: str
     storage_url: str = "sqlite:///tune.db"
     budget_s: float | None = None
+    budget_gpuh: float | None = None
+    """--budget NNgpuh: GPU-hours the probes of this run may hold (phase seconds x their GPUs, search.accounting)"""
     max_probes: int | None = None
     """search-phase probes in the study, all runs together (None: until the space is exhausted)"""
     top_k: int | None = None

@@ -23,6 +23,8 @@ import warnings
 import optuna
 from optuna.trial import TrialState
 
+from search import pruning
+from search.accounting import gpu_seconds
 from search._base import PICK_PHASE
 from search.objective import RESOURCES_ATTR, WAIT_POLL_S, Ledger, Objective, ProbeFailed, TrialRecord
 from search.progress import Progress, hms
@@ -46,9 +48,19 @@ def _mean_probe_s(ledger: Ledger) -> float:
     return sum(walls) / len(walls) if walls else 0.0
 
 
+def gpu_hours_spent(ledger: Ledger, progress: Progress) -> float:
+    """GPU-hours the probes of this run held (search.accounting: phase seconds x their GPUs)."""
+    run_started = time.time() - progress.elapsed_s - 1.0
+    return sum(gpu_seconds([r for r in ledger.records if (r.started or 0.0) >= run_started]).values()) / 3600
+
+
 def limits_reached(ledger: Ledger, settings: TuneSettings, progress: Progress) -> bool:
-    """--max-probes probes ran, or the budget is spent: nothing more starts."""
+    """--max-probes probes ran, or a budget (wall clock, GPU-hours) is spent: nothing more starts."""
     if settings.max_probes is not None and sum(1 for r in ledger.records if r.counted) >= settings.max_probes:
+        return True
+    if progress.spent:
+        return True
+    if settings.budget_gpuh is not None and gpu_hours_spent(ledger, progress) >= settings.budget_gpuh:
         return True
     left = progress.remaining_s()
     return left is not None and left <= 0
@@ -97,8 +109,10 @@ def search(study: optuna.Study, objective: Objective, space: SearchSpace, settin
                    callbacks=[_Stopper(space, settings, progress)], gc_after_trial=False)
 
 
-def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int) -> list[tuple[str, int]]:
-    """(config, repeat) still to probe: the ``confirm_top`` best measured configurations, ``repeats`` each."""
+def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int,
+                       prune: bool = False) -> list[tuple[str, int]]:
+    """(config, repeat) still to probe: the ``confirm_top`` best measured configurations, ``repeats`` each; with
+    ``prune``, not those clearly behind the best (`search.pruning.behind`: a re-probe would be pruned)."""
     if confirm_top <= 0 or repeats <= 0:
         return []
     first = {}
@@ -106,6 +120,9 @@ def confirmation_slots(ledger: Ledger, confirm_top: int, repeats: int) -> list[t
         if r.measured and r.phase != "confirm" and r.config not in first:
             first[r.config] = r.value or 0.0
     top = sorted(first, key=lambda k: -first[k])[:confirm_top]
+    if prune:
+        ref = pruning.reference(ledger.records)
+        top = [k for k in top if not pruning.behind(ref, k, first[k])]
     present = {r.slot for r in ledger.records if r.phase == "confirm" and r.slot
                and (r.final or r.state in ("RUNNING", "WAITING"))}
     return [(k, i) for k in top for i in range(1, repeats + 1) if f"{k}#confirm{i}" not in present]
@@ -128,7 +145,8 @@ def confirm(study: optuna.Study, objective: Objective, space: SearchSpace, setti
     ledger = Ledger.of(study)
     if limits_reached(ledger, settings, progress):
         return 0
-    slots = confirmation_slots(ledger, settings.confirm_top, settings.repeats)
+    prunes = objective.settings.prune and getattr(objective.backend, "reports_steps", False)
+    slots = confirmation_slots(ledger, settings.confirm_top, settings.repeats, prune=prunes)
     slots = [(k, i) for k, i in slots if space.by_key(k) is not None]
     if settings.max_probes is not None:
         slots = slots[:max(0, settings.max_probes - sum(1 for r in ledger.records if r.counted))]
@@ -178,6 +196,9 @@ def run(study: optuna.Study, objective: Objective, space: SearchSpace, settings:
     study.set_user_attr(RESOURCES_ATTR, objective.settings.resources)
     if settings.budget_s is not None:
         objective.deadline = progress.started + settings.budget_s
+    if settings.budget_gpuh is not None:
+        objective.gpu_budget = lambda: settings.budget_gpuh * 3600 - gpu_hours_spent(Ledger.of(study), progress) * 3600
+    if settings.budget_s is not None or settings.budget_gpuh is not None:
         objective.on_budget_cut = progress.spend
     recover(study, space, default_top_k(settings.sampler) if settings.top_k is None else settings.top_k,
             settings.grace_s)
@@ -294,8 +315,11 @@ def _say_left(study: optuna.Study, space: SearchSpace, settings: TuneSettings, p
     ledger = Ledger.of(study)
     left = [k for k in space.keys if k not in ledger.done_keys(space)]
     counted = sum(1 for r in ledger.records if r.counted)
+    gpuh = gpu_hours_spent(ledger, progress)
     which = (f"--max-probes {settings.max_probes} reached ({counted} probes)"
              if settings.max_probes is not None and counted >= settings.max_probes else
+             f"--budget {settings.budget_gpuh:g}gpuh spent ({gpuh:.3g} GPU-h)"
+             if settings.budget_gpuh is not None and (gpuh >= settings.budget_gpuh or settings.budget_s is None) else
              f"--budget {hms(settings.budget_s or 0)} spent")
     if left:
         progress.note(f"{which}; {len(left)} configuration(s) not probed yet: rerun the same command with a larger "

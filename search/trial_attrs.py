@@ -61,6 +61,11 @@ class TrialAttrs:
     calibration_after: dict | None = None
     # the probe
     probe_wall_s: float | None = None
+    probe_gpus: int | None = None
+    """processes (GPUs) the probe held: phase seconds x this = GPU-seconds (search.accounting)"""
+    phases: dict | None = None
+    """seconds of the probe by phase (probes.result.PHASES: queue, launch, rendezvous, build, warmup, steps,
+    teardown), as far as it got"""
     device: str | None = None
     workdir: str | None = None
     layers_run: int | None = None
@@ -83,6 +88,16 @@ class TrialAttrs:
     confirmed: bool | None = None
     agreement: str | None = None
     """search.report.ConfigSummary.agreement, in words"""
+    # a probe stopped early (search.pruning)
+    pruned_steps: int | None = None
+    """timed steps it ran before it was stopped"""
+    pruned_step_s: float | None = None
+    """its fastest timed step, seconds, as the full configuration's step"""
+    pruned_tflops: float | None = None
+    """what that fastest step means in model TFLOPs per GPU (a pruned configuration is probed again should the best
+    fall to within the margin of it)"""
+    pruned_margin: float | None = None
+    """the margin it was behind by (relative): it stays pruned while its fastest step x (1 + this) is below the best"""
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

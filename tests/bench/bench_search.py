@@ -34,6 +34,7 @@ The deterministic strategies are run once (their result does not depend on the s
     python tests/bench/bench_search.py --robustness          # held-out style: the planner made wrong on purpose
     python tests/bench/bench_search.py --loto                # leave-one-table-out choice of the top-k
     python tests/bench/bench_search.py --implications        # how far OOM inference holds on the sheets
+    python tests/bench/bench_search.py --pruning --seeds 3   # whole studies, measured step noise, pruning off/on
 
 ``--robustness`` (a robustness benchmark, NOT the dev-table result): every table replayed again under a
 planner with one time term mis-scaled (`PERTURBATIONS`: TP, PP or DP time x1/3 or x3, or its FITTED
@@ -452,6 +453,99 @@ def implications(cases: list[Case], setups: list, fmt: str) -> int:
     return 0
 
 
+MEASURED_STEP_CVS = (0.0011, 0.009, 0.014, 0.041, 0.081)
+"""coefficients of variation of the timed steps of single probes measured on GPUs, the replay's per-step noise is
+drawn from: H200 Megatron-LM probe (tests/bench/gpu_runs/h200-2026-11-26-megatron/trial-0000-result.json,
+step_time_cv), H100 torch probes (tests/bench/gpu_runs/h100-2026-11-22*/bench_gpu*.log and
+matmul_rope_roll_uncached.log: "cv 0.009 / 0.014 / 0.041 / 0.081")"""
+LAUNCH_S = 12.5
+"""seconds of a probe outside its steps (launch, rendezvous, model build, teardown) in the with-overhead count: the
+H200 stand-in probe of issue 30 took 15-20 s of wall time for about 5 s of timed steps (the middle of 10-15 s)"""
+
+
+def pruning_study(case: Case, seed: int, prune: bool, launch_s: float) -> dict:
+    """One whole `tune` study of ``case`` (search, confirmation) replayed with per-step noise, pruning on or off."""
+    import optuna
+
+    from search.objective import Objective, ProbeSettings
+    from search.progress import Progress
+    from search.replay import ReplayBackend
+    from search.report import best, summarize
+    from search.sampler import SurvivorSampler
+    from search.settings import TuneSettings
+    from search.study import run as run_study
+
+    settings = TuneSettings(study_name=case.name, sampler="ei", seed=seed, top_k=1)
+    study = optuna.create_study(direction="maximize", sampler=SurvivorSampler(case.space, strategy="ei", seed=seed))
+    backend = ReplayBackend(case.table, seed=seed, step_noise=MEASURED_STEP_CVS, launch_s=launch_s)
+    objective = Objective(space=case.space, backend=backend, settings=ProbeSettings(prune=prune))
+    records = run_study(study, objective, case.space, settings,
+                        Progress(total=len(case.space), budget_s=None, enabled=False))
+    probes = [r for r in sorted(records, key=lambda r: r.number) if r.counted or r.outcome == "invalid"]
+    found = next((i + 1 for i, r in enumerate(probes) if r.outcome == "ok" and r.config in case.target), None)
+    seconds = [sum((r.attrs.get("phases") or {}).values()) for r in probes]
+    steps = [(r.attrs.get("phases") or {}).get("steps", 0.0) + (r.attrs.get("phases") or {}).get("warmup", 0.0)
+             for r in probes]
+    top = best(summarize(records))
+    return {"probes_to_best": found, "probe_s": sum(seconds), "step_s": sum(steps),
+            "probe_s_to_best": sum(seconds[:found]) if found else None, "probes": len(probes),
+            "pruned": sum(r.outcome == "pruned" for r in probes), "best": top.config if top else None,
+            "best_is_target": bool(top and top.config in case.target)}
+
+
+def pruning_bench(cases: list[Case], seeds: int, fmt: str, launch_s: float = LAUNCH_S) -> int:
+    """Pruning on the dev tables: whole studies replayed with per-step noise drawn from measured step spreads
+    (`MEASURED_STEP_CVS`), each with pruning off and on, ``seeds`` noise seeds each. Pruning passes when its study ends
+    with the same best, reaches the table's best in no more probes, and spends at least 30% fewer probe-seconds."""
+    rows = []
+    for case in cases:
+        for seed in range(seeds):
+            off = pruning_study(case, seed, False, launch_s)
+            on = pruning_study(case, seed, True, launch_s)
+            rows.append({"table": case.name, "seed": seed, "configs": len(case.space), "off": off, "on": on})
+    total = {k: {m: sum(r[k][m] for r in rows) for m in ("probe_s", "step_s", "probes", "pruned")}
+             for k in ("off", "on")}
+    saved = 1 - total["on"]["probe_s"] / total["off"]["probe_s"]
+    saved_steps = 1 - total["on"]["step_s"] / total["off"]["step_s"]
+    later = [r for r in rows if (r["on"]["probes_to_best"] or 10 ** 9) > (r["off"]["probes_to_best"] or 10 ** 9)]
+    differs = [r for r in rows if r["on"]["best"] != r["off"]["best"]]
+    lost = [r for r in rows if r["off"]["best_is_target"] and not r["on"]["best_is_target"]]
+    summary = {"studies": len(rows), "probe_s_saved": saved, "step_s_saved": saved_steps, "launch_s": launch_s,
+               "found_later": len(later), "best_differs": len(differs), "target_lost": len(lost),
+               "pruned": total["on"]["pruned"], "probes_off": total["off"]["probes"], "probes_on": total["on"]["probes"],
+               "mean_probes_to_best_off": statistics.mean(r["off"]["probes_to_best"] or 0 for r in rows),
+               "mean_probes_to_best_on": statistics.mean(r["on"]["probes_to_best"] or 0 for r in rows),
+               "passed": not later and not differs and saved >= 0.30}
+    if fmt == "json":
+        print(json.dumps({"rows": rows, "summary": summary}, indent=1))
+        return 0 if summary["passed"] else 1
+    from tabulate import tabulate
+
+    by_table: dict[str, list[dict]] = {}
+    for r in rows:
+        by_table.setdefault(r["table"], []).append(r)
+    table = []
+    for name, rs in by_table.items():
+        off_s, on_s = sum(r["off"]["probe_s"] for r in rs), sum(r["on"]["probe_s"] for r in rs)
+        table.append([name[:60], rs[0]["configs"], f"{statistics.mean(r['off']['probes_to_best'] or 0 for r in rs):.3g}",
+                      f"{statistics.mean(r['on']['probes_to_best'] or 0 for r in rs):.3g}",
+                      f"{statistics.mean(r['on']['pruned'] for r in rs):.3g}", f"{off_s / len(rs):.0f}",
+                      f"{on_s / len(rs):.0f}", f"{100 * (1 - on_s / off_s):.0f}%",
+                      sum(r["on"]["best"] == r["off"]["best"] for r in rs)])
+    print(tabulate(table, headers=["table", "configs", "probes to best (off)", "(on)", "pruned", "probe s (off)",
+                                   "probe s (on)", "saved", f"same best (of {seeds})"]))
+    print(f"\n{len(rows)} studies ({seeds} noise seeds; per-step noise drawn from the measured CVs "
+          f"{MEASURED_STEP_CVS}; {launch_s:g} s a probe outside its steps): pruning saved "
+          f"{100 * saved:.1f}% of probe-seconds ({100 * saved_steps:.1f}% of step-seconds), pruned "
+          f"{total['on']['pruned']} of {total['on']['probes']} probes; the table's best reached later in "
+          f"{len(later)} studies, a different final best in {len(differs)}, the table's best lost in {len(lost)}; "
+          f"mean probes to the best {summary['mean_probes_to_best_off']:.3g} off, "
+          f"{summary['mean_probes_to_best_on']:.3g} on: {'PASS' if summary['passed'] else 'FAIL'}")
+    for r in later + differs:
+        print(f"  {r['table']} seed {r['seed']}: off {r['off']}, on {r['on']}")
+    return 0 if summary["passed"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=20, help="seeds for the random strategies (tpe, random)")
@@ -462,6 +556,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--robustness", action="store_true",
                    help="replay every table under planners with one term mis-scaled (a robustness benchmark)")
     p.add_argument("--loto", action="store_true", help="leave-one-table-out choice of the top-k of ei")
+    p.add_argument("--pruning", action="store_true",
+                   help="whole studies replayed with measured per-step noise, pruning off vs on (probe-seconds saved)")
+    p.add_argument("--launch-s", type=float, default=LAUNCH_S,
+                   help=f"--pruning: seconds of each probe outside its steps (default {LAUNCH_S:g})")
     p.add_argument("--implications", action="store_true",
                    help="how far OOM inference rules hold on the sheets (implied, contradicted, probes saved)")
     args = p.parse_args(argv)
@@ -487,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
         (cases.append(case) if case else skipped.append((setup[0], why)))
     if args.implications:
         return implications(cases, setups, args.format)
+    if args.pruning:
+        return pruning_bench(cases, args.seeds, args.format, args.launch_s)
     if args.robustness:
         return robustness(cases, args.seeds, args.format)
     if args.loto:
