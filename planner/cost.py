@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 from planner import context_parallel, flops, fp8, fsdp_parallel, moe, ops, pipeline_engine, recompute
-from planner.constants import ELEMENTWISE_BW_EFFICIENCY, RANKING_ERROR, SHARDED_OVERLAP
+from planner.constants import RANKING_ERROR, SHARDED_OVERLAP
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.ops import GemmContext, LayerOps, gemm_s
@@ -98,7 +98,11 @@ def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | 
     if precision == "fp8":
         base *= fp8.gemm_rate_factor(training)   # torchao rowwise float8
     ratio = min(1.0, acc.peak_fp32_flops / peak) if precision in ("bf16", "fp16", "fp8") else 1.0
-    return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, cuda_core_ratio=ratio)
+    # the fused attention core timed on this machine (tune calibrate): flash attention only (an unfused core is
+    # GEMMs and element-wise ops the list already has)
+    attention = cluster.attention_efficiency if training.flash_attention else None
+    return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, cuda_core_ratio=ratio,
+                       attention_efficiency=attention)
 
 
 def op_list_key(cand: Candidate) -> tuple:
@@ -153,7 +157,6 @@ def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, trainin
 
 def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                  topology: Topology, layer_memo: dict | None = None) -> StepContext:
-    acc = cluster.gpu
     fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
     g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
@@ -163,7 +166,7 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
     vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
     logits_s = 3 * gemm_s(tokens, vocab_t, model.hidden, g16)
-    logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / ops.elementwise_bw(cluster)
     # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
     logits_s += model.mtp_layers * (layer_s + logits_s)
     split = megatron_lm_split(model.layers, cand.pp, cand.vpp) if training.framework == "megatron-lm" else None
@@ -224,7 +227,7 @@ def grad_accumulation_s(ctx: StepContext) -> float:
     if not (ctx.fw.deepspeed_engine and ctx.cand.zero <= 1):
         return 0.0
     return pipeline_engine.grad_accumulation_s(ctx.accumulated_params or ctx.params_gpu, ctx.training.precision,
-                                               ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+                                               ops.elementwise_bw(ctx.cluster))
 
 
 def pp_microbatch_overhead_s(ctx: StepContext) -> float:
@@ -372,7 +375,7 @@ def optimizer_s(ctx: StepContext) -> float:
     opt_bytes = ctx.params_gpu / shard_opt * per_param
     edp = moe.expert_data_parallel(cand)
     opt_bytes += moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
-    return opt_bytes / (ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    return opt_bytes / ops.elementwise_bw(ctx.cluster)
 
 
 TERMS: tuple[Term, ...] = (
