@@ -71,6 +71,12 @@ class TrialAttrs:
     step_cv: float | None = None
     step_spread: float | None = None
     reduced: bool | None = None
+    measured_class_s: dict | None = None
+    """the probe's profiled step on rank 0, compute seconds by op class (gemm, attention, elementwise, optimizer;
+    probes.train.op_class)"""
+    pred_class_s: dict | None = None
+    """the planner's seconds of that step by op class (gemm, attention, elementwise: the op list's,
+    search.calibration.probe_class_seconds), at the analytic calibration"""
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
