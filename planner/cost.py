@@ -192,8 +192,9 @@ def class_seconds(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
 
 def class_params(params: CostParams, model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
                  training: TrainingSpec, layer_memo: dict | None = None) -> CostParams:
-    """``params`` with its per-class scales folded into the compute scale for ``cand``: each class's share of the
-    busiest stage's compute (`class_seconds`) times its scale (CostParams.class_scales; unnamed classes 1)."""
+    """``params`` with its per-class scales folded into the compute scale for ``cand``: each class's share of a
+    stage's compute (`class_seconds` of ceil(L/PP) layers and the LM head) times its scale
+    (CostParams.class_scales; unnamed classes 1)."""
     if not params.class_scales:
         return params
     parts = class_seconds(model, cand, cluster, training, layers=layers_per_stage(model, cand.pp), head=True,

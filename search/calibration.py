@@ -100,8 +100,9 @@ def terms_of(time: TimeBreakdown) -> Terms:
 
 def candidate_classes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, candidate: Candidate,
                       memo: dict | None = None) -> dict[str, float]:
-    """The compute term's seconds by op class for ``candidate`` (its busiest stage's layers and the LM head, one
-    micro-batch): what `Terms` keeps so that class scales apply from the cache."""
+    """The compute term's seconds by op class for ``candidate`` (a stage's ceil(L/PP) layers and the LM head, one
+    micro-batch, as planner.cost.class_params takes them): what `Terms` keeps so that class scales apply from the
+    cache."""
     return class_seconds(model, candidate, cluster, training, layers=layers_per_stage(model, candidate.pp),
                          head=True, layer_memo=memo)
 
