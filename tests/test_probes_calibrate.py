@@ -42,6 +42,12 @@ def test_calibrate_two_processes(tmp_path):
                                                                                      d["measurements"]["matmul"])))
     assert cluster.host_scale == pytest.approx(d["host_s_per_layer_forward"] / HOST_REFERENCE_S)
     assert cluster.intra_node_bw_bytes_per_s == pytest.approx(d["intra_node_busbw_gbps"] * 1e9 / 8)
+    ew, att = d["measurements"]["elementwise"], d["measurements"]["attention"]
+    assert ew["bytes_per_s"] > 0 and 0 < att["forward_s"] < att["forward_backward_s"]
+    assert "elementwise_efficiency" not in d     # no catalog bandwidth on the CPU: the plan's is used when applied
+    assert cluster.elementwise_efficiency == pytest.approx(min(1.0, ew["bytes_per_s"]
+                                                               / cluster.gpu.memory_bw_bytes_per_s))
+    assert cluster.attention_efficiency > 0
 
 
 def test_multi_node_needs_an_endpoint(tmp_path, capsys):
