@@ -10,6 +10,14 @@
 - Host: ``host_s_per_layer_forward``, the time to launch one transformer layer's forward (the probes' layer,
   `probes.gpt.Block`, at negligible FLOPs, forward + backward / 3), scales every framework's fitted host constant
   by ``measured / HOST_REFERENCE_S`` (the probes' layer is a Megatron-style one: fused SwiGLU, SDPA).
+- Element-wise: ``measurements.elementwise`` (a large add timed: bytes moved / seconds) over the catalog's HBM
+  bandwidth gives ``ClusterSpec.elementwise_efficiency`` (in place of planner.constants.ELEMENTWISE_BW_EFFICIENCY):
+  every memory-bound op of the list, the loss, the optimizer step. A hand-written ``elementwise_efficiency`` when
+  nothing was timed.
+- Attention: ``measurements.attention`` (scaled_dot_product_attention, causal, the model's heads and head_dim at
+  the plan's sequence length, forward + backward) gives ``ClusterSpec.attention_efficiency``: the op list's
+  attention FLOPs (QK^T and AV over the full s x s square, 3x for forward + backward: `attention_flops`) per
+  second over the dtype's catalog peak; the ATTENTION ops then run at that rate (flash attention only).
 - Network: measured all-reduce bus bandwidths used as measured; ``cuda_context_bytes``.
 """
 
@@ -18,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from planner.constants import MEGATRON_HOST_S
+from planner.constants import ELEMENTWISE_BW_EFFICIENCY, MEGATRON_HOST_S
 from planner.ops import GemmContext, gemm_s
 from planner.files import read_mapping
 from planner.framework import get_framework
@@ -58,6 +66,38 @@ def _timed_gemms(d: dict) -> list[dict]:
     return keep
 
 
+def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int) -> float:
+    """Forward + backward FLOPs of one attention core as the op list counts them (planner.ops.layer_ops'
+    attn_scores and attn_values: 2·s·s·d each per head, the full square; backward 2x forward)."""
+    return 3 * 2 * (2.0 * seq_len * seq_len * head_dim) * batch * heads
+
+
+def _positive(row: dict, *keys: str) -> bool:
+    try:
+        return all(0 < float(row[k]) < math.inf for k in keys)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return False
+
+
+def _timed(d: dict, name: str, *keys: str) -> dict | None:
+    """``measurements.<name>`` when it is a mapping with every one of ``keys`` a positive number."""
+    m = d.get("measurements")
+    row = m.get(name) if isinstance(m, dict) else None
+    return row if isinstance(row, dict) and _positive(row, *keys) else None
+
+
+def elementwise_fraction(acc: Accelerator, row: dict) -> float:
+    """The timed memory-bound kernel's bytes/s over the catalog's HBM bandwidth."""
+    return float(row["bytes"]) / float(row["seconds"]) / acc.memory_bw_bytes_per_s
+
+
+def attention_fraction(acc: Accelerator, row: dict) -> float:
+    """The timed attention core's `attention_flops` per second over the catalog peak of the dtype it ran in."""
+    peak = acc.peak_flops(DTYPE_PRECISION.get(str(row.get("dtype")), "bf16"))
+    flops = attention_flops(int(row["batch"]), int(row["heads"]), int(row["seq_len"]), int(row["head_dim"]))
+    return flops / float(row["forward_backward_s"]) / peak
+
+
 def apply_calibration(cluster: ClusterSpec, path: str) -> ClusterSpec:
     """``cluster`` with a calibration YAML's figures (keys all optional; module docstring)."""
     d = check(read_mapping(path, "calibration file"), CALIBRATION, f"calibration YAML {path}")
@@ -83,6 +123,27 @@ def apply_calibration(cluster: ClusterSpec, path: str) -> ClusterSpec:
         changes["matmul_efficiency"] = float(d["matmul_efficiency"])
         notes.append(f"GEMM base efficiency {d['matmul_efficiency']:g} from the file's matmul_efficiency "
                      f"(no timed shapes in it; catalog {gpu.gemm_efficiency:g})")
+    ew = _timed(d, "elementwise", "bytes", "seconds")
+    if ew is not None:
+        frac = elementwise_fraction(gpu, ew)
+        changes["elementwise_efficiency"] = min(frac, 1.0)
+        notes.append(f"element-wise at {frac:.3g} of HBM bandwidth ({float(ew['bytes']) / float(ew['seconds']) / 1e9:.3g}"
+                     f" GB/s timed; constant {ELEMENTWISE_BW_EFFICIENCY:g})" + (
+                         f", used as 1: the catalog's {gpu.id} bandwidth is below what this machine ran"
+                         if frac > 1 else ""))
+    elif "elementwise_efficiency" in d:
+        changes["elementwise_efficiency"] = float(d["elementwise_efficiency"])
+        notes.append(f"element-wise at {d['elementwise_efficiency']:g} of HBM bandwidth from the file's "
+                     f"elementwise_efficiency (constant {ELEMENTWISE_BW_EFFICIENCY:g})")
+    att = _timed(d, "attention", "batch", "heads", "seq_len", "head_dim", "forward_backward_s")
+    if att is not None:
+        frac = attention_fraction(gpu, att)
+        changes["attention_efficiency"] = frac
+        notes.append(f"attention core at {frac:.3g} of peak in the op list's FLOPs (timed: {att['heads']} heads x "
+                     f"{att['head_dim']}, sequence {att['seq_len']}, forward + backward; flash attention plans)")
+    elif "attention_efficiency" in d:
+        changes["attention_efficiency"] = float(d["attention_efficiency"])
+        notes.append(f"attention core at {d['attention_efficiency']:g} of peak from the file's attention_efficiency")
     if "host_s_per_layer_forward" in d:
         host = float(d["host_s_per_layer_forward"])
         changes["host_scale"] = host / HOST_REFERENCE_S
@@ -111,8 +172,13 @@ def compute_line(cluster: ClusterSpec, framework: str) -> str:
     where = (f"calibrated ({cluster.calibration})" if cluster.calibration else
              f"catalog {acc.id} and {framework}'s host constant, fitted on V100 hosts; measure this machine with "
              "tune calibrate, then plan --calibration FILE")
-    return (f"compute: large GEMMs at {base:.3g} of peak, less tile/wave/short-k losses per shape; host launch "
-            f"{host * 1e3:.3g} ms per layer forward; {where}")
+    timed = ("" if cluster.elementwise_efficiency is None else
+             f"; element-wise at {cluster.elementwise_efficiency:.3g} of HBM bandwidth")
+    timed += ("" if cluster.attention_efficiency is None else
+              f"; flash attention at {cluster.attention_efficiency:.3g} of peak")
+    return (f"compute: large GEMMs at {base:.3g} of peak, less tile/wave/short-k losses per shape{timed}; host "
+            f"launch {host * 1e3:.3g} ms per layer forward; {where}")
 
 
-__all__ = ["HOST_REFERENCE_S", "apply_calibration", "compute_line", "gemm_base_efficiency"]
+__all__ = ["HOST_REFERENCE_S", "apply_calibration", "attention_flops", "attention_fraction", "compute_line",
+           "elementwise_fraction", "gemm_base_efficiency"]

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 from planner import context_parallel, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
-from planner.constants import ELEMENTWISE_BW_EFFICIENCY, RANKING_ERROR, SHARDED_OVERLAP
+from planner.constants import RANKING_ERROR, SHARDED_OVERLAP
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.ops import GemmContext, LayerOps, gemm_s
@@ -58,6 +58,10 @@ class CostParams:
     """multiplies compute time (measured/predicted for compute-bound probes)"""
     comm_scale: float = 1.0
     """multiplies communication time"""
+    class_scales: tuple[tuple[str, float], ...] = ()
+    """(op class, factor) pairs, fitted by tune from probes' profiled seconds by class (search.calibration
+    .class_scales): a candidate's compute is scaled by its classes' share-weighted mean (`class_params`), on top
+    of compute_scale"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,7 +102,11 @@ def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | 
     if precision == "fp8":
         base *= fp8.gemm_rate_factor(training)   # torchao rowwise float8
     ratio = min(1.0, acc.peak_fp32_flops / peak) if precision in ("bf16", "fp16", "fp8") else 1.0
-    return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, cuda_core_ratio=ratio)
+    # the fused attention core timed on this machine (tune calibrate): flash attention only (an unfused core is
+    # GEMMs and element-wise ops the list already has)
+    attention = cluster.attention_efficiency if training.flash_attention else None
+    return GemmContext(peak=peak, sm_count=acc.sm_count, base=base, cuda_core_ratio=ratio,
+                       attention_efficiency=attention)
 
 
 def op_list_key(cand: Candidate) -> tuple:
@@ -151,9 +159,61 @@ def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, trainin
     return memoized(layer_memo, layer_key(cand), lambda: layer_compute_s(model, cand, cluster, training, layer_memo))
 
 
+def head_seconds(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, fw: Framework, g16: GemmContext,
+                 tokens: int) -> tuple[float, float]:
+    """(GEMM, element-wise) seconds of one micro-batch's LM head over the padded vocabulary and its cross-entropy
+    over the logits, forward + 2x backward."""
+    vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
+    return (3 * gemm_s(tokens, vocab_t, model.hidden, g16),
+            3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / ops.elementwise_bw(cluster))
+
+
+OP_CLASSES = (ops.GEMM, ops.ATTENTION, ops.ELEMENTWISE)
+"""the op classes the compute term is made of (what `class_seconds` splits it into and CostParams.class_scales scale)"""
+
+
+def class_seconds(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, *,
+                  layers: float, head: bool, layer_memo: dict | None = None) -> dict[str, float]:
+    """GPU seconds by op class (`OP_CLASSES`) of one micro-batch through ``layers`` layers -- each op forward,
+    backward (2x) and what recompute re-runs (`planner.ops.LayerOps.layer_s`'s GPU side) -- and, with ``head``, the
+    LM head (GEMM) and the cross-entropy (element-wise): the compute term's parts, the host's launches left out."""
+    lo = memoized(layer_memo, ("ops", *op_list_key(cand)), lambda: layer_op_list(model, cand, cluster, training))
+    rc = recompute.recomputed_of(model, cand, training.framework)
+    again = {ops.GEMM: rc.matmul, ops.ATTENTION: rc.core, ops.ELEMENTWISE: 0.0}
+    out = {c: layers * lo.seconds(c) * (3 + rc.layers + again[c]) for c in OP_CLASSES}
+    if head:
+        fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)
+        g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))
+        head_gemm_s, loss_s = head_seconds(model, cand, cluster, fw, g16, model.seq_len * cand.mbs // cand.cp)
+        out[ops.GEMM] += head_gemm_s
+        out[ops.ELEMENTWISE] += loss_s
+    return out
+
+
+def class_params(params: CostParams, model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
+                 training: TrainingSpec, layer_memo: dict | None = None) -> CostParams:
+    """``params`` with its per-class scales folded into the compute scale for ``cand``: each class's share of a
+    stage's compute (`class_seconds` of ceil(L/PP) layers and the LM head) times its scale
+    (CostParams.class_scales; unnamed classes 1)."""
+    if not params.class_scales:
+        return params
+    parts = class_seconds(model, cand, cluster, training, layers=layers_per_stage(model, cand.pp), head=True,
+                          layer_memo=layer_memo)
+    return replace(params, compute_scale=params.compute_scale * class_mix(parts, params.class_scales),
+                   class_scales=())
+
+
+def class_mix(parts: dict[str, float], class_scales: tuple[tuple[str, float], ...]) -> float:
+    """The share-weighted mean of the class scales over ``parts`` (seconds by class): 1 when nothing is scaled."""
+    total = sum(parts.values())
+    if total <= 0:
+        return 1.0
+    scales = dict(class_scales)
+    return sum(v * scales.get(c, 1.0) for c, v in parts.items()) / total
+
+
 def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                  topology: Topology, layer_memo: dict | None = None) -> StepContext:
-    acc = cluster.gpu
     fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
     g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
@@ -161,9 +221,8 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     core, layer_s = layer_times(model, cand, cluster, training, layer_memo)
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
-    vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
-    logits_s = 3 * gemm_s(tokens, vocab_t, model.hidden, g16)
-    logits_s += 3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / (acc.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    head_gemm_s, loss_s = head_seconds(model, cand, cluster, fw, g16, tokens)
+    logits_s = head_gemm_s + loss_s
     # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
     logits_s += model.mtp_layers * (layer_s + logits_s)
     split = (megatron_lm_split(model.layers, cand.pp, cand.vpp, model.mtp_layers)
@@ -225,7 +284,7 @@ def grad_accumulation_s(ctx: StepContext) -> float:
     if not (ctx.fw.deepspeed_engine and ctx.cand.zero <= 1):
         return 0.0
     return pipeline_engine.grad_accumulation_s(ctx.accumulated_params or ctx.params_gpu, ctx.training.precision,
-                                               ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+                                               ops.elementwise_bw(ctx.cluster))
 
 
 def pp_microbatch_overhead_s(ctx: StepContext) -> float:
@@ -374,8 +433,8 @@ def optimizer_s(ctx: StepContext) -> float:
     edp = moe.expert_data_parallel(cand)
     opt_bytes += moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
     f = training.optimizer_offload   # Megatron-LM's CPU offload: that share steps on the host (planner.offload)
-    return (opt_bytes * (1 - f) / (ctx.cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
-            + offload.host_step_s(f * opt_bytes / per_param, ctx.cluster))
+    return opt_bytes * (1 - f) / ops.elementwise_bw(ctx.cluster) + offload.host_step_s(f * opt_bytes / per_param,
+                                                                                    ctx.cluster)
 
 
 TERMS: tuple[Term, ...] = (
@@ -449,6 +508,7 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                            lambda: flops.model_flops_per_iteration(model, gbs, count))
     hardware_flops = memoized(layer_memo, ("hardware_flops", gbs, ctx.rc), lambda: flops.hardware_flops_per_iteration(
         model, gbs, ctx.rc, count, model_flops=model_flops))
+    params = class_params(params, model, cand, cluster, training, layer_memo)
     return breakdown(step, params, model_flops=model_flops, hardware_flops=hardware_flops)
 
 

@@ -245,6 +245,13 @@ class ClusterSpec:
     losses) fitted to this machine's timed GEMMs (planner.calibration); None: the catalog's gemm_efficiency"""
     host_scale: float = 1.0
     """this host's launch time relative to the frameworks' fitted host constants (planner.calibration)"""
+    elementwise_efficiency: float | None = None
+    """memory-bound kernels' achieved fraction of the datasheet's HBM bandwidth, timed on this machine
+    (planner.calibration); None: planner.constants.ELEMENTWISE_BW_EFFICIENCY"""
+    attention_efficiency: float | None = None
+    """the fused attention core's rate as a fraction of the 16-bit peak, in the op list's FLOPs (the full s x s
+    square, so a causal kernel that skips masked blocks may exceed 1), timed forward + backward on this machine
+    (planner.calibration); None: the attention's batched GEMMs at the GEMM shape model's rate"""
     calibration: str = field(default="", compare=False)
     """the calibration file applied and what it changed, for the plan's output ("" when none)"""
     cuda_context_bytes: float | None = None

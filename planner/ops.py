@@ -12,7 +12,8 @@ checked against the same list in tests/test_ops.py.
 Kernel models: GEMMs at peak x tile/wave/inner-dimension efficiency (NVIDIA "Matrix Multiplication Background"
 user guide); the attention core as two batched GEMMs (QK^T, AV) at the same rate, or at the CUDA-core rate when its
 head width does not suit tensor cores; element-wise work at HBM bandwidth x ELEMENTWISE_BW_EFFICIENCY; backward = 2x
-forward (seed 001 "forward vs backward"), op by op.
+forward (seed 001 "forward vs backward"), op by op. A `tune calibrate` file replaces the element-wise fraction and
+the attention core's rate with what this machine ran (ClusterSpec.elementwise_efficiency, .attention_efficiency).
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class GemmContext:
     """large-GEMM fraction of peak: the catalog's, or fitted to this machine's timed GEMMs (planner.calibration)"""
     cuda_core_ratio: float
     """CUDA-core rate / tensor-core peak, for shapes tensor cores cannot take"""
+    attention_efficiency: float | None = None
+    """the fused attention core's measured rate / ``peak`` in the op list's FLOPs (ClusterSpec
+    .attention_efficiency, flash attention only); None: its batched GEMMs at the shape model's rate"""
 
 
 def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
@@ -90,6 +94,8 @@ def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: 
 def gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bool = False) -> float:
     if min(m, n, k) <= 0:  # a dimension split to nothing (vocab 1 over TP 2) does no work
         return 0.0
+    if attention and g.attention_efficiency is not None:   # timed on this machine (tune calibrate)
+        return 2.0 * m * n * k * batch / (g.peak * g.attention_efficiency)
     eff = gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
     if attention and (n % TENSOR_CORE_MULTIPLE or k % TENSOR_CORE_MULTIPLE):
         eff = min(eff, g.base) * g.cuda_core_ratio
@@ -98,9 +104,16 @@ def gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bo
     return 2.0 * m * n * k * batch / (g.peak * eff)
 
 
+def elementwise_bw(cluster: ClusterSpec) -> float:
+    """Bytes/s memory-bound kernels move: the datasheet's HBM bandwidth x ELEMENTWISE_BW_EFFICIENCY, or x the
+    fraction `tune calibrate` timed on this machine (ClusterSpec.elementwise_efficiency)."""
+    eff = ELEMENTWISE_BW_EFFICIENCY if cluster.elementwise_efficiency is None else cluster.elementwise_efficiency
+    return cluster.gpu.memory_bw_bytes_per_s * eff
+
+
 def elementwise_s(nbytes: float, cluster: ClusterSpec) -> float:
-    """Seconds of memory-bound work moving ``nbytes`` through HBM (ELEMENTWISE_BW_EFFICIENCY of the datasheet's)."""
-    return nbytes / (cluster.gpu.memory_bw_bytes_per_s * ELEMENTWISE_BW_EFFICIENCY)
+    """Seconds of memory-bound work moving ``nbytes`` through HBM (`elementwise_bw`)."""
+    return nbytes / elementwise_bw(cluster)
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,5 +316,5 @@ def layer_ops(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training:
 
 
 __all__ = ["ATTENTION", "ELEMENTWISE", "GEMM", "HOST", "GemmContext", "LayerOps", "Op", "UNFUSED_NORM_EXTRA_BYTES",
-           "bytes_op", "eager_elementwise_bytes", "elementwise_s", "fused_elementwise_bytes", "gemm_efficiency", "gemm_op",
+           "bytes_op", "eager_elementwise_bytes", "elementwise_bw", "elementwise_s", "fused_elementwise_bytes", "gemm_efficiency", "gemm_op",
            "gemm_s", "layer_ops"]

@@ -286,6 +286,9 @@ CALIBRATION: dict[str, Field] = {
     "cuda_context_bytes": Num(0, 1e12, what="bytes in [0, 1e12]"),
     "gpu": Map(None, what="a mapping of GPU YAML keys (ACCELERATOR) replacing the catalog's figures"),
     "host_s_per_layer_forward": Num(0, 1, open_lo=True, what="seconds in (0, 1]"),
+    "elementwise_efficiency": Num(0, 1, open_lo=True, what="a fraction of HBM bandwidth in (0, 1]"),
+    "attention_efficiency": Num(0, 4, open_lo=True, what="a fraction of peak in (0, 4] (the full s x s square's "
+                                                          "FLOPs: a causal kernel may exceed 1)"),
     # written by `tune calibrate` for the record, not read by the planner
     "device": Any(), "matmul_peak_tflops": Any(), "matmul_peak_source": Any(), "notes": Any(),
     "measurements": Any(),

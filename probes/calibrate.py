@@ -12,14 +12,20 @@
 - all-reduce, all-gather, reduce-scatter over message sizes, bus bandwidth as nccl-tests
   (all-reduce algbw * 2(n-1)/n, all-gather / reduce-scatter algbw * (n-1)/n), in Gbit/s,
   inside a node (``intra_node_busbw_gbps``) and across nodes (``inter_node_busbw_gbps``);
+- element-wise bandwidth: a large add (`ELEMENTWISE_ELEMENTS`, r2 r2 w2 in 16-bit) timed, bytes moved / seconds
+  (``measurements.elementwise``; ``elementwise_efficiency`` = that / the catalog HBM bandwidth of ``--gpu``);
+- the attention core: torch's scaled_dot_product_attention, causal, with the model's heads, KV heads and head_dim
+  at ``--tokens`` (default its seq_len), one sequence, forward + backward (``measurements.attention``;
+  ``attention_efficiency`` = the op list's attention FLOPs per second / the catalog peak of ``--gpu``:
+  planner.calibration.attention_flops);
 - the memory the CUDA context takes (``cuda_context_bytes``; 0 on CPU, with the RSS baseline);
 - the host's launch cost: ``host_s_per_layer_forward``, forward + backward of `HOST_LAYERS` of the probes'
   transformer layer (`probes.gpt.Block`, the model's norm/GLU/position) at `HOST_SHAPE` (negligible FLOPs: the
   time is Python, autograd and kernel launches), divided by 3 per layer (a backward launches about twice a
   forward's kernels: the planner's host model, planner.cost.layer_compute_s).
 
-`planner.calibration.apply_calibration` fits the planner's GEMM shape model to the timed shapes and scales its host
-constants by the measured launch cost.
+`planner.calibration.apply_calibration` fits the planner's GEMM shape model to the timed shapes, scales its host
+constants by the measured launch cost, and runs the op list's element-wise and attention ops at the timed rates.
 """
 
 from __future__ import annotations
@@ -45,6 +51,13 @@ HOST_LAYERS = 8
 """layers in the host-launch measurement (one layer's launch time is the total / HOST_LAYERS / 3)"""
 HOST_SHAPE = {"hidden": 64, "heads": 2, "ffn_hidden": 128, "seq_len": 8}
 """a layer whose kernels take microseconds on any device: what is timed is launching them"""
+ELEMENTWISE_ELEMENTS = {"cpu": 2 ** 23, "cuda": 2 ** 28}
+"""elements of each operand of the timed add: far beyond any cache (CPU 3 x 32 MiB fp32, GPU 3 x 512 MiB bf16)"""
+ATTENTION_SHAPE = {"cpu": {"heads": 4, "kv_heads": 4, "head_dim": 64, "seq_len": 512},
+                   "cuda": {"heads": 32, "kv_heads": 8, "head_dim": 128, "seq_len": 4096}}
+"""the attention core timed without --model (a Llama-like layer); on CPU with --model, heads and the sequence are
+capped at CPU_ATTENTION_CAP so that it takes seconds (said in notes)"""
+CPU_ATTENTION_CAP = {"heads": 4, "seq_len": 512}
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 MESSAGE_BYTES = {"cpu": [2 ** k for k in range(12, 25, 2)], "cuda": [2 ** k for k in range(20, 31, 2)]}
 """collective message sizes: 4 KiB..16 MiB on CPU/gloo, 1 MiB..1 GiB on GPU/NCCL"""
@@ -116,6 +129,61 @@ def _measure_matmul(torch, device, dtype, shapes, report=None) -> list[dict]:
             report(len(rows), rows[-1])
         del a, b
     return rows
+
+
+def _measure_elementwise(torch, device, dtype) -> dict:
+    """A memory-bound kernel: c = a + b over ELEMENTWISE_ELEMENTS, reading two operands and writing one."""
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    n = ELEMENTWISE_ELEMENTS[device.type]
+    a, b = torch.randn(n, device=device, dtype=dtype), torch.randn(n, device=device, dtype=dtype)
+    c = torch.empty_like(a)
+    seconds = _time_op(lambda: torch.add(a, b, out=c), sync, device.type)
+    nbytes = 3 * n * a.element_size()
+    return {"op": "add", "elements": n, "dtype": str(dtype).removeprefix("torch."), "bytes": nbytes,
+            "seconds": seconds, "bytes_per_s": nbytes / seconds}
+
+
+def _attention_shape(model_name: str | None, tokens: int | None, device_type: str) -> dict:
+    if model_name is None:
+        shape = dict(ATTENTION_SHAPE[device_type])
+        if tokens:
+            shape["seq_len"] = tokens
+        return shape
+    from planner.model import load_model
+
+    m = load_model(model_name)
+    shape = {"heads": m.heads, "kv_heads": m.kv_heads, "head_dim": m.head_dim, "seq_len": tokens or m.seq_len}
+    if device_type == "cpu":
+        group = max(1, m.heads // m.kv_heads)
+        heads = min(shape["heads"], CPU_ATTENTION_CAP["heads"])
+        shape.update(heads=heads, kv_heads=max(1, heads // group),
+                     seq_len=min(shape["seq_len"], CPU_ATTENTION_CAP["seq_len"]))
+    return shape
+
+
+def _measure_attention(torch, device, dtype, shape: dict) -> dict:
+    """scaled_dot_product_attention, causal, one sequence of ``shape``: forward, and forward + backward."""
+    import torch.nn.functional as F
+
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    h, kv, d, s = shape["heads"], shape["kv_heads"], shape["head_dim"], shape["seq_len"]
+    q = torch.randn(1, h, s, d, device=device, dtype=dtype, requires_grad=True)
+    k = torch.randn(1, kv, s, d, device=device, dtype=dtype, requires_grad=True)
+    v = torch.randn(1, kv, s, d, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(1, h, s, d, device=device, dtype=dtype)
+    gqa = {"enable_gqa": True} if kv != h else {}
+
+    def forward():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
+
+    def forward_backward():
+        F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa).backward(grad)
+
+    fwd = _time_op(forward, sync, device.type)
+    fwd_bwd = _time_op(forward_backward, sync, device.type)
+    return {"batch": 1, **shape, "causal": True, "dtype": str(dtype).removeprefix("torch."), "forward_s": fwd,
+            "forward_backward_s": fwd_bwd}
 
 
 def _measure_host(torch, device, dtype, model_name: str | None) -> dict:
@@ -214,17 +282,35 @@ def _worker(args: argparse.Namespace) -> int:
                              lambda i, row: _say(args, rank, f"GEMM {i}/{len(shapes)} {row['name']} "
                                                              f"{row['m']}x{row['n']}x{row['k']}: "
                                                              f"{row['tflops']:.3g} TFLOP/s"))
+    elementwise = _measure_elementwise(torch, device, dtype)
+    _say(args, rank, f"element-wise add: {elementwise['bytes_per_s'] / 1e9:.3g} GB/s")
+    att_shape = _attention_shape(args.model, args.tokens, device.type)
+    if device.type == "cpu" and args.model:
+        notes.append(f"CPU: attention heads capped at {CPU_ATTENTION_CAP['heads']}, its sequence at "
+                     f"{CPU_ATTENTION_CAP['seq_len']}")
+    attention = _measure_attention(torch, device, dtype, att_shape)
+    from planner.calibration import attention_flops
+
+    att_flops = attention_flops(1, att_shape["heads"], att_shape["seq_len"], att_shape["head_dim"])
+    attention["tflops_op_list"] = att_flops / attention["forward_backward_s"] / 1e12
+    _say(args, rank, f"attention core {att_shape['heads']} heads x {att_shape['head_dim']}, sequence "
+                     f"{att_shape['seq_len']}, causal, forward + backward: {attention['forward_backward_s'] * 1e3:.3g}"
+                     f" ms ({attention['tflops_op_list']:.3g} TFLOP/s in the op list's full-square FLOPs)")
     host = _measure_host(torch, device, dtype, args.model)
     _say(args, rank, f"host launch: {host['host_s_per_layer_forward'] * 1e3:.3g} ms per layer forward "
                      f"({HOST_LAYERS} tiny layers forward + backward in {host['forward_backward_s'] * 1e3:.3g} ms)")
     weighted = sum(2.0 * r["m"] * r["n"] * r["k"] for r in matmul) / sum(r["seconds"] for r in matmul) / 1e12
     best = max(r["tflops"] for r in matmul)
     peak_tflops, peak_source = best, "best measured GEMM rate (no catalog peak)"
+    catalog: dict = {}
     if cuda and args.gpu:
         from planner.hardware import get_accelerator
 
-        peak_tflops = get_accelerator(args.gpu).peak_flops(precision) / 1e12
+        acc = get_accelerator(args.gpu)
+        peak_tflops = acc.peak_flops(precision) / 1e12
         peak_source = f"catalog peak {precision} of {args.gpu}"
+        catalog = {"elementwise_efficiency": round(min(elementwise["bytes_per_s"] / acc.memory_bw_bytes_per_s, 1.0), 4),
+                   "attention_efficiency": round(min(attention["tflops_op_list"] / peak_tflops, 4.0), 4)}
     elif cuda:
         notes.append("no --gpu given: matmul_efficiency is relative to the best measured GEMM, not the datasheet")
     else:
@@ -265,17 +351,21 @@ def _worker(args: argparse.Namespace) -> int:
             "matmul_peak_source": peak_source,
             "cuda_context_bytes": context_bytes,
             "host_s_per_layer_forward": host["host_s_per_layer_forward"],
+            **catalog,
         }
         if intra is not None:
             doc["intra_node_busbw_gbps"] = round(intra, 3)
         if inter is not None:
             doc["inter_node_busbw_gbps"] = round(inter, 3)
         doc["notes"] = notes
-        doc["measurements"] = {"matmul": matmul, "matmul_weighted_tflops": weighted, "collectives": collectives,
+        doc["measurements"] = {"matmul": matmul, "matmul_weighted_tflops": weighted, "elementwise": elementwise,
+                               "attention": attention, "collectives": collectives,
                                "host_launch": host, "rss_baseline_bytes": rss_baseline, "torch": torch.__version__,
                                "units": "seconds per call; tflops = 1e12 FLOP/s; *_gbps = 1e9 bit/s"}
         Path(args.out).write_text(yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False))
-        print(f"wrote {args.out}: matmul_efficiency {doc['matmul_efficiency']}, host launch "
+        print(f"wrote {args.out}: matmul_efficiency {doc['matmul_efficiency']}, element-wise "
+              f"{elementwise['bytes_per_s'] / 1e9:.3g} GB/s, attention {attention['tflops_op_list']:.3g} TFLOP/s, "
+              f"host launch "
               f"{host['host_s_per_layer_forward'] * 1e3:.3g} ms per layer forward, intra_node_busbw_gbps "
               f"{doc.get('intra_node_busbw_gbps', 'N/A')}", flush=True)
     if world > 1:

@@ -98,7 +98,8 @@ class ProbeResult:
     """param_dtype, compute_dtype, master_weights, grad_dtype, optimizer_state_dtype, bytes_per_param,
     differs_from_planner (what differs from the planner's 18 bytes per parameter)"""
     timing_split: dict = field(default_factory=dict)
-    """one profiled step (spec.profile): seconds of compute and of communication per parallel dimension"""
+    """one profiled step (spec.profile): step_s, compute_s and compute_s_by_class (gemm, attention, elementwise,
+    optimizer: probes.train.op_class), communication seconds by collective and per parallel dimension"""
     phases: dict = field(default_factory=dict)
     """seconds of the probe's wall time by phase (`PHASES`), as far as it got: where the time went"""
     extra: dict = field(default_factory=dict)

@@ -18,7 +18,8 @@ sync on both sides of the timer; a step's time is the slowest rank's. While the 
 coefficient of variation is above ``max_cv`` another window is measured, at most
 `MAX_MEASURE_ROUNDS` in all. FLOPs come from `planner.flops` for the model actually run (an
 MoE layer counts its top-k experts). With ``spec.profile`` one more step runs under
-torch.profiler and `profile_split` reports compute and communication seconds per dimension.
+torch.profiler and `profile_split` reports compute and communication seconds per dimension, and compute per op
+class (gemm, attention, elementwise, optimizer: `op_class`).
 
 Memory (`memory_record`, per rank): parameter, gradient and optimizer-state bytes of the local
 shards in the planner's terms (planner.memory.MemoryBreakdown), the peak after set-up (CUDA
@@ -388,6 +389,47 @@ def _comm_kind(name: str) -> str | None:
     return "other"
 
 
+OP_CLASSES = ("gemm", "attention", "elementwise", "optimizer")
+"""the profiled step's compute by class: planner.ops' GEMM, ATTENTION and ELEMENTWISE op classes, and the optimizer
+step (the planner's memory-bound `optimizer` term, outside the op list)"""
+ATTENTION_MARKERS = ("scaled_dot_product", "flash", "fmha", "attention", "sdpa")
+"""an attention core: torch's SDPA ops on CPU (aten::_scaled_dot_product_flash_attention_for_cpu and its backward,
+the math path's bmm under aten::scaled_dot_product_attention), FlashAttention / memory-efficient / cuDNN kernels
+(pytorch_flash::flash_fwd_kernel, fmha_cutlassF/B, cudnn ... sdpa)"""
+OPTIMIZER_MARKERS = ("optimizer.step", "adam", "sgd")
+"""the optimizer step: torch's 'Optimizer.step#AdamW.step' span and aten::_fused_adamw_ on CPU, fused / multi-tensor
+Adam kernels on CUDA"""
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::addmv",
+            "aten::mv", "aten::dot")
+"""CPU: the operators whose own time is a GEMM (torch.profiler key names)"""
+GEMM_KERNEL_MARKERS = ("gemm", "xmma", "nvjet", "cutlass", "cublas", "splitkreduce", "wgmma")
+"""CUDA: cuBLAS / cuBLASLt / CUTLASS kernel names (sm90_xmma_gemm_*, ampere_bf16_s16816gemm_*, nvjet_*,
+cutlass::Kernel2<...gemm...>, splitKreduce_kernel)"""
+
+
+def op_class(name: str, ancestors: tuple[str, ...] = (), *, kernel: bool = False) -> str:
+    """The class of a compute event (`OP_CLASSES`): by its own name and, on CPU, its parents' (an operator inside
+    SDPA or the optimizer step belongs to it). ``kernel``: a CUDA kernel name, else a torch operator's."""
+    names = [n.lower() for n in (name, *ancestors)]
+    if any(m in n for n in names for m in OPTIMIZER_MARKERS):
+        return "optimizer"
+    if any(m in n for n in names for m in ATTENTION_MARKERS):
+        return "attention"
+    low = name.lower()
+    if kernel:
+        return "gemm" if any(m in low for m in GEMM_KERNEL_MARKERS) else "elementwise"
+    return "gemm" if low in GEMM_OPS else "elementwise"
+
+
+def _ancestors(event) -> tuple[str, ...]:
+    out = []
+    parent = getattr(event, "cpu_parent", None)
+    while parent is not None:
+        out.append(parent.name)
+        parent = parent.cpu_parent
+    return tuple(out)
+
+
 def attribute_comm(by_kind: dict[str, float], layout: ProbeLayout, extent: ProbeExtent) -> dict[str, float]:
     """Seconds per parallel dimension from seconds per collective: send/recv is PP's, all-to-all EP's;
     all-reduce, all-gather and reduce-scatter belong to whichever of TP, DP, CP is > 1 -- when more
@@ -405,12 +447,14 @@ def attribute_comm(by_kind: dict[str, float], layout: ProbeLayout, extent: Probe
 
 
 def profile_split(trainer: Trainer, step: int, world: int) -> dict:
-    """One more step under torch.profiler: compute and communication seconds, by collective and by dimension.
+    """One more step under torch.profiler: compute and communication seconds, by collective and by dimension, and
+    compute by op class (`op_class`: gemm, attention, elementwise, optimizer; they sum to ``compute_s``).
 
     CUDA: kernel time on the device, NCCL kernels as communication, the rest compute (sums of kernel
-    durations, overlap not removed). CPU (gloo): gloo's worker-thread spans (``gloo:<op>``, from the
-    collective's start to its completion, waiting for peers included) as communication, the self time
-    of the other operators on the training thread as compute. Rank 0's view; the step's wall time too."""
+    durations, overlap not removed), classed by kernel name. CPU (gloo): gloo's worker-thread spans
+    (``gloo:<op>``, from the collective's start to its completion, waiting for peers included) as communication,
+    the self time of the torch operators (aten::) on the training thread as compute, classed by operator name and
+    the operators it runs inside. Rank 0's view; the step's wall time too."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = trainer.device.type == "cuda"
@@ -424,7 +468,7 @@ def profile_split(trainer: Trainer, step: int, world: int) -> dict:
         _sync(trainer.device)
         wall = time.perf_counter() - t0
     by_kind: dict[str, float] = {}
-    compute = 0.0
+    by_class = dict.fromkeys(OP_CLASSES, 0.0)
     for e in prof.events():
         on_device = e.device_type != torch.autograd.DeviceType.CPU
         # CUDA: kernels and copies only; a user annotation ('nccl:all_reduce', a record_function) spans
@@ -434,10 +478,13 @@ def profile_split(trainer: Trainer, step: int, world: int) -> dict:
         kind = _comm_kind(e.name)
         if kind is not None:
             by_kind[kind] = by_kind.get(kind, 0.0) + e.time_range.elapsed_us() / 1e6
-        elif cuda or (e.name.startswith("aten::") and not e.name.startswith("aten::_")):
-            compute += (e.time_range.elapsed_us() if cuda else e.self_cpu_time_total) / 1e6
+        elif cuda:
+            by_class[op_class(e.name, kernel=True)] += e.time_range.elapsed_us() / 1e6
+        elif e.name.startswith("aten::"):
+            by_class[op_class(e.name, _ancestors(e))] += e.self_cpu_time_total / 1e6
     layout, extent = trainer.layout, trainer.extent
-    return {"step_s": wall, "compute_s": compute, "comm_s_by_collective": by_kind,
+    return {"step_s": wall, "compute_s": sum(by_class.values()), "compute_s_by_class": by_class,
+            "comm_s_by_collective": by_kind,
             "comm_s_by_dim": attribute_comm(by_kind, layout, extent), "source": "cuda kernels" if cuda else "cpu",
             "note": "one profiled step after timing (rank 0); sums of event durations, overlap not removed"}
 

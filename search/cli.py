@@ -399,6 +399,7 @@ def _emit_best(args: argparse.Namespace, model, cluster, training, best_summary,
     from planner import Candidate, estimate
     from planner.emit import Prediction, RunSetup
     from planner.emit.write import render
+    from search.calibration import params_dict
 
     cand = Candidate(**best_summary.candidate)
     est = estimate(model, cluster, training, cand, params=calibration)
@@ -413,8 +414,7 @@ def _emit_best(args: argparse.Namespace, model, cluster, training, best_summary,
                    args.emit, flavor=args.emit_flavor, reservation=args.reservation,
                    torchtitan_version=args.torchtitan_version)
     files["tune_measured.json"] = json.dumps({"study": args.study, "storage": storage, **best_summary.to_dict(),
-                                              "calibration": {"compute_scale": calibration.compute_scale,
-                                                              "comm_scale": calibration.comm_scale}}, indent=1) + "\n"
+                                              "calibration": params_dict(calibration)}, indent=1) + "\n"
     return write_files(out_dir_of(args), files, force=args.force)
 
 
@@ -478,7 +478,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     import optuna
     from planner import plan
 
-    from search.calibration import refit
+    from search.calibration import class_scales, params_dict, refit
     from search.objective import Ledger, Objective, ProbeSettings
     from search.report import best, best_line, dashboard_command, format_table, report_dict, summarize
     from search.space import SearchSpace
@@ -564,17 +564,19 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     summaries = summarize(records)
     winner = best(summaries)
-    calibration = refit(model, cluster, training, Ledger(records).measurements())
+    ledger = Ledger(records)
+    calibration = refit(model, cluster, training, ledger.measurements(), class_scales=class_scales(ledger.class_pairs()))
     if args.format == "json":
         d = report_dict(records, study=args.study, storage=storage)
-        d["calibration"] = {"compute_scale": calibration.compute_scale, "comm_scale": calibration.comm_scale}
+        d["calibration"] = params_dict(calibration)
         d["ruled_out_rows"] = [{"config": c, "why": w} for c, w in space.restricted_out]
         print(json.dumps(d, indent=1))
     else:
         width = stdout_width()
         print(format_table(summaries, title=f"tune: study {args.study!r}, {probes_of(records)} trials, "
                                             f"calibration compute x{calibration.compute_scale:.3g}, "
-                                            f"comm x{calibration.comm_scale:.3g}", width=width))
+                                            f"comm x{calibration.comm_scale:.3g}" + "".join(
+                                                f", {c} x{v:.3g}" for c, v in calibration.class_scales), width=width))
         for line in [f"  not probed: {config}: {why}" for config, why in space.restricted_out] + [
                 calibration_note(calibration.compute_scale, calibration.comm_scale)]:
             print(line if width is None else fold(line, width))

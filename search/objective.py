@@ -40,7 +40,7 @@ from probes.result import ProbeResult, ProbeSpec
 
 from search import pruning
 from search._base import DERIVED, PICK_CONSTRAINT, PROBED, BackendError
-from search.calibration import Measurement, refit
+from search.calibration import Measurement, class_scales, params_dict, probe_class_seconds, refit
 from search.pruning import MIN_STEPS
 from search.space import PARAMS, SearchSpace, config_key, params_of, with_defaults
 from search.trial_attrs import TrialAttrs
@@ -86,6 +86,10 @@ class ProbeSettings:
     """stop a probe clearly behind the best so far (`search.pruning`; backends that report steps)"""
     prune_min_steps: int = MIN_STEPS
     """timed steps a probe runs before it may be pruned"""
+    profile: bool = True
+    """one more step under torch.profiler after the timed ones: compute seconds by op class (gemm, attention,
+    elementwise, optimizer), recorded in the trial (measured_class_s) and refitted per class
+    (search.calibration.class_scales)"""
     resources: str = ""
     """where and on how many processes probes run (backend, processes, device): an ``invalid`` verdict made
     under other resources is not final (`Ledger.of` with ``resources``) and the configuration is probed again"""
@@ -195,6 +199,11 @@ class Ledger:
                 out.append(Measurement(candidate=r.candidate, step_time_s=float(step)))
         return out
 
+    def class_pairs(self) -> list[tuple[dict, dict]]:
+        """(predicted, measured) compute seconds by op class of every measured probe that profiled its step."""
+        return [(r.attrs["pred_class_s"], r.attrs["measured_class_s"]) for r in self.records
+                if r.measured and r.attrs.get("pred_class_s") and r.attrs.get("measured_class_s")]
+
     def running_keys(self, space: SearchSpace) -> set[str]:
         keys = set()
         for r in self.records:
@@ -294,8 +303,12 @@ class Objective:
         est = estimate(self.model, self.cluster, self.training, candidate, params=params)
         return est.model_tflops_per_gpu, est.step_time_s
 
-    def _calibration(self, ledger: Ledger, extra: list[Measurement] = ()) -> CostParams:
-        return refit(self.model, self.cluster, self.training, ledger.measurements() + list(extra))
+    def _calibration(self, ledger: Ledger, extra: list[Measurement] = (),
+                     extra_classes: list[tuple[dict, dict]] = ()) -> CostParams:
+        """The refit to every measurement so far: per-class scales from the profiled probes (`class_scales`), then
+        compute and communication scales on top."""
+        return refit(self.model, self.cluster, self.training, ledger.measurements() + list(extra),
+                     class_scales=class_scales(ledger.class_pairs() + list(extra_classes)))
 
     def _ruled_out_reason(self, params: dict) -> tuple[str, str]:
         """(label, reason) of parameters that name no survivor."""
@@ -392,7 +405,7 @@ class Objective:
         before = self._calibration(ledger)
         tf_before, step_before = self.predict(cand, before)
         self._set(trial, pred_before_tflops=tf_before, pred_before_step_s=step_before,
-                  calibration_before={"compute_scale": before.compute_scale, "comm_scale": before.comm_scale})
+                  calibration_before=params_dict(before))
         ref = pruning.reference(ledger.records) if self.settings.prune else None
         if ref is not None and phase == "confirm" and ref.config == key:
             ref = None                       # the best's own re-probes are the reference: never pruned
@@ -408,6 +421,7 @@ class Objective:
                          layers_run=probe_layers(s.layers, cand, self.model.layers), device=s.device, max_cv=s.max_cv,
                          cp=cand.cp, ep=cand.ep, num_experts=self.model.num_experts,
                          pp_schedule=fsdp_parallel.probe_schedule(self.training),   # torchtitan's --pp-schedule
+                         profile=s.profile,
                          **({"moe_top_k": self.model.moe_topk} if self.model.num_experts else {}))
 
     def _on_step(self, trial: optuna.Trial, cand: Candidate, spec: ProbeSpec, ref: pruning.Reference | None):
@@ -506,16 +520,21 @@ class Objective:
             self._set(trial, outcome="crash", reason=reason)
             raise ProbeFailed(reason)
         tflops = self.measured_tflops(cand, step)
-        after = self._calibration(ledger, [Measurement(candidate=cand, step_time_s=step)])
+        measured_class = {c: v for c, v in ((result.timing_split or {}).get("compute_s_by_class") or {}).items()}
+        pred_class = (probe_class_seconds(self.model, self.cluster, self.training, cand,
+                                          probe_layers(self.settings.layers, cand, self.model.layers))
+                      if measured_class else None)
+        after = self._calibration(ledger, [Measurement(candidate=cand, step_time_s=step)],
+                                  [(pred_class, measured_class)] if measured_class else [])
         tf_after, step_after = self.predict(cand, after)
         times = result.step_times_s or [step]
         self._set(trial, outcome="ok", reason="", measured_tflops=tflops, measured_step_s=step,
                   measured_memory_gb=memory, memory_kind=result.memory_kind, step_cv=result.step_time_cv,
                   step_spread=(max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0,
                   reduced=result.reduced, pred_after_tflops=tf_after, pred_after_step_s=step_after,
-                  calibration_after={"compute_scale": after.compute_scale, "comm_scale": after.comm_scale})
-        trial.study.set_user_attr("calibration", {"compute_scale": after.compute_scale,
-                                                  "comm_scale": after.comm_scale, "trial": trial.number})
+                  calibration_after=params_dict(after),
+                  **({"measured_class_s": measured_class, "pred_class_s": pred_class} if measured_class else {}))
+        trial.study.set_user_attr("calibration", {**params_dict(after), "trial": trial.number})
         return tflops
 
     def _killed(self, trial: optuna.Trial, cand: Candidate, reason: str, signal_name: str,

@@ -30,7 +30,8 @@ from optuna.trial import TrialState, create_trial
 from planner import CostParams
 
 from search._base import PICK_PHASE, TuneError, recompute_sort_key
-from search.calibration import SIGMA_PRIOR, Terms, expected_improvement, refit_terms, residual_sigma
+from search.calibration import (SIGMA_PRIOR, Terms, candidate_classes, class_scales, expected_improvement, params_from,
+                                refit_terms, residual_sigma)
 from search.objective import Ledger
 from search.settings import SAMPLERS
 from search.space import SearchSpace, config_key, params_of
@@ -89,14 +90,27 @@ class SurvivorSampler(BaseSampler):
         self._terms = {config_key(e.candidate): Terms.of(e.time) for e in space.survivors}
         self._gbs = {config_key(e.candidate): e.candidate.global_batch for e in space.survivors}
         self._refit_key: tuple | None = None
+        self._classed = False
         self._refit: tuple[CostParams, float] = (CostParams(), SIGMA_PRIOR)
+
+    def _with_classes(self) -> None:
+        """Give the cached terms each survivor's compute seconds by op class (once, when class scales appear)."""
+        if self._classed:
+            return
+        plan, memo = self.space.plan, {}
+        for e in self.space.survivors:
+            k = config_key(e.candidate)
+            self._terms[k] = Terms(self._terms[k].step, tuple(candidate_classes(
+                plan.model, plan.cluster, plan.training, e.candidate, memo).items()))
+        self._classed = True
 
     def order(self, study: optuna.Study) -> dict[str, int]:
         """Survivor -> rank under the study's latest calibration (CostParams over the cached terms)."""
-        cal = study.user_attrs.get("calibration") or {}
-        params = CostParams(compute_scale=float(cal.get("compute_scale", 1.0)),
-                            comm_scale=float(cal.get("comm_scale", 1.0)))
-        key = (round(params.compute_scale, 4), round(params.comm_scale, 4))
+        params = params_from(study.user_attrs.get("calibration"))
+        key = (round(params.compute_scale, 4), round(params.comm_scale, 4),
+               tuple((c, round(v, 4)) for c, v in params.class_scales))
+        if params.class_scales:
+            self._with_classes()
         if key not in self._orders:
             self._orders[key] = rank_by(self.space, lambda k: self._terms[k].step_s(params) / self._gbs[k])
         return self._orders[key]
@@ -104,11 +118,15 @@ class SurvivorSampler(BaseSampler):
     def refitted(self, study: optuna.Study, ledger: Ledger | None = None) -> tuple[CostParams, float, list]:
         """(CostParams refitted to every measurement so far, their residual spread, the data), from the cached
         terms (cached by the measurements)."""
-        data = measured_data(ledger or Ledger.of(study), self.space, self._terms)
-        key = tuple((k, round(s, 9)) for k, s in data)
+        ledger = ledger or Ledger.of(study)
+        data = measured_data(ledger, self.space, self._terms)
+        scales = class_scales(ledger.class_pairs())
+        key = (tuple((k, round(s, 9)) for k, s in data), scales)
         if key != self._refit_key:
+            if scales:
+                self._with_classes()
             pairs = [(self._terms[k], s) for k, s in data]
-            params = refit_terms(pairs)
+            params = refit_terms(pairs, class_scales=scales)
             self._refit_key, self._refit = key, (params, residual_sigma(pairs, params) if pairs else SIGMA_PRIOR)
         return (*self._refit, data)
 

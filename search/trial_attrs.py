@@ -98,6 +98,12 @@ class TrialAttrs:
     fall to within the margin of it)"""
     pruned_margin: float | None = None
     """the margin it was behind by (relative): it stays pruned while its fastest step x (1 + this) is below the best"""
+    measured_class_s: dict | None = None
+    """the probe's profiled step on rank 0, compute seconds by op class (gemm, attention, elementwise, optimizer;
+    probes.train.op_class)"""
+    pred_class_s: dict | None = None
+    """the planner's seconds of that step by op class (gemm, attention, elementwise: the op list's,
+    search.calibration.probe_class_seconds), at the analytic calibration"""
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -82,3 +82,76 @@ def test_the_measured_host_launch_cost_replaces_the_fitted_one(tmp_path):
     assert "fitted on V100 hosts" in compute_line(cluster, "megatron-lm")
     assert estimate(model, cal, training, cand).time.step_time_s > estimate(model, cluster, training,
                                                                            cand).time.step_time_s
+
+
+# -- per op class: element-wise bandwidth and the attention core (issue 29 point 3) --------------------------------
+def _class_seconds(model, cand, cluster, training) -> dict[str, float]:
+    from planner import ops
+    from planner.cost import layer_op_list
+
+    lo = layer_op_list(model, cand, cluster, training)
+    return {c: lo.seconds(c) for c in (ops.GEMM, ops.ATTENTION, ops.ELEMENTWISE)}
+
+
+def test_the_timed_elementwise_bandwidth_replaces_the_fitted_fraction(tmp_path):
+    """A large add timed at half the H200's 4.8 TB/s: every memory-bound op takes 0.7 / 0.5 as long (the constant
+    ELEMENTWISE_BW_EFFICIENCY 0.7 -> 0.5), GEMMs and attention as before; the loss and optimizer step too."""
+    from planner.constants import ELEMENTWISE_BW_EFFICIENCY
+
+    model = load_model("llama2-7b")
+    cluster = make_cluster(gpu="H200", gpus=2, gpus_per_node=2)
+    bw = cluster.gpu.memory_bw_bytes_per_s
+    path = _write(tmp_path, {"measurements": {"elementwise": {"op": "add", "dtype": "bfloat16", "bytes": 6e9,
+                                                              "seconds": 6e9 / (0.5 * bw)}}})
+    cal = apply_calibration(cluster, path)
+    assert cal.elementwise_efficiency == pytest.approx(0.5) and cal.attention_efficiency is None
+    assert "element-wise at 0.5 of HBM bandwidth" in compute_line(cal, "megatron-lm")
+    training = TrainingSpec(global_batch=8, seq_len=model.seq_len)
+    cand = Candidate(tp=2, pp=1, dp=1, mbs=1, gas=8)
+    before, after = (_class_seconds(model, cand, c, training) for c in (cluster, cal))
+    assert after["elementwise"] == pytest.approx(before["elementwise"] * ELEMENTWISE_BW_EFFICIENCY / 0.5)
+    assert after["gemm"] == before["gemm"] and after["attention"] == before["attention"]
+    opt = [estimate(model, c, training, cand).time.optimizer_s for c in (cluster, cal)]
+    assert opt[1] == pytest.approx(opt[0] * ELEMENTWISE_BW_EFFICIENCY / 0.5)
+    hand = apply_calibration(cluster, _write(tmp_path, {"elementwise_efficiency": 0.8}))
+    assert hand.elementwise_efficiency == 0.8
+
+
+def test_the_attention_flops_are_the_op_lists_and_megatrons():
+    """The calibration's attention FLOPs are the op list's attn_scores + attn_values, forward + backward: 3x the
+    2·2·t·s·h of Narayanan et al. 2021 Eq. 3 (planner.flops.attention_score_flops)."""
+    from planner.calibration import attention_flops
+    from planner.flops import attention_score_flops
+
+    model = load_model("llama2-7b")
+    assert attention_flops(2, model.heads, model.seq_len, model.head_dim) == pytest.approx(
+        3 * attention_score_flops(model, 2 * model.seq_len))
+
+
+def test_the_timed_attention_core_sets_the_attention_ops_rate(tmp_path):
+    """SDPA timed for Llama-2-7B's 32 heads x 128 at 4,096 tokens, forward + backward, at 0.45 of the bf16 peak in
+    the op list's FLOPs: each ATTENTION op takes its FLOPs / (0.45 peak) (TP 2 halves the heads and the time);
+    GEMMs keep the shape model; a plan without flash attention keeps its GEMM-and-softmax core."""
+    from planner import ops
+    from planner.calibration import attention_flops
+    from planner.cost import layer_op_list
+
+    model = load_model("llama2-7b")
+    cluster = make_cluster(gpu="H200", gpus=1, gpus_per_node=1)
+    peak = cluster.gpu.peak_flops("bf16")
+    row = {"batch": 1, "heads": 32, "kv_heads": 32, "seq_len": 4096, "head_dim": 128, "causal": True,
+           "dtype": "bfloat16", "forward_backward_s": attention_flops(1, 32, 4096, 128) / (0.45 * peak)}
+    cal = apply_calibration(cluster, _write(tmp_path, {"measurements": {"attention": row}}))
+    assert cal.attention_efficiency == pytest.approx(0.45) and cal.elementwise_efficiency is None
+    training = TrainingSpec(global_batch=8, seq_len=model.seq_len)
+    for tp in (1, 2):
+        cand = Candidate(tp=tp, pp=1, dp=1, mbs=1, gas=8)
+        lo = layer_op_list(model, cand, cal, training)
+        att = [op for op in lo.ops if op.cls == ops.ATTENTION]
+        assert len(att) == 2 and all(op.forward_s == pytest.approx(op.flops / (0.45 * peak)) for op in att)
+        assert 3 * lo.seconds(ops.ATTENTION) == pytest.approx(row["forward_backward_s"] / tp)
+        before = _class_seconds(model, cand, cluster, training)
+        assert _class_seconds(model, cand, cal, training)["gemm"] == before["gemm"]
+    unfused = replace(training, flash_attention=False)
+    cand = Candidate(tp=1, pp=1, dp=1, mbs=1, gas=8)
+    assert _class_seconds(model, cand, cal, unfused) == _class_seconds(model, cand, cluster, unfused)

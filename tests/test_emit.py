@@ -498,3 +498,12 @@ def test_bigscience_launcher_checks_the_deepspeed_version(tmp_path, version, ok)
         assert "pip install 'deepspeed>=0.7.3,<0.9'" in result.stderr
     microsoft = next(c for c in VALID_CASES if c.flavor == "microsoft" and c.kind == "megatron-deepspeed")
     assert "<<'PY'" not in render(microsoft.setup, microsoft.kind, flavor="microsoft")["launch.sbatch"]
+
+
+def test_plan_yaml_round_trips_a_calibrated_cluster(tmp_path) -> None:
+    """tune calibrate's figures (GEMM base, element-wise bandwidth, attention rate, host scale) travel in plan.yaml."""
+    setup = bloom()
+    cal = replace(setup, cluster=replace(setup.cluster, matmul_efficiency=0.61, elementwise_efficiency=0.83,
+                                         attention_efficiency=1.12, host_scale=0.6))
+    emit(cal, "megatron-deepspeed", tmp_path)
+    assert load_plan_yaml(tmp_path / "plan.yaml") == cal

@@ -42,8 +42,41 @@ def test_calibrate_two_processes(tmp_path):
                                                                                      d["measurements"]["matmul"])))
     assert cluster.host_scale == pytest.approx(d["host_s_per_layer_forward"] / HOST_REFERENCE_S)
     assert cluster.intra_node_bw_bytes_per_s == pytest.approx(d["intra_node_busbw_gbps"] * 1e9 / 8)
+    ew, att = d["measurements"]["elementwise"], d["measurements"]["attention"]
+    assert ew["bytes_per_s"] > 0 and 0 < att["forward_s"] < att["forward_backward_s"]
+    assert "elementwise_efficiency" not in d     # no catalog bandwidth on the CPU: the plan's is used when applied
+    assert cluster.elementwise_efficiency == pytest.approx(min(1.0, ew["bytes_per_s"]
+                                                               / cluster.gpu.memory_bw_bytes_per_s))
+    assert cluster.attention_efficiency > 0
 
 
 def test_multi_node_needs_an_endpoint(tmp_path, capsys):
     assert main(["--nproc-per-node", "2", "--nnodes", "2", "--out", str(tmp_path / "c.yaml")]) == 2
     assert "--rdzv-endpoint" in capsys.readouterr().err
+
+
+def test_elementwise_and_attention_timings_calibrate_the_op_classes(tmp_path):
+    """In this process: the add's bytes/s and SDPA's forward + backward time, written as tune calibrate writes them,
+    give the CPU plan's element-wise fraction (bytes/s over the catalog's 10 GB/s, at most 1) and attention rate
+    (the op list's FLOPs / seconds / the fp32 peak)."""
+    import torch
+
+    from planner.calibration import attention_flops
+    from probes.calibrate import _attention_shape, _measure_attention, _measure_elementwise
+
+    cpu = torch.device("cpu")
+    ew = _measure_elementwise(torch, cpu, torch.float32)
+    assert ew["bytes"] == 3 * 4 * ew["elements"] and ew["bytes_per_s"] == pytest.approx(ew["bytes"] / ew["seconds"])
+    shape = _attention_shape("llama2-7b", None, "cpu")
+    assert shape == {"heads": 4, "kv_heads": 4, "head_dim": 128, "seq_len": 512}
+    gqa = _attention_shape("llama3-8b", 256, "cpu")
+    assert gqa["heads"] == 4 and gqa["kv_heads"] == 1 and gqa["seq_len"] == 256
+    att = _measure_attention(torch, cpu, torch.float32, gqa)
+    assert 0 < att["forward_s"] < att["forward_backward_s"]
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump({"measurements": {"elementwise": ew, "attention": att}}))
+    cluster = make_cluster(gpu="CPU", gpus=1, gpus_per_node=1)
+    cal = apply_calibration(cluster, str(path))
+    assert cal.elementwise_efficiency == pytest.approx(min(1.0, ew["bytes_per_s"] / cluster.gpu.memory_bw_bytes_per_s))
+    assert cal.attention_efficiency == pytest.approx(
+        attention_flops(1, 4, 256, gqa["head_dim"]) / att["forward_backward_s"] / cluster.gpu.peak_flops("fp32"))

@@ -14,7 +14,7 @@ from conftest_probes import PROBE_TIMEOUT_S, tiny_spec
 from probes.extent import ProbeExtent, resolve_probe
 
 torch = pytest.importorskip("torch")
-from probes.train import _comm_kind, attribute_comm, run_probe  # noqa: E402
+from probes.train import _comm_kind, attribute_comm, op_class, run_probe  # noqa: E402
 
 
 @pytest.mark.parametrize("name, kind", [
@@ -26,6 +26,34 @@ from probes.train import _comm_kind, attribute_comm, run_probe  # noqa: E402
 ])
 def test_events_are_named_by_collective(name, kind):
     assert _comm_kind(name) == kind
+
+
+@pytest.mark.parametrize("name, ancestors, kernel, cls", [
+    ("aten::mm", ("aten::matmul", "aten::linear"), False, "gemm"),
+    ("aten::addmm", ("aten::linear",), False, "gemm"),
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", ("aten::scaled_dot_product_attention",), False, "attention"),
+    ("aten::bmm", ("aten::_scaled_dot_product_attention_math", "aten::scaled_dot_product_attention"), False,
+     "attention"),
+    ("aten::empty_strided", ("aten::_scaled_dot_product_flash_attention_for_cpu",), False, "attention"),
+    ("aten::native_layer_norm", ("aten::layer_norm",), False, "elementwise"),
+    ("aten::gelu_backward", ("GeluBackward0",), False, "elementwise"),
+    ("aten::_fused_adamw_", ("Optimizer.step#AdamW.step",), False, "optimizer"),
+    ("aten::add_", ("Optimizer.step#AdamW.step",), False, "optimizer"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", (), True, "gemm"),
+    ("nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT", (), True, "gemm"),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(...)", (), True,
+     "gemm"),
+    ("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<...>", (), True, "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>::Params)", (), True,
+     "attention"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16>, ...>", (), True,
+     "elementwise"),
+    ("void at::native::(anonymous namespace)::cunn_SoftMaxForward<...>", (), True, "elementwise"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...FusedAdamMathFunctor<float, 4, ...>>", (),
+     True, "optimizer"),
+])
+def test_compute_events_are_classed_as_the_op_list_classes_them(name, ancestors, kernel, cls):
+    assert op_class(name, ancestors, kernel=kernel) == cls
 
 
 def test_collectives_are_given_to_the_only_dimension_that_runs_them():
@@ -44,6 +72,10 @@ def test_one_process_profile_is_all_compute():
     split = r.timing_split
     assert split["step_s"] > 0 and 0 < split["compute_s"]
     assert split["comm_s_by_collective"] == {} and split["comm_s_by_dim"] == {}
+    by_class = split["compute_s_by_class"]   # the tiny GPT: linear layers, SDPA, layer norms and GELU, AdamW
+    assert set(by_class) == {"gemm", "attention", "elementwise", "optimizer"} and min(by_class.values()) > 0
+    assert sum(by_class.values()) == pytest.approx(split["compute_s"])
+    assert by_class["gemm"] > by_class["attention"]
 
 
 @pytest.mark.slow

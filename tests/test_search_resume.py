@@ -11,6 +11,7 @@ import optuna
 import pytest
 
 from probes.backend import ProbeBackend
+from planner import CostParams
 from probes.result import ProbeResult
 from search._base import BackendError
 from search.objective import Ledger, Objective, ProbeFailed, ProbeSettings
@@ -142,3 +143,41 @@ def test_sampler_never_proposes_outside_the_space(space, tmp_path):
     probed = [t.user_attrs["config"] for t in study.trials]
     assert set(probed) == keep and len(probed) == len(set(probed))
     assert all(config_key(e.candidate) in keep for e in small.survivors)
+
+
+class Profiled(ProbeBackend):
+    """A machine whose attention runs at half the planner's rate: each probe's step is the planner's under that
+    class scale, and its profiled step by class the planner's with attention x2 (as probes.train reports it)."""
+
+    name = "profiled"
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.plan = space.plan
+        self.truth = CostParams(class_scales=(("attention", 2.0),))
+
+    def run(self, spec, *, workdir: Path, timeout_s: float) -> ProbeResult:
+        from planner import Candidate, estimate
+        from search.calibration import probe_class_seconds
+
+        p, cand = self.plan, Candidate(**spec.candidate)
+        assert spec.profile                                   # tune asks every probe for its profiled step
+        step = estimate(p.model, p.cluster, p.training, cand, params=self.truth).time.step_time_s
+        pred = probe_class_seconds(p.model, p.cluster, p.training, cand, spec.layers_run)
+        by_class = {**pred, "attention": 2.0 * pred["attention"], "optimizer": 0.01}
+        return ProbeResult(status="ok", step_time_median_s=step, step_times_s=[step], device="fake",
+                           timing_split={"compute_s_by_class": by_class})
+
+
+def test_profiled_probes_refit_the_class_that_was_off(space, tmp_path):
+    """Three probes: each trial records its measured and predicted seconds by class; the study's calibration scales
+    attention by 2, GEMMs and element-wise by 1, and then needs no compute scale."""
+    records = go(space, Profiled(space), f"sqlite:///{tmp_path}/s.db", max_probes=3, confirm_top=0)
+    measured = [r for r in records if r.measured]
+    assert len(measured) == 3
+    for r in measured:
+        assert r.attrs["measured_class_s"]["attention"] == pytest.approx(2 * r.attrs["pred_class_s"]["attention"])
+    cal = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path}/s.db").user_attrs["calibration"]
+    assert cal["class_scales"] == pytest.approx({"gemm": 1.0, "attention": 2.0, "elementwise": 1.0})
+    assert cal["compute_scale"] == pytest.approx(1.0, abs=0.01) and cal["comm_scale"] == pytest.approx(1.0, abs=0.05)
+    last = max(measured, key=lambda r: r.number)
+    assert last.attrs["pred_after_step_s"] == pytest.approx(last.attrs["measured_step_s"], rel=0.01)

@@ -68,6 +68,12 @@ def test_end_to_end_on_cpu_then_rerun_adds_no_probe(tmp_path):
             assert t.user_attrs.get("reason"), t.user_attrs
     ok = [t for t in trials if t.state.name == "COMPLETE"]
     assert ok and all("cpu" in t.user_attrs["device"] for t in ok)
+    # each probe profiled a step: its compute by op class beside the planner's, and the refit scales each class
+    probed_ok = [t for t in ok if "duplicate_of" not in t.user_attrs]
+    assert probed_ok and all(set(t.user_attrs["measured_class_s"]) == {"gemm", "attention", "elementwise", "optimizer"}
+                             and set(t.user_attrs["pred_class_s"]) == {"gemm", "attention", "elementwise"}
+                             for t in probed_ok)
+    assert set(out["calibration"]["class_scales"]) == {"gemm", "attention", "elementwise"}
     best = out["best"]
     # --confirm-top 2 --repeats 1: the two best first probes measured once more each. Whether two 2-step CPU probes
     # agree within CONFIRM_SPREAD is the machine's load, not tune's logic: the best is a confirmed configuration

@@ -70,6 +70,8 @@ def plan_schema() -> dict[str, Field]:
     }
     cluster = {**CLUSTER, "gpus_per_node": required_field(CLUSTER["gpus_per_node"]), "nodes": required_field(CLUSTER["nodes"]),
                "matmul_efficiency": CALIBRATION["matmul_efficiency"],
+               "elementwise_efficiency": CALIBRATION["elementwise_efficiency"],
+               "attention_efficiency": CALIBRATION["attention_efficiency"],
                "host_scale": Num(0, 1000, open_lo=True, what="a multiple of the fitted host time in (0, 1000]"),
                "cuda_context_bytes": CALIBRATION["cuda_context_bytes"]}
     prediction = {k: Num(0, required=True) for k in ("memory_gb_per_gpu", "step_time_s", "model_tflops_per_gpu",
@@ -140,6 +142,9 @@ def _cluster_dict(setup: RunSetup) -> dict:
         d["nvlink_domain"] = cl.nvlink_domain
     if cl.matmul_efficiency is not None:
         d["matmul_efficiency"] = cl.matmul_efficiency
+    for name in ("elementwise_efficiency", "attention_efficiency"):   # timed by tune calibrate
+        if getattr(cl, name) is not None:
+            d[name] = getattr(cl, name)
     if cl.host_scale != 1.0:
         d["host_scale"] = cl.host_scale
     if cl.cuda_context_bytes is not None:
@@ -306,6 +311,8 @@ def load_plan_yaml(path: Path) -> RunSetup:
                                name=_need(pc, "name", "plantune.cluster.", str, path),
                                nvlink_domain=pc.get("nvlink_domain"))
         cluster = replace(cluster, matmul_efficiency=pc.get("matmul_efficiency"),
+                          elementwise_efficiency=pc.get("elementwise_efficiency"),
+                          attention_efficiency=pc.get("attention_efficiency"),
                           host_scale=float(pc.get("host_scale", 1.0)), cuda_context_bytes=pc.get("cuda_context_bytes"))
         # The file's degrees must agree with its own cluster and batch (hand edits can break that): a layout
         # whose DP is not GPUs / (TP x PP x CP) is no launchable setup, so it is refused here, not "RULED OUT".

@@ -9,7 +9,9 @@
    (planner.calibration.apply_calibration), and each one's error against the probe.
 
 Prints a row per layout and the mean |log(planned / measured)| of both; exit status 1 when the calibrated plan is
-not closer (``--check``). tests/test_calibration_cpu.py runs it on a small model.
+not closer (``--check``). tests/test_calibration_cpu.py runs it on a small model. Each probe also profiles one step:
+its compute seconds by op class (gemm, attention, elementwise; probes.train.op_class) against the planner's for
+that step (search.calibration.probe_class_seconds), from the catalog and calibrated.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from planner.hardware import make_cluster  # noqa: E402
 from planner.model import ModelSpec, load_model  # noqa: E402
 from planner.rank import estimate  # noqa: E402
 from planner.space import Candidate, TrainingSpec  # noqa: E402
+from search.calibration import probe_class_seconds  # noqa: E402
 
 CPU_MODEL = ModelSpec(name="calibration-cpu", layers=4, hidden=256, heads=4, kv_heads=4, ffn_hidden=1024, vocab=1024,
                       seq_len=128, glu=False, tied_embeddings=False, position="rope", norm="rmsnorm", bias=False)
@@ -40,6 +43,8 @@ class Row:
     measured_s: float
     catalog_s: float
     calibrated_s: float
+    classes: tuple = ()
+    """(class, measured s, catalog s, calibrated s) of the profiled step"""
 
     @property
     def catalog_error(self) -> float:
@@ -67,17 +72,17 @@ def _yaml(model: ModelSpec) -> str:
     return yaml.safe_dump({k: v for k, v in model.to_dict().items() if v is not None})
 
 
-def probe(model: ModelSpec, mbs: int, gas: int, workdir: Path, *, device: str, precision: str, steps: int) -> float:
+def probe(model: ModelSpec, mbs: int, gas: int, workdir: Path, *, device: str, precision: str, steps: int):
     from probes.launch import run_local
     from probes.result import ProbeSpec
 
     cand = Candidate(tp=1, pp=1, dp=1, mbs=mbs, gas=gas)
     spec = ProbeSpec(model=model.to_dict(), candidate=cand.to_dict(), precision=precision, warmup_steps=2,
-                     steps=steps, device=device)
+                     steps=steps, device=device, profile=True)
     r = run_local(spec, nproc=1, workdir=workdir, timeout_s=900)
     if not r.ok:
         raise SystemExit(f"probe MBS {mbs} {r.status}: {r.reason}")
-    return r.step_time_median_s
+    return r.step_time_median_s, r.timing_split.get("compute_s_by_class") or {}
 
 
 def compare(model: ModelSpec, mbs_list: list[int], gas: int, *, device: str = "cpu", gpu: str = "CPU",
@@ -89,12 +94,16 @@ def compare(model: ModelSpec, mbs_list: list[int], gas: int, *, device: str = "c
         calibrate(model, cal, device=device, gpu=gpu, precision=precision)
         calibrated = apply_calibration(cluster, str(cal))
         for mbs in mbs_list:
-            measured = probe(model, mbs, gas, Path(tmp) / f"mbs{mbs}", device=device, precision=precision, steps=steps)
+            measured, by_class = probe(model, mbs, gas, Path(tmp) / f"mbs{mbs}", device=device, precision=precision,
+                                       steps=steps)
             training = TrainingSpec(global_batch=mbs * gas, seq_len=model.seq_len, precision=precision,
                                     framework="megatron-lm")
             cand = Candidate(tp=1, pp=1, dp=1, mbs=mbs, gas=gas)
             planned = [estimate(model, c, training, cand).time.step_time_s for c in (cluster, calibrated)]
-            rows.append(Row(mbs=mbs, measured_s=measured, catalog_s=planned[0], calibrated_s=planned[1]))
+            pred = [probe_class_seconds(model, c, training, cand) for c in (cluster, calibrated)]
+            classes = tuple((k, by_class.get(k, 0.0), pred[0][k], pred[1][k]) for k in pred[0])
+            rows.append(Row(mbs=mbs, measured_s=measured, catalog_s=planned[0], calibrated_s=planned[1],
+                            classes=classes))
         print(f"calibration: {calibrated.calibration}")
     return rows
 
@@ -122,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r.mbs:>4} {r.measured_s * 1e3:9.1f} {r.catalog_s * 1e3:11.1f} {r.catalog_error:6.1%} "
               f"{r.calibrated_s * 1e3:14.1f} {r.calibrated_error:6.1%}")
+    print("profiled step by op class, ms: measured / catalog / calibrated")
+    for r in rows:
+        print(f"{r.mbs:>4} " + "  ".join(f"{k} {m * 1e3:.1f} / {a * 1e3:.1f} / {b * 1e3:.1f}" for k, m, a, b in r.classes))
     catalog, calibrated = mean_errors(rows)
     print(f"mean |log(plan/probe)|: catalog {catalog:.1%}, calibrated {calibrated:.1%}")
     return 1 if args.check and calibrated >= catalog else 0
