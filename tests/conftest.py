@@ -85,6 +85,7 @@ def _uses_slurm_cluster(item: pytest.Item) -> bool:
     return callspec is not None and getattr(callspec.params.get("backend_and_specs"), "__name__", "") == "_slurm"
 
 
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's own hook, which turns the marker into the '@slurm' scope
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`-n N --dist loadgroup`, the README's test command), every test of the one-node SLURM
     cluster runs in one worker, so the session starts one cluster (its node is this host's name: two clusters
