@@ -76,6 +76,25 @@ def study_trials(storage: str, study_name: str) -> list:
 SLURM_RESERVATION = "plantune_test"
 
 
+def _uses_slurm_cluster(item: pytest.Item) -> bool:
+    """Whether a test needs the session's SLURM cluster: by fixture name, or test_backend_contract's `slurm` case
+    (which asks for the fixture at run time, request.getfixturevalue)."""
+    if "slurm_cluster" in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and getattr(callspec.params.get("backend_and_specs"), "__name__", "") == "_slurm"
+
+
+@pytest.hookimpl(tryfirst=True)   # before pytest-xdist's own hook, which turns the marker into the '@slurm' scope
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`-n N --dist loadgroup`, the README's test command), every test of the one-node SLURM
+    cluster runs in one worker, so the session starts one cluster (its node is this host's name: two clusters
+    would declare the same node) and its tests share it; every other test goes to whichever worker is free."""
+    for item in items:
+        if _uses_slurm_cluster(item):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     """A real one-node SLURM cluster (probes/slurm_cluster.py) with reservation SLURM_RESERVATION, for the session."""
