@@ -147,7 +147,7 @@ def expert_ops(lo: "LayerOps", m: "ModelSpec", c: "Candidate", training: "Traini
     dense = [op.scaled(1 - share) for op in lo.ops if op.name in ("fc1", "mlp_act", "fc2") and share < 1]
     ffn = expert_ffn(m)
     rows, local = routed_rows(m, c, training, tokens)
-    sync_host, _ = host_sync_s(m, c, training, tokens, lambda *a, **k: 0.0)
+    sync_host = sync_host_s(m, c, training)
     experts = [gemm_op("router", tokens // (t if c.sp else 1), m.num_experts, h, g),   # on the SP shard
                bytes_op("moe_permute", 2 * h * tokens * (2 + 2 * m.moe_topk * capacity(training))
                         / max(1, t if c.sp else 1), cluster),
@@ -226,14 +226,19 @@ def host_sync_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens
     (arXiv 2603.07685, "Compute wall": small per-expert GEMMs and many kernel launches make fine-grained MoE
     host-bound; its CUDA-graph scopes moe_router / moe_preprocess remove exactly these launches).
     """
+    host = sync_host_s(m, c, training)
+    if not host:
+        return 0.0, 0.0
+    return host, routed_gemm_s(m, c, training, tokens, gemm_s) * moe_layer_count(m) / m.layers
+
+
+def sync_host_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec") -> float:
+    """`host_sync_s`' host seconds: the launches after Megatron's dispatcher sync, as a mean over all layers."""
     local = m.num_experts // c.ep if is_moe(m) else 0
     if not is_moe(m) or (c.ep <= 1 and local <= 1) or training.framework != "megatron-lm":
-        return 0.0, 0.0   # torchtitan runs the experts as one torch._grouped_mm; a capacity factor syncs too
+        return 0.0   # torchtitan runs the experts as one torch._grouped_mm; a capacity factor syncs too
     per_expert = MOE_KERNELS_PER_EXPERT * (2 if training.precision == "fp8" else 1)
-    host = per_expert * local * KERNEL_LAUNCH_S
-    gpu = routed_gemm_s(m, c, training, tokens, gemm_s)
-    share = moe_layer_count(m) / m.layers
-    return host * share, gpu * share
+    return per_expert * local * KERNEL_LAUNCH_S * moe_layer_count(m) / m.layers
 
 
 def mlp_gemm_input_widths(m: "ModelSpec", c: "Candidate") -> tuple[float, float]:
@@ -371,7 +376,7 @@ EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="
 __all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "add_expert_states", "all_to_all_layer_s",
            "all_to_all_s", "attention_params", "capacity",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
-           "expert_ops", "host_sync_s", "is_moe", "latent_attention_ops", "layer_forward_matmul_flops",
+           "expert_ops", "host_sync_s", "sync_host_s", "is_moe", "latent_attention_ops", "layer_forward_matmul_flops",
            "moe_layer_count", "mtp_forward_flops", "mtp_non_expert_params", "mtp_params", "needs_own_shape",
            "routed_gemm_s", "routed_rows"]
 
