@@ -79,11 +79,22 @@ def test_end_to_end_on_cpu_then_rerun_adds_no_probe(tmp_path):
                              for t in probed_ok)
     assert set(out["calibration"]["class_scales"]) == {"gemm", "attention", "elementwise"}
     best = out["best"]
-    # --confirm-top 2 --repeats 1: the two best first probes measured once more each. Whether two 2-step CPU probes
-    # agree within CONFIRM_SPREAD is the machine's load, not tune's logic: the best is a confirmed configuration
-    # when one was confirmed, else the best measured one (search.report.best)
+    # --confirm-top 2 --repeats 1: the two best first probes are probed once more each, except one clearly behind the
+    # best (search.pruning.behind drops its slot, or its re-probe is pruned: on a loaded 2-core machine two 2-step
+    # CPU probes can land either way). Whether they agree within CONFIRM_SPREAD is the machine's load, not tune's
+    # logic: the best is a confirmed configuration when one was confirmed, else the best measured one
+    firsts = {}
+    for t in sorted(ok, key=lambda t: t.number):
+        if t.user_attrs.get("phase") != "confirm":
+            firsts.setdefault(t.user_attrs["config"], t.value)
+    top2 = sorted(firsts, key=lambda k: -firsts[k])[:2]
+    confirms = [t for t in trials if t.user_attrs.get("phase") == "confirm"]
+    assert top2[0] in {t.user_attrs["config"] for t in confirms}
+    assert {t.user_attrs["config"] for t in confirms} <= set(top2) and len(confirms) == len({t.user_attrs["config"] for t in confirms})
+    assert all(t.state.name == "COMPLETE" or (t.state.name == "PRUNED" and t.user_attrs.get("reason")) for t in confirms)
     reprobed = [c for c in out["configs"] if c["reprobed"]]
-    assert len(reprobed) == 2 and all(c["n_measurements"] == 2 for c in reprobed)
+    assert reprobed and all(c["n_measurements"] == 2 for c in reprobed)
+    assert len(reprobed) == sum(t.state.name == "COMPLETE" for t in confirms)
     assert best["n_measurements"] == 2 if any(c["confirmed"] for c in out["configs"]) else best["tflops"]
     written = {p.name for p in (tmp_path / "run").iterdir()}
     assert {"plan.yaml", "ds_config.json", "args.txt", "launch.sbatch", "tune_measured.json"} <= written
