@@ -34,6 +34,7 @@ from planner.cost import RANKING_ERROR, tied
 from planner.errors import InputError, PlantuneError
 from planner.calibration import apply_calibration, compute_line
 from planner.files import check_out
+from planner.framework import TORCHTITAN_VERSIONS
 from planner.hardware import ClusterSpec, load_cluster, make_cluster
 from planner.model import HF_SEQ_NOTE, ModelSpec, Rampup, at_seq_len, load_model, positions_note
 from planner.rampup_schedule import rampup_schedule
@@ -354,8 +355,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "bigscience-workshop/Megatron-DeepSpeed) or microsoft (deepspeedai/Megatron-DeepSpeed: "
                         "GQA, RMSNorm, FlashAttention, ZeRO-2/3 without PP, selective recompute, SP); with --from: "
                         "the file's fork unless given")
-    from planner.emit.write import TORCHTITAN_VERSIONS
-
     p.add_argument("--torchtitan-version", "--torchtitan_version", choices=TORCHTITAN_VERSIONS,
                    default=TORCHTITAN_VERSIONS[0], help="with --emit fsdp: the torchtitan release to write for: "
                    f"{TORCHTITAN_VERSIONS[0]} (default; a Python config module, plantune_torchtitan.py) or "

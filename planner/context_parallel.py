@@ -22,6 +22,7 @@ from planner.ops import ATTENTION
 from planner.terms import COMMUNICATION, Term
 from planner.topology import collective_time_s
 from planner.recompute import recomputed_of
+from planner.step_context import memoized_term
 
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
@@ -123,6 +124,7 @@ def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "Train
     return forward + backward + recompute
 
 
+@memoized_term(lambda ctx: (ctx.cand.cp, ctx.cand.tp, ctx.cand.mbs, ctx.stage_layers, ctx.core_s, ctx.rc.layers))
 def ring_exchange_s(ctx: "StepContext") -> float:
     """The term: the busiest stage's exposed K/V exchange for one micro-batch (the CP group strides by TP)."""
     c = ctx.cand

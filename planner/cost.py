@@ -33,7 +33,7 @@ from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
 from planner.terms import COMMUNICATION, COMPUTE, FIXED, MEMORY, Overlap, StepTime, Term, evaluate, scale_of
-from planner.step_context import StepContext, memoized
+from planner.step_context import StepContext, memoized, memoized_term
 from planner.topology import Topology, collective_time_s
 
 # Bytes per logit the cross-entropy reads and writes, forward and backward: 16-bit logits read, fp32
@@ -212,12 +212,18 @@ def class_mix(parts: dict[str, float], class_scales: tuple[tuple[str, float], ..
     return sum(v * scales.get(c, 1.0) for c, v in parts.items()) / total
 
 
-def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
-                 topology: Topology, layer_memo: dict | None = None) -> StepContext:
+def plan_constants(cluster: ClusterSpec, training: TrainingSpec) -> tuple[Framework, GemmContext, tuple[str, ...]]:
+    """What a step's context reads from the cluster and the training alone: the framework as run (torch.compile),
+    the LM head's GEMM rate (bf16 under FP8) and the overlaps (one plan computes them once)."""
     fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
     g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # LM head: bf16 under FP8
-    tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
-    half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
+    return fw, g16, overlaps(training)
+
+
+def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, fw: Framework,
+                  g16: GemmContext, tokens: int, layer_memo: dict | None) -> tuple[float, float, int, float, float]:
+    """(attention-core forward, layer, layers on the busiest stage, its compute, LM head and loss) seconds of one
+    micro-batch: what reads the candidate's `layer_key`, PP and VPP only."""
     core, layer_s = layer_times(model, cand, cluster, training, layer_memo)
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
@@ -236,15 +242,32 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
         stage_compute, lps = pipeline_engine.stage_compute_s(model.layers, cand.pp, layer_s, logits_s)
     else:
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
+    return core, layer_s, lps, stage_compute, logits_s
+
+
+def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                 topology: Topology, layer_memo: dict | None = None) -> StepContext:
+    """What every term of ``cand``'s step reads, each part computed once per distinct value of the fields it reads
+    when plan() gives its ``layer_memo``."""
+    fw, g16, runs_overlaps = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))
+    tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
+    half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
+    core, layer_s, lps, stage_compute_s, logits_s = memoized(
+        layer_memo, ("stage_compute", *layer_key(cand), cand.pp, cand.vpp),
+        lambda: stage_compute(model, cand, cluster, training, fw, g16, tokens, layer_memo))
     params_gpu = memoized(layer_memo, ("params_gpu", cand.tp, cand.pp, cand.vpp), lambda: max(
         stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last"))))
     shard = shard_group_size(cand, cluster.gpus_per_node)
-    rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
+    rc = memoized(layer_memo, ("recomputed", cand.recompute, cand.pp, cand.vpp),   # full, block-N, selective, ...
+                  lambda: recompute.recomputed_of(model, cand, training.framework))
+    dp_traffic = memoized(   # every field dp_comm_s reads: TP, PP, VPP (params_gpu), DP, CP, ZeRO, hybrid, GAS, rc
+        layer_memo, ("dp_comm", cand.tp, cand.pp, cand.vpp, cand.dp, cand.cp, cand.zero, cand.hybrid, cand.gas,
+                     cand.recompute),
+        lambda: dp_comm_s(cand, training, topology, fw, params_gpu * half, shard, half, rc.layers))
     return StepContext(model=model, cand=cand, cluster=cluster, training=training, topology=topology, fw=fw,
                        tokens=tokens, half=half, core_s=core, layer_s=layer_s, rc=rc, stage_layers=lps,
-                       stage_compute_s=stage_compute, head_s=logits_s, params_gpu=params_gpu, shard=shard,
-                       overlaps=overlaps(training),
-                       dp_traffic_s=dp_comm_s(cand, training, topology, fw, params_gpu * half, shard, half, rc.layers))
+                       stage_compute_s=stage_compute_s, head_s=logits_s, params_gpu=params_gpu, shard=shard,
+                       overlaps=runs_overlaps, dp_traffic_s=dp_traffic, memo=layer_memo)
 
 
 # -- the terms (planner.terms explains the declaration; TERMS below lists them) ------------------------------------
@@ -253,6 +276,7 @@ def compute_s(ctx: StepContext) -> float:
     return ctx.stage_compute_s
 
 
+@memoized_term(lambda ctx: (ctx.cand.tp, ctx.rc.layers, ctx.stage_layers, ctx.tokens))
 def tp_comm_s(ctx: StepContext) -> float:
     """TP: 2 all-reduces forward, 2 backward, 2 more for each recomputed forward (Megatron Sec. 3.1; block-N: its
     share of the layers)."""
@@ -263,6 +287,8 @@ def tp_comm_s(ctx: StepContext) -> float:
         group=cand.tp))
 
 
+@memoized_term(lambda ctx: (ctx.cand.pp, ctx.cand.tp, ctx.cand.vpp, ctx.cand.dp, ctx.cand.cp, ctx.tokens,
+                           ctx.stage_kind))
 def pp_p2p_s(ctx: StepContext) -> float:
     """p2p between stages: activation forward, its gradient backward; Megatron's scatter-gather sends 1/t,
     DeepSpeed's pipeline engine both as 1/t too since v0.5.4 (planner.framework); vpp chunks."""
@@ -422,6 +448,8 @@ def tied_embedding_s(ctx: StepContext) -> float:
     return collective_time_s(tied_link, kind="all_reduce", message_bytes=emb_bytes, group=2)
 
 
+@memoized_term(lambda ctx: (ctx.cand.zero, ctx.shard, ctx.params_gpu, ctx.cand.tp, ctx.cand.cp, ctx.cand.dp,
+                           ctx.cand.ep, ctx.cand.etp, ctx.stage_layers))
 def optimizer_s(ctx: StepContext) -> float:
     """The optimizer step at HBM bandwidth: master weights and states read and written, gradients read, weights
     written (sharded by ZeRO-1+; the routed experts' over the expert-DP group)."""
@@ -531,7 +559,7 @@ def deepspeed_engine_step(ctx: StepContext) -> StepTime:
     cand, unit = ctx.cand, CostParams()
     staged = []
     for st in pipeline_engine.engine_stages(ctx.model.layers, cand.pp):
-        c = replace(ctx, stage_layers=st.layers, accumulated_params=engine_stage_params(ctx, st),
+        c = replace(ctx, memo=None, stage_layers=st.layers, accumulated_params=engine_stage_params(ctx, st),
                     stage_kind=st.kind,
                     stage_compute_s=st.compute_s(ctx.layer_s, ctx.head_s))
         step = evaluate(TERMS, c, microbatches=cand.gas, bubble_slots=0.0)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -141,6 +140,8 @@ def write_files(out: Path, files: dict[str, str], *, force: bool) -> list[Path]:
     """Write ``files`` (name -> text) into ``out`` without following links: each is written beside its target and
     renamed over it (a link in its place is replaced, not followed); an existing file is replaced only with
     ``force``; launchers (``*.sbatch``, ``*.sh`` but the sourced ``*_args.sh``) are executable."""
+    import tempfile   # here: only --emit writes files
+
     out = Path(out)
     check_out(out, files, force=force)
     out.mkdir(parents=True, exist_ok=True)

@@ -110,6 +110,12 @@ def overlaps(training: object) -> tuple[str, ...]:
     return chosen if chosen is not None else FRAMEWORKS[training.framework].default_overlaps  # type: ignore
 
 
+TORCHTITAN_VERSIONS = ("0.3.0", "0.2.2")
+"""the torchtitan releases `plan --emit fsdp` writes for: 0.3.0 (PyPI's current, a Python config module,
+planner.emit.torchtitan_py; the default) or 0.2.2 (the last with TOML configs, planner.emit.fsdp). Here, not in
+planner.emit, so that `plan`'s parser names them without importing the emitters."""
+
+
 # Megatron's --make-vocab-size-divisible-by default (megatron/arguments.py), multiplied by TP.
 VOCAB_DIVISOR = 128
 

@@ -471,6 +471,8 @@ class PlanMemory:
         """per stage: `stage_dynamic`"""
         self._rows: dict[tuple, tuple] = {}
         """`_states_of` for each (EP, ETP) of a row"""
+        self._by_mode: dict[tuple, dict[str, tuple]] = {}
+        """`_dynamic_by_mode`: `_dynamic_of` by (TP, SP, MBS, PP, VPP, CP, GAS), then by recompute mode"""
 
     def _states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
         """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``, and their
@@ -524,9 +526,24 @@ class PlanMemory:
         """`fits` of ``c`` (with EP, ETP ``ep_etp`` when given) and the recompute mode it is called with, that
         candidate not built and its model states looked up once (`planner.rank.partial_mode` tries several N)."""
         ep, etp = (c.ep, c.etp) if ep_etp is None else ep_etp
-        states, usable, busiest, dynamic_of = self._states_of(c, ep, etp), self.usable_bytes, self._busiest, \
-            self._dynamic_of
-        return lambda recompute: busiest(states, dynamic_of(c, recompute)) <= usable
+        states, usable, busiest = self._states_of(c, ep, etp), self.usable_bytes, self._busiest
+        by_mode = self._dynamic_by_mode(c)
+
+        def fits(recompute: str) -> bool:
+            dynamic = by_mode.get(recompute)
+            if dynamic is None:
+                dynamic = by_mode[recompute] = self._dynamic_of(c, recompute)
+            return busiest(states, dynamic) <= usable
+        return fits
+
+    def _dynamic_by_mode(self, c: Candidate) -> dict[str, tuple]:
+        """`_dynamic_of` of ``c`` by recompute mode (filled as asked): the modes `partial_mode` tries for every (EP, ETP)
+        of a row share one dict."""
+        key = (c.tp, c.sp, c.mbs, c.pp, c.vpp, c.cp, c.gas)
+        by_mode = self._by_mode.get(key)
+        if by_mode is None:
+            by_mode = self._by_mode[key] = {}
+        return by_mode
 
     def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
         """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the

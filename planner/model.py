@@ -19,7 +19,6 @@ from pathlib import Path
 from planner.errors import InputError
 from planner.files import read_mapping
 from planner.hf_cache import REPO_ID, cached_config
-from planner.hf_config import read_hf
 from planner.schema import check_model_yaml
 
 
@@ -712,6 +711,8 @@ def positions_note(model: ModelSpec) -> str | None:
 
 def _from_hf(d: dict, name: str) -> ModelSpec:
     """Hugging Face config.json of a family in ``hf_config.HF_FAMILIES``; every key is understood or refused."""
+    from planner.hf_config import read_hf   # here: a preset (every `plan --model NAME`) never reads a config.json
+
     return ModelSpec(**read_hf(d, name, HF_DEFAULT_SEQ_LEN, HF_SEQ_NOTE))
 
 

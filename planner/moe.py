@@ -39,6 +39,7 @@ from planner.terms import COMMUNICATION, Overlap, Term
 from planner.ops import bytes_op, gemm_op
 from planner.topology import collective_time_s
 from planner.recompute import recomputed_of
+from planner.step_context import memoized_term
 
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
@@ -311,12 +312,15 @@ def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link
     return collective_s(link, kind="all_reduce", message_bytes=n * bytes_per_grad, group=edp)
 
 
+@memoized_term(lambda ctx: (ctx.cand.ep, ctx.cand.etp, ctx.cand.tp, ctx.tokens, ctx.stage_layers,
+                           ctx.rc.layers + ctx.rc.moe))
 def all_to_all_term_s(ctx: "StepContext") -> float:
     """The term: the busiest stage's EP all-to-alls for one micro-batch (the EP group strides by ETP)."""
     return ctx.stage_layers * all_to_all_layer_s(ctx.model, ctx.cand, ctx.training, ctx.tokens, ctx.topology,
                                                  collective_time_s, ctx.half, ctx.rc.layers + ctx.rc.moe)
 
 
+@memoized_term(lambda ctx: (ctx.cand.tp, ctx.cand.cp, ctx.cand.dp, ctx.cand.ep, ctx.cand.etp, ctx.stage_layers))
 def expert_grad_reduce_term_s(ctx: "StepContext") -> float:
     """The term: routed-expert gradients reduced over the expert-DP group once a step."""
     c, m = ctx.cand, ctx.model

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -308,6 +310,21 @@ def rank_key(e: Estimate) -> tuple:
     return (-bucket, e.memory.total_bytes, e.candidate.tp * e.candidate.pp)
 
 
+@contextlib.contextmanager
+def _collector_paused():
+    """CPython's cyclic garbage collector off while a plan is built: the plan allocates a few hundred thousand
+    objects, none of them in a cycle (reference counting frees them), and each collection of the oldest generation
+    walks every live one (10-20% of a large plan's time: Mixtral-8x22B at 64K tokens on 1,024 H100). Back on after,
+    if it was on."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
          params: CostParams = CostParams(), allow_empty: bool = False,
          targets: Target | tuple[Target, ...] | None = None, free_best: bool = False) -> Plan:
@@ -320,6 +337,14 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     survivors are this plan's survivors plus the candidates whose first broken rule is the rampup and that pass
     every later rule and fit; ties break in enumeration order, as `plan()`'s stable sort does.
     """
+    with _collector_paused():
+        return _plan(model, cluster, training, params=params, allow_empty=allow_empty, targets=targets,
+                     free_best=free_best)
+
+
+def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, params: CostParams, allow_empty: bool,
+          targets: Target | tuple[Target, ...] | None, free_best: bool) -> Plan:
+    """`plan`'s pass, the collector paused."""
     model = prepare(model, training)
     targets = (target_of(training),) if targets is None else (targets,) if isinstance(targets, Target) \
         else tuple(targets)

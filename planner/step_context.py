@@ -4,6 +4,7 @@ that a feature module can name it without importing the cost code that builds it
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -56,6 +57,9 @@ class StepContext:
     stage_kind: str = "middle"
     """which stage the terms are of: first, middle or last (DeepSpeed's engine, `deepspeed_engine_step`; elsewhere the
     busiest, read as a middle one)"""
+    memo: dict | None = None
+    """plan()'s dict for one plan, where the terms declared with `memoized_term` keep their seconds by what they read
+    (None: each computed every time; DeepSpeed's per-stage contexts pass None)"""
 
 
 def memoized(memo: dict | None, key: tuple, compute: Callable[[], Any]) -> Any:
@@ -66,3 +70,24 @@ def memoized(memo: dict | None, key: tuple, compute: Callable[[], Any]) -> Any:
     if value is None:
         value = memo[key] = compute()
     return value
+
+
+def memoized_term(reads: Callable[["StepContext"], tuple]) -> Callable:
+    """A term's ``seconds(ctx)`` computed once per distinct ``reads(ctx)`` in ``ctx.memo`` (plan()'s dict): ``reads``
+    returns every candidate field and context value the term reads (the model, cluster, training and topology are one
+    plan's own)."""
+    def wrap(seconds: Callable[["StepContext"], float]) -> Callable[["StepContext"], float]:
+        name = seconds.__name__
+
+        @functools.wraps(seconds)
+        def term(ctx: "StepContext") -> float:
+            memo = ctx.memo
+            if memo is None:
+                return seconds(ctx)
+            key = (name, *reads(ctx))
+            value = memo.get(key)
+            if value is None:
+                value = memo[key] = seconds(ctx)
+            return value
+        return term
+    return wrap

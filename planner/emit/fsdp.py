@@ -28,12 +28,13 @@ from dataclasses import asdict, dataclass
 from planner import fsdp_parallel, recompute as recompute_modes
 from planner.emit import facts, parallel_extras
 from planner.emit.setup import NO_BUDGET, RunSetup, one_line, train_samples
+from planner.framework import TORCHTITAN_VERSIONS
 from planner.model import ModelSpec
 
 FILE_NAME = "torchtitan.toml"
 MODEL_FILE = "plantune_model.py"
 LAUNCHER = "launch_torchtitan.sh"
-TORCHTITAN_VERSION = "0.2.2"
+TORCHTITAN_VERSION = TORCHTITAN_VERSIONS[1]
 LLAMA3_FLAVORS = {"llama3-8b": "8B", "llama3-70b": "70B", "llama3-405b": "405B"}
 """plantune presets that are torchtitan's own llama3 flavors (torchtitan/models/llama3/__init__.py)"""
 CUSTOM_FLAVOR = "plantune"

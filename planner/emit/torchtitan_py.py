@@ -20,8 +20,9 @@ from planner import recompute as recompute_modes
 from planner.emit import facts, fsdp
 from planner.emit.setup import RunSetup, one_line, train_samples
 from planner.errors import InputError
+from planner.framework import TORCHTITAN_VERSIONS
 
-VERSION = "0.3.0"
+VERSION = TORCHTITAN_VERSIONS[0]
 MODULE = "plantune_torchtitan"
 FILE_NAME = f"{MODULE}.py"
 CONFIG_FN = "plantune"

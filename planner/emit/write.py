@@ -17,10 +17,9 @@ from planner.emit.plan_yaml import plan_yaml_text
 from planner.emit.setup import RunSetup, one_line, setup_problems
 from planner.errors import InputError
 from planner.files import write_files
+from planner.framework import TORCHTITAN_VERSIONS   # what ``fsdp`` writes for (re-exported)
 
 PLAN_FILE = "plan.yaml"
-TORCHTITAN_VERSIONS = (torchtitan_py.VERSION, fsdp.TORCHTITAN_VERSION)
-"""what ``fsdp`` writes for: 0.3.0 (PyPI's current, a Python config module; the default) or 0.2.2 (TOML)"""
 
 
 def render(setup: RunSetup, kind: str, *, flavor: str = "bigscience",
