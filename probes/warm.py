@@ -16,7 +16,7 @@ one-shot launcher does). The result is classified by `probes.outcome.classify` a
 
 A pool is retired -- its processes stopped, the next probe starts fresh workers -- after a probe that did not end
 cleanly (an OOM or a crash ends the failing worker and torchrun the rest; a timeout kills them), when a rank
-reports memory not released (`probes.warm_worker.RELEASE_SLACK_BYTES`), when the world size or the device kind
+reports memory not released (`RELEASE_SLACK_BYTES`), when the world size or the device kind
 changes, when it is used from another thread than the one that started it (the lifeline follows the thread),
 and at `close`. A probe stopped early (pruned) is stopped cooperatively: ``FOLDER/stop-N``, every rank leaves
 after the same step, and the pool serves the next probe; one that does not leave by the probe's deadline is
@@ -47,6 +47,12 @@ from probes.result import ProbeResult, ProbeSpec
 from probes.steps import OnStep, StepTail, StepWatch
 
 
+RELEASE_SLACK_BYTES = 256 << 20
+"""a rank whose memory after a probe's release is more than this above the pool's baseline (the level before its
+first probe) keeps something alive: the pool is retired (on CPU the resident set grew 20-27 MiB over the first
+probes of tests/test_warm.py, lazily loaded code and allocator pools; CUDA allocations go back to the baseline)"""
+
+
 def job_path(pool: Path, n: int) -> Path:
     return pool / f"job-{n}.json"
 
@@ -64,6 +70,17 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def not_released(done: list[dict]) -> str | None:
+    """Why the pool must be retired after a probe whose ranks reported ``done`` (their release records), or None
+    when every rank came back near the pool's baseline."""
+    held = [r for r in done if not r.get("released", True)]
+    if not held:
+        return None
+    worst = max(held, key=lambda r: r.get("held_bytes") or 0)
+    return (f"memory not released: rank {worst['rank']} holds {(worst.get('held_bytes') or 0) / 2**20:.0f} MiB more "
+            f"than before the pool's first probe ({worst.get('kind')})")
 
 
 class WarmPool:
@@ -162,11 +179,9 @@ class WarmPool:
         else:
             warm["release"] = [{k: r.get(k) for k in ("rank", "status", "kind", "baseline_bytes", "before_bytes",
                                                      "after_bytes", "held_bytes", "released")} for r in done]
-            held = [r for r in done if not r.get("released", True)]
+            held = not_released(done)
             if held:
-                worst = max(held, key=lambda r: r.get("held_bytes") or 0)
-                self.close(f"rank {worst['rank']} holds {(worst.get('held_bytes') or 0) / 2**20:.0f} MiB more "
-                           "than before the pool's first probe after releasing this one")
+                self.close(held)
         if self.retired is not None:
             warm["retired"] = self.retired
         ended = time.time()
@@ -237,4 +252,5 @@ class WarmWorkers:
             self.pool = None
 
 
-__all__ = ["WarmPool", "WarmWorkers", "done_path", "job_path", "stop_path", "write_atomic"]
+__all__ = ["RELEASE_SLACK_BYTES", "WarmPool", "WarmWorkers", "done_path", "job_path", "not_released", "stop_path",
+           "write_atomic"]

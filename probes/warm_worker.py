@@ -16,7 +16,7 @@ Between probes: the default process group stays (one rendezvous per pool); each 
 memory is released (garbage collected, the CUDA cache emptied, freed heap given back to the system on CPU)
 and measured: each rank writes ``POOL/done-N-rank{r}.json`` with the bytes it holds (CUDA: allocated by
 torch; CPU: resident set) before the pool's first probe, before this one, and after the release, and
-whether the release came back within `RELEASE_SLACK_BYTES` of the pool's baseline (the tuner retires the
+whether the release came back within `probes.warm.RELEASE_SLACK_BYTES` of the pool's baseline (the tuner retires the
 pool otherwise).
 
 Pruning: the tuner writes ``POOL/stop-N``; rank 0 looks after each step, the flag rides in the step's loss
@@ -50,14 +50,10 @@ from probes.memstat import current_bytes
 from probes.phases import PhaseMarks
 from probes.result import ProbeResult, ProbeSpec
 from probes.train import PG_TIMEOUT_S, Stopped, _device_of, _emit, _fail, run_probe
-from probes.warm import done_path, job_path, stop_path, write_atomic
+from probes.warm import RELEASE_SLACK_BYTES, done_path, job_path, stop_path, write_atomic
 
 JOB_POLL_S = 0.01
 """how often a waiting rank looks for its next job file"""
-RELEASE_SLACK_BYTES = 256 << 20
-"""a rank whose memory after a probe's release is more than this above the pool's baseline (the level before its
-first probe) keeps something alive: the pool is retired (CPU resident sets grow some tens of MiB with the first
-probe's lazily loaded code; CUDA allocations go back to the baseline exactly)"""
 LOG_RUN = "warm"
 """the run folder of a job's logs: out/logs/warm/attempt_0/{local_rank}/stdout.log (as torchrun's --log-dir)"""
 
@@ -205,4 +201,4 @@ def serve(pool: Path, started: float) -> None:
         n += 1
 
 
-__all__ = ["JOB_POLL_S", "RELEASE_SLACK_BYTES", "release", "serve"]
+__all__ = ["JOB_POLL_S", "release", "serve"]

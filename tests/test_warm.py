@@ -32,6 +32,16 @@ def test_the_tuner_side_imports_no_torch_and_tune_has_no_warm():
     assert not build_run_parser().parse_args(["--model", "m.yaml"]).no_warm
 
 
+def test_a_rank_holding_memory_after_its_release_retires_the_pool():
+    from probes.warm import RELEASE_SLACK_BYTES, not_released
+
+    ok = {"rank": 0, "released": True, "held_bytes": 20 << 20, "kind": "rss"}
+    assert not_released([ok, {**ok, "rank": 1}]) is None
+    leak = {"rank": 1, "released": False, "held_bytes": RELEASE_SLACK_BYTES + (300 << 20), "kind": "cuda_allocated"}
+    assert not_released([ok, leak]) == ("memory not released: rank 1 holds 556 MiB more than before the pool's "
+                                        "first probe (cuda_allocated)")
+
+
 def _pids(pool) -> set[int]:
     return {int(p.read_text()) for p in pool.folder.glob("pid-rank*")}
 
