@@ -7,7 +7,8 @@
 and writes ``probe-dir/result.json``; every rank writes ``probe-dir/pid-rank{r}`` at start and,
 when it fails, ``probe-dir/error-rank{r}.json`` (status oom | crash, message, time) for the
 launcher to pick the root cause. Processes end with ``os._exit`` right after that (see
-CPU_PROBES.md: avoids a SIGABRT in process-group teardown).
+CPU_PROBES.md: avoids a SIGABRT in process-group teardown). ``--serve DIR`` instead keeps the
+processes for probe after probe handed over in DIR (warm workers: `probes.warm_worker`).
 
 Set-up: each rank builds its stages on the meta device and materialises only its shard
 (`probes.parallel.build_stages`), makes every synthetic batch it will use on the device, and
