@@ -90,12 +90,12 @@ def test_probes_reuse_the_workers_prune_keeps_them_oom_and_crash_retire_them(tmp
         assert oom.extra["warm"]["retired"] and workers.pool is None and not no_process_left(oom)
 
         # the next probe gets fresh workers; a crash there names its rank and retires them too
-        fresh = workers.run(tiny_spec(dp=2, gas=1), nproc=2, workdir=tmp_path / "e", timeout_s=PROBE_TIMEOUT_S)
-        assert fresh.status == "ok" and fresh.extra["warm"]["reused"] is False, fresh.reason
-        assert not _pids(workers.pool) & pids
-        crash = workers.run(tiny_spec(tp=2, gas=2), nproc=2, workdir=tmp_path / "f", timeout_s=PROBE_TIMEOUT_S,
+        crash = workers.run(tiny_spec(tp=2, gas=2), nproc=2, workdir=tmp_path / "e", timeout_s=PROBE_TIMEOUT_S,
                             env={"PLANTUNE_PROBE_FAULT": "raise:1"})
         assert crash.status == "crash" and crash.root_cause_rank == 1, crash.reason
+        assert crash.extra["warm"]["reused"] is False and crash.extra["warm"]["pool"] != str(pool.folder)
+        fresh = {int(p.read_text()) for p in (tmp_path / "e").glob("pid-rank*")}
+        assert len(fresh) == 2 and not fresh & pids
         assert "injected fault" in crash.reason and workers.pool is None and not no_process_left(crash)
     finally:
         workers.close()
