@@ -18,6 +18,7 @@ from probes.extent import probe_world
 from probes.launch import run_local
 from probes.result import ProbeResult, ProbeSpec
 from probes.steps import OnStep
+from probes.warm import WarmWorkers
 
 
 class ProbeBackend(abc.ABC):
@@ -31,7 +32,8 @@ class ProbeBackend(abc.ABC):
     - an ``ok`` result has a finite step time > 0 (``step_time_median_s``), samples per second > 0, the number of
       ranks that ran (``world_size`` >= 1), its wall time (``wall_s``) and a ``device`` description;
     - any other result has a one-line ``reason``;
-    - no process it started outlives `run`.
+    - no process it started outlives `run` -- except warm workers (`LocalBackend` given `probes.warm.WarmWorkers`),
+      which serve the next probe and end at the backend's ``close``, at a failed probe, or with the tuner.
     """
 
     name = "base"
@@ -45,18 +47,30 @@ class ProbeBackend(abc.ABC):
 
 
 class LocalBackend(ProbeBackend):
-    """torchrun with ``nproc`` processes on this machine (default: the candidate's TP*CP*PP*DP)."""
+    """torchrun with ``nproc`` processes on this machine (default: the candidate's TP*CP*PP*DP).
+
+    ``warm``: run the probes in these warm workers (`probes.warm.WarmWorkers`: consecutive probes of one world size
+    share processes; ``env`` is then set per probe in the workers' environment) instead of a torchrun each."""
 
     name = "local"
     reports_steps = True
 
-    def __init__(self, nproc: int | None = None, *, env: dict | None = None) -> None:
+    def __init__(self, nproc: int | None = None, *, env: dict | None = None, warm: WarmWorkers | None = None) -> None:
         self.nproc = nproc
         self.env = dict(env or {})
+        self.warm = warm
 
     def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float, on_step: OnStep | None = None) -> ProbeResult:
         nproc = self.nproc if self.nproc is not None else probe_world(spec)
+        if self.warm is not None:
+            return self.warm.run(spec, nproc=nproc, workdir=Path(workdir), timeout_s=timeout_s, env=self.env,
+                                 on_step=on_step)
         return run_local(spec, nproc=nproc, workdir=Path(workdir), timeout_s=timeout_s, env=self.env, on_step=on_step)
+
+    def close(self) -> None:
+        """Stop the warm workers, if any."""
+        if self.warm is not None:
+            self.warm.close()
 
 
 __all__ = ["LocalBackend", "ProbeBackend"]

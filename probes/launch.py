@@ -219,7 +219,7 @@ def run_with_timeout(argv: list[str], *, env: dict[str, str], timeout_s: float, 
     return proc.returncode, timed_out, tracker
 
 
-def _collect_rank_logs(workdir: Path, log_dir: Path) -> dict[int, str]:
+def collect_rank_logs(workdir: Path, log_dir: Path) -> dict[int, str]:
     """Copy torchrun's per-rank logs to ``rank{r}.stdout`` / ``rank{r}.stderr``; the texts by rank."""
     texts: dict[int, str] = {}
     for path in sorted(log_dir.glob("*/attempt_*/*/std*.log")):
@@ -231,6 +231,29 @@ def _collect_rank_logs(workdir: Path, log_dir: Path) -> dict[int, str]:
     return texts
 
 
+def prepare_workdir(spec: ProbeSpec, workdir: Path) -> Path:
+    """``workdir`` made, cleared of an earlier probe's files (a retried trial), with ``spec.json``; its path."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("pid-rank*"), *workdir.glob("rank*.std*"),
+                  workdir / "result.json", workdir / "phase-marks.json"]:
+        stale.unlink(missing_ok=True)
+    shutil.rmtree(workdir / "logs", ignore_errors=True)
+    spec_path = workdir / "spec.json"
+    spec_path.write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True) + "\n")
+    return spec_path
+
+
+def refuse_invalid(spec: ProbeSpec, *, nproc: int, workdir: Path) -> ProbeResult | None:
+    """The ``invalid`` result (also written to result.json) of a layout ``nproc`` processes cannot run, else None."""
+    try:
+        resolve_probe(spec, world=nproc, local_world=nproc)
+    except LayoutError as err:
+        result = ProbeResult(status="invalid", reason=str(err), world_size=nproc, workdir=str(workdir), wall_s=0.0)
+        result.write(workdir / "result.json")
+        return result
+    return None
+
+
 def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, env: dict | None = None,
               on_step: OnStep | None = None) -> ProbeResult:
     """Run ``spec`` on ``nproc`` local processes; the classified `ProbeResult` (also in workdir/result.json).
@@ -239,20 +262,11 @@ def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, e
     stopped and the result is ``pruned`` (that reason, the steps seen) -- unless rank 0 had already written its
     measurement, which is then kept."""
     workdir = Path(workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
-    for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("pid-rank*"), *workdir.glob("rank*.std*"),
-                  workdir / "result.json", workdir / "phase-marks.json"]:
-        stale.unlink(missing_ok=True)
-    shutil.rmtree(workdir / "logs", ignore_errors=True)
-    spec_path = workdir / "spec.json"
-    spec_path.write_text(json.dumps(spec.to_dict(), indent=1, sort_keys=True) + "\n")
+    spec_path = prepare_workdir(spec, workdir)
     started = time.monotonic()
-    try:
-        resolve_probe(spec, world=nproc, local_world=nproc)
-    except LayoutError as err:
-        result = ProbeResult(status="invalid", reason=str(err), world_size=nproc, workdir=str(workdir), wall_s=0.0)
-        result.write(workdir / "result.json")
-        return result
+    refused = refuse_invalid(spec, nproc=nproc, workdir=workdir)
+    if refused is not None:
+        return refused
 
     log_dir = workdir / "logs"
     argv = torchrun_argv(spec_path=spec_path, out_dir=workdir, nproc=nproc, log_dir=log_dir)
@@ -269,7 +283,7 @@ def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, e
     wall_s = time.monotonic() - started
     ended = time.time()
     phases = phases_of(read_marks(workdir), spawned=spawned, stopped=tracker.stopped_at or ended, ended=ended)
-    rank_logs = _collect_rank_logs(workdir, log_dir)
+    rank_logs = collect_rank_logs(workdir, log_dir)
     left = tracker.alive()
     command.update({"pids": sorted(tracker.seen), "returncode": returncode, "timed_out": timed_out,
                     "wall_s": wall_s})
@@ -290,5 +304,5 @@ def run_local(spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, e
     return result
 
 
-__all__ = ["KILL_GRACE_S", "REPO_ROOT", "ProcessTracker", "probe_env", "run_local", "run_with_timeout", "stop_processes",
-           "torchrun_argv"]
+__all__ = ["KILL_GRACE_S", "REPO_ROOT", "ProcessTracker", "collect_rank_logs", "prepare_workdir", "probe_env",
+           "refuse_invalid", "run_local", "run_with_timeout", "stop_processes", "torchrun_argv"]

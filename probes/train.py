@@ -7,7 +7,8 @@
 and writes ``probe-dir/result.json``; every rank writes ``probe-dir/pid-rank{r}`` at start and,
 when it fails, ``probe-dir/error-rank{r}.json`` (status oom | crash, message, time) for the
 launcher to pick the root cause. Processes end with ``os._exit`` right after that (see
-CPU_PROBES.md: avoids a SIGABRT in process-group teardown).
+CPU_PROBES.md: avoids a SIGABRT in process-group teardown). ``--serve DIR`` instead keeps the
+processes for probe after probe handed over in DIR (warm workers: `probes.warm_worker`).
 
 Set-up: each rank builds its stages on the meta device and materialises only its shard
 (`probes.parallel.build_stages`), makes every synthetic batch it will use on the device, and
@@ -256,11 +257,18 @@ class Trainer:
         return torch.stack([total / lay.gas, torch.ones((), device=self.device)])
 
 
-def _global_loss(local: torch.Tensor, world: int) -> float:
-    """Mean loss over the ranks holding one (the last pipeline stage; TP ranks agree)."""
+def _global_loss(local: torch.Tensor, world: int, stop: bool = False) -> tuple[float, bool]:
+    """Mean loss over the ranks holding one (the last pipeline stage; TP ranks agree), and whether any rank asked
+    to stop (a warm worker's tuner pruned the probe: `serve`), in the same all-reduce."""
+    flag = torch.ones((1,), device=local.device) if stop else torch.zeros((1,), device=local.device)
+    local = torch.cat([local, flag])
     if world > 1:
         dist.all_reduce(local)
-    return float(local[0] / local[1])
+    return float(local[0] / local[1]), bool(local[2] > 0)
+
+
+class Stopped(Exception):
+    """The tuner stopped the probe (pruned) between two steps; every rank raises it after the same step."""
 
 
 def _slowest(times: list[float], device: torch.device, world: int) -> list[float]:
@@ -504,8 +512,19 @@ def flops_model(m, extent: ProbeExtent):
 
 
 def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, device: torch.device,
-              started: float, extent: ProbeExtent | None = None, marks: PhaseMarks | None = None) -> ProbeResult:
+              started: float, extent: ProbeExtent | None = None, marks: PhaseMarks | None = None,
+              stop=None) -> ProbeResult:
+    """``stop``: a callable rank 0 asks after each step (warm workers: the tuner's stop file); when it is true every
+    rank raises `Stopped` after that step."""
     extent = extent if extent is not None else probe_extent(spec)
+    ask = (lambda: False) if stop is None or rank != 0 else stop
+
+    def loss_of(local: torch.Tensor) -> float:
+        loss, stopped = _global_loss(local, world, ask())
+        if stopped:
+            raise Stopped()
+        return loss
+
     marks = marks if marks is not None else PhaseMarks(None)
     before: dict = {}
     if device.type == "cuda":
@@ -530,7 +549,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
     losses: list[float] = []
     step = 0
     for _ in range(spec.warmup_steps):
-        losses.append(_global_loss(trainer.step(step), world))
+        losses.append(loss_of(trainer.step(step)))
         if step == 0:
             _inject_fault(rank)
         step += 1
@@ -551,7 +570,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
             times.append(time.perf_counter() - t0)
             if rank == 0:                   # the tuner reads this as it comes (probes.steps.STEP_MARK): progress, pruning
                 print(f"[probe] step {step} {times[-1]:.6f} s", flush=True)
-            losses.append(_global_loss(local, world))
+            losses.append(loss_of(local))
             if step == 0:
                 _inject_fault(rank)
             step += 1
@@ -622,12 +641,44 @@ def _finish(code: int) -> None:
     os._exit(code)
 
 
+def _device_of(spec: ProbeSpec, local_rank: int) -> torch.device:
+    """Where this rank runs ``spec`` (set as the current CUDA device; one CPU thread unless OMP says otherwise)."""
+    if spec.device == "cuda" or (spec.device == "auto" and torch.cuda.is_available()):
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        return device
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    return torch.device("cpu")
+
+
+def _fail(err: BaseException, rank: int, out: Path) -> None:
+    """Record ``err`` for the launcher (``error-rank{r}.json``, one line on stderr) and end the process."""
+    status = "oom" if _is_oom(err) else "crash"
+    message = f"{type(err).__name__}: {err}".splitlines()[0][:500]
+    record = {"rank": rank, "status": status, "message": message, "time": time.time(),
+              "traceback": traceback.format_exc()}
+    (out / f"error-rank{rank}.json").write_text(json.dumps(record) + "\n")
+    print(f"{ERROR_PREFIX}rank {rank} {status}: {message}", file=sys.stderr)
+    traceback.print_exc()
+    _finish(1)
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.time()   # started behind a probes.lifeline: a killed torchrun (or tuner) takes it along
     parser = argparse.ArgumentParser(prog="python -m probes.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="ProbeSpec JSON file")
-    parser.add_argument("--out", required=True, help="probe folder (result.json, error and pid files)")
+    parser.add_argument("--spec", help="ProbeSpec JSON file")
+    parser.add_argument("--out", help="probe folder (result.json, error and pid files)")
+    parser.add_argument("--serve", help="warm worker: run the probes handed to this folder one after another "
+                                        "(probes.warm)")
     args = parser.parse_args(argv)
+    if args.serve:
+        from probes.warm_worker import serve
+
+        serve(Path(args.serve), started)
+        return 0
+    if not (args.spec and args.out):
+        parser.error("give --spec and --out (one probe), or --serve DIR (warm worker)")
     spec = ProbeSpec.from_dict(json.loads(Path(args.spec).read_text()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -644,28 +695,15 @@ def main(argv: list[str] | None = None) -> int:
         _finish(0)
         return 0
     try:
-        use_cuda = spec.device == "cuda" or (spec.device == "auto" and torch.cuda.is_available())
-        if use_cuda:
-            device = torch.device("cuda", local_rank)
-            torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
-            if "OMP_NUM_THREADS" not in os.environ:
-                torch.set_num_threads(1)
+        device = _device_of(spec, local_rank)
         hold("setup")
         if world > 1:
-            dist.init_process_group("nccl" if use_cuda else "gloo", timeout=timedelta(seconds=PG_TIMEOUT_S))
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                                    timeout=timedelta(seconds=PG_TIMEOUT_S))
         marks.mark("rendezvous")
         result = run_probe(spec, layout, rank, world, device, started, extent, marks)
     except Exception as err:  # noqa: BLE001 -- recorded for the launcher, then the process ends
-        status = "oom" if _is_oom(err) else "crash"
-        message = f"{type(err).__name__}: {err}".splitlines()[0][:500]
-        record = {"rank": rank, "status": status, "message": message, "time": time.time(),
-                  "traceback": traceback.format_exc()}
-        (out / f"error-rank{rank}.json").write_text(json.dumps(record) + "\n")
-        print(f"{ERROR_PREFIX}rank {rank} {status}: {message}", file=sys.stderr)
-        traceback.print_exc()
-        _finish(1)
+        _fail(err, rank, out)
         return 1
     if rank == 0:
         _emit(ProbeResult(**{**result.to_dict(), "workdir": str(out)}), out)

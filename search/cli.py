@@ -191,6 +191,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     b.add_argument("--probe-layers", type=_pos_int, help="run a reduced model of N layers (step time scaled up)")
     b.add_argument("--probe-steps", type=_pos_int, default=5, help="timed steps per probe (default 5)")
     b.add_argument("--probe-warmup", type=_nonneg_int, default=2, help="untimed steps first (default 2)")
+    b.add_argument("--no-warm", action="store_true",
+                   help="--probe train on --backend local: start each probe's own torchrun (default: consecutive "
+                        "probes of one world size reuse warm workers, fresh ones after a failure)")
     b.add_argument("--no-prune", action="store_true",
                    help="run every probe to its end (default: a probe whose timed steps are clearly behind the best "
                         "so far, by more than the step-time noise measured here, stops early and is recorded pruned)")
@@ -286,7 +289,9 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
         if args.probe != "megatron":
             return backend, None
     elif args.probe != "megatron":
-        return _local_backend(args.local_procs or cluster.gpus_per_node), None
+        backend = _local_backend(args.local_procs or cluster.gpus_per_node, warm=not args.no_warm)
+        stack.callback(backend.close)
+        return backend, None
     else:
         from probes.backend import LocalBackend
 
@@ -328,25 +333,34 @@ def _check_numbers(table) -> None:
                             "it empty")
 
 
-def _local_backend(capacity: int):
+def _local_backend(capacity: int, *, warm: bool = True):
     """LocalBackend with as many processes as the candidate needs (TP*CP*PP*DP) when this node has them, one DP
-    replica (TP*CP*PP processes, reported as reduced and projected by the probe) when only that fits."""
+    replica (TP*CP*PP processes, reported as reduced and projected by the probe) when only that fits; ``warm``:
+    consecutive probes of one world size in the same workers (probes.warm; ``close`` stops them)."""
     from probes.backend import LocalBackend, ProbeBackend
     from probes.extent import probe_world
     from probes.result import ProbeResult
+    from probes.warm import WarmWorkers
+
+    workers = WarmWorkers() if warm else None
 
     class OneNode(ProbeBackend):
         name = "local"
         reports_steps = True
 
+        def close(self) -> None:
+            if workers is not None:
+                workers.close()
+
         def run(self, spec, *, workdir, timeout_s, on_step=None):
             c = spec.candidate
             world, model_parallel = probe_world(spec), c["tp"] * c["pp"] * spec.cp
             if world <= capacity:
-                return LocalBackend(nproc=world).run(spec, workdir=workdir, timeout_s=timeout_s, on_step=on_step)
+                return LocalBackend(nproc=world, warm=workers).run(spec, workdir=workdir, timeout_s=timeout_s,
+                                                                   on_step=on_step)
             if model_parallel <= capacity:
-                return LocalBackend(nproc=model_parallel).run(spec, workdir=workdir, timeout_s=timeout_s,
-                                                              on_step=on_step)
+                return LocalBackend(nproc=model_parallel, warm=workers).run(spec, workdir=workdir,
+                                                                            timeout_s=timeout_s, on_step=on_step)
             return ProbeResult(status="invalid", wall_s=0.0, reason=(
                 f"needs TP*CP*PP = {model_parallel} processes, this node runs {capacity} (--local-procs); "
                 "probe it with --backend slurm"))
