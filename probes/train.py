@@ -74,6 +74,10 @@ from probes.result import ProbeResult, ProbeSpec
 RESULT_PREFIX = "PLANTUNE_RESULT "
 ERROR_PREFIX = "PLANTUNE_ERROR "
 MAX_MEASURE_ROUNDS = 3
+BATCH_CYCLE = 64
+"""the distinct synthetic batches a probe makes; a longer probe cycles through them (set-up time and memory stay
+bounded whatever --probe-steps: 3 x 100,000 planned steps took minutes to prepare; the token values never change a
+step's time)"""
 LEARNING_RATE = 1e-3
 DATA_STRIDES = (1, 2)
 """synthetic sequences: token[t] = (start + t * stride) % vocab, start and stride drawn per sequence"""
@@ -194,7 +198,9 @@ class Trainer:
         self.batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's inputs and targets of step ``step`` on the device (made now if not prepared)."""
+        """This rank's inputs and targets of step ``step`` on the device (made now if not prepared; steps past
+        `BATCH_CYCLE` reuse the earlier batches)."""
+        step %= BATCH_CYCLE
         if step not in self.batches:
             lay, m = self.layout, self.model
             x, y = synthetic_batch(self.spec, m.vocab, m.seq_len, lay.global_batch_run, step, self.rows)
@@ -536,7 +542,7 @@ def run_probe(spec: ProbeSpec, layout: ProbeLayout, rank: int, world: int, devic
         before["rss_start_bytes"] = None if kib is None else kib * 1024.0
     trainer = Trainer(spec, layout, rank, world, device, extent)
     planned_steps = spec.warmup_steps + spec.steps * MAX_MEASURE_ROUNDS
-    trainer.prepare_batches(range(planned_steps))       # synthetic data on the device before any timing
+    trainer.prepare_batches(range(min(planned_steps, BATCH_CYCLE)))       # synthetic data on the device before any timing
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         before["setup_allocated_bytes"] = float(torch.cuda.memory_allocated(device))

@@ -126,12 +126,33 @@ def _level(device: torch.device) -> float | None:
     return current_bytes(device)
 
 
+def _forget_meshes() -> None:
+    """Empty DTensor's caches of sharding plans. They are keyed by specs holding a DeviceMesh, and meshes compare
+    equal by shape, names and device, not by process group: the next probe's mesh of the same shape would find the
+    last probe's plans and run collectives on its destroyed groups ("Could not resolve the process group registered
+    under the name 15": tests/test_probes_parallel.py's third 4-process layout on warm workers)."""
+    try:
+        from torch.distributed.tensor import _redistribute
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+    except ImportError:
+        return
+    _clear_sharding_prop_cache()
+    for cache in (getattr(_redistribute, "_gen_transform_infos", None),):
+        if hasattr(cache, "cache_clear"):
+            cache.cache_clear()
+    clear = getattr(_redistribute, "clear_redistribute_planner_cache", None)
+    if clear is not None:
+        clear()
+
+
 def release(device: torch.device, groups_before: set) -> float | None:
-    """Destroy the probe's process groups, collect its objects, empty the caches; the bytes held afterwards."""
+    """Destroy the probe's process groups, forget the plans made on them, collect its objects, empty the caches;
+    the bytes held afterwards."""
     if dist.is_initialized():
         for pg in _groups() - groups_before:
             if pg is not dist.group.WORLD:
                 dist.destroy_process_group(pg)
+        _forget_meshes()
     gc.collect()
     if device.type == "cuda":
         torch.cuda.synchronize(device)

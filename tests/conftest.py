@@ -123,3 +123,28 @@ def slurm_cluster():
                        check=False)
         stop_local_cluster(cluster)
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def warm_run(tmp_path_factory):
+    """``warm_run(spec, nproc, workdir)``: a probe on warm workers (`probes.warm.WarmWorkers`, tune's default local
+    path), one pool per world size that the module's tests share (a torchrun per world size, not per test). At
+    the module's end the pools are closed and none of their processes is left."""
+    pytest.importorskip("torch")
+    import psutil
+
+    from probes.warm import WarmWorkers
+
+    pools: dict[int, WarmWorkers] = {}
+    root = tmp_path_factory.mktemp("warm")
+
+    def run(spec, nproc: int, workdir: Path, timeout_s: float = 300.0):
+        workers = pools.setdefault(nproc, WarmWorkers(root / f"world{nproc}"))
+        return workers.run(spec, nproc=nproc, workdir=workdir, timeout_s=timeout_s)
+
+    yield run
+    pids = sorted({p for w in pools.values() if w.pool is not None for p in w.pool.tracker.seen})
+    for w in pools.values():
+        w.close()
+    left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"warm workers left running: {left}"
