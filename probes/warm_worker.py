@@ -137,12 +137,10 @@ def _forget_meshes() -> None:
     except ImportError:
         return
     _clear_sharding_prop_cache()
-    for cache in (getattr(_redistribute, "_gen_transform_infos", None),):
-        if hasattr(cache, "cache_clear"):
-            cache.cache_clear()
-    clear = getattr(_redistribute, "clear_redistribute_planner_cache", None)
-    if clear is not None:
-        clear()
+    for clear in (getattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear", None),
+                  getattr(_redistribute, "clear_redistribute_planner_cache", None)):
+        if clear is not None:
+            clear()
 
 
 def release(device: torch.device, groups_before: set) -> float | None:
