@@ -32,6 +32,7 @@ from planner.errors import PlantuneError
 from planner.files import check_out, write_files
 
 from search._base import BackendError, TuneError
+from search.interrupts import Terminated, deferred_interrupts
 
 DB_NAME = "tune.db"
 """the SQLite file inside a study's work folder (the default storage)"""
@@ -478,17 +479,7 @@ def _calibration_problem(args: argparse.Namespace, cluster) -> str | None:
     return None
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (a SLURM time limit, `kill`): stops the tuner like Ctrl-C, recorded with its own message."""
-
-
-def _on_sigterm(signum, frame):  # noqa: ARG001
-    raise Terminated()
-
-
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    import signal
-
     import optuna
     from planner import plan
 
@@ -557,10 +548,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
               + (f"; probe folders in {workdir}" if probe.workdir else ""))
         objective = Objective(space=space, backend=backend, settings=probe, on_probe=progress.probing,
                               on_probe_end=progress.probe_ended)
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
         run_started = time.time()
         try:
-            records = run_study(study, objective, space, settings, progress)
+            with deferred_interrupts():
+                records = run_study(study, objective, space, settings, progress)
         except BackendError as err:
             progress.close()
             print(f"tune: error: {err}; the study stops (finished trials are kept in {storage}); fix it and "
@@ -573,8 +564,6 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                   f"one is recorded FAIL 'interrupted' (probed again first). Resume with:\n  {_command_line(argv)}",
                   file=sys.stderr)
             return EXIT_TERMINATED if isinstance(stop, Terminated) else EXIT_INTERRUPTED
-        finally:
-            signal.signal(signal.SIGTERM, previous)
 
     summaries = summarize(records)
     winner = best(summaries)

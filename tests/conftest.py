@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+
+# One intra-op thread for torch in the test processes and every process they start, as the probes' own workers run
+# (probes.launch.probe_env): with OpenMP's default of one thread per core, two xdist workers on 2 cores each spin two
+# threads, and a tiny model's step costs ~10x the CPU (count_step_flops: 4.7 s against 0.5 s, measured 2026-11-28).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
