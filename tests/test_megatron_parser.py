@@ -305,12 +305,14 @@ def _problems(target: str, group: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("megatron-lm-parser")   # one worker: Megatron-LM imported and every set parsed once (_parsed)
 @pytest.mark.parametrize("group", GROUPS)
 def test_megatron_lm_parses_and_validates_the_emitted_arguments(group):
     assert _problems("megatron-lm", group) == []
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("megatron-deepspeed-parser")
 # of the published config.json files the bigscience fork expresses GPT-2 alone (the rest are RMSNorm models)
 @pytest.mark.parametrize("flavor,group", [("microsoft", "cases"), ("microsoft", "survivors"),
                                           ("microsoft", "hf-configs"), ("bigscience", "cases"),

@@ -6,6 +6,7 @@ build/torchtitan-0.3.0 (TORCHTITAN3_SRC); skipped where that is not installed. N
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -24,29 +25,42 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = Path(os.environ.get("TORCHTITAN3_SRC", ROOT / "build" / "torchtitan-0.3.0"))
 INSTALLED = (SRC / "torchtitan" / "config" / "manager.py").exists()
 
-# The driver prints what torchtitan made of the job: the sections as its dataclasses hold them, the AC policy's
-# class, the model spec's flavor and the model it builds (layers, widths), or torchtitan's own error.
+# The driver imports torchtitan once and loads each job in turn (its directory first on sys.path, the previous job's
+# module forgotten), printing per job what torchtitan made of it: the sections as its dataclasses hold them, the AC
+# policy's class, the model spec's flavor and the model it builds (layers, widths), or torchtitan's own error.
 DRIVER = """
-import dataclasses, json, sys
-sys.path[:0] = [sys.argv[1], sys.argv[2]]
+import dataclasses, importlib, json, sys, traceback
+sys.path.insert(0, sys.argv[1])
 from torchtitan.config import ConfigManager
-cfg = ConfigManager().parse_args(sys.argv[3:])
-m = cfg.model_spec.model
-layer = m.layers[0]
-print(json.dumps({
-    "parallelism": dataclasses.asdict(cfg.parallelism), "training": dataclasses.asdict(cfg.training),
-    "compile": dataclasses.asdict(cfg.compile), "checkpoint": dataclasses.asdict(cfg.checkpoint),
-    "dataloader": {"type": type(cfg.dataloader).__qualname__, "dataset": cfg.dataloader.dataset,
-                   "dataset_path": cfg.dataloader.dataset_path},
-    "hf_assets_path": cfg.hf_assets_path,
-    "ac": type(cfg.activation_checkpoint).__qualname__,
-    "flavor": cfg.model_spec.flavor,
-    "model": {"layers": len(m.layers), "dim": m.dim, "vocab": m.vocab_size,
-              "ffn": layer.feed_forward.w1.out_features, "heads": layer.attention.n_heads,
-              "kv_heads": layer.attention.n_kv_heads, "eps": layer.ffn_norm.eps,
-              "rope_theta": layer.attention.rope.theta, "rope_scaling": layer.attention.rope.scaling},
-    "lr": cfg.optimizer.param_groups[0].optimizer_kwargs["lr"],
-}))
+for line in sys.stdin:
+    job = json.loads(line)
+    sys.path.insert(0, job["dir"])
+    for name in [n for n in sys.modules if n == job["module"] or n.startswith(job["module"] + ".")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+    try:
+        cfg = ConfigManager().parse_args(job["argv"])
+        m = cfg.model_spec.model
+        layer = m.layers[0]
+        out = {
+            "parallelism": dataclasses.asdict(cfg.parallelism), "training": dataclasses.asdict(cfg.training),
+            "compile": dataclasses.asdict(cfg.compile), "checkpoint": dataclasses.asdict(cfg.checkpoint),
+            "dataloader": {"type": type(cfg.dataloader).__qualname__, "dataset": cfg.dataloader.dataset,
+                           "dataset_path": cfg.dataloader.dataset_path},
+            "hf_assets_path": cfg.hf_assets_path,
+            "ac": type(cfg.activation_checkpoint).__qualname__,
+            "flavor": cfg.model_spec.flavor,
+            "model": {"layers": len(m.layers), "dim": m.dim, "vocab": m.vocab_size,
+                      "ffn": layer.feed_forward.w1.out_features, "heads": layer.attention.n_heads,
+                      "kv_heads": layer.attention.n_kv_heads, "eps": layer.ffn_norm.eps,
+                      "rope_theta": layer.attention.rope.theta, "rope_scaling": layer.attention.rope.scaling},
+            "lr": cfg.optimizer.param_groups[0].optimizer_kwargs["lr"],
+        }
+        print(json.dumps({"id": job["id"], "config": out}), flush=True)
+    except BaseException:
+        print(json.dumps({"id": job["id"], "error": traceback.format_exc()}), flush=True)
+    finally:
+        sys.path.remove(job["dir"])
 """
 
 
@@ -74,20 +88,47 @@ FP8 = _setup("llama3-8b", 8, Candidate(tp=1, pp=1, dp=8, mbs=1, gas=1, recompute
 FILLED = ["--dataloader.dataset", "c4", "--dataloader.dataset_path", "None", "--hf_assets_path", "/assets/tok"]
 
 
-def _parse(job: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", DRIVER, str(SRC), str(job), "--module", torchtitan_py.MODULE,
-                           "--config", torchtitan_py.CONFIG_FN, *overrides], capture_output=True, text=True, cwd=job)
+pytestmark = pytest.mark.xdist_group("torchtitan-0.3.0")   # one worker loads every job, importing torchtitan once
+
+JOBS = {**{name: (setup, FILLED) for name, setup in CASES.items()},
+        "unfilled": (CASES["8b-cp4-fsdp"], ()), "float8": (FP8, FILLED)}
+"""every job the module loads: its setup and the launcher's overrides (none: run without the launcher)"""
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded(root: Path) -> dict[str, dict]:
+    """Emit every job under ``root`` and load them all in one interpreter (torchtitan imported once):
+    {job: {"config": ...} or {"error": torchtitan's traceback}}."""
+    lines = []
+    for name, (setup, overrides) in JOBS.items():
+        emit(setup, "fsdp", root / name)
+        lines.append(json.dumps({"id": name, "dir": str(root / name), "module": torchtitan_py.MODULE,
+                                 "argv": ["--module", torchtitan_py.MODULE, "--config", torchtitan_py.CONFIG_FN,
+                                          *overrides]}))
+    proc = subprocess.run([sys.executable, "-c", DRIVER, str(SRC)], input="\n".join(lines) + "\n",
+                          capture_output=True, text=True, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"id"')]
+    assert [r["id"] for r in results] == list(JOBS), proc.stderr[-3000:]
+    return {r["id"]: r for r in results}
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory) -> dict[str, dict]:
+    return _loaded(tmp_path_factory.mktemp("torchtitan-jobs"))
+
+
+def _config(loaded: dict[str, dict], name: str) -> dict:
+    assert "config" in loaded[name], loaded[name].get("error", "")[-3000:]
+    return loaded[name]["config"]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not INSTALLED, reason=f"torchtitan {torchtitan_py.VERSION} not installed in {SRC} (.ci/run)")
 @pytest.mark.parametrize("name", CASES)
-def test_torchtitan_0_3_0_loads_the_emitted_job(name, tmp_path) -> None:
+def test_torchtitan_0_3_0_loads_the_emitted_job(name, loaded) -> None:
     setup = CASES[name]
-    emit(setup, "fsdp", tmp_path)
-    proc = _parse(tmp_path, *FILLED)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cfg = json.loads(proc.stdout.strip().splitlines()[-1])
+    cfg = _config(loaded, name)
     m, c, t = setup.model, setup.candidate, setup.training
     par, tr = cfg["parallelism"], cfg["training"]
     assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"]) == (
@@ -127,28 +168,23 @@ def test_torchtitan_0_3_0_loads_the_emitted_job(name, tmp_path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not INSTALLED, reason=f"torchtitan {torchtitan_py.VERSION} not installed in {SRC} (.ci/run)")
-def test_unfilled_placeholders_reach_torchtitan_as_placeholders(tmp_path) -> None:
+def test_unfilled_placeholders_reach_torchtitan_as_placeholders(loaded) -> None:
     """Run without the launcher, the module's own values are the placeholders (torchtitan cannot mistake them)."""
-    emit(CASES["8b-cp4-fsdp"], "fsdp", tmp_path)
-    proc = _parse(tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cfg = json.loads(proc.stdout.strip().splitlines()[-1])
+    cfg = _config(loaded, "unfilled")
     assert cfg["dataloader"]["dataset"] == f"{fsdp.PLACEHOLDER}DATASET"
     assert cfg["hf_assets_path"] == f"{fsdp.PLACEHOLDER}HF_ASSETS_PATH"
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not INSTALLED, reason=f"torchtitan {torchtitan_py.VERSION} not installed in {SRC} (.ci/run)")
-def test_float8_reaches_torchtitans_converter(tmp_path) -> None:
+def test_float8_reaches_torchtitans_converter(loaded, tmp_path) -> None:
     """The float8 converter is built inside the config function (torchtitan's model_registry converts the model
     config then), so on a machine without torchao and an SM89+ GPU torchtitan itself refuses at load time: the
     deepest check here is that the emitted Float8LinearConverter.Config is accepted and reaches that check."""
     emit(FP8, "fsdp", tmp_path)
     assert "Float8LinearConverter.Config(recipe_name='rowwise'" in (tmp_path / torchtitan_py.FILE_NAME).read_text()
-    proc = _parse(tmp_path, *FILLED)
-    assert proc.returncode != 0
-    assert "torchao is not installed" in proc.stderr or "float8 is only supported on" in proc.stderr, \
-        proc.stderr[-3000:]
+    error = loaded["float8"].get("error", "")
+    assert "torchao is not installed" in error or "float8 is only supported on" in error, loaded["float8"]
 
 
 def test_0_3_0_refuses_what_it_lacks() -> None:
