@@ -45,6 +45,9 @@ class TrainingSpec:
     """fraction of GPU memory kept free of the predicted total (allocator spikes, NCCL buffers)"""
     flash_attention: bool = True
     """attention without the s^2 score matrix in memory (FlashAttention; not in the BigScience fork)"""
+    attention_kernel: str = ""
+    """the attention core's kernel (planner.attention.KERNELS: fa1 | fa2 | fa3 | cudnn | fused-softmax | unfused);
+    "": what the framework runs on the GPU (planner.attention.default_kernel)"""
     train_tokens: float | None = None
     max_mbs: int = 16
     recompute_options: tuple[str, ...] = RECOMPUTE

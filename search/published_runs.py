@@ -300,6 +300,10 @@ HAGEMANN_GBS = {2048: 2048, 8192: 512}
 """seq_len -> global batch (sequences): not in the sheets; MFU x step time implies them (file header)"""
 HAGEMANN_NO_FLASH = ("torch", "fused")
 """kernel column values without FlashAttention (the others name flash_attention v1/v2)"""
+HAGEMANN_KERNELS = {"torch": "unfused", "fused": "fused-softmax", "flash_attentionv1.0.8": "fa1",
+                    "flash_attention2": "fa2"}
+"""kernel column (its attention part, before " + RMS kernel") -> planner.attention's kernel: PyTorch's softmax ops,
+Megatron's fused scale-mask-softmax, flash-attn v1.0.8, flash-attn 2"""
 HAGEMANN_FUSED_NORM = ("RMS kernel", "fused")
 """kernel column values with a fused RMSNorm kernel ("+ RMS kernel", "fused"); the others use PyTorch's"""
 HAGEMANN_RECOMPUTE = {"disabled": "none", "every_layer": "full"}
@@ -325,6 +329,7 @@ def hagemann_run(r: dict, line: int = 0) -> PublishedRun:
     model = get_preset("llama2-13b").with_overrides(name="hagemann-llama-13b", seq_len=seq, rampup=None)
     training = TrainingSpec(global_batch=gbs, seq_len=seq, precision="bf16", framework="megatron-deepspeed",
                             flavor="microsoft", flash_attention=kernel not in HAGEMANN_NO_FLASH,
+                            attention_kernel=HAGEMANN_KERNELS[kernel.split(" + ")[0]],
                             fused_norm=any(k in kernel for k in HAGEMANN_FUSED_NORM),
                             recompute_options=("none", "full"), zero_options=(1,))
     tp, pp, dp, mbs = (int(r[k]) for k in ("tp", "pp", "dp", "micro_batch"))
