@@ -59,8 +59,8 @@ def default_kernel(training: TrainingSpec, gpu: Accelerator, eager: bool) -> tup
     if training.attention_kernel:
         return training.attention_kernel, "--attention-kernel"
     if not training.flash_attention:
-        return (("unfused", "no flash attention: PyTorch softmax ops (eager)") if eager else
-                ("fused-softmax", "no flash attention: Megatron's fused scale-mask-softmax"))
+        return (("unfused", "no flash attention, eager PyTorch") if eager else
+                ("fused-softmax", "no flash attention, Megatron's kernels"))
     hopper = "fa3" in published_kernels(gpu)
     fw = training.framework
     if fw == "megatron-lm":

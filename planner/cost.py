@@ -109,6 +109,18 @@ def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | 
                        attention_efficiency=attention)
 
 
+def attention_kernel(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> tuple[str, str, str]:
+    """(kernel, why, one line for the plan's header) of the attention core this run uses (planner.attention)."""
+    fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
+    kernel, why = attention.default_kernel(training, cluster.gpu, fw.eager)
+    g = gemm_context(cluster, training, fp8.compute_precision(training.precision))
+    if g.attention_efficiency is not None:
+        return kernel, why, (f"attention: {kernel} ({attention.KERNELS[kernel]}; {why}) at "
+                             f"{g.attention_efficiency:.3g} of peak, timed by tune calibrate")
+    rate = attention.attention_rate(cluster.gpu, kernel, model)
+    return kernel, why, attention.describe(kernel, why, rate, model, training.seq_len, cluster.gpu, g.peak)
+
+
 def attention_context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, fw: Framework) -> GemmContext:
     """The attention core's rate: the 16-bit GEMMs' (Transformer Engine never runs it in FP8) with the kernel's
     published rate on this GPU (planner.attention) unless `tune calibrate` timed it here (attention_efficiency)."""

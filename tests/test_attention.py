@@ -126,3 +126,39 @@ def test_unfused_softmax_as_pytorch_ops_moves_more_than_megatrons_fused_kernel()
     eager = layer_op_list(model, cand, cluster, replace(base, attention_kernel="unfused"))
     by = {lo: {op.name: op for op in lo.ops} for lo in (fused, eager)}
     assert by[eager]["softmax_dropout"].bytes / by[fused]["softmax_dropout"].bytes == pytest.approx(17 / 9)
+
+
+def _plan(*args: str):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import HANG_GUARD_S
+    return subprocess.run([sys.executable, "-m", "planner.cli", *args], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+
+
+def test_plan_says_the_kernel_and_a_flag_overrides_it(tmp_path):
+    """The header names the kernel and its rate; --attention-kernel picks another, the emitted run launches it
+    (Megatron-LM --attention-backend fused for cuDNN) and plan.yaml keeps it; one clear line for a GPU without it."""
+    base = ("--model", "llama2-7b", "--gpus", "16", "--gpu", "H100", "--framework", "megatron-lm")
+    out = _plan(*base)
+    assert out.returncode == 0, out.stderr
+    assert "attention: cudnn (cuDNN fused attention; Megatron-LM + Transformer Engine on Hopper)" in out.stdout
+    fa2 = _plan(*base, "--attention-kernel", "fa2", "--explain", "tp=1,pp=1,dp=16,mbs=1,recompute=none",
+                "--format", "json")
+    assert fa2.returncode == 0, fa2.stderr
+    import json
+    d = json.loads(fa2.stdout)
+    assert d["attention"]["kernel"] == "fa2" and d["attention"]["why"] == "--attention-kernel"
+    emitted = _plan(*base, "--attention-kernel", "cudnn", "--emit", "megatron-lm", "--out", str(tmp_path / "run"))
+    assert emitted.returncode == 0, emitted.stderr
+    args = (tmp_path / "run" / "args.txt").read_text()
+    assert "--attention-backend\nfused" in args or "--attention-backend fused" in args
+    import yaml
+    plan_yaml = yaml.safe_load((tmp_path / "run" / "plan.yaml").read_text())
+    assert plan_yaml["plantune"]["training"]["attention_kernel"] == "cudnn"
+    again = _plan("--from", str(tmp_path / "run" / "plan.yaml"))
+    assert again.returncode == 0 and "attention: cudnn" in again.stdout and "--attention-kernel" in again.stdout
+    bad = _plan("--model", "llama2-7b", "--gpus", "16", "--gpu", "A100", "--attention-kernel", "fa3")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no FlashAttention-3 on A100-80GB" in bad.stderr
