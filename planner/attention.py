@@ -18,6 +18,7 @@ overrides it.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -77,6 +78,7 @@ def default_kernel(training: TrainingSpec, gpu: Accelerator, eager: bool) -> tup
     return "fa2", "PyTorch SDPA flash backend (FlashAttention-2)"
 
 
+@functools.lru_cache(maxsize=64)   # pure in a frozen Accelerator; asked once per op list
 def published_kernels(gpu: Accelerator) -> dict:
     """kernel -> its published table on this GPU (accelerators.yaml ``attention_tflops``; {} when none)."""
     if not gpu.attention_tflops:
@@ -162,6 +164,7 @@ def work_fraction(model: ModelSpec, causal: bool = True) -> float:
     return full / every + windowed * (1 - 1 / every) if every else windowed
 
 
+@functools.lru_cache(maxsize=256)   # pure in frozen specs; asked once per op list
 def attention_rate(gpu: Accelerator, kernel: str, model: ModelSpec, causal: bool = True) -> AttentionRate | None:
     """The fused kernel's rate on ``gpu`` (None: an unfused core, or no published rate for this GPU: the GEMM shape
     model). Published TFLOP/s / the measuring GPU's peak x (this GPU's gemm_efficiency / the measuring GPU's: the

@@ -13,6 +13,7 @@ Every figure is a dense (no sparsity) datasheet number with its source; `Acceler
 from __future__ import annotations
 
 import difflib
+import json
 import functools
 import re
 from dataclasses import dataclass, field, replace
@@ -65,7 +66,7 @@ class Accelerator:
     mx_block_scaling: bool = False
     """the tensor cores take MX block scales (OCP Microscaling: a shared E8M0 scale per 32 elements) in the GEMM
     itself: Blackwell (MXFP8 in Transformer Engine, --fp8-recipe mxfp8) and AMD CDNA4 (MI355X)"""
-    attention_tflops: tuple | None = None
+    attention_tflops: str | None = None
     """the attention core's published forward + backward rates by kernel, head dim, mask and sequence length
     (accelerators.yaml ``attention_tflops``, frozen: `freeze`); read by planner.attention; None: none published"""
     power_w: float | None = field(compare=False)
@@ -98,23 +99,15 @@ class Accelerator:
         return d
 
 
-def freeze(value: object) -> object:
-    """A YAML value as nested tuples (a mapping: sorted (key, value) pairs; a list: a tuple), hashable for the
-    frozen `Accelerator`; `thaw` reverses it."""
-    if isinstance(value, dict):
-        return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
-    if isinstance(value, list):
-        return tuple(freeze(v) for v in value)
-    return value
+def freeze(value: object) -> str | None:
+    """A YAML mapping as canonical JSON text: hashable for the frozen `Accelerator`, and a str caches its hash (a
+    ClusterSpec is hashed on every cached lookup); `thaw` reverses it."""
+    return None if value is None else json.dumps(value, sort_keys=True)
 
 
-def thaw(value: object) -> object:
-    """`freeze`'s nested tuples back as mappings and lists."""
-    if isinstance(value, tuple):
-        if value and all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in value):
-            return {k: thaw(v) for k, v in value}
-        return [thaw(v) for v in value]
-    return value
+def thaw(value: str | None) -> object:
+    """`freeze`'s text back as the mapping."""
+    return None if value is None else json.loads(value)
 
 
 # GPU YAML key -> (Accelerator field, unit the YAML number is in): one table for reading and writing
