@@ -58,7 +58,7 @@ def check_kernel(name: str, where: str = "--attention-kernel") -> str:
 def default_kernel(training: TrainingSpec, gpu: Accelerator, eager: bool) -> tuple[str, str]:
     """(kernel, why) a run uses: --attention-kernel, else what its framework runs on this GPU."""
     if training.attention_kernel:
-        return training.attention_kernel, "--attention-kernel"
+        return check_kernel(training.attention_kernel, "attention_kernel"), "--attention-kernel"
     if not training.flash_attention:
         return (("unfused", "no flash attention, eager PyTorch") if eager else
                 ("fused-softmax", "no flash attention, Megatron's kernels"))
