@@ -295,7 +295,7 @@ two scalar multiplies r2 w2 each, x + r2 r2 w2, tanh r2 w2, 1 + r2 w2, 0.5·x r2
 
 
 def eager_elementwise_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec,
-                            kernel: str = "unfused") -> dict[str, float]:
+                            kernel: str = "unfused", norm_as_ops: bool = True) -> dict[str, float]:
     """Forward HBM bytes of one layer's memory-bound ops as an eager PyTorch model runs them (torchtitan without
     torch.compile, Hugging Face modules, fms-fsdp), counted op by op from the model's facts: its norm, RoPE, GQA's
     repeat_kv copies, activation, dropout; SP (torchtitan's sequence parallel) splits the norms and residuals."""
@@ -311,7 +311,8 @@ def eager_elementwise_bytes(model: ModelSpec, cand: Candidate, training: Trainin
     activation = (EAGER_PYTHON_GELU_BYTES if model.activation_as_ops else EAGER_ACTIVATION_BYTES) \
         + (EAGER_BINARY_BYTES if model.glu else 0)
     scores = 0.0 if training.flash_attention else score_bytes(model, kernel) * b * model.heads * s * s / t
-    return {"norms": norms_per_layer * EAGER_NORM_BYTES[model.norm] * th / sp,
+    norm_bytes = EAGER_NORM_BYTES[model.norm] if norm_as_ops else EAGER_NORM_BYTES["layernorm"]   # one kernel
+    return {"norms": norms_per_layer * norm_bytes * th / sp,
             "rope": (EAGER_ROPE_BYTES * (model.q_dim + model.kv_dim) * tokens / t * model.rotary_percent
                      if model.position == "rope" else 0.0),
             "qkv_layout": layout, "softmax_dropout": scores, "residual": residual,
@@ -337,7 +338,12 @@ def layer_ops(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training:
              "fc1": gemm_op("fc1", tokens, ffn_out // t, h, g),
              "fc2": gemm_op("fc2", tokens, h, model.ffn_hidden // t, g)}
     kernel = default_kernel(training, cluster.gpu, fw.eager)[0]
-    moved = (eager_elementwise_bytes if fw.eager else fused_elementwise_bytes)(model, cand, training, kernel)
+    if fw.eager:
+        moved = eager_elementwise_bytes(model, cand, training, kernel)
+    elif training.eager_ops:   # a Megatron-style trainer with PyTorch's element-wise ops: its norms as it says
+        moved = eager_elementwise_bytes(model, cand, training, kernel, norm_as_ops=not training.fused_norm)
+    else:
+        moved = fused_elementwise_bytes(model, cand, training, kernel)
     ops = []
     for name in ("norms", "rope", "qkv", "qkv_layout", "attn_scores", "softmax_dropout", "attn_values", "proj",
                  "residual", "fc1", "mlp_act", "fc2"):

@@ -80,6 +80,10 @@ class TrainingSpec:
     optimizer_offload: float = 0.0
     """fraction of the optimizer states Megatron-LM keeps on the host (--optimizer-cpu-offload
     --optimizer-offload-fraction; `planner.offload`); 0: none"""
+    eager_ops: bool = False
+    """the element-wise ops run as PyTorch ops, one kernel each (planner.ops.eager_elementwise_bytes), under a
+    framework that would fuse them: a trainer outside plantune's emitters (Hagemann et al.'s Megatron-style one);
+    the norms follow ``fused_norm``. Eager frameworks (fsdp without torch.compile) are eager whatever it says"""
     fused_norm: bool = True
     """the norms run as one fused kernel (apex / Transformer Engine / Inductor, and every config plantune emits);
     False: PyTorch's reference RMSNorm as separate ops (--unfused-norm; Hagemann et al.'s runs without their "RMS

@@ -162,3 +162,26 @@ def test_plan_says_the_kernel_and_a_flag_overrides_it(tmp_path):
     assert again.returncode == 0 and "attention: cudnn" in again.stdout and "--attention-kernel" in again.stdout
     bad = _plan("--model", "llama2-7b", "--gpus", "16", "--gpu", "A100", "--attention-kernel", "fa3")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no FlashAttention-3 on A100-80GB" in bad.stderr
+
+
+def test_a_megatron_style_trainer_with_pytorch_element_wise_ops():
+    """TrainingSpec.eager_ops (Hagemann et al.'s trainer; Aleph Alpha's scaling runs SwiGLU as silu(x) * gate and
+    RoPE as q·cos + rotate_half(q)·sin, src/scaling/core/nn/mlp.py and rotary.py): the element-wise ops counted one
+    PyTorch op at a time, the norms as ``fused_norm`` says (one kernel: 4 bytes an element; PyTorch's RMSNorm: 36)."""
+    from planner.ops import EAGER_ACTIVATION_BYTES, EAGER_BINARY_BYTES
+    model = load_model("llama2-13b")
+    cluster = make_cluster(gpu="A100-80GB", gpus=8)
+    cand = Candidate(tp=2, pp=1, dp=4, mbs=1, gas=1, recompute="none")
+    base = TrainingSpec(global_batch=4, seq_len=4096, framework="megatron-deepspeed", flavor="microsoft",
+                        eager_ops=True)
+    tokens, th = 4096, 4096 * model.hidden
+
+    def ops(training):
+        return {op.name: op for op in layer_op_list(model, cand, cluster, training).ops}
+
+    eager, unfused_norm, fused = ops(base), ops(replace(base, fused_norm=False)), ops(replace(base, eager_ops=False))
+    assert eager["mlp_act"].bytes == (EAGER_ACTIVATION_BYTES + EAGER_BINARY_BYTES) * tokens * model.ffn_hidden / 2
+    assert eager["norms"].bytes == 2 * 4 * th
+    assert unfused_norm["norms"].bytes == 2 * 36 * th
+    assert eager["rope"].bytes > 0 and "rope" not in fused   # Megatron fuses RoPE into its layout copies
+    assert sum(o.bytes for o in eager.values()) > sum(o.bytes for o in fused.values())
