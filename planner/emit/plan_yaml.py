@@ -37,7 +37,7 @@ _SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attenti
 _TRAINING_TOP = {"global_batch", "seq_len", "precision", "rampup", "flash_attention"}
 # flavor is plantune.flavor; pins only narrow the search and mean nothing once a layout is chosen
 _TRAINING_NOT_WRITTEN = {"flavor", "pins"}
-_OPTIONAL = {"attention_kernel"}
+_OPTIONAL = {"attention_kernel", "eager_ops"}
 """plantune.training keys files written before them may lack (the TrainingSpec default applies)"""
 _TRAINING_EXTRA = tuple(f.name for f in fields(TrainingSpec) if f.name not in _TRAINING_TOP | _TRAINING_NOT_WRITTEN)
 
