@@ -193,6 +193,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
              "fused-softmax (batched GEMMs + Megatron's fused softmax), unfused (batched GEMMs + PyTorch softmax "
              "ops); default: what the framework runs on the GPU (Megatron-LM + TE: cudnn on Hopper, fa2 on Ampere; "
              "torch SDPA: fa2; Megatron-DeepSpeed: fa2 microsoft, fa1 bigscience); fused ones imply --flash-attention")
+    add("--eager-ops", action="store_true",
+        help="cost the element-wise ops (SwiGLU, RoPE, residual adds, dropout) as PyTorch ops, one kernel each, under "
+             "a Megatron framework, which fuses them; for a trainer outside plantune's emitters (Hagemann et al.'s)")
     add("--unfused-norm", action="store_true",
         help="cost the norms as PyTorch ops (Hugging Face's LlamaRMSNorm), not one fused kernel: more activation "
              "memory and HBM traffic; for a trainer outside plantune's emitters, which all fuse them")
@@ -331,7 +334,8 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         pp_schedule=getattr(args, "pp_schedule", None) or "",
                         torch_compile=bool(getattr(args, "torch_compile", False)),
                         async_tp=bool(getattr(args, "async_tp", False)),
-                        fused_norm=not getattr(args, "unfused_norm", False))
+                        fused_norm=not getattr(args, "unfused_norm", False),
+                        eager_ops=bool(getattr(args, "eager_ops", False)))
 
 
 def _overlap(text: str | None) -> tuple[str, ...] | None:
@@ -417,6 +421,7 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else "")
              + (", norms as PyTorch ops (--unfused-norm)" if not t.fused_norm else "")
+             + (", element-wise ops as PyTorch ops (--eager-ops)" if t.eager_ops else "")
              + (f", {t.optimizer_offload:g} of the optimizer on the host (--optimizer-offload)"
                 if t.optimizer_offload else ""),
              cl.network_line(),

@@ -185,3 +185,22 @@ def test_a_megatron_style_trainer_with_pytorch_element_wise_ops():
     assert unfused_norm["norms"].bytes == 2 * 36 * th
     assert eager["rope"].bytes > 0 and "rope" not in fused   # Megatron fuses RoPE into its layout copies
     assert sum(o.bytes for o in eager.values()) > sum(o.bytes for o in fused.values())
+
+
+def test_hagemann_tables_tune_flags_plan_their_kernel_and_ops():
+    """tune's flags for each of Hagemann's tables (search.published_tables) plan the kernel the sheet names and the
+    trainer's PyTorch element-wise ops, as validate.py reads the rows."""
+    from pathlib import Path
+
+    from planner.cli import build_parser, setup_from_args
+    from search.published_tables import read_tables
+
+    tables = read_tables(str(Path(__file__).resolve().parent / "data" / "hagemann_13b_dev.yaml"))
+    kernels = set()
+    for t in tables:
+        args = build_parser().parse_args(t.tune_flags("llama2-13b"))
+        _, _, training = setup_from_args(args)
+        got = (training.attention_kernel, training.eager_ops, training.fused_norm, training.flash_attention)
+        assert got == (t.training.attention_kernel, True, t.training.fused_norm, t.training.flash_attention), t.name
+        kernels.add(training.attention_kernel)
+    assert kernels == {"fa1", "fa2", "fused-softmax", "unfused"}
