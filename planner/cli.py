@@ -29,8 +29,8 @@ from typing import Callable
 
 import yaml
 
-from planner import flops, fp8, recompute as recompute_modes
-from planner.cost import RANKING_ERROR, tied
+from planner import attention, flops, fp8, recompute as recompute_modes
+from planner.cost import RANKING_ERROR, attention_kernel, tied
 from planner.errors import InputError, PlantuneError
 from planner.calibration import apply_calibration, compute_line
 from planner.files import check_out
@@ -188,6 +188,14 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
                    help="attention without the s^2 matrices (default: on except for megatron-deepspeed)")
     p.add_argument("--no-flash-attention", dest="flash_attention", action="store_false",
                    help="the opposite of --flash-attention: attention scores materialised (s^2 per head)")
+    add("--attention-kernel", choices=tuple(attention.KERNELS), default=None,
+        help="the attention core's kernel: fa1 | fa2 | fa3 (FlashAttention 1/2/3), cudnn (cuDNN fused attention), "
+             "fused-softmax (batched GEMMs + Megatron's fused softmax), unfused (batched GEMMs + PyTorch softmax "
+             "ops); default: what the framework runs on the GPU (Megatron-LM + TE: cudnn on Hopper, fa2 on Ampere; "
+             "torch SDPA: fa2; Megatron-DeepSpeed: fa2 microsoft, fa1 bigscience); fused ones imply --flash-attention")
+    add("--eager-ops", action="store_true",
+        help="cost the element-wise ops (SwiGLU, RoPE, residual adds, dropout) as PyTorch ops, one kernel each, under "
+             "a Megatron framework, which fuses them; for a trainer outside plantune's emitters (Hagemann et al.'s)")
     add("--unfused-norm", action="store_true",
         help="cost the norms as PyTorch ops (Hugging Face's LlamaRMSNorm), not one fused kernel: more activation "
              "memory and HBM traffic; for a trainer outside plantune's emitters, which all fuse them")
@@ -251,6 +259,14 @@ def choose_framework(args: argparse.Namespace, model: ModelSpec, cluster: Cluste
 
 
 def _flash_default(args: argparse.Namespace, framework: str, flavor: str) -> bool:
+    kernel = getattr(args, "attention_kernel", None)
+    if kernel:
+        fused = kernel in attention.FUSED
+        if args.flash_attention is not None and args.flash_attention != fused:
+            flag = "--flash-attention" if args.flash_attention else "--no-flash-attention"
+            raise InputError(f"{flag} contradicts --attention-kernel {kernel} ({attention.KERNELS[kernel]}); "
+                             "drop one of them")
+        return fused
     if args.flash_attention is not None:
         return args.flash_attention
     return not (framework == "megatron-deepspeed" and flavor == "bigscience")  # the BigScience fork has no flash
@@ -280,6 +296,9 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
     framework, _ = choose_framework(args, model, cluster)
     flavor = getattr(args, "emit_flavor", None) or "bigscience"
     flash = _flash_default(args, framework, flavor)
+    kernel = getattr(args, "attention_kernel", None) or ""
+    if kernel:
+        attention.require_published(cluster.gpu, kernel)
     pins = _pins(args, cluster)
     if getattr(args, "fp8_recipe", None) and precision != "fp8":
         raise InputError(f"--fp8-recipe applies to FP8 training only (precision here: {precision}); "
@@ -300,7 +319,7 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
     return TrainingSpec(global_batch=gbs, seq_len=args.seq_len or model.seq_len, precision=precision,
                         optimizer=args.optimizer, framework=framework, flavor=flavor, rampup=rampup, pins=pins,
                         memory_fraction=args.memory_fraction, memory_headroom=args.memory_headroom,
-                        flash_attention=flash, train_tokens=args.train_tokens or model.train_tokens,
+                        flash_attention=flash, attention_kernel=kernel, train_tokens=args.train_tokens or model.train_tokens,
                         max_mbs=args.max_mbs,
                         recompute_options=_split(args.recompute, str, "--recompute") or getattr(
                             args, "recompute_default", RECOMPUTE),
@@ -315,7 +334,8 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         pp_schedule=getattr(args, "pp_schedule", None) or "",
                         torch_compile=bool(getattr(args, "torch_compile", False)),
                         async_tp=bool(getattr(args, "async_tp", False)),
-                        fused_norm=not getattr(args, "unfused_norm", False))
+                        fused_norm=not getattr(args, "unfused_norm", False),
+                        eager_ops=bool(getattr(args, "eager_ops", False)))
 
 
 def _overlap(text: str | None) -> tuple[str, ...] | None:
@@ -401,10 +421,12 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              f"{t.optimizer}, global batch {t.global_batch}"
              + (f", rampup {t.rampup.start} {t.rampup.increment} {t.rampup.samples}" if t.rampup else "")
              + (", norms as PyTorch ops (--unfused-norm)" if not t.fused_norm else "")
+             + (", element-wise ops as PyTorch ops (--eager-ops)" if t.eager_ops else "")
              + (f", {t.optimizer_offload:g} of the optimizer on the host (--optimizer-offload)"
                 if t.optimizer_offload else ""),
              cl.network_line(),
              compute_line(cl, t.framework),
+             attention_kernel(m, cl, t)[2],
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
     extra = [k for k in ("cp", "ep", "etp") if any(getattr(e.candidate, k) > 1 for e in p.candidates[:top])]
@@ -436,7 +458,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
     return "\n".join(lines)
 
 
-def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | None = None) -> str:
+def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | None = None,
+                   model: ModelSpec | None = None) -> str:
     from tabulate import tabulate
 
     d = e.to_dict(detail=True)
@@ -463,6 +486,8 @@ def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | N
                    f"{d['hardware_tflops_per_gpu']:.1f}, MFU {d['mfu']:.1%}, {d['tokens_per_s']:,.0f} tokens/s")
         if training is not None:
             out.append(flops.ATTENTION_COUNT_WORDS[training.flops_attention])
+    if e.layer_ops and training is not None and model is not None:
+        out.append("\n" + attention_kernel(model, cluster, training)[2])
     if e.layer_ops:
         out.append("\nOne layer's operations (one GPU, one micro-batch; backward = 2x forward; ms; FLOPs and bytes of the "
                    "forward; a MoE model's mean layer):")
@@ -475,6 +500,12 @@ def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | N
                             headers=["op", "class", "fwd ms", "bwd ms", "recompute ms", "share", "GFLOP", "MB"],
                             floatfmt=".3f"))
     return "\n".join(out)
+
+
+def _explain_dict(est: Estimate, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> dict:
+    """`--explain --format json`: the candidate's detail and the attention kernel its op table runs."""
+    kernel, why, line = attention_kernel(model, cluster, training)
+    return est.to_dict(detail=True) | {"attention": {"kernel": kernel, "why": why, "line": line}}
 
 
 def render_savers(model, cluster: ClusterSpec, training: TrainingSpec, est: Estimate, targets) -> str:
@@ -589,8 +620,9 @@ def _from_yaml(args: argparse.Namespace) -> int:
         written = _emit(args, setup.model, setup.cluster, training, est, flavor=flavor)
         print(f"wrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}")
     if args.explain is not None or not args.emit:
-        print(_dump(est.to_dict(detail=True), args.format) if args.format in ("json", "yaml")
-              else render_explain(est, setup.cluster, training))
+        print(_dump(_explain_dict(est, setup.model, setup.cluster, training), args.format)
+              if args.format in ("json", "yaml")
+              else render_explain(est, setup.cluster, training, setup.model))
     return 0
 
 
@@ -615,9 +647,9 @@ def run(args: argparse.Namespace) -> int:
             written = _emit(args, model, cluster, training, est)
             print(f"wrote {len(written)} files to {args.out or 'run'}: {', '.join(p.name for p in written)}")
         if args.format in ("json", "yaml"):
-            print(_dump(est.to_dict(detail=True), args.format))
+            print(_dump(_explain_dict(est, model, cluster, training), args.format))
         else:
-            print(render_explain(est, cluster, training))
+            print(render_explain(est, cluster, training, model))
             print(render_savers(model, cluster, training, est, targets))
         sys.stderr.write(note)
         return 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner import context_parallel, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
+from planner import attention, context_parallel, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
 from planner.constants import RANKING_ERROR, SHARDED_OVERLAP
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
@@ -109,6 +109,28 @@ def gemm_context(cluster: ClusterSpec, training: TrainingSpec, precision: str | 
                        attention_efficiency=attention)
 
 
+def attention_kernel(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> tuple[str, str, str]:
+    """(kernel, why, one line for the plan's header) of the attention core this run uses (planner.attention)."""
+    fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
+    kernel, why = attention.default_kernel(training, cluster.gpu, fw.eager)
+    g = gemm_context(cluster, training, fp8.compute_precision(training.precision))
+    if g.attention_efficiency is not None:
+        return kernel, why, (f"attention: {kernel} ({attention.KERNELS[kernel]}; {why}) at "
+                             f"{g.attention_efficiency:.3g} of peak, timed by tune calibrate")
+    rate = attention.attention_rate(cluster.gpu, kernel, model)
+    return kernel, why, attention.describe(kernel, why, rate, model, training.seq_len, cluster.gpu, g.peak)
+
+
+def attention_context(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, fw: Framework) -> GemmContext:
+    """The attention core's rate: the 16-bit GEMMs' (Transformer Engine never runs it in FP8) with the kernel's
+    published rate on this GPU (planner.attention) unless `tune calibrate` timed it here (attention_efficiency)."""
+    g = gemm_context(cluster, training, fp8.compute_precision(training.precision))
+    if g.attention_efficiency is not None:
+        return g
+    kernel, _ = attention.default_kernel(training, cluster.gpu, fw.eager)
+    return replace(g, attention_rate=attention.attention_rate(cluster.gpu, kernel, model))
+
+
 def op_list_key(cand: Candidate) -> tuple:
     """The candidate fields `layer_op_list` reads: plan() builds one op list per distinct key."""
     return (cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp)
@@ -125,7 +147,7 @@ def layer_op_list(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     each feature: multi-latent attention, CP's ring attention, the MoE MLP, FP8's casts."""
     fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)   # torch.compile
     g = gemm_context(cluster, training)
-    g_core = gemm_context(cluster, training, fp8.compute_precision(training.precision))   # never FP8
+    g_core = attention_context(model, cluster, training, fw)
     rank = context_parallel.rank_model(model, cand.cp) if cand.cp > 1 else model   # s/CP tokens on a CP rank
     tokens = rank.seq_len * cand.mbs
     lo = ops.layer_ops(rank, cand, cluster, training, g, g_core, fw)

@@ -13,6 +13,7 @@ Every figure is a dense (no sparsity) datasheet number with its source; `Acceler
 from __future__ import annotations
 
 import difflib
+import json
 import functools
 import re
 from dataclasses import dataclass, field, replace
@@ -65,6 +66,9 @@ class Accelerator:
     mx_block_scaling: bool = False
     """the tensor cores take MX block scales (OCP Microscaling: a shared E8M0 scale per 32 elements) in the GEMM
     itself: Blackwell (MXFP8 in Transformer Engine, --fp8-recipe mxfp8) and AMD CDNA4 (MI355X)"""
+    attention_tflops: str | None = None
+    """the attention core's published forward + backward rates by kernel, head dim, mask and sequence length
+    (accelerators.yaml ``attention_tflops``, frozen: `freeze`); read by planner.attention; None: none published"""
     power_w: float | None = field(compare=False)
     aliases: tuple[str, ...] = field(compare=False)
     """other names --gpu accepts (A100 -> A100-80GB)"""
@@ -90,8 +94,20 @@ class Accelerator:
         d: dict = {"id": self.id}
         for key, (name, unit) in ACCELERATOR_KEYS.items():
             value = getattr(self, name)
-            d[key] = list(value) if isinstance(value, tuple) else value / unit if unit and value is not None else value
+            d[key] = (thaw(value) if key == "attention_tflops" else list(value) if isinstance(value, tuple)
+                      else value / unit if unit and value is not None else value)
         return d
+
+
+def freeze(value: object) -> str | None:
+    """A YAML mapping as canonical JSON text: hashable for the frozen `Accelerator`, and a str caches its hash (a
+    ClusterSpec is hashed on every cached lookup); `thaw` reverses it."""
+    return None if value is None else json.dumps(value, sort_keys=True)
+
+
+def thaw(value: str | None) -> object:
+    """`freeze`'s text back as the mapping."""
+    return None if value is None else json.loads(value)
 
 
 # GPU YAML key -> (Accelerator field, unit the YAML number is in): one table for reading and writing
@@ -103,13 +119,13 @@ ACCELERATOR_KEYS: dict[str, tuple[str, float | None]] = {
     "intra_node_link": ("intra_node_link", None), "gpus_per_node": ("gpus_per_node", None),
     "nic_gbps": ("nic_gbps", None), "nvlink_domain": ("nvlink_domain", None),
     "mx_block_scaling": ("mx_block_scaling", None), "sm_count": ("sm_count", None),
-    "gemm_efficiency": ("gemm_efficiency", None),
+    "gemm_efficiency": ("gemm_efficiency", None), "attention_tflops": ("attention_tflops", None),
     "cuda_context_gib": ("cuda_context_bytes", GiB), "power_w": ("power_w", None), "source": ("source", None),
     "aliases": ("aliases", None),
 }
 ACCELERATOR_DEFAULTS = {"bf16_tflops": None, "fp8_tflops": None, "tf32_tflops": None, "intra_node_link": "",
                         "gpus_per_node": 8, "nic_gbps": 100.0, "nvlink_domain": None, "mx_block_scaling": False,
-                        "gemm_efficiency": 0.7, "cuda_context_gib": 1.0,
+                        "gemm_efficiency": 0.7, "cuda_context_gib": 1.0, "attention_tflops": None,
                         "power_w": None, "source": "", "aliases": []}
 """what a description without ``base`` may leave out: no bf16/FP8/TF32 peak; gemm_efficiency 0.7, the H100-class
 figure (planner/accelerators.yaml says where each comes from); one 100 Gb/s NIC per GPU; a 1 GiB CUDA context"""
@@ -137,7 +153,7 @@ def accelerator_from(value: object, where: str, *, known: Mapping[str, Accelerat
     acc_id = d.get("id") or default_id
     if not acc_id:
         raise InputError(f"{where}: missing key id (text); name the accelerator, e.g. id: MY-GPU")
-    kw = {name: (tuple(fields[key]) if key == "aliases" else
+    kw = {name: (tuple(fields[key]) if key == "aliases" else freeze(fields[key]) if key == "attention_tflops" else
                  fields[key] * unit if unit and fields[key] is not None else fields[key])
           for key, (name, unit) in ACCELERATOR_KEYS.items()}
     kw["source"] = kw["source"] or (f"{where} on top of {d['base']}" if "base" in d else where)

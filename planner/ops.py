@@ -22,6 +22,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
+from planner.attention import FUSED, AttentionRate, default_kernel
 from planner.constants import DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFICIENCY, GEMM_K_HALF
 from planner.framework import Framework
 from planner.hardware import ClusterSpec
@@ -46,6 +47,10 @@ GEMM_TILE_N = 128
 # about half speed: nanoGPT (karpathy/nanoGPT model.py, "vocab_size ... padded up to nearest multiple of
 # 64 for efficiency") measured ~25% faster GPT-2 training from 50257 -> 50304, the LM head being ~30% of
 # the FLOPs (DENSE_MISALIGNED_EFFICIENCY, planner.constants); also the DeepSpeed autotuning HF GPT-2 dev tables.
+# Query rows per thread block of the flash kernels: 128 (FlashAttention-2's kBlockM for head dims up to 128 on sm80 /
+# sm90, flash-attention csrc/flash_attn/src/flash_fwd_launch_template.h; FlashAttention-3's tile is 128 x 128, Shah
+# et al. 2024 Sec. 3).
+ATTENTION_BLOCK_ROWS = 128
 TENSOR_CORE_MULTIPLE = 8
 DENSE_ALIGNMENT = 4
 # Bytes per element a norm run as PyTorch ops moves beyond the fused kernel's 2 read + 2 written (TrainingSpec
@@ -73,6 +78,9 @@ class GemmContext:
     attention_efficiency: float | None = None
     """the fused attention core's measured rate / ``peak`` in the op list's FLOPs (ClusterSpec
     .attention_efficiency, flash attention only); None: its batched GEMMs at the shape model's rate"""
+    attention_rate: AttentionRate | None = None
+    """the fused attention kernel's published rate on this GPU (planner.attention); None: an unfused core, or no
+    published rate (the batched GEMMs at the shape model's rate)"""
 
 
 def gemm_efficiency(m: int, n: int, k: int, *, batch: int, sm_count: int, base: float) -> float:
@@ -96,6 +104,14 @@ def gemm_s(m: int, n: int, k: int, g: GemmContext, batch: int = 1, attention: bo
         return 0.0
     if attention and g.attention_efficiency is not None:   # timed on this machine (tune calibrate)
         return 2.0 * m * n * k * batch / (g.peak * g.attention_efficiency)
+    if attention and g.attention_rate is not None:   # the kernel's published rate (planner.attention)
+        # QK^T is (s x d) @ (d x s), AV (s x s) @ (s x d): the head dim is k of the first, n of the second
+        head = k if m == n else n
+        # the kernel's thread blocks: one per (sequence, head, block of ATTENTION_BLOCK_ROWS queries), in waves of
+        # sm_count (Dao 2023 Sec. 3.2: parallel over batch, heads and the sequence); the papers' setup fills every wave
+        blocks = batch * math.ceil(m / ATTENTION_BLOCK_ROWS)
+        waves = blocks / (math.ceil(blocks / g.sm_count) * g.sm_count)
+        return 2.0 * m * n * k * batch / g.peak * g.attention_rate.seconds_factor(head, m) / waves
     eff = gemm_efficiency(m, n, k, batch=batch, sm_count=g.sm_count, base=g.base)
     if attention and (n % TENSOR_CORE_MULTIPLE or k % TENSOR_CORE_MULTIPLE):
         eff = min(eff, g.base) * g.cuda_core_ratio
@@ -222,7 +238,23 @@ class LayerOps:
         return rows
 
 
-def fused_elementwise_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec) -> dict[str, float]:
+FUSED_SOFTMAX_SCORE_BYTES = 9
+"""per attention score of Megatron's fused scale-mask-softmax + dropout (Korthikanti et al. 2022 Sec. 4: the scores
+read, the probabilities and the 1-byte dropout mask written, 16-bit; fused_elementwise_bytes)"""
+
+
+def score_bytes(model: ModelSpec, kernel: str) -> float:
+    """Forward HBM bytes per attention score outside the GEMMs: none in a fused kernel (planner.attention.FUSED),
+    Megatron's fused softmax (FUSED_SOFTMAX_SCORE_BYTES), or PyTorch's ops (EAGER_SCORE_BYTES, + dropout's)."""
+    if kernel in FUSED:
+        return 0.0
+    if kernel == "fused-softmax":
+        return FUSED_SOFTMAX_SCORE_BYTES
+    return EAGER_SCORE_BYTES + (EAGER_DROPOUT_BYTES if model.dropout else 0)
+
+
+def fused_elementwise_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec,
+                            kernel: str = "fused-softmax") -> dict[str, float]:
     """Forward HBM bytes of one layer's memory-bound ops as Megatron's fused kernels (and Inductor's) run them, 16-bit
     (Korthikanti et al. 2022 Sec. 4's tensors): 2 norms r/w 8·Th, 2 bias-dropout-adds 14·Th (both split by SP), Q/K/V
     and context layout copies between [s,b,a,d] and [b·a,s,d] 16·Th/t, the activation r/w 4·T·f/t (6 with GLU),
@@ -234,7 +266,8 @@ def fused_elementwise_bytes(model: ModelSpec, cand: Candidate, training: Trainin
     if not training.fused_norm:   # the norms as PyTorch ops: 32 more bytes an element than the fused kernel, each
         norms += UNFUSED_NORM_EXTRA_BYTES * 2 * th / sp
     return {"norms": norms, "qkv_layout": 16 * th / t,
-            "softmax_dropout": 0.0 if training.flash_attention else 9 * b * model.heads * s * s / t,
+            "softmax_dropout": score_bytes(model, kernel if not training.flash_attention else "fa2")
+            * b * model.heads * s * s / t,
             "residual": 14 * th / sp, "mlp_act": (6 if model.glu else 4) * tokens * model.ffn_hidden / t}
 
 
@@ -261,7 +294,8 @@ EAGER_PYTHON_GELU_BYTES = 36
 two scalar multiplies r2 w2 each, x + r2 r2 w2, tanh r2 w2, 1 + r2 w2, 0.5·x r2 w2, the product r2 r2 w2"""
 
 
-def eager_elementwise_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec) -> dict[str, float]:
+def eager_elementwise_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec,
+                            kernel: str = "unfused", norm_as_ops: bool = True) -> dict[str, float]:
     """Forward HBM bytes of one layer's memory-bound ops as an eager PyTorch model runs them (torchtitan without
     torch.compile, Hugging Face modules, fms-fsdp), counted op by op from the model's facts: its norm, RoPE, GQA's
     repeat_kv copies, activation, dropout; SP (torchtitan's sequence parallel) splits the norms and residuals."""
@@ -276,10 +310,9 @@ def eager_elementwise_bytes(model: ModelSpec, cand: Candidate, training: Trainin
                             if model.kv_heads < model.heads else 0.0)
     activation = (EAGER_PYTHON_GELU_BYTES if model.activation_as_ops else EAGER_ACTIVATION_BYTES) \
         + (EAGER_BINARY_BYTES if model.glu else 0)
-    scores = 0.0
-    if not training.flash_attention:
-        scores = (EAGER_SCORE_BYTES + (EAGER_DROPOUT_BYTES if model.dropout else 0)) * b * model.heads * s * s / t
-    return {"norms": norms_per_layer * EAGER_NORM_BYTES[model.norm] * th / sp,
+    scores = 0.0 if training.flash_attention else score_bytes(model, kernel) * b * model.heads * s * s / t
+    norm_bytes = EAGER_NORM_BYTES[model.norm] if norm_as_ops else EAGER_NORM_BYTES["layernorm"]   # one kernel
+    return {"norms": norms_per_layer * norm_bytes * th / sp,
             "rope": (EAGER_ROPE_BYTES * (model.q_dim + model.kv_dim) * tokens / t * model.rotary_percent
                      if model.position == "rope" else 0.0),
             "qkv_layout": layout, "softmax_dropout": scores, "residual": residual,
@@ -304,7 +337,13 @@ def layer_ops(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training:
              "proj": gemm_op("proj", tokens, h, model.q_dim // t, g),
              "fc1": gemm_op("fc1", tokens, ffn_out // t, h, g),
              "fc2": gemm_op("fc2", tokens, h, model.ffn_hidden // t, g)}
-    moved = (eager_elementwise_bytes if fw.eager else fused_elementwise_bytes)(model, cand, training)
+    kernel = default_kernel(training, cluster.gpu, fw.eager)[0]
+    if fw.eager:
+        moved = eager_elementwise_bytes(model, cand, training, kernel)
+    elif training.eager_ops:   # a Megatron-style trainer with PyTorch's element-wise ops: its norms as it says
+        moved = eager_elementwise_bytes(model, cand, training, kernel, norm_as_ops=not training.fused_norm)
+    else:
+        moved = fused_elementwise_bytes(model, cand, training, kernel)
     ops = []
     for name in ("norms", "rope", "qkv", "qkv_layout", "attn_scores", "softmax_dropout", "attn_values", "proj",
                  "residual", "fc1", "mlp_act", "fc2"):

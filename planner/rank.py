@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from planner import flops, recompute as recompute_modes
-from planner.cost import (CostParams, Throughput, TimeBreakdown, estimate_time, layer_op_rows, term_rows,
+from planner.cost import (CostParams, attention_kernel, Throughput, TimeBreakdown, estimate_time, layer_op_rows, term_rows,
                           throughput)
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
@@ -125,6 +125,7 @@ class Plan:
                 "seq_len": self.training.seq_len, "framework": self.training.framework,
                 "targets": [str(t) for t in self.targets],
                 "precision": self.training.precision, "flops_attention": self.training.flops_attention,
+                "attention_kernel": attention_kernel(self.model, self.cluster, self.training)[0],
                 "flops_definition": "model: 3 x forward matmuls, no recompute; hardware: with the recomputed "
                                     f"forward; {flops.ATTENTION_COUNT_WORDS[self.training.flops_attention]}",
                 "enumerated": self.total, "survivors": len(self.candidates),

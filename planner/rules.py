@@ -662,6 +662,9 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
     run_fix = "plan without --emit fsdp, or use --framework megatron-lm" if fw == "fsdp" else \
         "plan with --no-flash-attention"
     out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {run_fix}") for bad, what in cannot if bad]
+    if emit and training.eager_ops:
+        out.append(Violation(Reason.FRAMEWORK_LIMIT, f"{where} runs fused element-wise kernels, not the PyTorch ops "
+                                                     "--eager-ops costs; plan without --emit, or drop --eager-ops"))
     if emit and not training.fused_norm:
         out.append(Violation(Reason.FRAMEWORK_LIMIT, f"{where} runs fused norms, not the PyTorch ops --unfused-norm "
                                                      "costs; plan without --emit, or drop --unfused-norm"))

@@ -312,6 +312,8 @@ ACCELERATOR: dict[str, Field] = {
     "mx_block_scaling": Bool(),
     "sm_count": Int(1, 100_000),
     "gemm_efficiency": Num(0, 1, open_lo=True, what="a fraction of the dense peak in (0, 1]"),
+    "attention_tflops": Map(None, null=True, what="the attention kernels' published forward + backward TFLOP/s "
+                                                  "(planner/accelerators.yaml, A100-40GB)"),
     "cuda_context_gib": Num(0, 1024, what="GiB in [0, 1024]"),
     "power_w": Num(0, 100_000, open_lo=True, null=True),
     "source": Str(),

@@ -45,6 +45,9 @@ class TrainingSpec:
     """fraction of GPU memory kept free of the predicted total (allocator spikes, NCCL buffers)"""
     flash_attention: bool = True
     """attention without the s^2 score matrix in memory (FlashAttention; not in the BigScience fork)"""
+    attention_kernel: str = ""
+    """the attention core's kernel (planner.attention.KERNELS: fa1 | fa2 | fa3 | cudnn | fused-softmax | unfused);
+    "": what the framework runs on the GPU (planner.attention.default_kernel)"""
     train_tokens: float | None = None
     max_mbs: int = 16
     recompute_options: tuple[str, ...] = RECOMPUTE
@@ -77,6 +80,10 @@ class TrainingSpec:
     optimizer_offload: float = 0.0
     """fraction of the optimizer states Megatron-LM keeps on the host (--optimizer-cpu-offload
     --optimizer-offload-fraction; `planner.offload`); 0: none"""
+    eager_ops: bool = False
+    """the element-wise ops run as PyTorch ops, one kernel each (planner.ops.eager_elementwise_bytes), under a
+    framework that would fuse them: a trainer outside plantune's emitters (Hagemann et al.'s Megatron-style one);
+    the norms follow ``fused_norm``. Eager frameworks (fsdp without torch.compile) are eager whatever it says"""
     fused_norm: bool = True
     """the norms run as one fused kernel (apex / Transformer Engine / Inductor, and every config plantune emits);
     False: PyTorch's reference RMSNorm as separate ops (--unfused-norm; Hagemann et al.'s runs without their "RMS

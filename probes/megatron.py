@@ -340,7 +340,7 @@ class MegatronProbe(ProbeBackend):
 
     def __init__(self, command_template: str, backend: ProbeBackend, flavor: str = "bigscience", *,
                  cluster: ClusterSpec | None = None, optimizer: str = "adamw", flash_attention: bool | None = None,
-                 cwd: Path | None = None, env: Mapping[str, str] | None = None,
+                 attention_kernel: str = "", cwd: Path | None = None, env: Mapping[str, str] | None = None,
                  max_local_procs: int | None = None) -> None:
         """``cluster`` names the GPU (bf16 support, the plan's cluster); its size is replaced by the
         probe's. ``cwd``: where the command's relative paths resolve (default: the current folder).
@@ -360,6 +360,9 @@ class MegatronProbe(ProbeBackend):
         self.optimizer = optimizer
         # The bigscience fork has no FlashAttention: its probes run without, whatever the plan assumed.
         self.flash_attention = flavor != "bigscience" and (flash_attention is None or flash_attention)
+        # the plan's --attention-kernel, launched as the emitters write it (--attention-backend, --use-flash-attn-v1/v2)
+        self.attention_kernel = attention_kernel if self.flash_attention or attention_kernel not in (
+            "fa1", "fa2", "fa3", "cudnn") else ""
         self.cwd = Path(cwd or Path.cwd()).resolve()
         self.env = dict(env or {})
         self.max_local_procs = max_local_procs
@@ -394,7 +397,7 @@ class MegatronProbe(ProbeBackend):
         cluster = make_cluster(gpu=gpu, gpus_per_node=per_node, nodes=nnodes, name="probe-slice")
         training = TrainingSpec(global_batch=cand.global_batch, seq_len=model.seq_len, precision=precision,
                                 optimizer=self.optimizer, framework=self.kind,
-                                flash_attention=self.flash_attention)
+                                flash_attention=self.flash_attention, attention_kernel=self.attention_kernel)
         return RunSetup(model=model, cluster=cluster, training=training, candidate=cand)
 
     def command_for(self, setup: RunSetup, *, workdir: Path, train_iters: int) -> list[str]:

@@ -307,6 +307,7 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
     try:
         return MegatronProbe(args.command, backend, flavor=_megatron_probe_flavor(args, training), cluster=cluster,
                              optimizer=training.optimizer, flash_attention=training.flash_attention,
+                             attention_kernel=training.attention_kernel,
                              max_local_procs=local), None
     except ValueError as err:
         raise TuneError(f"--command: {err}") from None

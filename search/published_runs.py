@@ -300,6 +300,10 @@ HAGEMANN_GBS = {2048: 2048, 8192: 512}
 """seq_len -> global batch (sequences): not in the sheets; MFU x step time implies them (file header)"""
 HAGEMANN_NO_FLASH = ("torch", "fused")
 """kernel column values without FlashAttention (the others name flash_attention v1/v2)"""
+HAGEMANN_KERNELS = {"torch": "unfused", "fused": "fused-softmax", "flash_attentionv1.0.8": "fa1",
+                    "flash_attention2": "fa2"}
+"""kernel column (its attention part, before " + RMS kernel") -> planner.attention's kernel: PyTorch's softmax ops,
+Megatron's fused scale-mask-softmax, flash-attn v1.0.8, flash-attn 2"""
 HAGEMANN_FUSED_NORM = ("RMS kernel", "fused")
 """kernel column values with a fused RMSNorm kernel ("+ RMS kernel", "fused"); the others use PyTorch's"""
 HAGEMANN_RECOMPUTE = {"disabled": "none", "every_layer": "full"}
@@ -309,7 +313,10 @@ def hagemann_run(r: dict, line: int = 0) -> PublishedRun:
     """Their Megatron-style trainer holds 16-bit gradients and shards the optimizer over DP (INFERRED: Llama 13B
     at TP1 PP1 ran, which fp32 gradients, 4 bytes/param = 52 GB, beside 16-bit weights would not allow):
     planned as Megatron-DeepSpeed ZeRO-1, microsoft fork (the fork with FlashAttention). bf16; sequence
-    parallelism only where TP > 1 (it is a no-op at TP 1)."""
+    parallelism only where TP > 1 (it is a no-op at TP 1). Its element-wise ops run as PyTorch ops (eager_ops;
+    ASSUMED from Aleph Alpha's open-source successor, Aleph-Alpha/scaling: SwiGLU as silu(x) * gate in
+    src/scaling/core/nn/mlp.py, RoPE as q·cos + rotate_half(q)·sin in rotary.py), the norms one kernel only with
+    their "RMS kernel"; the attention kernel as the sheet's kernel column names it (HAGEMANN_KERNELS)."""
     seq = int(r["seq_len"])
     if seq not in HAGEMANN_GBS:
         raise ValueError(f"trial {r['trial_id']}: sequence length {seq} has no known global batch")
@@ -325,7 +332,8 @@ def hagemann_run(r: dict, line: int = 0) -> PublishedRun:
     model = get_preset("llama2-13b").with_overrides(name="hagemann-llama-13b", seq_len=seq, rampup=None)
     training = TrainingSpec(global_batch=gbs, seq_len=seq, precision="bf16", framework="megatron-deepspeed",
                             flavor="microsoft", flash_attention=kernel not in HAGEMANN_NO_FLASH,
-                            fused_norm=any(k in kernel for k in HAGEMANN_FUSED_NORM),
+                            attention_kernel=HAGEMANN_KERNELS[kernel.split(" + ")[0]],
+                            fused_norm=any(k in kernel for k in HAGEMANN_FUSED_NORM), eager_ops=True,
                             recompute_options=("none", "full"), zero_options=(1,))
     tp, pp, dp, mbs = (int(r[k]) for k in ("tp", "pp", "dp", "micro_batch"))
     cand = Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=max(1, gbs // (mbs * dp)), recompute=recompute,

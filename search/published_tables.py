@@ -63,6 +63,10 @@ class PublishedTable:
                  "--flash-attention" if t.flash_attention else "--no-flash-attention"]
         if not t.fused_norm:
             flags.append("--unfused-norm")   # Hagemann et al.'s sheets without their "RMS kernel"
+        if t.attention_kernel:
+            flags += ["--attention-kernel", t.attention_kernel]   # Hagemann's kernel column
+        if t.eager_ops:
+            flags.append("--eager-ops")   # Hagemann's trainer: element-wise ops as PyTorch ops
         if t.framework == "megatron-deepspeed":
             flags += ["--emit-flavor", t.flavor]    # the fork planned (Hagemann's: microsoft, with FlashAttention)
         return flags
@@ -141,6 +145,8 @@ def _hagemann_tables(path: str, rows: list[dict]) -> list[PublishedTable]:
                         "bf16, 16-bit gradients + ZeRO-1 (Megatron-DeepSpeed), flash attention "
                         + ("on" if t.flash_attention else "off")
                         + (", norms fused" if t.fused_norm else ", norms as PyTorch ops (no RMS kernel)")
+                        + f", attention kernel {t.attention_kernel or 'default'}"
+                        + (", element-wise ops as PyTorch ops" if t.eager_ops else "")
                         + f", inter-node {runs.HAGEMANN_GBPS:g} Gb/s (assumed)"))
     return out
 

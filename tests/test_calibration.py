@@ -46,14 +46,17 @@ def test_a_calibrated_plan_keeps_the_differences_between_micro_batch_sizes(tmp_p
                                                        "measurements": {"matmul": _rows(cluster, 0.6)}}))
     assert cal.matmul_efficiency == pytest.approx(0.6)
     training = TrainingSpec(global_batch=8, seq_len=model.seq_len)
-    per_token = {}
+    per_token, uncalibrated = {}, {}
     for mbs in (1, 2, 4, 8):
         cand = Candidate(tp=1, pp=1, dp=1, mbs=mbs, gas=8 // mbs, recompute="full")
         before = layer_compute_s(model, cand, cluster, training)[1] / mbs
         after = layer_compute_s(model, cand, cal, training)[1] / mbs
-        per_token[mbs] = after
+        per_token[mbs], uncalibrated[mbs] = after, before
         assert after == pytest.approx(before * 0.7 / 0.6, rel=0.08)   # GEMM-bound: catalog 0.7 -> 0.6
-    assert len({round(v, 9) for v in per_token.values()}) == 4
+    # the shapes that differ uncalibrated differ calibrated (the attention core runs at its kernel's published rate,
+    # planner.attention, so MBS 4 and 8 may tie on both)
+    distinct = len({round(v, 9) for v in per_token.values()})
+    assert distinct == len({round(v, 9) for v in uncalibrated.values()}) >= 3
 
 
 def test_a_file_without_timed_shapes_gives_its_efficiency_as_the_base(tmp_path):

@@ -167,6 +167,11 @@ def test_probe_args_are_the_emitters_probe_variant(tmp_path):
     ms = MegatronProbe(f"python {FAKE} {{args}}", LocalBackend(nproc=2), "microsoft")
     ms_setup = ms.probe_setup(model, cand, precision="bf16", procs=2)
     assert ("--use-flash-attn-v2",) in probe_args(ms_setup, "microsoft", train_iters=7, ds_config_path=tmp_path)
+    # the plan's --attention-kernel fa1 reaches the probe's arguments (Megatron-DeepSpeed's flash-attn v1 flag)
+    fa1 = MegatronProbe(f"python {FAKE} {{args}}", LocalBackend(nproc=2), "microsoft", attention_kernel="fa1")
+    fa1_args = probe_args(fa1.probe_setup(model, cand, precision="bf16", procs=2), "microsoft", train_iters=7,
+                          ds_config_path=tmp_path)
+    assert ("--use-flash-attn-v1",) in fa1_args and ("--use-flash-attn-v2",) not in fa1_args
 
 
 def test_megatron_lm_probes_run_plan_emit_megatron_lms_arguments(tmp_path):

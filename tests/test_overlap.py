@@ -74,14 +74,15 @@ def test_p2p_hides_only_in_the_interleaved_schedule():
 
 
 def test_the_bridge_70b_row_is_closer_with_the_overlaps_its_recipe_runs():
-    """Published 1602 tokens/s per GPU: without overlap plan predicts 0.81 of it (issue 19); with the DP and p2p
-    overlaps (and TP comm overlap, which Bridge's H100 perf recipes run with userbuffers) closer to 1."""
+    """Published 1602 tokens/s per GPU: without overlap plan predicts 0.85 of it (0.81 in issue 19, before the
+    attention core ran at cuDNN's published rate, planner.attention); with the DP and p2p overlaps (and TP comm
+    overlap, which Bridge's H100 perf recipes run with userbuffers) closer to 1."""
     ratios = {}
     for name, overlap in (("none", ()), ("default", None), ("all", ("grad-reduce", "param-gather", "tp-comm", "p2p"))):
         e = estimate(MODEL, CLUSTER, replace(BASE, overlap=overlap), BRIDGE_70B)
         ratios[name] = e.throughput.tokens_per_s / CLUSTER.world_size / BRIDGE_70B_TOKENS_PER_GPU
     assert ratios["none"] < ratios["default"] < ratios["all"] <= 1.05
-    assert ratios["none"] == pytest.approx(0.81, abs=0.02)
+    assert ratios["none"] == pytest.approx(0.85, abs=0.02)
     assert ratios["default"] > 0.84
 
 

@@ -100,8 +100,8 @@ def megatron_args(setup: RunSetup, flavor: str) -> list[Arg]:
         args.append(("--checkpoint-activations",))
     elif c.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
-    if flavor == "microsoft" and t.flash_attention:
-        args.append(("--use-flash-attn-v2",))
+    if flavor == "microsoft" and t.flash_attention:   # Megatron-DeepSpeed arguments.py: v1 (flash-attn 1.x) or v2
+        args.append(("--use-flash-attn-v1",) if t.attention_kernel == "fa1" else ("--use-flash-attn-v2",))
     args += [("--deepspeed",), ("--deepspeed_config", DS_CONFIG_NAME),
              ("--zero-stage", str(json_zero_stage(setup, flavor)))]
     if c.recompute == "full":

@@ -77,7 +77,10 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
         args.append(("--untie-embeddings-and-output-weights",))
     if not m.bias:
         args.append(("--disable-bias-linear",))
-    args.append(("--attention-backend", "flash" if t.flash_attention else "unfused"))
+    # Megatron-Core's AttnBackend (transformer/enums.py): flash (flash-attn / FA3 through TE), fused (TE's cuDNN
+    # FusedAttention), unfused (its own core attention with the fused softmax); "" (not pinned): flash when fused
+    backend = {"cudnn": "fused", "fused-softmax": "unfused", "unfused": "unfused"}.get(t.attention_kernel)
+    args.append(("--attention-backend", backend or ("flash" if t.flash_attention else "unfused")))
     args += [("--tensor-model-parallel-size", str(c.tp)), ("--pipeline-model-parallel-size", str(c.pp))]
     split = megatron_lm_split(m.layers, c.pp, c.vpp, m.mtp_layers)   # the rulebook's split: exactly its flags
     if m.mtp_layers:   # DeepSeek-V3's multi-token prediction modules (Megatron-Core multi_token_prediction.py)

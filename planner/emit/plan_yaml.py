@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from planner import recompute as recompute_modes
+from planner.attention import check_kernel
 from planner.errors import InputError, PlantuneError
 from planner.files import read_mapping
 from planner.hardware import accelerator_from, accelerator_ref, make_cluster
@@ -36,6 +37,8 @@ _SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attenti
 _TRAINING_TOP = {"global_batch", "seq_len", "precision", "rampup", "flash_attention"}
 # flavor is plantune.flavor; pins only narrow the search and mean nothing once a layout is chosen
 _TRAINING_NOT_WRITTEN = {"flavor", "pins"}
+_OPTIONAL = {"attention_kernel", "eager_ops"}
+"""plantune.training keys files written before them may lack (the TrainingSpec default applies)"""
 _TRAINING_EXTRA = tuple(f.name for f in fields(TrainingSpec) if f.name not in _TRAINING_TOP | _TRAINING_NOT_WRITTEN)
 
 
@@ -190,7 +193,7 @@ def plan_yaml_dict(setup: RunSetup, *, kind: str = "megatron-deepspeed", flavor:
             "recompute": c.recompute,
             "model": model_rest,
             "training": {k: list(v) if isinstance(v, tuple) else v
-                         for k in _TRAINING_EXTRA for v in [getattr(t, k)]},
+                         for k in _TRAINING_EXTRA for v in [getattr(t, k)] if k not in _OPTIONAL or v},
             "cluster": _cluster_dict(setup),
             "prediction": ({f.name: getattr(setup.prediction, f.name) for f in fields(Prediction)}
                            if setup.prediction else None),
@@ -269,8 +272,10 @@ def load_plan_yaml(path: Path) -> RunSetup:
             precision="fp8" if _need(d, "fp8", "", (str, type(None)), path) else "bf16" if bf16 else "fp16" if fp16
             else "fp32", rampup=rampup,
             flash_attention=_need(d, "use_flash_attn", "", bool, path),
-            **{k: tuple(v) if isinstance(v, list) else v for k in _TRAINING_EXTRA
+            **{k: tuple(v) if isinstance(v, list) else v for k in _TRAINING_EXTRA if k in pt or k not in _OPTIONAL
                for v in [_need(pt, k, "plantune.training.", (str, int, float, bool, list, type(None)), path)]})
+        if training.attention_kernel:
+            check_kernel(training.attention_kernel, f"plan file {path}: plantune.training.attention_kernel")
         samples = _need(d, "train_samples", "", (int, type(None)), path)
         if samples != train_samples(training):
             raise InputError(f"plan file {path}: train_samples {samples} disagrees with plantune.training.train_tokens"
