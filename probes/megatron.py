@@ -197,12 +197,16 @@ def parse_log(text: str) -> MegatronLog:
 
 # -- the command ------------------------------------------------------------------------------------
 
-def split_template(template: str) -> list[str]:
-    """``shlex.split`` of the user's command; ValueError unless ``{args}`` stands alone in it."""
-    try:
-        tokens = shlex.split(template)
-    except ValueError as err:
-        raise ValueError(f"--command: {err} in {template!r}") from None
+def split_template(template: str | Sequence[str]) -> list[str]:
+    """``shlex.split`` of the user's command (an argument list is taken as it is); ValueError unless ``{args}``
+    stands alone in it."""
+    if isinstance(template, str):
+        try:
+            tokens = shlex.split(template)
+        except ValueError as err:
+            raise ValueError(f"--command: {err} in {template!r}") from None
+    else:
+        tokens = [str(t) for t in template]
     if "{args}" not in tokens:
         raise ValueError("--command must contain {args} as a separate word, where plantune's Megatron arguments "
                          "go, e.g. \"python pretrain_gpt.py {args} --data-path ...\"")
@@ -338,7 +342,7 @@ class MegatronProbe(ProbeBackend):
 
     name = "megatron"
 
-    def __init__(self, command_template: str, backend: ProbeBackend, flavor: str = "bigscience", *,
+    def __init__(self, command_template: str | Sequence[str], backend: ProbeBackend, flavor: str = "bigscience", *,
                  cluster: ClusterSpec | None = None, optimizer: str = "adamw", flash_attention: bool | None = None,
                  cwd: Path | None = None, env: Mapping[str, str] | None = None,
                  max_local_procs: int | None = None) -> None:
@@ -411,6 +415,18 @@ class MegatronProbe(ProbeBackend):
                   "world": str(setup.candidate.world), "train_iters": str(train_iters), "workdir": str(workdir)}
         return render_command(self.tokens, values)
 
+    def run_cwd(self, workdir: Path) -> Path:  # noqa: ARG002
+        """Where the command runs: ``cwd`` (a probe of another framework may run in its trial folder)."""
+        return self.cwd
+
+    def parse(self, text: str, setup: RunSetup) -> MegatronLog:  # noqa: ARG002
+        """The run's output read as iteration and memory lines (Megatron's three formats)."""
+        return parse_log(text)
+
+    def problems(self, setup: RunSetup) -> list[str]:
+        """What keeps the framework from running ``setup`` (the rulebook's reasons, each with its fix)."""
+        return setup_problems(setup, self.kind, self.flavor)
+
     # -- ProbeBackend ---------------------------------------------------------------------------------
     def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
         """``spec.warmup_steps`` + ``spec.steps`` iterations of the user's command for ``spec.candidate``."""
@@ -435,7 +451,7 @@ class MegatronProbe(ProbeBackend):
             setup = self.probe_setup(model, candidate, precision=precision, procs=procs)
         except ValueError as err:
             return finish(ProbeResult(status="invalid", reason=str(err), world_size=procs, workdir=str(workdir)))
-        problems = setup_problems(setup, self.kind, self.flavor)
+        problems = self.problems(setup)
         if problems:
             return finish(ProbeResult(status="invalid", reason="; ".join(problems), world_size=setup.candidate.world,
                                       workdir=str(workdir)))
@@ -445,14 +461,15 @@ class MegatronProbe(ProbeBackend):
         world = setup.candidate.world
         run_command = getattr(self.backend, "run_command", None)
         if run_command is not None:
-            step = run_command(worker, procs=world, workdir=workdir, timeout_s=timeout_s, env=self.env, cwd=self.cwd)
+            step = run_command(worker, procs=world, workdir=workdir, timeout_s=timeout_s, env=self.env,
+                               cwd=self.run_cwd(workdir))
             if step is None:
                 return finish(ProbeResult(status="invalid", reason=f"{world} ranks do not fit on the backend's nodes",
                                           world_size=world, workdir=str(workdir)))
         else:  # any other backend (LocalBackend, a wrapper of it) means this machine
             local_env = {**getattr(self.backend, "env", {}), **self.env}
-            step = run_local_command(worker, procs=world, workdir=workdir, timeout_s=timeout_s, cwd=self.cwd,
-                                     env=local_env)
+            step = run_local_command(worker, procs=world, workdir=workdir, timeout_s=timeout_s,
+                                     cwd=self.run_cwd(workdir), env=local_env)
         result = self._result(step, setup, workdir=workdir, timeout_s=timeout_s, warmup_iters=warmup_iters,
                               reduced=setup.candidate.dp != candidate.dp, max_cv=max_cv, full=candidate)
         record = getattr(self.backend, "record", None)
@@ -463,7 +480,7 @@ class MegatronProbe(ProbeBackend):
     def _result(self, step: StepOutcome, setup: RunSetup, *, workdir: Path, timeout_s: float, warmup_iters: int,
                 reduced: bool, max_cv: float, full: Candidate | None = None) -> ProbeResult:
         text = step.stdout + "\n" + step.stderr + "\n" + "\n".join(step.rank_logs.values())
-        log = parse_log(text)
+        log = self.parse(text, setup)
         c = setup.candidate
         fields = summarize(log, model=setup.model, candidate=c, global_batch=setup.training.global_batch,
                            world=step.world, warmup_iters=warmup_iters, max_cv=max_cv)
