@@ -317,6 +317,16 @@ def summarize(log: MegatronLog, *, model: ModelSpec, candidate: Candidate, globa
     return out
 
 
+def log_phases(log: MegatronLog, *, warmup_iters: int, wall_s: float) -> dict[str, float]:
+    """Seconds of a framework probe by phase, as far as its log tells: the warm-up and the timed iterations (the
+    framework's own step times) and the rest of the wall time as ``other`` (launch, imports, process groups, model
+    build and exit, which the log does not separate; search.accounting's column for unsplit time)."""
+    warmup = sum(it.step_time_s for it in log.iterations[:warmup_iters])
+    steps = sum(it.step_time_s for it in log.iterations[warmup_iters:])
+    out = {"warmup": warmup, "steps": steps, "other": max(wall_s - warmup - steps, 0.0)}
+    return {k: v for k, v in out.items() if v > 0}
+
+
 def project_replica(model: ModelSpec, full: Candidate, step_s: float) -> dict:
     """The full candidate from a run of fewer DP replicas with the same MBS and GAS: each replica does the
     same work per step, so the step time carries over under perfect data-parallel scaling (the torch probe's
@@ -485,7 +495,8 @@ class MegatronProbe(ProbeBackend):
         fields = summarize(log, model=setup.model, candidate=c, global_batch=setup.training.global_batch,
                            world=step.world, warmup_iters=warmup_iters, max_cv=max_cv)
         common = {"world_size": step.world, "wall_s": step.wall_s, "workdir": str(workdir), "reduced": reduced,
-                  "device": f"{setup.cluster.gpu.id} x {step.world}"}
+                  "device": f"{setup.cluster.gpu.id} x {step.world}",
+                  "phases": log_phases(log, warmup_iters=warmup_iters, wall_s=step.wall_s)}
         extra = {**fields.pop("extra", {}), "hosts": list(step.hosts), "returncode": step.returncode,
                  "flavor": self.flavor, "layout": c.label(), "flash_attention": setup.training.flash_attention}
         if step.job_id:

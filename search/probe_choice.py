@@ -181,8 +181,9 @@ def _choose_megatron(framework: str, program: str, flavor: str, *, device: str, 
     script = root / SCRIPT if root is not None else None
     if script is None or not script.is_file():
         found = "" if root is None else f" (the megatron package at {root} has no {SCRIPT} beside it)"
-        return _stand_in(f"{DESCRIPTION[program]} not found{found}: give --megatron-path DIR (the checkout holding "
-                         f"{SCRIPT}) or --command")
+        how = (f"give --megatron-path DIR (the checkout holding {SCRIPT}) or --command" if framework == MEGATRON_LM
+               else f"give --command \"python {SCRIPT} {{args}} --data-path PREFIX\" to probe with it")
+        return _stand_in(f"{DESCRIPTION[program]} not found{found}: {how}")
     if framework != MEGATRON_LM:
         return _stand_in(f"Megatron-DeepSpeed found at {root}, but its {SCRIPT} needs your dataset: give --command "
                          f"\"python {script} {{args}} --data-path PREFIX\"")
