@@ -110,9 +110,9 @@ class TorchtitanProbe(MegatronProbe):
 
     def __init__(self, backend: ProbeBackend, *, version: str = torchtitan_py.VERSION,
                  cluster: ClusterSpec | None = None, training: TrainingSpec | None = None,
-                 max_local_procs: int | None = None) -> None:
+                 max_local_procs: int | None = None, env: dict[str, str] | None = None) -> None:
         """``training``: the plan's TrainingSpec (precision, optimizer, FP8, compile: what the emitted job says);
-        its batch is the candidate's."""
+        its batch is the candidate's. ``env``: environment overrides for the workers (e.g. a PYTHONPATH)."""
         if version != torchtitan_py.VERSION:
             raise ValueError(f"the torchtitan probe runs torchtitan {torchtitan_py.VERSION}'s Python config, not "
                              f"{version}'s")
@@ -125,7 +125,7 @@ class TorchtitanProbe(MegatronProbe):
         self.optimizer = training.optimizer if training else "adamw"
         self.flash_attention = training.flash_attention if training else None
         self.cwd = Path.cwd().resolve()
-        self.env: dict[str, str] = {}
+        self.env = dict(env or {})
         self.max_local_procs = max_local_procs
 
     def procs_for(self, candidate: Candidate) -> int:
