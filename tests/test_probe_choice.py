@@ -221,3 +221,15 @@ def test_the_probe_module_loads_in_torchtitan_and_its_mock_data_batches(tmp_path
                    "steps": 7, "log_freq": 1, "checkpoint": False, "tensorboard": False,
                    "dump": str(job / "outputs"), "layers": 2, "dim": 64, "shard": 2, "input": [2, 32],
                    "positions": [2, 32], "labels": [2, 32], "shifted": True, "in_vocab": True}
+
+
+def test_the_live_line_names_the_program():
+    import io
+
+    from search.progress import Progress
+
+    out = io.StringIO()
+    p = Progress(total=4, budget_s=None, stream=out, planned=4, log_every_s=3600.0, program="torchtitan")
+    p.probing(7, "tp=1,pp=1,dp=2,mbs=4,gas=1,recompute=none,zero=3", timeout_s=600.0)
+    p.probe_ended()
+    assert ": trial 7 tp=1,pp=1,dp=2,mbs=4" in out.getvalue() and out.getvalue().rstrip().endswith(" by torchtitan")
