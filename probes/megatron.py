@@ -356,8 +356,9 @@ class MegatronProbe(ProbeBackend):
                  cluster: ClusterSpec | None = None, optimizer: str = "adamw", flash_attention: bool | None = None,
                  cwd: Path | None = None, env: Mapping[str, str] | None = None,
                  max_local_procs: int | None = None) -> None:
-        """``cluster`` names the GPU (bf16 support, the plan's cluster); its size is replaced by the
-        probe's. ``cwd``: where the command's relative paths resolve (default: the current folder).
+        """``command_template``: the user's command line (split with `shlex`, no shell) or an argument list
+        (search.probe_choice's Megatron-LM command). ``cluster`` names the GPU (bf16 support, the plan's cluster);
+        its size is replaced by the probe's. ``cwd``: where the command's relative paths resolve (default: the current folder).
         ``backend``: SlurmBackend (or anything with ``run_command``) runs on its slices; any other
         backend means this machine, with ``max_local_procs`` processes at most (one DP replica
         when the candidate needs more)."""

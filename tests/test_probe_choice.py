@@ -202,7 +202,8 @@ def test_the_probe_module_loads_in_torchtitan_and_its_mock_data_batches(tmp_path
 
     model_file = tmp_path / "tinyl.yaml"
     model_file.write_text("name: tinyl\nlayers: 2\nhidden: 64\nheads: 4\nkv_heads: 4\nffn_hidden: 192\nvocab: 256\n"
-                          "seq_len: 32\ntied_embeddings: false\nnorm: rmsnorm\nposition: rope\nbias: false\nglu: true\n")
+                          "seq_len: 32\ntied_embeddings: false\nnorm: rmsnorm\nposition: rope\nbias: false\n"
+                          "glu: true\n")
     model = load_model(str(model_file))
     cand = Candidate(tp=1, pp=1, dp=2, mbs=2, gas=2, recompute="none", zero=3)
     probe = TorchtitanProbe(object(), cluster=make_cluster(gpu="CPU", gpus=2, gpus_per_node=2),
