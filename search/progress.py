@@ -98,6 +98,25 @@ def last_step_time(workdir: Path | None) -> tuple[int, float] | None:
                     return int(step), float(seconds)
                 except ValueError:
                     break
+    return _last_framework_step(Path(workdir) / "torchrun.stdout")
+
+
+def _last_framework_step(log: Path) -> tuple[int, float] | None:
+    """(iteration, seconds) of the latest iteration line a Megatron probe printed (probes.megatron: torchrun's
+    ``--tee`` output in the probe folder), or None."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8192))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    from probes.megatron import parse_iteration_line
+
+    for line in reversed(tail.splitlines()):
+        it = parse_iteration_line(line)
+        if it is not None:
+            return it.iteration, it.step_time_s
     return None
 
 

@@ -234,3 +234,14 @@ def test_the_live_line_names_the_program():
     p.probing(7, "tp=1,pp=1,dp=2,mbs=4,gas=1,recompute=none,zero=3", timeout_s=600.0)
     p.probe_ended()
     assert ": trial 7 tp=1,pp=1,dp=2,mbs=4" in out.getvalue() and out.getvalue().rstrip().endswith(" by torchtitan")
+
+
+def test_the_live_line_reads_a_megatron_probes_latest_iteration(tmp_path):
+    from search.progress import last_step_time
+
+    assert last_step_time(tmp_path) is None
+    (tmp_path / "torchrun.stdout").write_text(
+        "[default1]: iteration        2/       5 | consumed samples: 16 | elapsed time per iteration (ms): 812.5 |\n"
+        "[default1]: iteration        3/       5 | consumed samples: 24 | elapsed time per iteration (ms): 790.0 |\n"
+        "[default0]:[Rank 0] (after 3 iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0 |\n")
+    assert last_step_time(tmp_path) == (3, pytest.approx(0.79))
