@@ -197,12 +197,16 @@ def parse_log(text: str) -> MegatronLog:
 
 # -- the command ------------------------------------------------------------------------------------
 
-def split_template(template: str) -> list[str]:
-    """``shlex.split`` of the user's command; ValueError unless ``{args}`` stands alone in it."""
-    try:
-        tokens = shlex.split(template)
-    except ValueError as err:
-        raise ValueError(f"--command: {err} in {template!r}") from None
+def split_template(template: str | Sequence[str]) -> list[str]:
+    """``shlex.split`` of the user's command (an argument list is taken as it is); ValueError unless ``{args}``
+    stands alone in it."""
+    if isinstance(template, str):
+        try:
+            tokens = shlex.split(template)
+        except ValueError as err:
+            raise ValueError(f"--command: {err} in {template!r}") from None
+    else:
+        tokens = [str(t) for t in template]
     if "{args}" not in tokens:
         raise ValueError("--command must contain {args} as a separate word, where plantune's Megatron arguments "
                          "go, e.g. \"python pretrain_gpt.py {args} --data-path ...\"")
@@ -313,6 +317,16 @@ def summarize(log: MegatronLog, *, model: ModelSpec, candidate: Candidate, globa
     return out
 
 
+def log_phases(log: MegatronLog, *, warmup_iters: int, wall_s: float) -> dict[str, float]:
+    """Seconds of a framework probe by phase, as far as its log tells: the warm-up and the timed iterations (the
+    framework's own step times) and the rest of the wall time as ``other`` (launch, imports, process groups, model
+    build and exit, which the log does not separate; search.accounting's column for unsplit time)."""
+    warmup = sum(it.step_time_s for it in log.iterations[:warmup_iters])
+    steps = sum(it.step_time_s for it in log.iterations[warmup_iters:])
+    out = {"warmup": warmup, "steps": steps, "other": max(wall_s - warmup - steps, 0.0)}
+    return {k: v for k, v in out.items() if v > 0}
+
+
 def project_replica(model: ModelSpec, full: Candidate, step_s: float) -> dict:
     """The full candidate from a run of fewer DP replicas with the same MBS and GAS: each replica does the
     same work per step, so the step time carries over under perfect data-parallel scaling (the torch probe's
@@ -338,12 +352,13 @@ class MegatronProbe(ProbeBackend):
 
     name = "megatron"
 
-    def __init__(self, command_template: str, backend: ProbeBackend, flavor: str = "bigscience", *,
+    def __init__(self, command_template: str | Sequence[str], backend: ProbeBackend, flavor: str = "bigscience", *,
                  cluster: ClusterSpec | None = None, optimizer: str = "adamw", flash_attention: bool | None = None,
                  attention_kernel: str = "", cwd: Path | None = None, env: Mapping[str, str] | None = None,
                  max_local_procs: int | None = None) -> None:
-        """``cluster`` names the GPU (bf16 support, the plan's cluster); its size is replaced by the
-        probe's. ``cwd``: where the command's relative paths resolve (default: the current folder).
+        """``command_template``: the user's command line (split with `shlex`, no shell) or an argument list
+        (search.probe_choice's Megatron-LM command). ``cluster`` names the GPU (bf16 support, the plan's cluster);
+        its size is replaced by the probe's. ``cwd``: where the command's relative paths resolve (default: the current folder).
         ``backend``: SlurmBackend (or anything with ``run_command``) runs on its slices; any other
         backend means this machine, with ``max_local_procs`` processes at most (one DP replica
         when the candidate needs more)."""
@@ -414,6 +429,18 @@ class MegatronProbe(ProbeBackend):
                   "world": str(setup.candidate.world), "train_iters": str(train_iters), "workdir": str(workdir)}
         return render_command(self.tokens, values)
 
+    def run_cwd(self, workdir: Path) -> Path:  # noqa: ARG002
+        """Where the command runs: ``cwd`` (a probe of another framework may run in its trial folder)."""
+        return self.cwd
+
+    def parse(self, text: str, setup: RunSetup) -> MegatronLog:  # noqa: ARG002
+        """The run's output read as iteration and memory lines (Megatron's three formats)."""
+        return parse_log(text)
+
+    def problems(self, setup: RunSetup) -> list[str]:
+        """What keeps the framework from running ``setup`` (the rulebook's reasons, each with its fix)."""
+        return setup_problems(setup, self.kind, self.flavor)
+
     # -- ProbeBackend ---------------------------------------------------------------------------------
     def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
         """``spec.warmup_steps`` + ``spec.steps`` iterations of the user's command for ``spec.candidate``."""
@@ -438,7 +465,7 @@ class MegatronProbe(ProbeBackend):
             setup = self.probe_setup(model, candidate, precision=precision, procs=procs)
         except ValueError as err:
             return finish(ProbeResult(status="invalid", reason=str(err), world_size=procs, workdir=str(workdir)))
-        problems = setup_problems(setup, self.kind, self.flavor)
+        problems = self.problems(setup)
         if problems:
             return finish(ProbeResult(status="invalid", reason="; ".join(problems), world_size=setup.candidate.world,
                                       workdir=str(workdir)))
@@ -448,14 +475,15 @@ class MegatronProbe(ProbeBackend):
         world = setup.candidate.world
         run_command = getattr(self.backend, "run_command", None)
         if run_command is not None:
-            step = run_command(worker, procs=world, workdir=workdir, timeout_s=timeout_s, env=self.env, cwd=self.cwd)
+            step = run_command(worker, procs=world, workdir=workdir, timeout_s=timeout_s, env=self.env,
+                               cwd=self.run_cwd(workdir))
             if step is None:
                 return finish(ProbeResult(status="invalid", reason=f"{world} ranks do not fit on the backend's nodes",
                                           world_size=world, workdir=str(workdir)))
         else:  # any other backend (LocalBackend, a wrapper of it) means this machine
             local_env = {**getattr(self.backend, "env", {}), **self.env}
-            step = run_local_command(worker, procs=world, workdir=workdir, timeout_s=timeout_s, cwd=self.cwd,
-                                     env=local_env)
+            step = run_local_command(worker, procs=world, workdir=workdir, timeout_s=timeout_s,
+                                     cwd=self.run_cwd(workdir), env=local_env)
         result = self._result(step, setup, workdir=workdir, timeout_s=timeout_s, warmup_iters=warmup_iters,
                               reduced=setup.candidate.dp != candidate.dp, max_cv=max_cv, full=candidate)
         record = getattr(self.backend, "record", None)
@@ -466,12 +494,13 @@ class MegatronProbe(ProbeBackend):
     def _result(self, step: StepOutcome, setup: RunSetup, *, workdir: Path, timeout_s: float, warmup_iters: int,
                 reduced: bool, max_cv: float, full: Candidate | None = None) -> ProbeResult:
         text = step.stdout + "\n" + step.stderr + "\n" + "\n".join(step.rank_logs.values())
-        log = parse_log(text)
+        log = self.parse(text, setup)
         c = setup.candidate
         fields = summarize(log, model=setup.model, candidate=c, global_batch=setup.training.global_batch,
                            world=step.world, warmup_iters=warmup_iters, max_cv=max_cv)
         common = {"world_size": step.world, "wall_s": step.wall_s, "workdir": str(workdir), "reduced": reduced,
-                  "device": f"{setup.cluster.gpu.id} x {step.world}"}
+                  "device": f"{setup.cluster.gpu.id} x {step.world}",
+                  "phases": log_phases(log, warmup_iters=warmup_iters, wall_s=step.wall_s)}
         extra = {**fields.pop("extra", {}), "hosts": list(step.hosts), "returncode": step.returncode,
                  "flavor": self.flavor, "layout": c.label(), "flash_attention": setup.training.flash_attention}
         if step.job_id:

@@ -37,7 +37,7 @@ from search.interrupts import Terminated, deferred_interrupts
 DB_NAME = "tune.db"
 """the SQLite file inside a study's work folder (the default storage)"""
 BACKENDS = ("local", "replay", "slurm")
-PROBES = ("train", "megatron")
+PROBES = ("auto", "train", "megatron", "torchtitan")
 EMIT_KINDS = ("megatron-deepspeed", "megatron-lm", "fsdp")
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
@@ -184,11 +184,20 @@ def build_run_parser() -> argparse.ArgumentParser:
     b.add_argument("--reservation", help="SLURM reservation (--backend slurm; also written into launch.sbatch)")
     b.add_argument("--partition", help="SLURM partition (--backend slurm)")
     b.add_argument("--account", help="SLURM account (--backend slurm)")
-    b.add_argument("--probe", choices=PROBES, default="train",
-                   help="train: plantune's GPT probe; megatron: your command (--command) with the arguments of "
-                        "--framework megatron-lm, else of the Megatron-DeepSpeed fork --emit-flavor names")
-    b.add_argument("--command", help="--probe megatron: your training command with {args}, e.g. "
-                                     "\"python pretrain_gpt.py {args} --data-path D\"")
+    b.add_argument("--probe", choices=PROBES, default="auto",
+                   help="auto (default): the program --framework emits for when it can run here (Megatron-LM's "
+                        "pretrain_gpt.py on mock data from --megatron-path or an importable megatron, your --command, "
+                        "torchtitan's trainer when torchtitan is importable and probes run on CUDA), else plantune's "
+                        "stand-in, saying why; train: always plantune's stand-in (a torch GPT); megatron: your "
+                        "--command with the arguments of --framework megatron-lm, else of the Megatron-DeepSpeed fork "
+                        "--emit-flavor names; torchtitan: torchtitan's trainer on the --framework fsdp config (mock "
+                        "data), whatever the device")
+    b.add_argument("--command", help="Megatron probes: your training command with {args}, e.g. "
+                                     "\"python pretrain_gpt.py {args} --data-path D\" (split into words, no shell)")
+    b.add_argument("--megatron-path", metavar="DIR",
+                   help="--probe auto with --framework megatron-lm: the Megatron-LM checkout holding pretrain_gpt.py; "
+                        "probes run it with the emitted arguments on mock data (default: the one beside an importable "
+                        "megatron package)")
     b.add_argument("--probe-layers", type=_pos_int, help="run a reduced model of N layers (step time scaled up)")
     b.add_argument("--probe-steps", type=_pos_int, default=5, help="timed steps per probe (default 5)")
     b.add_argument("--probe-warmup", type=_nonneg_int, default=2, help="untimed steps first (default 2)")
@@ -263,8 +272,12 @@ def _inputs(model, cluster, training, restriction: str | None) -> dict:
                                   "restriction": restriction}))
 
 
-def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
-    """The ProbeBackend the flags ask for, and the replay table when replaying."""
+def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack, choice=None):
+    """The ProbeBackend the flags ask for (``choice``: the program that measures, search.probe_choice), and the replay
+    table when replaying."""
+    from search.probe_choice import STAND_IN, TORCHTITAN
+
+    program = choice.program if choice is not None else STAND_IN
     if args.backend == "replay":
         from search.replay import ReplayBackend, ReplayTable
 
@@ -287,9 +300,9 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
         except ValueError as err:
             raise TuneError(str(err)) from None
         stack.callback(backend.close)
-        if args.probe != "megatron":
+        if program == STAND_IN:
             return backend, None
-    elif args.probe != "megatron":
+    elif program == STAND_IN:
         backend = _local_backend(args.local_procs or cluster.gpus_per_node, warm=not args.no_warm)
         stack.callback(backend.close)
         return backend, None
@@ -297,20 +310,49 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack):
         from probes.backend import LocalBackend
 
         backend = LocalBackend()
-    if not args.command:
-        raise TuneError("--probe megatron needs --command \"python pretrain_gpt.py {args} ...\"")
+    local = None if args.backend == "slurm" else (args.local_procs or cluster.gpus_per_node)
+    if program == TORCHTITAN:
+        from probes.torchtitan import TorchtitanProbe
+
+        return TorchtitanProbe(backend, version=choice.version, cluster=cluster, training=training,
+                               max_local_procs=local), None
     try:
         from probes.megatron import MegatronProbe
     except ImportError as err:
-        raise TuneError(f"--probe megatron is not available here ({err})") from None
-    local = None if args.backend == "slurm" else (args.local_procs or cluster.gpus_per_node)
+        raise TuneError(f"Megatron probes are not available here ({err})") from None
     try:
-        return MegatronProbe(args.command, backend, flavor=_megatron_probe_flavor(args, training), cluster=cluster,
+        return MegatronProbe(choice.command or args.command, backend, flavor=choice.flavor, cluster=cluster,
                              optimizer=training.optimizer, flash_attention=training.flash_attention,
                              attention_kernel=training.attention_kernel,
-                             max_local_procs=local), None
+                             max_local_procs=local, cwd=Path(choice.cwd) if choice.cwd else None), None
     except ValueError as err:
         raise TuneError(f"--command: {err}") from None
+
+
+def _probe_choice(args: argparse.Namespace, model, training):
+    """Which program measures this run's probes (search.probe_choice), or None for a replay (it probes nothing)."""
+    from search.probe_choice import choose
+
+    if args.backend == "replay":
+        return None
+    return choose(probe=args.probe, framework=training.framework, flavor=args.emit_flavor,
+                  device=_resolved_device(args), command=args.command, megatron_path=args.megatron_path,
+                  vocab=model.vocab)
+
+
+def _resolved_device(args: argparse.Namespace) -> str:
+    """cuda or cpu: --probe-device, or for auto whether this machine has CUDA (a SLURM allocation: cuda)."""
+    if args.probe_device != "auto":
+        return args.probe_device
+    if args.backend == "slurm":
+        return "cuda"
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _megatron_probe_flavor(args: argparse.Namespace, training) -> str:
@@ -374,19 +416,26 @@ def _command_line(argv: list[str]) -> str:
     return shlex.join(["tune", *argv])
 
 
-def _targets(args: argparse.Namespace, training) -> tuple:
+def _targets(args: argparse.Namespace, training, choice=None) -> tuple:
     """What every configuration of the space must run on (planner.rules): the planned framework, the
     --emit target, the torch-native probe when it probes (its TP/PP, CP and MoE/EP rules: never a layout it
     refuses) and, for --probe megatron, the fork it runs, so that the study only measures what it can
     emit and launch. A replay probes nothing: its table says what ran."""
     from planner.rules import PROBE, Target
+    from search.probe_choice import MEGATRON_DEEPSPEED, MEGATRON_LM, STAND_IN, TORCHTITAN
 
     targets = [Target(training.framework, training.flavor)]
-    if args.probe == "train" and getattr(args, "backend", "local") != "replay":
+    program = choice.program if choice is not None else (
+        None if getattr(args, "backend", "local") == "replay" else
+        {"train": STAND_IN, "megatron": MEGATRON_LM if training.framework == MEGATRON_LM else MEGATRON_DEEPSPEED}.get(
+            args.probe, STAND_IN))
+    if program == STAND_IN:
         targets.append(Target(PROBE))
-    if args.probe == "megatron":
+    if program in (MEGATRON_LM, MEGATRON_DEEPSPEED):
         flavor = _megatron_probe_flavor(args, training)
         targets.append(Target("megatron-lm") if flavor == "megatron-lm" else Target("megatron-deepspeed", flavor))
+    if program == TORCHTITAN:
+        targets.append(Target("fsdp"))
     if args.emit:
         targets.append(Target(args.emit, args.emit_flavor))
     return tuple(dict.fromkeys(targets))
@@ -486,7 +535,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
 
     from search.calibration import class_scales, params_dict, refit
     from search.objective import Ledger, Objective, ProbeSettings
-    from search.report import best, best_line, dashboard_command, format_table, report_dict, summarize
+    from search.report import (best, best_line, dashboard_command, format_table, measured_by_line, report_dict,
+                               summarize)
     from search.space import SearchSpace
     from search.progress import Progress, fold
     from search.settings import TuneSettings
@@ -496,14 +546,15 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     from planner.rules import PROBE
 
     model, cluster, training = setup_from_args(args)
-    targets = _targets(args, training)
+    choice = _probe_choice(args, model, training)
+    targets = _targets(args, training, choice)
     if args.storage:
         storage_url(args.storage)
     if args.emit:
         check_out(out_dir_of(args), force=args.force)
     workdir = workdir_of(args)
     with ExitStack() as stack:
-        backend, table = _backend(args, cluster, training, stack)
+        backend, table = _backend(args, cluster, training, stack, choice)
         for problem in (_calibration_problem(args, cluster), _probe_device_problem(args, cluster)):
             if problem:
                 raise TuneError(problem)
@@ -536,17 +587,22 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         probe = ProbeSettings(steps=args.probe_steps, warmup_steps=args.probe_warmup, layers=args.probe_layers,
                               timeout_s=args.probe_timeout, device=args.probe_device, prune=not args.no_prune,
                               workdir=None if args.backend == "replay" else workdir,
-                              resources=_resources(args, cluster))
+                              resources=_resources(args, cluster, choice.program if choice else ""),
+                              program=choice.program if choice else "", program_reason=choice.reason if choice else "")
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         study = open_study(settings, space, _inputs(model, cluster, training, restriction))
+        if choice is not None:
+            study.set_user_attr("probe_program", {"program": choice.program, "reason": choice.reason})
         progress = Progress(total=len(space), budget_s=args.budget, enabled=not args.no_progress,
                             max_probes=args.max_probes, planned=len(space) + args.confirm_top * args.repeats,
-                            probe_timeout_s=args.probe_timeout)
+                            probe_timeout_s=args.probe_timeout, program=choice.program if choice else "")
         _say(f"tune: study {args.study!r} in {storage}: {len(space)} configurations "
               f"({full.total} enumerated, {len(full.candidates)} survive the planner"
               + (f", {restriction}" if restriction else "") + f"); backend {backend.name}"
               + (f"; probe folders in {workdir}" if probe.workdir else ""))
+        if choice is not None:
+            _say(f"tune: probes measured by {choice.line()}")
         objective = Objective(space=space, backend=backend, settings=probe, on_probe=progress.probing,
                               on_probe_end=progress.probe_ended)
         run_started = time.time()
@@ -581,7 +637,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                                             f"calibration compute x{calibration.compute_scale:.3g}, "
                                             f"comm x{calibration.comm_scale:.3g}" + "".join(
                                                 f", {c} x{v:.3g}" for c, v in calibration.class_scales), width=width))
-        for line in [f"  not probed: {config}: {why}" for config, why in space.restricted_out] + [
+        measured_by = measured_by_line(records)
+        for line in [f"  not probed: {config}: {why}" for config, why in space.restricted_out] + (
+                [f"  {measured_by}"] if measured_by else []) + [
                 calibration_note(calibration.compute_scale, calibration.comm_scale)]:
             print(line if width is None else fold(line, width))
     _say_invalid(summaries, args)
@@ -648,12 +706,14 @@ def calibration_note(compute: float, comm: float) -> str:
             "faster than predicted); pred after uses them, and tune --emit writes them")
 
 
-def _resources(args: argparse.Namespace, cluster) -> str:
-    """What a probe's `invalid` verdict depends on: where and on how many processes probes run."""
+def _resources(args: argparse.Namespace, cluster, program: str = "") -> str:
+    """What a probe's `invalid` verdict depends on: where and on how many processes probes run, and the program
+    when it is not the stand-in (search.probe_choice)."""
+    which = f":{program}" if program and program != "stand-in" else ""
     if args.backend == "local":
-        return f"local:{args.local_procs or cluster.gpus_per_node}:{args.probe_device}"
+        return f"local:{args.local_procs or cluster.gpus_per_node}:{args.probe_device}{which}"
     if args.backend == "slurm":
-        return f"slurm:{cluster.nodes}x{cluster.gpus_per_node}:{args.probe_device}"
+        return f"slurm:{cluster.nodes}x{cluster.gpus_per_node}:{args.probe_device}{which}"
     return args.backend
 
 
@@ -683,8 +743,8 @@ def report(args: argparse.Namespace) -> int:
 
     from search.objective import TrialRecord
     from search.accounting import PLOT as PHASES_PLOT, format_phases, gpu_seconds, plot_phases
-    from search.report import (best_line, dashboard_command, format_table, format_trials, report_dict, summarize,
-                               write_plots)
+    from search.report import (best_line, dashboard_command, format_table, format_trials, measured_by_line,
+                               report_dict, summarize, write_plots)
     from search.settings import TuneSettings
     from search.storage import open_storage
     from search.study import pick_line
@@ -712,6 +772,9 @@ def report(args: argparse.Namespace) -> int:
         summaries = summarize(records)
         print(format_table(summaries, title=f"tune: study {args.study!r}, {probes_of(records)} trials",
                            width=stdout_width()))
+        measured_by = measured_by_line(records)
+        if measured_by:
+            print(f"tune: {measured_by}")
         print(f"tune: {best_line(summaries) or 'no configuration measured successfully'}")
         recorded = pick_line(study)
         if recorded:

@@ -90,6 +90,10 @@ class ProbeSettings:
     """one more step under torch.profiler after the timed ones: compute seconds by op class (gemm, attention,
     elementwise, optimizer), recorded in the trial (measured_class_s) and refitted per class
     (search.calibration.class_scales)"""
+    program: str = ""
+    """the program that measures (search.probe_choice.PROGRAMS; "" for a replay), recorded in every probed trial"""
+    program_reason: str = ""
+    """why that program (one line)"""
     resources: str = ""
     """where and on how many processes probes run (backend, processes, device): an ``invalid`` verdict made
     under other resources is not final (`Ledger.of` with ``resources``) and the configuration is probed again"""
@@ -482,7 +486,8 @@ class Objective:
             self._report_rest(trial, cand, spec, steps["on_step"], result)
         self._set(trial, probe_wall_s=round(wall, 3), phases={k: round(float(v), 3) for k, v in result.phases.items()},
                   probe_gpus=result.world_size or cand.world, device=result.device,
-                  workdir=result.workdir or (str(workdir) if s.workdir else ""), layers_run=spec.layers_run)
+                  workdir=result.workdir or (str(workdir) if s.workdir else ""), layers_run=spec.layers_run,
+                  **({"program": s.program, "program_reason": s.program_reason} if s.program else {}))
         if result.status == "timeout" and timeout < s.timeout_s:
             reason = (f"stopped at the end of --budget after {wall:.0f} s (its --probe-timeout is {s.timeout_s:g} s); "
                       "the next run probes it again")

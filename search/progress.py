@@ -98,6 +98,25 @@ def last_step_time(workdir: Path | None) -> tuple[int, float] | None:
                     return int(step), float(seconds)
                 except ValueError:
                     break
+    return _last_framework_step(Path(workdir) / "torchrun.stdout")
+
+
+def _last_framework_step(log: Path) -> tuple[int, float] | None:
+    """(iteration, seconds) of the latest iteration line a Megatron probe printed (probes.megatron: torchrun's
+    ``--tee`` output in the probe folder), or None."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8192))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    from probes.megatron import parse_iteration_line
+
+    for line in reversed(tail.splitlines()):
+        it = parse_iteration_line(line)
+        if it is not None:
+            return it.iteration, it.step_time_s
     return None
 
 
@@ -110,7 +129,7 @@ class Progress:
 
     def __init__(self, *, total: int, budget_s: float | None, stream: TextIO | None = None,
                  enabled: bool = True, max_probes: int | None = None, planned: int | None = None,
-                 probe_timeout_s: float | None = None, log_every_s: float = 60.0) -> None:
+                 probe_timeout_s: float | None = None, log_every_s: float = 60.0, program: str = "") -> None:
         self.total = total
         self.budget_s = budget_s
         self.stream = stream or sys.stderr
@@ -118,6 +137,8 @@ class Progress:
         self.max_probes = max_probes
         self.planned = planned
         self.probe_timeout_s = probe_timeout_s
+        self.program = program
+        """what measures the probes (search.probe_choice), named on each probe's line; "" names nothing"""
         self.started = time.monotonic()
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.tick_s = 1.0 if self.tty else log_every_s
@@ -196,7 +217,8 @@ class Progress:
         if self._current is None:
             return ""
         number, label, _, _, _ = self._current
-        line = f"[tune] probe {self.probes + 1}{self._of()}: trial {number} {short(label or '?')}"
+        by = f" by {self.program}" if self.program else ""
+        line = f"[tune] probe {self.probes + 1}{self._of()}: trial {number} {short(label or '?')}{by}"
         if width is None or len(line) <= width:
             return line
         return fold(f"[tune] probe {self.probes + 1}{self._of()}: trial {number} {brief(label or '?')}", width)
@@ -217,7 +239,7 @@ class Progress:
                 f"step {step[0]}: {step[1]:.3g} s" if step else "no timed step yet",
                 self.best or "no measurement yet",
                 *([f"{hms(left)} of the budget left"] if left is not None else []),
-                f"probe {n}: trial {number} {short(label or '?')}"]
+                f"probe {n}: trial {number} {short(label or '?')}" + (f" by {self.program}" if self.program else "")]
         line = "[tune] " + " | ".join(full)
         if width is None or len(line) <= width:
             return line

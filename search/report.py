@@ -225,6 +225,23 @@ def format_trials(records: list[TrialRecord]) -> str:
                     maxcolwidths=[None] * 8 + [REASON_WIDTH])
 
 
+def measured_by_line(records: list[TrialRecord]) -> str | None:
+    """Which programs ran the probes and why (the trials' ``program``/``program_reason``), e.g. "measured by:
+    torchtitan (4 probes: torchtitan 0.3.0 is importable ...)"; None when no trial says (a replay, an older study)."""
+    from search.probe_choice import DESCRIPTION
+
+    runs: dict[tuple[str, str], int] = {}
+    for r in records:
+        program = r.attrs.get("program")
+        if program and r.attrs.get("probe_wall_s") is not None:
+            key = (program, r.attrs.get("program_reason") or "")
+            runs[key] = runs.get(key, 0) + 1
+    if not runs:
+        return None
+    return "measured by: " + "; ".join(f"{DESCRIPTION.get(p, p)} ({n} probe{'s' if n != 1 else ''}: {why})"
+                                       for (p, why), n in runs.items())
+
+
 def report_dict(records: list[TrialRecord], *, study: str, storage: str) -> dict:
     """The study as JSON: ``trials`` are the probes (and what was answered without one); ``pick_trial`` is the trial
     tune added to record its pick (search.study.record_pick), Optuna's best_trial."""
@@ -237,7 +254,8 @@ def report_dict(records: list[TrialRecord], *, study: str, storage: str) -> dict
             "configs": [s.to_dict() for s in summaries],
             "trials": [{"number": r.number, "state": r.state, "phase": r.phase, "config": r.config,
                         "outcome": r.outcome, "reason": r.reason, "value": r.value,
-                        **{k: v for k, v in r.attrs.items() if k.startswith(("measured_", "pred_", "calibration"))}}
+                        **{k: v for k, v in r.attrs.items()
+                           if k.startswith(("measured_", "pred_", "calibration", "program"))}}
                        for r in records],
             "dashboard": dashboard_command(storage)}
 

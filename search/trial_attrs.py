@@ -61,6 +61,11 @@ class TrialAttrs:
     calibration_after: dict | None = None
     # the probe
     probe_wall_s: float | None = None
+    program: str | None = None
+    """what measured: stand-in (plantune's torch GPT) | megatron-lm | megatron-deepspeed | torchtitan
+    (search.probe_choice)"""
+    program_reason: str | None = None
+    """why that program measured (e.g. "torchtitan is not importable here")"""
     probe_gpus: int | None = None
     """processes (GPUs) the probe held: phase seconds x this = GPU-seconds (search.accounting)"""
     phases: dict | None = None

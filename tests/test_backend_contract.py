@@ -1,5 +1,6 @@
 """One contract over every probe backend (probes.backend.ProbeBackend): the local torchrun backend, SLURM, the replay
-of a results table, and the user's Megatron command (tests/fake_megatron.py), as Optuna runs one test suite over
+of a results table, the user's Megatron command (tests/fake_megatron.py) and torchtitan's trainer
+(tests/fake_torchtitan), as Optuna runs one test suite over
 all its storages.
 
     python -m pytest tests/test_backend_contract.py -q          # the replay case fast; the others are slow
@@ -52,6 +53,23 @@ def _megatron(request):
             tiny_spec(model=model, tp=3, precision="bf16"))
 
 
+def _torchtitan(request):
+    """torchtitan's trainer on the emitted config: tests/fake_torchtitan stands in for it (no CUDA needed)."""
+    import os
+
+    from planner import make_cluster
+    from planner.space import TrainingSpec
+    from probes.torchtitan import TorchtitanProbe
+
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "fake_torchtitan")]),
+           "FAKE_TORCHTITAN_STEP_MS": "50"}
+    probe = TorchtitanProbe(LocalBackend(nproc=2), cluster=make_cluster(gpu="CPU", gpus=2, gpus_per_node=2),
+                            training=TrainingSpec(global_batch=8, seq_len=32, precision="fp32", framework="fsdp"),
+                            env=env)
+    model = tiny_model(norm="rmsnorm", position="rope", bias=False, glu=True)
+    return probe, tiny_spec(model=model, dp=2), tiny_spec(model=model, tp=3)
+
+
 def _slurm(request):
     from test_slurm import _backend
 
@@ -64,6 +82,7 @@ def _slurm(request):
 BACKENDS = [pytest.param(_replay, id="replay"),
             pytest.param(_local, id="local", marks=pytest.mark.slow),
             pytest.param(_megatron, id="megatron", marks=pytest.mark.slow),
+            pytest.param(_torchtitan, id="torchtitan", marks=pytest.mark.slow),
             pytest.param(_slurm, id="slurm", marks=pytest.mark.slow)]
 
 
