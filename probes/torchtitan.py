@@ -124,6 +124,7 @@ class TorchtitanProbe(MegatronProbe):
         self.training = training
         self.optimizer = training.optimizer if training else "adamw"
         self.flash_attention = training.flash_attention if training else None
+        self.attention_kernel = training.attention_kernel if training else ""
         self.cwd = Path.cwd().resolve()
         self.env = dict(env or {})
         self.max_local_procs = max_local_procs
