@@ -143,11 +143,18 @@ TABLE: tuple[Fitted, ...] = (
                       "measured, 1.447 -> 1.382 predicted; Qwen3 8B 1.319 measured, 1.416 -> 1.356 predicted. No "
                       "published blockwise (128x128) pair here: blockwise takes MXFP8's value"),
     # -- MoE (planner.moe) --
-    Fitted(name="KERNEL_LAUNCH_S", value=20e-6, unit="s of host time per grouped-GEMM split launch",
-           source="Transformer Engine GroupedLinear: one cuBLAS call (and under FP8 one quantization) per expert "
-                  "split, launched after the MoE dispatcher's host sync",
-           fitted_on="the Megatron-Bridge 25.11 DGX-B200 Qwen3-30B-A3B MBS 1 row (tests/bench/validate_moe_cp.py)",
-           checked_on="its DGX-H100 Qwen3 and DGX-B200 DeepSeek-V3 rows"),
+    Fitted(name="KERNEL_LAUNCH_S", value=50e-6, unit="s of host time per grouped-GEMM split launch",
+           source="Transformer Engine GroupedLinear: one cuBLAS call (and under FP8 each quantization's kernels, "
+                  "planner.moe.QUANTIZE_KERNELS) per expert split, launched after the MoE dispatcher's host sync; "
+                  "of the order of MEGATRON_HOST_S per kernel of a fused layer (EAGER_HOST_S: ~100 us a kernel)",
+           fitted_on="the two Megatron-Bridge 25.11 MoE rows that ran without CUDA graphs (tests/bench/"
+                     "validate_moe_cp.py; their configs at 87aa39ce7 / v0.2.1 set no cuda_graph_impl): DGX-H100 "
+                     "Qwen3-30B-A3B (FP8 current scaling, 16 local experts) and DGX-B200 DeepSeek-V3 (MXFP8, 32 local "
+                     "experts): pred/meas 1.19 / 1.08 at 45 us, 1.11 / 1.01 at 50, 1.05 / 0.95 at 55. It was 20 us "
+                     "fitted on the DGX-B200 Qwen3-30B-A3B row, which ran with CUDA graphs (cuda_graph_scope "
+                     "full_iteration at 87aa39ce7, moe_router + moe_preprocess at v0.2.1) that plan does not model: "
+                     "that row is now predicted 0.63",
+           checked_on="the DGX-H100 Qwen3-235B-A22B row (4 local experts: 1.10 either way)"),
     # -- memory (planner.memory) --
     Fitted(name="ALLOCATOR_OVERHEAD", value=1.05, unit="x the dynamic (activation, logits) bytes",
            source="PyTorch's caching allocator holds more than the live tensors (block rounding, fragmentation): "

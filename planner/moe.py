@@ -54,11 +54,20 @@ if TYPE_CHECKING:
 # imbalance is small; a capacity factor (Fedus et al. 2021 "Switch Transformers", arXiv 2101.03961,
 # Sec. 2.2: capacity = tokens/experts x capacity factor, 1.0-1.25 in their runs) bounds it.
 DROPLESS_CAPACITY = 1.0
-# Per local expert, the launches a Megatron-Core MoE layer's forward makes after the dispatcher's host sync:
+# Per local expert, the GEMM launches a Megatron-Core MoE layer's forward makes after the dispatcher's host sync:
 # Transformer Engine GroupedLinear's FC1 and FC2 GEMMs, one cuBLAS call each per expert split (m_splits); under FP8
-# also each GEMM input's quantization per split (TE split_quantize), so 4.
+# also each GEMM input's quantization per split (TE split_quantize), `QUANTIZE_KERNELS` launches each.
 MOE_KERNELS_PER_EXPERT = 2
+# Kernels one FP8 quantization of a GEMM input launches: Transformer Engine's current (tensorwise) scaling computes the
+# amax, then the scale, then casts (transformer_engine/pytorch/csrc/quantizer.cpp Float8CurrentScalingQuantizer::
+# quantize_impl: nvte_compute_amax_with_config, nvte_compute_scale_from_amax, nvte_quantize_v2): 3; delayed scaling
+# (scale from the amax history), MXFP8 and blockwise (scales computed inside the cast kernel) one nvte_quantize: 1.
+QUANTIZE_KERNELS = {"tensorwise": 3}
 # Host seconds per such launch: KERNEL_LAUNCH_S, fitted (planner.constants).
+# HBM bytes per router score [tokens x experts], forward: Megatron-Core's router (megatron/core/transformer/moe/
+# router.py TopKRouter.routing, fused under --moe-router-fusion) reads the fp32 logits (4), writes the fp32 probs (4)
+# and the bool routing map (1) over all experts, and the auxiliary load-balancing loss reads the probs again (4): 13.
+ROUTER_BYTES_PER_SCORE = 13
 
 
 # -- shape (parameters: planner.model) --------------------------------------------------------------------------------------------
@@ -149,9 +158,12 @@ def expert_ops(lo: "LayerOps", m: "ModelSpec", c: "Candidate", training: "Traini
     ffn = expert_ffn(m)
     rows, local = routed_rows(m, c, training, tokens)
     sync_host = sync_host_s(m, c, training)
-    experts = [gemm_op("router", tokens // (t if c.sp else 1), m.num_experts, h, g),   # on the SP shard
+    sp_tokens = tokens // (t if c.sp else 1)   # the router and the permutation run on the SP shard
+    experts = [gemm_op("router", sp_tokens, m.num_experts, h, g),
+               bytes_op("router_topk", ROUTER_BYTES_PER_SCORE * sp_tokens * m.num_experts, cluster),
                bytes_op("moe_permute", 2 * h * tokens * (2 + 2 * m.moe_topk * capacity(training))
                         / max(1, t if c.sp else 1), cluster),
+               bytes_op("moe_sort_chunks", sort_chunks_bytes(m, c, training, tokens), cluster),
                gemm_op("expert_fc1", rows, glu * ffn // c.etp, h, g, local, after_sync=sync_host > 0),
                bytes_op("expert_act", (6 if m.glu else 4) * tokens * m.moe_topk * capacity(training) * ffn / c.etp
                         / tp_per_etp(c), cluster),
@@ -196,6 +208,18 @@ def routed_rows(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens
             max(1, m.num_experts // c.ep))
 
 
+def sort_chunks_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int) -> float:
+    """Forward HBM bytes of the alltoall dispatcher's second permutation: after the dispatch all-to-all the rows a GPU
+    received arrive grouped by source rank and are regrouped by local expert, and before the combine they are put
+    back (Megatron-Core token_dispatcher.py MoEAlltoAllTokenDispatcher: ``sort_chunks_by_idxs`` in
+    dispatch_postprocess and combine_preprocess when num_local_experts > 1, dropless): each a read and a write of the
+    received tokens·k·cap/(TP/ETP) rows of h 16-bit values, 2 x 2 x 2 bytes a value. 0 with one local expert and on
+    torchtitan (its grouped GEMM takes the all-to-all's order through index offsets)."""
+    if not is_moe(m) or m.num_experts // c.ep <= 1 or training.framework != "megatron-lm":
+        return 0.0
+    return 8.0 * tokens * m.moe_topk * capacity(training) * m.hidden / tp_per_etp(c)
+
+
 def tp_per_etp(c: "Candidate") -> int:
     """TP ranks per expert-TP group: the share of the tokens' copies one GPU's experts run is 1 / this."""
     return max(1, c.tp // c.etp)
@@ -233,12 +257,17 @@ def host_sync_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens
     return host, routed_gemm_s(m, c, training, tokens, gemm_s) * moe_layer_count(m) / m.layers
 
 
+def quantize_kernels(training: "TrainingSpec") -> int:
+    """Kernels one FP8 quantization launches under the training's recipe (`QUANTIZE_KERNELS`, 1 unless listed)."""
+    return QUANTIZE_KERNELS.get(training.fp8_recipe, 1)
+
+
 def sync_host_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec") -> float:
     """`host_sync_s`' host seconds: the launches after Megatron's dispatcher sync, as a mean over all layers."""
     local = m.num_experts // c.ep if is_moe(m) else 0
     if not is_moe(m) or (c.ep <= 1 and local <= 1) or training.framework != "megatron-lm":
         return 0.0   # torchtitan runs the experts as one torch._grouped_mm; a capacity factor syncs too
-    per_expert = MOE_KERNELS_PER_EXPERT * (2 if training.precision == "fp8" else 1)
+    per_expert = MOE_KERNELS_PER_EXPERT * (1 + (quantize_kernels(training) if training.precision == "fp8" else 0))
     return per_expert * local * KERNEL_LAUNCH_S * moe_layer_count(m) / m.layers
 
 

@@ -330,21 +330,25 @@ def test_pp1_memory_counts_routed_experts_once():
     assert m.params == pytest.approx(30.5e9, rel=0.02) and e.fits
 
 
-# Megatron-Bridge docs/performance-summary.md, 25.11 container (MoE runs force-balanced and dropless): tokens/s per GPU
-BRIDGE_MOE = {  # name: (model, gpu, GPUs, GBS, MBS, PP, VPP, EP, recompute, published tokens/s/GPU)
-    "qwen3-b200": ("qwen3-30b-a3b", "B200", 8, 512, 1, 1, 1, 8, "none", 9299),
-    "qwen3-h100": ("qwen3-30b-a3b", "H100", 16, 512, 2, 2, 24, 8, "full", 5275),
-    "deepseek-v3-b200": ("deepseek-v3", "B200", 256, 2048, 1, 16, 1, 8, "full", 2139),
+# Megatron-Bridge docs/performance-summary.md, 25.11 container (MoE runs force-balanced and dropless): tokens/s per GPU,
+# run as its perf scripts set them (tests/bench/validate_moe_cp.py: FP8 current scaling on H100, MXFP8 on B200,
+# gradients reduced in bf16, the published recompute, DeepSeek-V3's shared-expert overlap)
+BRIDGE_MOE = {  # name: (model, gpu, GPUs, GBS, MBS, PP, VPP, EP, recompute, FP8 recipe, overlap, published)
+    "qwen3-b200": ("qwen3-30b-a3b", "B200", 8, 512, 1, 1, 1, 8, "none", "mxfp8", (), 9299),
+    "qwen3-h100": ("qwen3-30b-a3b", "H100", 16, 512, 2, 2, 24, 8, "none", "tensorwise", (), 5275),
+    "deepseek-v3-b200": ("deepseek-v3", "B200", 256, 2048, 1, 16, 1, 8, "modules:mla_up_proj", "mxfp8",
+                         ("shared-expert",), 2139),
 }
 
 
-def _bridge_tokens_per_gpu(row: str, overlap: tuple[str, ...] | None = None, **moe_overrides) -> float:
+def _bridge_tokens_per_gpu(row: str) -> float:
     from planner import make_cluster
     from planner.rank import estimate
     from planner.space import Candidate, TrainingSpec
 
-    name, gpu, gpus, gbs, mbs, pp, vpp, ep, recompute, _ = BRIDGE_MOE[row]
-    t = TrainingSpec(global_batch=gbs, seq_len=4096, precision="fp8", framework="megatron-lm", overlap=overlap)
+    name, gpu, gpus, gbs, mbs, pp, vpp, ep, recompute, recipe, overlap, _ = BRIDGE_MOE[row]
+    t = TrainingSpec(global_batch=gbs, seq_len=4096, precision="fp8", framework="megatron-lm", fp8_recipe=recipe,
+                     grad_reduce_dtype="bf16", overlap=("grad-reduce", "param-gather", "p2p") + overlap)
     dp = gpus // pp
     c = Candidate(tp=1, pp=pp, dp=dp, ep=ep, mbs=mbs, gas=gbs // (mbs * dp), recompute=recompute, zero=1, vpp=vpp)
     e = estimate(load_model(name), make_cluster(gpu=gpu, gpus=gpus), t, c)
@@ -353,36 +357,44 @@ def _bridge_tokens_per_gpu(row: str, overlap: tuple[str, ...] | None = None, **m
 
 
 def test_host_sync_launches_scale_with_local_experts_and_fp8():
-    """The experts' launches after the dispatcher's host sync: per local expert (E/EP), twice as many under FP8."""
+    """The experts' launches after the dispatcher's host sync: per local expert (E/EP), per GEMM one launch and one
+    per kernel of its input's FP8 quantization (1 delayed or MXFP8, 3 current scaling: amax, scale, cast)."""
     from planner.space import Candidate, TrainingSpec
 
     m = load_model("qwen3-30b-a3b")
     gemm = lambda rows, n, k, batch=1: 0.0   # noqa: E731 - launch-bound: no GPU time
-    fp8 = TrainingSpec(global_batch=8, seq_len=4096, precision="fp8", framework="megatron-lm")
-    bf16 = TrainingSpec(global_batch=8, seq_len=4096, precision="bf16", framework="megatron-lm")
+    spec = lambda **kw: TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm", **kw)   # noqa: E731
+    fp8, bf16 = spec(precision="fp8"), spec(precision="bf16")
     ep8, ep4 = Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=1), Candidate(tp=1, pp=1, dp=8, ep=4, mbs=1, gas=1)
     h8 = moe.host_sync_s(m, ep8, fp8, 4096, gemm)[0]
     assert h8 == pytest.approx(16 * 2 * moe.MOE_KERNELS_PER_EXPERT * moe.KERNEL_LAUNCH_S)   # 128 / 8 local experts
     assert moe.host_sync_s(m, ep4, fp8, 4096, gemm)[0] == pytest.approx(2 * h8)
     assert moe.host_sync_s(m, ep8, bf16, 4096, gemm)[0] == pytest.approx(h8 / 2)
+    assert moe.host_sync_s(m, ep8, spec(precision="fp8", fp8_recipe="mxfp8"), 4096, gemm)[0] == pytest.approx(h8)
+    assert moe.host_sync_s(m, ep8, spec(precision="fp8", fp8_recipe="tensorwise"), 4096, gemm)[0] == pytest.approx(2 * h8)
     assert moe.host_sync_s(get_preset("llama3-70b"), Candidate(tp=1, pp=1, dp=8, mbs=1, gas=1), fp8, 4096, gemm) == (0, 0)
 
 
-@pytest.mark.parametrize("row,tol", [("qwen3-b200", 0.10), ("deepseek-v3-b200", 0.25)])
-def test_bridge_moe_rows_tokens_per_gpu(row, tol):
-    """Fitted on the B200 Qwen3 row (MBS 1, launch-bound); DeepSeek-V3 (32 local experts) is the check."""
-    published = BRIDGE_MOE[row][-1]
-    assert _bridge_tokens_per_gpu(row) == pytest.approx(published, rel=tol)
+@pytest.mark.parametrize("row", ["qwen3-h100", "deepseek-v3-b200"])
+def test_bridge_moe_rows_tokens_per_gpu(row):
+    """KERNEL_LAUNCH_S is fitted on these two rows, the Megatron-Bridge MoE runs without CUDA graphs (1.11 and 1.01
+    predicted/published at 50 us)."""
+    assert _bridge_tokens_per_gpu(row) == pytest.approx(BRIDGE_MOE[row][-1], rel=0.15)
 
 
-def test_small_expert_launches_narrow_the_qwen3_h100_gap():
-    """Qwen3-30B-A3B on 16 H100 was predicted 1.84x too fast (tokens/s) without the post-sync launch model; with
-    it the prediction must come below 1.7x (1.66x measured; the rest is not launch-bound, see
-    tests/bench/validate_moe_cp.py). Measured without communication overlap, as when the launch model was fitted:
-    Megatron's overlapped p2p (VP 24: 1.4 s of p2p hidden) takes this row to 1.81x (issue 19)."""
-    published = BRIDGE_MOE["qwen3-h100"][-1]
-    with_launches = _bridge_tokens_per_gpu("qwen3-h100", overlap=()) / published
-    assert with_launches < 1.7
+def test_cuda_graphed_qwen3_b200_row_is_predicted_slower_than_it_ran():
+    """The B200 Qwen3-30B-A3B row ran with CUDA graphs (Megatron-Bridge qwen3 workload_base_configs.py: cuda_graph_impl
+    local, scope full_iteration at 87aa39ce7; transformer_engine over moe_router and moe_preprocess at v0.2.1), which
+    take launches off the host; plan does not model them, so it must predict this row slower than it ran (0.63)."""
+    assert _bridge_tokens_per_gpu("qwen3-b200") < BRIDGE_MOE["qwen3-b200"][-1]
+
+
+def test_small_expert_launches_close_the_qwen3_h100_gap():
+    """Qwen3-30B-A3B on 16 H100 (MBS 2, GPU-heavier than its host) was predicted 2.38x too fast with launches of 20 us
+    after the dispatcher's sync and FP8 quantizations of one kernel; with current scaling's three kernels a
+    quantization and the refit launch cost it comes within 15%."""
+    ratio = _bridge_tokens_per_gpu("qwen3-h100") / BRIDGE_MOE["qwen3-h100"][-1]
+    assert 0.85 < ratio < 1.15
 
 
 def test_deepseek_v3_mtp_module_matches_the_published_14b():
@@ -500,3 +512,34 @@ def test_shared_expert_overlap_hides_the_all_to_all_under_the_shared_experts_onl
     both = TrainingSpec(**kw, overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a", "shared-expert"))
     assert any("exclude each other" in d for _, d in moe.violations(DEEPSEEK, replace(c, recompute="none"),
                                                                      cluster, both))
+
+
+def test_alltoall_dispatcher_regroups_received_tokens_by_local_expert():
+    """Megatron-Core's alltoall dispatcher sorts the received rows by local expert after the dispatch and back before
+    the combine (sort_chunks_by_idxs, num_local_experts > 1): 2 passes, each reading and writing tokens·k rows of h
+    16-bit values. Qwen3-30B-A3B (h 2048, top-8) at 4096 tokens on EP 8: 8 x 4096 x 8 x 2048 bytes = 512 MiB; Mixtral
+    8x7B on EP 8 has one local expert: nothing to sort; torchtitan never sorts."""
+    from planner.space import Candidate, TrainingSpec
+
+    t = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm")
+    ep8 = Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=1)
+    assert moe.sort_chunks_bytes(load_model("qwen3-30b-a3b"), ep8, t, 4096) == 8 * 4096 * 8 * 2048 == 2 ** 29
+    assert moe.sort_chunks_bytes(load_model("mixtral-8x7b"), ep8, t, 4096) == 0
+    fsdp = TrainingSpec(global_batch=8, seq_len=4096, framework="fsdp")
+    assert moe.sort_chunks_bytes(load_model("qwen3-30b-a3b"), ep8, fsdp, 4096) == 0
+
+
+def test_router_and_sort_are_ops_of_the_moe_layer():
+    """The op list of a MoE layer carries the router's top-k/softmax traffic over all experts' fp32 scores (13 bytes a
+    score) and the dispatcher's regrouping, both at HBM speed, on the MoE layers' share."""
+    from planner import make_cluster
+    from planner.cost import layer_op_list
+    from planner.space import Candidate, TrainingSpec
+
+    m = load_model("qwen3-30b-a3b")
+    t = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm")
+    ops = {op.name: op for op in layer_op_list(m, Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=1),
+                                               make_cluster(gpu="H100", gpus=8), t).ops}
+    tokens = m.seq_len   # the op list is for the model's sequence, one micro-batch
+    assert ops["router_topk"].bytes == pytest.approx(13 * tokens * 128)
+    assert ops["moe_sort_chunks"].bytes == pytest.approx(8 * tokens * 8 * 2048)
