@@ -155,6 +155,13 @@ TABLE: tuple[Fitted, ...] = (
                      "full_iteration at 87aa39ce7, moe_router + moe_preprocess at v0.2.1) that plan does not model: "
                      "that row is now predicted 0.63",
            checked_on="the DGX-H100 Qwen3-235B-A22B row (4 local experts: 1.10 either way)"),
+    Fitted(name="FLEX_LINK_EFFICIENCY", value=0.9, unit="fraction of a datasheet link bandwidth",
+           source="DeepEP's normal (training) dispatch and combine kernels drive NVLink and RDMA near their peak: "
+                  "TMA / NVSHMEM copies with a chosen number of SMs, no NCCL protocol (planner.moe.DISPATCHERS)",
+           fitted_on="by hand on DeepEP's README table (H800, 4096 tokens, hidden 7168, top-8): intranode EP8 153 / "
+                     "158 GB/s of ~160 GB/s NVLink (0.96-0.99), internode EP16-64 43-46 GB/s of ~50 GB/s RDMA "
+                     "(0.86-0.92)",
+           checked_on="no published training run here pairs DeepEP with the alltoall dispatcher"),
     # -- memory (planner.memory) --
     Fitted(name="ALLOCATOR_OVERHEAD", value=1.05, unit="x the dynamic (activation, logits) bytes",
            source="PyTorch's caching allocator holds more than the live tensors (block rounding, fragmentation): "
@@ -186,6 +193,7 @@ EAGER_HOST_S = BY_NAME["EAGER_HOST_S"].value
 MEGATRON_HOST_S = BY_NAME["MEGATRON_HOST_S"].value
 DS_DP_INTER_NODE_EFFICIENCY = BY_NAME["DS_DP_INTER_NODE_EFFICIENCY"].value
 KERNEL_LAUNCH_S = BY_NAME["KERNEL_LAUNCH_S"].value
+FLEX_LINK_EFFICIENCY = BY_NAME["FLEX_LINK_EFFICIENCY"].value
 ASYNC_TP_HIDDEN = BY_NAME["ASYNC_TP_HIDDEN"].value
 ROWWISE_GEMM_EFFICIENCY = BY_NAME["ROWWISE_GEMM_EFFICIENCY"].value
 BLOCK_SCALED_GEMM_EFFICIENCY = BY_NAME["BLOCK_SCALED_GEMM_EFFICIENCY"].value

@@ -59,6 +59,9 @@ class TrainingSpec:
     """expert-parallel sizes to enumerate (--ep 1,8); None = the divisors of the expert count"""
     moe_capacity_factor: float | None = None
     """MoE expert capacity factor (--moe-expert-capacity-factor); None = dropless"""
+    moe_dispatcher: str = "alltoall"
+    """Megatron-LM's MoE token dispatcher (planner.moe.DISPATCHERS): alltoall | allgather | deepep | hybridep (the
+    last two: --moe-token-dispatcher-type flex with that --moe-flex-dispatcher-backend)"""
     fp8_recipe: str = "delayed"
     """Transformer Engine FP8 scaling under --precision fp8 (Megatron-LM --fp8-recipe): delayed | tensorwise"""
     grad_reduce_dtype: str = "fp32"
@@ -147,6 +150,12 @@ class TrainingSpec:
                              "rowwise")
         if self.async_tp and not self.torch_compile:
             raise InputError("--async-tp needs --torch-compile (torchtitan: async TP is a torch.compile pass)")
+        if self.moe_dispatcher not in ("alltoall", "allgather", "deepep", "hybridep"):   # planner.moe.DISPATCHERS
+            raise InputError(f"unknown MoE dispatcher {self.moe_dispatcher!r}; use alltoall, allgather, deepep or "
+                             "hybridep")
+        if self.moe_dispatcher != "alltoall" and self.framework != "megatron-lm":
+            raise InputError(f"--moe-dispatcher {self.moe_dispatcher} is Megatron-LM's (--moe-token-dispatcher-type); "
+                             f"the framework here is {self.framework}: add --framework megatron-lm or drop it")
         if self.moe_capacity_factor is not None and not self.moe_capacity_factor >= 1:
             raise InputError(f"--moe-capacity-factor must be >= 1, got {self.moe_capacity_factor}")
         if any(not isinstance(v, int) or v < 1 for v in (self.cp_options or ()) + (self.ep_options or ())):

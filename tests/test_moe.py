@@ -543,3 +543,68 @@ def test_router_and_sort_are_ops_of_the_moe_layer():
     tokens = m.seq_len   # the op list is for the model's sequence, one micro-batch
     assert ops["router_topk"].bytes == pytest.approx(13 * tokens * 128)
     assert ops["moe_sort_chunks"].bytes == pytest.approx(8 * tokens * 8 * 2048)
+
+
+def test_deepep_sends_a_token_once_per_rank_holding_its_experts():
+    """DeepEP's dispatch layout (deep_ep/buffer.py get_dispatch_layout: is_token_in_rank) sends a token once to each
+    rank holding any of its experts: with balanced routing EP·(1 - C(E - E/EP, k)/C(E, k)) ranks. Mixtral 8x7B on EP 8
+    (one expert a rank, top-2): exactly 2; on EP 1: 1; Qwen3-30B-A3B on EP 8 (16 experts a rank, top-8): 5.34 of 8."""
+    import math
+
+    assert moe.ranks_per_token(load_model("mixtral-8x7b"), 8) == pytest.approx(2.0)
+    assert moe.ranks_per_token(load_model("mixtral-8x7b"), 1) == 1
+    q = load_model("qwen3-30b-a3b")
+    assert moe.ranks_per_token(q, 8) == pytest.approx(8 * (1 - math.comb(112, 8) / math.comb(128, 8)))
+    assert 5.3 < moe.ranks_per_token(q, 8) < 5.4
+
+
+def test_dispatcher_bytes_alltoall_allgather_flex():
+    """Per-GPU dispatch message: alltoall k copies of each token, flex once per rank hit, allgather EP x the tokens."""
+    from planner.space import Candidate, TrainingSpec
+
+    q = load_model("qwen3-30b-a3b")
+    c = Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=1)
+    spec = lambda d: TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm", moe_dispatcher=d)   # noqa: E731
+    th = 4096 * 2048 * 2
+    assert moe.dispatch_bytes(q, c, spec("alltoall"), 4096, 2) == 8 * th
+    assert moe.dispatch_bytes(q, c, spec("allgather"), 4096, 2) == 8 * th        # EP 8 = top-8: the same bytes
+    assert moe.dispatch_bytes(q, c, spec("deepep"), 4096, 2) == pytest.approx(moe.ranks_per_token(q, 8) * th)
+    assert moe.sort_chunks_bytes(q, c, spec("deepep"), 4096) == 0               # permuted straight to expert order
+
+
+def test_dispatcher_rules_are_megatron_s_asserts():
+    from planner import make_cluster
+    from planner.space import Candidate, TrainingSpec
+
+    m = load_model("mixtral-8x22b")
+    c = Candidate(tp=1, pp=2, dp=32, ep=8, mbs=1, gas=16, zero=1, vpp=2)
+    cl = make_cluster(gpu="H100", gpus=64)
+    t = lambda **kw: TrainingSpec(global_batch=512, seq_len=4096, framework="megatron-lm", **kw)   # noqa: E731
+    reasons = lambda tr: [d for r, d in moe.violations(m, c, cl, tr) if r == "framework_limit"]   # noqa: E731
+    assert any("alltoall or flex" in d for d in reasons(t(moe_dispatcher="allgather",
+                                                           overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a"))))
+    assert not reasons(t(moe_dispatcher="deepep", overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a")))
+    assert any("alltoall dispatcher only" in d for d in reasons(t(moe_dispatcher="hybridep",
+                                                                  overlap=("shared-expert",))))
+    assert any("pad experts" in d for d in reasons(t(moe_dispatcher="deepep", moe_capacity_factor=1.25)))
+    with pytest.raises(InputError, match="Megatron-LM's"):
+        TrainingSpec(global_batch=8, seq_len=4096, framework="fsdp", moe_dispatcher="deepep")
+    with pytest.raises(InputError, match="unknown MoE dispatcher"):
+        TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm", moe_dispatcher="nccl")
+
+
+def test_flex_dispatcher_prices_deepseek_v3_dispatch_below_alltoall():
+    """NVIDIA's DGX-H100 DeepSeek-V3 layout (TP2 PP8 VP4 EP64) with its published DeepEP dispatcher: fewer bytes
+    (7.68 ranks a token, not 8 copies) at DeepEP's link efficiency, so less all-to-all time than alltoall; the
+    allgather dispatcher over EP 64 moves 8x the bytes."""
+    from planner import make_cluster
+    from planner.rank import estimate
+    from planner.space import Candidate, TrainingSpec
+
+    m = get_preset("deepseek-v3")
+    c = Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128, zero=1, vpp=4,
+                  recompute="modules:mla_up_proj+mlp")
+    ep = {d: estimate(m, make_cluster(gpu="H100", gpus=1024), TrainingSpec(
+        global_batch=8192, seq_len=4096, framework="megatron-lm", moe_dispatcher=d), c).time.ep_comm_s
+          for d in ("alltoall", "deepep", "allgather")}
+    assert ep["deepep"] < ep["alltoall"] < ep["allgather"]
