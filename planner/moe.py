@@ -515,6 +515,10 @@ def violations(m: "ModelSpec", c: "Candidate", cluster: object, training: "Train
         out.append(("framework_limit", "--overlap shared-expert works with the alltoall dispatcher only "
                                        "(transformer_config.py: 'moe_shared_expert_overlap only works with alltoall "
                                        "token dispatcher'); use --moe-dispatcher alltoall"))
+    if fw == "megatron-lm" and training.moe_dispatcher == "deepep" and c.tp * c.ep <= 1:
+        out.append(("framework_limit", "the flex dispatcher's DeepEP backend needs TP x EP > 1 "
+                                       "(token_dispatcher.py: 'DeepEP dispatcher requires TPxEP > 1'); set EP > 1 "
+                                       "or use --moe-dispatcher alltoall"))
     if fw == "megatron-lm" and training.moe_dispatcher == "deepep" and training.moe_capacity_factor:
         out.append(("framework_limit", "DeepEP cannot pad experts to capacity (transformer_config.py: 'Flex token "
                                        "dispatcher with deepep backend does not support "

@@ -587,6 +587,8 @@ def test_dispatcher_rules_are_megatron_s_asserts():
     assert any("alltoall dispatcher only" in d for d in reasons(t(moe_dispatcher="hybridep",
                                                                   overlap=("shared-expert",))))
     assert any("pad experts" in d for d in reasons(t(moe_dispatcher="deepep", moe_capacity_factor=1.25)))
+    one = Candidate(tp=1, pp=2, dp=32, ep=1, mbs=1, gas=16, zero=1, vpp=2)
+    assert any("TP x EP > 1" in d for r, d in moe.violations(m, one, cl, t(moe_dispatcher="deepep")))
     with pytest.raises(InputError, match="Megatron-LM's"):
         TrainingSpec(global_batch=8, seq_len=4096, framework="fsdp", moe_dispatcher="deepep")
     with pytest.raises(InputError, match="unknown MoE dispatcher"):
