@@ -77,6 +77,9 @@ class TrainingSpec:
     """torchtitan [compile] enable: Inductor fuses the element-wise chains (planner.fsdp_parallel.runtime_framework)"""
     async_tp: bool = False
     """torchtitan's async tensor parallel (needs torch_compile): planner.fsdp_parallel.tp_exposed_fraction"""
+    activation_offload: tuple[str, ...] = ()
+    """Megatron-LM's --fine-grained-activation-offloading --offload-modules (planner.offload.ACTIVATION_MODULES):
+    the modules whose inputs go to the host between forward and backward; () = none"""
     optimizer_offload: float = 0.0
     """fraction of the optimizer states Megatron-LM keeps on the host (--optimizer-cpu-offload
     --optimizer-offload-fraction; `planner.offload`); 0: none"""
@@ -125,6 +128,17 @@ class TrainingSpec:
             if "param-gather" in self.overlap and "grad-reduce" not in self.overlap:
                 raise InputError("--overlap param-gather needs grad-reduce too (Megatron-LM arguments.py: 'Must use "
                                  "--overlap-param-gather with --overlap-grad-reduce'); add grad-reduce")
+        bad = [m for m in self.activation_offload if m not in ("attn_norm", "qkv_linear", "core_attn", "attn_proj",
+                                                                 "mlp_norm", "expert_fc1", "moe_act")]
+        if bad:   # planner.offload.ACTIVATION_MODULES
+            raise InputError(f"unknown offload module {', '.join(bad)}; use some of attn_norm, qkv_linear, core_attn, "
+                             "attn_proj, mlp_norm, expert_fc1, moe_act")
+        if self.activation_offload and self.framework != "megatron-lm":
+            raise InputError("--activation-offload is Megatron-LM's (--fine-grained-activation-offloading); the "
+                             f"framework here is {self.framework}: add --framework megatron-lm or drop it")
+        if "attn_proj" in self.activation_offload and "core_attn" not in self.activation_offload:
+            raise InputError("--activation-offload attn_proj needs core_attn too (transformer_config.py: 'attn_proj "
+                             "cannot be set to offload_modules alone without core_attn'); add core_attn")
         if not 0 <= self.optimizer_offload <= 1:
             raise InputError(f"--optimizer-offload must be a fraction in [0, 1], got {self.optimizer_offload}")
         if self.optimizer_offload and self.framework != "megatron-lm":
