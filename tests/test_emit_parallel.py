@@ -98,6 +98,10 @@ CASES = {
     "deepseek-deepep": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
                                                              zero=1, vpp=4, recompute="modules:mla_up_proj+mlp"),
                               seq_len=4096, global_batch=8192, moe_dispatcher="deepep"),
+    # the same without recompute, the experts' inputs offloaded to the host (--activation-offload)
+    "deepseek-act-offload": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
+                                                                  zero=1, vpp=4), seq_len=4096, global_batch=8192,
+                                   activation_offload=("expert_fc1", "moe_act")),
     # the same with half the optimizer on the host, FP8 current scaling (Megatron refuses --fp8-param-gather there)
     "deepseek-offload": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
                                                               zero=1, vpp=4, recompute="modules:mla_up_proj+mlp"),
