@@ -433,8 +433,10 @@ def all_to_all_overlap(ctx: "StepContext") -> Overlap | None:
 
 ALL_TO_ALL = Term(name="ep_all_to_all", kind=COMMUNICATION, group="ep_comm_s", per_microbatch=True,
                   seconds=all_to_all_term_s, source="Megatron-Core MoE alltoall token dispatcher (dispatch + combine, "
-                                               "forward and backward); nccl-tests alltoall busbw",
-                  constants=("LINK_EFFICIENCY",), overlap=all_to_all_overlap, hides_under="compute",
+                                               "forward and backward; allgather and flex dispatchers by their "
+                                               "bytes); nccl-tests alltoall busbw",
+                  constants=("LINK_EFFICIENCY", "FLEX_LINK_EFFICIENCY"), overlap=all_to_all_overlap,
+                  hides_under="compute",
                   flag="Megatron --overlap-moe-expert-parallel-comm (--overlap ep-a2a) or --moe-shared-expert-overlap "
                        "(--overlap shared-expert)")
 EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
