@@ -63,7 +63,7 @@ def test_plan_cli_shows_the_offload(capsys):
     assert main(["--model", "llama3-8b", "--gpus", "8", "--framework", "fsdp", "--optimizer-offload", "0.5"]) == 2
 
 
-# -- fine-grained activation offload ------------------------------------------------------------------------------------
+# -- fine-grained activation offload --------------------------------------------------------------------------------
 NONE = Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128, zero=1, vpp=4, recompute="none")
 
 
