@@ -315,9 +315,9 @@ def all_to_all_s(topology: "Topology", stride: int, group: int, message_bytes: f
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 """Megatron-Core's MoE token dispatchers (megatron/core/transformer/moe/token_dispatcher.py):
 MoEAlltoAllTokenDispatcher, MoEAllGatherTokenDispatcher, and MoEFlexTokenDispatcher over DeepEP or HybridEP
-(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep). All four sync with the host before the experts when dropless
-(`sync_host_s`): the alltoall one for its splits, the allgather one for tokens_per_expert (.cpu()), the flex one for
-the received token counts its grouped GEMM needs."""
+(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep). All four sync with the host
+before the experts when dropless (`sync_host_s`): the alltoall one for its splits, the allgather one for
+tokens_per_expert (.cpu()), the flex one for the received token counts its grouped GEMM needs."""
 
 
 def ranks_per_token(m: "ModelSpec", ep: int) -> float:
