@@ -174,6 +174,14 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--cp", help="comma list of context-parallel sizes to consider (default: powers of two keeping >= 8K tokens a rank)")
     add("--ep", help="comma list of expert-parallel sizes to consider (default: divisors of the expert count)")
     add("--moe-capacity-factor", type=_positive_float, help="MoE expert capacity factor (default: dropless)")
+    add("--activation-offload", metavar="MODULES", default=None,
+        help="Megatron-LM's fine-grained activation offload: comma list of modules whose inputs go to the host "
+             "between forward and backward (attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, "
+             "moe_act)")
+    add("--moe-dispatcher", choices=("alltoall", "allgather", "deepep", "hybridep"), default=None,
+        help="Megatron-LM's MoE token dispatcher (default alltoall): allgather gathers every token over the EP "
+             "group; deepep / hybridep are the flex dispatcher's backends, sending a token once per GPU that holds "
+             "any of its experts")
     add("--max-mbs", type=_positive_int, default=16,
         help="largest micro-batch to try (every value dividing the per-replica batch)")
     for name in PINNABLE:
@@ -326,6 +334,9 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         zero_options=_split(args.zero, int, "--zero") or (0, 1, 2, 3),
                         cp_options=_split(args.cp, int, "--cp"), ep_options=_split(args.ep, int, "--ep"),
                         moe_capacity_factor=args.moe_capacity_factor,
+                        moe_dispatcher=getattr(args, "moe_dispatcher", None) or "alltoall",
+                        activation_offload=_split(getattr(args, "activation_offload", None), str,
+                                                  "--activation-offload") or (),
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
                         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
                         optimizer_offload=getattr(args, "optimizer_offload", None) or 0.0,
@@ -521,6 +532,9 @@ def render_savers(model, cluster: ClusterSpec, training: TrainingSpec, est: Esti
     if training.optimizer_offload:
         savers.append((f"optimizer offload {training.optimizer_offload:g} (--optimizer-offload-fraction)",
                        replace(training, optimizer_offload=0.0), est.candidate))
+    if training.activation_offload:
+        savers.append((f"activation offload {'+'.join(training.activation_offload)} (--offload-modules)",
+                       replace(training, activation_offload=()), est.candidate))
     lines = []
     for name, t, c in savers:
         base = estimate(model, cluster, t, c, targets=targets)

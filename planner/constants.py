@@ -143,11 +143,25 @@ TABLE: tuple[Fitted, ...] = (
                       "measured, 1.447 -> 1.382 predicted; Qwen3 8B 1.319 measured, 1.416 -> 1.356 predicted. No "
                       "published blockwise (128x128) pair here: blockwise takes MXFP8's value"),
     # -- MoE (planner.moe) --
-    Fitted(name="KERNEL_LAUNCH_S", value=20e-6, unit="s of host time per grouped-GEMM split launch",
-           source="Transformer Engine GroupedLinear: one cuBLAS call (and under FP8 one quantization) per expert "
-                  "split, launched after the MoE dispatcher's host sync",
-           fitted_on="the Megatron-Bridge 25.11 DGX-B200 Qwen3-30B-A3B MBS 1 row (tests/bench/validate_moe_cp.py)",
-           checked_on="its DGX-H100 Qwen3 and DGX-B200 DeepSeek-V3 rows"),
+    Fitted(name="KERNEL_LAUNCH_S", value=50e-6, unit="s of host time per grouped-GEMM split launch",
+           source="Transformer Engine GroupedLinear: one cuBLAS call (and under FP8 each quantization's kernels, "
+                  "planner.moe.QUANTIZE_KERNELS) per expert split, launched after the MoE dispatcher's host sync; "
+                  "of the order of MEGATRON_HOST_S per kernel of a fused layer (EAGER_HOST_S: ~100 us a kernel)",
+           fitted_on="the two Megatron-Bridge 25.11 MoE rows that ran without CUDA graphs (tests/bench/"
+                     "validate_moe_cp.py; their configs at 87aa39ce7 / v0.2.1 set no cuda_graph_impl): DGX-H100 "
+                     "Qwen3-30B-A3B (FP8 current scaling, 16 local experts) and DGX-B200 DeepSeek-V3 (MXFP8, 32 local "
+                     "experts): pred/meas 1.19 / 1.08 at 45 us, 1.11 / 1.01 at 50, 1.05 / 0.95 at 55. It was 20 us "
+                     "fitted on the DGX-B200 Qwen3-30B-A3B row, which ran with CUDA graphs (cuda_graph_scope "
+                     "full_iteration at 87aa39ce7, moe_router + moe_preprocess at v0.2.1) that plan does not model: "
+                     "that row is now predicted 0.63",
+           checked_on="the DGX-H100 Qwen3-235B-A22B row (4 local experts: 1.10 either way)"),
+    Fitted(name="FLEX_LINK_EFFICIENCY", value=0.9, unit="fraction of a datasheet link bandwidth",
+           source="DeepEP's normal (training) dispatch and combine kernels drive NVLink and RDMA near their peak: "
+                  "TMA / NVSHMEM copies with a chosen number of SMs, no NCCL protocol (planner.moe.DISPATCHERS)",
+           fitted_on="by hand on DeepEP's README table (H800, 4096 tokens, hidden 7168, top-8): intranode EP8 153 / "
+                     "158 GB/s of ~160 GB/s NVLink (0.96-0.99), internode EP16-64 43-46 GB/s of ~50 GB/s RDMA "
+                     "(0.86-0.92)",
+           checked_on="no published training run here pairs DeepEP with the alltoall dispatcher"),
     # -- memory (planner.memory) --
     Fitted(name="ALLOCATOR_OVERHEAD", value=1.05, unit="x the dynamic (activation, logits) bytes",
            source="PyTorch's caching allocator holds more than the live tensors (block rounding, fragmentation): "
@@ -179,6 +193,7 @@ EAGER_HOST_S = BY_NAME["EAGER_HOST_S"].value
 MEGATRON_HOST_S = BY_NAME["MEGATRON_HOST_S"].value
 DS_DP_INTER_NODE_EFFICIENCY = BY_NAME["DS_DP_INTER_NODE_EFFICIENCY"].value
 KERNEL_LAUNCH_S = BY_NAME["KERNEL_LAUNCH_S"].value
+FLEX_LINK_EFFICIENCY = BY_NAME["FLEX_LINK_EFFICIENCY"].value
 ASYNC_TP_HIDDEN = BY_NAME["ASYNC_TP_HIDDEN"].value
 ROWWISE_GEMM_EFFICIENCY = BY_NAME["ROWWISE_GEMM_EFFICIENCY"].value
 BLOCK_SCALED_GEMM_EFFICIENCY = BY_NAME["BLOCK_SCALED_GEMM_EFFICIENCY"].value

@@ -508,6 +508,7 @@ TERMS: tuple[Term, ...] = (
                     "COLLECTIVE_LATENCY_S_INTRA", "COLLECTIVE_LATENCY_S_INTER", "ASYNC_TP_HIDDEN")),
     context_parallel.RING_EXCHANGE,
     moe.ALL_TO_ALL,
+    offload.ACTIVATION_OFFLOAD,
     Term(name="pp_p2p", kind=COMMUNICATION, group="pp_p2p_s", per_microbatch=True, seconds=pp_p2p_s,
          overlap=pp_p2p_overlap, hides_under="the other model chunks' compute (interleaved 1F1B)",
          flag="Megatron overlap_p2p_comm (default with VPP; --overlap p2p)",

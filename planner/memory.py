@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from planner import context_parallel, fp8, fsdp_parallel, moe, pipeline_engine, recompute
+from planner import context_parallel, fp8, fsdp_parallel, moe, offload, pipeline_engine, recompute
 from planner.constants import ALLOCATOR_OVERHEAD
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
@@ -426,8 +426,12 @@ def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, sta
     lps = stage_layers(model, cand, training.framework, stage)
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer
     in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
-    activations = ALLOCATOR_OVERHEAD * (in_flight * (stored_layer_bytes(model, cand, stage, lps, act) + embed_out)
-                                        + act.working_bytes)
+    stored = stored_layer_bytes(model, cand, stage, lps, act)
+    if training.activation_offload:   # module inputs on the host between forward and backward (planner.offload)
+        stored -= offload.offloaded_layers(lps, cand) * min(
+            offload.activation_offload_bytes(model, cand, training, model.seq_len * cand.mbs),
+            max(0.0, act.stored_bytes - act.input_bytes))
+    activations = ALLOCATOR_OVERHEAD * (in_flight * (stored + embed_out) + act.working_bytes)
     logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
     return context_parallel.split_activations(activations, logits, model, cand, training)
 

@@ -29,7 +29,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
-from planner.constants import KERNEL_LAUNCH_S
+from planner.constants import FLEX_LINK_EFFICIENCY, KERNEL_LAUNCH_S, LINK_EFFICIENCY
 # the shape and parameter counts live in planner.model; the ones other modules read beside this module's
 from planner.model import (attention_core_flops, attention_matmul_flops, attention_params,  # noqa: F401
                            dense_layer_count, expert_ffn, expert_layer_params, is_moe, layer_forward_matmul_flops,
@@ -54,11 +54,20 @@ if TYPE_CHECKING:
 # imbalance is small; a capacity factor (Fedus et al. 2021 "Switch Transformers", arXiv 2101.03961,
 # Sec. 2.2: capacity = tokens/experts x capacity factor, 1.0-1.25 in their runs) bounds it.
 DROPLESS_CAPACITY = 1.0
-# Per local expert, the launches a Megatron-Core MoE layer's forward makes after the dispatcher's host sync:
+# Per local expert, the GEMM launches a Megatron-Core MoE layer's forward makes after the dispatcher's host sync:
 # Transformer Engine GroupedLinear's FC1 and FC2 GEMMs, one cuBLAS call each per expert split (m_splits); under FP8
-# also each GEMM input's quantization per split (TE split_quantize), so 4.
+# also each GEMM input's quantization per split (TE split_quantize), `QUANTIZE_KERNELS` launches each.
 MOE_KERNELS_PER_EXPERT = 2
+# Kernels one FP8 quantization of a GEMM input launches: Transformer Engine's current (tensorwise) scaling computes the
+# amax, then the scale, then casts (transformer_engine/pytorch/csrc/quantizer.cpp Float8CurrentScalingQuantizer::
+# quantize_impl: nvte_compute_amax_with_config, nvte_compute_scale_from_amax, nvte_quantize_v2): 3; delayed scaling
+# (scale from the amax history), MXFP8 and blockwise (scales computed inside the cast kernel) one nvte_quantize: 1.
+QUANTIZE_KERNELS = {"tensorwise": 3}
 # Host seconds per such launch: KERNEL_LAUNCH_S, fitted (planner.constants).
+# HBM bytes per router score [tokens x experts], forward: Megatron-Core's router (megatron/core/transformer/moe/
+# router.py TopKRouter.routing, fused under --moe-router-fusion) reads the fp32 logits (4), writes the fp32 probs (4)
+# and the bool routing map (1) over all experts, and the auxiliary load-balancing loss reads the probs again (4): 13.
+ROUTER_BYTES_PER_SCORE = 13
 
 
 # -- shape (parameters: planner.model) --------------------------------------------------------------------------------------------
@@ -149,9 +158,12 @@ def expert_ops(lo: "LayerOps", m: "ModelSpec", c: "Candidate", training: "Traini
     ffn = expert_ffn(m)
     rows, local = routed_rows(m, c, training, tokens)
     sync_host = sync_host_s(m, c, training)
-    experts = [gemm_op("router", tokens // (t if c.sp else 1), m.num_experts, h, g),   # on the SP shard
+    sp_tokens = tokens // (t if c.sp else 1)   # the router and the permutation run on the SP shard
+    experts = [gemm_op("router", sp_tokens, m.num_experts, h, g),
+               bytes_op("router_topk", ROUTER_BYTES_PER_SCORE * sp_tokens * m.num_experts, cluster),
                bytes_op("moe_permute", 2 * h * tokens * (2 + 2 * m.moe_topk * capacity(training))
                         / max(1, t if c.sp else 1), cluster),
+               bytes_op("moe_sort_chunks", sort_chunks_bytes(m, c, training, tokens), cluster),
                gemm_op("expert_fc1", rows, glu * ffn // c.etp, h, g, local, after_sync=sync_host > 0),
                bytes_op("expert_act", (6 if m.glu else 4) * tokens * m.moe_topk * capacity(training) * ffn / c.etp
                         / tp_per_etp(c), cluster),
@@ -196,6 +208,19 @@ def routed_rows(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens
             max(1, m.num_experts // c.ep))
 
 
+def sort_chunks_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int) -> float:
+    """Forward HBM bytes of the alltoall dispatcher's second permutation: after the dispatch all-to-all the rows a GPU
+    received arrive grouped by source rank and are regrouped by local expert, and before the combine they are put
+    back (Megatron-Core token_dispatcher.py MoEAlltoAllTokenDispatcher: ``sort_chunks_by_idxs`` in
+    dispatch_postprocess and combine_preprocess when num_local_experts > 1, dropless): each a read and a write of the
+    received tokens·k·cap/(TP/ETP) rows of h 16-bit values, 2 x 2 x 2 bytes a value. 0 with one local expert and on
+    torchtitan (its grouped GEMM takes the all-to-all's order through index offsets)."""
+    if not is_moe(m) or m.num_experts // c.ep <= 1 or training.moe_dispatcher != "alltoall" \
+            or training.framework != "megatron-lm":
+        return 0.0   # the allgather and flex dispatchers permute straight into local-expert order
+    return 8.0 * tokens * m.moe_topk * capacity(training) * m.hidden / tp_per_etp(c)
+
+
 def tp_per_etp(c: "Candidate") -> int:
     """TP ranks per expert-TP group: the share of the tokens' copies one GPU's experts run is 1 / this."""
     return max(1, c.tp // c.etp)
@@ -233,12 +258,17 @@ def host_sync_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens
     return host, routed_gemm_s(m, c, training, tokens, gemm_s) * moe_layer_count(m) / m.layers
 
 
+def quantize_kernels(training: "TrainingSpec") -> int:
+    """Kernels one FP8 quantization launches under the training's recipe (`QUANTIZE_KERNELS`, 1 unless listed)."""
+    return QUANTIZE_KERNELS.get(training.fp8_recipe, 1)
+
+
 def sync_host_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec") -> float:
     """`host_sync_s`' host seconds: the launches after Megatron's dispatcher sync, as a mean over all layers."""
     local = m.num_experts // c.ep if is_moe(m) else 0
     if not is_moe(m) or (c.ep <= 1 and local <= 1) or training.framework != "megatron-lm":
         return 0.0   # torchtitan runs the experts as one torch._grouped_mm; a capacity factor syncs too
-    per_expert = MOE_KERNELS_PER_EXPERT * (2 if training.precision == "fp8" else 1)
+    per_expert = MOE_KERNELS_PER_EXPERT * (1 + (quantize_kernels(training) if training.precision == "fp8" else 0))
     return per_expert * local * KERNEL_LAUNCH_S * moe_layer_count(m) / m.layers
 
 
@@ -282,19 +312,55 @@ def all_to_all_s(topology: "Topology", stride: int, group: int, message_bytes: f
     return max(intra, collective_s(nic, kind="all_gather", message_bytes=message_bytes, group=nodes))
 
 
+DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
+"""Megatron-Core's MoE token dispatchers (megatron/core/transformer/moe/token_dispatcher.py):
+MoEAlltoAllTokenDispatcher, MoEAllGatherTokenDispatcher, and MoEFlexTokenDispatcher over DeepEP or HybridEP
+(--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep). All four sync with the host
+before the experts when dropless (`sync_host_s`): the alltoall one for its splits, the allgather one for
+tokens_per_expert (.cpu()), the flex one for the received token counts its grouped GEMM needs."""
+
+
+def ranks_per_token(m: "ModelSpec", ep: int) -> float:
+    """Expected EP ranks a token's k experts land on, experts placed E/EP a rank and the k chosen uniformly (balanced
+    routing): EP·(1 - C(E - E/EP, k) / C(E, k)) (the chance that none of its k falls on a given rank). DeepEP sends a
+    token once to each such rank (deepseek-ai/DeepEP deep_ep/buffer.py get_dispatch_layout: is_token_in_rank), not k
+    copies. DeepSeek-V3's node-limited routing (at most 4 nodes a token, report Sec. 2.1.2) sends fewer across nodes;
+    not counted."""
+    e, k = m.num_experts, m.moe_topk
+    if ep <= 1 or k >= e:
+        return float(min(ep, k) or 1)
+    return ep * (1 - math.comb(e - e // ep, k) / math.comb(e, k))
+
+
+def dispatch_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int,
+                   bytes_per_value: float) -> float:
+    """What one GPU sends in one dispatch (and again in the combine), as an all-to-all's per-GPU message
+    (`all_to_all_s`), by dispatcher: alltoall, every token's k copies (x capacity; no deduplication of copies bound
+    for one GPU), 1/(TP/ETP) of them per GPU; flex (DeepEP / HybridEP), each token once per EP rank holding any of
+    its experts (`ranks_per_token`); allgather, every GPU's tokens gathered to every EP rank and reduce-scattered
+    back, an all-gather of EP x tokens·h, priced as the all-to-all whose per-GPU message moves the same bytes."""
+    per_token = m.hidden * bytes_per_value / tp_per_etp(c)
+    if training.moe_dispatcher == "allgather":
+        return c.ep * tokens * per_token
+    if training.moe_dispatcher in ("deepep", "hybridep"):
+        return tokens * ranks_per_token(m, c.ep) * capacity(training) * per_token
+    return tokens * m.moe_topk * capacity(training) * per_token
+
+
 def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int, topology: "Topology",
                        collective_s: Callable[..., float], bytes_per_value: float,
                        recomputed_layers: float | None = None) -> float:
     """Mean per-layer seconds of the EP all-to-all: dispatch and combine in the forward, both again in
     the backward (and the forward pair again under full recompute), not overlapped (Megatron-Core's
-    alltoall token dispatcher without --overlap-moe-expert-parallel-comm). Each GPU sends its tokens·k
-    hidden vectors (x capacity; no deduplication of a token's copies bound for one GPU), over the EP group,
-    which strides by ETP (Megatron-Core parallel_state's expert grid ETP x EP x expert-DP): `all_to_all_s`.
+    token dispatcher without --overlap-moe-expert-parallel-comm). Each GPU sends `dispatch_bytes` (by dispatcher)
+    over the EP group, which strides by ETP (Megatron-Core parallel_state's expert grid ETP x EP x expert-DP):
+    `all_to_all_s`; the flex dispatcher's kernels at FLEX_LINK_EFFICIENCY of the links, not NCCL's LINK_EFFICIENCY.
     ``recomputed_layers``: `planner.recompute.recomputed_of(...).layers` when the caller has it."""
     if not is_moe(m) or c.ep <= 1:
         return 0.0
-    message = tokens * m.moe_topk * capacity(training) * m.hidden * bytes_per_value / tp_per_etp(c)
-    per = all_to_all_s(topology, c.etp, c.ep, message, collective_s)
+    per = all_to_all_s(topology, c.etp, c.ep, dispatch_bytes(m, c, training, tokens, bytes_per_value), collective_s)
+    if training.moe_dispatcher in ("deepep", "hybridep"):
+        per *= LINK_EFFICIENCY / FLEX_LINK_EFFICIENCY   # its kernels, not NCCL's, drive the links
     if recomputed_layers is None:
         recomputed_layers = recomputed_of(m, c, training.framework).layers
     calls = 4 + 2 * recomputed_layers   # full (or --recompute-modules moe): the pair again; block-N: its share
@@ -367,8 +433,10 @@ def all_to_all_overlap(ctx: "StepContext") -> Overlap | None:
 
 ALL_TO_ALL = Term(name="ep_all_to_all", kind=COMMUNICATION, group="ep_comm_s", per_microbatch=True,
                   seconds=all_to_all_term_s, source="Megatron-Core MoE alltoall token dispatcher (dispatch + combine, "
-                                               "forward and backward); nccl-tests alltoall busbw",
-                  constants=("LINK_EFFICIENCY",), overlap=all_to_all_overlap, hides_under="compute",
+                                               "forward and backward; allgather and flex dispatchers by their "
+                                               "bytes); nccl-tests alltoall busbw",
+                  constants=("LINK_EFFICIENCY", "FLEX_LINK_EFFICIENCY"), overlap=all_to_all_overlap,
+                  hides_under="compute",
                   flag="Megatron --overlap-moe-expert-parallel-comm (--overlap ep-a2a) or --moe-shared-expert-overlap "
                        "(--overlap shared-expert)")
 EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
@@ -378,7 +446,8 @@ EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="
 
 
 __all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "add_expert_states", "all_to_all_layer_s",
-           "all_to_all_s", "attention_params", "capacity",
+           "all_to_all_s", "attention_params", "capacity", "DISPATCHERS", "dispatch_bytes", "dispatcher_flags",
+           "ranks_per_token",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
            "expert_ops", "host_sync_s", "sync_host_s", "is_moe", "latent_attention_ops", "layer_forward_matmul_flops",
            "moe_layer_count", "mtp_forward_flops", "mtp_non_expert_params", "mtp_params", "needs_own_shape",
@@ -440,10 +509,36 @@ def violations(m: "ModelSpec", c: "Candidate", cluster: object, training: "Train
             out.append(("framework_limit", "--overlap ep-a2a and shared-expert exclude each other (transformer_"
                                            "config.py: 'disable moe_shared_expert_overlap when enabling "
                                            "overlap_moe_expert_parallel_comm'); keep one"))
+    if fw == "megatron-lm" and training.moe_dispatcher == "allgather" and "ep-a2a" in (training.overlap or ()):
+        out.append(("framework_limit", "--overlap ep-a2a needs the alltoall or flex dispatcher (transformer_config.py: "
+                                       "'overlap_moe_expert_parallel_comm is supported with alltoall/flex token "
+                                       "dispatcher'); use --moe-dispatcher alltoall, deepep or hybridep"))
+    if fw == "megatron-lm" and training.moe_dispatcher != "alltoall" and "shared-expert" in (training.overlap or ()):
+        out.append(("framework_limit", "--overlap shared-expert works with the alltoall dispatcher only "
+                                       "(transformer_config.py: 'moe_shared_expert_overlap only works with alltoall "
+                                       "token dispatcher'); use --moe-dispatcher alltoall"))
+    if fw == "megatron-lm" and training.moe_dispatcher == "deepep" and c.tp * c.ep <= 1:
+        out.append(("framework_limit", "the flex dispatcher's DeepEP backend needs TP x EP > 1 "
+                                       "(token_dispatcher.py: 'DeepEP dispatcher requires TPxEP > 1'); set EP > 1 "
+                                       "or use --moe-dispatcher alltoall"))
+    if fw == "megatron-lm" and training.moe_dispatcher == "deepep" and training.moe_capacity_factor:
+        out.append(("framework_limit", "DeepEP cannot pad experts to capacity (transformer_config.py: 'Flex token "
+                                       "dispatcher with deepep backend does not support "
+                                       "moe_pad_expert_input_to_capacity'); drop --moe-capacity-factor or use "
+                                       "another dispatcher"))
     if c.ep > 1 and training.precision == "fp16":
         out.append(("framework_limit", "Megatron refuses expert parallelism with fp16 ('Expert parallelism is not "
                                        "supported with fp16 training'); use bf16 or fp8"))
     return out
+
+
+def dispatcher_flags(training: "TrainingSpec") -> list[list[str]]:
+    """Megatron-LM's flags for the training's dispatcher (TransformerConfig moe_token_dispatcher_type,
+    moe_flex_dispatcher_backend)."""
+    d = training.moe_dispatcher
+    if d in ("deepep", "hybridep"):
+        return [["--moe-token-dispatcher-type", "flex"], ["--moe-flex-dispatcher-backend", d]]
+    return [["--moe-token-dispatcher-type", d]]
 
 
 def ep_choices(m: "ModelSpec", tp: int, cp: int, dp: int, options: tuple[int, ...] | None) -> list[tuple[int, int]]:

@@ -1,4 +1,4 @@
-"""Megatron-LM's CPU optimizer offload: a fraction of the optimizer on the host, in memory and in time.
+"""Megatron-LM's CPU offloads, in memory and in time: a fraction of the optimizer on the host, and module inputs.
 
 ``--optimizer-cpu-offload --optimizer-offload-fraction f`` (megatron/core/optimizer/cpu_offloading/hybrid_optimizer.py
 ``HybridDeviceOptimizer``; arguments.py asks ``--use-precision-aware-optimizer`` with it): the fp32 master weights and
@@ -21,9 +21,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from planner.terms import COMMUNICATION, Overlap, Term
+
 if TYPE_CHECKING:
     from planner.hardware import ClusterSpec
-    from planner.space import TrainingSpec
+    from planner.model import ModelSpec
+    from planner.space import Candidate, TrainingSpec
+    from planner.step_context import StepContext
 
 PCIE5_BYTES_PER_S = 64e9
 """one direction of PCIe 5.0 x16 (NVIDIA H100 datasheet: 128 GB/s bidirectional)"""
@@ -66,4 +70,82 @@ def megatron_lm_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
             ("--use-precision-aware-optimizer",), ("--overlap-cpu-optimizer-d2h-h2d",)]
 
 
-__all__ = ["host_link_bytes_per_s", "host_step_s", "megatron_lm_args"]
+# -- activation offload ----------------------------------------------------------------------------------------
+ACTIVATION_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+"""Megatron-LM's --offload-modules (megatron/core/transformer/transformer_config.py offload_modules: the modules whose
+input --fine-grained-activation-offloading copies to the host in the forward and back for the backward)"""
+FP8_SAVED_INPUTS = ("qkv_linear", "attn_proj", "expert_fc1")
+"""the linear layers whose saved input Transformer Engine keeps as its FP8 cast under FP8 (1 byte an element)"""
+
+
+def activation_offload_bytes(model: "ModelSpec", cand: "Candidate", training: "TrainingSpec",
+                             tokens: float) -> float:
+    """Bytes of one mean layer's offloaded module inputs for ``tokens`` tokens on one GPU, 16-bit (the linear inputs
+    FP8 under FP8): attn_norm and mlp_norm the layer's and the attention's residual output (h, split by SP),
+    qkv_linear the norm output (h, by SP), core_attn Q, K and V (q + 2 kv widths, by TP), attn_proj the attention
+    output (q width, by TP), expert_fc1 the permuted tokens (top-k x capacity copies of h, by SP), moe_act the
+    experts' FC1 output (top-k x capacity x expert width, twice with SwiGLU, by TP), the last two on the MoE layers'
+    share (planner.memory's own terms for these tensors)."""
+    from planner import moe
+
+    mods = training.activation_offload
+    if not mods:
+        return 0.0
+    h, t = model.hidden, cand.tp
+    sp = t if cand.sp else 1
+    width = {"attn_norm": h / sp, "qkv_linear": h / sp, "core_attn": (model.q_dim + 2 * model.kv_dim) / t,
+             "attn_proj": model.q_dim / t, "mlp_norm": h / sp}
+    if moe.is_moe(model):
+        share, kc = moe.moe_layer_count(model) / model.layers, model.moe_topk * moe.capacity(training)
+        width["expert_fc1"] = share * kc * h / sp
+        width["moe_act"] = share * kc * (2 if model.glu else 1) * moe.expert_ffn(model) / t
+    return sum(tokens * width.get(name, 0.0) * (1 if training.precision == "fp8" and name in FP8_SAVED_INPUTS else 2)
+               for name in mods)
+
+
+def offloaded_layers(lps: int, cand: "Candidate") -> int:
+    """Layers of a rank whose offloaded inputs leave the GPU for one micro-batch: all but the last of each model chunk
+    (megatron/core/pipeline_parallel/fine_grained_activation_offload.py: the last group of each name in a chunk is
+    marked not offloadable, so its reload cannot stall the backward that needs it first)."""
+    return max(0, lps - max(1, cand.vpp))
+
+
+def activation_copy_s(nbytes: float, cluster: "ClusterSpec") -> float:
+    """Seconds of ``nbytes`` to the host in the forward and back in the backward, each over the GPU's PCIe link
+    (`host_link_bytes_per_s`, its own D2H / H2D stream); the terms machinery hides them under the compute."""
+    return 2 * nbytes / host_link_bytes_per_s(cluster)
+
+
+def activation_offload_term_s(ctx: "StepContext") -> float:
+    """The term: one micro-batch's offloaded inputs on the busiest stage, to the host and back (`activation_copy_s`)."""
+    t = ctx.training
+    if not t.activation_offload:
+        return 0.0
+    layers = offloaded_layers(ctx.stage_layers, ctx.cand)
+    return layers * activation_copy_s(activation_offload_bytes(ctx.model, ctx.cand, t, ctx.tokens), ctx.cluster)
+
+
+def activation_offload_overlap(ctx: "StepContext") -> Overlap | None:
+    """The copies run on their own D2H / H2D streams beside the micro-batch's forward and backward (fine_grained_
+    activation_offload.py PipelineOffloadManager: _d2h_stream, _h2d_stream; each reload launched a layer ahead):
+    hidden up to that compute, only the excess exposed."""
+    return Overlap(under="compute", window=1.0) if ctx.training.activation_offload else None
+
+
+ACTIVATION_OFFLOAD = Term(name="activation_offload", kind=COMMUNICATION, group="compute_s", per_microbatch=True,
+                          seconds=activation_offload_term_s, overlap=activation_offload_overlap,
+                          hides_under="the micro-batch's forward and backward (own D2H / H2D streams)",
+                          flag="Megatron --fine-grained-activation-offloading --offload-modules (--activation-offload)",
+                          source="Megatron-Core fine_grained_activation_offload.py: module inputs to pinned host "
+                                 "memory and back over PCIe (datasheet rates)")
+
+
+def activation_offload_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
+    """The flags (TransformerConfig fine_grained_activation_offloading, offload_modules)."""
+    if not training.activation_offload:
+        return []
+    return [("--fine-grained-activation-offloading",), ("--offload-modules", *training.activation_offload)]
+
+
+__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "activation_copy_s", "activation_offload_args",
+           "activation_offload_bytes", "host_link_bytes_per_s", "host_step_s", "megatron_lm_args", "offloaded_layers"]

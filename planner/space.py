@@ -62,6 +62,9 @@ class TrainingSpec:
     """expert-parallel sizes to enumerate (--ep 1,8); None = the divisors of the expert count"""
     moe_capacity_factor: float | None = None
     """MoE expert capacity factor (--moe-expert-capacity-factor); None = dropless"""
+    moe_dispatcher: str = "alltoall"
+    """Megatron-LM's MoE token dispatcher (planner.moe.DISPATCHERS): alltoall | allgather | deepep | hybridep (the
+    last two: --moe-token-dispatcher-type flex with that --moe-flex-dispatcher-backend)"""
     fp8_recipe: str = "delayed"
     """Transformer Engine FP8 scaling under --precision fp8 (Megatron-LM --fp8-recipe): delayed | tensorwise"""
     grad_reduce_dtype: str = "fp32"
@@ -77,6 +80,9 @@ class TrainingSpec:
     """torchtitan [compile] enable: Inductor fuses the element-wise chains (planner.fsdp_parallel.runtime_framework)"""
     async_tp: bool = False
     """torchtitan's async tensor parallel (needs torch_compile): planner.fsdp_parallel.tp_exposed_fraction"""
+    activation_offload: tuple[str, ...] = ()
+    """Megatron-LM's --fine-grained-activation-offloading --offload-modules (planner.offload.ACTIVATION_MODULES):
+    the modules whose inputs go to the host between forward and backward; () = none"""
     optimizer_offload: float = 0.0
     """fraction of the optimizer states Megatron-LM keeps on the host (--optimizer-cpu-offload
     --optimizer-offload-fraction; `planner.offload`); 0: none"""
@@ -129,6 +135,17 @@ class TrainingSpec:
             if "param-gather" in self.overlap and "grad-reduce" not in self.overlap:
                 raise InputError("--overlap param-gather needs grad-reduce too (Megatron-LM arguments.py: 'Must use "
                                  "--overlap-param-gather with --overlap-grad-reduce'); add grad-reduce")
+        bad = [m for m in self.activation_offload if m not in ("attn_norm", "qkv_linear", "core_attn", "attn_proj",
+                                                                 "mlp_norm", "expert_fc1", "moe_act")]
+        if bad:   # planner.offload.ACTIVATION_MODULES
+            raise InputError(f"unknown offload module {', '.join(bad)}; use some of attn_norm, qkv_linear, core_attn, "
+                             "attn_proj, mlp_norm, expert_fc1, moe_act")
+        if self.activation_offload and self.framework != "megatron-lm":
+            raise InputError("--activation-offload is Megatron-LM's (--fine-grained-activation-offloading); the "
+                             f"framework here is {self.framework}: add --framework megatron-lm or drop it")
+        if "attn_proj" in self.activation_offload and "core_attn" not in self.activation_offload:
+            raise InputError("--activation-offload attn_proj needs core_attn too (transformer_config.py: 'attn_proj "
+                             "cannot be set to offload_modules alone without core_attn'); add core_attn")
         if not 0 <= self.optimizer_offload <= 1:
             raise InputError(f"--optimizer-offload must be a fraction in [0, 1], got {self.optimizer_offload}")
         if self.optimizer_offload and self.framework != "megatron-lm":
@@ -154,6 +171,12 @@ class TrainingSpec:
                              "rowwise")
         if self.async_tp and not self.torch_compile:
             raise InputError("--async-tp needs --torch-compile (torchtitan: async TP is a torch.compile pass)")
+        if self.moe_dispatcher not in ("alltoall", "allgather", "deepep", "hybridep"):   # planner.moe.DISPATCHERS
+            raise InputError(f"unknown MoE dispatcher {self.moe_dispatcher!r}; use alltoall, allgather, deepep or "
+                             "hybridep")
+        if self.moe_dispatcher != "alltoall" and self.framework != "megatron-lm":
+            raise InputError(f"--moe-dispatcher {self.moe_dispatcher} is Megatron-LM's (--moe-token-dispatcher-type); "
+                             f"the framework here is {self.framework}: add --framework megatron-lm or drop it")
         if self.moe_capacity_factor is not None and not self.moe_capacity_factor >= 1:
             raise InputError(f"--moe-capacity-factor must be >= 1, got {self.moe_capacity_factor}")
         if any(not isinstance(v, int) or v < 1 for v in (self.cp_options or ()) + (self.ep_options or ())):

@@ -157,6 +157,8 @@ MEGATRON_LM = {
     "--optimizer-cpu-offload", "--optimizer-offload-fraction", "--use-precision-aware-optimizer",   # arguments.py
     "--overlap-cpu-optimizer-d2h-h2d", "--overlap-moe-expert-parallel-comm",   # arguments.py, TransformerConfig
     "--moe-shared-expert-overlap",   # TransformerConfig
+    "--fine-grained-activation-offloading", "--offload-modules",   # TransformerConfig (fine_grained_activation_
+    # offloading, offload_modules)
     "--use-distributed-optimizer", "--grad-reduce-in-bf16",
     "--overlap-grad-reduce", "--overlap-param-gather", "--no-overlap-p2p-communication",   # arguments.py literals
     "--tp-comm-overlap",                                                                     # ModelParallelConfig

@@ -37,7 +37,7 @@ MEGATRON_FLAGS = {
     "--moe-layer-freq": True, "--moe-ffn-hidden-size": True, "--moe-shared-expert-intermediate-size": True,
     "--moe-grouped-gemm": False, "--moe-router-topk": True, "--moe-router-load-balancing-type": True,
     "--moe-token-dispatcher-type": True, "--moe-expert-capacity-factor": True,
-    "--moe-pad-expert-input-to-capacity": False,
+    "--moe-pad-expert-input-to-capacity": False, "--moe-flex-dispatcher-backend": True,
     "--multi-latent-attention": False, "--q-lora-rank": True, "--kv-lora-rank": True, "--qk-head-dim": True,
     "--qk-pos-emb-head-dim": True, "--v-head-dim": True, "--kv-channels": True,
     "--fp8-format": True, "--fp8-recipe": True, "--fp8-amax-history-len": True, "--fp8-amax-compute-algo": True,
@@ -56,12 +56,14 @@ MEGATRON_FLAGS = {
 CHOICES = {"--fp8-format": ["e4m3", "hybrid"], "--fp8-recipe": ["tensorwise", "delayed", "mxfp8"],
            "--fp8-amax-compute-algo": ["most_recent", "max"],
            "--moe-token-dispatcher-type": ["allgather", "alltoall", "flex", "alltoall_seq"],
+           "--moe-flex-dispatcher-backend": ["deepep", "hybridep"],
            "--moe-router-load-balancing-type": ["aux_loss", "seq_aux_loss", "sinkhorn", "none"],
            "--moe-router-score-function": ["softmax", "sigmoid"]}
 TRANSFORMER_CONFIG_FIELDS = {
     "num_moe_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq",
     "moe_shared_expert_intermediate_size", "moe_grouped_gemm", "moe_token_dispatcher_type",
     "moe_router_load_balancing_type", "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity",
+    "moe_flex_dispatcher_backend",
     "multi_latent_attention", "fp8", "fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo",
 }
 MODEL_PARALLEL_CONFIG_FIELDS = {"context_parallel_size", "cp_comm_type", "expert_model_parallel_size",
@@ -91,6 +93,15 @@ CASES = {
                                                              zero=1, vpp=4,
                                                              recompute="modules:mla_up_proj+mlp"),
                               seq_len=4096, global_batch=8192),
+    # the same with its published dispatcher (DEEPSEEK_V3_H100_BASE_CONFIG at v0.2.1: moe_flex_dispatcher_backend
+    # "deepep", i.e. --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep)
+    "deepseek-deepep": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
+                                                             zero=1, vpp=4, recompute="modules:mla_up_proj+mlp"),
+                              seq_len=4096, global_batch=8192, moe_dispatcher="deepep"),
+    # the same without recompute, the experts' inputs offloaded to the host (--activation-offload)
+    "deepseek-act-offload": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
+                                                                  zero=1, vpp=4), seq_len=4096, global_batch=8192,
+                                   activation_offload=("expert_fc1", "moe_act")),
     # the same with half the optimizer on the host, FP8 current scaling (Megatron refuses --fp8-param-gather there)
     "deepseek-offload": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
                                                               zero=1, vpp=4, recompute="modules:mla_up_proj+mlp"),

@@ -217,7 +217,8 @@ def test_the_parsed_sets_cover_every_emitted_feature():
             "--recompute-granularity", "--recompute-method", "--train-samples", "--use-megatron-fsdp",
             "--data-parallel-sharding-strategy", "--pipeline-model-parallel-layout", "--mtp-num-layers",
             "--recompute-modules", "--optimizer-cpu-offload", "--optimizer-offload-fraction",
-            "--overlap-moe-expert-parallel-comm"} <= flags
+            "--overlap-moe-expert-parallel-comm", "--moe-flex-dispatcher-backend",
+            "--fine-grained-activation-offloading", "--offload-modules"} <= flags
     assert {s.group for s in all_arg_sets()} == set(GROUPS)
     assert len(all_arg_sets()) >= 40
     hf = {tok for s in all_arg_sets() if s.group == "hf-configs" for tok in s.argv if tok.startswith("--")}

@@ -330,21 +330,25 @@ def test_pp1_memory_counts_routed_experts_once():
     assert m.params == pytest.approx(30.5e9, rel=0.02) and e.fits
 
 
-# Megatron-Bridge docs/performance-summary.md, 25.11 container (MoE runs force-balanced and dropless): tokens/s per GPU
-BRIDGE_MOE = {  # name: (model, gpu, GPUs, GBS, MBS, PP, VPP, EP, recompute, published tokens/s/GPU)
-    "qwen3-b200": ("qwen3-30b-a3b", "B200", 8, 512, 1, 1, 1, 8, "none", 9299),
-    "qwen3-h100": ("qwen3-30b-a3b", "H100", 16, 512, 2, 2, 24, 8, "full", 5275),
-    "deepseek-v3-b200": ("deepseek-v3", "B200", 256, 2048, 1, 16, 1, 8, "full", 2139),
+# Megatron-Bridge docs/performance-summary.md, 25.11 container (MoE runs force-balanced and dropless): tokens/s per GPU,
+# run as its perf scripts set them (tests/bench/validate_moe_cp.py: FP8 current scaling on H100, MXFP8 on B200,
+# gradients reduced in bf16, the published recompute, DeepSeek-V3's shared-expert overlap)
+BRIDGE_MOE = {  # name: (model, gpu, GPUs, GBS, MBS, PP, VPP, EP, recompute, FP8 recipe, overlap, published)
+    "qwen3-b200": ("qwen3-30b-a3b", "B200", 8, 512, 1, 1, 1, 8, "none", "mxfp8", (), 9299),
+    "qwen3-h100": ("qwen3-30b-a3b", "H100", 16, 512, 2, 2, 24, 8, "none", "tensorwise", (), 5275),
+    "deepseek-v3-b200": ("deepseek-v3", "B200", 256, 2048, 1, 16, 1, 8, "modules:mla_up_proj", "mxfp8",
+                         ("shared-expert",), 2139),
 }
 
 
-def _bridge_tokens_per_gpu(row: str, overlap: tuple[str, ...] | None = None, **moe_overrides) -> float:
+def _bridge_tokens_per_gpu(row: str) -> float:
     from planner import make_cluster
     from planner.rank import estimate
     from planner.space import Candidate, TrainingSpec
 
-    name, gpu, gpus, gbs, mbs, pp, vpp, ep, recompute, _ = BRIDGE_MOE[row]
-    t = TrainingSpec(global_batch=gbs, seq_len=4096, precision="fp8", framework="megatron-lm", overlap=overlap)
+    name, gpu, gpus, gbs, mbs, pp, vpp, ep, recompute, recipe, overlap, _ = BRIDGE_MOE[row]
+    t = TrainingSpec(global_batch=gbs, seq_len=4096, precision="fp8", framework="megatron-lm", fp8_recipe=recipe,
+                     grad_reduce_dtype="bf16", overlap=("grad-reduce", "param-gather", "p2p") + overlap)
     dp = gpus // pp
     c = Candidate(tp=1, pp=pp, dp=dp, ep=ep, mbs=mbs, gas=gbs // (mbs * dp), recompute=recompute, zero=1, vpp=vpp)
     e = estimate(load_model(name), make_cluster(gpu=gpu, gpus=gpus), t, c)
@@ -353,36 +357,45 @@ def _bridge_tokens_per_gpu(row: str, overlap: tuple[str, ...] | None = None, **m
 
 
 def test_host_sync_launches_scale_with_local_experts_and_fp8():
-    """The experts' launches after the dispatcher's host sync: per local expert (E/EP), twice as many under FP8."""
+    """The experts' launches after the dispatcher's host sync: per local expert (E/EP), per GEMM one launch and one
+    per kernel of its input's FP8 quantization (1 delayed or MXFP8, 3 current scaling: amax, scale, cast)."""
     from planner.space import Candidate, TrainingSpec
 
     m = load_model("qwen3-30b-a3b")
     gemm = lambda rows, n, k, batch=1: 0.0   # noqa: E731 - launch-bound: no GPU time
-    fp8 = TrainingSpec(global_batch=8, seq_len=4096, precision="fp8", framework="megatron-lm")
-    bf16 = TrainingSpec(global_batch=8, seq_len=4096, precision="bf16", framework="megatron-lm")
+    spec = lambda **kw: TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm", **kw)   # noqa: E731
+    fp8, bf16 = spec(precision="fp8"), spec(precision="bf16")
     ep8, ep4 = Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=1), Candidate(tp=1, pp=1, dp=8, ep=4, mbs=1, gas=1)
     h8 = moe.host_sync_s(m, ep8, fp8, 4096, gemm)[0]
     assert h8 == pytest.approx(16 * 2 * moe.MOE_KERNELS_PER_EXPERT * moe.KERNEL_LAUNCH_S)   # 128 / 8 local experts
     assert moe.host_sync_s(m, ep4, fp8, 4096, gemm)[0] == pytest.approx(2 * h8)
     assert moe.host_sync_s(m, ep8, bf16, 4096, gemm)[0] == pytest.approx(h8 / 2)
+    assert moe.host_sync_s(m, ep8, spec(precision="fp8", fp8_recipe="mxfp8"), 4096, gemm)[0] == pytest.approx(h8)
+    cs = spec(precision="fp8", fp8_recipe="tensorwise")   # current scaling: amax, scale, cast
+    assert moe.host_sync_s(m, ep8, cs, 4096, gemm)[0] == pytest.approx(2 * h8)
     assert moe.host_sync_s(get_preset("llama3-70b"), Candidate(tp=1, pp=1, dp=8, mbs=1, gas=1), fp8, 4096, gemm) == (0, 0)
 
 
-@pytest.mark.parametrize("row,tol", [("qwen3-b200", 0.10), ("deepseek-v3-b200", 0.25)])
-def test_bridge_moe_rows_tokens_per_gpu(row, tol):
-    """Fitted on the B200 Qwen3 row (MBS 1, launch-bound); DeepSeek-V3 (32 local experts) is the check."""
-    published = BRIDGE_MOE[row][-1]
-    assert _bridge_tokens_per_gpu(row) == pytest.approx(published, rel=tol)
+@pytest.mark.parametrize("row", ["qwen3-h100", "deepseek-v3-b200"])
+def test_bridge_moe_rows_tokens_per_gpu(row):
+    """KERNEL_LAUNCH_S is fitted on these two rows, the Megatron-Bridge MoE runs without CUDA graphs (1.11 and 1.01
+    predicted/published at 50 us)."""
+    assert _bridge_tokens_per_gpu(row) == pytest.approx(BRIDGE_MOE[row][-1], rel=0.15)
 
 
-def test_small_expert_launches_narrow_the_qwen3_h100_gap():
-    """Qwen3-30B-A3B on 16 H100 was predicted 1.84x too fast (tokens/s) without the post-sync launch model; with
-    it the prediction must come below 1.7x (1.66x measured; the rest is not launch-bound, see
-    tests/bench/validate_moe_cp.py). Measured without communication overlap, as when the launch model was fitted:
-    Megatron's overlapped p2p (VP 24: 1.4 s of p2p hidden) takes this row to 1.81x (issue 19)."""
-    published = BRIDGE_MOE["qwen3-h100"][-1]
-    with_launches = _bridge_tokens_per_gpu("qwen3-h100", overlap=()) / published
-    assert with_launches < 1.7
+def test_cuda_graphed_qwen3_b200_row_is_predicted_slower_than_it_ran():
+    """The B200 Qwen3-30B-A3B row ran with CUDA graphs (Megatron-Bridge qwen3 workload_base_configs.py: cuda_graph_impl
+    local, scope full_iteration at 87aa39ce7; transformer_engine over moe_router and moe_preprocess at v0.2.1), which
+    take launches off the host; plan does not model them, so it must predict this row slower than it ran (0.63)."""
+    assert _bridge_tokens_per_gpu("qwen3-b200") < BRIDGE_MOE["qwen3-b200"][-1]
+
+
+def test_small_expert_launches_close_the_qwen3_h100_gap():
+    """Qwen3-30B-A3B on 16 H100 (MBS 2, GPU-heavier than its host) was predicted 2.38x too fast with launches of 20 us
+    after the dispatcher's sync and FP8 quantizations of one kernel; with current scaling's three kernels a
+    quantization and the refit launch cost it comes within 15%."""
+    ratio = _bridge_tokens_per_gpu("qwen3-h100") / BRIDGE_MOE["qwen3-h100"][-1]
+    assert 0.85 < ratio < 1.15
 
 
 def test_deepseek_v3_mtp_module_matches_the_published_14b():
@@ -426,7 +439,7 @@ def test_ep_all_to_all_overlap_hides_under_the_merged_micro_batch():
     qwen3_workload_base_configs.py QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V1: TP2 PP8 VP4 EP32, alltoall
     dispatcher): its 12+ s of off-node all-to-all (above) hide under the other micro-batch's compute but for the
     interleaved schedule's warm-up and cool-down chunks. Predicted tokens/s per GPU with the overlap within 15% of the
-    published 1575 (without it, 0.72 of it: tests/bench/validate_moe_cp.py)."""
+    published 1575 (without it, 0.62 of it: tests/bench/validate_moe_cp.py)."""
     from tests.bench.validate_moe_cp import qwen3_235b_a22b
 
     m = qwen3_235b_a22b()
@@ -500,3 +513,102 @@ def test_shared_expert_overlap_hides_the_all_to_all_under_the_shared_experts_onl
     both = TrainingSpec(**kw, overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a", "shared-expert"))
     assert any("exclude each other" in d for _, d in moe.violations(DEEPSEEK, replace(c, recompute="none"),
                                                                      cluster, both))
+
+
+def test_alltoall_dispatcher_regroups_received_tokens_by_local_expert():
+    """Megatron-Core's alltoall dispatcher sorts the received rows by local expert after the dispatch and back before
+    the combine (sort_chunks_by_idxs, num_local_experts > 1): 2 passes, each reading and writing tokens·k rows of h
+    16-bit values. Qwen3-30B-A3B (h 2048, top-8) at 4096 tokens on EP 8: 8 x 4096 x 8 x 2048 bytes = 512 MiB; Mixtral
+    8x7B on EP 8 has one local expert: nothing to sort; torchtitan never sorts."""
+    from planner.space import Candidate, TrainingSpec
+
+    t = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm")
+    ep8 = Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=1)
+    assert moe.sort_chunks_bytes(load_model("qwen3-30b-a3b"), ep8, t, 4096) == 8 * 4096 * 8 * 2048 == 2 ** 29
+    assert moe.sort_chunks_bytes(load_model("mixtral-8x7b"), ep8, t, 4096) == 0
+    fsdp = TrainingSpec(global_batch=8, seq_len=4096, framework="fsdp")
+    assert moe.sort_chunks_bytes(load_model("qwen3-30b-a3b"), ep8, fsdp, 4096) == 0
+
+
+def test_router_and_sort_are_ops_of_the_moe_layer():
+    """The op list of a MoE layer carries the router's top-k/softmax traffic over all experts' fp32 scores (13 bytes a
+    score) and the dispatcher's regrouping, both at HBM speed, on the MoE layers' share."""
+    from planner import make_cluster
+    from planner.cost import layer_op_list
+    from planner.space import Candidate, TrainingSpec
+
+    m = load_model("qwen3-30b-a3b")
+    t = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm")
+    ops = {op.name: op for op in layer_op_list(m, Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=1),
+                                               make_cluster(gpu="H100", gpus=8), t).ops}
+    tokens = m.seq_len   # the op list is for the model's sequence, one micro-batch
+    assert ops["router_topk"].bytes == pytest.approx(13 * tokens * 128)
+    assert ops["moe_sort_chunks"].bytes == pytest.approx(8 * tokens * 8 * 2048)
+
+
+def test_deepep_sends_a_token_once_per_rank_holding_its_experts():
+    """DeepEP's dispatch layout (deep_ep/buffer.py get_dispatch_layout: is_token_in_rank) sends a token once to each
+    rank holding any of its experts: with balanced routing EP·(1 - C(E - E/EP, k)/C(E, k)) ranks. Mixtral 8x7B on EP 8
+    (one expert a rank, top-2): exactly 2; on EP 1: 1; Qwen3-30B-A3B on EP 8 (16 experts a rank, top-8): 5.34 of 8."""
+    import math
+
+    assert moe.ranks_per_token(load_model("mixtral-8x7b"), 8) == pytest.approx(2.0)
+    assert moe.ranks_per_token(load_model("mixtral-8x7b"), 1) == 1
+    q = load_model("qwen3-30b-a3b")
+    assert moe.ranks_per_token(q, 8) == pytest.approx(8 * (1 - math.comb(112, 8) / math.comb(128, 8)))
+    assert 5.3 < moe.ranks_per_token(q, 8) < 5.4
+
+
+def test_dispatcher_bytes_alltoall_allgather_flex():
+    """Per-GPU dispatch message: alltoall k copies of each token, flex once per rank hit, allgather EP x the tokens."""
+    from planner.space import Candidate, TrainingSpec
+
+    q = load_model("qwen3-30b-a3b")
+    c = Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=1)
+    spec = lambda d: TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm",   # noqa: E731
+                                  moe_dispatcher=d)
+    th = 4096 * 2048 * 2
+    assert moe.dispatch_bytes(q, c, spec("alltoall"), 4096, 2) == 8 * th
+    assert moe.dispatch_bytes(q, c, spec("allgather"), 4096, 2) == 8 * th        # EP 8 = top-8: the same bytes
+    assert moe.dispatch_bytes(q, c, spec("deepep"), 4096, 2) == pytest.approx(moe.ranks_per_token(q, 8) * th)
+    assert moe.sort_chunks_bytes(q, c, spec("deepep"), 4096) == 0               # permuted straight to expert order
+
+
+def test_dispatcher_rules_are_megatron_s_asserts():
+    from planner import make_cluster
+    from planner.space import Candidate, TrainingSpec
+
+    m = load_model("mixtral-8x22b")
+    c = Candidate(tp=1, pp=2, dp=32, ep=8, mbs=1, gas=16, zero=1, vpp=2)
+    cl = make_cluster(gpu="H100", gpus=64)
+    t = lambda **kw: TrainingSpec(global_batch=512, seq_len=4096, framework="megatron-lm", **kw)   # noqa: E731
+    reasons = lambda tr: [d for r, d in moe.violations(m, c, cl, tr) if r == "framework_limit"]   # noqa: E731
+    assert any("alltoall or flex" in d for d in reasons(t(moe_dispatcher="allgather",
+                                                           overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a"))))
+    assert not reasons(t(moe_dispatcher="deepep", overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a")))
+    assert any("alltoall dispatcher only" in d for d in reasons(t(moe_dispatcher="hybridep",
+                                                                  overlap=("shared-expert",))))
+    assert any("pad experts" in d for d in reasons(t(moe_dispatcher="deepep", moe_capacity_factor=1.25)))
+    one = Candidate(tp=1, pp=2, dp=32, ep=1, mbs=1, gas=16, zero=1, vpp=2)
+    assert any("TP x EP > 1" in d for r, d in moe.violations(m, one, cl, t(moe_dispatcher="deepep")))
+    with pytest.raises(InputError, match="Megatron-LM's"):
+        TrainingSpec(global_batch=8, seq_len=4096, framework="fsdp", moe_dispatcher="deepep")
+    with pytest.raises(InputError, match="unknown MoE dispatcher"):
+        TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm", moe_dispatcher="nccl")
+
+
+def test_flex_dispatcher_prices_deepseek_v3_dispatch_below_alltoall():
+    """NVIDIA's DGX-H100 DeepSeek-V3 layout (TP2 PP8 VP4 EP64) with its published DeepEP dispatcher: fewer bytes
+    (7.68 ranks a token, not 8 copies) at DeepEP's link efficiency, so less all-to-all time than alltoall; the
+    allgather dispatcher over EP 64 moves 8x the bytes."""
+    from planner import make_cluster
+    from planner.rank import estimate
+    from planner.space import Candidate, TrainingSpec
+
+    m = get_preset("deepseek-v3")
+    c = Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128, zero=1, vpp=4,
+                  recompute="modules:mla_up_proj+mlp")
+    ep = {d: estimate(m, make_cluster(gpu="H100", gpus=1024), TrainingSpec(
+        global_batch=8192, seq_len=4096, framework="megatron-lm", moe_dispatcher=d), c).time.ep_comm_s
+          for d in ("alltoall", "deepep", "allgather")}
+    assert ep["deepep"] < ep["alltoall"] < ep["allgather"]

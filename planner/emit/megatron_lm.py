@@ -119,6 +119,7 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
     if t.grad_reduce_dtype == "bf16":
         args.append(("--grad-reduce-in-bf16",))
     args += offload.megatron_lm_args(t)   # CPU optimizer offload
+    args += offload.activation_offload_args(t)   # fine-grained activation offload
     args += overlap_args(setup)
     args += [tuple(f) for f in parallel_extras.megatron_lm_flags(setup)]   # CP / EP / MoE / MLA / FP8 / RoPE scaling
     return args

@@ -41,7 +41,7 @@ def megatron_lm_flags(setup) -> list[list[str]]:
         out += [["--num-experts", str(m.num_experts)], ["--moe-router-topk", str(m.moe_topk)],
                 ["--moe-ffn-hidden-size", str(moe.expert_ffn(m))], ["--moe-layer-freq", str(_moe_layer_freq(m))],
                 ["--expert-model-parallel-size", str(c.ep)], ["--expert-tensor-parallel-size", str(c.etp)],
-                ["--moe-grouped-gemm"], ["--moe-token-dispatcher-type", "alltoall"]]
+                ["--moe-grouped-gemm"], *moe.dispatcher_flags(t)]
         out += router_flags(m)
         if m.shared_experts:
             out.append(["--moe-shared-expert-intermediate-size", str(m.shared_experts * moe.expert_ffn(m))])

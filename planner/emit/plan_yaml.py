@@ -70,6 +70,7 @@ def plan_schema() -> dict[str, Field]:
         # --cp / --ep lists and --overlap (TrainingSpec checks them); null when not given
         "cp_options": List(Int(1, MAX_GPUS), null=True), "ep_options": List(Int(1, MAX_GPUS), null=True),
         "overlap": List(Str(), null=True), "optimizer_offload": Num(0, 1),
+        "activation_offload": List(Str()),   # TrainingSpec checks the module names
     }
     cluster = {**CLUSTER, "gpus_per_node": required_field(CLUSTER["gpus_per_node"]), "nodes": required_field(CLUSTER["nodes"]),
                "matmul_efficiency": CALIBRATION["matmul_efficiency"],

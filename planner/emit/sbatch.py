@@ -160,6 +160,10 @@ def launch_sbatch(setup: RunSetup, flavor: str, *, reservation: str | None = Non
         needs_max_connections = False
     exports = ["export CUDA_DEVICE_MAX_CONNECTIONS=1   # Megatron refuses TP/CP/--sequence-parallel without it"] \
         if needs_max_connections else []
+    if flavor == "megatron-lm" and setup.training.activation_offload:
+        # validate_args (megatron/training/arguments.py): with Transformer Engine >= 2.10 it asserts
+        # NVTE_CPU_OFFLOAD_V1=1 under --fine-grained-activation-offloading ("to avoid offloading weights")
+        exports.append("export NVTE_CPU_OFFLOAD_V1=1   # Megatron asks it of --fine-grained-activation-offloading")
     world = setup.candidate.world
     text = "\n".join([
         "#!/bin/bash",

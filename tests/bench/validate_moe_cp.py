@@ -17,7 +17,8 @@ plantune's count the full s^2 (Narayanan et al. 2021), so their TFLOP/s ratio is
   Its GB200 rows are left out: they were written before the NVL72 domain was modelled (now --cluster gb200-nvl72;
   NeMo's GB200 rows are scored by tests/bench/validate_blackwell.py), and its DeepSeek-V3 PP4 x VP4 split of 61
   layers needs --pipeline-model-parallel-layout, which plan does not search.
-The MoE launch cost (planner.moe.KERNEL_LAUNCH_S) is FITTED on the B200 Qwen3-30B-A3B row; the others check it.
+The MoE launch cost (planner.constants KERNEL_LAUNCH_S) is FITTED on the two MoE rows that ran without CUDA graphs
+(H100 Qwen3-30B-A3B, B200 DeepSeek-V3); the B200 Qwen3-30B-A3B row ran with CUDA graphs, which plan does not model.
 Megatron-Bridge rows run as its perf scripts do (scripts/performance/configs/*/*_llm_pretrain.py at 25.11,
 da980700a): ``grad_reduce_in_fp32 = False`` (plan: grad_reduce_dtype bf16, Megatron-LM --grad-reduce-in-bf16) and, on H100,
 ``fp8_cs`` = bf16_with_fp8_current_scaling_mixed (fp8_recipe "tensorwise", fp8_param_gather True); the B200 rows'
@@ -51,8 +52,14 @@ ROWS = [  # source, model, gpu, GPUs, precision, GBS, MBS, seq, TP, PP, CP, VP, 
 # modules:mla_up_proj); the Llama 3 rows take the best of none/selective/full (the paper does not say).
 # The runs' EP all-to-all overlap (moe_a2a_overlap in Megatron-Bridge scripts/performance/configs/qwen/
 # qwen3_workload_base_configs.py and deepseek/deepseek_workload_base_configs.py): on for Qwen3-235B-A22B on H100,
-# off for Qwen3-30B-A3B on H100 and DeepSeek-V3 on B200 (V1), not set (off) for Qwen3-30B-A3B on B200.
+# off for Qwen3-30B-A3B on H100 and DeepSeek-V3 on B200 (V1), not set (off) for Qwen3-30B-A3B on B200. The H100
+# Qwen3-30B-A3B row's table cells (MBS 2, GA 32) are its config before 2025-11-21 (commit 87aa39ce7:
+# micro_batch_size=2, no moe_a2a_overlap); from 8aed9a229 on the config sets MBS 1 and the overlap, which the
+# published row's GA 32 rules out. Shared-expert overlap: DeepSeekProvider (src/megatron/bridge/models/deepseek/
+# deepseek_provider.py at v0.2.1) sets moe_shared_expert_overlap=True, which the B200 config (moe_a2a_overlap=False,
+# so no set_moe_a2a_overlap_overrides) keeps: plan's --overlap shared-expert.
 PUBLISHED_A2A_OVERLAP = {("qwen3-235b-a22b", "H100")}
+PUBLISHED_SHARED_EXPERT_OVERLAP = {("deepseek-v3", "B200")}
 PUBLISHED_RECOMPUTE = {("llama3-70b", "H100"): "none", ("llama3.1-405b", "H100"): "none",
                        ("qwen3-30b-a3b", "H100"): "none", ("qwen3-30b-a3b", "B200"): "none",
                        ("qwen3-235b-a22b", "H100"): "none", ("deepseek-v3", "B200"): "modules:mla_up_proj"}
@@ -73,7 +80,7 @@ def qwen3_235b_a22b():
 def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int, seq: int, tp: int, pp: int,
             cp: int, vp: int | None, ep: int, *, fp8_recipe: str = "delayed",
             grad_reduce_dtype: str = "fp32", recompute: str | None = None,
-            a2a_overlap: bool = False) -> tuple[float, float, str] | None:
+            a2a_overlap: bool = False, shared_expert_overlap: bool = False) -> tuple[float, float, str] | None:
     """(model TFLOP/s per GPU, tokens/s per GPU, what was chosen) of the best fitting variant, or None; with
     ``recompute`` (the published one) that mode only, marked "predicted OOM" where plan says it does not fit."""
     from planner import load_model, make_cluster
@@ -84,7 +91,8 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
     cluster = make_cluster(gpu=gpu, gpus=gpus)
     t = TrainingSpec(global_batch=gbs, seq_len=seq, precision=precision, framework="megatron-lm", fp8_recipe=fp8_recipe,
                      grad_reduce_dtype=grad_reduce_dtype,
-                     overlap=("grad-reduce", "param-gather", "p2p", "ep-a2a") if a2a_overlap else None)
+                     overlap=("grad-reduce", "param-gather", "p2p") + (("ep-a2a",) if a2a_overlap else ())
+                     + (("shared-expert",) if shared_expert_overlap else ()))
     dp = gpus // (tp * pp * cp)
     best = None
     for mode in (recompute,) if recompute else ("none", "selective", "full"):
@@ -113,7 +121,8 @@ def main() -> int:
         best = predict(model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, grad_reduce_dtype="bf16" if bridge else "fp32",
                        fp8_recipe=("tensorwise" if gpu == "H100" else "mxfp8") if bridge else "delayed",
                        recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge else None,
-                       a2a_overlap=(model, gpu) in PUBLISHED_A2A_OVERLAP)
+                       a2a_overlap=(model, gpu) in PUBLISHED_A2A_OVERLAP,
+                       shared_expert_overlap=(model, gpu) in PUBLISHED_SHARED_EXPERT_OVERLAP)
         tf, tok, note = best if best else (float("nan"), float("nan"), "does not fit")
         unit, pub, pred = ("tokens/s", pub_tok, tok) if pub_tok else ("TFLOP/s", pub_tf, tf)
         ratios.append(pred / pub)
