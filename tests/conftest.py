@@ -91,14 +91,25 @@ def _uses_slurm_cluster(item: pytest.Item) -> bool:
     return callspec is not None and getattr(callspec.params.get("backend_and_specs"), "__name__", "") == "_slurm"
 
 
+SHARED_PROCESSES = {"warm_run", "reference", "dense_reference", "moe_reference", "loaded"}
+"""module-scoped fixtures that start processes (warm probe workers, a reference probe, torchtitan's import): a
+module's tests that use one run in one worker, which starts them once"""
+
+
 @pytest.hookimpl(tryfirst=True)   # before pytest-xdist's own hook, which turns the marker into the '@slurm' scope
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`-n N --dist loadgroup`, the README's test command), every test of the one-node SLURM
     cluster runs in one worker, so the session starts one cluster (its node is this host's name: two clusters
-    would declare the same node) and its tests share it; every other test goes to whichever worker is free."""
+    would declare the same node) and its tests share it; a module's tests that share processes through a
+    module-scoped fixture (`SHARED_PROCESSES`) run in one worker too, which starts them once (a worker switching
+    modules would tear them down and start them again); every other test goes to whichever worker is free.
+    Slow tests are handed out first (stable order otherwise), so the last minutes are not one long test alone."""
     for item in items:
         if _uses_slurm_cluster(item):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif SHARED_PROCESSES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")

@@ -88,8 +88,6 @@ FP8 = _setup("llama3-8b", 8, Candidate(tp=1, pp=1, dp=8, mbs=1, gas=1, recompute
 FILLED = ["--dataloader.dataset", "c4", "--dataloader.dataset_path", "None", "--hf_assets_path", "/assets/tok"]
 
 
-pytestmark = pytest.mark.xdist_group("torchtitan-0.3.0")   # one worker loads every job, importing torchtitan once
-
 JOBS = {**{name: (setup, FILLED) for name, setup in CASES.items()},
         "unfilled": (CASES["8b-cp4-fsdp"], ()), "float8": (FP8, FILLED)}
 """every job the module loads: its setup and the launcher's overrides (none: run without the launcher)"""

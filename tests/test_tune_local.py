@@ -3,7 +3,9 @@
     python -m pytest tests/test_tune_local.py -q          # ~4 minutes on 2 cores
 
 Plans with the catalog's ``CPU`` accelerator (one core as a "device") and probes with
-``--probe-device cpu``; the 9 configurations are TP/PP/DP layouts of 2 processes x MBS 1/2/4.
+``--probe-device cpu``; the 15 configurations are TP/PP/DP layouts of 2 processes x MBS 1/2/4 (SP under TP, VPP
+under PP); the end-to-end run pins TP to 1 (its 9 PP/DP layouts: a TP probe costs ~5 s of DTensor CPU time on CPU,
+and tests/test_tune_fsdp.py tunes TP x FSDP).
 No test has a speed limit: `HANG_S` only stops a hung run, and every wait is for an event (a probe's
 pid files, a process gone), never a fixed sleep racing a process.
 """
@@ -57,7 +59,7 @@ def probed(trials) -> list:
 
 @pytest.mark.slow
 def test_end_to_end_on_cpu_then_rerun_adds_no_probe(tmp_path):
-    argv = tiny_argv(tmp_path, "--confirm-top", "2", "--repeats", "1", "--emit", "megatron-deepspeed",
+    argv = tiny_argv(tmp_path, "--tp", "1", "--confirm-top", "2", "--repeats", "1", "--emit", "megatron-deepspeed",
                      "--emit-flavor", "microsoft", "--out", str(tmp_path / "run"), "--format", "json")
     first = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
     assert first.returncode == 0, first.stderr[-3000:]
