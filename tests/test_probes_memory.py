@@ -120,11 +120,10 @@ BIG = dict(layers=16, hidden=256, heads=4, kv_heads=4, ffn_hidden=1024, vocab=10
     (dict(pp=2, gas=2), 2),
     (dict(tp=2, dp=2, zero=3, gas=2), 4),
 ], ids=["tp2", "dp2-zero3", "pp2", "tp2-dp2-zero3"])
-def test_each_rank_holds_the_planners_share(kw, nproc, tmp_path):
-    from probes.launch import run_local
-
+def test_each_rank_holds_the_planners_share(kw, nproc, tmp_path, warm_run):
+    """Counted from the rank's tensors (not its resident memory): warm workers, as tune runs them."""
     spec = tiny_spec(**kw)
-    r = run_local(spec, nproc=nproc, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
+    r = warm_run(spec, nproc, tmp_path, PROBE_TIMEOUT_S)
     assert r.status == "ok", r.reason
     plan = _predicted(spec, nproc)
     for rec in r.memory_per_rank:
@@ -154,15 +153,12 @@ def test_a_tp_rank_never_holds_the_full_model_while_building(tmp_path):
 
 
 @pytest.mark.slow
-def test_tied_embeddings_stay_one_table_when_sharded(tmp_path):
+def test_tied_embeddings_stay_one_table_when_sharded(tmp_path, warm_run):
     """The meta-device build keeps the tied table one parameter: ZeRO-3 over 2 gives the one-process
-    losses and holds half the planner's (tied) parameter count."""
-    from probes.launch import run_local
-
+    losses and holds half the planner's (tied) parameter count (warm workers, as tune runs them)."""
     m = tiny_model(tied_embeddings=True)
-    one = run_local(tiny_spec(model=m, gas=4), nproc=1, workdir=tmp_path / "one", timeout_s=PROBE_TIMEOUT_S)
-    two = run_local(tiny_spec(model=m, dp=2, zero=3, gas=2), nproc=2, workdir=tmp_path / "two",
-                    timeout_s=PROBE_TIMEOUT_S)
+    one = warm_run(tiny_spec(model=m, gas=4), 1, tmp_path / "one", PROBE_TIMEOUT_S)
+    two = warm_run(tiny_spec(model=m, dp=2, zero=3, gas=2), 2, tmp_path / "two", PROBE_TIMEOUT_S)
     assert one.status == "ok" and two.status == "ok", (one.reason, two.reason)
     assert one.memory_per_rank[0]["params_on_gpu"] == m.params
     assert two.memory_per_rank[0]["params_on_gpu"] == pytest.approx(m.params / 2, abs=2)
