@@ -105,10 +105,10 @@ def test_four_process_layout_matches_single_process(name, reference, tmp_path, w
     _check_against_reference(result, reference, spec, 4)
 
 
-def test_single_replica_is_reduced_and_projected(tmp_path):
+def test_single_replica_is_reduced_and_projected(tmp_path, warm_run):
     """dp=4 probed as one TP=2 replica with half the layers: reduced, with a projection."""
     spec = tiny_spec(tp=2, dp=4, gas=2, layers_run=2)
-    result = run_local(spec, nproc=2, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
+    result = warm_run(spec, 2, tmp_path, PROBE_TIMEOUT_S)
     assert result.status == "ok", result.reason
     assert result.reduced is True
     p = result.projected
