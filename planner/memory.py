@@ -209,12 +209,17 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     kv = model.kv_heads / model.heads
     # generalised split of the 34: attention 7 + 4·kv/h (Q, K, V, proj input, mask), MLP 2 + ffn outputs,
     # norms 4; which parts TP divides follows Korthikanti Sec. 4.1.
-    attn_tp = 2 + 4 * kv + 2                                    # Q, K+V, proj input
+    # without FlashAttention, GQA's K and V are expanded to every query head before the two batched GEMMs, which save
+    # the expanded copies (megatron/core/transformer/dot_product_attention.py repeat_interleave; TE's unfused backend
+    # and Hugging Face's eager repeat_kv alike): 4 bytes an element, as multi-head attention
+    saved_kv = kv if training.flash_attention else 1.0
+    attn_tp = 2 + 4 * saved_kv + 2                              # Q, K+V, proj input
     mlp_tp = f_ratio * (2 * (2 if model.glu else 1) + 2)        # fc1 output(s) + activation output
-    if model.glu and training.framework != "megatron-lm":
+    if model.glu and (training.framework != "megatron-lm" or training.eager_ops):
         mlp_tp += 2 * f_ratio   # SwiGLU: the product act(gate)·up is a fourth ffn-wide tensor (down-proj input)
-    # Megatron-LM's fused SwiGLU (default; --no-bias-swiglu-fusion turns it off) saves only its input, the FC1
-    # output (megatron/core/fusions/fused_bias_swiglu.py save_for_backward(input)): gate and up, then the FC2 input
+    # Megatron-LM's fused SwiGLU (default; --no-bias-swiglu-fusion turns it off: ``eager_ops``) saves only its input,
+    # the FC1 output (megatron/core/fusions/fused_bias_swiglu.py save_for_backward(input)): gate and up, then the FC2
+    # input; unfused, silu(gate) is saved by the product as well (megatron/core/transformer/mlp.py glu)
     not_tp = 2 + 1 + 2 + 1 + 4                                  # QKV input, attn dropout mask, MLP input, MLP mask, norms
     if not model.dropout:
         not_tp -= 2   # Llama-family recipes train without dropout (ModelSpec.dropout): no masks to keep
