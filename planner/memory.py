@@ -406,10 +406,31 @@ def training_param_bytes(training: TrainingSpec) -> ParamBytes:
     return pb
 
 
+# DeepSpeed at ZeRO 0 under fp16 (runtime/engine.py _configure_fp16_optimizer) keeps the 16-bit gradients (2 bytes a
+# parameter, not the 18 rule's 4) and makes fp32 ones at each step. FP16_Optimizer, with a fused Adam (Megatron's
+# AdamW: apex / DeepSpeed FusedAdam), flattens them (runtime/fp16/fused_optimizer.py step: _flatten_dense_tensors of
+# [p.grad.to(fp32) for p in group]): the per-parameter fp32 copies and their concatenation, 4 + 4 bytes.
+# FP16_UnfusedOptimizer, with any other optimizer (bitsandbytes' 8-bit Adam, SGD, ...), one fp32 copy per parameter
+# (runtime/fp16/unfused_optimizer.py step: fp32_param.grad = fp16_param.grad.to(fp32)), 4 bytes
+FP16_STEP_GRAD_BYTES = {"fused": 8.0, "unfused": 4.0}
+
+
+def deepspeed_fp16_step_grad_bytes(cand: Candidate, training: TrainingSpec) -> float:
+    """fp32 gradient bytes per parameter DeepSpeed's FP16 optimizer allocates at the step (Megatron-DeepSpeed at ZeRO 0
+    under fp16), 0 for every other step: ZeRO >= 1 runs the ZeRO optimizer, bf16 BF16_Optimizer
+    (`training_param_bytes`)."""
+    if training.framework != "megatron-deepspeed" or training.precision != "fp16" or cand.zero:
+        return 0.0
+    return FP16_STEP_GRAD_BYTES["fused" if training.optimizer == "adamw" else "unfused"]
+
+
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
                  pb: ParamBytes) -> tuple[int, float, float, float, float]:
     """(parameters, weights, grads, optimizer, buffers) of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
     ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`."""
+    step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
+    if step_grads:   # the 16-bit gradients, then their fp32 copies at the step
+        pb = replace(pb, grads=2 + step_grads)
     if fp8.fp8_param_gather(cand, training):
         # --fp8-param-gather (ZeRO >= 1): the forward's weights as FP8 and its transpose, 2 bytes, no bf16 copy (the
         # embedding, norms and LM head stay bf16: 2 bytes as well)
