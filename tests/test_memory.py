@@ -223,7 +223,8 @@ def test_deepspeed_fp16_optimizer_flattens_fp32_gradients_at_zero_0():
     copies and flat concatenation (planner.memory.FP16_STEP_GRAD_BYTES): 2 weights + 2 gradients + 8 at the
     step + 4 master weights + 8 Adam = 24 bytes a parameter where the 18 rule counts 18 (FP16_UnfusedOptimizer, any
     other optimizer: 4 at the step). Published nvidia-smi peaks of runs at DP 1: seed 003's BigScience 1B3 at PP 8
-    on V100-16GB (9 and 11 GB at MBS 1 and 4, the 18 rule said 7.6 and 10.2) and BigScience tr8-104B at TP 4 PP 32 with apex FusedAdam (30 GB, the 18 rule said 24.9): each within 6%."""
+    on V100-16GB (9 and 11 GB at MBS 1 and 4, the 18 rule said 7.6 and 10.2) and BigScience tr8-104B at TP 4 PP 32
+    with apex FusedAdam (30 GB, the 18 rule said 24.9): each within 6%."""
     import sys
     from pathlib import Path
 
