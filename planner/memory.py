@@ -209,12 +209,17 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     kv = model.kv_heads / model.heads
     # generalised split of the 34: attention 7 + 4·kv/h (Q, K, V, proj input, mask), MLP 2 + ffn outputs,
     # norms 4; which parts TP divides follows Korthikanti Sec. 4.1.
-    attn_tp = 2 + 4 * kv + 2                                    # Q, K+V, proj input
+    # without FlashAttention, GQA's K and V are expanded to every query head before the two batched GEMMs, which save
+    # the expanded copies (megatron/core/transformer/dot_product_attention.py repeat_interleave; TE's unfused backend
+    # and Hugging Face's eager repeat_kv alike): 4 bytes an element, as multi-head attention
+    saved_kv = kv if training.flash_attention else 1.0
+    attn_tp = 2 + 4 * saved_kv + 2                              # Q, K+V, proj input
     mlp_tp = f_ratio * (2 * (2 if model.glu else 1) + 2)        # fc1 output(s) + activation output
-    if model.glu and training.framework != "megatron-lm":
+    if model.glu and (training.framework != "megatron-lm" or training.eager_ops):
         mlp_tp += 2 * f_ratio   # SwiGLU: the product act(gate)·up is a fourth ffn-wide tensor (down-proj input)
-    # Megatron-LM's fused SwiGLU (default; --no-bias-swiglu-fusion turns it off) saves only its input, the FC1
-    # output (megatron/core/fusions/fused_bias_swiglu.py save_for_backward(input)): gate and up, then the FC2 input
+    # Megatron-LM's fused SwiGLU (default; --no-bias-swiglu-fusion turns it off: ``eager_ops``) saves only its input,
+    # the FC1 output (megatron/core/fusions/fused_bias_swiglu.py save_for_backward(input)): gate and up, then the FC2
+    # input; unfused, silu(gate) is saved by the product as well (megatron/core/transformer/mlp.py glu)
     not_tp = 2 + 1 + 2 + 1 + 4                                  # QKV input, attn dropout mask, MLP input, MLP mask, norms
     if not model.dropout:
         not_tp -= 2   # Llama-family recipes train without dropout (ModelSpec.dropout): no masks to keep
@@ -401,10 +406,31 @@ def training_param_bytes(training: TrainingSpec) -> ParamBytes:
     return pb
 
 
+# DeepSpeed at ZeRO 0 under fp16 (runtime/engine.py _configure_fp16_optimizer) keeps the 16-bit gradients (2 bytes a
+# parameter, not the 18 rule's 4) and makes fp32 ones at each step. FP16_Optimizer, with a fused Adam (Megatron's
+# AdamW: apex / DeepSpeed FusedAdam), flattens them (runtime/fp16/fused_optimizer.py step: _flatten_dense_tensors of
+# [p.grad.to(fp32) for p in group]): the per-parameter fp32 copies and their concatenation, 4 + 4 bytes.
+# FP16_UnfusedOptimizer, with any other optimizer (bitsandbytes' 8-bit Adam, SGD, ...), one fp32 copy per parameter
+# (runtime/fp16/unfused_optimizer.py step: fp32_param.grad = fp16_param.grad.to(fp32)), 4 bytes
+FP16_STEP_GRAD_BYTES = {"fused": 8.0, "unfused": 4.0}
+
+
+def deepspeed_fp16_step_grad_bytes(cand: Candidate, training: TrainingSpec) -> float:
+    """fp32 gradient bytes per parameter DeepSpeed's FP16 optimizer allocates at the step (Megatron-DeepSpeed at ZeRO 0
+    under fp16), 0 for every other step: ZeRO >= 1 runs the ZeRO optimizer, bf16 BF16_Optimizer
+    (`training_param_bytes`)."""
+    if training.framework != "megatron-deepspeed" or training.precision != "fp16" or cand.zero:
+        return 0.0
+    return FP16_STEP_GRAD_BYTES["fused" if training.optimizer == "adamw" else "unfused"]
+
+
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
                  pb: ParamBytes) -> tuple[int, float, float, float, float]:
     """(parameters, weights, grads, optimizer, buffers) of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
     ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`."""
+    step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
+    if step_grads:   # the 16-bit gradients, then their fp32 copies at the step
+        pb = replace(pb, grads=2 + step_grads)
     if fp8.fp8_param_gather(cand, training):
         # --fp8-param-gather (ZeRO >= 1): the forward's weights as FP8 and its transpose, 2 bytes, no bf16 copy (the
         # embedding, norms and LM head stay bf16: 2 bytes as well)

@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from planner.flops import model_flops_per_iteration, tflops_per_gpu  # noqa: E402
+from planner.constants import ALLOCATOR_OVERHEAD  # noqa: E402
 from planner.hardware import make_cluster  # noqa: E402
+from planner.memory import MemoryBreakdown  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
 from planner.rank import estimate  # noqa: E402
 from planner.space import Candidate, TrainingSpec  # noqa: E402
@@ -47,6 +49,33 @@ MEGATRON_EXTRA = ("--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-s
                   "--seed", "1234")
 """what a run without Transformer Engine, Apex or a dataset needs (flags of megatron/training/arguments.py)"""
 DRIVER = ROOT / "tests" / "test_megatron_parser_driver.py"
+TRAINING = TrainingSpec(global_batch=GLOBAL_BATCH, seq_len=MODEL.seq_len, precision="bf16", framework="megatron-lm",
+                        flash_attention=False, eager_ops=True)
+"""the plan of those runs: Megatron's own unfused DotProductAttention, and its fusions off (MEGATRON_EXTRA: the
+element-wise ops, SwiGLU included, as PyTorch ops)"""
+FOREACH_ADAM_TEMP_BYTES = 4.0
+"""bytes per parameter torch's foreach AdamW allocates during its step, one fp32 tensor per state
+(torch/optim/adamw.py _multi_tensor_adamw: exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)); Megatron falls back to
+torch's AdamW without Apex or Transformer Engine (megatron/core/optimizer/__init__.py)"""
+
+
+def first_report_bytes(mem: MemoryBreakdown) -> float:
+    """What Megatron-LM's first memory report ("[Rank 0] (after 1 iterations) memory (MB) | ... | max allocated",
+    megatron/training/training.py report_memory, printed once) reads for a one-GPU plan ``mem``: torch's
+    max_memory_allocated over the first iteration, which is the larger of two phases, neither the plan's total:
+    - forward and backward before any optimizer step: torch's AdamW creates its two moments lazily on the first
+      step (torch/optim/adamw.py _init_group: state initialisation when len(state) == 0), so the bf16 weights, the
+      fp32 main grads and the fp32 master weights (2 + 4 + 4 bytes a parameter), and the activations and logits as
+      allocated (without the allocator's overhead, planner.constants.ALLOCATOR_OVERHEAD, nor the CUDA context and
+      NCCL buffers that max_memory_allocated does not see);
+    - the step: every model state (18 bytes a parameter) and foreach AdamW's temporary (FOREACH_ADAM_TEMP_BYTES).
+    From the second iteration on the forward runs beside the moments: the plan's total is that steady state."""
+    params = mem.params_on_gpu
+    moments = mem.optimizer_bytes - 4.0 * params   # optimizer_bytes holds the fp32 master weights and the moments
+    dynamic = (mem.activations_bytes + mem.logits_bytes) / ALLOCATOR_OVERHEAD
+    forward_backward = mem.static_bytes - moments + dynamic
+    step = mem.static_bytes + FOREACH_ADAM_TEMP_BYTES * params
+    return max(forward_backward, step)
 
 
 def candidate(layout: str) -> Candidate:
@@ -96,8 +125,7 @@ def run(src: Path, gpu: str, steps: int, warmup: int, layouts: tuple[str, ...] =
 
     cluster = make_cluster(gpu=gpu, gpus=1, gpus_per_node=1)
     probe = megatron_probe(src, gpu)
-    training = TrainingSpec(global_batch=GLOBAL_BATCH, seq_len=MODEL.seq_len, precision="bf16",
-                            framework="megatron-lm", flash_attention=False)
+    training = TRAINING
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-megatron-") as tmp:
         for layout in layouts:
@@ -113,7 +141,7 @@ def run(src: Path, gpu: str, steps: int, warmup: int, layouts: tuple[str, ...] =
     flops = model_flops_per_iteration(MODEL, GLOBAL_BATCH)
     print(f"\n{MODEL.name}, seq {MODEL.seq_len}, GBS {GLOBAL_BATCH}, bf16, one {gpu}; step s (model TFLOP/s)")
     print(f"{'layout':<28} {'Megatron-LM':>16} {'torch probe':>16} {'plan (unfused)':>16} {'plan mem GB':>11} "
-          f"{'Meg peak GB':>11}")
+          f"{'plan 1st report GB':>18} {'Meg peak GB':>11}")
     for layout, est, meg, tp in rows:
         def cell(step):
             return f"{step:.3f} ({tflops_per_gpu(flops, step, 1):.0f})" if step else "-"
@@ -122,6 +150,7 @@ def run(src: Path, gpu: str, steps: int, warmup: int, layouts: tuple[str, ...] =
         print(f"{layout:<28} {cell(meg.step_time_median_s) if meg.ok else meg.status:>16} "
               f"{cell(tp.step_time_median_s) if tp.ok else tp.status:>16} {cell(plan_s):>16} "
               f"{est.memory.total_bytes / 1e9 if est.memory else float('nan'):>11.1f} "
+              f"{first_report_bytes(est.memory) / 1e9 if est.memory else float('nan'):>18.1f} "
               f"{peak if peak is not None else float('nan'):>11.1f}")
     return 0 if all(meg.ok for _, _, meg, _ in rows) else 1
 
