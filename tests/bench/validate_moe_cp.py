@@ -60,6 +60,13 @@ ROWS = [  # source, model, gpu, GPUs, precision, GBS, MBS, seq, TP, PP, CP, VP, 
 # so no set_moe_a2a_overlap_overrides) keeps: plan's --overlap shared-expert.
 PUBLISHED_A2A_OVERLAP = {("qwen3-235b-a22b", "H100")}
 PUBLISHED_SHARED_EXPERT_OVERLAP = {("deepseek-v3", "B200")}
+# CUDA graphs as the 25.11 container's Megatron-Bridge (v0.2.0, 2025-11-26; the same at da980700a and v0.2.1) sets
+# them in scripts/performance/configs/qwen3/workload_base_configs.py: QWEN3_30B_A3B_B200_FP8_CS_BASE_CONFIG (which
+# FP8_MX aliases) cuda_graph_impl="transformer_engine", cuda_graph_scope=["moe_router", "moe_preprocess"]. The other
+# Bridge rows' configs set no cuda_graph_impl (Qwen3-30B-A3B H100 FP8_CS, Qwen3-235B-A22B H100, DeepSeek-V3 B200 in
+# deepseek/workload_base_configs.py, the Llama 3 H100 rows in llama3/workload_base_configs.py): eager. (Before
+# 2025-11-21, 87aa39ce7, the B200 Qwen3 config had cuda_graph_impl="local", scope full_iteration.)
+PUBLISHED_CUDA_GRAPHS = {("qwen3-30b-a3b", "B200"): ("moe_router", "moe_preprocess")}
 PUBLISHED_RECOMPUTE = {("llama3-70b", "H100"): "none", ("llama3.1-405b", "H100"): "none",
                        ("qwen3-30b-a3b", "H100"): "none", ("qwen3-30b-a3b", "B200"): "none",
                        ("qwen3-235b-a22b", "H100"): "none", ("deepseek-v3", "B200"): "modules:mla_up_proj"}
@@ -80,7 +87,8 @@ def qwen3_235b_a22b():
 def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int, seq: int, tp: int, pp: int,
             cp: int, vp: int | None, ep: int, *, fp8_recipe: str = "delayed",
             grad_reduce_dtype: str = "fp32", recompute: str | None = None,
-            a2a_overlap: bool = False, shared_expert_overlap: bool = False) -> tuple[float, float, str] | None:
+            a2a_overlap: bool = False, shared_expert_overlap: bool = False,
+            cuda_graphs: tuple[str, ...] = ()) -> tuple[float, float, str] | None:
     """(model TFLOP/s per GPU, tokens/s per GPU, what was chosen) of the best fitting variant, or None; with
     ``recompute`` (the published one) that mode only, marked "predicted OOM" where plan says it does not fit."""
     from planner import load_model, make_cluster
@@ -90,7 +98,7 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
     m = qwen3_235b_a22b() if model == "qwen3-235b-a22b" else load_model(model)
     cluster = make_cluster(gpu=gpu, gpus=gpus)
     t = TrainingSpec(global_batch=gbs, seq_len=seq, precision=precision, framework="megatron-lm", fp8_recipe=fp8_recipe,
-                     grad_reduce_dtype=grad_reduce_dtype,
+                     grad_reduce_dtype=grad_reduce_dtype, cuda_graphs=cuda_graphs,
                      overlap=("grad-reduce", "param-gather", "p2p") + (("ep-a2a",) if a2a_overlap else ())
                      + (("shared-expert",) if shared_expert_overlap else ()))
     dp = gpus // (tp * pp * cp)
@@ -122,7 +130,8 @@ def main() -> int:
                        fp8_recipe=("tensorwise" if gpu == "H100" else "mxfp8") if bridge else "delayed",
                        recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge else None,
                        a2a_overlap=(model, gpu) in PUBLISHED_A2A_OVERLAP,
-                       shared_expert_overlap=(model, gpu) in PUBLISHED_SHARED_EXPERT_OVERLAP)
+                       shared_expert_overlap=(model, gpu) in PUBLISHED_SHARED_EXPERT_OVERLAP,
+                       cuda_graphs=PUBLISHED_CUDA_GRAPHS.get((model, gpu), ()) if bridge else ())
         tf, tok, note = best if best else (float("nan"), float("nan"), "does not fit")
         unit, pub, pred = ("tokens/s", pub_tok, tok) if pub_tok else ("TFLOP/s", pub_tf, tf)
         ratios.append(pred / pub)
