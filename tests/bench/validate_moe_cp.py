@@ -17,8 +17,9 @@ plantune's count the full s^2 (Narayanan et al. 2021), so their TFLOP/s ratio is
   Its GB200 rows are left out: they were written before the NVL72 domain was modelled (now --cluster gb200-nvl72;
   NeMo's GB200 rows are scored by tests/bench/validate_blackwell.py), and its DeepSeek-V3 PP4 x VP4 split of 61
   layers needs --pipeline-model-parallel-layout, which plan does not search.
-The MoE launch cost (planner.constants KERNEL_LAUNCH_S) is FITTED on the two MoE rows that ran without CUDA graphs
-(H100 Qwen3-30B-A3B, B200 DeepSeek-V3); the B200 Qwen3-30B-A3B row ran with CUDA graphs, which plan does not model.
+The MoE host costs (planner.constants KERNEL_LAUNCH_S, MOE_ROUTER_HOST_S) are FITTED on the MoE rows here and in
+validate_blackwell.py, each with the CUDA graphs its source states (PUBLISHED_CUDA_GRAPHS: the B200 Qwen3-30B-A3B row's
+moe_router + moe_preprocess graphs, planner.cuda_graphs).
 Megatron-Bridge rows run as its perf scripts do (scripts/performance/configs/*/*_llm_pretrain.py at 25.11,
 da980700a): ``grad_reduce_in_fp32 = False`` (plan: grad_reduce_dtype bf16, Megatron-LM --grad-reduce-in-bf16) and, on H100,
 ``fp8_cs`` = bf16_with_fp8_current_scaling_mixed (fp8_recipe "tensorwise", fp8_param_gather True); the B200 rows'
