@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 ATTENTION_OPS = {"norms": 0.5, "rope": 1, "qkv": 1, "qkv_layout": 1, "attn_scores": 1, "softmax_dropout": 1,
                  "attn_values": 1, "proj": 1, "residual": 0.5, "q_down": 1, "q_up": 1, "q_proj": 1, "kv_down": 1,
-                 "kv_up": 1, "cp_ring": 1}
+                 "kv_up": 1}
 """ops of TransformerLayer._forward_attention (input norm, attention, its bias-dropout-add: half of the layer's two
 norms and two residual adds), weight = launches counted"""
 DENSE_MLP_OPS = {"norms": 0.5, "residual": 0.5, "fc1": 1, "mlp_act": 1, "fc2": 1}
@@ -121,6 +121,9 @@ def graphed_ops(lo: "LayerOps", m: "ModelSpec", training: "TrainingSpec") -> "La
         if scope in s or "layer" in s:
             for name, w in table.items():
                 weights[name] = max(weights.get(name, 0.0), w)   # norms / residual: each half once
+    if "shared-expert" in (training.overlap or ()) and "moe_router" in s:   # on their own stream: not in the graph
+        for name in ("shared_fc1", "shared_act", "shared_fc2"):
+            weights.pop(name, None)
     if "moe" in s or "layer" in s:   # the whole MoE MLP (drop-and-pad: no sync)
         for op in pre:
             if op.name not in ATTENTION_OPS and op.name not in DENSE_MLP_OPS:
