@@ -29,7 +29,7 @@ from typing import Callable
 
 import yaml
 
-from planner import attention, flops, fp8, recompute as recompute_modes
+from planner import attention, cuda_graphs, flops, fp8, recompute as recompute_modes
 from planner.cost import RANKING_ERROR, attention_kernel, tied
 from planner.errors import InputError, PlantuneError
 from planner.calibration import apply_calibration, compute_line
@@ -178,6 +178,10 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
         help="Megatron-LM's fine-grained activation offload: comma list of modules whose inputs go to the host "
              "between forward and backward (attn_norm, qkv_linear, core_attn, attn_proj, mlp_norm, expert_fc1, "
              "moe_act)")
+    add("--cuda-graphs", metavar="SCOPES", default=None,
+        help="Megatron-LM's CUDA graphs: comma list of capture scopes (layer, attn, mlp, moe, moe_router, "
+             "moe_preprocess, full_iteration; --cuda-graph-impl / --cuda-graph-scope): their host launches replayed "
+             "as one graph. A dropless MoE syncs with the host, so only attn, moe_router and moe_preprocess take it")
     add("--moe-dispatcher", choices=("alltoall", "allgather", "deepep", "hybridep"), default=None,
         help="Megatron-LM's MoE token dispatcher (default alltoall): allgather gathers every token over the EP "
              "group; deepep / hybridep are the flex dispatcher's backends, sending a token once per GPU that holds "
@@ -337,6 +341,7 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         moe_dispatcher=getattr(args, "moe_dispatcher", None) or "alltoall",
                         activation_offload=_split(getattr(args, "activation_offload", None), str,
                                                   "--activation-offload") or (),
+                        cuda_graphs=_split(getattr(args, "cuda_graphs", None), str, "--cuda-graphs") or (),
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
                         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
                         optimizer_offload=getattr(args, "optimizer_offload", None) or 0.0,
@@ -434,7 +439,9 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              + (", norms as PyTorch ops (--unfused-norm)" if not t.fused_norm else "")
              + (", element-wise ops as PyTorch ops (--eager-ops)" if t.eager_ops else "")
              + (f", {t.optimizer_offload:g} of the optimizer on the host (--optimizer-offload)"
-                if t.optimizer_offload else ""),
+                if t.optimizer_offload else "")
+             + (f", CUDA graphs {'+'.join(t.cuda_graphs)} (--cuda-graph-impl {cuda_graphs.impl(t.cuda_graphs)})"
+                if t.cuda_graphs else ""),
              cl.network_line(),
              compute_line(cl, t.framework),
              attention_kernel(m, cl, t)[2],
@@ -540,7 +547,13 @@ def render_savers(model, cluster: ClusterSpec, training: TrainingSpec, est: Esti
         base = estimate(model, cluster, t, c, targets=targets)
         lines.append(f"{name}: saves {(base.memory.total_bytes - est.memory.total_bytes) / 1e9:.2f} GB of GPU "
                      f"memory, costs {est.time.step_time_s - base.time.step_time_s:+.3f} s of step time")
-    return ("\nMemory savers (against the same layout without each):\n" + "\n".join(lines)) if lines else ""
+    if training.cuda_graphs:   # time only: the graphs' memory pools are not modelled (planner.cuda_graphs)
+        base = estimate(model, cluster, replace(training, cuda_graphs=()), est.candidate, targets=targets)
+        lines.append(f"CUDA graphs {'+'.join(training.cuda_graphs)} (--cuda-graph-scope): "
+                     f"{est.time.step_time_s - base.time.step_time_s:+.3f} s of step time against eager launches "
+                     "(their memory pools not modelled)")
+    head = "Memory savers" + (" and CUDA graphs" if training.cuda_graphs else "")
+    return (f"\n{head} (against the same layout without each):\n" + "\n".join(lines)) if lines else ""
 
 
 def _dump(obj: object, fmt: str) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner import attention, context_parallel, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
+from planner import attention, context_parallel, cuda_graphs, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
 from planner.constants import RANKING_ERROR, SHARDED_OVERLAP
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
@@ -154,7 +154,8 @@ def layer_op_list(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     lo = moe.latent_attention_ops(lo, rank, cand, tokens, g, g_core)
     lo = context_parallel.ring_attention(lo, cand)
     lo = moe.expert_ops(lo, rank, cand, training, tokens, g, cluster)
-    return fp8.cast_ops(lo, rank, cand, training, tokens, cluster)
+    lo = fp8.cast_ops(lo, rank, cand, training, tokens, cluster)
+    return cuda_graphs.graphed_ops(lo, rank, training)   # the MoE router's host work; what CUDA graphs capture
 
 
 def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,

@@ -250,7 +250,9 @@ def host_sync_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens
     quantization per expert and GEMM input) runs no faster than it is launched, so that part takes the longer of
     its GPU time and ``kernels per expert x local experts x KERNEL_LAUNCH_S``. Megatron-Core MoE
     (arXiv 2603.07685, "Compute wall": small per-expert GEMMs and many kernel launches make fine-grained MoE
-    host-bound; its CUDA-graph scopes moe_router / moe_preprocess remove exactly these launches).
+    host-bound). The CUDA-graph scopes moe_router / moe_preprocess replay the router and preprocess, before the sync,
+    as one graph (`planner.cuda_graphs`); these launches, after it, stay eager unless drop-and-pad lets the whole
+    MoE layer be captured.
     """
     host = sync_host_s(m, c, training)
     if not host:

@@ -387,6 +387,8 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 mode, first = head.recompute, checker.extras(head, ep, etp)
                 if first is None:
                     mode, first = partial_mode(model, head, memory, training.framework, (ep, etp))
+                    if first is None and mode != head.recompute:   # the resolved modules against the rules too
+                        first = checker.extras(replace(head, recompute=mode), ep, etp)   # (e.g. moe + CUDA graphs)
                 if first is not None:
                     pruned[first.reason] += 1
                     if first.reason not in examples:

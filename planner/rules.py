@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
-from planner import context_parallel, fp8, fsdp_parallel, model_facts, moe, pipeline_engine, recompute as recompute_modes
+from planner import context_parallel, cuda_graphs, fp8, fsdp_parallel, model_facts, moe, pipeline_engine, recompute as recompute_modes
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown, shard_group_size
 from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
@@ -443,7 +443,7 @@ def parallel_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpec, traini
     (`probe_extent_violations`), the Megatron-DeepSpeed forks none."""
     fw = target.framework
     if fw in ("megatron-lm", "fsdp"):
-        for rules in (context_parallel.violations, moe.violations, fp8.violations):
+        for rules in (context_parallel.violations, moe.violations, fp8.violations, cuda_graphs.violations):
             for reason, detail in rules(model, c, cluster, training, fw):
                 yield Violation(Reason(reason), detail)
         if fw == "fsdp" and moe.is_moe(model) and c.ep > 1 and not c.cp <= c.ep <= c.dp * c.cp:
@@ -605,7 +605,8 @@ class Checker:
         only in those; ``c`` with them is built only when the answer is not known yet)."""
         # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training);
         # the probe's also pp, zero and hybrid (probe_extent_violations, probe_dp_impl)
-        key = (c.tp, c.cp, c.dp, ep, etp, c.sp) + ((c.pp, c.zero, c.hybrid) if self._probe else ())
+        # and the recompute mode (the EP-overlap and CUDA-graph rules refuse some: planner.moe, planner.cuda_graphs)
+        key = (c.tp, c.cp, c.dp, ep, etp, c.sp, c.recompute) + ((c.pp, c.zero, c.hybrid) if self._probe else ())
         if key not in self._extras:
             c = c if (c.ep, c.etp) == (ep, etp) else replace(c, ep=ep, etp=etp)
             self._extras[key] = next((x for t in self.targets

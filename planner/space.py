@@ -22,6 +22,10 @@ FLAVORS = ("bigscience", "microsoft")
 """Megatron-DeepSpeed forks: bigscience-workshop/Megatron-DeepSpeed, microsoft (now deepspeedai)/Megatron-DeepSpeed"""
 PP_SCHEDULES_FSDP = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
 """torchtitan's pipeline_parallel_schedule values plan costs (planner.fsdp_parallel.SCHEDULES)"""
+CUDA_GRAPH_SCOPES = ("layer", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
+"""what --cuda-graphs takes: Megatron's CudaGraphScope values (megatron/core/transformer/enums.py) and "layer", the
+whole transformer layer (Megatron: --cuda-graph-impl transformer_engine with no --cuda-graph-scope); what each
+captures and costs: planner.cuda_graphs"""
 PINNABLE = ("tp", "pp", "dp", "mbs", "gas", "vpp")
 """degrees a user may pin (--tp 8 --pp 4 ...), like --gpus"""
 
@@ -83,6 +87,10 @@ class TrainingSpec:
     activation_offload: tuple[str, ...] = ()
     """Megatron-LM's --fine-grained-activation-offloading --offload-modules (planner.offload.ACTIVATION_MODULES):
     the modules whose inputs go to the host between forward and backward; () = none"""
+    cuda_graphs: tuple[str, ...] = ()
+    """Megatron-LM's CUDA-graph scopes (planner.cuda_graphs.SCOPES: layer | attn | mlp | moe | moe_router |
+    moe_preprocess | full_iteration; --cuda-graph-impl / --cuda-graph-scope): their host launches replayed as one
+    graph; () = eager"""
     optimizer_offload: float = 0.0
     """fraction of the optimizer states Megatron-LM keeps on the host (--optimizer-cpu-offload
     --optimizer-offload-fraction; `planner.offload`); 0: none"""
@@ -146,6 +154,9 @@ class TrainingSpec:
         if "attn_proj" in self.activation_offload and "core_attn" not in self.activation_offload:
             raise InputError("--activation-offload attn_proj needs core_attn too (transformer_config.py: 'attn_proj "
                              "cannot be set to offload_modules alone without core_attn'); add core_attn")
+        bad_graphs = cuda_graphs_problem(self.cuda_graphs, self.framework)
+        if bad_graphs:
+            raise InputError(bad_graphs)
         if not 0 <= self.optimizer_offload <= 1:
             raise InputError(f"--optimizer-offload must be a fraction in [0, 1], got {self.optimizer_offload}")
         if self.optimizer_offload and self.framework != "megatron-lm":
@@ -184,6 +195,26 @@ class TrainingSpec:
         if self.rampup is not None and self.rampup.start >= self.global_batch:
             raise InputError(f"rampup start {self.rampup.start} must be below the global batch "
                              f"{self.global_batch} (megatron/microbatches.py)")
+
+
+def cuda_graphs_problem(scopes: tuple[str, ...], framework: str) -> str | None:
+    """Why TrainingSpec refuses the scopes (one line with a fix), or None: the checks that need no model."""
+    bad = [s for s in scopes if s not in CUDA_GRAPH_SCOPES]
+    if bad:
+        return f"unknown CUDA graph scope {', '.join(bad)}; use some of {', '.join(CUDA_GRAPH_SCOPES)}"
+    if scopes and framework != "megatron-lm":
+        return (f"--cuda-graphs is Megatron-LM's (--cuda-graph-impl / --cuda-graph-scope); the framework here is "
+                f"{framework}: add --framework megatron-lm or drop it")
+    if ("full_iteration" in scopes or "layer" in scopes) and len(scopes) > 1:
+        return ("--cuda-graphs full_iteration and layer stand alone (arguments.py: full_iteration only with "
+                "--cuda-graph-impl local; the whole layer is the empty scope list); keep one")
+    if "moe" in scopes and "moe_router" in scopes:
+        return "--cuda-graphs moe and moe_router exclude each other (transformer_config.py: 'cuda_graph_scope must " \
+               "not contain both moe and moe_router'); keep one"
+    if "moe_preprocess" in scopes and "moe_router" not in scopes:
+        return ("--cuda-graphs moe_preprocess needs moe_router (transformer_config.py: 'moe_preprocess cuda graph is "
+                "only supported with moe_router cuda graph'); add moe_router")
+    return None
 
 
 @dataclass(frozen=True, slots=True)

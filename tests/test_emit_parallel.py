@@ -107,6 +107,17 @@ CASES = {
                                                               zero=1, vpp=4, recompute="modules:mla_up_proj+mlp"),
                                seq_len=4096, global_batch=8192, optimizer_offload=0.5, precision="fp8",
                                fp8_recipe="tensorwise"),
+    # CUDA graphs as Megatron-Bridge 25.11 (v0.2.0) runs Qwen3-30B-A3B on DGX-B200: TE graphs of the router and the
+    # dispatcher's preprocess (QWEN3_30B_A3B_B200_FP8_CS_BASE_CONFIG: cuda_graph_scope ["moe_router", "moe_preprocess"])
+    "qwen3-cuda-graphs": _setup("qwen3-30b-a3b", 8, Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=64, zero=1),
+                                seq_len=4096, cuda_graphs=("moe_router", "moe_preprocess")),
+    # a whole-iteration graph (--cuda-graph-impl local): drop-and-pad MoE, no host sync to break the capture
+    "mixtral-full-iteration": _setup("mixtral-8x22b", 128, Candidate(tp=4, pp=4, dp=8, ep=8, etp=1, sp=True, mbs=1,
+                                                                     gas=64, zero=1), moe_capacity_factor=1.25,
+                                     cuda_graphs=("full_iteration",)),
+    # a dense FP8 model's whole layers graphed (transformer_engine, no --cuda-graph-scope)
+    "llama-layer-graphs": _setup("llama3-70b", 64, Candidate(tp=4, pp=2, dp=8, sp=True, mbs=1, gas=64, zero=1),
+                                 precision="fp8", cuda_graphs=("layer",)),
     # EP all-to-all overlap (--overlap ep-a2a): interleaved PP, as transformer_config.py asks of it
     "mixtral-ep-a2a-overlap": _setup("mixtral-8x22b", 64, Candidate(tp=1, pp=2, dp=32, ep=8, mbs=1, gas=16, zero=1,
                                                                     vpp=2), seq_len=4096,

@@ -22,6 +22,7 @@ FLOORS: dict[int, tuple[str, ...]] = {
     # specs: ModelSpec (shape, facts, parameters) and its config.json reader, the accelerator catalog and ClusterSpec,
     # TrainingSpec and Candidate
     2: ("attention", "topology", "recompute", "step_context", "flops", "fp8", "fsdp_parallel", "pipeline_engine",
+        "cuda_graphs",
         "context_parallel", "moe", "ops", "offload", "memory", "cost", "calibration"),
     # operations and terms: a layer's list of operations, memory, the step's named terms
     3: ("rules", "constraints", "enumeration", "rank", "rampup_schedule"),

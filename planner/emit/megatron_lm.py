@@ -14,7 +14,7 @@ The same launch.sbatch as Megatron-DeepSpeed's starts it (torch.distributed.run,
 
 from __future__ import annotations
 
-from planner import offload, recompute as recompute_modes
+from planner import cuda_graphs, offload, recompute as recompute_modes
 from planner.emit import facts, parallel_extras
 from planner.emit.setup import MEGATRON_OPTIMIZERS, RunSetup, train_samples
 from planner.framework import overlaps
@@ -120,6 +120,7 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
         args.append(("--grad-reduce-in-bf16",))
     args += offload.megatron_lm_args(t)   # CPU optimizer offload
     args += offload.activation_offload_args(t)   # fine-grained activation offload
+    args += cuda_graphs.megatron_lm_args(t, c)   # --cuda-graph-impl / --cuda-graph-scope
     args += overlap_args(setup)
     args += [tuple(f) for f in parallel_extras.megatron_lm_flags(setup)]   # CP / EP / MoE / MLA / FP8 / RoPE scaling
     return args

@@ -37,7 +37,7 @@ _SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attenti
 _TRAINING_TOP = {"global_batch", "seq_len", "precision", "rampup", "flash_attention"}
 # flavor is plantune.flavor; pins only narrow the search and mean nothing once a layout is chosen
 _TRAINING_NOT_WRITTEN = {"flavor", "pins"}
-_OPTIONAL = {"attention_kernel", "eager_ops"}
+_OPTIONAL = {"attention_kernel", "eager_ops", "cuda_graphs"}
 """plantune.training keys files written before them may lack (the TrainingSpec default applies)"""
 _TRAINING_EXTRA = tuple(f.name for f in fields(TrainingSpec) if f.name not in _TRAINING_TOP | _TRAINING_NOT_WRITTEN)
 
@@ -71,6 +71,7 @@ def plan_schema() -> dict[str, Field]:
         "cp_options": List(Int(1, MAX_GPUS), null=True), "ep_options": List(Int(1, MAX_GPUS), null=True),
         "overlap": List(Str(), null=True), "optimizer_offload": Num(0, 1),
         "activation_offload": List(Str()),   # TrainingSpec checks the module names
+        "cuda_graphs": List(Str()),   # TrainingSpec checks the scopes (planner.cuda_graphs)
     }
     cluster = {**CLUSTER, "gpus_per_node": required_field(CLUSTER["gpus_per_node"]), "nodes": required_field(CLUSTER["nodes"]),
                "matmul_efficiency": CALIBRATION["matmul_efficiency"],

@@ -17,8 +17,9 @@ plantune's count the full s^2 (Narayanan et al. 2021), so their TFLOP/s ratio is
   Its GB200 rows are left out: they were written before the NVL72 domain was modelled (now --cluster gb200-nvl72;
   NeMo's GB200 rows are scored by tests/bench/validate_blackwell.py), and its DeepSeek-V3 PP4 x VP4 split of 61
   layers needs --pipeline-model-parallel-layout, which plan does not search.
-The MoE launch cost (planner.constants KERNEL_LAUNCH_S) is FITTED on the two MoE rows that ran without CUDA graphs
-(H100 Qwen3-30B-A3B, B200 DeepSeek-V3); the B200 Qwen3-30B-A3B row ran with CUDA graphs, which plan does not model.
+The MoE host costs (planner.constants KERNEL_LAUNCH_S, MOE_ROUTER_HOST_S) are FITTED on the MoE rows here and in
+validate_blackwell.py, each with the CUDA graphs its source states (PUBLISHED_CUDA_GRAPHS: the B200 Qwen3-30B-A3B row's
+moe_router + moe_preprocess graphs, planner.cuda_graphs).
 Megatron-Bridge rows run as its perf scripts do (scripts/performance/configs/*/*_llm_pretrain.py at 25.11,
 da980700a): ``grad_reduce_in_fp32 = False`` (plan: grad_reduce_dtype bf16, Megatron-LM --grad-reduce-in-bf16) and, on H100,
 ``fp8_cs`` = bf16_with_fp8_current_scaling_mixed (fp8_recipe "tensorwise", fp8_param_gather True); the B200 rows'
@@ -60,6 +61,13 @@ ROWS = [  # source, model, gpu, GPUs, precision, GBS, MBS, seq, TP, PP, CP, VP, 
 # so no set_moe_a2a_overlap_overrides) keeps: plan's --overlap shared-expert.
 PUBLISHED_A2A_OVERLAP = {("qwen3-235b-a22b", "H100")}
 PUBLISHED_SHARED_EXPERT_OVERLAP = {("deepseek-v3", "B200")}
+# CUDA graphs as the 25.11 container's Megatron-Bridge (v0.2.0, 2025-11-26; the same at da980700a and v0.2.1) sets
+# them in scripts/performance/configs/qwen3/workload_base_configs.py: QWEN3_30B_A3B_B200_FP8_CS_BASE_CONFIG (which
+# FP8_MX aliases) cuda_graph_impl="transformer_engine", cuda_graph_scope=["moe_router", "moe_preprocess"]. The other
+# Bridge rows' configs set no cuda_graph_impl (Qwen3-30B-A3B H100 FP8_CS, Qwen3-235B-A22B H100, DeepSeek-V3 B200 in
+# deepseek/workload_base_configs.py, the Llama 3 H100 rows in llama3/workload_base_configs.py): eager. (Before
+# 2025-11-21, 87aa39ce7, the B200 Qwen3 config had cuda_graph_impl="local", scope full_iteration.)
+PUBLISHED_CUDA_GRAPHS = {("qwen3-30b-a3b", "B200"): ("moe_router", "moe_preprocess")}
 PUBLISHED_RECOMPUTE = {("llama3-70b", "H100"): "none", ("llama3.1-405b", "H100"): "none",
                        ("qwen3-30b-a3b", "H100"): "none", ("qwen3-30b-a3b", "B200"): "none",
                        ("qwen3-235b-a22b", "H100"): "none", ("deepseek-v3", "B200"): "modules:mla_up_proj"}
@@ -80,7 +88,8 @@ def qwen3_235b_a22b():
 def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int, seq: int, tp: int, pp: int,
             cp: int, vp: int | None, ep: int, *, fp8_recipe: str = "delayed",
             grad_reduce_dtype: str = "fp32", recompute: str | None = None,
-            a2a_overlap: bool = False, shared_expert_overlap: bool = False) -> tuple[float, float, str] | None:
+            a2a_overlap: bool = False, shared_expert_overlap: bool = False,
+            cuda_graphs: tuple[str, ...] = ()) -> tuple[float, float, str] | None:
     """(model TFLOP/s per GPU, tokens/s per GPU, what was chosen) of the best fitting variant, or None; with
     ``recompute`` (the published one) that mode only, marked "predicted OOM" where plan says it does not fit."""
     from planner import load_model, make_cluster
@@ -90,7 +99,7 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
     m = qwen3_235b_a22b() if model == "qwen3-235b-a22b" else load_model(model)
     cluster = make_cluster(gpu=gpu, gpus=gpus)
     t = TrainingSpec(global_batch=gbs, seq_len=seq, precision=precision, framework="megatron-lm", fp8_recipe=fp8_recipe,
-                     grad_reduce_dtype=grad_reduce_dtype,
+                     grad_reduce_dtype=grad_reduce_dtype, cuda_graphs=cuda_graphs,
                      overlap=("grad-reduce", "param-gather", "p2p") + (("ep-a2a",) if a2a_overlap else ())
                      + (("shared-expert",) if shared_expert_overlap else ()))
     dp = gpus // (tp * pp * cp)
@@ -122,7 +131,8 @@ def main() -> int:
                        fp8_recipe=("tensorwise" if gpu == "H100" else "mxfp8") if bridge else "delayed",
                        recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge else None,
                        a2a_overlap=(model, gpu) in PUBLISHED_A2A_OVERLAP,
-                       shared_expert_overlap=(model, gpu) in PUBLISHED_SHARED_EXPERT_OVERLAP)
+                       shared_expert_overlap=(model, gpu) in PUBLISHED_SHARED_EXPERT_OVERLAP,
+                       cuda_graphs=PUBLISHED_CUDA_GRAPHS.get((model, gpu), ()) if bridge else ())
         tf, tok, note = best if best else (float("nan"), float("nan"), "does not fit")
         unit, pub, pred = ("tokens/s", pub_tok, tok) if pub_tok else ("TFLOP/s", pub_tf, tf)
         ratios.append(pred / pub)
