@@ -36,7 +36,7 @@ def test_tune_probes_on_a_slurm_reservation(slurm_cluster, tmp_path, warm):
             "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "32", "--precision", "fp32",
             "--recompute", "none", "--zero", "0", "--max-mbs", "2", "--no-rampup", "--probe-device", "cpu",
             "--probe-steps", "2", "--probe-warmup", "1", "--probe-timeout", "120", "--backend", "slurm",
-            "--reservation", RESERVATION, "--max-probes", "2", "--confirm-top", "0", "--study", "slurm",
+            "--reservation", RESERVATION, "--max-probes", "2", "--confirm-top", "0", "--no-prune", "--study", "slurm",
             "--storage", f"sqlite:///{tmp_path}/tune.db", "--workdir", str(tmp_path / "runs"),
             "--no-progress", "--format", "json", *([] if warm else ["--no-warm"])]
     done = subprocess.run(argv, cwd=ROOT, env=cluster.env(dict(os.environ)), capture_output=True, text=True,
@@ -44,7 +44,7 @@ def test_tune_probes_on_a_slurm_reservation(slurm_cluster, tmp_path, warm):
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     probed = [t for t in out["trials"] if t["outcome"] == "ok"]
-    assert len(probed) == 2
+    assert len(probed) == 2, [(t["outcome"], t.get("reason")) for t in out["trials"]]
     first, second = _command(tmp_path, "trial-0000"), _command(tmp_path, "trial-0001")
     pids = [{int(p.read_text()) for p in (tmp_path / "runs" / t).glob("pid-rank*")} for t in ("trial-0000", "trial-0001")]
     if warm:
