@@ -22,6 +22,10 @@ and at `close`. A probe stopped early (pruned) is stopped cooperatively: ``FOLDE
 after the same step, and the pool serves the next probe; one that does not leave by the probe's deadline is
 killed like a hung one.
 
+The launcher is a hook of `WarmPool` (`_argv`, `_tracker`, `_stop`, `launch_extra`): on the SLURM backend,
+`probes.slurm.SlurmWarmPool` starts the workers as one srun step on a node slice, stops them by scancel'ing it
+and gives the slice back; everything above is the same there (`WarmWorkers` takes its ``start``).
+
 Phases (`probes.phases`): the pool's first probe counts from the pool's start (launch and rendezvous are its);
 a later one from the moment its job was written, so its launch and rendezvous are the hand-over and a barrier,
 and its teardown ends when every rank has released its memory.
