@@ -24,7 +24,8 @@ consecutive probes of one world size run in one long-lived step (`SlurmWarmPool`
 workers of `probes.warm_worker`, ``-m probes.train --serve FOLDER``), which holds its slice until it is retired;
 the pool logic is `probes.warm`'s (jobs handed over whole, new process groups and a fresh model per probe, memory
 checked; retired after an OOM, a crash, a timeout -- its step scancel'ed, the slice given back -- or a change of
-world size, device or environment). `run_many` runs its concurrent probes one step each. Commands are argument lists only; nothing goes through a shell.
+world size, device or environment). `run_many` runs its concurrent probes one step each.
+Commands are argument lists only; nothing goes through a shell.
 As with any srun, this Python and the repository must be at the same paths on every node
 (a shared filesystem); probe folders must be shared too (each node writes its rank logs there).
 """

@@ -46,7 +46,8 @@ def test_tune_probes_on_a_slurm_reservation(slurm_cluster, tmp_path, warm):
     probed = [t for t in out["trials"] if t["outcome"] == "ok"]
     assert len(probed) == 2, [(t["outcome"], t.get("reason")) for t in out["trials"]]
     first, second = _command(tmp_path, "trial-0000"), _command(tmp_path, "trial-0001")
-    pids = [{int(p.read_text()) for p in (tmp_path / "runs" / t).glob("pid-rank*")} for t in ("trial-0000", "trial-0001")]
+    pids = [{int(p.read_text()) for p in (tmp_path / "runs" / t).glob("pid-rank*")}
+            for t in ("trial-0000", "trial-0001")]
     if warm:
         assert first["warm_pool"] == second["warm_pool"] and (first["job"], second["job"]) == (0, 1)
         assert "srun" in first["argv"] and "--serve" in first["argv"]    # the workers' step
