@@ -274,7 +274,7 @@ def _worker_pids(result: ProbeResult) -> set[int]:
 @pytest.mark.slow
 def test_warm_probes_share_one_step_until_world_or_failure_retires_it(slurm_cluster, tmp_path):
     """Warm workers on SLURM: two probes of 2 ranks in one step (the same worker processes, new process groups and
-    model, memory released); a probe of 1 rank retires it for a step of its own; a crash retires that one, its
+    model, memory released), then a third pruned after two steps in it; a probe of 1 rank retires it for a step of its own; a crash retires that one, its
     step ends and the next probe gets a fresh step on the slice given back."""
     import psutil
 
@@ -290,6 +290,13 @@ def test_warm_probes_share_one_step_until_world_or_failure_retires_it(slurm_clus
         assert "[probe] step" in (tmp_path / "b" / "rank0.stdout").read_text()     # the job's own logs
         assert (tmp_path / "b" / "rank1.stderr").is_file()
         assert _steps(slurm_cluster) == [first.extra["step_name"]]                 # one step serves them
+
+        # warm workers report each timed step: a probe pruned after its second leaves the step serving
+        assert backend.reports_steps
+        pruned = backend.run(tiny_spec(dp=2, gas=1, steps=40), workdir=tmp_path / "p", timeout_s=PROBE_TIMEOUT_S,
+                             on_step=lambda index, seconds: "clearly slower" if index >= 1 else None)
+        assert pruned.status == "pruned" and pruned.reason == "clearly slower" and len(pruned.step_times_s) >= 2
+        assert pruned.extra["step_name"] == first.extra["step_name"] and _worker_pids(pruned) == pids
 
         one = backend.run(tiny_spec(), workdir=tmp_path / "c", timeout_s=PROBE_TIMEOUT_S)
         assert one.status == "ok" and one.world_size == 1, one.reason
