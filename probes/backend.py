@@ -32,8 +32,9 @@ class ProbeBackend(abc.ABC):
     - an ``ok`` result has a finite step time > 0 (``step_time_median_s``), samples per second > 0, the number of
       ranks that ran (``world_size`` >= 1), its wall time (``wall_s``) and a ``device`` description;
     - any other result has a one-line ``reason``;
-    - no process it started outlives `run` -- except warm workers (`LocalBackend` given `probes.warm.WarmWorkers`),
-      which serve the next probe and end at the backend's ``close``, at a failed probe, or with the tuner.
+    - no process it started outlives `run` -- except warm workers (`LocalBackend` given `probes.warm.WarmWorkers`,
+      `probes.slurm.SlurmBackend` with ``warm=True``), which serve the next probe and end at the backend's
+      ``close``, at a failed probe, or with the tuner.
     """
 
     name = "base"

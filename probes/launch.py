@@ -106,7 +106,9 @@ def _pid_files(workdir: Path) -> list[int]:
 class ProcessTracker:
     """Every pid the probe started (torchrun and its workers), with start times to avoid pid reuse."""
 
-    def __init__(self, root_pid: int, workdir: Path) -> None:
+    def __init__(self, root_pid: int, workdir: Path | None) -> None:
+        """``workdir``: where the workers write ``pid-rank*`` files (None: the workers are not this machine's
+        processes, as an srun step's on other nodes; only ``root_pid``'s own descendants are tracked)."""
         self.root_pid = root_pid
         self.workdir = workdir
         self.seen: dict[int, float | None] = {}
@@ -134,7 +136,7 @@ class ProcessTracker:
                     self._add(child.pid)
             except self._ps.Error:
                 pass
-        for pid in _pid_files(self.workdir):
+        for pid in _pid_files(self.workdir) if self.workdir is not None else ():
             self._add(pid)
 
     def alive(self) -> list[int]:

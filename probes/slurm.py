@@ -17,7 +17,15 @@ N --nnodes K --rdzv_endpoint FIRST_HOST:PORT --rdzv_backend c10d --max_restarts 
 $SLURM_PROCID ...`` (BigScience's tr11-176B-ml.slurm launcher, without a shell). A probe past
 its wall-clock limit has its step cancelled (``scancel JOB.STEP``) and srun's process group
 killed; the slice goes back to the pool. A node that fails two probes is set aside and listed
-in ``backend.set_aside``. Commands are argument lists only; nothing goes through a shell.
+in ``backend.set_aside``.
+
+Warm workers (``SlurmBackend(warm=True)``; `tune`'s default for its built-in probe, ``--no-warm`` turns it off):
+consecutive probes of one world size run in one long-lived step (`SlurmWarmPool`: the same task line with the
+workers of `probes.warm_worker`, ``-m probes.train --serve FOLDER``), which holds its slice until it is retired;
+the pool logic is `probes.warm`'s (jobs handed over whole, new process groups and a fresh model per probe, memory
+checked; retired after an OOM, a crash, a timeout -- its step scancel'ed, the slice given back -- or a change of
+world size, device or environment). `run_many` runs its concurrent probes one step each.
+Commands are argument lists only; nothing goes through a shell.
 As with any srun, this Python and the repository must be at the same paths on every node
 (a shared filesystem); probe folders must be shared too (each node writes its rank logs there).
 """
@@ -43,13 +51,15 @@ from typing import Mapping, Sequence
 
 from probes import lifeline
 from probes.backend import ProbeBackend
-from probes.launch import KILL_GRACE_S, REPO_ROOT, probe_env
+from probes.launch import KILL_GRACE_S, REPO_ROOT, ProcessTracker, probe_env
 from probes.extent import resolve_probe
 from probes.layout import LayoutError
 from probes.outcome import classify
 from probes.phases import MARKS_FILE, phases_of, read_marks
 from probes.result import ProbeResult, ProbeSpec
 from probes.slurm_guard import SlurmGuard
+from probes.steps import OnStep
+from probes.warm import WarmPool, WarmWorkers
 
 SLURM_COMMAND_TIMEOUT_S = 60.0
 """limit for one scontrol/squeue/scancel call"""
@@ -316,13 +326,14 @@ class SlurmBackend(ProbeBackend):
                  time_limit_s: float = 1800.0, gres: str | None = "gpu", nproc: int | None = None,
                  env: Mapping[str, str] | None = None, port_base: int = DEFAULT_PORT_BASE,
                  alloc_timeout_s: float = 600.0, overcommit: bool = False,
-                 inside_allocation: bool | None = None) -> None:
+                 inside_allocation: bool | None = None, warm: bool = False) -> None:
         """``gres="gpu"`` asks steps for ``--gres=gpu:N``; ``gres=None`` counts CPUs (CPU probes).
         ``nodes``: how many nodes to salloc when not already inside an allocation (default
         ``nodes_per_probe`` or 1). A probe gets the candidate's TP*PP*DP ranks, or one DP replica
         (TP*PP, reported reduced) when that exceeds ``nodes_per_probe`` nodes, or exactly ``nproc``.
         ``inside_allocation``: None detects SLURM_JOB_ID; False always sallocs. ``env`` holds extra
-        environment for SLURM commands and probe processes (SLURM_CONF for a test cluster)."""
+        environment for SLURM commands and probe processes (SLURM_CONF for a test cluster). ``warm``: `run`
+        keeps its workers in one step for the next probe of the same world size (`SlurmWarmPool`)."""
         for name, value in (("reservation", reservation), ("partition", partition), ("account", account)):
             if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value):
                 raise ValueError(f"{name} {value!r} is not a SLURM name (letters, digits, '.', '_', '-')")
@@ -345,6 +356,11 @@ class SlurmBackend(ProbeBackend):
         self._pool: SlicePool | None = None
         self._guard: SlurmGuard | None = None
         self._lock = threading.Lock()
+        self.warm = warm
+        self.reports_steps = warm
+        """warm workers report each timed step (on_step) and stop a pruned probe; a one-shot step does not"""
+        self._workers: WarmWorkers | None = None
+        self._workers_env: dict[str, str] = {}
 
     # -- allocation ---------------------------------------------------------------------------
     def _client_env(self) -> dict[str, str]:
@@ -414,7 +430,11 @@ class SlurmBackend(ProbeBackend):
         return job_id, expand_nodelist(listed.stdout.strip(), env=env)
 
     def close(self) -> None:
-        """Give back an allocation this backend asked for (``scancel JOB``); end the guard."""
+        """Stop the warm workers' step; give back an allocation this backend asked for (``scancel JOB``); end the
+        guard."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
         if self.owns_allocation and self.job_id:
             _run(["scancel", self.job_id], env=self._client_env())
             self.owns_allocation = False
@@ -581,8 +601,15 @@ class SlurmBackend(ProbeBackend):
         """`procs_for_candidate` times the spec's context-parallel ranks (TP·CP·PP·DP)."""
         return self.procs_for_candidate(spec.candidate) * (1 if self.nproc is not None else spec.cp)
 
-    def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float) -> ProbeResult:
-        """Run the torch probe (``probes.train``) for ``spec`` on a free slice; always a ProbeResult."""
+    def run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float, on_step: OnStep | None = None
+            ) -> ProbeResult:
+        """Run the torch probe (``probes.train``) for ``spec`` on a free slice -- in the warm workers' step when
+        the backend is ``warm`` (``on_step`` then gets each timed step: `probes.warm.WarmPool.run`); always a
+        ProbeResult."""
+        return self._run(spec, workdir=workdir, timeout_s=timeout_s, on_step=on_step, warm=self.warm)
+
+    def _run(self, spec: ProbeSpec, *, workdir: Path, timeout_s: float, on_step: OnStep | None = None,
+             warm: bool = False) -> ProbeResult:
         workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         for stale in [*workdir.glob("error-rank*.json"), *workdir.glob("pid-rank*"), *workdir.glob("rank*.std*"),
@@ -602,10 +629,13 @@ class SlurmBackend(ProbeBackend):
             resolve_probe(spec, world=procs, local_world=per_node)
         except (LayoutError, ValueError) as err:
             return invalid(str(err))
+        if warm:
+            if not self.pool.can_ever_fit(procs):
+                return invalid(self._no_fit(procs))
+            return self._run_warm(spec, procs=procs, workdir=workdir, timeout_s=timeout_s, on_step=on_step)
         s = self.pool.acquire(procs)
         if s is None:
-            return invalid(f"{procs} ranks do not fit on the {len(self.pool.in_service())} node(s) in service "
-                           f"x {self.gpus_per_node} (set aside: {sorted(self.pool.set_aside) or 'none'})")
+            return invalid(self._no_fit(procs))
         spawned = time.time()
         try:
             worker = ["-m", "probes.train", "--spec", str(spec_path), "--out", str(workdir)]
@@ -632,16 +662,113 @@ class SlurmBackend(ProbeBackend):
         result.write(workdir / "result.json")
         return result
 
+    def _no_fit(self, procs: int) -> str:
+        return (f"{procs} ranks do not fit on the {len(self.pool.in_service())} node(s) in service "
+                f"x {self.gpus_per_node} (set aside: {sorted(self.pool.set_aside) or 'none'})")
+
+    def _run_warm(self, spec: ProbeSpec, *, procs: int, workdir: Path, timeout_s: float,
+                  on_step: OnStep | None) -> ProbeResult:
+        """``spec`` in the warm workers (a new step on a new slice when none serves ``procs`` ranks); the failure
+        is counted against the slice's nodes as a one-shot step's."""
+        if self._workers is not None and self._workers_env != self.env:
+            self._workers.close()                       # the workers were started with another environment
+            self._workers = None
+        if self._workers is None:
+            self._workers = WarmWorkers(start=self._start_pool)
+            self._workers_env = dict(self.env)
+        result = self._workers.run(spec, nproc=procs, workdir=workdir, timeout_s=timeout_s, on_step=on_step)
+        hosts = result.extra.get("hosts")
+        if not hosts:
+            return result
+        pool_err = Path(result.extra["warm"]["pool"]) / f"{SlurmWarmPool.launcher}.stderr"
+        launcher_error = (result.status != "ok" and not list(workdir.glob("rank*.std*")) and pool_err.is_file()
+                          and "srun: error" in pool_err.read_text(errors="replace"))
+        extra = dict(result.extra)
+        if launcher_error:   # the step never started: SLURM refused it, no node is to blame
+            extra["launcher_error"] = True
+        newly = [] if launcher_error else self.pool.record(
+            Slice(hosts=tuple(hosts), procs_per_node=max(1, procs // len(hosts))), result)
+        if newly:
+            extra["set_aside"] = newly
+        if extra != result.extra:
+            result = ProbeResult.from_dict({**result.to_dict(), "extra": extra})
+            result.write(workdir / "result.json")
+        return result
+
+    def _start_pool(self, spec: ProbeSpec, nproc: int, folder: Path) -> "SlurmWarmPool":
+        """`WarmWorkers`' ``start``: a slice for ``nproc`` ranks (waiting for one), a step of workers on it."""
+        s = self.pool.acquire(nproc)
+        if s is None:
+            raise SlurmError(self._no_fit(nproc))
+        try:
+            return SlurmWarmPool(self, s, folder, device=spec.device)
+        except BaseException:
+            self.pool.release(s)
+            raise
+
     def run_many(self, specs: Sequence[ProbeSpec], *, workdir: Path, timeout_s: float) -> list[ProbeResult]:
-        """Run ``specs`` concurrently on disjoint slices (``workdir/probe-0000`` ...); results in order."""
+        """Run ``specs`` concurrently on disjoint slices (``workdir/probe-0000`` ...), a step each (no warm
+        workers: each thread would need its own); results in order."""
         workdir = Path(workdir)
         if not specs:
             return []
         capacity = max(1, min(len(specs), sum(self.gpus_per_node for _ in self.pool.in_service())))
         with ThreadPoolExecutor(max_workers=capacity, thread_name_prefix="slurm-probe") as pool:
-            futures = [pool.submit(self.run, spec, workdir=workdir / f"probe-{i:04d}", timeout_s=timeout_s)
+            futures = [pool.submit(self._run, spec, workdir=workdir / f"probe-{i:04d}", timeout_s=timeout_s)
                        for i, spec in enumerate(specs)]
             return [f.result() for f in futures]
+
+
+class SlurmWarmPool(WarmPool):
+    """Warm workers in one srun step on slice ``s`` of ``backend``'s allocation: `probes.warm.WarmPool` with
+    srun in place of a local torchrun. The step runs the backend's per-node task (torchrun on every node of the
+    slice, ``-m probes.train --serve FOLDER`` as its workers), is watched by the backend's guard (scancel'ed if
+    the tuner dies) and holds the slice until the pool is retired: then it is scancel'ed, srun's process group
+    killed and the slice given back. Only srun's own process tree is signalled from here: the workers' pid files
+    name processes of other nodes."""
+
+    launcher = "srun"
+
+    def __init__(self, backend: SlurmBackend, s: Slice, folder: Path, *, device: str = "auto") -> None:
+        self.backend = backend
+        self.slice = s
+        self.step_name = f"plantune-warm-{uuid.uuid4().hex[:10]}"
+        self.cancelled_step: str | None = None
+        self._released = False
+        self._guard = backend._guard
+        if self._guard is not None:
+            self._guard.watch_step(str(backend.job_id), self.step_name)
+        try:
+            super().__init__(s.world, folder, device=device, env=backend.env)
+        except BaseException:
+            if self._guard is not None:
+                self._guard.forget(self.step_name)
+            raise
+
+    def _argv(self) -> list[str]:
+        task = self.backend.task_argv(self.slice, worker=["-m", "probes.train", "--serve", str(self.folder)],
+                                      rdzv_id=self.step_name, log_dir=self.folder / "logs", tee=False)
+        return self.backend.srun_argv(self.slice, step_name=self.step_name, time_limit_s=self.backend.time_limit_s,
+                                      task_argv=task)
+
+    def _tracker(self) -> ProcessTracker:
+        return ProcessTracker(self.proc.pid, None)
+
+    def _stop(self) -> None:
+        if self._released:
+            return
+        self.cancelled_step = self.backend._stop_step(self.proc, self.step_name, {**os.environ, **self.overrides})
+        if self._guard is not None:
+            self._guard.forget(self.step_name)
+        self._released = True
+        if self.backend._pool is not None:
+            self.backend._pool.release(self.slice)
+
+    def launch_extra(self) -> dict:
+        extra = {"hosts": list(self.slice.hosts), "job_id": str(self.backend.job_id), "step_name": self.step_name}
+        if self.cancelled_step:
+            extra["cancelled_step"] = self.cancelled_step
+        return extra
 
 
 def main(argv: list[str] | None = None) -> int:

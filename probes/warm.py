@@ -22,6 +22,10 @@ and at `close`. A probe stopped early (pruned) is stopped cooperatively: ``FOLDE
 after the same step, and the pool serves the next probe; one that does not leave by the probe's deadline is
 killed like a hung one.
 
+The launcher is a hook of `WarmPool` (`_argv`, `_tracker`, `_stop`, `launch_extra`): on the SLURM backend,
+`probes.slurm.SlurmWarmPool` starts the workers as one srun step on a node slice, stops them by scancel'ing it
+and gives the slice back; everything above is the same there (`WarmWorkers` takes its ``start``).
+
 Phases (`probes.phases`): the pool's first probe counts from the pool's start (launch and rendezvous are its);
 a later one from the moment its job was written, so its launch and rendezvous are the hand-over and a barrier,
 and its teardown ends when every rank has released its memory.
@@ -37,6 +41,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from probes import lifeline
 from probes.launch import (POLL_S, REPO_ROOT, ProcessTracker, collect_rank_logs, prepare_workdir, probe_env,
@@ -86,25 +91,45 @@ def not_released(done: list[dict]) -> str | None:
 class WarmPool:
     """One torchrun of ``nproc`` warm workers serving probes from ``folder`` (see the module docstring)."""
 
+    launcher = "torchrun"
+    """what runs the workers (its output: ``FOLDER/{launcher}.stdout|stderr``)"""
+
     def __init__(self, nproc: int, folder: Path, *, device: str = "auto", env: dict | None = None) -> None:
         self.nproc = nproc
         self.folder = Path(folder).resolve()
         self.key = (nproc, device)
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.argv = torchrun_argv(nproc=nproc, log_dir=self.folder / "logs", module="probes.train",
-                                  module_args=["--serve", str(self.folder)])
         self.overrides = probe_env(env)
+        self.argv = self._argv()
         self.jobs = 0
         self.retired: str | None = None
         """why the pool was retired (None while it serves)"""
         self._thread = threading.get_ident()
-        self._out = open(self.folder / "torchrun.stdout", "wb")
-        self._err = open(self.folder / "torchrun.stderr", "wb")
+        self._out = open(self.folder / f"{self.launcher}.stdout", "wb")
+        self._err = open(self.folder / f"{self.launcher}.stderr", "wb")
         self.started_at = time.time()
-        self.proc = subprocess.Popen(lifeline.wrap("torchrun", self.argv), cwd=REPO_ROOT,
+        self.proc = subprocess.Popen(lifeline.wrap(self.launcher, self.argv), cwd=REPO_ROOT,
                                      env=lifeline.parent_env({**os.environ, **self.overrides}), stdout=self._out,
                                      stderr=self._err, stdin=subprocess.DEVNULL, start_new_session=True)
-        self.tracker = ProcessTracker(self.proc.pid, self.folder)
+        self.tracker = self._tracker()
+
+    # -- what a launcher other than a local torchrun changes (probes.slurm.SlurmWarmPool: an srun step) -----------
+    def _argv(self) -> list[str]:
+        """The launcher's command (run behind a lifeline of role `launcher`)."""
+        return torchrun_argv(nproc=self.nproc, log_dir=self.folder / "logs", module="probes.train",
+                             module_args=["--serve", str(self.folder)])
+
+    def _tracker(self) -> ProcessTracker:
+        """The local processes to stop (torchrun, and its workers by their pid files)."""
+        return ProcessTracker(self.proc.pid, self.folder)
+
+    def _stop(self) -> None:
+        """End the launcher and every worker."""
+        stop_processes(self.proc, self.tracker)
+
+    def launch_extra(self) -> dict:
+        """What a probe's result records about where it ran, beside the pids (probes.slurm: hosts, step)."""
+        return {}
 
     @property
     def usable(self) -> bool:
@@ -115,7 +140,7 @@ class WarmPool:
         """Retire the pool: stop torchrun and every worker (SIGTERM, then SIGKILL), keep ``reason``."""
         if self.retired is None:
             self.retired = reason
-        stop_processes(self.proc, self.tracker)
+        self._stop()
         for f in (self._out, self._err):
             f.close()
 
@@ -188,7 +213,8 @@ class WarmPool:
         wall_s = time.monotonic() - started
         phases = phases_of(read_marks(workdir), spawned=spawned, stopped=stop_at or seen_end, ended=ended)
         rank_logs = collect_rank_logs(workdir, workdir / "logs")
-        extra: dict = {"pids": sorted(self.tracker.seen), "returncode": self.proc.returncode, "warm": warm}
+        extra: dict = {"pids": sorted(self.tracker.seen), "returncode": self.proc.returncode, "warm": warm,
+                       **self.launch_extra()}
         if done is None:
             left = self.tracker.alive()
             if left:
@@ -202,7 +228,7 @@ class WarmPool:
                                  wall_s=wall_s, workdir=str(workdir), world_size=self.nproc, extra=extra,
                                  phases=phases)
         else:
-            stderr = "" if done is not None else (self.folder / "torchrun.stderr").read_text(errors="replace")
+            stderr = "" if done is not None else (self.folder / f"{self.launcher}.stderr").read_text(errors="replace")
             result = classify(workdir, returncode=0 if done is not None else self.proc.returncode,
                               timed_out=timed_out, timeout_s=timeout_s, torchrun_stderr=stderr, rank_logs=rank_logs,
                               wall_s=wall_s, world_size=self.nproc, extra=extra)
@@ -215,13 +241,17 @@ class WarmWorkers:
     """At most one `WarmPool` at a time, kept while consecutive probes need its world size and device kind.
 
     ``root``: where pool folders go (default: ``warm/`` beside the first probe's folder, i.e. in the study's
-    work folder). ``env``: the workers' environment overrides (`probes.launch.probe_env`)."""
+    work folder). ``env``: the workers' environment overrides (`probes.launch.probe_env`). ``start``: makes a
+    pool of ``nproc`` workers for ``spec`` in a new ``folder`` (default: a local torchrun, `WarmPool`; the SLURM
+    backend's starts an srun step on a slice, `probes.slurm.SlurmWarmPool`)."""
 
-    def __init__(self, root: Path | None = None, *, env: dict | None = None) -> None:
+    def __init__(self, root: Path | None = None, *, env: dict | None = None,
+                 start: Callable[[ProbeSpec, int, Path], WarmPool] | None = None) -> None:
         self.root = None if root is None else Path(root)
         self.env = dict(env or {})
         self.pool: WarmPool | None = None
         self.pools_started = 0
+        self._start = start or (lambda spec, nproc, folder: WarmPool(nproc, folder, device=spec.device, env=self.env))
 
     def run(self, spec: ProbeSpec, *, nproc: int, workdir: Path, timeout_s: float, env: dict | None = None,
             on_step: OnStep | None = None) -> ProbeResult:
@@ -239,7 +269,7 @@ class WarmWorkers:
             root = self.root if self.root is not None else workdir.parent / "warm"
             root.mkdir(parents=True, exist_ok=True)
             folder = Path(tempfile.mkdtemp(prefix="pool-", dir=root))
-            self.pool = WarmPool(nproc, folder, device=spec.device, env=self.env)
+            self.pool = self._start(spec, nproc, folder)
             self.pools_started += 1
         result = self.pool.run(spec, workdir=workdir, timeout_s=timeout_s, env=env, on_step=on_step)
         if self.pool.retired is not None:

@@ -7,9 +7,10 @@ The tuner's side is `probes.warm` (it writes the jobs and reads what comes back)
 ``out`` and environment overrides), then runs it as `probes.train` runs one probe: ``pid-rank{r}`` and phase
 marks in ``out``, ``result.json`` from rank 0, ``error-rank{r}.json`` and the end of the process on a failure
 (an OOM or a crash leaves no worker: torchrun stops the others and the next probe gets fresh ones). For the
-job's duration the rank's stdout and stderr go to ``out/logs/warm/attempt_0/{local_rank}/std{out,err}.log``,
-where a one-shot probe's torchrun logs are, so progress, pruning and the failure classification read them
-alike.
+job's duration the rank's stdout and stderr go to ``out/logs/warm/attempt_0/{rank}/std{out,err}.log``,
+where a one-shot probe's torchrun logs are (the global rank: on one node it is the local rank torchrun names
+them by; on a multi-node SLURM slice it keeps the nodes' ranks apart), so progress, pruning and the failure
+classification read them alike.
 
 Between probes: the default process group stays (one rendezvous per pool); each probe builds its device mesh
 -- new process groups -- and a fresh model, and these groups are destroyed with the model afterwards. The
@@ -55,7 +56,7 @@ from probes.warm import RELEASE_SLACK_BYTES, done_path, job_path, stop_path, wri
 JOB_POLL_S = 0.01
 """how often a waiting rank looks for its next job file"""
 LOG_RUN = "warm"
-"""the run folder of a job's logs: out/logs/warm/attempt_0/{local_rank}/stdout.log (as torchrun's --log-dir)"""
+"""the run folder of a job's logs: out/logs/warm/attempt_0/{rank}/stdout.log (as torchrun's --log-dir)"""
 
 
 def _wait_job(pool: Path, n: int) -> dict:
@@ -66,9 +67,9 @@ def _wait_job(pool: Path, n: int) -> dict:
 
 
 @contextlib.contextmanager
-def _job_logs(out: Path, local_rank: int):
+def _job_logs(out: Path, rank: int):
     """stdout and stderr (the file descriptors: torch's C++ output too) into the job's log files."""
-    folder = out / "logs" / LOG_RUN / "attempt_0" / str(local_rank)
+    folder = out / "logs" / LOG_RUN / "attempt_0" / str(rank)
     folder.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -176,7 +177,7 @@ def serve(pool: Path, started: float) -> None:
         out = Path(job["out"])
         out.mkdir(parents=True, exist_ok=True)
         status = "ok"
-        with _job_env(job.get("env") or {}), _job_logs(out, local_rank):
+        with _job_env(job.get("env") or {}), _job_logs(out, rank):
             (out / f"pid-rank{rank}").write_text(f"{os.getpid()}\n")
             marks = PhaseMarks(out if rank == 0 else None)
             marks.mark("start", started if n == 0 else picked)

@@ -202,8 +202,9 @@ def build_run_parser() -> argparse.ArgumentParser:
     b.add_argument("--probe-steps", type=_pos_int, default=5, help="timed steps per probe (default 5)")
     b.add_argument("--probe-warmup", type=_nonneg_int, default=2, help="untimed steps first (default 2)")
     b.add_argument("--no-warm", action="store_true",
-                   help="--probe train on --backend local: start each probe's own torchrun (default: consecutive "
-                        "probes of one world size reuse warm workers, fresh ones after a failure)")
+                   help="--probe train: start each probe's own torchrun (--backend local) or srun step (--backend "
+                        "slurm) (default: consecutive probes of one world size reuse warm workers, fresh ones after a "
+                        "failure)")
     b.add_argument("--no-prune", action="store_true",
                    help="run every probe to its end (default: a probe whose timed steps are clearly behind the best "
                         "so far, by more than the step-time noise measured here, stops early and is recorded pruned)")
@@ -296,7 +297,8 @@ def _backend(args: argparse.Namespace, cluster, training, stack: ExitStack, choi
             backend = SlurmBackend(args.reservation, args.partition, args.account, gpus_per_node=cluster.gpus_per_node,
                                    nodes=cluster.nodes,   # salloc'ed when not already inside an allocation
                                    time_limit_s=max(args.probe_timeout * 1.5, 300.0),
-                                   gres=None if args.probe_device == "cpu" else "gpu")
+                                   gres=None if args.probe_device == "cpu" else "gpu",
+                                   warm=not args.no_warm)   # the built-in probe's; framework probes: a step each
         except ValueError as err:
             raise TuneError(str(err)) from None
         stack.callback(backend.close)

@@ -245,17 +245,74 @@ def test_cpu_slots_overcommitted_like_srun_n4_on_2_cpus(slurm_cluster, tmp_path)
 
 
 @pytest.mark.slow
-def test_hung_probe_is_cancelled_and_its_slice_reused(slurm_cluster, tmp_path):
-    with _backend(slurm_cluster) as backend:
+@pytest.mark.parametrize("warm", [False, True], ids=["one-step", "warm"])
+def test_hung_probe_is_cancelled_and_its_slice_reused(slurm_cluster, tmp_path, warm):
+    with _backend(slurm_cluster, warm=warm) as backend:
         backend.env["PLANTUNE_PROBE_FAULT"] = "hang:1"
         hung = backend.run(tiny_spec(dp=2), workdir=tmp_path / "hung", timeout_s=8)
         assert hung.status == "timeout", hung.reason
         assert hung.extra["cancelled_step"].startswith(f"{backend.job_id}.")
         assert hung.extra["step_name"] not in _squeue(slurm_cluster, "-s", "-o", "%j").split()  # scancel'ed
+        assert ("warm" in hung.extra) is warm and (not warm or hung.extra["warm"]["retired"] == "timeout")
         del backend.env["PLANTUNE_PROBE_FAULT"]
         again = backend.run(tiny_spec(dp=2), workdir=tmp_path / "again", timeout_s=PROBE_TIMEOUT_S)
         assert again.status == "ok", again.reason
+        assert again.extra["hosts"] == hung.extra["hosts"]          # the slice went back to the pool
+        assert again.extra["step_name"] != hung.extra["step_name"]  # a fresh step (fresh workers when warm)
         assert backend.set_aside == {}  # one timeout is not enough to set a node aside
+
+
+def _steps(cluster: LocalSlurmCluster) -> list[str]:
+    """Names of the steps running now."""
+    return [n for n in _squeue(cluster, "-s", "-o", "%j").split() if n.startswith("plantune-")]
+
+
+def _worker_pids(result: ProbeResult) -> set[int]:
+    return {int(p.read_text()) for p in Path(result.workdir).glob("pid-rank*")}
+
+
+@pytest.mark.slow
+def test_warm_probes_share_one_step_until_world_or_failure_retires_it(slurm_cluster, tmp_path):
+    """Warm workers on SLURM: two probes of 2 ranks in one step (the same worker processes, new process groups and
+    model, memory released), then a third pruned after two steps in it; a probe of 1 rank retires it for a step of its own; a crash retires that one, its
+    step ends and the next probe gets a fresh step on the slice given back."""
+    import psutil
+
+    with _backend(slurm_cluster, warm=True) as backend:
+        first = backend.run(tiny_spec(dp=2, gas=1), workdir=tmp_path / "a", timeout_s=PROBE_TIMEOUT_S)
+        assert first.status == "ok", first.reason
+        second = backend.run(tiny_spec(tp=2, gas=2), workdir=tmp_path / "b", timeout_s=PROBE_TIMEOUT_S)
+        assert second.status == "ok" and second.step_time_median_s > 0, second.reason
+        assert second.extra["step_name"] == first.extra["step_name"] and second.extra["warm"]["reused"] is True
+        pids = _worker_pids(first)
+        assert len(pids) == 2 and _worker_pids(second) == pids
+        assert all(r["released"] for r in second.extra["warm"]["release"])
+        assert "[probe] step" in (tmp_path / "b" / "rank0.stdout").read_text()     # the job's own logs
+        assert (tmp_path / "b" / "rank1.stderr").is_file()
+        assert _steps(slurm_cluster) == [first.extra["step_name"]]                 # one step serves them
+
+        # warm workers report each timed step: a probe pruned after its second leaves the step serving
+        assert backend.reports_steps
+        pruned = backend.run(tiny_spec(dp=2, gas=1, steps=40), workdir=tmp_path / "p", timeout_s=PROBE_TIMEOUT_S,
+                             on_step=lambda index, seconds: "clearly slower" if index >= 1 else None)
+        assert pruned.status == "pruned" and pruned.reason == "clearly slower" and len(pruned.step_times_s) >= 2
+        assert pruned.extra["step_name"] == first.extra["step_name"] and _worker_pids(pruned) == pids
+
+        one = backend.run(tiny_spec(), workdir=tmp_path / "c", timeout_s=PROBE_TIMEOUT_S)
+        assert one.status == "ok" and one.world_size == 1, one.reason
+        assert one.extra["step_name"] != first.extra["step_name"] and one.extra["warm"]["reused"] is False
+        assert _steps(slurm_cluster) == [one.extra["step_name"]]                   # the 2-rank step was ended
+        assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+        backend.env["PLANTUNE_PROBE_FAULT"] = "raise:1"   # another environment: new workers, which crash
+        crash = backend.run(tiny_spec(dp=2, gas=1), workdir=tmp_path / "d", timeout_s=PROBE_TIMEOUT_S)
+        assert crash.status == "crash" and crash.root_cause_rank == 1 and "injected fault" in crash.reason
+        assert crash.extra["warm"]["retired"] and crash.extra["step_name"] not in _steps(slurm_cluster)
+        del backend.env["PLANTUNE_PROBE_FAULT"]
+        fresh = backend.run(tiny_spec(dp=2, gas=1), workdir=tmp_path / "e", timeout_s=PROBE_TIMEOUT_S)
+        assert fresh.status == "ok" and fresh.extra["warm"]["reused"] is False, fresh.reason
+        assert not _worker_pids(fresh) & (pids | _worker_pids(crash))
+    assert _steps(slurm_cluster) == []                                             # close ended the last step
 
 
 @pytest.mark.slow

@@ -1,7 +1,13 @@
-"""Warm workers against a torchrun per probe: the share of probe wall time spent in timed steps (a script, not a test).
+"""Warm workers against a launch per probe: the share of probe wall time spent in timed steps (a script, not a test).
 
     cd /work/main && python tests/bench/bench_warm.py                  # CPU, 2 gloo ranks, 6 probes per run
     python tests/bench/bench_warm.py --max-probes 8 --probe-steps 10
+    flock /tmp/plantune-slow.lock python tests/bench/bench_warm.py --backend slurm    # root, slurm-wlm, munge
+
+``--backend slurm`` starts a throw-away one-node SLURM cluster (probes/slurm_cluster.py, as the tests' fixture:
+2 CPUs, 2 fake GPUs, reservation `RESERVATION`), runs both studies with ``tune --backend slurm`` on it (warm: one
+srun step of workers per world size; ``--no-warm``: an srun step per probe) and stops it; run it under the slow
+tests' lock, since it shares the machine's SLURM ports and the CPUs with them.
 
 Runs the same small CPU study twice with `tune` (search.cli): first with warm workers (the default), then with
 ``--no-warm`` (the warm run goes first, so a cold file cache, if any, is its to pay). Both runs: the same model,
@@ -17,6 +23,9 @@ Exit status 1 when the ratio is below `TARGET`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+RESERVATION = "plantune_bench"
 TARGET = 1.5
 """issue 30: warm workers' measured-steps fraction at least this many times the fresh ones'"""
 MODEL_YAML = """name: bench-warm
@@ -51,10 +61,42 @@ def tune_argv(folder: Path, args: argparse.Namespace, *extra: str) -> list[str]:
             "--max-probes", str(args.max_probes), "--confirm-top", "0", "--no-prune", "--sampler", "planner",
             "--top-k", str(args.max_probes), "--no-progress",
             "--study", "bench", "--storage", f"sqlite:///{folder}/tune.db", "--workdir", str(folder / "runs"),
-            "--seed", "0", *extra]
+            "--seed", "0", *backend_args(args), *extra]
 
 
-def run_study(folder: Path, args: argparse.Namespace, *extra: str) -> dict:
+def backend_args(args: argparse.Namespace) -> list[str]:
+    return ["--backend", "slurm", "--reservation", RESERVATION] if args.backend == "slurm" else []
+
+
+@contextlib.contextmanager
+def slurm_env(args: argparse.Namespace):
+    """The environment `tune` runs in: this one, or with SLURM_CONF of a one-node cluster started for the bench."""
+    if args.backend != "slurm":
+        yield None
+        return
+    from probes.slurm_cluster import missing_binaries, start_local_cluster, stop_local_cluster
+
+    missing = missing_binaries()
+    if missing:
+        raise SystemExit(f"bench_warm: --backend slurm needs {', '.join(missing)} (apt-get install slurm-wlm munge)")
+    if os.geteuid() != 0:
+        raise SystemExit("bench_warm: --backend slurm starts slurmd and munged: run it as root")
+    root = Path(tempfile.mkdtemp(prefix="plantune-slurm-bench-", dir="/tmp"))
+    cluster = start_local_cluster(root, cpus=2, gpus=2)
+    try:
+        made = subprocess.run(["scontrol", "create", "reservation", f"ReservationName={RESERVATION}",
+                               f"Nodes={cluster.hostname}", "Users=root", "StartTime=now", "Duration=600"],
+                              env=cluster.env(), capture_output=True, text=True, timeout=60, check=False)
+        if made.returncode != 0:
+            raise SystemExit(f"bench_warm: scontrol create reservation failed: {made.stderr.strip()}")
+        yield cluster.env(dict(os.environ))
+    finally:
+        subprocess.run(["scancel", "--user=root"], env=cluster.env(), capture_output=True, timeout=60, check=False)
+        stop_local_cluster(cluster)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run_study(folder: Path, args: argparse.Namespace, *extra: str, env: dict | None = None) -> dict:
     import optuna
 
     from search.accounting import gpu_seconds
@@ -62,7 +104,7 @@ def run_study(folder: Path, args: argparse.Namespace, *extra: str) -> dict:
 
     folder.mkdir(parents=True)
     started = time.monotonic()
-    done = subprocess.run(tune_argv(folder, args, *extra), cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(tune_argv(folder, args, *extra), cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.monotonic() - started
     if done.returncode != 0:
         raise SystemExit(f"bench_warm: tune {' '.join(extra)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -83,13 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hidden", type=int, default=256, help="the model's hidden size (default 256, 4 layers)")
     p.add_argument("--pairs", type=int, default=1, help="warm then fresh runs, this many times (default 1)")
     p.add_argument("--keep", help="keep the runs' folders here (default: a temporary folder)")
+    p.add_argument("--backend", choices=("local", "slurm"), default="local",
+                   help="where the probes run: torchrun on this machine (default), or srun steps on a one-node "
+                        "SLURM cluster the bench starts (root, slurm-wlm, munge)")
     args = p.parse_args(argv)
     ratios = []
-    with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-warm-") as tmp, slurm_env(args) as env:
         base = Path(args.keep) if args.keep else Path(tmp)
+        print(f"backend: {args.backend}", flush=True)
         for i in range(args.pairs):
-            warm = run_study(base / f"warm-{i}", args)
-            fresh = run_study(base / f"fresh-{i}", args, "--no-warm")
+            warm = run_study(base / f"warm-{i}", args, env=env)
+            fresh = run_study(base / f"fresh-{i}", args, "--no-warm", env=env)
             ratios.append(report(warm, fresh))
     ratio = statistics.median(ratios)
     if args.pairs > 1:
