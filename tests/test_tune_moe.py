@@ -234,7 +234,7 @@ def test_local_cpu_tune_measures_an_expert_or_context_parallel_layout(degree, fl
     """4 gloo processes, the tiny MoE, the probe's rules: an EP 2 (or CP 2) layout is probed end to end."""
     argv = [sys.executable, "-m", "search.cli", "--model", str(moe_yaml(tmp_path)), *SETUP, *flags,
             "--probe-device", "cpu", "--probe-steps", "2", "--probe-warmup", "1", "--probe-timeout", "900",
-            "--top-k", "1", "--max-probes", "2", "--confirm-top", "0", "--sampler", "analytic", "--study", "moe",
+            "--top-k", "1", "--max-probes", "1", "--confirm-top", "0", "--sampler", "analytic", "--study", "moe",
             "--storage", f"sqlite:///{tmp_path}/t.db", "--workdir", str(tmp_path / "runs"), "--seed", "0",
             "--format", "json", "--no-progress"]
     run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=HANG_S)
