@@ -84,12 +84,8 @@ def last_step_time(workdir: Path | None) -> tuple[int, float] | None:
     if workdir is None:
         return None
     for log in sorted(Path(workdir).glob("logs/*/attempt_*/0/stdout.log")):
-        try:
-            with open(log, "rb") as f:
-                f.seek(0, 2)
-                f.seek(max(0, f.tell() - 4096))
-                tail = f.read().decode(errors="replace")
-        except OSError:
+        tail = _tail(log, 4096)
+        if tail is None:
             continue
         for line in reversed(tail.splitlines()):
             if line.startswith(STEP_MARK):
@@ -101,15 +97,22 @@ def last_step_time(workdir: Path | None) -> tuple[int, float] | None:
     return _last_framework_step(Path(workdir) / "torchrun.stdout")
 
 
-def _last_framework_step(log: Path) -> tuple[int, float] | None:
-    """(iteration, seconds) of the latest iteration line a Megatron probe printed (probes.megatron: torchrun's
-    ``--tee`` output in the probe folder), or None."""
+def _tail(log: Path, size: int) -> str | None:
+    """The last ``size`` bytes of ``log`` as text, or None when it cannot be read (not written yet)."""
     try:
         with open(log, "rb") as f:
             f.seek(0, 2)
-            f.seek(max(0, f.tell() - 8192))
-            tail = f.read().decode(errors="replace")
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
     except OSError:
+        return None
+
+
+def _last_framework_step(log: Path) -> tuple[int, float] | None:
+    """(iteration, seconds) of the latest iteration line a Megatron probe printed (probes.megatron: torchrun's
+    ``--tee`` output in the probe folder), or None."""
+    tail = _tail(log, 8192)
+    if tail is None:
         return None
     from probes.megatron import parse_iteration_line
 

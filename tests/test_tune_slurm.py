@@ -67,6 +67,28 @@ def _tuner_jobs(cluster) -> list[str]:
     return [line for line in listed.splitlines() if " plantune-probes-" in line]
 
 
+def _kill_argv(model: Path, runs: Path, tmp_path: Path, study: str, *extra: str) -> list[str]:
+    """A tiny CPU tune on the reservation, for the kill tests (``extra``: how many probes, how long)."""
+    return [sys.executable, "-m", "search.cli", "--model", str(model), "--gpu", "CPU", "--gpus", "2",
+            "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "32", "--precision", "fp32",
+            "--recompute", "none", "--zero", "0", "--max-mbs", "2", "--no-rampup", "--probe-device", "cpu",
+            "--probe-warmup", "1", "--probe-timeout", "3600", "--backend", "slurm", "--reservation", RESERVATION,
+            "--study", study, "--storage", f"sqlite:///{tmp_path}/tune.db", "--workdir", str(runs), "--no-progress",
+            *extra]
+
+
+def _jobs_left(cluster) -> list[str]:
+    """The killed tuner's jobs still queued once its guard has had time to scancel them; then every job is
+    cancelled, whatever the test finds."""
+    try:
+        deadline = time.monotonic() + CASCADE_S    # a hang guard: the guard's scancel takes a second
+        while _tuner_jobs(cluster) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return _tuner_jobs(cluster)
+    finally:
+        subprocess.run(["scancel", "--user=root"], env=cluster.env(), capture_output=True, timeout=60)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", ["salloc", "srun", "worker", "import", "setup", "steps", "teardown"])
 def test_sigkilled_tuner_leaves_no_probe_process_nor_job(slurm_cluster, tmp_path, moment):
@@ -77,21 +99,10 @@ def test_sigkilled_tuner_leaves_no_probe_process_nor_job(slurm_cluster, tmp_path
     model = tmp_path / "tiny.yaml"
     model.write_text(TINY_YAML)
     endless = [] if moment == "teardown" else ["--probe-steps", "100000"]   # a missed process never ends by itself
-    argv = [sys.executable, "-m", "search.cli", "--model", str(model), "--gpu", "CPU", "--gpus", "2",
-            "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "32", "--precision", "fp32",
-            "--recompute", "none", "--zero", "0", "--max-mbs", "2", "--no-rampup", "--probe-device", "cpu",
-            "--probe-warmup", "1", "--probe-timeout", "3600", "--backend", "slurm", "--reservation", RESERVATION,
-            "--max-probes", "1", "--top-k", "1", "--confirm-top", "0", "--study", "slurm-kill",
-            "--storage", f"sqlite:///{tmp_path}/tune.db", "--workdir", str(tmp_path / "runs"), "--no-progress",
-            *endless]
+    argv = _kill_argv(model, tmp_path / "runs", tmp_path, "slurm-kill", "--max-probes", "1", "--top-k", "1",
+                      "--confirm-top", "0", *endless)
     left = kill_tuner_at(KILL_MOMENTS[moment], argv, folder=tmp_path, env=cluster.env(dict(os.environ)))
-    try:
-        deadline = time.monotonic() + CASCADE_S    # a hang guard: the guard's scancel takes a second
-        while _tuner_jobs(cluster) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        jobs = _tuner_jobs(cluster)
-    finally:
-        subprocess.run(["scancel", "--user=root"], env=cluster.env(), capture_output=True, timeout=60)
+    jobs = _jobs_left(cluster)
     assert not left, f"probe processes outlived the tuner killed at '{moment}': {left}"
     assert not jobs, f"the killed tuner's allocation is still there: {jobs}"
 
@@ -109,21 +120,11 @@ def test_sigkilled_tuner_leaves_no_warm_step_after_reusing_it(slurm_cluster, tmp
         logs = list((runs / "trial-0001").rglob("0/stdout.log"))
         return bool(logs) and "[probe] step" in logs[0].read_text(errors="replace")
 
-    argv = [sys.executable, "-m", "search.cli", "--model", str(model), "--gpu", "CPU", "--gpus", "2",
-            "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "32", "--precision", "fp32",
-            "--recompute", "none", "--zero", "0", "--max-mbs", "2", "--no-rampup", "--probe-device", "cpu",
-            "--probe-warmup", "1", "--probe-timeout", "3600", "--backend", "slurm", "--reservation", RESERVATION,
-            "--max-probes", "3", "--top-k", "3", "--confirm-top", "0", "--no-prune", "--study", "slurm-warm-kill",
-            "--storage", f"sqlite:///{tmp_path}/tune.db", "--workdir", str(runs), "--no-progress"]
+    argv = _kill_argv(model, runs, tmp_path, "slurm-warm-kill", "--max-probes", "3", "--top-k", "3", "--confirm-top",
+                      "0", "--no-prune")
     left = kill_tuner_at(KILL_MOMENTS["steps"], argv, folder=tmp_path, env=cluster.env(dict(os.environ)),
                          reached=second_probe_stepping)
-    try:
-        deadline = time.monotonic() + CASCADE_S    # a hang guard: the guard's scancel takes a second
-        while _tuner_jobs(cluster) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        jobs = _tuner_jobs(cluster)
-    finally:
-        subprocess.run(["scancel", "--user=root"], env=cluster.env(), capture_output=True, timeout=60)
+    jobs = _jobs_left(cluster)
     assert not left, f"warm workers outlived the killed tuner: {left}"
     assert not jobs, f"the killed tuner's allocation is still there: {jobs}"
     first, second = ({int(p.read_text()) for p in (runs / t).glob("pid-rank*")} for t in ("trial-0000", "trial-0001"))
