@@ -348,10 +348,15 @@ def _resolved_device(args: argparse.Namespace) -> str:
         return args.probe_device
     if args.backend == "slurm":
         return "cuda"
+    return _this_machine_device() or "cpu"
+
+
+def _this_machine_device() -> str | None:
+    """cuda when torch sees a CUDA device here, else cpu; None when torch is not installed."""
     import importlib.util
 
     if importlib.util.find_spec("torch") is None:
-        return "cpu"
+        return None
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -493,13 +498,9 @@ def _probe_device_problem(args: argparse.Namespace, cluster) -> str | None:
     gpu_plan = cluster.gpu.id.upper() != "CPU"
     device = args.probe_device
     if device == "auto" and args.backend == "local" and gpu_plan:
-        import importlib.util
-
-        if importlib.util.find_spec("torch") is None:
+        device = _this_machine_device()
+        if device is None:
             return None                     # the probe itself says torch is missing
-        import torch
-
-        device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and gpu_plan:
         return (f"the plan is for {cluster.gpu.id} GPUs but the probes would run on this machine's CPU"
                 f"{' (no CUDA device found)' if args.probe_device == 'auto' else ''}: their times say nothing about "
