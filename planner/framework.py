@@ -3,7 +3,9 @@
 Frameworks (the `--framework` names): Megatron-LM (and Hagemann et al.'s Megatron-style trainer),
 Megatron-DeepSpeed (Megatron layers under DeepSpeed's pipeline engine and ZeRO, BigScience), and
 PyTorch FSDP (torchtitan, fms-fsdp, an eager Hugging Face model). DeepSpeed ZeRO-3 without model
-parallelism is Megatron-DeepSpeed at zero=3.
+parallelism is Megatron-DeepSpeed at zero=3 (the microsoft fork, whose PP=1 runs DeepSpeed's plain engine); an eager
+(Hugging Face) model under DeepSpeed's engine is `deepspeed`, a framework published runs are read as (`plan` does
+not offer it).
 """
 
 from __future__ import annotations
@@ -90,6 +92,19 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
                      "partition_method 'type:transformer' (the fork's default, which plan's command keeps; BLOOM's "
                      "run set 'type:transformer|embedding'); Megatron vocab padding; "
                      "ZeRO-3 gathers per rail: a FITTED choice on Narayanan 2021 Table 2 ZeRO-3 rows"),
+    # DeepSpeed's own engine (deepspeed.initialize, ZeRO 0-3, no pipeline) on an eager PyTorch model: a Hugging Face
+    # model under the Trainer's --deepspeed (DeepSpeedExamples autotuning/hf, transformers 4.12), data-parallel only.
+    # The engine's traits are DeepSpeed's (gradient accumulation into the 16-bit grads at ZeRO 0-1; without the
+    # pipeline engine ZeRO-1/2 reduce each gradient bucket to its partition's owner, then all-gather the updated
+    # parameters: a reduce-scatter and an all-gather, one all-reduce's bytes, runtime/zero/stage_1_and_2.py
+    # average_tensor), the model's are the eager model's (unfused element-wise ops, eager host launches, the vocabulary
+    # unpadded). Read for published runs; plan neither offers nor emits it (planner.space.REPLAYED_FRAMEWORKS)
+    Framework(name="deepspeed", eager=True, p2p_activation_split=False, p2p_grad_split=False,
+              microbatch_overhead_s=0.0, host_s_per_layer_forward=EAGER_HOST_S, pads_vocab=False,
+              zero12_traffic=1.0, dp_inter_node_efficiency=DS_DP_INTER_NODE_EFFICIENCY,
+              balances_stages=False, sharded_gather_per_rail=True, deepspeed_engine=True,
+              source="DeepSpeed runtime/engine.py (fp16 optimizer, ZeRO 1-3 without a PipelineModule); Hugging Face "
+                     "transformers' eager modules (no vocabulary padding)"),
     # an eager PyTorch model (seed 002 trains a Hugging Face Llama under FSDP) runs RMSNorm, RoPE and
     # SwiGLU as several unfused kernels each (planner.ops.eager_elementwise_ops counts them)
     Framework(name="fsdp", eager=True, p2p_activation_split=False,

@@ -31,11 +31,11 @@ from planner.memory import MemoryBreakdown, shard_group_size
 from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
-from planner.space import FLAVORS, FRAMEWORKS, RECOMPUTE, SIZES, Candidate, TrainingSpec
+from planner.space import FLAVORS, FRAMEWORKS, RECOMPUTE, REPLAYED_FRAMEWORKS, SIZES, Candidate, TrainingSpec
 
 PROBE = "probe"
 """the torch-native probe `tune` runs (probes/train.py)"""
-TARGET_FRAMEWORKS = (*FRAMEWORKS, PROBE)
+TARGET_FRAMEWORKS = (*FRAMEWORKS, *REPLAYED_FRAMEWORKS, PROBE)
 PP_SCHEDULES = ("1F1B", "GPipe", "Interleaved1F1B")
 """the torch-native probe's pipeline schedules (torch.distributed.pipelining)"""
 MEGATRON_OPTIMIZERS = {"adamw": "adam", "sgd": "sgd"}
@@ -268,6 +268,16 @@ def _megatron_deepspeed(model: ModelSpec, c: Candidate, flavor: str) -> Iterator
         yield Violation(Reason.FRAMEWORK_LIMIT, f"ZeRO-{c.zero} with PP={c.pp} is refused by DeepSpeed's pipeline "
                                                 "engine ('incompatible with pipeline parallelism'); use ZeRO 0/1 or "
                                                 "PP=1 (--no-pipeline-parallel)")
+
+
+def _deepspeed(c: Candidate) -> Iterator[Violation]:
+    """DeepSpeed's own engine on an eager model (planner.framework): data parallelism with ZeRO 0-3 and nothing else."""
+    if c.tp > 1 or c.pp > 1:
+        yield Violation(Reason.FRAMEWORK_LIMIT, f"DeepSpeed's engine on a Hugging Face model runs data parallelism only "
+                                                f"(TP {c.tp}, PP {c.pp}); use --framework megatron-deepspeed for TP/PP")
+    if c.hybrid:
+        yield Violation(Reason.FRAMEWORK_LIMIT, "hybrid sharding is an FSDP strategy; DeepSpeed has no HYBRID_SHARD "
+                                                "(set hybrid=0)")
 
 
 def _megatron_lm(model: ModelSpec, c: Candidate) -> Iterator[Violation]:
@@ -516,6 +526,8 @@ def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpe
             yield from _megatron_lm(model, c)
         elif fw == "fsdp":
             yield from _fsdp(model, c, cluster, training)
+        elif fw == "deepspeed":
+            yield from _deepspeed(c)
         else:
             yield from _probe(model, c)
 

@@ -15,6 +15,10 @@ from planner.model import Rampup
 RECOMPUTE = recompute_modes.CLASSIC
 """the classic modes (tune's search space orders them by memory); every mode: `planner.recompute`"""
 FRAMEWORKS = ("megatron-deepspeed", "megatron-lm", "fsdp")
+"""the frameworks `plan` plans for and emits (--framework)"""
+REPLAYED_FRAMEWORKS = ("deepspeed",)
+"""frameworks a published run is costed as (search.published_runs), that `plan` neither offers nor emits:
+DeepSpeed's engine on an eager Hugging Face model (planner.framework)"""
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
 FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
@@ -112,7 +116,7 @@ class TrainingSpec:
             raise InputError(f"unknown precision {self.precision!r}; use one of {', '.join(PRECISIONS)}")
         if self.optimizer not in OPTIMIZERS:
             raise InputError(f"unknown optimizer {self.optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
-        if self.framework not in FRAMEWORKS:
+        if self.framework not in FRAMEWORKS + REPLAYED_FRAMEWORKS:
             raise InputError(f"unknown framework {self.framework!r}; use one of {', '.join(FRAMEWORKS)}")
         if not 0 < self.memory_fraction <= 1:
             raise InputError(f"--memory-fraction must be in (0, 1], got {self.memory_fraction}")

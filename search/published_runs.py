@@ -166,9 +166,12 @@ def table2_run(r: dict, line: int = 0) -> PublishedRun:
                        md["ffn_hidden"])
     gpus, gbs = hw["total_gpus"], p["global_batch"]
     zero3 = p["zero_stage"] == 3
+    # ZeRO-3 without model parallelism: Megatron's layers under DeepSpeed's own engine, which Megatron-DeepSpeed's
+    # microsoft fork runs at PP 1 (--no-pipeline-parallel; the bigscience fork always builds the pipeline engine,
+    # which refuses ZeRO-2/3)
     fw = "megatron-deepspeed" if zero3 else "megatron-lm"
     # Megatron-LM of 2021 overlapped nothing (--overlap-grad-reduce / --overlap-param-gather came with Megatron-Core)
-    training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="fp16", framework=fw,
+    training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="fp16", framework=fw, flavor="microsoft",
                             flash_attention=False, overlap=None if zero3 else ())
     cand = Candidate(tp=p["tp"], pp=p["pp"], dp=p["dp"], mbs=p["micro_batch"],
                      gas=gbs // (p["micro_batch"] * p["dp"]), recompute="full", zero=3 if zero3 else 0)
@@ -273,6 +276,11 @@ def torchtitan_2412_run(r: dict, line: int = 0) -> PublishedRun:
 
 
 # -- DeepSpeed autotuning of Hugging Face GPT-2 on one DGX-2 ------------------------------------------------
+# The ZeRO stage of rows whose measured block leaves it out: GPT2-xl's "HF + DS hand-tuned" is "Zero1 (27.462, gas = 1,
+# mbs = 1)" (DeepSpeedExamples autotuning/hf/gpt2-xl/README.md, Throughput Comparsion table)
+DS_AUTOTUNING_ZERO = {"ds_autotuning_gpt2_xl_hf_ds_handtuned": 1}
+
+
 def ds_autotuning_run(r: dict, line: int = 0) -> PublishedRun | None:
     md, p, hw, me = r["model"], r["parallel"], r["hardware"], r["measured"]
     if not me.get("samples_per_s") or not p.get("micro_batch"):
@@ -281,12 +289,14 @@ def ds_autotuning_run(r: dict, line: int = 0) -> PublishedRun | None:
     model = _gpt_model(md["name"], md["layers"], md["hidden"], md["heads"], md["vocab"], md["seq_len"]).with_overrides(
         activation="gelu_tanh", activation_as_ops=True)
     gbs, gpus = p["global_batch"], hw["total_gpus"]
-    z = str(p.get("zero_stage"))
-    # an eager Hugging Face model: the planner's eager framework is fsdp (ZeRO stage as the run had it)
-    training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="fp16", framework="fsdp",
-                            flash_attention=False)
+    z = str(p.get("zero_stage", DS_AUTOTUNING_ZERO.get(r["id"])))
+    # with DeepSpeed: DeepSpeed's engine on the eager Hugging Face model (planner's `deepspeed`), at the run's ZeRO
+    # stage; the vanilla HF baseline (DDP, no ZeRO) is the planner's eager framework, fsdp, at ZeRO 0 (NO_SHARD)
+    ds = z.isdigit()
+    training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="fp16",
+                            framework="deepspeed" if ds else "fsdp", flash_attention=False)
     cand = Candidate(tp=1, pp=1, dp=gpus, mbs=p["micro_batch"], gas=gbs // (p["micro_batch"] * gpus),
-                     zero=int(z) if z.isdigit() else 0)
+                     zero=int(z) if ds else 0)
     # DGX-2: 16 V100-32GB on NVSwitch, one node (memory size not stated: ASSUMED 32 GB)
     return PublishedRun(id=r["id"], table=f"DeepSpeed autotuning HF {md['name']} on 16 V100",
                         framework="HF+DeepSpeed", model=model, cluster=_cluster("V100-32GB", gpus, 16, None),

@@ -108,3 +108,30 @@ def test_overlap_is_what_separates_megascale_from_its_megatron_baseline():
         if "_megascale_" in r.id:
             baseline = r.id.replace("_megascale_", "_megatron_")
             assert pred[r.id] > pred[baseline]
+
+
+def test_deepspeed_runs_are_read_as_the_engine_that_ran_them():
+    """DeepSpeed's autotuning examples ran Hugging Face GPT-2 under DeepSpeed's own engine at ZeRO 1 (its README's
+    "Zero1" / "z = 1"), Narayanan 2021's ZeRO-3 rows Megatron's layers under DeepSpeed's engine without a pipeline
+    (the microsoft fork at PP 1): both read as such, and neither is ruled out by a framework rule."""
+    rows = {c.id: c for c in dev_cases()}
+    hf = [c for c in rows.values() if c.id.startswith("ds_autotuning") and "baseline" not in c.id]
+    assert len(hf) == 8 and {(c.training.framework, c.cand.zero) for c in hf} == {("deepspeed", 1)}
+    assert {c.training.framework for c in rows.values() if "baseline_hf_ddp" in c.id} == {"fsdp"}
+    zero3 = [c for c in rows.values() if c.id.startswith("megatron2021_table2_zero3")]
+    assert len(zero3) == 3 and {(c.training.framework, c.training.flavor, c.cand.zero, c.cand.pp)
+                                for c in zero3} == {("megatron-deepspeed", "microsoft", 3, 1)}
+    for c in hf + zero3:
+        assert estimate(c.model, c.cluster, c.training, c.cand).fits, c.id
+
+
+def test_gpt2_xl_hand_tuned_and_autotuned_are_one_layout():
+    """GPT2-xl: hand-tuned "Zero1 (27.462, gas = 1, mbs = 1)", autotuned "Zero1 (27.497, gas = 1, mbs = 1)"
+    (DeepSpeedExamples autotuning/hf/gpt2-xl/README.md): one layout, 0.1% apart measured, one prediction."""
+    rows = {c.id: c for c in dev_cases()}
+    hand, auto = rows["ds_autotuning_gpt2_xl_hf_ds_handtuned"], rows["ds_autotuning_gpt2_xl_hf_ds_autotuned"]
+    assert hand.cand == auto.cand and hand.cand.zero == 1
+    assert hand.tokens_per_s_per_gpu == pytest.approx(27.462 * 1024 / 16)
+    assert auto.tokens_per_s_per_gpu / hand.tokens_per_s_per_gpu == pytest.approx(1.0, abs=0.002)
+    assert estimate(hand.model, hand.cluster, hand.training, hand.cand).step_time_s == \
+        estimate(auto.model, auto.cluster, auto.training, auto.cand).step_time_s

@@ -416,3 +416,19 @@ def test_checker_fast_path_agrees_with_the_rules(name):
         for c in cands[::7]:
             expected = next(iter_violations(model, c, cluster, training, (t,)), None)
             assert checker.first(c) == expected, c.label()
+
+
+def test_deepspeed_engine_on_an_eager_model_is_data_parallel_only():
+    """`deepspeed` (DeepSpeed's engine on a Hugging Face model, a framework published runs are read as): ZeRO 0-3 over
+    DP, no TP/PP/hybrid; `plan --framework` does not offer it (no emitter writes it)."""
+    from planner.rules import structural_violations
+    from planner.space import FRAMEWORKS, REPLAYED_FRAMEWORKS
+    model = get_preset("1B3")
+    cluster = make_cluster(gpu="V100-32GB", gpus=16, gpus_per_node=16)
+    training = TrainingSpec(global_batch=128, seq_len=1024, precision="fp16", framework="deepspeed")
+    for zero in (0, 1, 2, 3):
+        assert not structural_violations(model, Candidate(tp=1, pp=1, dp=16, mbs=8, gas=1, zero=zero), cluster,
+                                         training)
+    tp2 = structural_violations(model, Candidate(tp=2, pp=1, dp=8, mbs=8, gas=2, zero=1), cluster, training)
+    assert [v.reason.value for v in tp2] == ["framework_limit"]
+    assert "deepspeed" in REPLAYED_FRAMEWORKS and "deepspeed" not in FRAMEWORKS
