@@ -621,6 +621,36 @@ def verdict(mem: MemoryBreakdown, cluster: ClusterSpec, training: TrainingSpec) 
                          stage=mem.stage)
 
 
+MEASUREMENTS = ("nvidia-smi", "max_memory_reserved", "max_memory_allocated")
+"""what a published memory figure counts (`reported_bytes`): the device's used memory as nvidia-smi shows it, or
+PyTorch's allocator statistics torch.cuda.max_memory_reserved / max_memory_allocated"""
+
+
+def reported_bytes(mem: MemoryBreakdown, cand: Candidate, cluster: ClusterSpec, measurement: str) -> float:
+    """What a source's memory figure of kind ``measurement`` (`MEASUREMENTS`) reads for the plan's ``mem``, the stage
+    the source measured; ``mem.total_bytes`` is what must fit, not what any of them shows.
+
+    PyTorch's caching allocator reserves more than its live tensors, ALLOCATOR_OVERHEAD times them (block rounding,
+    split blocks it keeps cached: Megatron's "max reserved" over "max allocated", planner.constants), for every
+    tensor it hands out, the model states and DeepSpeed's buckets as much as the activations; the plan's total
+    charges the overhead to the activations and logits only, whose blocks the step's churn leaves split (the cache
+    of the static tensors the allocator gives back before an OOM, c10 CUDACachingAllocator's release of cached blocks
+    on a failed cudaMalloc). max_memory_allocated counts the live tensors; max_memory_reserved the allocator's
+    segments; nvidia-smi those, the CUDA context and NCCL's buffers (cudaMalloc'd outside the allocator), never more
+    than the device's memory."""
+    if measurement not in MEASUREMENTS:
+        raise ValueError(f"unknown memory measurement {measurement!r}; use one of {', '.join(MEASUREMENTS)}")
+    outside = nccl_buffers_bytes(cand)
+    allocated = mem.static_bytes + mem.buffers_bytes - outside + (mem.activations_bytes + mem.logits_bytes) / \
+        ALLOCATOR_OVERHEAD
+    if measurement == "max_memory_allocated":
+        return allocated
+    reserved = ALLOCATOR_OVERHEAD * allocated
+    if measurement == "max_memory_reserved":
+        return reserved
+    return min(cluster.gpu.memory_bytes, reserved + outside + mem.context_bytes)
+
+
 def usable_bytes(cluster: ClusterSpec, training: TrainingSpec) -> float:
     """Device memory minus the headroom kept free: what the predicted total must stay within."""
     return (1 - training.memory_headroom) * cluster.gpu.memory_bytes

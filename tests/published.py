@@ -90,5 +90,6 @@ def seed003_dev_cases() -> list[DevCase]:
                            cluster=cluster, training=training, cand=cand,
                            tokens_per_s_per_gpu=512 * 2048 / float(t) / cluster.world_size if t else None,
                            memory_gib=float(row["memory_gb"]) if row["memory_gb"] else None,
+                           memory_definition="nvidia-smi",   # seed 003's figures and its context calibration
                            oom=row["status"].lower() == "oom" if row["status"] else None))
     return out

@@ -10,7 +10,7 @@ import statistics
 import pytest
 
 from memory_cases import all_cases, bigscience_cases, fsdp_cases, hagemann_cases
-from planner.memory import memory_breakdown, verdict
+from planner.memory import memory_breakdown, reported_bytes, stage_memory, verdict
 
 # BLOOM tr11 TP8 PP6 MBS8: nvidia-smi showed 75 of 80 GiB; predicted 79 GiB, above the default 5% headroom (76 GiB).
 # BLOOM tr11 18B on one node (TP8 PP1 DP1): it ran ZeRO-1 over one DP rank (DeepSpeed's ZeRO optimizer), which the
@@ -55,8 +55,25 @@ def test_torchtitan_70b_local_batch_2_selective_runs_out_of_memory():
     assert len(oom) == 1 and not _fits(oom[0])
 
 
-def test_bigscience_nvidia_smi_peaks_within_10_percent_on_average():
-    """BLOOM tr11 and tr8-104B: nvidia-smi's maximum on the first node (context and allocator cache included)."""
-    pairs = [(c.measured_gib, memory_breakdown(c.model, c.cand, c.cluster, c.training).total_bytes / 2**30)
-             for c in bigscience_cases() if c.measured_gib is not None]
-    assert statistics.mean(abs(p / m - 1) for m, p in pairs) <= 0.10
+def _nvidia_smi_gib(case) -> float:
+    """The plan's first stage (BigScience measured the first node) as nvidia-smi reads it."""
+    first = stage_memory(case.model, case.cand, case.cluster, case.training)[0]
+    return reported_bytes(first, case.cand, case.cluster, "nvidia-smi") / 2**30
+
+
+def test_bigscience_nvidia_smi_peaks_within_6_percent_on_average():
+    """BLOOM tr11 and tr8-104B: nvidia-smi's maximum on the first node (context, allocator reserve, NCCL): 54 peaks,
+    mean |error| 5.6% (6.4% before the allocator's reserve was read on every tensor and capped at the device)."""
+    pairs = [(c.measured_gib, _nvidia_smi_gib(c)) for c in bigscience_cases() if c.measured_gib is not None]
+    assert len(pairs) == 54 and all(c.definition == "nvidia-smi" for c in bigscience_cases())
+    assert statistics.mean(abs(p / m - 1) for m, p in pairs) <= 0.06
+
+
+def test_nvidia_smi_never_reads_more_than_the_device():
+    """BLOOM tr11's 18B on one node (TP8 PP1 DP1, nvidia-smi 80 GB of 80: the allocator's cache filled the device):
+    the plan's reserve, context and NCCL buffers exceed it, nvidia-smi shows the whole device."""
+    case = next(c for c in bigscience_cases() if c.id == "bloom_prequel_L660_n1_tp8_pp1_dp1_mbs1_h64_gbs2048")
+    first = stage_memory(case.model, case.cand, case.cluster, case.training)[0]
+    assert case.measured_gib == 80
+    assert reported_bytes(first, case.cand, case.cluster, "max_memory_reserved") > case.cluster.gpu.memory_bytes
+    assert _nvidia_smi_gib(case) == case.cluster.gpu.memory_bytes / 2**30 == case.measured_gib

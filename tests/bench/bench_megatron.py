@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from planner.flops import model_flops_per_iteration, tflops_per_gpu  # noqa: E402
 from planner.constants import ALLOCATOR_OVERHEAD  # noqa: E402
-from planner.hardware import make_cluster  # noqa: E402
-from planner.memory import MemoryBreakdown  # noqa: E402
+from planner.hardware import ClusterSpec, make_cluster  # noqa: E402
+from planner.memory import MemoryBreakdown, reported_bytes  # noqa: E402
 from planner.model import ModelSpec  # noqa: E402
 from planner.rank import estimate  # noqa: E402
 from planner.space import Candidate, TrainingSpec  # noqa: E402
@@ -59,22 +59,22 @@ FOREACH_ADAM_TEMP_BYTES = 4.0
 torch's AdamW without Apex or Transformer Engine (megatron/core/optimizer/__init__.py)"""
 
 
-def first_report_bytes(mem: MemoryBreakdown) -> float:
+def first_report_bytes(mem: MemoryBreakdown, cand: Candidate, cluster: ClusterSpec) -> float:
     """What Megatron-LM's first memory report ("[Rank 0] (after 1 iterations) memory (MB) | ... | max allocated",
     megatron/training/training.py report_memory, printed once) reads for a one-GPU plan ``mem``: torch's
-    max_memory_allocated over the first iteration, which is the larger of two phases, neither the plan's total:
+    max_memory_allocated over the first iteration (`planner.memory.reported_bytes`: the live tensors, without the
+    allocator's overhead, the CUDA context and NCCL's buffers), which is the larger of two phases, neither the plan's
+    total:
     - forward and backward before any optimizer step: torch's AdamW creates its two moments lazily on the first
       step (torch/optim/adamw.py _init_group: state initialisation when len(state) == 0), so the bf16 weights, the
-      fp32 main grads and the fp32 master weights (2 + 4 + 4 bytes a parameter), and the activations and logits as
-      allocated (without the allocator's overhead, planner.constants.ALLOCATOR_OVERHEAD, nor the CUDA context and
-      NCCL buffers that max_memory_allocated does not see);
+      fp32 main grads and the fp32 master weights (2 + 4 + 4 bytes a parameter), and the activations and logits;
     - the step: every model state (18 bytes a parameter) and foreach AdamW's temporary (FOREACH_ADAM_TEMP_BYTES).
     From the second iteration on the forward runs beside the moments: the plan's total is that steady state."""
     params = mem.params_on_gpu
     moments = mem.optimizer_bytes - 4.0 * params   # optimizer_bytes holds the fp32 master weights and the moments
-    dynamic = (mem.activations_bytes + mem.logits_bytes) / ALLOCATOR_OVERHEAD
-    forward_backward = mem.static_bytes - moments + dynamic
-    step = mem.static_bytes + FOREACH_ADAM_TEMP_BYTES * params
+    allocated = reported_bytes(mem, cand, cluster, "max_memory_allocated")
+    forward_backward = allocated - moments
+    step = allocated - (mem.activations_bytes + mem.logits_bytes) / ALLOCATOR_OVERHEAD + FOREACH_ADAM_TEMP_BYTES * params
     return max(forward_backward, step)
 
 
@@ -150,7 +150,7 @@ def run(src: Path, gpu: str, steps: int, warmup: int, layouts: tuple[str, ...] =
         print(f"{layout:<28} {cell(meg.step_time_median_s) if meg.ok else meg.status:>16} "
               f"{cell(tp.step_time_median_s) if tp.ok else tp.status:>16} {cell(plan_s):>16} "
               f"{est.memory.total_bytes / 1e9 if est.memory else float('nan'):>11.1f} "
-              f"{first_report_bytes(est.memory) / 1e9 if est.memory else float('nan'):>18.1f} "
+              f"{first_report_bytes(est.memory, est.candidate, cluster) / 1e9 if est.memory else float('nan'):>18.1f} "
               f"{peak if peak is not None else float('nan'):>11.1f}")
     return 0 if all(meg.ok for _, _, meg, _ in rows) else 1
 

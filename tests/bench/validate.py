@@ -18,7 +18,8 @@ For every table (runs of one model on one cluster in one search: tests/published
 - Spearman's rank correlation of predicted vs measured throughput inside the table (>= 3 runs);
 - regret of the top pick: the measured best over the measured throughput of the run the planner
   ranks first (among the runs that ran; "rules": among the runs plan keeps, OOM when it OOMed);
-- memory error: predicted / measured peak per GPU (first stage where the source measured the first node);
+- memory error: predicted / measured peak per GPU (first stage where the source measured the first node), the
+  prediction read as the source's figure counts it (planner.memory.reported_bytes: nvidia-smi's);
 - OOM confusion: predicted total over HBM vs the run's OOM, and runs that ran but plan rules out.
 """
 
@@ -37,7 +38,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from published import DevCase, dev_cases, modern_dev_cases, seed003_dev_cases  # noqa: E402
 
 from planner import flops, fp8  # noqa: E402
-from planner.memory import stage_memory, verdict  # noqa: E402
+from planner.memory import MEASUREMENTS, reported_bytes, stage_memory, verdict  # noqa: E402
 from planner.rank import Estimate, estimate  # noqa: E402
 from planner.topology import Topology  # noqa: E402
 
@@ -173,8 +174,11 @@ def evaluate(cases: list[DevCase] | None = None, *, floor_per_source: bool = Fal
         stages = stage_memory(c.model.with_overrides(seq_len=c.training.seq_len), c.cand, c.cluster, c.training)
         first = stages[0] if c.memory_stage == "first" else max(stages, key=lambda m: m.total_bytes)
         busiest = max(stages, key=lambda m: m.total_bytes)
+        # like for like: what the source's figure counts (nvidia-smi: the allocator's reserve, context, NCCL)
+        shown = reported_bytes(first, c.cand, c.cluster, c.memory_definition) \
+            if c.memory_definition in MEASUREMENTS else first.total_bytes
         # predicted OOM: the planner's one memory verdict (tests/bench/memory_fit.py uses the same)
-        rows.append(Row(case=c, est=est, pred_tps=tps, pred_mem_gib=first.total_bytes / 2**30,
+        rows.append(Row(case=c, est=est, pred_tps=tps, pred_mem_gib=shown / 2**30,
                         pred_oom=not verdict(busiest, c.cluster, c.training).fits))
 
     measured = [r for r in rows if r.case.tokens_per_s_per_gpu]
