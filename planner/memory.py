@@ -218,6 +218,12 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     # and Hugging Face's eager repeat_kv alike): 4 bytes an element, as multi-head attention
     saved_kv = kv if training.flash_attention else 1.0
     attn_tp = 2 + 4 * saved_kv + 2                              # Q, K+V, proj input
+    if training.eager_ops and training.flash_attention and training.framework != "megatron-lm":
+        # a Megatron-style trainer calling flash-attn on its own [s, b, n, h] tensors copies them to flash's
+        # [(b s), n, h] layout and the output back (Aleph-Alpha/scaling attention.py flash_attention: rearrange before
+        # and after flash_attn_varlen_func): the output flash saves for its backward and the projection's input are two
+        # tensors (Megatron-LM's flash attention is Transformer Engine's, whatever its element-wise fusions)
+        attn_tp += 2
     mlp_tp = f_ratio * (2 * (2 if model.glu else 1) + 2)        # fc1 output(s) + activation output
     if model.glu and (training.framework != "megatron-lm" or training.eager_ops):
         mlp_tp += 2 * f_ratio   # SwiGLU: the product act(gate)·up is a fourth ffn-wide tensor (down-proj input)

@@ -43,10 +43,28 @@ def test_no_run_that_ran_is_predicted_out_of_memory(cases):
     assert false_prunes <= KNOWN_FALSE_PRUNES
 
 
-def test_hagemann_oom_vs_fits_at_least_80_percent():
+def test_hagemann_oom_vs_fits_at_least_82_percent():
+    """81.3% before their flash path's layout copies were counted (planner.memory.layer_activations), 82.7% after."""
     rows = hagemann_cases()
     right = sum(_fits(c) == c.ran for c in rows)
-    assert right / len(rows) >= 0.80
+    assert right / len(rows) >= 0.82
+
+
+def test_hagemann_flash_path_keeps_flash_output_and_projection_input():
+    """Llama 13B, seq 2048, TP2 PP1 DP32 MBS 4, no recompute, flash-attn 2 (+ RMS kernel: sheet 64_GPUs_all_runs,
+    trial 132304) ran out of memory: with the attention output flash saves beside the projection's copy of it
+    (2·sbh/t a layer, 40 layers) the plan says so; without that copy (a fused trainer) it fits."""
+    from dataclasses import replace
+
+    from planner.constants import ALLOCATOR_OVERHEAD
+    case = next(c for c in hagemann_cases() if c.id == "hagemann_132304")
+    assert not case.ran and case.training.eager_ops and case.training.flash_attention
+    assert not _fits(case)
+    fused = replace(case.training, eager_ops=False)
+    extra = memory_breakdown(case.model, case.cand, case.cluster, case.training).activations_bytes - \
+        memory_breakdown(case.model, case.cand, case.cluster, fused).activations_bytes
+    m = case.model
+    assert extra == pytest.approx(ALLOCATOR_OVERHEAD * m.layers * 2 * m.seq_len * case.cand.mbs * m.hidden / case.cand.tp)
 
 
 def test_torchtitan_70b_local_batch_2_selective_runs_out_of_memory():
