@@ -202,7 +202,7 @@ def class_seconds(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     LM head (GEMM) and the cross-entropy (element-wise): the compute term's parts, the host's launches left out."""
     lo = memoized(layer_memo, ("ops", *op_list_key(cand)), lambda: layer_op_list(model, cand, cluster, training))
     rc = recompute.recomputed_of(model, cand, training.framework)
-    again = {ops.GEMM: rc.matmul, ops.ATTENTION: rc.core, ops.ELEMENTWISE: 0.0}
+    again = {ops.GEMM: rc.matmul, ops.ATTENTION: rc.core, ops.ELEMENTWISE: rc.elementwise}
     out = {c: layers * lo.seconds(c) * (3 + rc.layers + again[c]) for c in OP_CLASSES}
     if head:
         fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)

@@ -200,7 +200,8 @@ class LayerOps:
         kernels) + what recompute re-runs: ``rc.layers`` whole forwards, ``rc.core`` attention cores,
         ``rc.matmul`` of the GEMMs (op-level SAC)."""
         fwd = self.forward_s()
-        extra = rc.layers * fwd + rc.core * self.seconds(ATTENTION) + rc.matmul * self.seconds(GEMM)
+        extra = (rc.layers * fwd + rc.core * self.seconds(ATTENTION) + rc.matmul * self.seconds(GEMM)
+                 + rc.elementwise * self.seconds(ELEMENTWISE))
         return fwd + max(2 * self.gpu_s, 2 * (self.host_s + self.sync_host_s)) + extra
 
     def replace_ops(self, names: tuple[str, ...], new: list[Op]) -> "LayerOps":
@@ -225,7 +226,8 @@ class LayerOps:
         rows = []
         for op in self.ops:
             again = op.forward_s * (rc.layers + (rc.core if op.cls == ATTENTION else 0.0)
-                                    + (rc.matmul if op.cls == GEMM else 0.0))
+                                    + (rc.matmul if op.cls == GEMM else 0.0)
+                                    + (rc.elementwise if op.cls == ELEMENTWISE else 0.0))
             seconds = 3 * op.forward_s + again
             rows.append({"op": op.name, "class": op.cls, "forward_s": op.forward_s, "backward_s": 2 * op.forward_s,
                          "recompute_s": again, "seconds": seconds, "share": seconds / layer if layer else 0.0,
