@@ -18,7 +18,7 @@ from functools import lru_cache
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
-from planner.ops import ATTENTION
+from planner.ops import ATTENTION, bytes_op
 from planner.terms import COMMUNICATION, Term
 from planner.topology import collective_time_s
 from planner.recompute import recomputed_of
@@ -85,13 +85,45 @@ def split_activations(activations: float, logits: float, model: "ModelSpec", c: 
     return activations / c.cp + kv_buffers, logits / c.cp
 
 
-def ring_attention(lo: "LayerOps", c: "Candidate") -> "LayerOps":
+# HBM bytes per element, forward + backward, of each ring step's bookkeeping outside the attention kernel, counted
+# from torch.distributed.tensor.experimental._attention (_templated_ring_attention and its backward, what torchtitan's
+# context_parallel runs; convert_to_f32 default True). Per element of the rank's attention output (q-sized): forward
+# out.to(float32) r2 w4, the merge out - sigmoid(lse_i - lse)·(out - out_i) r4 r4 w4 + r4 w4 + r4 r4 w4, the
+# load-balanced half's _partial_update (torch.cat of the fp32 output, r4 w4 on half the steps): 6 + 32 + 4 = 42;
+# backward grad_query += (fp32 r4 r2 w4) 10, its _partial_update 4, the half-sequence chunks of q, out and dout made
+# contiguous for the kernel (r2 w2 on half the steps) 6: 62 in all. Per element of K and of V (as wide as the tensors
+# the kernel takes): forward torch.cat for the send r2 w2 4; backward the same 4, grad accumulate in fp32 r4 r2 w4 10,
+# its _partial_update 4, torch.cat of the fp32 gradient for the send r4 w4 8: 30 each. Transformer Engine's p2p
+# CP (AttnFuncWithCPAndKVP2P) does the same corrections in fp32 with torch ops: ASSUMED the same count.
+RING_STEP_Q_BYTES = 62
+RING_STEP_KV_BYTES = 30
+
+
+def ring_step_bytes(model: "ModelSpec", c: "Candidate", framework: str) -> float:
+    """Forward-equivalent HBM bytes of one layer's ring bookkeeping on one CP rank (the op list charges the backward
+    at 2x the forward, so the forward + backward count above is put in as a third): CP - 1 merge steps over the
+    rank's tokens. torchtitan (2024) expands K and V to every query head before the kernel (repeat_kv), so its K/V
+    are as wide as Q; Megatron's kernel takes the KV heads."""
+    if c.cp <= 1:
+        return 0.0
+    tokens = model.seq_len // c.cp * c.mbs
+    q = model.q_dim / max(1, c.tp)
+    kv = q if framework == "fsdp" else model.kv_dim / max(1, c.tp)
+    return (c.cp - 1) * tokens * (RING_STEP_Q_BYTES * q + 2 * RING_STEP_KV_BYTES * kv) / 3
+
+
+def ring_attention(lo: "LayerOps", c: "Candidate", model: "ModelSpec | None" = None,
+                   cluster: "ClusterSpec | None" = None, framework: str = "") -> "LayerOps":
     """The layer's op list as one CP rank runs it: built on the rank's s/CP tokens (`rank_model`), its attention core
     is CP blocks of (s/CP x s/CP), i.e. CP times the core of an s/CP-token sequence (ring attention: each rank
-    attends its chunk to every chunk that passes it)."""
+    attends its chunk to every chunk that passes it); with ``model`` (the full-sequence model) and ``cluster``, one
+    more memory-bound op: each step's merge of the partial outputs and gradients (`ring_step_bytes`)."""
     if c.cp <= 1:
         return lo
-    return replace(lo, ops=tuple(op.scaled(c.cp) if op.cls == ATTENTION else op for op in lo.ops))
+    ops = tuple(op.scaled(c.cp) if op.cls == ATTENTION else op for op in lo.ops)
+    if model is not None and cluster is not None:
+        ops += (bytes_op("cp_ring_merge", ring_step_bytes(model, c, framework), cluster),)
+    return replace(lo, ops=ops)
 
 
 @lru_cache(maxsize=64)   # pure in a frozen ModelSpec; one object per CP size keeps the model's lru_caches (moe) hitting
@@ -142,6 +174,6 @@ RING_EXCHANGE = Term(name="cp_ring_exchange", kind=COMMUNICATION, group="cp_comm
                      constants=("LINK_EFFICIENCY",))
 
 
-__all__ = ["FRAMEWORKS_WITH_CP", "RING_EXCHANGE", "MIN_CHUNK_TOKENS", "cp_choices", "rank_model", "ring_attention",
-           "ring_exchange_exposed_s",
+__all__ = ["FRAMEWORKS_WITH_CP", "RING_EXCHANGE", "RING_STEP_KV_BYTES", "RING_STEP_Q_BYTES", "MIN_CHUNK_TOKENS",
+           "cp_choices", "rank_model", "ring_attention", "ring_exchange_exposed_s", "ring_step_bytes",
            "split_activations", "violations"]

@@ -152,7 +152,7 @@ def layer_op_list(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     tokens = rank.seq_len * cand.mbs
     lo = ops.layer_ops(rank, cand, cluster, training, g, g_core, fw)
     lo = moe.latent_attention_ops(lo, rank, cand, tokens, g, g_core)
-    lo = context_parallel.ring_attention(lo, cand)
+    lo = context_parallel.ring_attention(lo, cand, model, cluster, training.framework)
     lo = moe.expert_ops(lo, rank, cand, training, tokens, g, cluster)
     lo = fp8.cast_ops(lo, rank, cand, training, tokens, cluster)
     return cuda_graphs.graphed_ops(lo, rank, training)   # the MoE router's host work; what CUDA graphs capture
@@ -202,7 +202,7 @@ def class_seconds(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     LM head (GEMM) and the cross-entropy (element-wise): the compute term's parts, the host's launches left out."""
     lo = memoized(layer_memo, ("ops", *op_list_key(cand)), lambda: layer_op_list(model, cand, cluster, training))
     rc = recompute.recomputed_of(model, cand, training.framework)
-    again = {ops.GEMM: rc.matmul, ops.ATTENTION: rc.core, ops.ELEMENTWISE: 0.0}
+    again = {ops.GEMM: rc.matmul, ops.ATTENTION: rc.core, ops.ELEMENTWISE: rc.elementwise}
     out = {c: layers * lo.seconds(c) * (3 + rc.layers + again[c]) for c in OP_CLASSES}
     if head:
         fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)

@@ -200,7 +200,8 @@ class LayerOps:
         kernels) + what recompute re-runs: ``rc.layers`` whole forwards, ``rc.core`` attention cores,
         ``rc.matmul`` of the GEMMs (op-level SAC)."""
         fwd = self.forward_s()
-        extra = rc.layers * fwd + rc.core * self.seconds(ATTENTION) + rc.matmul * self.seconds(GEMM)
+        extra = (rc.layers * fwd + rc.core * self.seconds(ATTENTION) + rc.matmul * self.seconds(GEMM)
+                 + rc.elementwise * self.seconds(ELEMENTWISE))
         return fwd + max(2 * self.gpu_s, 2 * (self.host_s + self.sync_host_s)) + extra
 
     def replace_ops(self, names: tuple[str, ...], new: list[Op]) -> "LayerOps":
@@ -225,7 +226,8 @@ class LayerOps:
         rows = []
         for op in self.ops:
             again = op.forward_s * (rc.layers + (rc.core if op.cls == ATTENTION else 0.0)
-                                    + (rc.matmul if op.cls == GEMM else 0.0))
+                                    + (rc.matmul if op.cls == GEMM else 0.0)
+                                    + (rc.elementwise if op.cls == ELEMENTWISE else 0.0))
             seconds = 3 * op.forward_s + again
             rows.append({"op": op.name, "class": op.cls, "forward_s": op.forward_s, "backward_s": 2 * op.forward_s,
                          "recompute_s": again, "seconds": seconds, "share": seconds / layer if layer else 0.0,
@@ -243,14 +245,16 @@ FUSED_SOFTMAX_SCORE_BYTES = 9
 read, the probabilities and the 1-byte dropout mask written, 16-bit; fused_elementwise_bytes)"""
 
 
-def score_bytes(model: ModelSpec, kernel: str) -> float:
+def score_bytes(model: ModelSpec, kernel: str, softmax_fp32: bool = False) -> float:
     """Forward HBM bytes per attention score outside the GEMMs: none in a fused kernel (planner.attention.FUSED),
-    Megatron's fused softmax (FUSED_SOFTMAX_SCORE_BYTES), or PyTorch's ops (EAGER_SCORE_BYTES, + dropout's)."""
+    Megatron's fused softmax (FUSED_SOFTMAX_SCORE_BYTES), or PyTorch's ops (EAGER_SCORE_BYTES, or a Megatron-style
+    trainer's softmax in fp32, FP32_SOFTMAX_SCORE_BYTES; + dropout's)."""
     if kernel in FUSED:
         return 0.0
     if kernel == "fused-softmax":
         return FUSED_SOFTMAX_SCORE_BYTES
-    return EAGER_SCORE_BYTES + (EAGER_DROPOUT_BYTES if model.dropout else 0)
+    return (FP32_SOFTMAX_SCORE_BYTES if softmax_fp32 else EAGER_SCORE_BYTES) \
+        + (EAGER_DROPOUT_BYTES if model.dropout else 0)
 
 
 def fused_elementwise_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec,
@@ -287,6 +291,12 @@ EAGER_SCORE_BYTES = 17
 """per attention score without a fused kernel (Hugging Face GPT2Attention._attn / eager_attention_forward): the
 scale r2 w2, the causal torch.where r2 r1 w2, the attention mask's add r2 w2, softmax r2 w2; dropout on the
 probabilities adds EAGER_DROPOUT_BYTES"""
+FP32_SOFTMAX_SCORE_BYTES = (29 + 33) / 3
+"""per attention score of a Megatron-style trainer's unfused softmax in fp32 (megatron/core/fusions/fused_softmax.py
+FusedScaleMaskSoftmax.forward_torch_softmax with attention_softmax_in_fp32; Aleph-Alpha/scaling's MaskedSoftmaxTorch
+likewise), forward: .float() r2 w4, masked_fill_ r4 r1 w4, softmax r4 w4, back to 16-bit r4 w2 = 29; backward: the
+cast's r2 w4, softmax's r4 r4 w4, masked_fill's r4 r1 w4, the cast's r4 w2 = 33. The op list charges the backward at
+2x the forward, so the forward carries a third of the 62"""
 EAGER_ACTIVATION_BYTES = 4
 """per FFN element of a native activation kernel (GELU, SiLU): r2 w2; SwiGLU's gate multiply adds r2 r2 w2"""
 EAGER_PYTHON_GELU_BYTES = 36
@@ -295,7 +305,8 @@ two scalar multiplies r2 w2 each, x + r2 r2 w2, tanh r2 w2, 1 + r2 w2, 0.5·x r2
 
 
 def eager_elementwise_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec,
-                            kernel: str = "unfused", norm_as_ops: bool = True) -> dict[str, float]:
+                            kernel: str = "unfused", norm_as_ops: bool = True,
+                            softmax_fp32: bool = False) -> dict[str, float]:
     """Forward HBM bytes of one layer's memory-bound ops as an eager PyTorch model runs them (torchtitan without
     torch.compile, Hugging Face modules, fms-fsdp), counted op by op from the model's facts: its norm, RoPE, GQA's
     repeat_kv copies, activation, dropout; SP (torchtitan's sequence parallel) splits the norms and residuals."""
@@ -310,7 +321,8 @@ def eager_elementwise_bytes(model: ModelSpec, cand: Candidate, training: Trainin
                             if model.kv_heads < model.heads else 0.0)
     activation = (EAGER_PYTHON_GELU_BYTES if model.activation_as_ops else EAGER_ACTIVATION_BYTES) \
         + (EAGER_BINARY_BYTES if model.glu else 0)
-    scores = 0.0 if training.flash_attention else score_bytes(model, kernel) * b * model.heads * s * s / t
+    scores = 0.0 if training.flash_attention else \
+        score_bytes(model, kernel, softmax_fp32) * b * model.heads * s * s / t
     norm_bytes = EAGER_NORM_BYTES[model.norm] if norm_as_ops else EAGER_NORM_BYTES["layernorm"]   # one kernel
     return {"norms": norms_per_layer * norm_bytes * th / sp,
             "rope": (EAGER_ROPE_BYTES * (model.q_dim + model.kv_dim) * tokens / t * model.rotary_percent
@@ -341,7 +353,8 @@ def layer_ops(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training:
     if fw.eager:
         moved = eager_elementwise_bytes(model, cand, training, kernel)
     elif training.eager_ops:   # a Megatron-style trainer with PyTorch's element-wise ops: its norms as it says
-        moved = eager_elementwise_bytes(model, cand, training, kernel, norm_as_ops=not training.fused_norm)
+        moved = eager_elementwise_bytes(model, cand, training, kernel, norm_as_ops=not training.fused_norm,
+                                        softmax_fp32=True)
     else:
         moved = fused_elementwise_bytes(model, cand, training, kernel)
     ops = []

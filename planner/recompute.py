@@ -84,6 +84,9 @@ class Recomputed:
     """share of a layer's forward matmul FLOPs re-run besides those (op-level SAC: the matmuls it does not save)"""
     moe: float = 0.0
     """share of the MoE layers whose whole MoE block (dispatch, experts, combine) is re-run (modules:moe)"""
+    elementwise: float = 0.0
+    """share of a layer's element-wise ops re-run besides whole layers (op-level SAC: all of them, as it saves only
+    the outputs of its save list, matmuls and attention, and marks every other op PREFER_RECOMPUTE)"""
 
 
 def recomputed(model: ModelSpec, mode: str, stage_layers: int, vpp: int) -> Recomputed:
@@ -92,7 +95,9 @@ def recomputed(model: ModelSpec, mode: str, stage_layers: int, vpp: int) -> Reco
     if k == "selective":
         return Recomputed(0.0, 1.0, 0.0)
     if k == "selective-op":
-        return Recomputed(0.0, 0.0, op_sac_matmul_share(model))
+        # torchtitan activation_checkpoint.py _custom_policy: an op outside op_sac_save_list (mm, SDPA,
+        # reduce_scatter, max) is PREFER_RECOMPUTE, so the norms, RoPE, SwiGLU and casts between them re-run
+        return Recomputed(0.0, 0.0, op_sac_matmul_share(model), elementwise=1.0)
     if k == "modules":
         mods = parse(mode).modules
         return Recomputed(0.0, float("core_attn" in mods), module_matmul_share(model, mods),

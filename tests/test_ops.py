@@ -96,6 +96,21 @@ def test_unfused_attention_adds_the_score_traffic():
     assert next(op for op in plain.ops if op.name == "softmax_dropout").cls == ELEMENTWISE
 
 
+def test_a_megatron_style_trainer_runs_the_unfused_softmax_in_fp32():
+    """--eager-ops with PyTorch's softmax (Megatron's forward_torch_softmax under attention_softmax_in_fp32): the
+    scores cast to fp32, masked, softmaxed and cast back, 29 bytes a score forward and 33 backward. Against Hagemann
+    et al.'s 64-GPU sheet (Llama 13B, TP2 DP32 MBS1, PyTorch norms): with PyTorch's attention 52.55 s a step, with
+    flash-attn 2 35.54 s, 1.48x; predicted 1.26x with 16-bit softmax ops, 1.31x with the fp32 softmax."""
+    from published import dev_cases
+    from planner.ops import EAGER_SCORE_BYTES, FP32_SOFTMAX_SCORE_BYTES
+    from planner.rank import estimate
+    assert FP32_SOFTMAX_SCORE_BYTES == pytest.approx((29 + 33) / 3) and FP32_SOFTMAX_SCORE_BYTES > EAGER_SCORE_BYTES
+    runs = {c.id: c for c in dev_cases() if c.id in ("hagemann_97686", "hagemann_132312")}
+    step = {k: estimate(c.model, c.cluster, c.training, c.time_candidate()).step_time_s for k, c in runs.items()}
+    assert runs["hagemann_97686"].step_time_s / runs["hagemann_132312"].step_time_s == pytest.approx(1.479, abs=0.01)
+    assert step["hagemann_97686"] / step["hagemann_132312"] == pytest.approx(1.31, abs=0.01)
+
+
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_the_table_adds_up_to_the_compute_term(recompute):
     """The rows' seconds (forward, 2x backward, recomputed) and the host's wait sum to the layer time the compute
