@@ -445,8 +445,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              cl.network_line(),
              compute_line(cl, t.framework),
              attention_kernel(m, cl, t)[2],
-             f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
-             f"{p.total - len(p.candidates)} ruled out", ""]
+             f"{p.total} candidates scored in {elapsed_s:.2f} s; {p.survivors} fit, "
+             f"{p.total - p.survivors} ruled out", ""]
     extra = [k for k in ("cp", "ep", "etp") if any(getattr(e.candidate, k) > 1 for e in p.candidates[:top])]
     columns = TABLE_COLUMNS[:4] + tuple(extra) + TABLE_COLUMNS[4:]   # CP/EP/ETP columns when any row uses them
     rows = [[_row(e, cl, t.framework, t.memory_fraction)[c] for c in columns] for e in p.candidates[:top]]
@@ -686,15 +686,16 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     # the schedule's layout is the training's own target's (a second --emit target is not asked of it)
     same_rules = targets == targets_for(training, None)
-    result = plan(model, cluster, training, targets=targets, free_best=want_schedule and same_rules)
+    result = plan(model, cluster, training, targets=targets, free_best=want_schedule and same_rules,
+                  keep=max(args.top, args.pick or 1))   # the rows printed, and the one --pick emits
     elapsed = time.perf_counter() - t0
     chosen = None
     if args.emit:
         from planner.emit import render
 
         rank = args.pick or 1
-        if rank > len(result.candidates):
-            raise InputError(f"--pick {rank}: only {len(result.candidates)} configurations fit")
+        if rank > result.survivors:
+            raise InputError(f"--pick {rank}: only {result.survivors} configurations fit")
         chosen = result.candidates[rank - 1]
         # refuse before printing anything: render() checks every rule and writes nothing; --out keeps a user's files
         files = render(_setup(model, cluster, training, chosen), args.emit, flavor=training.flavor,
