@@ -451,10 +451,10 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
 
     def ceiling(cand: Candidate) -> float:
         return tflops_ceiling(model, cand, cluster, training, layer_times)
-    bound = keep if params == CostParams() else None   # the ceiling holds under the default efficiencies only
-    best = _best(survivors, bound, score, ceiling)[:keep]
-    best_free = _best(free_only, 1, score, ceiling, found=tuple(best[:1]))[0] if free_best and (best or free_only) \
-        else None
+    bounded = params == CostParams()   # the ceiling holds under the default efficiencies only
+    best = _best(survivors, keep if bounded else None, score, ceiling)[:keep]
+    best_free = _best(free_only, 1 if bounded else None, score, ceiling, found=tuple(best[:1]))[0] \
+        if free_best and (best or free_only) else None
     if not survivors and not allow_empty:
         raise DoesNotFitError(_no_fit_message(model, cluster, training, pruned, targets))
     return Plan(model=model, cluster=cluster, training=training, candidates=[replace(e, rank=i + 1) for i, (_, e) in

@@ -89,3 +89,17 @@ def test_plan_keeping_its_top_rows_ranks_them_as_the_whole_plan(name, gpus, gpu,
     assert top.to_dict(keep) == whole.to_dict(keep)
     if name.startswith("mixtral"):   # (BLOOM's DeepSpeed pipeline: its compute alone bounds none out)
         assert len(scored) < len(whole.candidates)
+
+
+def test_plan_keeping_its_top_rows_under_fitted_params_scores_them_all():
+    """The compute-only ceiling holds under the default CostParams: under tune's refit ones plan(keep=N) scores every
+    survivor, and its rows are still the whole plan's first N."""
+    from planner.cost import CostParams
+
+    name, gpus, gpu, kw = CASES[1]
+    model, cluster, training = get_preset(name), make_cluster(gpu=gpu, gpus=gpus), TrainingSpec(**kw)
+    params = CostParams(compute_scale=0.6, comm_scale=1.7)
+    whole = plan(model, cluster, training, params=params, allow_empty=True, free_best=True)
+    top = plan(model, cluster, training, params=params, allow_empty=True, free_best=True, keep=4)
+    assert repr(top.candidates) == repr(whole.candidates[:4]) and repr(top.free_best) == repr(whole.free_best)
+    assert top.survivors == len(whole.candidates) > 4
