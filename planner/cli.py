@@ -27,8 +27,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-import yaml
-
 from planner import attention, cuda_graphs, flops, fp8, recompute as recompute_modes
 from planner.cost import RANKING_ERROR, attention_kernel, tied
 from planner.errors import InputError, PlantuneError
@@ -41,6 +39,7 @@ from planner.rampup_schedule import rampup_schedule
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
 from planner.schema import check_flags, check_training, did_you_mean
+from planner.table import simple_table
 from planner.space import (FRAMEWORKS, OPTIMIZERS, PINNABLE, PP_SCHEDULES_FSDP, PRECISIONS, RECOMPUTE, TrainingSpec,
                            parse_explain)
 
@@ -420,8 +419,6 @@ def _row(e: Estimate, cluster: ClusterSpec, framework: str, fraction: float = 0.
 
 
 def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -> str:
-    from tabulate import tabulate
-
     m, cl, t = p.model, p.cluster, p.training
     active = f" ({m.active_params / 1e9:.1f}B active, {m.num_experts} experts top-{m.moe_topk})" if m.num_experts else ""
     named = f"{m.name} ({m.architecture}, config.json)" if m.architecture else m.name
@@ -445,8 +442,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              cl.network_line(),
              compute_line(cl, t.framework),
              attention_kernel(m, cl, t)[2],
-             f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
-             f"{p.total - len(p.candidates)} ruled out", ""]
+             f"{p.total} candidates scored in {elapsed_s:.2f} s; {p.survivors} fit, "
+             f"{p.total - p.survivors} ruled out", ""]
     extra = [k for k in ("cp", "ep", "etp") if any(getattr(e.candidate, k) > 1 for e in p.candidates[:top])]
     columns = TABLE_COLUMNS[:4] + tuple(extra) + TABLE_COLUMNS[4:]   # CP/EP/ETP columns when any row uses them
     rows = [[_row(e, cl, t.framework, t.memory_fraction)[c] for c in columns] for e in p.candidates[:top]]
@@ -458,8 +455,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s", "note"]
     lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it; "
                  f"{flops.ATTENTION_COUNT_WORDS[t.flops_attention]})")
-    lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * (10 + len(extra)) + (".1f", "", ".2f", ".1f",
-                                                                                          ".1f", ".3f", ".0f", "")))
+    lines.append(simple_table(rows, headers=headers, floatfmt=(".0f",) * (10 + len(extra)) + (
+        ".1f", "", ".2f", ".1f", ".1f", ".3f", ".0f", "")))
     if any(e.advice for e in p.candidates[:top]):
         lines.append(f"note states>{t.memory_fraction:.0%}: weights+grads+optimizer above {t.memory_fraction:.0%} of "
                      "GPU memory, seed 004's first guess (advisory: only the predicted total rules out)")
@@ -472,7 +469,7 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
     lines.append("\nRuled out (by first reason):")
     prune_rows = [[r.value, n, f"{p.examples[r][0].label()}: {p.examples[r][1].detail}"]
                   for r, n in sorted(p.pruned.items(), key=lambda kv: -kv[1])]
-    lines.append(tabulate(prune_rows, headers=["reason", "count", "example"], maxcolwidths=[None, None, 100]))
+    lines.append(simple_table(prune_rows, headers=["reason", "count", "example"], maxcolwidths=[None, None, 100]))
     return "\n".join(lines)
 
 
@@ -559,6 +556,8 @@ def render_savers(model, cluster: ClusterSpec, training: TrainingSpec, est: Esti
 def _dump(obj: object, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(obj, indent=2)
+    import yaml   # here: only --format yaml writes YAML
+
     return yaml.safe_dump(obj, sort_keys=False)
 
 
@@ -686,15 +685,16 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     # the schedule's layout is the training's own target's (a second --emit target is not asked of it)
     same_rules = targets == targets_for(training, None)
-    result = plan(model, cluster, training, targets=targets, free_best=want_schedule and same_rules)
+    result = plan(model, cluster, training, targets=targets, free_best=want_schedule and same_rules,
+                  keep=max(args.top, args.pick or 1))   # the rows printed, and the one --pick emits
     elapsed = time.perf_counter() - t0
     chosen = None
     if args.emit:
         from planner.emit import render
 
         rank = args.pick or 1
-        if rank > len(result.candidates):
-            raise InputError(f"--pick {rank}: only {len(result.candidates)} configurations fit")
+        if rank > result.survivors:
+            raise InputError(f"--pick {rank}: only {result.survivors} configurations fit")
         chosen = result.candidates[rank - 1]
         # refuse before printing anything: render() checks every rule and writes nothing; --out keeps a user's files
         files = render(_setup(model, cluster, training, chosen), args.emit, flavor=training.flavor,
@@ -736,13 +736,11 @@ def _schedule(result: Plan, same_rules: bool) -> list:
 
 
 def render_schedule(rows: list) -> str:
-    from tabulate import tabulate
-
     return ("\nRampup schedule if you relaunch as the batch grows (seed 003): each batch size's fastest layout\n"
-            + tabulate([[f"{r.first_batch}-{r.last_batch}" if r.first_batch != r.last_batch else r.first_batch,
-                         r.nodes, r.gpus, r.tp, r.pp, r.dp, r.mbs, r.recompute, f"{r.samples_per_s:.2f}"]
-                        for r in rows],
-                       headers=["BS", "NNODES", "GPUs", "TP", "PP", "DP", "MBS", "recompute", "samples/s"]))
+            + simple_table([[f"{r.first_batch}-{r.last_batch}" if r.first_batch != r.last_batch else r.first_batch,
+                             r.nodes, r.gpus, r.tp, r.pp, r.dp, r.mbs, r.recompute, f"{r.samples_per_s:.2f}"]
+                            for r in rows],
+                           headers=["BS", "NNODES", "GPUs", "TP", "PP", "DP", "MBS", "recompute", "samples/s"]))
 
 
 _FROM_FLAGS = ("from_yaml", "emit", "emit_flavor", "out", "reservation", "time_limit", "format", "explain", "debug",

@@ -268,6 +268,15 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     return core, layer_s, lps, stage_compute, logits_s
 
 
+def busiest_stage(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                  layer_memo: dict | None) -> tuple[float, float, int, float, float]:
+    """`stage_compute` of ``cand``, once per (`layer_key`, PP, VPP) in ``layer_memo`` when given."""
+    fw, g16, _ = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))
+    tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
+    return memoized(layer_memo, ("stage_compute", *layer_key(cand), cand.pp, cand.vpp),
+                    lambda: stage_compute(model, cand, cluster, training, fw, g16, tokens, layer_memo))
+
+
 def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                  topology: Topology, layer_memo: dict | None = None) -> StepContext:
     """What every term of ``cand``'s step reads, each part computed once per distinct value of the fields it reads
@@ -275,9 +284,7 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     fw, g16, runs_overlaps = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
     half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
-    core, layer_s, lps, stage_compute_s, logits_s = memoized(
-        layer_memo, ("stage_compute", *layer_key(cand), cand.pp, cand.vpp),
-        lambda: stage_compute(model, cand, cluster, training, fw, g16, tokens, layer_memo))
+    core, layer_s, lps, stage_compute_s, logits_s = busiest_stage(model, cand, cluster, training, layer_memo)
     params_gpu = memoized(layer_memo, ("params_gpu", cand.tp, cand.pp, cand.vpp), lambda: max(
         stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last"))))
     shard = shard_group_size(cand, cluster.gpus_per_node)
@@ -556,12 +563,41 @@ def estimate_time(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         step = evaluate(TERMS, ctx, microbatches=cand.gas, bubble_slots=bubble)
     gbs = cand.global_batch
     count = training.flops_attention
-    model_flops = memoized(layer_memo, ("model_flops", gbs),
-                           lambda: flops.model_flops_per_iteration(model, gbs, count))
+    model_flops = step_model_flops(model, cand, training, layer_memo)
     hardware_flops = memoized(layer_memo, ("hardware_flops", gbs, ctx.rc), lambda: flops.hardware_flops_per_iteration(
         model, gbs, ctx.rc, count, model_flops=model_flops))
     params = class_params(params, model, cand, cluster, training, layer_memo)
     return breakdown(step, params, model_flops=model_flops, hardware_flops=hardware_flops)
+
+
+def step_model_flops(model: ModelSpec, cand: Candidate, training: TrainingSpec, layer_memo: dict | None) -> float:
+    """`flops.model_flops_per_iteration` of ``cand``'s global batch, once per batch in ``layer_memo`` when given."""
+    gbs = cand.global_batch
+    return memoized(layer_memo, ("model_flops", gbs),
+                    lambda: flops.model_flops_per_iteration(model, gbs, training.flops_attention))
+
+
+FLOOR_MARGIN = 1e-9
+"""relative slack of `tflops_ceiling` against float rounding (the step's sum is taken in another order; a
+TFLOPs bucket in planner.rank is 1e-3 wide)"""
+
+
+def tflops_ceiling(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+                   layer_memo: dict | None = None) -> float:
+    """An upper bound of ``cand``'s model TFLOPs per GPU under CostParams() (`estimate_time`, `throughput`) from its
+    compute term alone: every other term's exposed seconds are >= 0, so the step takes at least the busiest stage's
+    compute (`busiest_stage`) in each of its GAS slots and (outside DeepSpeed's engine, whose slowest stage and
+    bubble `deepspeed_engine_step` picks) in each bubble slot. What plan() reads to leave unscored the candidates
+    that cannot reach its top rows (planner.rank)."""
+    compute = busiest_stage(model, cand, cluster, training, layer_memo)[3]
+    fw = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))[0]
+    slots = float(cand.gas)
+    if not (fw.deepspeed_engine and cand.pp > 1):
+        slots += fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp, cand.recompute)
+    floor_s = slots * compute * (1 - FLOOR_MARGIN)
+    if floor_s <= 0:
+        return math.inf
+    return flops.tflops_per_gpu(step_model_flops(model, cand, training, layer_memo), floor_s, cand.world)
 
 
 def engine_stage_params(ctx: StepContext, stage: pipeline_engine.EngineStage) -> int:

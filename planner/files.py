@@ -7,44 +7,52 @@ not a mapping) the answer is one :class:`InputError` line naming the file and th
 
 from __future__ import annotations
 
+import functools
 import json
+import marshal
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Iterable
 
-import yaml
-
 from planner.errors import InputError
 
-PACKAGED_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-"""for the files plantune ships (the accelerator catalog, read by every `plan`): yaml.safe_load's constructor on
-libyaml's parser, ~7x faster (4 ms instead of 30 ms); a user's file keeps the pure-Python SafeLoader, whose
-RecursionError on absurd nesting is answered in one line"""
+
 class DuplicateKey(ValueError):
     """A mapping gives one key twice (YAML and JSON readers would silently keep the last)."""
 
 
-class UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader (same constructors, nothing more) that refuses a mapping giving one key twice: in
-    ``layers: 4 ... layers: 40`` the reader would keep the last and plan a model its author never meant.
-    Merge keys (``<<: *base``) still override as YAML defines them; only keys written twice are refused."""
+@functools.cache
+def yaml_loaders() -> tuple[type, type]:
+    """(the loader of a user's file, of a file plantune ships), yaml imported when a YAML file is first read (a plan
+    from a preset reads none: the catalog comes from `read_packaged`'s cache).
 
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen: dict = {}
-            for key_node, _ in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=True)
-                try:
-                    if key in seen:
-                        raise DuplicateKey(f"key {key!r} is given twice (lines {seen[key] + 1} and "
-                                           f"{key_node.start_mark.line + 1})")
-                    seen[key] = key_node.start_mark.line
-                except TypeError:       # an unhashable key: SafeLoader's own error follows
-                    break
-        return super().construct_mapping(node, deep=deep)
+    A user's file: `UniqueKeyLoader`, the pure-Python SafeLoader, whose RecursionError on absurd nesting is answered
+    in one line. A shipped file: yaml.safe_load's constructor on libyaml's parser, ~7x faster (4 ms instead of 30)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """yaml.SafeLoader (same constructors, nothing more) that refuses a mapping giving one key twice: in
+        ``layers: 4 ... layers: 40`` the reader would keep the last and plan a model its author never meant.
+        Merge keys (``<<: *base``) still override as YAML defines them; only keys written twice are refused."""
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        if key in seen:
+                            raise DuplicateKey(f"key {key!r} is given twice (lines {seen[key] + 1} and "
+                                               f"{key_node.start_mark.line + 1})")
+                        seen[key] = key_node.start_mark.line
+                    except TypeError:       # an unhashable key: SafeLoader's own error follows
+                        break
+            return super().construct_mapping(node, deep=deep)
+    return UniqueKeyLoader, getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _unique_pairs(pairs: list) -> dict:
@@ -93,12 +101,21 @@ def read_text(path: str | Path, what: str, *, missing_hint: str = "") -> str:
 
 def read_mapping(path: str | Path, what: str, *, missing_hint: str = "", packaged: bool = False) -> dict:
     """The mapping in ``path`` (JSON when it ends in .json, else YAML); InputError naming ``what`` otherwise.
-    ``packaged``: a file plantune ships, parsed by PACKAGED_LOADER."""
+    ``packaged``: a file plantune ships, parsed by libyaml (`yaml_loaders`) once and then read from
+    `read_packaged`'s cache."""
     p = Path(path)
-    text = read_text(p, what, missing_hint=missing_hint)
+    if packaged:
+        return read_packaged(p, what)
+    return _parse_mapping(p, read_text(p, what, missing_hint=missing_hint), what, packaged=False)
+
+
+def _parse_mapping(path: Path, text: str, what: str, *, packaged: bool) -> dict:
+    """`read_mapping`'s parse of ``text``, the contents of ``path``."""
+    import yaml   # here: a plan from a preset parses no file (`read_packaged`)
+
     try:
-        loader = PACKAGED_LOADER if packaged else UniqueKeyLoader
-        data = (json.loads(text, object_pairs_hook=_unique_pairs) if p.suffix.lower() == ".json"
+        loader = yaml_loaders()[1 if packaged else 0]
+        data = (json.loads(text, object_pairs_hook=_unique_pairs) if path.suffix.lower() == ".json"
                 else yaml.load(text, Loader=loader))  # noqa: S506 - a SafeLoader subclass (safe constructors only)
     except DuplicateKey as err:
         raise InputError(f"malformed {what} {path}: {err}; keep one") from None
@@ -112,6 +129,39 @@ def read_mapping(path: str | Path, what: str, *, missing_hint: str = "", package
         raise InputError(f"malformed {what} {path}: {detail}; fix the value") from None
     if not isinstance(data, dict):
         raise InputError(f"malformed {what} {path}: expected a mapping of keys")
+    return data
+
+
+def read_packaged(path: Path, what: str) -> dict:
+    """A YAML file plantune ships (the accelerator catalog, which every `plan` reads), parsed once and kept, as
+    marshal data, beside the bytecode caches of its folder (``__pycache__/NAME.TAG.marshal``), stamped with the
+    file's size and modification time as a .pyc is with its source's: a later process reads it back without
+    importing yaml. Written as Python writes its bytecode (not under PYTHONDONTWRITEBYTECODE; a folder it may not
+    write is left alone); a stale, foreign or broken cache is parsed again."""
+    cache = path.parent / "__pycache__" / f"{path.name}.{sys.implementation.cache_tag}.marshal"
+    try:
+        st = path.stat()
+    except OSError:   # read_text words it
+        stamp = None
+    else:
+        stamp = (st.st_size, st.st_mtime_ns)
+        try:
+            with open(cache, "rb") as f:
+                cached = marshal.load(f)
+            if type(cached) is tuple and len(cached) == 2 and cached[0] == stamp and type(cached[1]) is dict:
+                return cached[1]
+        except (OSError, EOFError, ValueError, TypeError):
+            pass
+    data = _parse_mapping(path, read_text(path, what), what, packaged=True)
+    if stamp is not None and not sys.dont_write_bytecode:
+        try:
+            blob = marshal.dumps((stamp, data))
+            cache.parent.mkdir(exist_ok=True)
+            tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(blob)
+            os.replace(tmp, cache)
+        except (OSError, ValueError):
+            pass
     return data
 
 

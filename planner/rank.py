@@ -9,15 +9,17 @@
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import gc
 import math
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from planner import flops, recompute as recompute_modes
 from planner.cost import (CostParams, attention_kernel, Throughput, TimeBreakdown, estimate_time, layer_op_rows, term_rows,
-                          throughput)
+                          tflops_ceiling, throughput)
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
 from planner.memory import MemoryBreakdown, PlanMemory, memory_breakdown
@@ -104,7 +106,9 @@ class Plan:
     cluster: ClusterSpec
     training: TrainingSpec
     candidates: list[Estimate]
-    """survivors, ranked best first"""
+    """survivors, ranked best first (with ``plan(..., keep=N)``: the N best)"""
+    survivors: int
+    """how many candidates fit and pass every rule (``len(candidates)`` unless ``keep`` left some unscored)"""
     targets: tuple[Target, ...] = ()
     """what the survivors were checked for (framework and flavour, the probe, an --emit target)"""
     pruned: dict[Reason, int]
@@ -128,7 +132,7 @@ class Plan:
                 "attention_kernel": attention_kernel(self.model, self.cluster, self.training)[0],
                 "flops_definition": "model: 3 x forward matmuls, no recompute; hardware: with the recomputed "
                                     f"forward; {flops.ATTENTION_COUNT_WORDS[self.training.flops_attention]}",
-                "enumerated": self.total, "survivors": len(self.candidates),
+                "enumerated": self.total, "survivors": self.survivors,
                 "candidates": [e.to_dict() for e in cands],
                 "pruned": {r.value: n for r, n in self.pruned.items()},
                 "pruned_examples": {r.value: {"candidate": c.label(), "detail": v.detail}
@@ -280,7 +284,8 @@ def partial_mode(model: ModelSpec, cand: Candidate, memory: PlanMemory, framewor
                                                  "re-run more of the forward")
     ns = range(1, chunk) if kind == "block" else range(2, chunk + 1)
     if kind == "block":
-        lo, hi = 0, len(ns)   # the first index whose N fits (len: none)
+        # the first index whose N fits (len: none); none fits when the largest N does not (memory falls with N)
+        lo, hi = (0, len(ns) - 1) if ns and fits(f"block-{ns[-1]}") else (len(ns), len(ns))
         while lo < hi:
             mid = (lo + hi) // 2
             if fits(f"block-{ns[mid]}"):
@@ -298,17 +303,42 @@ def partial_mode(model: ModelSpec, cand: Candidate, memory: PlanMemory, framewor
     return f"{kind}-{found}", None
 
 
-def _better(best: tuple[tuple, Estimate] | None, est: Estimate, index: int) -> tuple[tuple, Estimate]:
-    """The better of ``best`` ((rank_key, enumeration index), estimate) and ``est``, the ``index``-th enumerated."""
-    key = (rank_key(est), index)
-    return (key, est) if best is None or key < best[0] else best
-
-
 def rank_key(e: Estimate) -> tuple:
     """Model TFLOPs first; ties (same to 0.1%) toward less memory, then fewer GPUs per replica."""
     assert e.throughput is not None and e.memory is not None
-    bucket = round(math.log(max(e.throughput.model_tflops_per_gpu, 1e-12)) / math.log(1.001))  # 0.1% buckets
-    return (-bucket, e.memory.total_bytes, e.candidate.tp * e.candidate.pp)
+    return (-_bucket(e.throughput.model_tflops_per_gpu), e.memory.total_bytes, e.candidate.tp * e.candidate.pp)
+
+
+def _bucket(tflops: float) -> int:
+    """`rank_key`'s TFLOPs, in 0.1% buckets (a rounding of a monotone function: never smaller for more TFLOPs)."""
+    return round(math.log(max(tflops, 1e-12)) / math.log(1.001))
+
+
+def _best(pending: list[tuple[int, Candidate]], keep: int | None, score: Callable[[Candidate], Estimate],
+          ceiling: Callable[[Candidate], float], found: tuple[tuple[tuple, Estimate], ...] = (),
+          ) -> list[tuple[tuple, Estimate]]:
+    """The ``keep`` best (every one when None) of ``found`` ((rank_key, enumeration index), estimate) and of
+    ``pending`` ((enumeration index, candidate), not scored), as ((rank_key, index), estimate) best first: plan()'s
+    stable sort by `rank_key`. With ``keep``, pending candidates are scored highest TFLOPs ``ceiling`` first, until
+    the next one's ceiling falls in a lower `_bucket` than the keep-th best's TFLOPs: that one and those after it
+    cannot rank among the ``keep`` (rank_key leads with the bucket), so they are never scored."""
+    if keep is None or len(pending) + len(found) <= keep:
+        best = list(found) + [((rank_key(est), i), est) for i, est in ((i, score(c)) for i, c in pending)]
+        best.sort(key=lambda entry: entry[0])
+        return best
+    def first(cand: Candidate) -> float:   # rank_key's first field at the ceiling (-inf: no bound)
+        most = ceiling(cand)
+        return -_bucket(most) if math.isfinite(most) else -math.inf
+    best = sorted(found, key=lambda entry: entry[0])[:keep]
+    for top, i, cand in sorted((first(c), i, c) for i, c in pending):
+        if len(best) == keep and top > best[-1][0][0][0]:   # its bucket is below the keep-th best's
+            break
+        est = score(cand)
+        entry = ((rank_key(est), i), est)
+        if len(best) < keep or entry[0] < best[-1][0]:
+            bisect.insort(best, entry, key=lambda e: e[0])
+            del best[keep:]
+    return best
 
 
 @contextlib.contextmanager
@@ -328,7 +358,7 @@ def _collector_paused():
 
 def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
          params: CostParams = CostParams(), allow_empty: bool = False,
-         targets: Target | tuple[Target, ...] | None = None, free_best: bool = False) -> Plan:
+         targets: Target | tuple[Target, ...] | None = None, free_best: bool = False, keep: int | None = None) -> Plan:
     """Enumerate, prune with reasons, score and rank. Raises DoesNotFitError when nothing fits.
 
     ``targets``: what every survivor must run on (default: the training's framework and flavour);
@@ -337,14 +367,18 @@ def plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *,
     schedule) in the same pass: the rampup rule is the only one the two plans differ in, so the rampup-free
     survivors are this plan's survivors plus the candidates whose first broken rule is the rampup and that pass
     every later rule and fit; ties break in enumeration order, as `plan()`'s stable sort does.
+    ``keep``: only the best ``keep`` survivors are wanted (`plan` prints its top rows): `Plan.candidates` holds those,
+    ranked as in the whole plan, and `Plan.survivors` counts every survivor. Under the default ``params`` the others
+    are then not scored when their compute alone bounds them out of the top rows (`_best`); every count, reason and
+    example is the same.
     """
     with _collector_paused():
         return _plan(model, cluster, training, params=params, allow_empty=allow_empty, targets=targets,
-                     free_best=free_best)
+                     free_best=free_best, keep=keep)
 
 
 def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, params: CostParams, allow_empty: bool,
-          targets: Target | tuple[Target, ...] | None, free_best: bool) -> Plan:
+          targets: Target | tuple[Target, ...] | None, free_best: bool, keep: int | None) -> Plan:
     """`plan`'s pass, the collector paused."""
     model = prepare(model, training)
     targets = (target_of(training),) if targets is None else (targets,) if isinstance(targets, Target) \
@@ -352,7 +386,8 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     topology = Topology(cluster)
     pruned: Counter[Reason] = Counter()
     examples: dict[Reason, tuple[Candidate, Violation]] = {}
-    survivors: list[Estimate] = []
+    survivors: list[tuple[int, Candidate]] = []   # (enumeration index, candidate), scored at the end (`_best`)
+    free_only: list[tuple[int, Candidate]] = []   # the rampup-free plan's survivors that this plan rules out
     total = 0
     knobs = knob_values(targets[0], training)
     checker = Checker(model, cluster, training, targets)
@@ -360,7 +395,6 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     layer_times: dict[tuple, tuple] = {}   # planner.cost.layer_compute_s by its key, for this plan's candidates
     free = Checker(model, cluster, replace(training, rampup=None), targets) \
         if free_best and training.rampup is not None else None
-    best_free: tuple[tuple, Estimate] | None = None   # ((rank_key, enumeration index), estimate)
     for item in _survivors_of_shared_rules(model, cluster, training, knobs, checker, pruned, examples,
                                            keep_rampup=free is not None):
         if type(item) is int:   # a group or row ruled out whole by a rule they share: counted, never built
@@ -377,8 +411,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     continue
                 item = replace(item, recompute=mode)
             if free.first(item) is None and memory.fits(item):
-                est = _score(model, cluster, training, item, topology, params, memory, layer_times)
-                best_free = _better(best_free, est, total)
+                free_only.append((total, item))
             continue
         head = item.head   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its candidate is built
         if head.recompute in recompute_modes.SEARCHED:   # block / uniform / modules: each at its smallest that fits
@@ -396,11 +429,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                         examples[first.reason] = _memory_example(cand, memory) if first is _UNWORDED_MEMORY \
                             else (cand, first)
                     continue
-                est = _score(model, cluster, training, item.candidate(i, mode), topology, params, memory,
-                             layer_times)
-                if free_best:
-                    best_free = _better(best_free, est, total)
-                survivors.append(est)
+                survivors.append((total, item.candidate(i, mode)))
             continue
         fits = memory.row_fits(head, item.eps)
         for i, (ep, etp) in enumerate(item.eps):
@@ -415,16 +444,22 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 if Reason.MEMORY_TOTAL not in examples:
                     examples[Reason.MEMORY_TOTAL] = _memory_example(item.candidate(i), memory)
             else:
-                est = _score(model, cluster, training, item.candidate(i), topology, params, memory, layer_times)
-                if free_best:
-                    best_free = _better(best_free, est, total)
-                survivors.append(est)
-    survivors.sort(key=rank_key)
-    ranked = [replace(e, rank=i + 1) for i, e in enumerate(survivors)]
-    if not ranked and not allow_empty:
+                survivors.append((total, item.candidate(i)))
+
+    def score(cand: Candidate) -> Estimate:
+        return _score(model, cluster, training, cand, topology, params, memory, layer_times)
+
+    def ceiling(cand: Candidate) -> float:
+        return tflops_ceiling(model, cand, cluster, training, layer_times)
+    bounded = params == CostParams()   # the ceiling holds under the default efficiencies only
+    best = _best(survivors, keep if bounded else None, score, ceiling)[:keep]
+    best_free = _best(free_only, 1 if bounded else None, score, ceiling, found=tuple(best[:1]))[0] \
+        if free_best and (best or free_only) else None
+    if not survivors and not allow_empty:
         raise DoesNotFitError(_no_fit_message(model, cluster, training, pruned, targets))
-    return Plan(model=model, cluster=cluster, training=training, candidates=ranked, pruned=dict(pruned),
-                examples=examples, total=total, targets=targets,
+    return Plan(model=model, cluster=cluster, training=training, candidates=[replace(e, rank=i + 1) for i, (_, e) in
+                                                                            enumerate(best)],
+                survivors=len(survivors), pruned=dict(pruned), examples=examples, total=total, targets=targets,
                 free_best=None if best_free is None else replace(best_free[1], rank=1))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -250,3 +251,15 @@ def test_unfused_norm_costs_more_and_is_never_emitted(tmp_path):
                    check=False)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr and not out.exists()
     assert len(refused.stderr.strip().splitlines()) == 1 and "--unfused-norm" in refused.stderr
+
+
+def test_a_plan_from_a_preset_imports_neither_yaml_nor_tabulate(tmp_path):
+    """Issue 29.5: the catalog comes from its parsed cache (planner.files.read_packaged, written by the first run,
+    as Python writes its bytecode) and the tables from planner.table, so that `plan`'s start-up stays short."""
+    probe = ("import sys\nfrom planner.cli import main\nmain(['--model', '176B', '--gpus', '384'])\n"
+             "print('IMPORTED', sorted(m for m in ('yaml', 'tabulate', 'wcwidth') if m in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONPATH": str(ROOT)}
+    for _ in range(2):   # the first run may parse the catalog and write its cache
+        proc = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, env=env,
+                              check=True, timeout=HANG_GUARD_S)
+    assert proc.stdout.strip().splitlines()[-1] == "IMPORTED []", proc.stdout[-500:]

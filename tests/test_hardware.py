@@ -263,3 +263,30 @@ def test_more_gpus_than_a_node_must_fill_whole_nodes(gpus, message):
 def test_node_size_defaults_to_the_accelerators():
     assert make_cluster(gpu="GH200", gpus=8).gpus_per_node == 4   # quad-GH200 nodes
     assert make_cluster(gpu="GH200", gpus=8, gpus_per_node=2).nodes == 4
+
+
+def test_a_shipped_yaml_is_parsed_once_then_read_from_its_cache(tmp_path, monkeypatch):
+    """planner.files.read_packaged: the catalog's parse kept beside the bytecode caches, stamped with the file's size
+    and modification time; read back without parsing; parsed again once the file changes; none written under
+    PYTHONDONTWRITEBYTECODE."""
+    import sys
+
+    from planner import files
+
+    src = tmp_path / "catalog.yaml"
+    src.write_text("A1:\n  memory_gib: 80\n  aliases: [a, b]\n  gemm_efficiency: 0.7\n  source: datasheet\n")
+    want = {"A1": {"memory_gib": 80, "aliases": ["a", "b"], "gemm_efficiency": 0.7, "source": "datasheet"}}
+    cache = tmp_path / "__pycache__" / f"catalog.yaml.{sys.implementation.cache_tag}.marshal"
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert files.read_packaged(src, "GPU file") == want and not cache.exists()
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    assert files.read_packaged(src, "GPU file") == want and cache.is_file()
+    parse = files._parse_mapping
+    monkeypatch.setattr(files, "_parse_mapping", lambda *a, **k: pytest.fail("parsed again"))
+    got = files.read_packaged(src, "GPU file")
+    assert got == want and type(got["A1"]["memory_gib"]) is int
+    monkeypatch.setattr(files, "_parse_mapping", parse)
+    src.write_text("A1:\n  memory_gib: 141\n")
+    assert files.read_packaged(src, "GPU file") == {"A1": {"memory_gib": 141}}
+    cache.write_bytes(b"not marshal data")
+    assert files.read_packaged(src, "GPU file") == {"A1": {"memory_gib": 141}}

@@ -65,3 +65,41 @@ def test_plan_counts_every_candidate_with_its_first_reason(name, gpus, gpu, kw):
     for reason, n in firsts.items():
         assert p.pruned[reason] == n
         assert p.examples[reason][0] == examples[reason][0]
+
+
+@pytest.mark.parametrize("name, gpus, gpu, kw", CASES + [
+    ("mixtral-8x7b", 64, "H100", dict(global_batch=256, seq_len=4096, framework="megatron-lm",
+                                      recompute_options=("none", "selective", "full", "block", "modules")))])
+@pytest.mark.parametrize("keep", [1, 3, 10])
+def test_plan_keeping_its_top_rows_ranks_them_as_the_whole_plan(name, gpus, gpu, kw, keep, monkeypatch):
+    """plan(keep=N) (what `plan` prints) is the whole plan's first N rows, counts, reasons, examples and free_best,
+    with fewer candidates scored in full: those whose compute alone keeps them out of the top rows are not."""
+    import planner.rank as rank
+
+    model, cluster, training = get_preset(name), make_cluster(gpu=gpu, gpus=gpus), TrainingSpec(**kw)
+    whole = plan(model, cluster, training, allow_empty=True, free_best=True)
+    scored = []
+    score = rank._score
+    monkeypatch.setattr(rank, "_score", lambda *a, **k: scored.append(a[3]) or score(*a, **k))
+    top = plan(model, cluster, training, allow_empty=True, free_best=True, keep=keep)
+    assert repr(top.candidates) == repr(whole.candidates[:keep])
+    assert (top.survivors, top.total, top.pruned, top.examples) == (len(whole.candidates), whole.total, whole.pruned,
+                                                                    whole.examples)
+    assert repr(top.free_best) == repr(whole.free_best)
+    assert top.to_dict(keep) == whole.to_dict(keep)
+    if name.startswith("mixtral"):   # (BLOOM's DeepSpeed pipeline: its compute alone bounds none out)
+        assert len(scored) < len(whole.candidates)
+
+
+def test_plan_keeping_its_top_rows_under_fitted_params_scores_them_all():
+    """The compute-only ceiling holds under the default CostParams: under tune's refit ones plan(keep=N) scores every
+    survivor, and its rows are still the whole plan's first N."""
+    from planner.cost import CostParams
+
+    name, gpus, gpu, kw = CASES[1]
+    model, cluster, training = get_preset(name), make_cluster(gpu=gpu, gpus=gpus), TrainingSpec(**kw)
+    params = CostParams(compute_scale=0.6, comm_scale=1.7)
+    whole = plan(model, cluster, training, params=params, allow_empty=True, free_best=True)
+    top = plan(model, cluster, training, params=params, allow_empty=True, free_best=True, keep=4)
+    assert repr(top.candidates) == repr(whole.candidates[:4]) and repr(top.free_best) == repr(whole.free_best)
+    assert top.survivors == len(whole.candidates) > 4

@@ -2,6 +2,7 @@
 
     python tests/bench/bench_plan.py            # prints medians over 5 runs (7 for the issue-29 commands)
     python tests/bench/bench_plan.py --issue29  # only the issue-29 commands and the import time
+    python tests/bench/bench_plan.py --issue29 --against /tmp/before   # and another checkout's, interleaved
 
 Targets (issues 2 and 9): `plan --model 176B --gpus 384` under 0.3 s wall as a new process on 2 cores
 (Python start-up included); the whole space of Megatron-1T on 3072 GPUs and of Llama-3-405B on
@@ -44,34 +45,49 @@ def median_wall(argv: list[str], check: bool = True) -> float:
 
 
 def new_process(argv: list[str], repeats: int = NEW_PROCESS_REPEATS) -> tuple[float, float]:
-    """Median wall and CPU (user + system) seconds of ARGV run as a new process, after one run that writes the
-    bytecode caches (as `pip install` does; PYTHONDONTWRITEBYTECODE=1, set in some sandboxes, would otherwise have
-    every run compile planner/ from source, ~0.15 s more)."""
+    """Median wall and CPU (user + system) seconds of ARGV run as a new process in this checkout."""
+    return new_processes(argv, [ROOT], repeats)[0]
+
+
+def new_processes(argv: list[str], roots: list[Path], repeats: int = NEW_PROCESS_REPEATS) -> list[tuple[float, float]]:
+    """Median wall and CPU (user + system) seconds of ARGV run as a new process in each of ``roots`` (planner
+    checkouts: the working directory and PYTHONPATH), the roots taking turns run by run (a shared machine's load
+    falls on each alike), after one run in each that writes the bytecode and catalog caches (as `pip install` does;
+    PYTHONDONTWRITEBYTECODE=1, set in some sandboxes, would otherwise have every run compile planner/ from source,
+    ~0.15 s more)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    subprocess.run(argv, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)
-    wall, cpu = [], []
+    envs = [env | {"PYTHONPATH": str(root)} for root in roots]
+    for root, e in zip(roots, envs):
+        subprocess.run(argv, cwd=root, env=e, check=True, capture_output=True, timeout=600)
+    wall: list[list[float]] = [[] for _ in roots]
+    cpu: list[list[float]] = [[] for _ in roots]
     for _ in range(repeats):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, timeout=600)
-        wall.append(time.perf_counter() - t0)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
-    return statistics.median(wall), statistics.median(cpu)
+        for i, (root, e) in enumerate(zip(roots, envs)):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            subprocess.run(argv, cwd=root, env=e, check=True, capture_output=True, timeout=600)
+            wall[i].append(time.perf_counter() - t0)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu[i].append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return [(statistics.median(w), statistics.median(c)) for w, c in zip(wall, cpu)]
 
 
-def issue29() -> None:
-    """Issue 29's targets as new processes, with Python's start-up and planner's import time beside them."""
+def issue29(roots: list[Path]) -> None:
+    """Issue 29's targets as new processes, with Python's start-up and planner's import time beside them: one
+    wall / CPU pair per checkout in ``roots`` (``--against DIR`` adds another checkout, e.g. the commit before a
+    change, measured interleaved with this one)."""
     n = NEW_PROCESS_REPEATS
-    print(f"new processes, median of {n}: wall s / CPU s (user + system)")
+    print(f"new processes, median of {n}: wall s / CPU s (user + system), for {', '.join(map(str, roots))}")
     for label, argv in (("python3 -c pass (start-up alone)", [sys.executable, "-c", "pass"]),
                         ("python3 -c 'import planner.cli' (start-up + imports)",
                          [sys.executable, "-c", "import planner.cli"])):
-        wall, cpu = new_process(argv)
-        print(f"{wall:7.3f} {cpu:7.3f}  {label}")
+        cells = new_processes(argv, roots)
+        print(" | ".join(f"{wall:7.3f} {cpu:7.3f}" for wall, cpu in cells) + f"  {label}")
     for argv, target in ISSUE29:
-        wall, cpu = new_process([sys.executable, "-m", "planner", *argv])
-        print(f"{wall:7.3f} {cpu:7.3f}  plan {' '.join(argv)}  (target <= {target} s CPU)")
+        cells = new_processes([sys.executable, "-m", "planner", *argv], roots)
+        print(" | ".join(f"{wall:7.3f} {cpu:7.3f}" for wall, cpu in cells)
+              + f"  plan {' '.join(argv)}  (target <= {target} s CPU)")
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
 
 
 def whole_space(model: str, gpus: int, gpu: str, framework: str) -> tuple[float, int]:
@@ -90,8 +106,10 @@ def whole_space(model: str, gpus: int, gpu: str, framework: str) -> tuple[float,
 
 
 def main() -> int:
-    issue29()
-    if "--issue29" in sys.argv[1:]:
+    args = sys.argv[1:]
+    roots = [ROOT] + ([Path(args[args.index("--against") + 1]).resolve()] if "--against" in args else [])
+    issue29(roots)
+    if "--issue29" in args:
         return 0
     print()
     startup = median_wall([sys.executable, "-c", "pass"])

@@ -4,7 +4,8 @@
     python tests/bench/plan_equivalence.py check /tmp/before    # on the code after: exit 1 on any difference
 
 For each case it records the `plan` CLI's JSON (every ranked row, pruned counts and examples, rampup schedule)
-and its table (the elapsed-time figure masked), plus, through the API, every survivor's memory, time and
+and its table (the elapsed-time figure masked), both with every row and with a few (--top 10, 3: the rows `plan`
+scores in full when it bounds the rest), plus, through the API, every survivor's memory, time and
 throughput dataclasses at full float precision, every pruned count and example, the total and `free_best`.
 """
 
@@ -84,6 +85,8 @@ def fingerprints() -> dict[str, str]:
     for i, argv in enumerate(CLI_CASES):
         out[f"{i:02d}-table"] = " ".join(argv) + "\n" + _cli(argv + ["--top", "1000000"])
         out[f"{i:02d}-json"] = _cli(argv + ["--format", "json", "--top", "1000000"])
+        out[f"{i:02d}-top-table"] = _cli(argv)   # the default --top 10: what `plan` scores in full (`plan(keep=)`)
+        out[f"{i:02d}-top-json"] = _cli(argv + ["--format", "json", "--top", "3"])
         out[f"{i:02d}-api"] = _api(argv)
     return out
 
