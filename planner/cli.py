@@ -29,7 +29,7 @@ from typing import Callable
 
 import yaml
 
-from planner import attention, cuda_graphs, flops, fp8, recompute as recompute_modes
+from planner import attention, cuda_graphs, dualpipe, flops, fp8, recompute as recompute_modes
 from planner.cost import RANKING_ERROR, attention_kernel, tied
 from planner.errors import InputError, PlantuneError
 from planner.calibration import apply_calibration, compute_line
@@ -41,7 +41,7 @@ from planner.rampup_schedule import rampup_schedule
 from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
 from planner.schema import check_flags, check_training, did_you_mean
-from planner.space import (FRAMEWORKS, OPTIMIZERS, PINNABLE, PP_SCHEDULES_FSDP, PRECISIONS, RECOMPUTE, TrainingSpec,
+from planner.space import (FRAMEWORKS, OPTIMIZERS, PINNABLE, PP_SCHEDULES, PRECISIONS, RECOMPUTE, TrainingSpec,
                            parse_explain)
 
 FORMATS = ("table", "json", "yaml", "csv")
@@ -145,8 +145,10 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
         help="with --precision fp8: Transformer Engine's scaling, delayed (default; amax history) or tensorwise "
              "(current scaling, as Megatron-Bridge's H100 recipes), block-scaled mxfp8 (Blackwell: a scale per 32 "
              "elements) or blockwise (DeepSeek-V3's 1x128 / 128x128 tiles); torchtitan: tensorwise, rowwise or mxfp8")
-    add("--pp-schedule", choices=PP_SCHEDULES_FSDP, default=None,
-        help="--framework fsdp: torchtitan's pipeline schedule (default 1F1B; Interleaved1F1B where VPP > 1)")
+    add("--pp-schedule", choices=PP_SCHEDULES, default=None,
+        help="--framework fsdp: torchtitan's pipeline schedule (default 1F1B; Interleaved1F1B where VPP > 1; DualPipeV "
+             "two stages a rank); --framework megatron-lm: DualPipe, DeepSeek-V3's bidirectional schedule, planned "
+             "but not emitted (Megatron-LM has none)")
     add("--torch-compile", action="store_true", help="--framework fsdp: torchtitan with torch.compile")
     add("--async-tp", action="store_true", help="--framework fsdp: torchtitan's async TP (needs --torch-compile)")
     add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
@@ -666,6 +668,9 @@ def run(args: argparse.Namespace) -> int:
     note = f"plan: note: {model.source}\n" if args.seq_len is None and HF_SEQ_NOTE in model.source else ""
     raised = positions_note(model)   # --seq-len past the model's positions: planned and emitted with them raised
     note += f"plan: note: {raised}\n" if raised else ""
+    if training.pp_schedule == dualpipe.DUALPIPE:   # planned as DeepSeek ran it; no emitter writes it
+        note += (f"plan: note: --pp-schedule DualPipe is DeepSeek-V3's schedule (planner.dualpipe), planned here as "
+                 f"their run; no framework plantune emits for runs it (--emit megatron-lm refuses it). {dualpipe.EQUIVALENT}\n")
     if args.explain:
         cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)
         est = estimate(model, cluster, training, cand, targets=targets)

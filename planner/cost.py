@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner import attention, context_parallel, cuda_graphs, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
+from planner import attention, context_parallel, cuda_graphs, dualpipe, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
 from planner.constants import RANKING_ERROR, SHARDED_OVERLAP
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
@@ -258,6 +258,11 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
              if training.framework == "megatron-lm" else None)
     if cand.pp == 1:
         stage_compute = lps * layer_s + logits_s
+    elif split is not None and training.pp_schedule == dualpipe.DUALPIPE:
+        # DualPipe: rank i runs stage i for half the micro-batches and stage PP-1-i for the other half (DeepSeek-V3
+        # report Sec. 3.2.1), so an end rank's mean micro-batch is half the first stage's and half the last's
+        stage_compute = max(split.middle * layer_s, (split.first * layer_s + split.last * layer_s + logits_s) / 2)
+        lps = split.busiest
     elif split is not None:   # the busiest rank of the split Megatron-LM runs (the last also runs the LM head)
         stage_compute = max(split.first * layer_s, split.middle * layer_s, split.last * layer_s + logits_s)
         lps = split.busiest
@@ -279,7 +284,9 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
         layer_memo, ("stage_compute", *layer_key(cand), cand.pp, cand.vpp),
         lambda: stage_compute(model, cand, cluster, training, fw, g16, tokens, layer_memo))
     params_gpu = memoized(layer_memo, ("params_gpu", cand.tp, cand.pp, cand.vpp), lambda: max(
-        stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last"))))
+        stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))
+        if dualpipe.parameter_copies(training.pp_schedule, cand.pp) == 1 else   # DualPipe's end ranks hold the first and the last stage
+        sum(stage_params(model, cand, s, training.framework) for s in ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
     rc = memoized(layer_memo, ("recomputed", cand.recompute, cand.pp, cand.vpp),   # full, block-N, selective, ...
                   lambda: recompute.recomputed_of(model, cand, training.framework))
@@ -453,6 +460,11 @@ def pp_p2p_overlap(ctx: StepContext) -> Overlap | None:
     (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving). Not overlapped in
     plain 1F1B (Megatron turns the option off without VPP)."""
     cand = ctx.cand
+    if cand.pp > 1 and ctx.training.pp_schedule in dualpipe.SCHEDULES:
+        # DualPipe: each chunk's PP sends run beside the other merged chunk's compute (DeepSeek-V3 report Sec.
+        # 3.2.1), except the unmerged chunks' (planner.dualpipe.unmerged_share)
+        return Overlap(under="compute", window=1.0,
+                       exposed_min=dualpipe.unmerged_share(ctx.training.pp_schedule, cand.pp, cand.gas))
     if cand.vpp > 1 and ctx.training.framework == "megatron-lm" and "p2p" in ctx.overlaps:
         return Overlap(under="compute", window=1.0, exposed_min=0.0)
     return None
@@ -472,7 +484,7 @@ def tied_embedding_s(ctx: StepContext) -> float:
 
 
 @memoized_term(lambda ctx: (ctx.cand.zero, ctx.shard, ctx.params_gpu, ctx.cand.tp, ctx.cand.cp, ctx.cand.dp,
-                           ctx.cand.ep, ctx.cand.etp, ctx.stage_layers))
+                           ctx.cand.ep, ctx.cand.etp, ctx.stage_layers, ctx.cand.pp > 1))
 def optimizer_s(ctx: StepContext) -> float:
     """The optimizer step at HBM bandwidth: master weights and states read and written, gradients read, weights
     written (sharded by ZeRO-1+; the routed experts' over the expert-DP group)."""
@@ -482,7 +494,8 @@ def optimizer_s(ctx: StepContext) -> float:
     shard_opt = ctx.shard if cand.zero >= 1 else 1
     opt_bytes = ctx.params_gpu / shard_opt * per_param
     edp = moe.expert_data_parallel(cand)
-    opt_bytes += moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
+    opt_bytes += (moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
+                  * dualpipe.parameter_copies(training.pp_schedule, cand.pp))   # DualPipe: two stages' experts
     f = training.optimizer_offload   # Megatron-LM's CPU offload: that share steps on the host (planner.offload)
     return opt_bytes * (1 - f) / ops.elementwise_bw(ctx.cluster) + offload.host_step_s(f * opt_bytes / per_param,
                                                                                     ctx.cluster)

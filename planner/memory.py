@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from planner import context_parallel, fp8, fsdp_parallel, moe, offload, pipeline_engine, recompute
+from planner import context_parallel, dualpipe, fp8, fsdp_parallel, moe, offload, pipeline_engine, recompute
 from planner.constants import ALLOCATOR_OVERHEAD
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
@@ -427,7 +427,17 @@ def deepspeed_fp16_step_grad_bytes(cand: Candidate, training: TrainingSpec) -> f
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
                  pb: ParamBytes) -> tuple[int, float, float, float, float]:
     """(parameters, weights, grads, optimizer, buffers) of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
-    ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`."""
+    ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`. Under
+    DeepSeek's DualPipe an end rank holds the first and the last stage (DeepSeek-V3 report Table 2: 2x parameters):
+    both stages' states, on either entry."""
+    if stage != "only" and dualpipe.parameter_copies(training.pp_schedule, cand.pp) > 1:
+        both = [_stage_states(model, cand, cluster, training, s, pb) for s in ("first", "last")]
+        return tuple(a + b for a, b in zip(*both))   # type: ignore[return-value]
+    return _stage_states(model, cand, cluster, training, stage, pb)
+
+
+def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
+                  pb: ParamBytes) -> tuple[int, float, float, float, float]:
     step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
     if step_grads:   # the 16-bit gradients, then their fp32 copies at the step
         pb = replace(pb, grads=2 + step_grads)
@@ -452,6 +462,12 @@ def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, sta
     lps = stage_layers(model, cand, training.framework, stage)
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer
     in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
+    if training.pp_schedule in dualpipe.SCHEDULES and stage != "only":
+        # DualPipe / DualPipeV: PP + 1 stages' micro-batches in flight on a rank (DeepSeek-V3 report Table 2), the end
+        # ranks' of the larger of their stages; the LM head's logits on them too (they hold the last stage)
+        lps = max(lps, stage_layers(model, cand, training.framework, "first" if stage == "last" else "last"))
+        in_flight = dualpipe.in_flight_microbatches(training.pp_schedule, cand.pp, cand.gas)
+        stage = "last"
     stored = stored_layer_bytes(model, cand, stage, lps, act)
     if training.activation_offload:   # module inputs on the host between forward and backward (planner.offload)
         stored -= offload.offloaded_layers(lps, cand) * min(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from planner import recompute_modes
+from planner import dualpipe, recompute_modes
 from planner.errors import InputError
 from planner.framework import OVERLAPS
 from planner.model import Rampup
@@ -20,8 +20,13 @@ OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
 FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FLAVORS = ("bigscience", "microsoft")
 """Megatron-DeepSpeed forks: bigscience-workshop/Megatron-DeepSpeed, microsoft (now deepspeedai)/Megatron-DeepSpeed"""
-PP_SCHEDULES_FSDP = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+PP_SCHEDULES_FSDP = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", dualpipe.DUALPIPE_V)
 """torchtitan's pipeline_parallel_schedule values plan costs (planner.fsdp_parallel.SCHEDULES)"""
+PP_SCHEDULES_MEGATRON = (dualpipe.DUALPIPE,)
+"""schedules plan costs for Megatron-style runs besides Megatron-LM's own (1F1B, interleaved): DeepSeek's DualPipe
+(planner.dualpipe), which Megatron-LM does not run (--emit refuses it, planner.rules.model_violations)"""
+PP_SCHEDULES = PP_SCHEDULES_FSDP + PP_SCHEDULES_MEGATRON
+"""every --pp-schedule value"""
 CUDA_GRAPH_SCOPES = ("layer", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
 """what --cuda-graphs takes: Megatron's CudaGraphScope values (megatron/core/transformer/enums.py) and "layer", the
 whole transformer layer (Megatron: --cuda-graph-impl transformer_engine with no --cuda-graph-scope); what each
@@ -79,7 +84,8 @@ class TrainingSpec:
     """Megatron-LM communication overlapped with compute (planner.framework.OVERLAPS: grad-reduce, param-gather,
     tp-comm, p2p); None = the framework's default (Megatron-LM: grad-reduce, param-gather, p2p; --overlap)"""
     pp_schedule: str = ""
-    """torchtitan's pipeline schedule (planner.fsdp_parallel.SCHEDULES); empty: 1F1B, Interleaved1F1B when VPP > 1"""
+    """the pipeline schedule: torchtitan's (planner.fsdp_parallel.SCHEDULES, --framework fsdp) or DeepSeek's DualPipe
+    (planner.dualpipe, --framework megatron-lm); empty: 1F1B, Interleaved1F1B when VPP > 1"""
     torch_compile: bool = False
     """torchtitan [compile] enable: Inductor fuses the element-wise chains (planner.fsdp_parallel.runtime_framework)"""
     async_tp: bool = False
@@ -167,10 +173,15 @@ class TrainingSpec:
         if self.fp8_recipe not in ("delayed", "tensorwise", "rowwise", "mxfp8", "blockwise"):   # fp8.FP8_RECIPES
             raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed, tensorwise, rowwise, mxfp8 or "
                              "blockwise")
-        if self.pp_schedule and self.pp_schedule not in PP_SCHEDULES_FSDP:
+        if self.pp_schedule and self.pp_schedule not in PP_SCHEDULES:
             raise InputError(f"unknown pipeline schedule {self.pp_schedule!r}; use one of "
-                             f"{', '.join(PP_SCHEDULES_FSDP)}")
-        if (self.pp_schedule or self.torch_compile or self.async_tp) and self.framework != "fsdp":
+                             f"{', '.join(PP_SCHEDULES)}")
+        if self.pp_schedule in PP_SCHEDULES_MEGATRON and self.framework != "megatron-lm":
+            raise InputError(f"--pp-schedule {self.pp_schedule} is DeepSeek's schedule, planned for Megatron-style runs "
+                             f"(--framework megatron-lm); the framework here is {self.framework}: add --framework "
+                             "megatron-lm, or use --pp-schedule DualPipeV with --framework fsdp (torchtitan)")
+        if ((self.pp_schedule and self.pp_schedule not in PP_SCHEDULES_MEGATRON) or self.torch_compile
+                or self.async_tp) and self.framework != "fsdp":
             raise InputError("--pp-schedule, --torch-compile and --async-tp are torchtitan's (--framework fsdp); "
                              f"the framework here is {self.framework}: add --framework fsdp or drop them")
         if self.fp8_recipe == "rowwise" and self.framework != "fsdp":

@@ -16,7 +16,8 @@ import pytest
 PLANNER = Path(__file__).resolve().parents[1] / "planner"
 
 FLOORS: dict[int, tuple[str, ...]] = {
-    0: ("errors", "constants", "files", "hf_cache", "schema", "terms", "recompute_modes", "pipeline_split", "framework"),
+    0: ("errors", "constants", "files", "hf_cache", "schema", "terms", "recompute_modes", "pipeline_split", "framework",
+        "dualpipe"),
     # ground: data-file primitives, the fitted constants, the term declarations, names of modes and frameworks
     1: ("hf_config", "model", "model_facts", "hardware", "space", "rampup"),
     # specs: ModelSpec (shape, facts, parameters) and its config.json reader, the accelerator catalog and ClusterSpec,
