@@ -450,18 +450,26 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {len(p.candidates)} fit, "
              f"{p.total - len(p.candidates)} ruled out", ""]
     extra = [k for k in ("cp", "ep", "etp") if any(getattr(e.candidate, k) > 1 for e in p.candidates[:top])]
-    columns = TABLE_COLUMNS[:4] + tuple(extra) + TABLE_COLUMNS[4:]   # CP/EP/ETP columns when any row uses them
+    offloads = [e for e in p.candidates[:top] if e.candidate.offload]   # plan's activation offload: a column then
+    columns = TABLE_COLUMNS[:4] + tuple(extra) + TABLE_COLUMNS[4:7] + (("offload",) if offloads else ()) \
+        + TABLE_COLUMNS[7:]   # CP/EP/ETP columns when any row uses them
     rows = [[_row(e, cl, t.framework, t.memory_fraction)[c] for c in columns] for e in p.candidates[:top]]
     best_s = p.candidates[0].step_time_s
     for row, e in zip(rows, p.candidates[:top]):
         row[0] = f"{row[0]}~" if e.rank > 1 and tied(best_s, e.step_time_s) else row[0]
     headers = ["#", "TP", "PP", "DP", *(k.upper() for k in extra), "MBS", "GAS", "recompute",
-               "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
+               *(["offload"] if offloads else []), "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s", "note"]
     lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it; "
                  f"{flops.ATTENTION_COUNT_WORDS[t.flops_attention]})")
-    lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * (10 + len(extra)) + (".1f", "", ".2f", ".1f",
-                                                                                          ".1f", ".3f", ".0f", "")))
+    lines.append(tabulate(rows, headers=headers, floatfmt=(".0f",) * (10 + len(extra) + bool(offloads))
+                          + (".1f", "", ".2f", ".1f", ".1f", ".3f", ".0f", "")))
+    if offloads:   # what each offloaded layout's offload costs (planner.offload)
+        lines.append("offload: the modules whose inputs go to the host (Megatron-LM --fine-grained-activation-"
+                     "offloading --offload-modules), searched where nothing else lets a layout fit; per row: GPU memory "
+                     "saved, step seconds of PCIe copies exposed (hidden under compute)")
+        lines += [f"  #{e.rank}: saves {c['saves_gb']:.2f} GB, costs +{c['exposed_s']:.3f} s "
+                  f"({c['hidden_s']:.3f} s hidden)" for e in offloads if (c := e.offload_cost)]
     if any(e.advice for e in p.candidates[:top]):
         lines.append(f"note states>{t.memory_fraction:.0%}: weights+grads+optimizer above {t.memory_fraction:.0%} of "
                      "GPU memory, seed 004's first guess (advisory: only the predicted total rules out)")
@@ -544,6 +552,9 @@ def render_savers(model, cluster: ClusterSpec, training: TrainingSpec, est: Esti
     if training.activation_offload:
         savers.append((f"activation offload {'+'.join(training.activation_offload)} (--offload-modules)",
                        replace(training, activation_offload=()), est.candidate))
+    if est.candidate.offload:
+        savers.append((f"activation offload {est.candidate.offload} (offload=, --offload-modules)", training,
+                       replace(est.candidate, offload="")))
     lines = []
     for name, t, c in savers:
         base = estimate(model, cluster, t, c, targets=targets)
@@ -567,7 +578,7 @@ def _dump(obj: object, fmt: str) -> str:
 def _csv(p: Plan, top: int) -> str:
     buf = io.StringIO()
     rows = [e.to_dict() for e in p.candidates[:top]]
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))   # offload_cost: some
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()

@@ -525,7 +525,8 @@ TERMS: tuple[Term, ...] = (
     offload.ACTIVATION_OFFLOAD,
     Term(name="pp_p2p", kind=COMMUNICATION, group="pp_p2p_s", per_microbatch=True, seconds=pp_p2p_s,
          overlap=pp_p2p_overlap, hides_under="the other model chunks' compute (interleaved 1F1B)",
-         flag="Megatron overlap_p2p_comm (default with VPP; --overlap p2p)",
+         flag="Megatron overlap_p2p_comm (default with VPP; --overlap p2p); DeepSeek's DualPipe "
+              "(--pp-schedule DualPipe)",
          source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p); DeepSpeed runtime/pipe/engine.py",
          constants=("LINK_EFFICIENCY",)),
     Term(name="pp_microbatch_overhead", kind=FIXED, group="pp_p2p_s", per_microbatch=True,

@@ -469,7 +469,7 @@ def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, sta
         in_flight = dualpipe.in_flight_microbatches(training.pp_schedule, cand.pp, cand.gas)
         stage = "last"
     stored = stored_layer_bytes(model, cand, stage, lps, act)
-    if training.activation_offload:   # module inputs on the host between forward and backward (planner.offload)
+    if cand.offload or training.activation_offload:   # module inputs on the host (planner.offload.modules_of)
         stored -= offload.offloaded_layers(lps, cand) * min(
             offload.activation_offload_bytes(model, cand, training, model.seq_len * cand.mbs),
             max(0.0, act.stored_bytes - act.input_bytes))
@@ -532,16 +532,19 @@ class PlanMemory:
                 + (model_states_bytes(*s[1:4]),) for stage in pipeline_stages(c))
         return states
 
-    def _dynamic_of(self, c: Candidate, recompute: str | None = None) -> tuple:
-        """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c`` (with ``recompute`` instead of its own when
-        given: `planner.rank.partial_mode` tries many N of one candidate, and builds none of them)."""
+    def _dynamic_of(self, c: Candidate, recompute: str | None = None, offload: str | None = None) -> tuple:
+        """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c`` (with ``recompute`` or ``offload`` instead of
+        its own when given: `planner.rank.partial_mode` tries many N of one candidate, `offload_fitting` several
+        module sets, and neither builds them)."""
         if recompute is None:
             recompute = c.recompute
-        key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas)
+        if offload is None:
+            offload = c.offload
+        key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload)
         dynamic = self._dynamic.get(key)
         if dynamic is None:
-            if recompute != c.recompute:
-                c = replace(c, recompute=recompute)
+            if recompute != c.recompute or offload != c.offload:
+                c = replace(c, recompute=recompute, offload=offload)
             layer_key = (c.tp, c.sp, c.mbs, c.recompute)
             act = self._layers.get(layer_key)
             if act is None:
@@ -582,10 +585,19 @@ class PlanMemory:
             return busiest(states, dynamic) <= usable
         return fits
 
+    def offload_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...]) -> str | None:
+        """The first of the activation-offload module ``sets`` under which ``c`` with EP ``ep`` and ETP ``etp`` fits,
+        or None (no candidate built). Each set offloads more than the one before (`planner.offload.SEARCHED_SETS`):
+        the last is asked first, as most layouts memory rules out do not fit even so."""
+        states, usable, busiest = self._states_of(c, ep, etp), self.usable_bytes, self._busiest
+        if busiest(states, self._dynamic_of(c, offload=sets[-1])) > usable:
+            return None
+        return next((s for s in sets if busiest(states, self._dynamic_of(c, offload=s)) <= usable), None)
+
     def _dynamic_by_mode(self, c: Candidate) -> dict[str, tuple]:
         """`_dynamic_of` of ``c`` by recompute mode (filled as asked): the modes `partial_mode` tries for every (EP, ETP)
         of a row share one dict."""
-        key = (c.tp, c.sp, c.mbs, c.pp, c.vpp, c.cp, c.gas)
+        key = (c.tp, c.sp, c.mbs, c.pp, c.vpp, c.cp, c.gas, c.offload)
         by_mode = self._by_mode.get(key)
         if by_mode is None:
             by_mode = self._by_mode[key] = {}

@@ -510,6 +510,9 @@ def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpe
         fw = target.framework
         if c.recompute not in recompute_modes.CLASSIC:
             yield from _recompute(model, c, fw)
+        if c.offload and fw != "megatron-lm":   # plan searches it for Megatron-LM targets only (planner.offload)
+            yield Violation(Reason.FRAMEWORK_LIMIT, f"offload={c.offload} is Megatron-LM's fine-grained activation "
+                                                    f"offload; {target} has none: drop offload")
         if fw == "megatron-deepspeed":
             yield from _megatron_deepspeed(model, c, target.flavor or "bigscience")
         elif fw == "megatron-lm":

@@ -31,6 +31,10 @@ CUDA_GRAPH_SCOPES = ("layer", "attn", "mlp", "moe", "moe_router", "moe_preproces
 """what --cuda-graphs takes: Megatron's CudaGraphScope values (megatron/core/transformer/enums.py) and "layer", the
 whole transformer layer (Megatron: --cuda-graph-impl transformer_engine with no --cuda-graph-scope); what each
 captures and costs: planner.cuda_graphs"""
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+"""Megatron-LM's --offload-modules (megatron/core/transformer/transformer_config.py offload_modules: the modules whose
+input --fine-grained-activation-offloading copies to the host in the forward and back for the backward); what each
+costs: planner.offload"""
 PINNABLE = ("tp", "pp", "dp", "mbs", "gas", "vpp")
 """degrees a user may pin (--tp 8 --pp 4 ...), like --gpus"""
 
@@ -149,17 +153,12 @@ class TrainingSpec:
             if "param-gather" in self.overlap and "grad-reduce" not in self.overlap:
                 raise InputError("--overlap param-gather needs grad-reduce too (Megatron-LM arguments.py: 'Must use "
                                  "--overlap-param-gather with --overlap-grad-reduce'); add grad-reduce")
-        bad = [m for m in self.activation_offload if m not in ("attn_norm", "qkv_linear", "core_attn", "attn_proj",
-                                                                 "mlp_norm", "expert_fc1", "moe_act")]
-        if bad:   # planner.offload.ACTIVATION_MODULES
-            raise InputError(f"unknown offload module {', '.join(bad)}; use some of attn_norm, qkv_linear, core_attn, "
-                             "attn_proj, mlp_norm, expert_fc1, moe_act")
+        bad = offload_problem(self.activation_offload, "--activation-offload")
+        if bad:
+            raise InputError(bad)
         if self.activation_offload and self.framework != "megatron-lm":
             raise InputError("--activation-offload is Megatron-LM's (--fine-grained-activation-offloading); the "
                              f"framework here is {self.framework}: add --framework megatron-lm or drop it")
-        if "attn_proj" in self.activation_offload and "core_attn" not in self.activation_offload:
-            raise InputError("--activation-offload attn_proj needs core_attn too (transformer_config.py: 'attn_proj "
-                             "cannot be set to offload_modules alone without core_attn'); add core_attn")
         bad_graphs = cuda_graphs_problem(self.cuda_graphs, self.framework)
         if bad_graphs:
             raise InputError(bad_graphs)
@@ -208,6 +207,17 @@ class TrainingSpec:
                              f"{self.global_batch} (megatron/microbatches.py)")
 
 
+def offload_problem(modules: tuple[str, ...], what: str) -> str | None:
+    """Why Megatron-LM refuses an --offload-modules list (one line with a fix), or None (transformer_config.py)."""
+    bad = [m for m in modules if m not in OFFLOAD_MODULES]
+    if bad:
+        return f"{what}: unknown offload module {', '.join(bad)}; use some of {', '.join(OFFLOAD_MODULES)}"
+    if "attn_proj" in modules and "core_attn" not in modules:
+        return (f"{what}: attn_proj needs core_attn too (transformer_config.py: 'attn_proj cannot be set to "
+                "offload_modules alone without core_attn'); add core_attn")
+    return None
+
+
 def cuda_graphs_problem(scopes: tuple[str, ...], framework: str) -> str | None:
     """Why TrainingSpec refuses the scopes (one line with a fix), or None: the checks that need no model."""
     bad = [s for s in scopes if s not in CUDA_GRAPH_SCOPES]
@@ -249,7 +259,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("mbs", int, log2=True), Dimension("gas", int, searched=False), Dimension("recompute", str),
     Dimension("zero", int), Dimension("sp", bool, False), Dimension("vpp", int, 1, log2=True),
     Dimension("hybrid", bool, False), Dimension("cp", int, 1, log2=True), Dimension("ep", int, 1, log2=True),
-    Dimension("etp", int, 1, log2=True),
+    Dimension("etp", int, 1, log2=True), Dimension("offload", str, ""),
 )
 """the one table of a layout's dimensions, in `Candidate`'s field order (tests/test_dimensions.py checks both)"""
 SIZES = tuple(d.name for d in DIMENSIONS if d.kind is int and d.name != "zero")
@@ -281,6 +291,9 @@ class Candidate:
     """expert parallel: experts spread over EP ranks of the TP·CP·DP grid"""
     etp: int = 1
     """expert tensor parallel: each expert's FFN split over ETP ranks"""
+    offload: str = ""
+    """Megatron-LM's fine-grained activation offload chosen for this layout, its modules joined by "+"
+    (OFFLOAD_MODULES; `planner.offload.modules_of`); "": none, or the training's --activation-offload"""
 
     @property
     def world(self) -> int:
@@ -374,10 +387,14 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
         raise InputError(f"--explain: recompute={recompute} must be one of {', '.join(recompute_modes.CLASSIC)}, "
                          "block-N, uniform-N (Megatron --recompute-method, N layers per model chunk), selective-op "
                          "or selective-layer-N (torchtitan)")
+    offloaded = fields.get("offload", "")
+    bad = offload_problem(tuple(m for m in offloaded.split("+") if m), f"--explain offload={offloaded}")
+    if bad:
+        raise InputError(bad)
     truthy, falsy = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
     for key in ("sp", "hybrid"):
         if fields.get(key, "0") not in truthy | falsy:
             raise InputError(f"--explain: {key}={fields[key]} must be 1 or 0 (true or false)")
     return Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute, zero=num("zero", 0),
                      sp=fields.get("sp", "0") in truthy, vpp=num("vpp", 1), hybrid=fields.get("hybrid", "0") in truthy,
-                     cp=cp, ep=num("ep", 1), etp=num("etp", 1))
+                     cp=cp, ep=num("ep", 1), etp=num("etp", 1), offload=offloaded)
