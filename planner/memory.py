@@ -590,6 +590,8 @@ class PlanMemory:
         or None (no candidate built). Each set offloads more than the one before (`planner.offload.SEARCHED_SETS`):
         the last is asked first, as most layouts memory rules out do not fit even so."""
         states, usable, busiest = self._states_of(c, ep, etp), self.usable_bytes, self._busiest
+        if max(s[5] + s[4] for s in states) + self.context_bytes > usable:   # the model states alone do not fit
+            return None
         if busiest(states, self._dynamic_of(c, offload=sets[-1])) > usable:
             return None
         return next((s for s in sets if busiest(states, self._dynamic_of(c, offload=s)) <= usable), None)

@@ -549,6 +549,8 @@ class Checker:
                           or training.pp_schedule in dualpipe.SCHEDULES)
         """the rules read GAS itself (the probe's and torchtitan's schedule rounds, DualPipe's two directions), not
         only GAS % PP"""
+        self._pipe_read = "ep-a2a" in (training.overlap or ())
+        """the extras read PP and VPP (the EP all-to-all overlap's rules)"""
         self._degrees: dict[tuple, Violation | None] = {}
         self._batches: dict[tuple, Violation | None] = {}
         self._extras: dict[tuple, Violation | None] = {}
@@ -613,9 +615,9 @@ class Checker:
         # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training);
         # the probe's also pp, zero and hybrid (probe_extent_violations, probe_dp_impl)
         # and the recompute mode (the EP-overlap and CUDA-graph rules refuse some: planner.moe, planner.cuda_graphs)
-        # and whether there is a pipeline, interleaved or not (the EP-overlap rules: planner.moe.violations)
-        key = (c.tp, c.cp, c.dp, ep, etp, c.sp, c.recompute, c.pp == 1, c.vpp == 1) + (
-            (c.pp, c.zero, c.hybrid) if self._probe else ())
+        # and, under the EP all-to-all overlap, whether there is a pipeline, interleaved or not (planner.moe.violations)
+        key = (c.tp, c.cp, c.dp, ep, etp, c.sp, c.recompute) + ((c.pp, c.zero, c.hybrid) if self._probe else ()) \
+            + ((c.pp == 1, c.vpp == 1) if self._pipe_read else ())
         if key not in self._extras:
             c = c if (c.ep, c.etp) == (ep, etp) else replace(c, ep=ep, etp=etp)
             self._extras[key] = next((x for t in self.targets
