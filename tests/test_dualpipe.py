@@ -151,3 +151,23 @@ def test_schedule_needs_its_framework():
         TrainingSpec(global_batch=8, seq_len=128, framework="fsdp", pp_schedule="DualPipe")
     with pytest.raises(InputError, match="torchtitan's"):
         TrainingSpec(global_batch=8, seq_len=128, framework="megatron-lm", pp_schedule="DualPipeV")
+
+
+def test_torchtitan_runs_dualpipev():
+    """torchtitan's DualPipeV (torch ScheduleDualPipeV): exactly two stages a rank, micro-batches at least the
+    stages; with EP it refuses activation checkpointing (dual_pipe_v.py); emitted as its pipeline_parallel_schedule."""
+    from planner import fsdp_parallel
+    from planner.emit import RunSetup, render
+
+    m = load_model("llama3-70b")
+    t = TrainingSpec(global_batch=256, seq_len=8192, framework="fsdp", pp_schedule="DualPipeV")
+    c = Candidate(tp=8, pp=4, dp=2, mbs=1, gas=128, zero=3, sp=True, vpp=2)
+    assert fsdp_parallel.schedule_violations(m, c, t) == []
+    assert "virtual_pipeline" in [r for r, _ in fsdp_parallel.schedule_violations(m, replace(c, vpp=4), t)]
+    assert "microbatches_lt_stages" in [r for r, _ in fsdp_parallel.schedule_violations(m, replace(c, gas=4), t)]
+    moe_c = replace(c, ep=2, recompute="full")
+    assert "framework_limit" in [r for r, _ in fsdp_parallel.schedule_violations(m, moe_c, t)]
+    assert fsdp_parallel.bubble_slots("DualPipeV", 4, 2, "none") == pytest.approx(1.0)
+    toml = render(RunSetup(model=m, cluster=make_cluster(gpu="H100-SXM", gpus=64), training=t, candidate=c), "fsdp",
+                  torchtitan_version="0.2.2")["torchtitan.toml"]
+    assert 'pipeline_parallel_schedule = "DualPipeV"' in toml
