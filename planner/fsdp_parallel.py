@@ -110,9 +110,11 @@ def schedule_violations(model: "ModelSpec", c: "Candidate", training: "TrainingS
 
 def probe_schedule(training: "TrainingSpec") -> str:
     """The schedule the torch-native probe runs for the training's (probes/parallel.py builds 1F1B, GPipe and
-    Interleaved1F1B): a zero-bubble schedule is probed as Interleaved1F1B over the same stages per rank, an
-    approximation that measures the same stages and micro-batches with the larger interleaved bubble."""
+    Interleaved1F1B): a zero-bubble schedule and DualPipeV are probed as Interleaved1F1B over the same stages per
+    rank, DualPipe as 1F1B, approximations that measure the same stages and micro-batches with the larger bubble."""
     name = training.pp_schedule or "1F1B"
+    if name == dualpipe.DUALPIPE:   # one chunk a rank: probed as 1F1B, the larger bubble, no overlap
+        return "1F1B"
     return "Interleaved1F1B" if name in ZERO_BUBBLE or name == dualpipe.DUALPIPE_V else name
 
 

@@ -171,3 +171,12 @@ def test_torchtitan_runs_dualpipev():
     toml = render(RunSetup(model=m, cluster=make_cluster(gpu="H100-SXM", gpus=64), training=t, candidate=c), "fsdp",
                   torchtitan_version="0.2.2")["torchtitan.toml"]
     assert 'pipeline_parallel_schedule = "DualPipeV"' in toml
+
+
+def test_probe_runs_the_nearest_torch_schedule():
+    from planner.fsdp_parallel import probe_schedule
+
+    assert probe_schedule(TrainingSpec(global_batch=8, seq_len=128, framework="megatron-lm",
+                                       pp_schedule="DualPipe")) == "1F1B"
+    assert probe_schedule(TrainingSpec(global_batch=8, seq_len=128, framework="fsdp",
+                                       pp_schedule="DualPipeV")) == "Interleaved1F1B"
