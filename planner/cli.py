@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from planner import attention, cuda_graphs, flops, fp8, recompute as recompute_modes
+from planner import attention, cuda_graphs, dualpipe, flops, fp8, recompute as recompute_modes
 from planner.cost import RANKING_ERROR, attention_kernel, tied
 from planner.errors import InputError, PlantuneError
 from planner.calibration import apply_calibration, compute_line
@@ -40,7 +40,7 @@ from planner.rank import Estimate, Plan, estimate, plan
 from planner.rules import Target, model_violations
 from planner.schema import check_flags, check_training, did_you_mean
 from planner.table import simple_table
-from planner.space import (FRAMEWORKS, OPTIMIZERS, PINNABLE, PP_SCHEDULES_FSDP, PRECISIONS, RECOMPUTE, TrainingSpec,
+from planner.space import (FRAMEWORKS, OPTIMIZERS, PINNABLE, PP_SCHEDULES, PRECISIONS, RECOMPUTE, TrainingSpec,
                            parse_explain)
 
 FORMATS = ("table", "json", "yaml", "csv")
@@ -144,8 +144,10 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
         help="with --precision fp8: Transformer Engine's scaling, delayed (default; amax history) or tensorwise "
              "(current scaling, as Megatron-Bridge's H100 recipes), block-scaled mxfp8 (Blackwell: a scale per 32 "
              "elements) or blockwise (DeepSeek-V3's 1x128 / 128x128 tiles); torchtitan: tensorwise, rowwise or mxfp8")
-    add("--pp-schedule", choices=PP_SCHEDULES_FSDP, default=None,
-        help="--framework fsdp: torchtitan's pipeline schedule (default 1F1B; Interleaved1F1B where VPP > 1)")
+    add("--pp-schedule", choices=PP_SCHEDULES, default=None,
+        help="--framework fsdp: torchtitan's pipeline schedule (default 1F1B; Interleaved1F1B where VPP > 1; DualPipeV "
+             "two stages a rank); --framework megatron-lm: DualPipe, DeepSeek-V3's bidirectional schedule, planned "
+             "but not emitted (Megatron-LM has none)")
     add("--torch-compile", action="store_true", help="--framework fsdp: torchtitan with torch.compile")
     add("--async-tp", action="store_true", help="--framework fsdp: torchtitan's async TP (needs --torch-compile)")
     add("--grad-reduce-dtype", choices=("fp32", "bf16"), default=None,
@@ -445,18 +447,26 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              f"{p.total} candidates scored in {elapsed_s:.2f} s; {p.survivors} fit, "
              f"{p.total - p.survivors} ruled out", ""]
     extra = [k for k in ("cp", "ep", "etp") if any(getattr(e.candidate, k) > 1 for e in p.candidates[:top])]
-    columns = TABLE_COLUMNS[:4] + tuple(extra) + TABLE_COLUMNS[4:]   # CP/EP/ETP columns when any row uses them
+    offloads = [e for e in p.candidates[:top] if e.candidate.offload]   # plan's activation offload: a column then
+    columns = TABLE_COLUMNS[:4] + tuple(extra) + TABLE_COLUMNS[4:7] + (("offload",) if offloads else ()) \
+        + TABLE_COLUMNS[7:]   # CP/EP/ETP columns when any row uses them
     rows = [[_row(e, cl, t.framework, t.memory_fraction)[c] for c in columns] for e in p.candidates[:top]]
     best_s = p.candidates[0].step_time_s
     for row, e in zip(rows, p.candidates[:top]):
         row[0] = f"{row[0]}~" if e.rank > 1 and tied(best_s, e.step_time_s) else row[0]
     headers = ["#", "TP", "PP", "DP", *(k.upper() for k in extra), "MBS", "GAS", "recompute",
-               "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
+               *(["offload"] if offloads else []), "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s", "note"]
     lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it; "
                  f"{flops.ATTENTION_COUNT_WORDS[t.flops_attention]})")
-    lines.append(simple_table(rows, headers=headers, floatfmt=(".0f",) * (10 + len(extra)) + (
-        ".1f", "", ".2f", ".1f", ".1f", ".3f", ".0f", "")))
+    lines.append(simple_table(rows, headers=headers, floatfmt=(".0f",) * (10 + len(extra) + bool(offloads))
+                             + (".1f", "", ".2f", ".1f", ".1f", ".3f", ".0f", "")))
+    if offloads:   # what each offloaded layout's offload costs (planner.offload)
+        lines.append("offload: the modules whose inputs go to the host (Megatron-LM --fine-grained-activation-"
+                     "offloading --offload-modules), searched where nothing else lets a layout fit; per row: GPU memory "
+                     "saved, step seconds of PCIe copies exposed (hidden under compute)")
+        lines += [f"  #{e.rank}: saves {c['saves_gb']:.2f} GB, costs +{c['exposed_s']:.3f} s "
+                  f"({c['hidden_s']:.3f} s hidden)" for e in offloads if (c := e.offload_cost)]
     if any(e.advice for e in p.candidates[:top]):
         lines.append(f"note states>{t.memory_fraction:.0%}: weights+grads+optimizer above {t.memory_fraction:.0%} of "
                      "GPU memory, seed 004's first guess (advisory: only the predicted total rules out)")
@@ -539,6 +549,9 @@ def render_savers(model, cluster: ClusterSpec, training: TrainingSpec, est: Esti
     if training.activation_offload:
         savers.append((f"activation offload {'+'.join(training.activation_offload)} (--offload-modules)",
                        replace(training, activation_offload=()), est.candidate))
+    if est.candidate.offload:
+        savers.append((f"activation offload {est.candidate.offload} (offload=, --offload-modules)", training,
+                       replace(est.candidate, offload="")))
     lines = []
     for name, t, c in savers:
         base = estimate(model, cluster, t, c, targets=targets)
@@ -564,7 +577,7 @@ def _dump(obj: object, fmt: str) -> str:
 def _csv(p: Plan, top: int) -> str:
     buf = io.StringIO()
     rows = [e.to_dict() for e in p.candidates[:top]]
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))   # offload_cost: some
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
@@ -665,6 +678,9 @@ def run(args: argparse.Namespace) -> int:
     note = f"plan: note: {model.source}\n" if args.seq_len is None and HF_SEQ_NOTE in model.source else ""
     raised = positions_note(model)   # --seq-len past the model's positions: planned and emitted with them raised
     note += f"plan: note: {raised}\n" if raised else ""
+    if training.pp_schedule == dualpipe.DUALPIPE:   # planned as DeepSeek ran it; no emitter writes it
+        note += (f"plan: note: --pp-schedule DualPipe is DeepSeek-V3's schedule (planner.dualpipe), planned here as "
+                 f"their run; no framework plantune emits for runs it (--emit megatron-lm refuses it). {dualpipe.EQUIVALENT}\n")
     if args.explain:
         cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)
         est = estimate(model, cluster, training, cand, targets=targets)

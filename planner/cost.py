@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from planner import attention, context_parallel, cuda_graphs, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
+from planner import attention, context_parallel, cuda_graphs, dualpipe, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
 from planner.constants import RANKING_ERROR, SHARDED_OVERLAP
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
@@ -258,6 +258,11 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
              if training.framework == "megatron-lm" else None)
     if cand.pp == 1:
         stage_compute = lps * layer_s + logits_s
+    elif split is not None and training.pp_schedule == dualpipe.DUALPIPE:
+        # DualPipe: rank i runs stage i for half the micro-batches and stage PP-1-i for the other half (DeepSeek-V3
+        # report Sec. 3.2.1), so an end rank's mean micro-batch is half the first stage's and half the last's
+        stage_compute = max(split.middle * layer_s, (split.first * layer_s + split.last * layer_s + logits_s) / 2)
+        lps = split.busiest
     elif split is not None:   # the busiest rank of the split Megatron-LM runs (the last also runs the LM head)
         stage_compute = max(split.first * layer_s, split.middle * layer_s, split.last * layer_s + logits_s)
         lps = split.busiest
@@ -286,7 +291,9 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     half = 2 if training.precision in ("bf16", "fp16", "fp8") else 4
     core, layer_s, lps, stage_compute_s, logits_s = busiest_stage(model, cand, cluster, training, layer_memo)
     params_gpu = memoized(layer_memo, ("params_gpu", cand.tp, cand.pp, cand.vpp), lambda: max(
-        stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last"))))
+        stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))
+        if dualpipe.parameter_copies(training.pp_schedule, cand.pp) == 1 else   # DualPipe's end ranks hold the first and the last stage
+        sum(stage_params(model, cand, s, training.framework) for s in ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
     rc = memoized(layer_memo, ("recomputed", cand.recompute, cand.pp, cand.vpp),   # full, block-N, selective, ...
                   lambda: recompute.recomputed_of(model, cand, training.framework))
@@ -460,6 +467,11 @@ def pp_p2p_overlap(ctx: StepContext) -> Overlap | None:
     (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_interleaving). Not overlapped in
     plain 1F1B (Megatron turns the option off without VPP)."""
     cand = ctx.cand
+    if cand.pp > 1 and ctx.training.pp_schedule in dualpipe.SCHEDULES:
+        # DualPipe: each chunk's PP sends run beside the other merged chunk's compute (DeepSeek-V3 report Sec.
+        # 3.2.1), except the unmerged chunks' (planner.dualpipe.unmerged_share)
+        return Overlap(under="compute", window=1.0,
+                       exposed_min=dualpipe.unmerged_share(ctx.training.pp_schedule, cand.pp, cand.gas))
     if cand.vpp > 1 and ctx.training.framework == "megatron-lm" and "p2p" in ctx.overlaps:
         return Overlap(under="compute", window=1.0, exposed_min=0.0)
     return None
@@ -479,7 +491,7 @@ def tied_embedding_s(ctx: StepContext) -> float:
 
 
 @memoized_term(lambda ctx: (ctx.cand.zero, ctx.shard, ctx.params_gpu, ctx.cand.tp, ctx.cand.cp, ctx.cand.dp,
-                           ctx.cand.ep, ctx.cand.etp, ctx.stage_layers))
+                           ctx.cand.ep, ctx.cand.etp, ctx.stage_layers, ctx.cand.pp > 1))
 def optimizer_s(ctx: StepContext) -> float:
     """The optimizer step at HBM bandwidth: master weights and states read and written, gradients read, weights
     written (sharded by ZeRO-1+; the routed experts' over the expert-DP group)."""
@@ -489,7 +501,8 @@ def optimizer_s(ctx: StepContext) -> float:
     shard_opt = ctx.shard if cand.zero >= 1 else 1
     opt_bytes = ctx.params_gpu / shard_opt * per_param
     edp = moe.expert_data_parallel(cand)
-    opt_bytes += moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
+    opt_bytes += (moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
+                  * dualpipe.parameter_copies(training.pp_schedule, cand.pp))   # DualPipe: two stages' experts
     f = training.optimizer_offload   # Megatron-LM's CPU offload: that share steps on the host (planner.offload)
     return opt_bytes * (1 - f) / ops.elementwise_bw(ctx.cluster) + offload.host_step_s(f * opt_bytes / per_param,
                                                                                     ctx.cluster)
@@ -519,7 +532,8 @@ TERMS: tuple[Term, ...] = (
     offload.ACTIVATION_OFFLOAD,
     Term(name="pp_p2p", kind=COMMUNICATION, group="pp_p2p_s", per_microbatch=True, seconds=pp_p2p_s,
          overlap=pp_p2p_overlap, hides_under="the other model chunks' compute (interleaved 1F1B)",
-         flag="Megatron overlap_p2p_comm (default with VPP; --overlap p2p)",
+         flag="Megatron overlap_p2p_comm (default with VPP; --overlap p2p); DeepSeek's DualPipe "
+              "(--pp-schedule DualPipe)",
          source="Narayanan et al. 2021 Sec. 4.1 (scatter/gather p2p); DeepSpeed runtime/pipe/engine.py",
          constants=("LINK_EFFICIENCY",)),
     Term(name="pp_microbatch_overhead", kind=FIXED, group="pp_p2p_s", per_microbatch=True,

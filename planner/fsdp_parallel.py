@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from planner import dualpipe
 from planner.constants import ASYNC_TP_HIDDEN, MEGATRON_HOST_S
 from planner.framework import Framework
 from planner.space import PP_SCHEDULES_FSDP
@@ -24,8 +25,9 @@ if TYPE_CHECKING:
 
 SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")
 """one stage per rank (torch.distributed.pipelining PipelineScheduleSingle)"""
-MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
-"""several stages per rank (PipelineScheduleMulti); ZBV needs exactly two (schedules.py ScheduleZBVZeroBubble)"""
+MULTI_STAGE_SCHEDULES = ("Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", dualpipe.DUALPIPE_V)
+"""several stages per rank (PipelineScheduleMulti); ZBV and DualPipeV need exactly two (schedules.py
+ScheduleZBVZeroBubble, ScheduleDualPipeV)"""
 SCHEDULES = PP_SCHEDULES_FSDP   # SINGLE_STAGE_SCHEDULES + MULTI_STAGE_SCHEDULES, named where TrainingSpec checks them
 ZERO_BUBBLE = ("InterleavedZeroBubble", "ZBVZeroBubble")
 
@@ -52,9 +54,12 @@ def bubble_slots(name: str, pp: int, vpp: int, recompute: str) -> float:
     Sec. 2.2.2). Zero-bubble schedules split the backward into input-gradient B and weight-gradient W and fill the
     bubble with W (Qi et al. 2024, arXiv 2401.10241 Sec. 3): ZB-H1 (InterleavedZeroBubble) leaves (F + B - W) of the
     (F + B + W) per bubble slot, ZB-V (ZBVZeroBubble, two chunks per rank) (F + B - 2W) over two chunks. With F = B = W
-    (backward = 2x forward, split evenly) and a full recompute doubling F's share inside B."""
+    (backward = 2x forward, split evenly) and a full recompute doubling F's share inside B. DeepSeek's DualPipe and
+    DualPipeV: `planner.dualpipe.bubble_slots` (DeepSeek-V3 report Table 2)."""
     if pp <= 1:
         return 0.0
+    if name in dualpipe.SCHEDULES:
+        return dualpipe.bubble_slots(name, pp, recompute)
     f, b, w = 1.0, 1.0 + (1.0 if recompute == "full" else 0.0), 1.0
     if name == "InterleavedZeroBubble":
         return (pp - 1) / vpp * (f + b - w) / (f + b + w)
@@ -79,6 +84,12 @@ def schedule_violations(model: "ModelSpec", c: "Candidate", training: "TrainingS
     if name == "ZBVZeroBubble" and c.vpp > 2:
         out.append(("virtual_pipeline", f"ZBVZeroBubble needs exactly 2 stages per rank (schedules.py), "
                                         f"got VPP {c.vpp}"))
+    out += [p for p in dualpipe.problems(name, c.pp, c.vpp, c.gas) if not (p[0] == "virtual_pipeline" and c.vpp < 2)]
+    if name == dualpipe.DUALPIPE_V and c.ep > 1 and c.recompute != "none":
+        out.append(("framework_limit", "torchtitan's DualPipeV with EP overlaps the expert all-to-all only without "
+                                       "activation checkpointing (dual_pipe_v.py get_dual_pipe_v_flag: 'Expert Parallel "
+                                       "with DualPipeV and Activation Checkpointing cannot be used together'); use "
+                                       "recompute=none"))
     stages = c.pp * c.vpp   # 1F1B's micro-batches >= PP (torch Schedule1F1B raises): planner.rules._batches
     if name in ("Interleaved1F1B", "InterleavedZeroBubble"):
         rounds = max(1, c.gas // c.pp)
@@ -99,10 +110,12 @@ def schedule_violations(model: "ModelSpec", c: "Candidate", training: "TrainingS
 
 def probe_schedule(training: "TrainingSpec") -> str:
     """The schedule the torch-native probe runs for the training's (probes/parallel.py builds 1F1B, GPipe and
-    Interleaved1F1B): a zero-bubble schedule is probed as Interleaved1F1B over the same stages per rank, an
-    approximation that measures the same stages and micro-batches with the larger interleaved bubble."""
+    Interleaved1F1B): a zero-bubble schedule and DualPipeV are probed as Interleaved1F1B over the same stages per
+    rank, DualPipe as 1F1B, approximations that measure the same stages and micro-batches with the larger bubble."""
     name = training.pp_schedule or "1F1B"
-    return "Interleaved1F1B" if name in ZERO_BUBBLE else name
+    if name == dualpipe.DUALPIPE:   # one chunk a rank: probed as 1F1B, the larger bubble, no overlap
+        return "1F1B"
+    return "Interleaved1F1B" if name in ZERO_BUBBLE or name == dualpipe.DUALPIPE_V else name
 
 
 def layers_per_stage(model: "ModelSpec", c: "Candidate") -> int:

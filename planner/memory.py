@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from planner import context_parallel, fp8, fsdp_parallel, moe, offload, pipeline_engine, recompute
+from planner import context_parallel, dualpipe, fp8, fsdp_parallel, moe, offload, pipeline_engine, recompute
 from planner.constants import ALLOCATOR_OVERHEAD
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
@@ -437,7 +437,17 @@ def deepspeed_fp16_step_grad_bytes(cand: Candidate, training: TrainingSpec) -> f
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
                  pb: ParamBytes) -> tuple[int, float, float, float, float]:
     """(parameters, weights, grads, optimizer, buffers) of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
-    ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`."""
+    ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`. Under
+    DeepSeek's DualPipe an end rank holds the first and the last stage (DeepSeek-V3 report Table 2: 2x parameters):
+    both stages' states, on either entry."""
+    if stage != "only" and dualpipe.parameter_copies(training.pp_schedule, cand.pp) > 1:
+        both = [_stage_states(model, cand, cluster, training, s, pb) for s in ("first", "last")]
+        return tuple(a + b for a, b in zip(*both))   # type: ignore[return-value]
+    return _stage_states(model, cand, cluster, training, stage, pb)
+
+
+def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
+                  pb: ParamBytes) -> tuple[int, float, float, float, float]:
     step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
     if step_grads:   # the 16-bit gradients, then their fp32 copies at the step
         pb = replace(pb, grads=2 + step_grads)
@@ -462,8 +472,14 @@ def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, sta
     lps = stage_layers(model, cand, training.framework, stage)
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer
     in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
+    if training.pp_schedule in dualpipe.SCHEDULES and stage != "only":
+        # DualPipe / DualPipeV: PP + 1 stages' micro-batches in flight on a rank (DeepSeek-V3 report Table 2), the end
+        # ranks' of the larger of their stages; the LM head's logits on them too (they hold the last stage)
+        lps = max(lps, stage_layers(model, cand, training.framework, "first" if stage == "last" else "last"))
+        in_flight = dualpipe.in_flight_microbatches(training.pp_schedule, cand.pp, cand.gas)
+        stage = "last"
     stored = stored_layer_bytes(model, cand, stage, lps, act)
-    if training.activation_offload:   # module inputs on the host between forward and backward (planner.offload)
+    if cand.offload or training.activation_offload:   # module inputs on the host (planner.offload.modules_of)
         stored -= offload.offloaded_layers(lps, cand) * min(
             offload.activation_offload_bytes(model, cand, training, model.seq_len * cand.mbs),
             max(0.0, act.stored_bytes - act.input_bytes))
@@ -526,16 +542,19 @@ class PlanMemory:
                 + (model_states_bytes(*s[1:4]),) for stage in pipeline_stages(c))
         return states
 
-    def _dynamic_of(self, c: Candidate, recompute: str | None = None) -> tuple:
-        """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c`` (with ``recompute`` instead of its own when
-        given: `planner.rank.partial_mode` tries many N of one candidate, and builds none of them)."""
+    def _dynamic_of(self, c: Candidate, recompute: str | None = None, offload: str | None = None) -> tuple:
+        """Per stage (`pipeline_stages` order): `stage_dynamic` of ``c`` (with ``recompute`` or ``offload`` instead of
+        its own when given: `planner.rank.partial_mode` tries many N of one candidate, `offload_fitting` several
+        module sets, and neither builds them)."""
         if recompute is None:
             recompute = c.recompute
-        key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas)
+        if offload is None:
+            offload = c.offload
+        key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload)
         dynamic = self._dynamic.get(key)
         if dynamic is None:
-            if recompute != c.recompute:
-                c = replace(c, recompute=recompute)
+            if recompute != c.recompute or offload != c.offload:
+                c = replace(c, recompute=recompute, offload=offload)
             layer_key = (c.tp, c.sp, c.mbs, c.recompute)
             act = self._layers.get(layer_key)
             if act is None:
@@ -576,10 +595,21 @@ class PlanMemory:
             return busiest(states, dynamic) <= usable
         return fits
 
+    def offload_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...]) -> str | None:
+        """The first of the activation-offload module ``sets`` under which ``c`` with EP ``ep`` and ETP ``etp`` fits,
+        or None (no candidate built). Each set offloads more than the one before (`planner.offload.SEARCHED_SETS`):
+        the last is asked first, as most layouts memory rules out do not fit even so."""
+        states, usable, busiest = self._states_of(c, ep, etp), self.usable_bytes, self._busiest
+        if max(s[5] + s[4] for s in states) + self.context_bytes > usable:   # the model states alone do not fit
+            return None
+        if busiest(states, self._dynamic_of(c, offload=sets[-1])) > usable:
+            return None
+        return next((s for s in sets if busiest(states, self._dynamic_of(c, offload=s)) <= usable), None)
+
     def _dynamic_by_mode(self, c: Candidate) -> dict[str, tuple]:
         """`_dynamic_of` of ``c`` by recompute mode (filled as asked): the modes `partial_mode` tries for every (EP, ETP)
         of a row share one dict."""
-        key = (c.tp, c.sp, c.mbs, c.pp, c.vpp, c.cp, c.gas)
+        key = (c.tp, c.sp, c.mbs, c.pp, c.vpp, c.cp, c.gas, c.offload)
         by_mode = self._by_mode.get(key)
         if by_mode is None:
             by_mode = self._by_mode[key] = {}

@@ -29,6 +29,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Callable
 
+from planner import dualpipe
 from planner.constants import FLEX_LINK_EFFICIENCY, KERNEL_LAUNCH_S, LINK_EFFICIENCY
 # the shape and parameter counts live in planner.model; the ones other modules read beside this module's
 from planner.model import (attention_core_flops, attention_matmul_flops, attention_params,  # noqa: F401
@@ -388,13 +389,15 @@ def all_to_all_term_s(ctx: "StepContext") -> float:
                                                  collective_time_s, ctx.half, ctx.rc.layers + ctx.rc.moe)
 
 
-@memoized_term(lambda ctx: (ctx.cand.tp, ctx.cand.cp, ctx.cand.dp, ctx.cand.ep, ctx.cand.etp, ctx.stage_layers))
+@memoized_term(lambda ctx: (ctx.cand.tp, ctx.cand.cp, ctx.cand.dp, ctx.cand.ep, ctx.cand.etp, ctx.stage_layers,
+                           ctx.cand.pp > 1))
 def expert_grad_reduce_term_s(ctx: "StepContext") -> float:
     """The term: routed-expert gradients reduced over the expert-DP group once a step."""
     c, m = ctx.cand, ctx.model
     edp = expert_data_parallel(c)
     link = is_moe(m) and edp > 1 and ctx.topology.dp_link(c.etp * c.ep, edp)
-    return expert_grad_reduce_s(m, c, ctx.stage_layers, link, collective_time_s, ctx.half)
+    return (expert_grad_reduce_s(m, c, ctx.stage_layers, link, collective_time_s, ctx.half)
+            * dualpipe.parameter_copies(ctx.training.pp_schedule, c.pp))   # DualPipe: two stages' experts
 
 
 def unmerged_share(pp: int, vpp: int, gas: int) -> float:
@@ -425,6 +428,11 @@ def all_to_all_overlap(ctx: "StepContext") -> Overlap | None:
     experts' share of the compute, megatron/core/transformer/moe/shared_experts.py's side stream)."""
     if ctx.cand.ep <= 1:
         return None
+    if ctx.cand.pp > 1 and ctx.training.pp_schedule in dualpipe.SCHEDULES:
+        # DualPipe / DualPipeV: a forward chunk's dispatch and combine run beside another micro-batch's backward chunk
+        # and back (DeepSeek-V3 report Sec. 3.2.1, Fig. 4), but in the chunks the schedule runs alone
+        return Overlap(under="compute", window=1.0,
+                       exposed_min=dualpipe.unmerged_share(ctx.training.pp_schedule, ctx.cand.pp, ctx.cand.gas))
     if "ep-a2a" in ctx.overlaps:
         return Overlap(under="compute", window=1.0,
                        exposed_min=unmerged_share(ctx.cand.pp, ctx.cand.vpp, ctx.cand.gas))
@@ -440,7 +448,7 @@ ALL_TO_ALL = Term(name="ep_all_to_all", kind=COMMUNICATION, group="ep_comm_s", p
                   constants=("LINK_EFFICIENCY", "FLEX_LINK_EFFICIENCY"), overlap=all_to_all_overlap,
                   hides_under="compute",
                   flag="Megatron --overlap-moe-expert-parallel-comm (--overlap ep-a2a) or --moe-shared-expert-overlap "
-                       "(--overlap shared-expert)")
+                       "(--overlap shared-expert); DeepSeek's DualPipe (--pp-schedule DualPipe / DualPipeV)")
 EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="dp_comm_s", per_microbatch=False,
                           seconds=expert_grad_reduce_term_s,
                           source="Megatron DDP: expert parameters in their own buckets and expert-DP group",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from planner.space import OFFLOAD_MODULES
 from planner.terms import COMMUNICATION, Overlap, Term
 
 if TYPE_CHECKING:
@@ -71,9 +72,39 @@ def megatron_lm_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
 
 
 # -- activation offload ----------------------------------------------------------------------------------------
-ACTIVATION_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
-"""Megatron-LM's --offload-modules (megatron/core/transformer/transformer_config.py offload_modules: the modules whose
-input --fine-grained-activation-offloading copies to the host in the forward and back for the backward)"""
+ACTIVATION_MODULES = OFFLOAD_MODULES
+"""Megatron-LM's --offload-modules (planner.space.OFFLOAD_MODULES)"""
+SEARCHED_SETS = ("moe_act", "expert_fc1+moe_act", "attn_norm+mlp_norm+expert_fc1+moe_act",
+                 "attn_norm+qkv_linear+core_attn+attn_proj+mlp_norm+expert_fc1+moe_act")
+"""the module sets `plan` tries, in this order, on a MoE layout that does not fit without (`searched_sets`): each
+offloads what the one before does and more, so the first that fits copies the fewest bytes over PCIe. The first two
+are the expert inputs NVIDIA's Megatron-Core docs offload for MoE (fine_grained_activation_offload.md: expert_fc1,
+moe_act), the third adds the two norms' inputs, the last every module Megatron offloads."""
+
+
+def modules_of(cand: "Candidate", training: "TrainingSpec") -> tuple[str, ...]:
+    """The modules whose inputs go to the host: the layout's own (plan's search, --explain offload=...), else the
+    training's --activation-offload."""
+    return tuple(cand.offload.split("+")) if cand.offload else training.activation_offload
+
+
+def searched_sets(model: "ModelSpec", training: "TrainingSpec") -> tuple[str, ...]:
+    """The `SEARCHED_SETS` plan tries on a layout memory rules out: on Megatron-LM MoE runs (whose expert inputs are
+    most of a layer's activations) when the user gave no --activation-offload (then that is every layout's)."""
+    from planner import moe
+
+    if training.framework != "megatron-lm" or training.activation_offload or not moe.is_moe(model):
+        return ()
+    return SEARCHED_SETS
+
+
+def searched_on(recompute: str, ep: int, etp: int, gpus_per_node: int) -> bool:
+    """Whether plan tries `searched_sets` on a layout memory rules out: one that recomputes nothing (offload in place
+    of recompute) and whose expert all-to-all stays inside a node (ETP x EP <= GPUs a node). Across nodes the
+    all-to-all's GPUDirect RDMA crosses the same PCIe x16 link of the GPU as the copies (DGX H100: each GPU and its
+    ConnectX-7 behind one PCIe switch, 50 of the link's 64 GB/s a direction at the NIC's line rate), which the
+    copies' term does not count: not searched there, --activation-offload still plans it."""
+    return recompute == "none" and etp * ep <= gpus_per_node
 FP8_SAVED_INPUTS = ("qkv_linear", "attn_proj", "expert_fc1")
 """the linear layers whose saved input Transformer Engine keeps as its FP8 cast under FP8 (1 byte an element)"""
 
@@ -88,7 +119,7 @@ def activation_offload_bytes(model: "ModelSpec", cand: "Candidate", training: "T
     share (planner.memory's own terms for these tensors)."""
     from planner import moe
 
-    mods = training.activation_offload
+    mods = modules_of(cand, training)
     if not mods:
         return 0.0
     h, t = model.hidden, cand.tp
@@ -119,7 +150,7 @@ def activation_copy_s(nbytes: float, cluster: "ClusterSpec") -> float:
 def activation_offload_term_s(ctx: "StepContext") -> float:
     """The term: one micro-batch's offloaded inputs on the busiest stage, to the host and back (`activation_copy_s`)."""
     t = ctx.training
-    if not t.activation_offload:
+    if not (ctx.cand.offload or t.activation_offload):
         return 0.0
     layers = offloaded_layers(ctx.stage_layers, ctx.cand)
     return layers * activation_copy_s(activation_offload_bytes(ctx.model, ctx.cand, t, ctx.tokens), ctx.cluster)
@@ -129,23 +160,25 @@ def activation_offload_overlap(ctx: "StepContext") -> Overlap | None:
     """The copies run on their own D2H / H2D streams beside the micro-batch's forward and backward (fine_grained_
     activation_offload.py PipelineOffloadManager: _d2h_stream, _h2d_stream; each reload launched a layer ahead):
     hidden up to that compute, only the excess exposed."""
-    return Overlap(under="compute", window=1.0) if ctx.training.activation_offload else None
+    return Overlap(under="compute", window=1.0) if ctx.cand.offload or ctx.training.activation_offload else None
 
 
 ACTIVATION_OFFLOAD = Term(name="activation_offload", kind=COMMUNICATION, group="compute_s", per_microbatch=True,
                           seconds=activation_offload_term_s, overlap=activation_offload_overlap,
                           hides_under="the micro-batch's forward and backward (own D2H / H2D streams)",
-                          flag="Megatron --fine-grained-activation-offloading --offload-modules (--activation-offload)",
+                          flag="Megatron --fine-grained-activation-offloading --offload-modules (--activation-offload, "
+                               "or plan's offload=... on a MoE layout that fits only with it)",
                           source="Megatron-Core fine_grained_activation_offload.py: module inputs to pinned host "
                                  "memory and back over PCIe (datasheet rates)")
 
 
 def activation_offload_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
-    """The flags (TransformerConfig fine_grained_activation_offloading, offload_modules)."""
+    """The flags (TransformerConfig fine_grained_activation_offloading, offload_modules). A layout's own offload is
+    the setup's training's by then (`planner.emit.setup.RunSetup` folds it in)."""
     if not training.activation_offload:
         return []
     return [("--fine-grained-activation-offloading",), ("--offload-modules", *training.activation_offload)]
 
 
-__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "activation_copy_s", "activation_offload_args",
+__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "SEARCHED_SETS", "modules_of", "searched_on", "searched_sets", "activation_copy_s", "activation_offload_args",
            "activation_offload_bytes", "host_link_bytes_per_s", "host_step_s", "megatron_lm_args", "offloaded_layers"]

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from planner import flops, recompute as recompute_modes
+from planner import flops, offload, recompute as recompute_modes
 from planner.cost import (CostParams, attention_kernel, Throughput, TimeBreakdown, estimate_time, layer_op_rows, term_rows,
                           tflops_ceiling, throughput)
 from planner.errors import DoesNotFitError
@@ -46,6 +46,19 @@ class Estimate:
     layer_ops: tuple[dict, ...] = ()
     """one layer's operations on the busiest GPU for one micro-batch (`planner.cost.layer_op_rows`): what
     `estimate` (--explain) shows; empty in a ranked plan"""
+    offload_saved_bytes: float = 0.0
+    """GPU memory the layout's own activation offload (``candidate.offload``, plan's search) saves against the same
+    layout without it"""
+
+    @property
+    def offload_cost(self) -> dict | None:
+        """What the layout's activation offload costs: GPU memory saved, and the seconds of the step its PCIe copies
+        take, exposed (beyond the compute they run beside) and hidden; None without one."""
+        if not self.candidate.offload or self.time is None or self.time.terms is None:
+            return None
+        exposed, hidden = self.time.terms.step_seconds_by_term(self.time.params).get("activation_offload", (0.0, 0.0))
+        return {"modules": self.candidate.offload.split("+"), "saves_gb": _r(self.offload_saved_bytes / 1e9),
+                "exposed_s": _r(exposed, 4), "hidden_s": _r(hidden, 4)}
 
     @property
     def fits(self) -> bool:
@@ -76,6 +89,8 @@ class Estimate:
         if t:
             d.update(samples_per_s=_r(t.samples_per_s), tokens_per_s=_r(t.tokens_per_s, 1),
                      days_to_train=_r(t.days_to_train), gpu_hours_to_train=_r(t.gpu_hours_to_train, 0))
+        if self.offload_cost is not None:
+            d["offload_cost"] = self.offload_cost
         if detail:
             d["fits"] = self.fits
             d["reasons"] = [v.to_dict() for v in self.reasons]
@@ -158,7 +173,9 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, can
     mem = memory_breakdown(model, candidate, cluster, training)
     reasons += memory_violations(mem, cluster, training)
     time = estimate_time(model, candidate, cluster, training, topology, params)
-    return Estimate(candidate=candidate, memory=mem, time=time,
+    saved = (memory_breakdown(model, replace(candidate, offload=""), cluster, training).total_bytes - mem.total_bytes
+             if candidate.offload else 0.0)
+    return Estimate(candidate=candidate, memory=mem, time=time, offload_saved_bytes=saved,
                     throughput=throughput(model, candidate, cluster, training, time), reasons=tuple(reasons),
                     advice=tuple(memory_advice(mem, cluster, training)),
                     layer_ops=tuple(layer_op_rows(model, candidate, cluster, training)))
@@ -170,8 +187,9 @@ def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand:
     path (``layer_times``: plan()'s memo for `estimate_time`)."""
     mem = memory.breakdown(cand)
     time = estimate_time(model, cand, cluster, training, topology, params, layer_times)
+    saved = memory.total_bytes(replace(cand, offload="")) - mem.total_bytes if cand.offload else 0.0
     return Estimate(candidate=cand, memory=mem, time=time, throughput=throughput(model, cand, cluster, training, time),
-                    advice=tuple(memory_advice(mem, cluster, training)))
+                    advice=tuple(memory_advice(mem, cluster, training)), offload_saved_bytes=saved)
 
 
 def _memory_example(cand: Candidate, memory: PlanMemory) -> tuple[Candidate, Violation]:
@@ -393,6 +411,8 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     checker = Checker(model, cluster, training, targets)
     memory = PlanMemory(model, cluster, training)
     layer_times: dict[tuple, tuple] = {}   # planner.cost.layer_compute_s by its key, for this plan's candidates
+    offload_sets = offload.searched_sets(model, training) if all(t.framework == "megatron-lm" for t in targets) \
+        else ()
     free = Checker(model, cluster, replace(training, rampup=None), targets) \
         if free_best and training.rampup is not None else None
     for item in _survivors_of_shared_rules(model, cluster, training, knobs, checker, pruned, examples,
@@ -435,16 +455,24 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
         for i, (ep, etp) in enumerate(item.eps):
             total += 1
             first = checker.extras(head, ep, etp)
+            cand = None
             if first is not None:
                 pruned[first.reason] += 1
                 if first.reason not in examples:
                     examples[first.reason] = (item.candidate(i), first)
             elif not fits[i]:
-                pruned[Reason.MEMORY_TOTAL] += 1
-                if Reason.MEMORY_TOTAL not in examples:
-                    examples[Reason.MEMORY_TOTAL] = _memory_example(item.candidate(i), memory)
+                # activation offload, searched where nothing else lets the layout fit (planner.offload.SEARCHED_SETS)
+                modules = memory.offload_fitting(head, ep, etp, offload_sets) if offload_sets and offload.searched_on(
+                    head.recompute, ep, etp, cluster.gpus_per_node) else None
+                cand = replace(item.candidate(i), offload=modules) if modules else None
+                if cand is None:
+                    pruned[Reason.MEMORY_TOTAL] += 1
+                    if Reason.MEMORY_TOTAL not in examples:
+                        examples[Reason.MEMORY_TOTAL] = _memory_example(item.candidate(i), memory)
             else:
-                survivors.append((total, item.candidate(i)))
+                cand = item.candidate(i)
+            if cand is not None:
+                survivors.append((total, cand))
 
     def score(cand: Candidate) -> Estimate:
         return _score(model, cluster, training, cand, topology, params, memory, layer_times)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
-from planner import context_parallel, cuda_graphs, fp8, fsdp_parallel, model_facts, moe, pipeline_engine, recompute as recompute_modes
+from planner import context_parallel, cuda_graphs, dualpipe, fp8, fsdp_parallel, model_facts, moe, pipeline_engine, recompute as recompute_modes
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown, shard_group_size
 from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
@@ -520,10 +520,15 @@ def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpe
         fw = target.framework
         if c.recompute not in recompute_modes.CLASSIC:
             yield from _recompute(model, c, fw)
+        if c.offload and fw != "megatron-lm":   # plan searches it for Megatron-LM targets only (planner.offload)
+            yield Violation(Reason.FRAMEWORK_LIMIT, f"offload={c.offload} is Megatron-LM's fine-grained activation "
+                                                    f"offload; {target} has none: drop offload")
         if fw == "megatron-deepspeed":
             yield from _megatron_deepspeed(model, c, target.flavor or "bigscience")
         elif fw == "megatron-lm":
             yield from _megatron_lm(model, c)
+            # DeepSeek's DualPipe (torchtitan's DualPipeV: fsdp_parallel.schedule_violations)
+            yield from (Violation(Reason(r), d) for r, d in dualpipe.problems(training.pp_schedule, c.pp, c.vpp, c.gas))
         elif fw == "fsdp":
             yield from _fsdp(model, c, cluster, training)
         elif fw == "deepspeed":
@@ -552,8 +557,12 @@ class Checker:
         self.model, self.cluster, self.training = model, cluster, training
         self.targets = _targets(training, targets)
         self._probe = any(t.framework == PROBE for t in self.targets)
-        self._gas_read = self._probe or any(t.framework == "fsdp" for t in self.targets)
-        """the rules read GAS itself (the probe's and torchtitan's schedule rounds), not only GAS % PP"""
+        self._gas_read = (self._probe or any(t.framework == "fsdp" for t in self.targets)
+                          or training.pp_schedule in dualpipe.SCHEDULES)
+        """the rules read GAS itself (the probe's and torchtitan's schedule rounds, DualPipe's two directions), not
+        only GAS % PP"""
+        self._pipe_read = "ep-a2a" in (training.overlap or ())
+        """the extras read PP and VPP (the EP all-to-all overlap's rules)"""
         self._degrees: dict[tuple, Violation | None] = {}
         self._batches: dict[tuple, Violation | None] = {}
         self._extras: dict[tuple, Violation | None] = {}
@@ -618,7 +627,9 @@ class Checker:
         # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training);
         # the probe's also pp, zero and hybrid (probe_extent_violations, probe_dp_impl)
         # and the recompute mode (the EP-overlap and CUDA-graph rules refuse some: planner.moe, planner.cuda_graphs)
-        key = (c.tp, c.cp, c.dp, ep, etp, c.sp, c.recompute) + ((c.pp, c.zero, c.hybrid) if self._probe else ())
+        # and, under the EP all-to-all overlap, whether there is a pipeline, interleaved or not (planner.moe.violations)
+        key = (c.tp, c.cp, c.dp, ep, etp, c.sp, c.recompute) + ((c.pp, c.zero, c.hybrid) if self._probe else ()) \
+            + ((c.pp == 1, c.vpp == 1) if self._pipe_read else ())
         if key not in self._extras:
             c = c if (c.ep, c.etp) == (ep, etp) else replace(c, ep=ep, etp=etp)
             self._extras[key] = next((x for t in self.targets
@@ -681,6 +692,8 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
     if emit and not training.fused_norm:
         out.append(Violation(Reason.FRAMEWORK_LIMIT, f"{where} runs fused norms, not the PyTorch ops --unfused-norm "
                                                      "costs; plan without --emit, or drop --unfused-norm"))
+    if emit and fw == "megatron-lm" and training.pp_schedule == dualpipe.DUALPIPE:
+        out.append(Violation(Reason.PIPELINE_SCHEDULE, dualpipe.NOT_EMITTED))
     if facts_target and (fw != "fsdp" or emit):   # what the model is, that the target has no argument for
         out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}")
                 for bad, what in _limits(model, facts_target) if bad]

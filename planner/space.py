@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from planner import recompute_modes
+from planner import dualpipe, recompute_modes
 from planner.errors import InputError
 from planner.framework import OVERLAPS
 from planner.model import Rampup
@@ -24,12 +24,21 @@ OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
 FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FLAVORS = ("bigscience", "microsoft")
 """Megatron-DeepSpeed forks: bigscience-workshop/Megatron-DeepSpeed, microsoft (now deepspeedai)/Megatron-DeepSpeed"""
-PP_SCHEDULES_FSDP = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble")
+PP_SCHEDULES_FSDP = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", dualpipe.DUALPIPE_V)
 """torchtitan's pipeline_parallel_schedule values plan costs (planner.fsdp_parallel.SCHEDULES)"""
+PP_SCHEDULES_MEGATRON = (dualpipe.DUALPIPE,)
+"""schedules plan costs for Megatron-style runs besides Megatron-LM's own (1F1B, interleaved): DeepSeek's DualPipe
+(planner.dualpipe), which Megatron-LM does not run (--emit refuses it, planner.rules.model_violations)"""
+PP_SCHEDULES = PP_SCHEDULES_FSDP + PP_SCHEDULES_MEGATRON
+"""every --pp-schedule value"""
 CUDA_GRAPH_SCOPES = ("layer", "attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
 """what --cuda-graphs takes: Megatron's CudaGraphScope values (megatron/core/transformer/enums.py) and "layer", the
 whole transformer layer (Megatron: --cuda-graph-impl transformer_engine with no --cuda-graph-scope); what each
 captures and costs: planner.cuda_graphs"""
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+"""Megatron-LM's --offload-modules (megatron/core/transformer/transformer_config.py offload_modules: the modules whose
+input --fine-grained-activation-offloading copies to the host in the forward and back for the backward); what each
+costs: planner.offload"""
 PINNABLE = ("tp", "pp", "dp", "mbs", "gas", "vpp")
 """degrees a user may pin (--tp 8 --pp 4 ...), like --gpus"""
 
@@ -83,7 +92,8 @@ class TrainingSpec:
     """Megatron-LM communication overlapped with compute (planner.framework.OVERLAPS: grad-reduce, param-gather,
     tp-comm, p2p); None = the framework's default (Megatron-LM: grad-reduce, param-gather, p2p; --overlap)"""
     pp_schedule: str = ""
-    """torchtitan's pipeline schedule (planner.fsdp_parallel.SCHEDULES); empty: 1F1B, Interleaved1F1B when VPP > 1"""
+    """the pipeline schedule: torchtitan's (planner.fsdp_parallel.SCHEDULES, --framework fsdp) or DeepSeek's DualPipe
+    (planner.dualpipe, --framework megatron-lm); empty: 1F1B, Interleaved1F1B when VPP > 1"""
     torch_compile: bool = False
     """torchtitan [compile] enable: Inductor fuses the element-wise chains (planner.fsdp_parallel.runtime_framework)"""
     async_tp: bool = False
@@ -147,17 +157,12 @@ class TrainingSpec:
             if "param-gather" in self.overlap and "grad-reduce" not in self.overlap:
                 raise InputError("--overlap param-gather needs grad-reduce too (Megatron-LM arguments.py: 'Must use "
                                  "--overlap-param-gather with --overlap-grad-reduce'); add grad-reduce")
-        bad = [m for m in self.activation_offload if m not in ("attn_norm", "qkv_linear", "core_attn", "attn_proj",
-                                                                 "mlp_norm", "expert_fc1", "moe_act")]
-        if bad:   # planner.offload.ACTIVATION_MODULES
-            raise InputError(f"unknown offload module {', '.join(bad)}; use some of attn_norm, qkv_linear, core_attn, "
-                             "attn_proj, mlp_norm, expert_fc1, moe_act")
+        bad = offload_problem(self.activation_offload, "--activation-offload")
+        if bad:
+            raise InputError(bad)
         if self.activation_offload and self.framework != "megatron-lm":
             raise InputError("--activation-offload is Megatron-LM's (--fine-grained-activation-offloading); the "
                              f"framework here is {self.framework}: add --framework megatron-lm or drop it")
-        if "attn_proj" in self.activation_offload and "core_attn" not in self.activation_offload:
-            raise InputError("--activation-offload attn_proj needs core_attn too (transformer_config.py: 'attn_proj "
-                             "cannot be set to offload_modules alone without core_attn'); add core_attn")
         bad_graphs = cuda_graphs_problem(self.cuda_graphs, self.framework)
         if bad_graphs:
             raise InputError(bad_graphs)
@@ -171,10 +176,15 @@ class TrainingSpec:
         if self.fp8_recipe not in ("delayed", "tensorwise", "rowwise", "mxfp8", "blockwise"):   # fp8.FP8_RECIPES
             raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed, tensorwise, rowwise, mxfp8 or "
                              "blockwise")
-        if self.pp_schedule and self.pp_schedule not in PP_SCHEDULES_FSDP:
+        if self.pp_schedule and self.pp_schedule not in PP_SCHEDULES:
             raise InputError(f"unknown pipeline schedule {self.pp_schedule!r}; use one of "
-                             f"{', '.join(PP_SCHEDULES_FSDP)}")
-        if (self.pp_schedule or self.torch_compile or self.async_tp) and self.framework != "fsdp":
+                             f"{', '.join(PP_SCHEDULES)}")
+        if self.pp_schedule in PP_SCHEDULES_MEGATRON and self.framework != "megatron-lm":
+            raise InputError(f"--pp-schedule {self.pp_schedule} is DeepSeek's schedule, planned for Megatron-style runs "
+                             f"(--framework megatron-lm); the framework here is {self.framework}: add --framework "
+                             "megatron-lm, or use --pp-schedule DualPipeV with --framework fsdp (torchtitan)")
+        if ((self.pp_schedule and self.pp_schedule not in PP_SCHEDULES_MEGATRON) or self.torch_compile
+                or self.async_tp) and self.framework != "fsdp":
             raise InputError("--pp-schedule, --torch-compile and --async-tp are torchtitan's (--framework fsdp); "
                              f"the framework here is {self.framework}: add --framework fsdp or drop them")
         if self.fp8_recipe == "rowwise" and self.framework != "fsdp":
@@ -199,6 +209,17 @@ class TrainingSpec:
         if self.rampup is not None and self.rampup.start >= self.global_batch:
             raise InputError(f"rampup start {self.rampup.start} must be below the global batch "
                              f"{self.global_batch} (megatron/microbatches.py)")
+
+
+def offload_problem(modules: tuple[str, ...], what: str) -> str | None:
+    """Why Megatron-LM refuses an --offload-modules list (one line with a fix), or None (transformer_config.py)."""
+    bad = [m for m in modules if m not in OFFLOAD_MODULES]
+    if bad:
+        return f"{what}: unknown offload module {', '.join(bad)}; use some of {', '.join(OFFLOAD_MODULES)}"
+    if "attn_proj" in modules and "core_attn" not in modules:
+        return (f"{what}: attn_proj needs core_attn too (transformer_config.py: 'attn_proj cannot be set to "
+                "offload_modules alone without core_attn'); add core_attn")
+    return None
 
 
 def cuda_graphs_problem(scopes: tuple[str, ...], framework: str) -> str | None:
@@ -242,7 +263,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("mbs", int, log2=True), Dimension("gas", int, searched=False), Dimension("recompute", str),
     Dimension("zero", int), Dimension("sp", bool, False), Dimension("vpp", int, 1, log2=True),
     Dimension("hybrid", bool, False), Dimension("cp", int, 1, log2=True), Dimension("ep", int, 1, log2=True),
-    Dimension("etp", int, 1, log2=True),
+    Dimension("etp", int, 1, log2=True), Dimension("offload", str, ""),
 )
 """the one table of a layout's dimensions, in `Candidate`'s field order (tests/test_dimensions.py checks both)"""
 SIZES = tuple(d.name for d in DIMENSIONS if d.kind is int and d.name != "zero")
@@ -274,6 +295,9 @@ class Candidate:
     """expert parallel: experts spread over EP ranks of the TP·CP·DP grid"""
     etp: int = 1
     """expert tensor parallel: each expert's FFN split over ETP ranks"""
+    offload: str = ""
+    """Megatron-LM's fine-grained activation offload chosen for this layout, its modules joined by "+"
+    (OFFLOAD_MODULES; `planner.offload.modules_of`); "": none, or the training's --activation-offload"""
 
     @property
     def world(self) -> int:
@@ -367,10 +391,14 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
         raise InputError(f"--explain: recompute={recompute} must be one of {', '.join(recompute_modes.CLASSIC)}, "
                          "block-N, uniform-N (Megatron --recompute-method, N layers per model chunk), selective-op "
                          "or selective-layer-N (torchtitan)")
+    offloaded = fields.get("offload", "")
+    bad = offload_problem(tuple(m for m in offloaded.split("+") if m), f"--explain offload={offloaded}")
+    if bad:
+        raise InputError(bad)
     truthy, falsy = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
     for key in ("sp", "hybrid"):
         if fields.get(key, "0") not in truthy | falsy:
             raise InputError(f"--explain: {key}={fields[key]} must be 1 or 0 (true or false)")
     return Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute, zero=num("zero", 0),
                      sp=fields.get("sp", "0") in truthy, vpp=num("vpp", 1), hybrid=fields.get("hybrid", "0") in truthy,
-                     cp=cp, ep=num("ep", 1), etp=num("etp", 1))
+                     cp=cp, ep=num("ep", 1), etp=num("etp", 1), offload=offloaded)

@@ -17,7 +17,7 @@ PLANNER = Path(__file__).resolve().parents[1] / "planner"
 
 FLOORS: dict[int, tuple[str, ...]] = {
     0: ("errors", "constants", "files", "hf_cache", "schema", "terms", "recompute_modes", "pipeline_split", "framework",
-        "table"),
+        "table", "dualpipe"),
     # ground: data-file primitives, the fitted constants, the term declarations, names of modes and frameworks, text
     # tables
     1: ("hf_config", "model", "model_facts", "hardware", "space", "rampup"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from planner import load_model, make_cluster
@@ -137,3 +139,71 @@ def test_plan_cli_shows_what_activation_offload_costs(capsys):
     assert rc == 0
     line = next(x for x in out.splitlines() if x.startswith("activation offload expert_fc1+moe_act"))
     assert "saves" in line and "GB of GPU memory" in line and "s of step time" in line
+
+
+def _plan_offloading(**kw):
+    from planner import plan
+
+    t = TrainingSpec(global_batch=8192, seq_len=4096, framework="megatron-lm", precision="fp8",
+                     recompute_options=("none",), **kw)
+    return plan(load_model("deepseek-v3"), make_cluster(gpu="H100-SXM", gpus=1024), t)
+
+
+def test_plan_searches_activation_offload_where_it_lets_a_layout_fit():
+    """Activation offload as a dimension of the layout (planner.space.DIMENSIONS ``offload``): on DeepSeek-V3 at 1,024
+    H100 without recompute, plan offers layouts that fit only with their expert (and more) inputs on the host, each
+    with the first of planner.offload.SEARCHED_SETS that fits, and what it saves and costs."""
+    from planner.memory import memory_breakdown
+    from planner.offload import SEARCHED_SETS
+
+    p = _plan_offloading()
+    offloaded = [e for e in p.candidates if e.candidate.offload]
+    assert offloaded and p.candidates[0].candidate.offload   # none of the layouts fits without
+    usable = 0.95 * p.cluster.gpu.memory_bytes
+    for e in offloaded[:20]:
+        c = e.candidate
+        assert c.offload in SEARCHED_SETS
+        without = memory_breakdown(p.model, replace(c, offload=""), p.cluster, p.training)
+        assert without.total_bytes > usable >= e.memory.total_bytes
+        earlier = SEARCHED_SETS[:SEARCHED_SETS.index(c.offload)]   # no smaller set fits
+        assert all(memory_breakdown(p.model, replace(c, offload=s), p.cluster, p.training).total_bytes > usable
+                   for s in earlier)
+        cost = e.to_dict()["offload_cost"]
+        assert cost["saves_gb"] == pytest.approx((without.total_bytes - e.memory.total_bytes) / 1e9, abs=1e-3)
+        assert cost["exposed_s"] >= 0 and cost["hidden_s"] > 0
+        assert c.label().endswith(f"offload={c.offload}")
+
+
+def test_offload_is_not_searched_when_given_or_on_dense_models():
+    given = _plan_offloading(activation_offload=("expert_fc1", "moe_act"))
+    assert not any(e.candidate.offload for e in given.candidates)
+    from planner.offload import searched_sets
+
+    dense = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm")
+    assert searched_sets(load_model("llama3-70b"), dense) == ()
+    assert searched_sets(load_model("deepseek-v3"), replace(dense, framework="fsdp")) == ()
+
+
+def test_plan_table_json_and_emit_carry_the_offload(capsys, tmp_path):
+    """The ranked table has an offload column and each offloaded row's cost; the JSON row its offload_cost; the
+    emitted run the Megatron-LM flags (the layout's offload folded into the training's, planner.emit.setup)."""
+    import json
+
+    from planner.cli import main
+
+    base = ["--model", "deepseek-v3", "--gpus", "1024", "--gpu", "H100-SXM", "--global-batch", "8192",
+            "--framework", "megatron-lm", "--precision", "fp8", "--recompute", "none", "--top", "3"]
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert " offload " in next(x for x in out.splitlines() if x.startswith("#"))
+    assert "  #1: saves " in out
+    assert main(base + ["--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert rows[0]["offload"] and rows[0]["offload_cost"]["saves_gb"] > 0
+    assert main(base + ["--emit", "megatron-lm", "--out", str(tmp_path / "run")]) == 0
+    args = (tmp_path / "run" / "args.txt").read_text().splitlines()
+    assert f"--offload-modules {rows[0]['offload'].replace('+', ' ')}" in args
+    from planner.emit import load_plan_yaml
+
+    setup = load_plan_yaml(tmp_path / "run" / "plan.yaml")
+    assert setup.training.activation_offload == tuple(rows[0]["offload"].split("+")) and not setup.candidate.offload

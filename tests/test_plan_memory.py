@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from planner import offload
 from planner.cost import CostParams, estimate_time, throughput
 from planner.hardware import make_cluster
 from planner.memory import PlanMemory, memory_breakdown
@@ -80,11 +81,21 @@ def _one_by_one(model, cluster, training):
         if first is None:
             mem = memory_breakdown(model, c, cluster, training)
             reasons = memory_violations(mem, cluster, training)
+            saved = 0.0
+            if reasons and offload.searched_on(c.recompute, c.ep, c.etp, cluster.gpus_per_node):
+                for modules in offload.searched_sets(model, training):   # the first set that fits, if any
+                    offloaded = replace(c, offload=modules)
+                    with_it = memory_breakdown(model, offloaded, cluster, training)
+                    if not memory_violations(with_it, cluster, training):
+                        saved = mem.total_bytes - with_it.total_bytes
+                        c, mem, reasons = offloaded, with_it, []
+                        break
             if not reasons:
                 time = estimate_time(model, c, cluster, training, topology, params)
                 survivors.append(Estimate(candidate=c, memory=mem, time=time,
                                           throughput=throughput(model, c, cluster, training, time),
-                                          advice=tuple(memory_advice(mem, cluster, training))))
+                                          advice=tuple(memory_advice(mem, cluster, training)),
+                                          offload_saved_bytes=saved))
                 continue
             first = reasons[0]
         pruned[first.reason] += 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
@@ -47,6 +47,14 @@ class RunSetup:
     training: TrainingSpec
     candidate: Candidate
     prediction: Prediction | None = None
+
+    def __post_init__(self) -> None:
+        # a layout's own activation offload (plan's search) is emitted as the training's --activation-offload: the
+        # same run (planner.offload.modules_of), one place every emitter and the plan file read it from
+        if self.candidate.offload:
+            object.__setattr__(self, "training", replace(self.training,
+                                                         activation_offload=tuple(self.candidate.offload.split("+"))))
+            object.__setattr__(self, "candidate", replace(self.candidate, offload=""))
 
 
 def train_samples(training: TrainingSpec) -> int | None:

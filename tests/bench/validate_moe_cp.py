@@ -45,7 +45,19 @@ ROWS = [  # source, model, gpu, GPUs, precision, GBS, MBS, seq, TP, PP, CP, VP, 
     ("Megatron-Bridge 25.11 H100", "qwen3-235b-a22b", "H100", 256, "fp8", 2048, 1, 4096, 2, 8, 1, 4, 32, 233, 1575),
     ("Megatron-Bridge 25.11 B200", "deepseek-v3", "B200", 256, "fp8", 2048, 1, 4096, 1, 16, 1, 1, 8, 557, 2139),
     ("Megatron-Bridge 25.11 B200", "qwen3-30b-a3b", "B200", 8, "fp8", 512, 1, 4096, 1, 1, 1, 1, 8, 214, 9299),
+    ("DeepSeek-V3 report Sec. 1/3.2", "deepseek-v3", "H800", 2048, "fp8", 15360, 1, 4096, 1, 16, 1, 1, 64, None,
+     1543),
 ]
+# DeepSeek-V3's own run (DeepSeek-AI 2024, arXiv 2412.19437): 2,048 H800 (Sec. 3.1), "16-way Pipeline Parallelism,
+# 64-way Expert Parallelism spanning 8 nodes, and ZeRO-1 Data Parallelism" with no TP (Sec. 3.2), DualPipe (Sec.
+# 3.2.1), FP8 with 1x128 / 128x128 block scaling (Sec. 3.3: plan's --fp8-recipe blockwise), RMSNorm and MLA
+# up-projections recomputed (Sec. 3.2.3: modules layernorm + mla_up_proj), batch 15,360 sequences of 4,096 tokens
+# after the ramp (Sec. 4.2). Throughput: "each trillion tokens requires only 180K H800 GPU hours" (Sec. 1, Table 1),
+# 1e12 / (180e3 x 3600) = 1,543 tokens/s per GPU. The micro-batch is not published: MBS 1 and 2 are scored (GAS 120,
+# 60: even and >= 2 x PP, as DualPipe needs), and the faster that fits is shown. Its node-limited routing (each token
+# to at most 4 nodes, Sec. 2.1.2) and the 20 SMs its all-to-all kernels take (Sec. 3.2.2) are not modelled.
+PUBLISHED_PP_SCHEDULE = {("deepseek-v3", "H800"): "DualPipe"}
+PUBLISHED_MBS_CHOICES = {("deepseek-v3", "H800"): (1, 2)}
 
 # Recompute the Megatron-Bridge runs used where plan has the mode (same scripts): none for Llama 3 70B / 3.1 405B on H100
 # (no recompute_* in their workload configs) and Qwen3-30B-A3B (set_qwen3_common_configs: recompute_granularity None).
@@ -70,7 +82,8 @@ PUBLISHED_SHARED_EXPERT_OVERLAP = {("deepseek-v3", "B200")}
 PUBLISHED_CUDA_GRAPHS = {("qwen3-30b-a3b", "B200"): ("moe_router", "moe_preprocess")}
 PUBLISHED_RECOMPUTE = {("llama3-70b", "H100"): "none", ("llama3.1-405b", "H100"): "none",
                        ("qwen3-30b-a3b", "H100"): "none", ("qwen3-30b-a3b", "B200"): "none",
-                       ("qwen3-235b-a22b", "H100"): "none", ("deepseek-v3", "B200"): "modules:mla_up_proj"}
+                       ("qwen3-235b-a22b", "H100"): "none", ("deepseek-v3", "B200"): "modules:mla_up_proj",
+                       ("deepseek-v3", "H800"): "modules:layernorm+mla_up_proj"}
 
 
 def qwen3_235b_a22b():
@@ -89,7 +102,8 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
             cp: int, vp: int | None, ep: int, *, fp8_recipe: str = "delayed",
             grad_reduce_dtype: str = "fp32", recompute: str | None = None,
             a2a_overlap: bool = False, shared_expert_overlap: bool = False,
-            cuda_graphs: tuple[str, ...] = ()) -> tuple[float, float, str] | None:
+            cuda_graphs: tuple[str, ...] = (), pp_schedule: str = "",
+            mbs_choices: tuple[int, ...] = ()) -> tuple[float, float, str] | None:
     """(model TFLOP/s per GPU, tokens/s per GPU, what was chosen) of the best fitting variant, or None; with
     ``recompute`` (the published one) that mode only, marked "predicted OOM" where plan says it does not fit."""
     from planner import load_model, make_cluster
@@ -99,15 +113,15 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
     m = qwen3_235b_a22b() if model == "qwen3-235b-a22b" else load_model(model)
     cluster = make_cluster(gpu=gpu, gpus=gpus)
     t = TrainingSpec(global_batch=gbs, seq_len=seq, precision=precision, framework="megatron-lm", fp8_recipe=fp8_recipe,
-                     grad_reduce_dtype=grad_reduce_dtype, cuda_graphs=cuda_graphs,
+                     grad_reduce_dtype=grad_reduce_dtype, cuda_graphs=cuda_graphs, pp_schedule=pp_schedule,
                      overlap=("grad-reduce", "param-gather", "p2p") + (("ep-a2a",) if a2a_overlap else ())
                      + (("shared-expert",) if shared_expert_overlap else ()))
     dp = gpus // (tp * pp * cp)
     best = None
     for mode in (recompute,) if recompute else ("none", "selective", "full"):
         for zero in (0, 1):
-            for vpp in ([vp] if vp else [1, 2, 4, 8]):
-                c = Candidate(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mbs, gas=gbs // (mbs * dp), recompute=mode,
+            for vpp, mb in ((v, b) for v in ([vp] if vp else [1, 2, 4, 8]) for b in (mbs_choices or (mbs,))):
+                c = Candidate(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, mbs=mb, gas=gbs // (mb * dp), recompute=mode,
                               zero=zero, sp=tp > 1, vpp=vpp)
                 e = estimate(m, cluster, t, c)
                 oom = any(v.reason.value.startswith("memory") for v in e.reasons)
@@ -115,7 +129,8 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
                     tf, tok = e.throughput.model_tflops_per_gpu, e.throughput.tokens_per_s / gpus
                     better = best is None or (oom, -tf) < (best[3], -best[0])
                     if better:
-                        best = (tf, tok, f"recompute={mode} zero={zero} vpp={vpp} {e.memory.total_gb:.0f} GB"
+                        best = (tf, tok, f"recompute={mode} zero={zero} vpp={vpp}"
+                                    + (f" mbs={mb}" if mbs_choices else "") + f" {e.memory.total_gb:.0f} GB"
                                     + (f" [{', '.join(v.reason.value for v in e.reasons)}]" if e.reasons else "")
                                     + (" predicted OOM (published ran)" if oom else ""), oom)
     return best[:3] if best else None
@@ -127,9 +142,13 @@ def main() -> int:
     ratios, oom_rows = [], 0
     for src, model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, pub_tf, pub_tok in ROWS:
         bridge = src.startswith("Megatron-Bridge")
+        deepseek = src.startswith("DeepSeek")
         best = predict(model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, grad_reduce_dtype="bf16" if bridge else "fp32",
-                       fp8_recipe=("tensorwise" if gpu == "H100" else "mxfp8") if bridge else "delayed",
-                       recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge else None,
+                       fp8_recipe=("tensorwise" if gpu == "H100" else "mxfp8") if bridge else
+                       "blockwise" if deepseek else "delayed",
+                       recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge or deepseek else None,
+                       pp_schedule=PUBLISHED_PP_SCHEDULE.get((model, gpu), ""),
+                       mbs_choices=PUBLISHED_MBS_CHOICES.get((model, gpu), ()),
                        a2a_overlap=(model, gpu) in PUBLISHED_A2A_OVERLAP,
                        shared_expert_overlap=(model, gpu) in PUBLISHED_SHARED_EXPERT_OVERLAP,
                        cuda_graphs=PUBLISHED_CUDA_GRAPHS.get((model, gpu), ()) if bridge else ())
