@@ -34,7 +34,7 @@ def _check(result, reference, nproc):
     assert result.world_size == nproc
     assert result.losses[STEPS - 1] < result.losses[0], result.losses
     assert result.losses[:STEPS] == pytest.approx(reference.losses[:STEPS], rel=LOSS_RTOL)
-    if not result.extra.get("warm"):                  # warm workers end with their module (conftest.warm_run)
+    if not result.extra.get("warm"):                  # warm workers end with their group (conftest.warm_run)
         assert not no_process_left(result)
 
 
