@@ -15,7 +15,6 @@ import pytest
 
 from conftest_probes import PROBE_TIMEOUT_S, no_process_left, tiny_spec
 from probes.extent import probe_world, resolve_probe
-from probes.launch import run_local
 from probes.layout import LayoutError
 
 LOSS_RTOL = 1e-5
@@ -39,16 +38,16 @@ def _check(result, reference, nproc):
 
 
 @pytest.fixture(scope="module")
-def dense_reference(tmp_path_factory):
-    r = run_local(_spec(mbs=2, gas=4), nproc=1, workdir=tmp_path_factory.mktemp("dense"), timeout_s=PROBE_TIMEOUT_S)
+def dense_reference(tmp_path_factory, warm_run):
+    """The dense one-process run (on the warm pool of one process, as the MoE one)."""
+    r = warm_run(_spec(mbs=2, gas=4), 1, tmp_path_factory.mktemp("dense"), PROBE_TIMEOUT_S)
     assert r.status == "ok", r.reason
     return r
 
 
 @pytest.fixture(scope="module")
-def moe_reference(tmp_path_factory):
-    r = run_local(_spec(mbs=2, gas=4, **MOE), nproc=1, workdir=tmp_path_factory.mktemp("moe"),
-                  timeout_s=PROBE_TIMEOUT_S)
+def moe_reference(tmp_path_factory, warm_run):
+    r = warm_run(_spec(mbs=2, gas=4, **MOE), 1, tmp_path_factory.mktemp("moe"), PROBE_TIMEOUT_S)
     assert r.status == "ok", r.reason
     return r
 

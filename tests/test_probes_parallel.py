@@ -17,7 +17,6 @@ import pytest
 
 from conftest_probes import PROBE_TIMEOUT_S, no_process_left, tiny_spec
 from planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, tflops_per_gpu
-from probes.launch import run_local
 from probes.layout import model_run, resolve_layout
 
 pytest.importorskip("torch")
@@ -31,10 +30,9 @@ STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The one-process run: mbs 2, gas 4 (global batch 8), no recompute."""
-    result = run_local(tiny_spec(mbs=2, gas=4), nproc=1, workdir=tmp_path_factory.mktemp("ref"),
-                       timeout_s=PROBE_TIMEOUT_S)
+def reference(tmp_path_factory, warm_run):
+    """The one-process run: mbs 2, gas 4 (global batch 8), no recompute (on the warm pool of one process)."""
+    result = warm_run(tiny_spec(mbs=2, gas=4), 1, tmp_path_factory.mktemp("ref"), PROBE_TIMEOUT_S)
     assert result.status == "ok", result.reason
     return result
 
