@@ -39,10 +39,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._functorch.partitioners import get_default_op_list
 from torch.utils.checkpoint import (CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts, noop_context_fn,
                                     set_checkpoint_early_stop)
 
+import functools
 import zlib
 from dataclasses import dataclass
 
@@ -360,13 +360,20 @@ class Block(nn.Module):
 
 _MATMULS = frozenset({torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.linear.default})
 """the projections op-level SAC counts (torchtitan counts mm and linear; a biased nn.Linear on CPU runs addmm)"""
-_SAC_SAVED = _MATMULS | {op.default for op in get_default_op_list().compute_intensive_ops} | {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-    torch.ops.aten._scaled_dot_product_attention_math.default,
-    torch.ops.aten._scaled_dot_product_cudnn_attention.default}
-"""ops whose outputs op-level SAC keeps: torch's compute-intensive ops (its partitioner's list, as torchtitan's
-_get_default_save_ops) and every SDPA kernel, the CPU one too (torchtitan lists no CPU kernel; planner.memory counts
-the attention output as kept)"""
+
+
+@functools.cache
+def _sac_saved() -> frozenset:
+    """ops whose outputs op-level SAC keeps: torch's compute-intensive ops (its partitioner's list, as torchtitan's
+    _get_default_save_ops) and every SDPA kernel, the CPU one too (torchtitan lists no CPU kernel; planner.memory counts
+    the attention output as kept). Built on first use: the partitioner's module imports torch._inductor and
+    torch._dynamo (~1.4 s of CPU per process), which a probe without op-level SAC never needs."""
+    from torch._functorch.partitioners import get_default_op_list
+
+    return _MATMULS | {op.default for op in get_default_op_list().compute_intensive_ops} | {
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+        torch.ops.aten._scaled_dot_product_attention_math.default,
+        torch.ops.aten._scaled_dot_product_cudnn_attention.default}
 
 
 def op_sac_contexts():
@@ -375,13 +382,14 @@ def op_sac_contexts():
     the forward and in the recompute, which is PREFER_RECOMPUTE as is everything else. Of wq, wk, wv, wo, w1, w3, w2 it
     keeps wq, wv, w1, w2 and re-runs wk, wo, w3 (`planner.recompute.op_sac_matmul_share`). A ``context_fn``."""
     matmuls = {False: 0, True: 0}
+    saved = _sac_saved()
 
     def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
         if func in _MATMULS:
             matmuls[ctx.is_recompute] += 1
             if matmuls[ctx.is_recompute] % 2 == 0:
                 return CheckpointPolicy.PREFER_RECOMPUTE
-        return CheckpointPolicy.MUST_SAVE if func in _SAC_SAVED else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in saved else CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)
 

@@ -92,8 +92,11 @@ def _uses_slurm_cluster(item: pytest.Item) -> bool:
 
 
 SHARED_PROCESSES = {"warm_run", "reference", "dense_reference", "moe_reference", "loaded"}
-"""module-scoped fixtures that start processes (warm probe workers, a reference probe, torchtitan's import): a
-module's tests that use one run in one worker, which starts them once"""
+"""fixtures that start processes (warm probe workers, a reference probe, torchtitan's import): a module's tests that
+use one run in one worker, which starts them once"""
+WARM_GROUP = "warm"
+"""the xdist group of every module whose tests use `warm_run`: its pools (a torchrun and its workers per world size,
+~15 s of CPU for 2 workers, ~25 s for 4) are started once for all of them, not once per module"""
 
 
 @pytest.hookimpl(tryfirst=True)   # before pytest-xdist's own hook, which turns the marker into the '@slurm' scope
@@ -102,13 +105,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cluster runs in one worker, so the session starts one cluster (its node is this host's name: two clusters
     would declare the same node) and its tests share it; a module's tests that share processes through a
     module-scoped fixture (`SHARED_PROCESSES`) run in one worker too, which starts them once (a worker switching
-    modules would tear them down and start them again); every other test goes to whichever worker is free.
+    modules would tear them down and start them again), and the modules that use the warm pools (`warm_run`) share one
+    worker and its pools (`WARM_GROUP`); every other test goes to whichever worker is free.
     Slow tests are handed out first (stable order otherwise), so the last minutes are not one long test alone."""
+    warm_modules = {item.module.__name__ for item in items if "warm_run" in getattr(item, "fixturenames", ())}
     for item in items:
         if _uses_slurm_cluster(item):
             item.add_marker(pytest.mark.xdist_group("slurm"))
         elif SHARED_PROCESSES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            module = item.module.__name__
+            item.add_marker(pytest.mark.xdist_group(WARM_GROUP if module in warm_modules else module))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
@@ -142,26 +148,53 @@ def slurm_cluster():
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def warm_run(tmp_path_factory):
-    """``warm_run(spec, nproc, workdir)``: a probe on warm workers (`probes.warm.WarmWorkers`, tune's default local
-    path), one pool per world size that the module's tests share (a torchrun per world size, not per test). At
-    the module's end the pools are closed and none of their processes is left."""
-    pytest.importorskip("torch")
+WARM_POOLS = pytest.StashKey[dict]()
+"""the session's warm pools by world size (`warm_run`), kept in the config's stash, where the hook below ends them"""
+
+
+def _close_warm_pools(config: pytest.Config) -> None:
+    """End the warm pools and check that none of their processes is left."""
     import psutil
 
-    from probes.warm import WarmWorkers
-
-    pools: dict[int, WarmWorkers] = {}
-    root = tmp_path_factory.mktemp("warm")
-
-    def run(spec, nproc: int, workdir: Path, timeout_s: float = 300.0):
-        workers = pools.setdefault(nproc, WarmWorkers(root / f"world{nproc}"))
-        return workers.run(spec, nproc=nproc, workdir=workdir, timeout_s=timeout_s)
-
-    yield run
+    pools = config.stash.get(WARM_POOLS, {})
     pids = sorted({p for w in pools.values() if w.pool is not None for p in w.pool.tracker.seen})
     for w in pools.values():
         w.close()
+    pools.clear()
     left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not left, f"warm workers left running: {left}"
+
+
+def _in_warm_group(item: pytest.Item | None) -> bool:
+    return item is not None and any(m.args == (WARM_GROUP,) for m in item.iter_markers("xdist_group"))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The warm pools end with the last test of their group in this process (the group's tests run one after
+    another in one worker), so their idle processes do not stay for the rest of the session."""
+    if WARM_POOLS in item.config.stash and item.config.stash[WARM_POOLS] and not _in_warm_group(nextitem):
+        _close_warm_pools(item.config)
+
+
+@pytest.fixture(scope="session")
+def warm_run(request, tmp_path_factory):
+    """``warm_run(spec, nproc, workdir)``: a probe on warm workers (`probes.warm.WarmWorkers`, tune's default local
+    path), one pool per world size that the tests of every module using it share (a torchrun per world size, not per
+    test or module: they run in one worker, `WARM_GROUP`). After the group's last test the pools are closed and none
+    of their processes is left (checked again at the session's end)."""
+    pytest.importorskip("torch")
+    from probes.warm import WarmWorkers
+
+    pools = request.config.stash.setdefault(WARM_POOLS, {})
+    root = tmp_path_factory.mktemp("warm")
+    started = {"n": 0}
+
+    def run(spec, nproc: int, workdir: Path, timeout_s: float = 300.0):
+        if nproc not in pools:
+            started["n"] += 1
+            pools[nproc] = WarmWorkers(root / f"world{nproc}-{started['n']}")
+        return pools[nproc].run(spec, nproc=nproc, workdir=workdir, timeout_s=timeout_s)
+
+    yield run
+    _close_warm_pools(request.config)

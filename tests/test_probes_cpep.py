@@ -15,7 +15,6 @@ import pytest
 
 from conftest_probes import PROBE_TIMEOUT_S, no_process_left, tiny_spec
 from probes.extent import probe_world, resolve_probe
-from probes.launch import run_local
 from probes.layout import LayoutError
 
 LOSS_RTOL = 1e-5
@@ -34,21 +33,21 @@ def _check(result, reference, nproc):
     assert result.world_size == nproc
     assert result.losses[STEPS - 1] < result.losses[0], result.losses
     assert result.losses[:STEPS] == pytest.approx(reference.losses[:STEPS], rel=LOSS_RTOL)
-    if not result.extra.get("warm"):                  # warm workers end with their module (conftest.warm_run)
+    if not result.extra.get("warm"):                  # warm workers end with their group (conftest.warm_run)
         assert not no_process_left(result)
 
 
 @pytest.fixture(scope="module")
-def dense_reference(tmp_path_factory):
-    r = run_local(_spec(mbs=2, gas=4), nproc=1, workdir=tmp_path_factory.mktemp("dense"), timeout_s=PROBE_TIMEOUT_S)
+def dense_reference(tmp_path_factory, warm_run):
+    """The dense one-process run (on the warm pool of one process, as the MoE one)."""
+    r = warm_run(_spec(mbs=2, gas=4), 1, tmp_path_factory.mktemp("dense"), PROBE_TIMEOUT_S)
     assert r.status == "ok", r.reason
     return r
 
 
 @pytest.fixture(scope="module")
-def moe_reference(tmp_path_factory):
-    r = run_local(_spec(mbs=2, gas=4, **MOE), nproc=1, workdir=tmp_path_factory.mktemp("moe"),
-                  timeout_s=PROBE_TIMEOUT_S)
+def moe_reference(tmp_path_factory, warm_run):
+    r = warm_run(_spec(mbs=2, gas=4, **MOE), 1, tmp_path_factory.mktemp("moe"), PROBE_TIMEOUT_S)
     assert r.status == "ok", r.reason
     return r
 

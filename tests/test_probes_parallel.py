@@ -5,9 +5,10 @@
 Same seed, same global batch, same weights (each layer seeded by its index), fp32: a layout
 whose losses match the one-process run to float tolerance really splits the model and the
 batch (a layout that only replicated work would still match, so each test also checks the
-layout that ran). The layouts run on warm workers (tune's default: one torchrun per world size
-for the module, a fresh model and process groups per probe), so matching losses also show that
-nothing of one probe leaks into the next. All tests start processes: marked slow.
+layout that ran). The layouts run on warm workers (tune's default: one torchrun per world size,
+shared with the other modules that use `warm_run`; a fresh model and process groups per probe), so
+matching losses also show that nothing of one probe leaks into the next (nor of another module's).
+All tests start processes: marked slow.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import pytest
 
 from conftest_probes import PROBE_TIMEOUT_S, no_process_left, tiny_spec
 from planner.flops import hardware_flops_per_iteration, model_flops_per_iteration, tflops_per_gpu
-from probes.launch import run_local
 from probes.layout import model_run, resolve_layout
 
 pytest.importorskip("torch")
@@ -30,10 +30,9 @@ STEPS = 4
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The one-process run: mbs 2, gas 4 (global batch 8), no recompute."""
-    result = run_local(tiny_spec(mbs=2, gas=4), nproc=1, workdir=tmp_path_factory.mktemp("ref"),
-                       timeout_s=PROBE_TIMEOUT_S)
+def reference(tmp_path_factory, warm_run):
+    """The one-process run: mbs 2, gas 4 (global batch 8), no recompute (on the warm pool of one process)."""
+    result = warm_run(tiny_spec(mbs=2, gas=4), 1, tmp_path_factory.mktemp("ref"), PROBE_TIMEOUT_S)
     assert result.status == "ok", result.reason
     return result
 
@@ -65,7 +64,7 @@ def _check_against_reference(result, reference, spec, nproc):
     assert len(result.losses) >= STEPS
     assert result.losses[STEPS - 1] < result.losses[0], result.losses            # it learns
     assert result.losses[:STEPS] == pytest.approx(reference.losses[:STEPS], rel=LOSS_RTOL)
-    if not result.extra.get("warm"):                  # warm workers end with their module (conftest.warm_run)
+    if not result.extra.get("warm"):                  # warm workers end with their group (conftest.warm_run)
         assert not no_process_left(result)
     layout = resolve_layout(spec, world=nproc)
     assert result.extra["layout"]["dp_impl"] == layout.dp_impl
@@ -92,7 +91,7 @@ def test_two_process_layout_matches_single_process(name, reference, tmp_path, wa
     kw = dict(LAYOUTS_2[name])
     schedule = kw.pop("pp_schedule", "1F1B")
     spec = tiny_spec(pp_schedule=schedule, **kw)
-    result = warm_run(spec, 2, tmp_path, PROBE_TIMEOUT_S)     # the module's layouts share 2 warm workers
+    result = warm_run(spec, 2, tmp_path, PROBE_TIMEOUT_S)     # the layouts share 2 warm workers (conftest.warm_run)
     _check_against_reference(result, reference, spec, 2)
     for f in ("command.json", "spec.json", "result.json", "rank0.stderr", "rank1.stdout"):
         assert (tmp_path / f).is_file(), f

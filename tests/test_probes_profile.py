@@ -79,11 +79,10 @@ def test_one_process_profile_is_all_compute():
 
 
 @pytest.mark.slow
-def test_tensor_parallel_profile_shows_tp_communication(tmp_path):
-    from probes.launch import run_local
-
+def test_tensor_parallel_profile_shows_tp_communication(tmp_path, warm_run):
+    """On the shared warm pool of 2 (tune's default path; conftest.warm_run), not a torchrun of its own."""
     spec = replace(tiny_spec(tp=2), profile=True)
-    r = run_local(spec, nproc=2, workdir=tmp_path, timeout_s=PROBE_TIMEOUT_S)
+    r = warm_run(spec, 2, tmp_path, PROBE_TIMEOUT_S)
     assert r.status == "ok", r.reason
     split = r.timing_split
     assert split["comm_s_by_dim"].get("tp", 0) > 0, split
