@@ -69,7 +69,10 @@ def test_plan_counts_every_candidate_with_its_first_reason(name, gpus, gpu, kw):
 
 @pytest.mark.parametrize("name, gpus, gpu, kw", CASES + [
     ("mixtral-8x7b", 64, "H100", dict(global_batch=256, seq_len=4096, framework="megatron-lm",
-                                      recompute_options=("none", "selective", "full", "block", "modules")))])
+                                      recompute_options=("none", "selective", "full", "block", "modules"))),
+    # DualPipe's bubble and stage compute, and layouts that fit by the activation offload search (4 of 78 survivors)
+    ("deepseek-v3", 256, "H100-SXM", dict(global_batch=1024, seq_len=4096, framework="megatron-lm",
+                                          pp_schedule="DualPipe"))])
 @pytest.mark.parametrize("keep", [1, 3, 10])
 def test_plan_keeping_its_top_rows_ranks_them_as_the_whole_plan(name, gpus, gpu, kw, keep, monkeypatch):
     """plan(keep=N) (what `plan` prints) is the whole plan's first N rows, counts, reasons, examples and free_best,
