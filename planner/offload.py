@@ -180,5 +180,6 @@ def activation_offload_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
     return [("--fine-grained-activation-offloading",), ("--offload-modules", *training.activation_offload)]
 
 
-__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "SEARCHED_SETS", "modules_of", "searched_on", "searched_sets", "activation_copy_s", "activation_offload_args",
-           "activation_offload_bytes", "host_link_bytes_per_s", "host_step_s", "megatron_lm_args", "offloaded_layers"]
+__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "SEARCHED_SETS", "activation_copy_s", "activation_offload_args",
+           "activation_offload_bytes", "host_link_bytes_per_s", "host_step_s", "megatron_lm_args", "modules_of",
+           "offloaded_layers", "searched_on", "searched_sets"]
