@@ -25,6 +25,7 @@ from typing import Callable
 
 from planner import context_parallel, dualpipe, fp8, fsdp_parallel, moe, offload, pipeline_engine, recompute
 from planner.constants import ALLOCATOR_OVERHEAD
+from planner.framework import get_framework
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
@@ -53,8 +54,10 @@ class ParamBytes:
         return self.weights + self.master + self.grads + self.optimizer + self.grads_fp32
 
 
-DEEPSPEED_ZERO = ("megatron-deepspeed", "deepspeed")
-"""the frameworks whose optimizer is DeepSpeed's (FP16_Optimizer at ZeRO 0, its ZeRO optimizer above; its buckets)"""
+def deepspeed_optimizer(framework: str) -> bool:
+    """Whether DeepSpeed's engine runs the step, so its optimizer too (FP16_Optimizer at ZeRO 0, its ZeRO optimizer
+    above) and its gradient buckets: the framework's `deepspeed_engine` trait (planner.framework)."""
+    return get_framework(framework).deepspeed_engine
 
 
 @functools.lru_cache(maxsize=64)   # pure over three names; plan() asks for it a few times per candidate
@@ -73,7 +76,7 @@ def param_bytes(precision: str, optimizer: str, framework: str = "megatron-lm") 
     states = {"adamw": 8, "adamw-8bit": 2, "sgd": 4, "lion": 4, "adafactor": 4}[optimizer]  # seed 001
     if precision == "fp32":
         return ParamBytes(weights=4, master=0, grads=4, optimizer=states)  # 16 for AdamW
-    if framework in DEEPSPEED_ZERO and precision == "bf16":
+    if deepspeed_optimizer(framework) and precision == "bf16":
         # FITTED choice between the two accountings: bf16 runs of Hagemann et al.'s sheets (Llama 13B at TP1 PP1 ran
         # on 80 GB) need the ZeRO paper's 16-bit gradients; fp16 runs (seed 003, tr11 nvidia-smi peaks) follow 18
         return ParamBytes(weights=2, master=4, grads=2, optimizer=states, grads_fp32=4)  # ZeRO paper Sec. 5.1 + fp32 partition
@@ -366,7 +369,7 @@ def framework_buffers_bytes(params_on_gpu: int, cand: Candidate, training: Train
     keeps its fp32 grad buffer, already counted as grads.
     """
     nccl = nccl_buffers_bytes(cand)
-    if training.framework in DEEPSPEED_ZERO:
+    if deepspeed_optimizer(training.framework):
         return nccl + 2 * min(5e8, params_on_gpu) * 2
     if training.framework == "fsdp" and cand.pp > 1:   # torchtitan under PP: the whole stage stays unsharded
         return nccl + fsdp_parallel.unsharded_stage_bytes(params_on_gpu, cand, training)
@@ -429,7 +432,7 @@ def deepspeed_fp16_step_grad_bytes(cand: Candidate, training: TrainingSpec) -> f
     """fp32 gradient bytes per parameter DeepSpeed's FP16 optimizer allocates at the step (Megatron-DeepSpeed at ZeRO 0
     under fp16), 0 for every other step: ZeRO >= 1 runs the ZeRO optimizer, bf16 BF16_Optimizer
     (`training_param_bytes`)."""
-    if training.framework not in DEEPSPEED_ZERO or training.precision != "fp16" or cand.zero:
+    if not deepspeed_optimizer(training.framework) or training.precision != "fp16" or cand.zero:
         return 0.0
     return FP16_STEP_GRAD_BYTES["fused" if training.optimizer == "adamw" else "unfused"]
 
