@@ -144,6 +144,9 @@ def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "Train
     ``recomputed_layers``: `planner.recompute.recomputed_of(...).layers` when the caller has it."""
     if c.cp <= 1:
         return 0.0
+    if training.framework == "fsdp":
+        return allgather_exchange_exposed_s(model, c, link, send_s, core_s, bytes_per_value, recomputed_layers,
+                                            training.seq_len)
     steps = c.cp - 1
     values = 2 * training.seq_len // c.cp * c.mbs * model.kv_dim / max(1, c.tp)
     send = send_s(link, kind="send", message_bytes=values * bytes_per_value, group=2)
@@ -154,6 +157,33 @@ def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "Train
         recomputed_layers = recomputed_of(model, c, training.framework).layers
     recompute = forward * recomputed_layers   # full: all; block-N: its share
     return forward + backward + recompute
+
+
+def allgather_exchange_exposed_s(model: "ModelSpec", c: "Candidate", link: object, send_s: Callable[..., float],
+                                 core_s: float, bytes_per_value: float, recomputed_layers: float | None,
+                                 seq_len: int) -> float:
+    """Exposed seconds of torchtitan's ring exchange in one layer's forward + backward (torch
+    distributed/tensor/experimental/_attention.py as torchtitan 2024-12 ran it: context_parallel_rotate_method
+    "allgather" by default, `_AllGatherRotater`).
+
+    Forward: one all-gather of every rank's K and V (as wide as Q: torchtitan repeat_kv's them before SDPA),
+    issued before step 0 and waited whole at step 1, so only step 0's block hides it. Backward: the same all-gather
+    again (a new rotater) under step 0's backward block, and the K/V gradients passed one hop a step in fp32
+    (`_AllToAllRotater`, convert_to_f32), each hidden under the next step's block, the last one waited after the
+    loop with nothing left to hide it. A full recompute runs the forward's all-gather once more."""
+    chunk_values = 2 * seq_len // c.cp * c.mbs * model.q_dim / max(1, c.tp)
+    gather = send_s(link, kind="all_gather", message_bytes=c.cp * chunk_values * bytes_per_value, group=c.cp)
+    grad_send = send_s(link, kind="send", message_bytes=chunk_values * GRAD_BYTES, group=2)
+    block = core_s / c.cp                       # one step's block of the forward core (s/CP x s/CP, causal half x 2)
+    forward = max(0.0, gather - block)
+    backward = max(0.0, gather - 2 * block) + (c.cp - 1) * max(0.0, grad_send - 2 * block) + grad_send
+    if recomputed_layers is None:
+        recomputed_layers = recomputed_of(model, c, "fsdp").layers
+    return forward + backward + forward * recomputed_layers
+
+
+GRAD_BYTES = 4
+"""bytes of a K/V gradient value torch's ring passes (convert_to_f32: fp32 accumulation and send)"""
 
 
 @memoized_term(lambda ctx: (ctx.cand.cp, ctx.cand.tp, ctx.cand.mbs, ctx.stage_layers, ctx.core_s, ctx.rc.layers))
@@ -174,6 +204,6 @@ RING_EXCHANGE = Term(name="cp_ring_exchange", kind=COMMUNICATION, group="cp_comm
                      constants=("LINK_EFFICIENCY",))
 
 
-__all__ = ["FRAMEWORKS_WITH_CP", "RING_EXCHANGE", "RING_STEP_KV_BYTES", "RING_STEP_Q_BYTES", "MIN_CHUNK_TOKENS",
-           "cp_choices", "rank_model", "ring_attention", "ring_exchange_exposed_s", "ring_step_bytes",
+__all__ = ["FRAMEWORKS_WITH_CP", "GRAD_BYTES", "RING_EXCHANGE", "RING_STEP_KV_BYTES", "RING_STEP_Q_BYTES", "MIN_CHUNK_TOKENS",
+           "allgather_exchange_exposed_s", "cp_choices", "rank_model", "ring_attention", "ring_exchange_exposed_s", "ring_step_bytes",
            "split_activations", "violations"]

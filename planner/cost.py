@@ -498,6 +498,8 @@ def optimizer_s(ctx: StepContext) -> float:
     cand, training, model = ctx.cand, ctx.training, ctx.model
     pb = param_bytes(training.precision, training.optimizer)
     per_param = 2 * (pb.master + pb.optimizer) + pb.grads + pb.weights
+    if training.framework == "fsdp" and training.optimizer == "adamw":
+        per_param = FOREACH_ADAMW_BYTES + CLIP_GRAD_NORM_BYTES   # eager PyTorch's optimizer: one pass an op
     shard_opt = ctx.shard if cand.zero >= 1 else 1
     opt_bytes = ctx.params_gpu / shard_opt * per_param
     edp = moe.expert_data_parallel(cand)
@@ -506,6 +508,18 @@ def optimizer_s(ctx: StepContext) -> float:
     f = training.optimizer_offload   # Megatron-LM's CPU offload: that share steps on the host (planner.offload)
     return opt_bytes * (1 - f) / ops.elementwise_bw(ctx.cluster) + offload.host_step_s(f * opt_bytes / per_param,
                                                                                     ctx.cluster)
+
+
+# HBM bytes per fp32 parameter of torch.optim.AdamW's default step on CUDA (foreach, not fused: torch/optim/adamw.py
+# _multi_tensor_adamw, 2.x; torchtitan build_optimizers fused=False -> foreach=True; Hugging Face's own AdamW runs the
+# same ops per tensor), one pass per op: _foreach_mul_ (weight decay) 8, _foreach_lerp_ (exp_avg, grad) 12, _foreach_mul_
+# (exp_avg_sq) 8, _foreach_addcmul_ (grad, grad) 12, _foreach_sqrt 8, _foreach_div_ 8, _foreach_add_ (eps) 8,
+# _foreach_addcdiv_ (param, exp_avg, denom) 16: 80. The fused kernel (Megatron, DeepSpeed, fused=True) reads and writes
+# each once (the seed-001 count above).
+FOREACH_ADAMW_BYTES = 80
+# clip_grad_norm_ (foreach) before the step, what torchtitan, fms-fsdp and the Hugging Face Trainer run (max norm 1.0):
+# _foreach_norm reads each gradient 4, _foreach_mul_ by the clip coefficient 8
+CLIP_GRAD_NORM_BYTES = 12
 
 
 TERMS: tuple[Term, ...] = (
