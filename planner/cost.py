@@ -39,6 +39,17 @@ from planner.topology import Topology, collective_time_s
 # Bytes per logit the cross-entropy reads and writes, forward and backward: 16-bit logits read, fp32
 # softmax written and read back, 16-bit gradient written (Megatron's vocab-parallel cross-entropy).
 LOSS_BYTES_PER_LOGIT = 6
+# torchtitan's cross-entropy on an fp32 copy of the logits (its model's output(h).float() in 2024-04, loss_fn's
+# pred.float() from 2024-10; not compiled in 2024-12: "compiling loss function causes CUDA errors"), as eager PyTorch
+# runs it, forward + backward per logit: the upcast r2 w4 6, log_softmax over a 128K row (cunn_SoftMaxForward: a max
+# pass, a sum-exp pass, a write pass) r4 r4 r4 w4 16, nll_loss_backward's zero-filled fp32 gradient w4 4,
+# log_softmax_backward (a sum pass, then r4 r4 w4) 16, the upcast's backward r4 w2 6: 48
+FP32_LOSS_BYTES_PER_LOGIT = 48
+
+
+def fp32_logits(training: TrainingSpec) -> bool:
+    """The loss runs on an fp32 copy of the logits: torchtitan (the fsdp framework's default trainer)."""
+    return training.framework == "fsdp" and not training.fsdp_trainer
 
 
 # How far apart two candidates' predictions must be before the ranking between them means something: RANKING_ERROR
@@ -183,12 +194,13 @@ def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, trainin
 
 
 def head_seconds(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, fw: Framework, g16: GemmContext,
-                 tokens: int) -> tuple[float, float]:
+                 tokens: int, fp32_loss: bool = False) -> tuple[float, float]:
     """(GEMM, element-wise) seconds of one micro-batch's LM head over the padded vocabulary and its cross-entropy
-    over the logits, forward + 2x backward."""
+    over the logits, forward + 2x backward (``fp32_loss``: on an fp32 copy, `fp32_logits`)."""
     vocab_t = padded_vocab(model.vocab, cand.tp, fw) // cand.tp
+    loss_bytes = FP32_LOSS_BYTES_PER_LOGIT if fp32_loss else 3 * LOSS_BYTES_PER_LOGIT
     return (3 * gemm_s(tokens, vocab_t, model.hidden, g16),
-            3 * LOSS_BYTES_PER_LOGIT * tokens * vocab_t / ops.elementwise_bw(cluster))
+            loss_bytes * tokens * vocab_t / ops.elementwise_bw(cluster))
 
 
 OP_CLASSES = (ops.GEMM, ops.ATTENTION, ops.ELEMENTWISE)
@@ -207,7 +219,8 @@ def class_seconds(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     if head:
         fw = fsdp_parallel.runtime_framework(get_framework(training.framework), training)
         g16 = gemm_context(cluster, training, fp8.compute_precision(training.precision))
-        head_gemm_s, loss_s = head_seconds(model, cand, cluster, fw, g16, model.seq_len * cand.mbs // cand.cp)
+        head_gemm_s, loss_s = head_seconds(model, cand, cluster, fw, g16, model.seq_len * cand.mbs // cand.cp,
+                                           fp32_logits(training))
         out[ops.GEMM] += head_gemm_s
         out[ops.ELEMENTWISE] += loss_s
     return out
@@ -250,7 +263,7 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     core, layer_s = layer_times(model, cand, cluster, training, layer_memo)
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
-    head_gemm_s, loss_s = head_seconds(model, cand, cluster, fw, g16, tokens)
+    head_gemm_s, loss_s = head_seconds(model, cand, cluster, fw, g16, tokens, fp32_logits(training))
     logits_s = head_gemm_s + loss_s
     # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
     logits_s += model.mtp_layers * (layer_s + logits_s)
@@ -510,6 +523,18 @@ def optimizer_s(ctx: StepContext) -> float:
                                                                                     ctx.cluster)
 
 
+def fsdp_copy_out_s(ctx: StepContext) -> float:
+    """FSDP2 (fully_shard, torchtitan) copies every gathered parameter out of the all-gather buffer into its own
+    unsharded tensor on the compute stream (torch distributed/_composable/fsdp/_fsdp_collectives.py
+    foreach_all_gather_copy_out: split_with_sizes_copy, read + write of the gathered 16-bit bytes), once per
+    all-gather (`fsdp_parallel.sharded_collectives`); FSDP1 (fms-fsdp) gathers into its flat parameter in place."""
+    cand, training = ctx.cand, ctx.training
+    if training.framework != "fsdp" or training.fsdp_trainer or cand.zero < 3 or ctx.shard <= 1:
+        return 0.0
+    gathers, _ = fsdp_parallel.sharded_collectives(cand, training, ctx.rc.layers)
+    return gathers * ctx.params_gpu * 2 * ctx.half / ops.elementwise_bw(ctx.cluster)
+
+
 # HBM bytes per fp32 parameter of torch.optim.AdamW's default step on CUDA (foreach, not fused: torch/optim/adamw.py
 # _multi_tensor_adamw, 2.x; torchtitan build_optimizers fused=False -> foreach=True; Hugging Face's own AdamW runs the
 # same ops per tensor), one pass per op: _foreach_mul_ (weight decay) 8, _foreach_lerp_ (exp_avg, grad) 12, _foreach_mul_
@@ -570,6 +595,9 @@ TERMS: tuple[Term, ...] = (
          seconds=tied_embedding_s, source="Megatron-LM _allreduce_embedding_grads; DeepSpeed allreduce_tied_weight_"
                                           "gradients", constants=("LINK_EFFICIENCY",)),
     moe.EXPERT_GRAD_REDUCE,
+    Term(name="fsdp_copy_out", kind=MEMORY, group="dp_comm_s", per_microbatch=False, seconds=fsdp_copy_out_s,
+         source="torch FSDP2 _fsdp_collectives.foreach_all_gather_copy_out (split_with_sizes_copy on the compute "
+                "stream)", constants=("ELEMENTWISE_BW_EFFICIENCY",)),
     Term(name="optimizer", kind=MEMORY, group="optimizer_s", per_microbatch=False, seconds=optimizer_s,
          source="seed 001 bytes per parameter, read and written at HBM bandwidth",
          constants=("ELEMENTWISE_BW_EFFICIENCY",)),

@@ -23,6 +23,8 @@ PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "sgd", "lion", "adafactor")
 FSDP_STRATEGIES = {0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}
 FLAVORS = ("bigscience", "microsoft")
+FSDP_TRAINERS = ("", "fms-fsdp", "hugging-face")
+"""who runs a replayed fsdp run's model (TrainingSpec.fsdp_trainer): "" = torchtitan (plan's own)"""
 """Megatron-DeepSpeed forks: bigscience-workshop/Megatron-DeepSpeed, microsoft (now deepspeedai)/Megatron-DeepSpeed"""
 PP_SCHEDULES_FSDP = ("1F1B", "GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble", dualpipe.DUALPIPE_V)
 """torchtitan's pipeline_parallel_schedule values plan costs (planner.fsdp_parallel.SCHEDULES)"""
@@ -112,6 +114,11 @@ class TrainingSpec:
     """the element-wise ops run as PyTorch ops, one kernel each (planner.ops.eager_elementwise_bytes), under a
     framework that would fuse them: a trainer outside plantune's emitters (Hagemann et al.'s Megatron-style one);
     the norms follow ``fused_norm``. Eager frameworks (fsdp without torch.compile) are eager whatever it says"""
+    fsdp_trainer: str = ""
+    """who runs the fsdp framework's model, for runs replayed from their sources (`FSDP_TRAINERS`): "" = torchtitan,
+    what plan emits (FSDP2's per-parameter all-gather copied out, the cross-entropy on fp32 logits: planner.cost);
+    "fms-fsdp" (FSDP1 gathers into its flat parameter in place, the loss on the 16-bit logits); "hugging-face"
+    (transformers' Trainer, 16-bit logits into the loss)"""
     fused_norm: bool = True
     """the norms run as one fused kernel (apex / Transformer Engine / Inductor, and every config plantune emits);
     False: PyTorch's reference RMSNorm as separate ops (--unfused-norm; Hagemann et al.'s runs without their "RMS
@@ -132,6 +139,9 @@ class TrainingSpec:
             raise InputError(f"--memory-fraction must be in (0, 1], got {self.memory_fraction}")
         if not 0 <= self.memory_headroom < 1:
             raise InputError(f"--memory-headroom must be in [0, 1), got {self.memory_headroom}")
+        if self.fsdp_trainer not in FSDP_TRAINERS:
+            raise InputError(f"unknown fsdp trainer {self.fsdp_trainer!r}; use one of "
+                             f"{', '.join(repr(t) for t in FSDP_TRAINERS)}")
         if self.flavor not in FLAVORS:
             raise InputError(f"unknown Megatron-DeepSpeed flavor {self.flavor!r}; use one of {', '.join(FLAVORS)}")
         bad_pins = [f"{k}={v}" for k, v in self.pins if k not in PINNABLE or not isinstance(v, int) or v < 1]

@@ -216,8 +216,10 @@ def fsdp_runs(r: dict, line: int = 0) -> list[PublishedRun]:
     cluster = _cluster(gpu, gpus, 8, FMS_GBPS[gpu] if fms else None)
     recompute = fsdp_recompute(p["activation_recompute"], fms)
     hybrid = "HYBRID" in str(p.get("fsdp", ""))
+    # fms-fsdp: FSDP1 and CrossEntropyLoss on the model's 16-bit logits (fms-fsdp main_training train_utils)
+    trainer = "fms-fsdp" if fms else ""
     training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="bf16", framework="fsdp",
-                            flash_attention=True)
+                            flash_attention=True, fsdp_trainer=trainer)
     cand = Candidate(tp=1, pp=1, dp=gpus, mbs=p["micro_batch"], gas=gbs // (p["micro_batch"] * gpus),
                      recompute=recompute, zero=3, hybrid=hybrid)
     out = [PublishedRun(id=r["id"], table=f"{table} on {gpus} {gpu}", framework=framework, model=model,
@@ -229,7 +231,8 @@ def fsdp_runs(r: dict, line: int = 0) -> list[PublishedRun]:
         out.append(PublishedRun(id=r["id"].replace("bs1", "bs2") + "_oom", table=f"{table} on {gpus} {gpu}",
                                 framework=framework, model=model, cluster=cluster,
                                 training=TrainingSpec(global_batch=2 * gpus, seq_len=md["seq_len"], precision="bf16",
-                                                      framework="fsdp", flash_attention=True),
+                                                      framework="fsdp", flash_attention=True,
+                                                      fsdp_trainer=trainer),
                                 cand=oom, tokens_per_s_per_gpu=None, memory_gib=None, oom=True, source_row=line))
     return out
 
@@ -294,7 +297,8 @@ def ds_autotuning_run(r: dict, line: int = 0) -> PublishedRun | None:
     # stage; the vanilla HF baseline (DDP, no ZeRO) is the planner's eager framework, fsdp, at ZeRO 0 (NO_SHARD)
     ds = z.isdigit()
     training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="fp16",
-                            framework="deepspeed" if ds else "fsdp", flash_attention=False)
+                            framework="deepspeed" if ds else "fsdp", flash_attention=False,
+                            fsdp_trainer="" if ds else "hugging-face")
     cand = Candidate(tp=1, pp=1, dp=gpus, mbs=p["micro_batch"], gas=gbs // (p["micro_batch"] * gpus),
                      zero=int(z) if ds else 0)
     # DGX-2: 16 V100-32GB on NVSwitch, one node (memory size not stated: ASSUMED 32 GB)

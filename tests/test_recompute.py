@@ -119,7 +119,8 @@ def test_torchtitan_selective_op_reruns_the_matmuls_it_does_not_save():
 def test_torchtitan_selective_op_reruns_the_elementwise_ops():
     """op-level SAC marks every op outside its save list (mm, SDPA, reduce_scatter, max) PREFER_RECOMPUTE: the norms,
     RoPE, SwiGLU and residual adds re-run in the backward. Against torchtitan's Dec-2024 Table 1 (Llama 3.1 8B, FSDP
-    on 8 H100, selective op AC, eager): 5,762 tokens/s per GPU measured; 6,493 predicted (1.13) before they re-ran."""
+    on 8 H100, selective op AC, eager): 5,762 tokens/s per GPU measured; 6,493 predicted (1.13) before they re-ran
+    (1.04 after; 1.00 with the eager optimizer, the fp32 loss and FSDP2's copy-out, tests/test_terms.py)."""
     from published import modern_torchtitan_cases
     from planner.ops import ELEMENTWISE
     case = next(c for c in modern_torchtitan_cases() if c.id == "torchtitan_2024_12_t1_llama31_8b_8gpus_fsdp")
@@ -128,7 +129,7 @@ def test_torchtitan_selective_op_reruns_the_elementwise_ops():
     rows = [r for r in e.layer_ops if r["class"] == ELEMENTWISE]
     assert rows and all(r["recompute_s"] == pytest.approx(r["forward_s"]) for r in rows)
     tps = case.training.global_batch * case.model.seq_len / e.step_time_s / case.cand.world
-    assert 1.0 < tps / case.tokens_per_s_per_gpu < 1.06
+    assert 0.97 < tps / case.tokens_per_s_per_gpu < 1.06
 
 
 def test_frameworks_refuse_modes_they_lack():

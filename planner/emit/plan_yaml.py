@@ -24,7 +24,7 @@ from planner.hardware import accelerator_from, accelerator_ref, make_cluster
 from planner.model import ModelSpec, Rampup, model_to_yaml_dict, positions_note
 from planner.schema import (CALIBRATION, CLUSTER, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_MBS, MODEL, RAMPUP, WHY_GLOBAL_BATCH,
                             WHY_GPUS, Bool, Enum, Field, Int, List, Map, Num, Scalar, Str, check, check_training)
-from planner.space import FLAVORS, FRAMEWORKS, OPTIMIZERS, Candidate, TrainingSpec
+from planner.space import FLAVORS, FRAMEWORKS, FSDP_TRAINERS, OPTIMIZERS, Candidate, TrainingSpec
 
 from planner.emit.setup import Prediction, RunSetup, train_samples
 
@@ -37,7 +37,7 @@ _SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attenti
 _TRAINING_TOP = {"global_batch", "seq_len", "precision", "rampup", "flash_attention"}
 # flavor is plantune.flavor; pins only narrow the search and mean nothing once a layout is chosen
 _TRAINING_NOT_WRITTEN = {"flavor", "pins"}
-_OPTIONAL = {"attention_kernel", "eager_ops", "cuda_graphs"}
+_OPTIONAL = {"attention_kernel", "eager_ops", "cuda_graphs", "fsdp_trainer"}
 """plantune.training keys files written before them may lack (the TrainingSpec default applies)"""
 _TRAINING_EXTRA = tuple(f.name for f in fields(TrainingSpec) if f.name not in _TRAINING_TOP | _TRAINING_NOT_WRITTEN)
 
@@ -72,6 +72,7 @@ def plan_schema() -> dict[str, Field]:
         "overlap": List(Str(), null=True), "optimizer_offload": Num(0, 1),
         "activation_offload": List(Str()),   # TrainingSpec checks the module names
         "cuda_graphs": List(Str()),   # TrainingSpec checks the scopes (planner.cuda_graphs)
+        "fsdp_trainer": Enum(*FSDP_TRAINERS),
     }
     cluster = {**CLUSTER, "gpus_per_node": required_field(CLUSTER["gpus_per_node"]), "nodes": required_field(CLUSTER["nodes"]),
                "matmul_efficiency": CALIBRATION["matmul_efficiency"],
