@@ -537,8 +537,8 @@ def fsdp_copy_out_s(ctx: StepContext) -> float:
 
 # HBM bytes per fp32 parameter of torch.optim.AdamW's default step on CUDA (foreach, not fused: torch/optim/adamw.py
 # _multi_tensor_adamw, 2.x; torchtitan build_optimizers fused=False -> foreach=True; Hugging Face's own AdamW runs the
-# same ops per tensor), one pass per op: _foreach_mul_ (weight decay) 8, _foreach_lerp_ (exp_avg, grad) 12, _foreach_mul_
-# (exp_avg_sq) 8, _foreach_addcmul_ (grad, grad) 12, _foreach_sqrt 8, _foreach_div_ 8, _foreach_add_ (eps) 8,
+# same ops per tensor), one pass per op: _foreach_mul_ (weight decay) 8, _foreach_lerp_ (exp_avg, grad) 12,
+# _foreach_mul_ (exp_avg_sq) 8, _foreach_addcmul_ (grad, grad) 12, _foreach_sqrt 8, _foreach_div_ 8, _foreach_add_ (eps) 8,
 # _foreach_addcdiv_ (param, exp_avg, denom) 16: 80. The fused kernel (Megatron, DeepSpeed, fused=True) reads and writes
 # each once (the seed-001 count above).
 FOREACH_ADAMW_BYTES = 80

@@ -125,10 +125,11 @@ def layers_per_stage(model: "ModelSpec", c: "Candidate") -> int:
 
 
 def runtime_framework(fw: Framework, training: "TrainingSpec") -> Framework:
-    """The framework's element-wise traffic and host time as run: torch.compile (Inductor) fuses each norm, RoPE and
+    """The framework's element-wise traffic and host time as run: torch.compile (Inductor) fuses each norm and
     SwiGLU chain into one kernel, as Megatron's fused kernels do (``eager`` False, a third of the eager
-    launches: `planner.constants.MEGATRON_HOST_S`); nothing fitted. Against torchtitan's Dec-2024 Tables 1 and 3
-    (Llama 3.1 8B FSDP on 8 and 128 H100): predicted +10.8% and +10.9% tokens/s, measured +15.7% and +16.2%."""
+    launches: `planner.constants.MEGATRON_HOST_S`), but not torchtitan's complex-number RoPE
+    (planner.ops.COMPILED_COMPLEX_ROPE_BYTES); nothing fitted. Against torchtitan's Dec-2024 Tables 1 and 3
+    (Llama 3.1 8B FSDP on 8 and 128 H100): predicted +18.3% and +18.6% tokens/s, measured +15.7% and +16.2%."""
     if training.framework != "fsdp" or not training.torch_compile:
         return fw
     return replace(fw, eager=False, host_s_per_layer_forward=MEGATRON_HOST_S)

@@ -287,6 +287,11 @@ EAGER_DROPOUT_BYTES = 5
 EAGER_ROPE_BYTES = 20
 """per element of q and k: torchtitan's apply_rotary_emb (.float() r2 w4, complex multiply r4 w4, .type_as r4 w2);
 Hugging Face's rotate_half form (q*cos, cat of the negated halves, *sin, add) moves about as much"""
+COMPILED_COMPLEX_ROPE_BYTES = 16
+"""per element of q and k under torch.compile: Inductor generates no code for complex operators (lowering.py "does
+not support code generation for complex operators", torchtitan issue #15), so torchtitan's apply_rotary_emb keeps the
+fp32 cast r2 w4 and the complex multiply r4 w4 as their own kernels; the cast back is fused into the next copy, which
+reads fp32 (2 more bytes)"""
 EAGER_SCORE_BYTES = 17
 """per attention score without a fused kernel (Hugging Face GPT2Attention._attn / eager_attention_forward): the
 scale r2 w2, the causal torch.where r2 r1 w2, the attention mask's add r2 w2, softmax r2 w2; dropout on the
@@ -357,6 +362,9 @@ def layer_ops(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training:
                                         softmax_fp32=True)
     else:
         moved = fused_elementwise_bytes(model, cand, training, kernel)
+        if training.framework == "fsdp" and not training.fsdp_trainer and model.position == "rope":   # torchtitan
+            moved["rope"] = COMPILED_COMPLEX_ROPE_BYTES * (model.q_dim + model.kv_dim) * tokens / t \
+                * model.rotary_percent
     ops = []
     for name in ("norms", "rope", "qkv", "qkv_layout", "attn_scores", "softmax_dropout", "attn_values", "proj",
                  "residual", "fc1", "mlp_act", "fc2"):
@@ -367,6 +375,6 @@ def layer_ops(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training:
     return LayerOps(ops=tuple(ops), host_s=fw.host_s_per_layer_forward * cluster.host_scale)
 
 
-__all__ = ["ATTENTION", "ELEMENTWISE", "GEMM", "HOST", "GemmContext", "LayerOps", "Op", "UNFUSED_NORM_EXTRA_BYTES",
+__all__ = ["ATTENTION", "COMPILED_COMPLEX_ROPE_BYTES", "ELEMENTWISE", "GEMM", "HOST", "GemmContext", "LayerOps", "Op", "UNFUSED_NORM_EXTRA_BYTES",
            "bytes_op", "eager_elementwise_bytes", "elementwise_bw", "elementwise_s", "fused_elementwise_bytes", "gemm_efficiency", "gemm_op",
            "gemm_s", "layer_ops"]
