@@ -17,7 +17,6 @@ Bad input prints one line and exits 2; `--debug` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
-import csv
 import io
 import json
 import math
@@ -575,6 +574,8 @@ def _dump(obj: object, fmt: str) -> str:
 
 
 def _csv(p: Plan, top: int) -> str:
+    import csv   # here: only --format csv writes CSV
+
     buf = io.StringIO()
     rows = [e.to_dict() for e in p.candidates[:top]]
     writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))   # offload_cost: some

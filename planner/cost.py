@@ -263,7 +263,9 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     core, layer_s = layer_times(model, cand, cluster, training, layer_memo)
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
-    head_gemm_s, loss_s = head_seconds(model, cand, cluster, fw, g16, tokens, fp32_logits(training))
+    fp32_loss = fp32_logits(training)
+    head_gemm_s, loss_s = memoized(layer_memo, ("head_seconds", cand.tp, tokens, fp32_loss),   # TP, tokens, loss dtype
+                                   lambda: head_seconds(model, cand, cluster, fw, g16, tokens, fp32_loss))
     logits_s = head_gemm_s + loss_s
     # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
     logits_s += model.mtp_layers * (layer_s + logits_s)

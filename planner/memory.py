@@ -468,10 +468,11 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     return params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model)
 
 
-def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage: str,
-                  act: LayerActivations) -> tuple[float, float]:
-    """(activations, logits) of a GPU on ``stage``, from ``act`` (`layer_activations` of the candidate): what reads
-    TP, PP, VPP, CP, MBS and GAS besides ``act``'s TP, SP, MBS and recompute."""
+def dynamic_frame(model: ModelSpec, cand: Candidate, training: TrainingSpec,
+                  stage: str) -> tuple[str, int, float, float, float]:
+    """What `stage_dynamic` reads of ``cand``'s TP, PP, VPP, MBS and GAS alone (never its recompute, offload, SP or
+    CP): (the stage its stored activations are counted as, its layers, the embedding output, the micro-batches in
+    flight, the logits before CP's split). `PlanMemory` keeps one per (TP, MBS, PP, VPP, GAS) and stage."""
     lps = stage_layers(model, cand, training.framework, stage)
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer
     in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
@@ -481,13 +482,23 @@ def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, sta
         lps = max(lps, stage_layers(model, cand, training.framework, "first" if stage == "last" else "last"))
         in_flight = dualpipe.in_flight_microbatches(training.pp_schedule, cand.pp, cand.gas)
         stage = "last"
+    logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
+    return stage, lps, embed_out, in_flight, logits
+
+
+def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage: str,
+                  act: LayerActivations, frame: tuple[str, int, float, float, float] | None = None,
+                  ) -> tuple[float, float]:
+    """(activations, logits) of a GPU on ``stage``, from ``act`` (`layer_activations` of the candidate): what reads
+    TP, PP, VPP, CP, MBS and GAS besides ``act``'s TP, SP, MBS and recompute. ``frame``: `dynamic_frame` of ``cand``
+    and ``stage`` when the caller keeps it."""
+    stage, lps, embed_out, in_flight, logits = frame or dynamic_frame(model, cand, training, stage)
     stored = stored_layer_bytes(model, cand, stage, lps, act)
     if cand.offload or training.activation_offload:   # module inputs on the host (planner.offload.modules_of)
         stored -= offload.offloaded_layers(lps, cand) * min(
             offload.activation_offload_bytes(model, cand, training, model.seq_len * cand.mbs),
             max(0.0, act.stored_bytes - act.input_bytes))
     activations = ALLOCATOR_OVERHEAD * (in_flight * (stored + embed_out) + act.working_bytes)
-    logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
     return context_parallel.split_activations(activations, logits, model, cand, training)
 
 
@@ -511,6 +522,18 @@ def _breakdown(stage: str, states: tuple[int, float, float, float, float], dynam
                            buffers_bytes=buffers, context_bytes=cluster.context_bytes)
 
 
+def _with_modes(c: Candidate, recompute: str, offload: str, ep: int | None = None, etp: int | None = None) -> Candidate:
+    """``replace(c, recompute=recompute, offload=offload[, ep=ep, etp=etp])``, each field passed by name (a third
+    faster than `dataclasses.replace`, which `PlanMemory` would call for every mode and EP it tries)."""
+    return Candidate(tp=c.tp, pp=c.pp, dp=c.dp, mbs=c.mbs, gas=c.gas, recompute=recompute, zero=c.zero, sp=c.sp,
+                     vpp=c.vpp, hybrid=c.hybrid, cp=c.cp, ep=c.ep if ep is None else ep,
+                     etp=c.etp if etp is None else etp, offload=offload)
+
+
+assert Candidate.__slots__ == ("tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "hybrid", "cp", "ep",
+                               "etp", "offload"), "planner.memory._with_modes passes every Candidate field"
+
+
 class PlanMemory:
     """`memory_breakdown` and its fit for the many candidates of one plan (create one per plan), exactly as they
     compute them, with each part computed once per distinct value of the fields it reads: `stage_states` per (TP, PP,
@@ -528,18 +551,20 @@ class PlanMemory:
         self._layers: dict[tuple, LayerActivations] = {}
         self._dynamic: dict[tuple, tuple] = {}
         """per stage: `stage_dynamic`"""
+        self._frames: dict[tuple, tuple] = {}
+        """per stage: `dynamic_frame` by (TP, MBS, PP, VPP, GAS)"""
         self._rows: dict[tuple, tuple] = {}
-        """`_states_of` for each (EP, ETP) of a row"""
+        """`states_of` for each (EP, ETP) of a row"""
         self._by_mode: dict[tuple, dict[str, tuple]] = {}
-        """`_dynamic_by_mode`: `_dynamic_of` by (TP, SP, MBS, PP, VPP, CP, GAS), then by recompute mode"""
+        """`dynamic_by_mode`: `_dynamic_of` by (TP, SP, MBS, PP, VPP, CP, GAS), then by recompute mode"""
 
-    def _states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
+    def states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
         """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``, and their
         `model_states_bytes`."""
         key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, ep, etp)
         states = self._states.get(key)
         if states is None:
-            with_ep = c if (c.ep, c.etp) == (ep, etp) else replace(c, ep=ep, etp=etp)
+            with_ep = c if (c.ep, c.etp) == (ep, etp) else _with_modes(c, c.recompute, c.offload, ep, etp)
             states = self._states[key] = tuple(
                 (s := stage_states(self.model, with_ep, self.cluster, self.training, stage, self.pb))
                 + (model_states_bytes(*s[1:4]),) for stage in pipeline_stages(c))
@@ -557,13 +582,18 @@ class PlanMemory:
         dynamic = self._dynamic.get(key)
         if dynamic is None:
             if recompute != c.recompute or offload != c.offload:
-                c = replace(c, recompute=recompute, offload=offload)
+                c = _with_modes(c, recompute, offload)
             layer_key = (c.tp, c.sp, c.mbs, c.recompute)
             act = self._layers.get(layer_key)
             if act is None:
                 act = self._layers[layer_key] = layer_activations(self.model, c, self.training)
-            dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act)
-                                                 for stage in pipeline_stages(c))
+            frame_key = (c.tp, c.mbs, c.pp, c.vpp, c.gas)
+            frames = self._frames.get(frame_key)
+            if frames is None:
+                frames = self._frames[frame_key] = tuple(dynamic_frame(self.model, c, self.training, stage)
+                                                         for stage in pipeline_stages(c))
+            dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act, frame)
+                                                 for stage, frame in zip(pipeline_stages(c), frames))
         return dynamic
 
     def _busiest(self, states: tuple, dynamic: tuple) -> float:
@@ -576,9 +606,21 @@ class PlanMemory:
             total = max(total, total_bytes(s[5], d[0], d[1], s[4], context))
         return total
 
+    def _within(self, states: tuple, dynamic: tuple) -> bool:
+        """``_busiest(states, dynamic) <= usable_bytes``: each stage's total within, each summed as `total_bytes`
+        sums it (the same float; written out here, as this runs for every candidate of a plan)."""
+        usable, context = self.usable_bytes, self.context_bytes
+        s, d = states[0], dynamic[0]
+        if s[5] + d[0] + d[1] + s[4] + context > usable:
+            return False
+        if len(states) > 1:   # the first and the last stage
+            s, d = states[1], dynamic[1]
+            return s[5] + d[0] + d[1] + s[4] + context <= usable
+        return True
+
     def total_bytes(self, c: Candidate) -> float:
         """`memory_breakdown(...).total_bytes`: the busiest stage's total."""
-        return self._busiest(self._states_of(c, c.ep, c.etp), self._dynamic_of(c))
+        return self._busiest(self.states_of(c, c.ep, c.etp), self._dynamic_of(c))
 
     def fits(self, c: Candidate) -> bool:
         """`verdict(memory_breakdown(...)).fits`, without building the breakdown."""
@@ -588,28 +630,36 @@ class PlanMemory:
         """`fits` of ``c`` (with EP, ETP ``ep_etp`` when given) and the recompute mode it is called with, that
         candidate not built and its model states looked up once (`planner.rank.partial_mode` tries several N)."""
         ep, etp = (c.ep, c.etp) if ep_etp is None else ep_etp
-        states, usable, busiest = self._states_of(c, ep, etp), self.usable_bytes, self._busiest
-        by_mode = self._dynamic_by_mode(c)
+        return self.fits_under_states(c, self.states_of(c, ep, etp), self.dynamic_by_mode(c))
+
+    def fits_under_states(self, c: Candidate, states: tuple, by_mode: dict[str, tuple]) -> Callable[[str], bool]:
+        """`fits_under` from ``c``'s `states_of` (with its EP, ETP) and `dynamic_by_mode` (`planner.rank` asks the
+        latter once per row: a row's candidates differ only in EP and ETP)."""
+        within = self._within
 
         def fits(recompute: str) -> bool:
             dynamic = by_mode.get(recompute)
             if dynamic is None:
                 dynamic = by_mode[recompute] = self._dynamic_of(c, recompute)
-            return busiest(states, dynamic) <= usable
+            return within(states, dynamic)
         return fits
 
-    def offload_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...]) -> str | None:
+    def offload_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...],
+                        states: tuple | None = None) -> str | None:
         """The first of the activation-offload module ``sets`` under which ``c`` with EP ``ep`` and ETP ``etp`` fits,
         or None (no candidate built). Each set offloads more than the one before (`planner.offload.SEARCHED_SETS`):
-        the last is asked first, as most layouts memory rules out do not fit even so."""
-        states, usable, busiest = self._states_of(c, ep, etp), self.usable_bytes, self._busiest
-        if max(s[5] + s[4] for s in states) + self.context_bytes > usable:   # the model states alone do not fit
+        the last is asked first, as most layouts memory rules out do not fit even so. ``states``: `states_of` ``c``
+        with ``ep``, ``etp`` when the caller has them (`row_states`)."""
+        within = self._within
+        if states is None:
+            states = self.states_of(c, ep, etp)
+        if max(s[5] + s[4] for s in states) + self.context_bytes > self.usable_bytes:   # the model states alone
+            return None                                                                   # do not fit
+        if not within(states, self._dynamic_of(c, offload=sets[-1])):
             return None
-        if busiest(states, self._dynamic_of(c, offload=sets[-1])) > usable:
-            return None
-        return next((s for s in sets if busiest(states, self._dynamic_of(c, offload=s)) <= usable), None)
+        return next((s for s in sets if within(states, self._dynamic_of(c, offload=s))), None)
 
-    def _dynamic_by_mode(self, c: Candidate) -> dict[str, tuple]:
+    def dynamic_by_mode(self, c: Candidate) -> dict[str, tuple]:
         """`_dynamic_of` of ``c`` by recompute mode (filled as asked): the modes `partial_mode` tries for every (EP, ETP)
         of a row share one dict."""
         key = (c.tp, c.sp, c.mbs, c.pp, c.vpp, c.cp, c.gas, c.offload)
@@ -621,17 +671,21 @@ class PlanMemory:
     def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
         """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the
         row's candidates differ only in those), none of them built."""
+        dynamic, within = self._dynamic_of(head), self._within
+        return [within(s, dynamic) for s in self.row_states(head, eps)]
+
+    def row_states(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> tuple[tuple, ...]:
+        """`states_of` ``head`` with each (EP, ETP) of ``eps`` (a row's candidates), looked up once per row."""
         key = (head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)
         states = self._rows.get(key)
         if states is None:
-            states = self._rows[key] = tuple(self._states_of(head, ep, etp) for ep, etp in eps)
-        dynamic, usable, busiest = self._dynamic_of(head), self.usable_bytes, self._busiest
-        return [busiest(s, dynamic) <= usable for s in states]
+            states = self._rows[key] = tuple(self.states_of(head, ep, etp) for ep, etp in eps)
+        return states
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
         """`memory_breakdown(model, c, cluster, training)`, equal field for field: the stage `max` picks there (the
         first of the largest totals), the other not built."""
-        stages, states, dynamic = pipeline_stages(c), self._states_of(c, c.ep, c.etp), self._dynamic_of(c)
+        stages, states, dynamic = pipeline_stages(c), self.states_of(c, c.ep, c.etp), self._dynamic_of(c)
         totals = [self._busiest((s,), (d,)) for s, d in zip(states, dynamic)]
         i = totals.index(max(totals))
         return _breakdown(stages[i], states[i][:5], dynamic[i], self.cluster)

@@ -227,7 +227,8 @@ def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training:
                     yield len(eps)
                     continue
                 head = group.make(recompute, zero, sp, vpp, hybrid, *eps[0])
-                w = checker.row(head)
+                if not known:
+                    w = checker.row(head)
                 if w is None:
                     yield _Row(group, row, head)
                     continue
@@ -279,12 +280,15 @@ def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, fram
 
 
 def partial_mode(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str,
-                 ep_etp: tuple[int, int] | None = None) -> tuple[str, Violation | None]:
+                 ep_etp: tuple[int, int] | None = None, fits: Callable[[str], bool] | None = None,
+                 ) -> tuple[str, Violation | None]:
     """`smallest_partial`'s recompute mode for ``cand`` (with EP, ETP ``ep_etp`` when given: plan() builds no
-    candidate it tries), and why it is ruled out (`_UNWORDED_MEMORY` when no N fits)."""
+    candidate it tries), and why it is ruled out (`_UNWORDED_MEMORY` when no N fits). ``fits``: ``memory.fits_under(
+    cand, ep_etp)`` when the caller has it (plan() makes it from the states and dynamic memory it looks up per row)."""
     kind = cand.recompute
-    if kind == "modules":   # Megatron's --recompute-modules: the first of MODULE_SETS the model has that fits
+    if fits is None:
         fits = memory.fits_under(cand, ep_etp)
+    if kind == "modules":   # Megatron's --recompute-modules: the first of MODULE_SETS the model has that fits
         if fits("none"):
             return kind, Violation(Reason.REDUNDANT, "recompute=none fits already: module recompute would only re-run "
                                                      "more of the forward")
@@ -296,7 +300,6 @@ def partial_mode(model: ModelSpec, cand: Candidate, memory: PlanMemory, framewor
         return found, None
     chunk = recompute_modes.chunk_layers(model, cand.pp, cand.vpp, framework)
     cheaper = "none" if kind == "block" else "full"
-    fits = memory.fits_under(cand, ep_etp)
     if fits(cheaper):
         return kind, Violation(Reason.REDUNDANT, f"recompute={cheaper} fits already: {kind} recompute would only "
                                                  "re-run more of the forward")
@@ -434,14 +437,17 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 free_only.append((total, item))
             continue
         head = item.head   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its candidate is built
+        extras = checker.row_extras(head, item.eps)
         if head.recompute in recompute_modes.SEARCHED:   # block / uniform / modules: each at its smallest that fits
+            by_mode, states = memory.dynamic_by_mode(head), memory.row_states(head, item.eps)
             for i, (ep, etp) in enumerate(item.eps):
                 total += 1
-                mode, first = head.recompute, checker.extras(head, ep, etp)
+                mode, first = head.recompute, extras[i]
                 if first is None:
-                    mode, first = partial_mode(model, head, memory, training.framework, (ep, etp))
+                    fits_as = memory.fits_under_states(head, states[i], by_mode)
+                    mode, first = partial_mode(model, head, memory, training.framework, (ep, etp), fits_as)
                     if first is None and mode != head.recompute:   # the resolved modules against the rules too
-                        first = checker.extras(replace(head, recompute=mode), ep, etp)   # (e.g. moe + CUDA graphs)
+                        first = checker.extras(head, ep, etp, mode)   # (e.g. moe + CUDA graphs)
                 if first is not None:
                     pruned[first.reason] += 1
                     if first.reason not in examples:
@@ -451,10 +457,10 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     continue
                 survivors.append((total, item.candidate(i, mode)))
             continue
-        fits = memory.row_fits(head, item.eps)
+        fits, states = memory.row_fits(head, item.eps), memory.row_states(head, item.eps)
         for i, (ep, etp) in enumerate(item.eps):
             total += 1
-            first = checker.extras(head, ep, etp)
+            first = extras[i]
             cand = None
             if first is not None:
                 pruned[first.reason] += 1
@@ -462,8 +468,8 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     examples[first.reason] = (item.candidate(i), first)
             elif not fits[i]:
                 # activation offload, searched where nothing else lets the layout fit (planner.offload.SEARCHED_SETS)
-                modules = memory.offload_fitting(head, ep, etp, offload_sets) if offload_sets and offload.searched_on(
-                    head.recompute, ep, etp, cluster.gpus_per_node) else None
+                modules = memory.offload_fitting(head, ep, etp, offload_sets, states[i]) if offload_sets and \
+                    offload.searched_on(head.recompute, ep, etp, cluster.gpus_per_node) else None
                 cand = replace(item.candidate(i), offload=modules) if modules else None
                 if cand is None:
                     pruned[Reason.MEMORY_TOTAL] += 1

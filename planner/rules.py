@@ -566,6 +566,7 @@ class Checker:
         self._degrees: dict[tuple, Violation | None] = {}
         self._batches: dict[tuple, Violation | None] = {}
         self._extras: dict[tuple, Violation | None] = {}
+        self._row_extras: dict[tuple, tuple[Violation | None, ...]] = {}
         self._targets: dict[tuple, Violation | None] = {}
         self._rows: dict[tuple, Violation | None] = {}
 
@@ -621,20 +622,35 @@ class Checker:
             v = self.extras(c, c.ep, c.etp)
         return v
 
-    def extras(self, c: Candidate, ep: int, etp: int) -> Violation | None:
+    def extras(self, c: Candidate, ep: int, etp: int, recompute: str | None = None) -> Violation | None:
         """After `row`: the CP / EP / FP8 rules for ``c`` with EP ``ep`` and ETP ``etp`` (a row's candidates differ
-        only in those; ``c`` with them is built only when the answer is not known yet)."""
+        only in those; ``c`` with them is built only when the answer is not known yet), and with ``recompute`` instead
+        of its own mode when given (`planner.rank`'s resolved block-N / module sets)."""
+        if recompute is None:
+            recompute = c.recompute
         # CP / EP / FP8 rules read only these fields (and the plan's fixed model and training);
         # the probe's also pp, zero and hybrid (probe_extent_violations, probe_dp_impl)
         # and the recompute mode (the EP-overlap and CUDA-graph rules refuse some: planner.moe, planner.cuda_graphs)
         # and, under the EP all-to-all overlap, whether there is a pipeline, interleaved or not (planner.moe.violations)
-        key = (c.tp, c.cp, c.dp, ep, etp, c.sp, c.recompute) + ((c.pp, c.zero, c.hybrid) if self._probe else ()) \
+        key = (c.tp, c.cp, c.dp, ep, etp, c.sp, recompute) + ((c.pp, c.zero, c.hybrid) if self._probe else ()) \
             + ((c.pp == 1, c.vpp == 1) if self._pipe_read else ())
         if key not in self._extras:
-            c = c if (c.ep, c.etp) == (ep, etp) else replace(c, ep=ep, etp=etp)
+            c = c if (c.ep, c.etp, c.recompute) == (ep, etp, recompute) else replace(c, ep=ep, etp=etp,
+                                                                                     recompute=recompute)
             self._extras[key] = next((x for t in self.targets
                                       for x in parallel_extras(self.model, c, self.cluster, self.training, t)), None)
         return self._extras[key]
+
+    def row_extras(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> tuple[Violation | None, ...]:
+        """`extras` of ``head`` with each (EP, ETP) of ``eps`` (a row of `planner.enumeration.Group.rows`), remembered
+        by the row's key: the rows of other MBS, GAS and ZeRO (unless the probe reads them) ask the same."""
+        key = (head.tp, head.cp, head.dp, head.sp, head.recompute, eps) \
+            + ((head.pp, head.zero, head.hybrid) if self._probe else ()) \
+            + ((head.pp == 1, head.vpp == 1) if self._pipe_read else ())
+        found = self._row_extras.get(key)
+        if found is None:
+            found = self._row_extras[key] = tuple(self.extras(head, ep, etp) for ep, etp in eps)
+        return found
 
 
 def structural_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec,

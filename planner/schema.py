@@ -17,7 +17,6 @@ numbers no training run has (each says why in its error).
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from typing import Mapping
@@ -192,6 +191,8 @@ def _problem(f: Field, v: object) -> bool:
 
 
 def did_you_mean(key: str, known: object) -> str:
+    import difflib   # here: only a misspelled key needs it (not imported at start-up)
+
     close = difflib.get_close_matches(key, [str(k) for k in known], n=1, cutoff=0.6)  # type: ignore[union-attr]
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -114,3 +114,26 @@ def test_plan_ranks_counts_and_exemplifies_as_one_by_one(name, gpus, gpu, kw):
     assert Reason.MEMORY_TOTAL in p.pruned or training.rampup is not None
     ranked = [replace(e, rank=i + 1) for i, e in enumerate(sorted(survivors, key=rank_key))]   # stable: ties in order
     assert p.candidates == ranked
+
+
+@pytest.mark.parametrize("name, gpus, gpu, kw", CASES[:3])
+def test_row_lookups_answer_as_each_candidate_does(name, gpus, gpu, kw):
+    """plan()'s per-row lookups (`Checker.row_extras`, `PlanMemory.row_states`, `offload_fitting` given a row's
+    states, `extras` with a resolved recompute mode) answer what each (EP, ETP) of the row asked alone does."""
+    model, cluster, training = _setup(name, gpus, gpu, kw)
+    target = target_of(training)
+    checker, alone = Checker(model, cluster, training, (target,)), Checker(model, cluster, training, (target,))
+    memory, fresh = PlanMemory(model, cluster, training), PlanMemory(model, cluster, training)
+    eps = ((1, 1), (2, 1), (1, 2), (4, 2), (8, 1))
+    cands = _passing(model, cluster, training)[:40]
+    assert cands
+    for c in cands:
+        assert checker.row_extras(c, eps) == tuple(alone.extras(replace(c, ep=ep, etp=etp), ep, etp)
+                                                   for ep, etp in eps)
+        for mode in ("full", "block-2"):
+            assert checker.extras(c, c.ep, c.etp, mode) == alone.extras(replace(c, recompute=mode), c.ep, c.etp)
+        states = memory.row_states(c, eps)
+        assert states == tuple(fresh.states_of(replace(c, ep=ep, etp=etp), ep, etp) for ep, etp in eps)
+        for (ep, etp), s in zip(eps, states):
+            assert memory.offload_fitting(c, ep, etp, offload.SEARCHED_SETS, s) == \
+                fresh.offload_fitting(replace(c, ep=ep, etp=etp), ep, etp, offload.SEARCHED_SETS)
