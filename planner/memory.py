@@ -102,6 +102,9 @@ class MemoryBreakdown:
     logits_bytes: float
     buffers_bytes: float
     context_bytes: float
+    step_bytes: float = 0.0
+    """DeepSpeed's fp16 optimizer step: the fp32 gradient copies it allocates after the last backward
+    (`deepspeed_fp16_step_grad_bytes`), when the activations are gone; 0 for every other step"""
 
     @property
     def static_bytes(self) -> float:
@@ -111,7 +114,7 @@ class MemoryBreakdown:
     @property
     def total_bytes(self) -> float:
         return total_bytes(self.static_bytes, self.activations_bytes, self.logits_bytes, self.buffers_bytes,
-                           self.context_bytes)
+                           self.context_bytes, self.step_bytes)
 
     @property
     def total_gb(self) -> float:
@@ -122,9 +125,15 @@ def model_states_bytes(weights: float, grads: float, optimizer: float) -> float:
     return weights + grads + optimizer
 
 
-def total_bytes(static: float, activations: float, logits: float, buffers: float, context: float) -> float:
+def total_bytes(static: float, activations: float, logits: float, buffers: float, context: float,
+                step: float = 0.0) -> float:
     """One GPU's total: the model states (`model_states_bytes`), then the rest, summed in this order (the one place
-    the sum is written: `MemoryBreakdown` and `PlanMemory` give the same float)."""
+    the sum is written: `MemoryBreakdown` and `PlanMemory` give the same float). The optimizer step's transient
+    ``step`` and the activations and logits never live together: DeepSpeed's engine steps after the last
+    micro-batch's backward (runtime/pipe/schedule.py TrainSchedule: OptimizerStep at the batch's last step), when
+    the activations are freed."""
+    if step > activations + logits:
+        return static + step + buffers + context
     return static + activations + logits + buffers + context
 
 
@@ -424,22 +433,38 @@ def training_param_bytes(training: TrainingSpec) -> ParamBytes:
 # AdamW: apex / DeepSpeed FusedAdam), flattens them (runtime/fp16/fused_optimizer.py step: _flatten_dense_tensors of
 # [p.grad.to(fp32) for p in group]): the per-parameter fp32 copies and their concatenation, 4 + 4 bytes.
 # FP16_UnfusedOptimizer, with any other optimizer (bitsandbytes' 8-bit Adam, SGD, ...), one fp32 copy per parameter
-# (runtime/fp16/unfused_optimizer.py step: fp32_param.grad = fp16_param.grad.to(fp32)), 4 bytes
-FP16_STEP_GRAD_BYTES = {"fused": 8.0, "unfused": 4.0}
+# (runtime/fp16/unfused_optimizer.py step: fp32_param.grad = fp16_param.grad.to(fp32)), 4 bytes.
+# ZeRO-1 over one DP rank is DeepSpeed's ZeRO optimizer all the same (engine.py _configure_zero_optimizer: the stage,
+# not the DP size, picks it), whose step flattens the rank's partition, here every gradient, to 16 bits and casts
+# that to fp32 while the 16-bit gradients still live (runtime/zero/stage_1_and_2.py step:
+# self.flatten(self.averaged_gradients[i]).to(fp32), then free_grad_in_param_list): 2 + 4 bytes ("zero1_one_rank")
+FP16_STEP_GRAD_BYTES = {"fused": 8.0, "unfused": 4.0, "zero1_one_rank": 6.0}
 
 
 def deepspeed_fp16_step_grad_bytes(cand: Candidate, training: TrainingSpec) -> float:
-    """fp32 gradient bytes per parameter DeepSpeed's FP16 optimizer allocates at the step (Megatron-DeepSpeed at ZeRO 0
-    under fp16), 0 for every other step: ZeRO >= 1 runs the ZeRO optimizer, bf16 BF16_Optimizer
-    (`training_param_bytes`)."""
-    if not deepspeed_optimizer(training.framework) or training.precision != "fp16" or cand.zero:
+    """fp32 gradient bytes per parameter DeepSpeed's fp16 optimizer allocates at the step beside the 16-bit gradients:
+    FP16_Optimizer at ZeRO 0, the ZeRO optimizer at ZeRO-1 over one DP rank (`deepspeed_zero1_one_rank`); 0 for
+    every other step: ZeRO >= 1 over several ranks (the fitted 18 rule, `param_bytes`), bf16 BF16_Optimizer
+    (`training_param_bytes`), other frameworks."""
+    if not deepspeed_optimizer(training.framework) or training.precision != "fp16":
+        return 0.0
+    if deepspeed_zero1_one_rank(cand, training):
+        return FP16_STEP_GRAD_BYTES["zero1_one_rank"]
+    if cand.zero:
         return 0.0
     return FP16_STEP_GRAD_BYTES["fused" if training.optimizer == "adamw" else "unfused"]
 
 
+def deepspeed_zero1_one_rank(cand: Candidate, training: TrainingSpec) -> bool:
+    """ZeRO-1 over a single DP rank under DeepSpeed's fp16 engine: a layout of its own, not ZeRO 0 (the ZeRO optimizer,
+    not FP16_Optimizer, runs the step: `deepspeed_fp16_step_grad_bytes`); planner.rules keeps it."""
+    return cand.zero == 1 and cand.dp * cand.cp == 1 and training.precision == "fp16" \
+        and deepspeed_optimizer(training.framework)
+
+
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                 pb: ParamBytes) -> tuple[int, float, float, float, float]:
-    """(parameters, weights, grads, optimizer, buffers) of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
+                 pb: ParamBytes) -> tuple[int, float, float, float, float, float]:
+    """(parameters, weights, grads, optimizer, buffers, step) of a GPU on ``stage`` (step: `MemoryBreakdown.step_bytes`): what reads only TP, PP, DP, CP, VPP,
     ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`. Under
     DeepSeek's DualPipe an end rank holds the first and the last stage (DeepSeek-V3 report Table 2: 2x parameters):
     both stages' states, on either entry."""
@@ -450,10 +475,10 @@ def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
 
 
 def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                  pb: ParamBytes) -> tuple[int, float, float, float, float]:
+                  pb: ParamBytes) -> tuple[int, float, float, float, float, float]:
     step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
-    if step_grads:   # the 16-bit gradients, then their fp32 copies at the step
-        pb = replace(pb, grads=2 + step_grads)
+    if step_grads:   # the 16-bit gradients; their fp32 copies at the step are the step's own term
+        pb = replace(pb, grads=2, grads_fp32=0)
     if fp8.fp8_param_gather(cand, training):
         # --fp8-param-gather (ZeRO >= 1): the forward's weights as FP8 and its transpose, 2 bytes, no bf16 copy (the
         # embedding, norms and LM head stay bf16: 2 bytes as well)
@@ -465,7 +490,8 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
         model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes, last_stage=stage != "first")
     optimizer *= 1 - training.optimizer_offload   # the host's share (planner.offload)
-    return params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model)
+    return params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model), \
+        params * step_grads   # unsharded: ZeRO 0, or ZeRO-1's partition over its one rank
 
 
 def dynamic_frame(model: ModelSpec, cand: Candidate, training: TrainingSpec,
@@ -514,12 +540,12 @@ def stored_layer_bytes(model: ModelSpec, cand: Candidate, stage: str, lps: int, 
     return inputs * act.input_bytes + (lps - checkpointed + mtp) * act.full_bytes
 
 
-def _breakdown(stage: str, states: tuple[int, float, float, float, float], dynamic: tuple[float, float],
+def _breakdown(stage: str, states: tuple[int, float, float, float, float, float], dynamic: tuple[float, float],
                cluster: ClusterSpec) -> MemoryBreakdown:
-    params, weights, grads, optimizer, buffers = states
+    params, weights, grads, optimizer, buffers, step = states
     return MemoryBreakdown(stage=stage, params_on_gpu=params, weights_bytes=weights, grads_bytes=grads,
                            optimizer_bytes=optimizer, activations_bytes=dynamic[0], logits_bytes=dynamic[1],
-                           buffers_bytes=buffers, context_bytes=cluster.context_bytes)
+                           buffers_bytes=buffers, context_bytes=cluster.context_bytes, step_bytes=step)
 
 
 def _with_modes(c: Candidate, recompute: str, offload: str, ep: int | None = None, etp: int | None = None) -> Candidate:
@@ -600,22 +626,23 @@ class PlanMemory:
         """The larger stage total, as `memory_breakdown` picks it."""
         context = self.context_bytes
         s, d = states[0], dynamic[0]
-        total = total_bytes(s[5], d[0], d[1], s[4], context)
+        total = total_bytes(s[6], d[0], d[1], s[4], context, s[5])
         if len(states) > 1:   # the first and the last stage
             s, d = states[1], dynamic[1]
-            total = max(total, total_bytes(s[5], d[0], d[1], s[4], context))
+            total = max(total, total_bytes(s[6], d[0], d[1], s[4], context, s[5]))
         return total
 
     def _within(self, states: tuple, dynamic: tuple) -> bool:
         """``_busiest(states, dynamic) <= usable_bytes``: each stage's total within, each summed as `total_bytes`
         sums it (the same float; written out here, as this runs for every candidate of a plan)."""
         usable, context = self.usable_bytes, self.context_bytes
-        s, d = states[0], dynamic[0]
-        if s[5] + d[0] + d[1] + s[4] + context > usable:
-            return False
-        if len(states) > 1:   # the first and the last stage
-            s, d = states[1], dynamic[1]
-            return s[5] + d[0] + d[1] + s[4] + context <= usable
+        for s, d in zip(states, dynamic):   # the first stage, and the last when there are two
+            step = s[5]
+            if step > d[0] + d[1]:
+                if s[6] + step + s[4] + context > usable:
+                    return False
+            elif s[6] + d[0] + d[1] + s[4] + context > usable:
+                return False
         return True
 
     def total_bytes(self, c: Candidate) -> float:
@@ -653,8 +680,8 @@ class PlanMemory:
         within = self._within
         if states is None:
             states = self.states_of(c, ep, etp)
-        if max(s[5] + s[4] for s in states) + self.context_bytes > self.usable_bytes:   # the model states alone
-            return None                                                                   # do not fit
+        if max(s[6] + s[4] + s[5] for s in states) + self.context_bytes > self.usable_bytes:   # the model states
+            return None                                                                         # alone do not fit
         if not within(states, self._dynamic_of(c, offload=sets[-1])):
             return None
         return next((s for s in sets if within(states, self._dynamic_of(c, offload=s))), None)
@@ -688,7 +715,7 @@ class PlanMemory:
         stages, states, dynamic = pipeline_stages(c), self.states_of(c, c.ep, c.etp), self._dynamic_of(c)
         totals = [self._busiest((s,), (d,)) for s, d in zip(states, dynamic)]
         i = totals.index(max(totals))
-        return _breakdown(stages[i], states[i][:5], dynamic[i], self.cluster)
+        return _breakdown(stages[i], states[i][:6], dynamic[i], self.cluster)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -734,11 +761,14 @@ def reported_bytes(mem: MemoryBreakdown, cand: Candidate, cluster: ClusterSpec, 
     if measurement not in MEASUREMENTS:
         raise ValueError(f"unknown memory measurement {measurement!r}; use one of {', '.join(MEASUREMENTS)}")
     outside = nccl_buffers_bytes(cand)
-    allocated = mem.static_bytes + mem.buffers_bytes - outside + (mem.activations_bytes + mem.logits_bytes) / \
-        ALLOCATOR_OVERHEAD
-    if measurement == "max_memory_allocated":
-        return allocated
-    reserved = ALLOCATOR_OVERHEAD * allocated
+    dynamic = (mem.activations_bytes + mem.logits_bytes) / ALLOCATOR_OVERHEAD
+    states = mem.static_bytes + mem.buffers_bytes - outside
+    if measurement == "max_memory_allocated":   # the step's tensors and the activations are never live together
+        return states + max(dynamic, mem.step_bytes)
+    # the allocator keeps the activations' freed blocks cached; the step's flat gradients, one tensor each, fit in
+    # none of them and take segments of their own (c10 CUDACachingAllocator: a cached block serves only a request it
+    # can hold, and segments never merge)
+    reserved = ALLOCATOR_OVERHEAD * (states + dynamic + mem.step_bytes)
     if measurement == "max_memory_reserved":
         return reserved
     return min(cluster.gpu.memory_bytes, reserved + outside + mem.context_bytes)

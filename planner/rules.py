@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, Sequence
 
 from planner import context_parallel, cuda_graphs, dualpipe, fp8, fsdp_parallel, model_facts, moe, pipeline_engine, recompute as recompute_modes
 from planner.hardware import ClusterSpec
-from planner.memory import MemoryBreakdown, shard_group_size
+from planner.memory import MemoryBreakdown, deepspeed_zero1_one_rank, shard_group_size
 from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
@@ -226,8 +226,10 @@ def _batches(c: Candidate, training: TrainingSpec) -> Iterator[Violation]:
             yield Violation(Reason.RAMPUP, f"rampup {' '.join(map(str, training.rampup.as_list()))}: {problem}")
 
 
-def _redundant(c: Candidate) -> Iterator[Violation]:
-    if c.zero > 0 and c.dp * c.cp == 1:   # the distributed optimizer shards over DP x CP
+def _redundant(c: Candidate, training: TrainingSpec) -> Iterator[Violation]:
+    # the distributed optimizer shards over DP x CP; DeepSpeed's fp16 ZeRO-1 over one rank is not its ZeRO 0 (another
+    # optimizer, another step: planner.memory.deepspeed_zero1_one_rank)
+    if c.zero > 0 and c.dp * c.cp == 1 and not deepspeed_zero1_one_rank(c, training):
         yield Violation(Reason.REDUNDANT, f"ZeRO-{c.zero} with DP=1 shards nothing: same as ZeRO-0")
     if c.sp and c.tp == 1:
         yield Violation(Reason.REDUNDANT, "sequence parallelism needs TP > 1 (Megatron silently turns it off "
@@ -237,7 +239,7 @@ def _redundant(c: Candidate) -> Iterator[Violation]:
 def _common(model: ModelSpec, c: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> Iterator[Violation]:
     yield from _degrees(model, c, cluster)
     yield from _batches(c, training)
-    yield from _redundant(c)
+    yield from _redundant(c, training)
 
 
 def _megatron_deepspeed(model: ModelSpec, c: Candidate, flavor: str) -> Iterator[Violation]:
@@ -604,7 +606,7 @@ class Checker:
         return self._rows[key]
 
     def _row(self, c: Candidate) -> Violation | None:
-        v = next(_redundant(c), None)
+        v = next(_redundant(c, self.training), None)
         if v is None:  # the frameworks' rules read no CP / EP / MBS: one answer per EP and CP value
             key = (c.tp, c.pp, c.dp, c.gas, c.zero, c.recompute, c.sp, c.vpp, c.hybrid)
             if key not in self._targets:

@@ -125,8 +125,9 @@ def tr11_run(r: dict, line: int = 0) -> PublishedRun:
     zero = int(str(p["zero_stage"]).split()[0])
     training = TrainingSpec(global_batch=gbs, seq_len=md["seq_len"], precision="fp16",
                             framework="megatron-deepspeed", flash_attention=False)
+    # ZeRO-1 over one DP rank (L658-L660) is DeepSpeed's ZeRO optimizer, not ZeRO 0 (planner.memory.deepspeed_zero1_one_rank)
     cand = Candidate(tp=tp, pp=pp, dp=dp, mbs=p["micro_batch"], gas=max(1, gbs // (p["micro_batch"] * dp)),
-                     recompute="full", zero=zero if dp > 1 else 0)
+                     recompute="full", zero=zero)
     t = float(me["seconds_per_iteration"])
     caveat = next((why for text, why in TR11_CAVEATS if text in notes or text in verification), None)
     return PublishedRun(id=r["id"], table=f"bloom tr11: {tr11_section(notes)}", framework="Megatron-DeepSpeed",
@@ -149,8 +150,8 @@ def tr8_run(r: dict, line: int = 0) -> PublishedRun | None:
     optimizer = "adamw-8bit" if "bnb" in str(p.get("optimizer", "")) else "adamw"
     training = TrainingSpec(global_batch=gbs, seq_len=2048, precision="fp16", framework="megatron-deepspeed",
                             optimizer=optimizer, flash_attention=False)
-    cand = Candidate(tp=p["tp"], pp=p["pp"], dp=p["dp"], mbs=p["micro_batch"],
-                     gas=gbs // (p["micro_batch"] * p["dp"]), recompute="full", zero=1 if p["dp"] > 1 else 0)
+    cand = Candidate(tp=p["tp"], pp=p["pp"], dp=p["dp"], mbs=p["micro_batch"],   # ZeRO-1 at DP 1 too (its data)
+                     gas=gbs // (p["micro_batch"] * p["dp"]), recompute="full", zero=int(str(p["zero_stage"]).split()[0]))
     t = me.get("seconds_per_iteration")
     return PublishedRun(id=r["id"], table="bigscience tr8-104B on 128 V100", framework="Megatron-DeepSpeed",
                         model=model, cluster=_cluster("V100-32GB", gpus, 4, JZ_V100_GBPS), training=training,

@@ -13,12 +13,9 @@ from memory_cases import all_cases, bigscience_cases, fsdp_cases, hagemann_cases
 from planner.memory import memory_breakdown, reported_bytes, stage_memory, verdict
 
 # BLOOM tr11 TP8 PP6 MBS8: nvidia-smi showed 75 of 80 GiB; predicted 79 GiB, above the default 5% headroom (76 GiB).
-# BLOOM tr11 18B on one node (TP8 PP1 DP1): it ran ZeRO-1 over one DP rank (DeepSpeed's ZeRO optimizer), which the
-# planner cannot express (ZeRO-1 at DP 1 is redundant to its rules) and reads as ZeRO 0; at ZeRO 0 DeepSpeed's
-# FP16_Optimizer flattens fp32 gradients at the step (planner.memory.FP16_STEP_GRAD_BYTES): 24 bytes x 3.5B
-# parameters = 79 GiB, which would not fit, and nvidia-smi showed all 80 GiB in use.
-KNOWN_FALSE_PRUNES = {"bloom_prequel_L511_n48_tp8_pp6_dp8_mbs8_gbs2048",
-                      "bloom_prequel_L660_n1_tp8_pp1_dp1_mbs1_h64_gbs2048"}
+# (BLOOM tr11's 18B on one node, TP8 PP1 DP1, is no longer one: ZeRO-1 over one DP rank is DeepSpeed's ZeRO
+# optimizer, planner.memory.deepspeed_zero1_one_rank, whose step never meets the activations.)
+KNOWN_FALSE_PRUNES = {"bloom_prequel_L511_n48_tp8_pp6_dp8_mbs8_gbs2048"}
 
 
 def _fits(case) -> bool:
@@ -89,9 +86,11 @@ def test_bigscience_nvidia_smi_peaks_within_6_percent_on_average():
 
 def test_nvidia_smi_never_reads_more_than_the_device():
     """BLOOM tr11's 18B on one node (TP8 PP1 DP1, nvidia-smi 80 GB of 80: the allocator's cache filled the device):
-    the plan's reserve, context and NCCL buffers exceed it, nvidia-smi shows the whole device."""
+    the plan's reserve, context and NCCL buffers exceed it, nvidia-smi shows the whole device (the reserve alone is
+    99% of it: 16 bytes a parameter, the ZeRO step's 6 in segments of their own, the cached activations)."""
     case = next(c for c in bigscience_cases() if c.id == "bloom_prequel_L660_n1_tp8_pp1_dp1_mbs1_h64_gbs2048")
     first = stage_memory(case.model, case.cand, case.cluster, case.training)[0]
     assert case.measured_gib == 80
-    assert reported_bytes(first, case.cand, case.cluster, "max_memory_reserved") > case.cluster.gpu.memory_bytes
+    reserved = reported_bytes(first, case.cand, case.cluster, "max_memory_reserved")
+    assert reserved < case.cluster.gpu.memory_bytes < reserved + first.context_bytes
     assert _nvidia_smi_gib(case) == case.cluster.gpu.memory_bytes / 2**30 == case.measured_gib
