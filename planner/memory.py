@@ -401,6 +401,33 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
             for stage in pipeline_stages(cand)]
 
 
+def host_offload_bytes(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> float:
+    """Pinned host memory one GPU's offloads take (the busiest stage's): its CPU-optimizer share
+    (`planner.offload.optimizer_host_bytes` of the whole optimizer shard) and its offloaded activations, the module
+    inputs of every offloaded layer (`planner.offload.offloaded_layers`) for each micro-batch in flight on the first
+    stage (`in_flight_microbatches`; DualPipe's PP + 1), split by CP like the GPU's. 0 without an offload."""
+    f = offload.optimizer_fraction(cand, training)
+    act_on = bool(cand.offload or training.activation_offload)
+    if not f and not act_on:
+        return 0.0
+    pb = training_param_bytes(training)
+    most = 0.0
+    for stage in pipeline_stages(cand):
+        host = 0.0
+        if f:
+            whole = stage_states(model, cand, cluster, training, stage, pb, opt_offload=0.0)[3]
+            host += offload.optimizer_host_bytes(whole, f, pb.master + pb.optimizer + pb.grads_fp32)
+        if act_on:
+            lps = stage_layers(model, cand, training.framework, stage)
+            in_flight = in_flight_microbatches(cand) if stage in ("first", "only") else 1.0
+            if training.pp_schedule in dualpipe.SCHEDULES and stage != "only":
+                in_flight = dualpipe.in_flight_microbatches(training.pp_schedule, cand.pp, cand.gas)
+            host += in_flight * offload.offloaded_layers(lps, cand) * offload.activation_offload_bytes(
+                model, cand, training, model.seq_len * cand.mbs) / cand.cp
+        most = max(most, host)
+    return most
+
+
 def training_param_bytes(training: TrainingSpec) -> ParamBytes:
     """Bytes per parameter for the run's precision, optimizer and framework, and its gradient-reduce dtype."""
     pb = param_bytes(training.precision, training.optimizer, training.framework)
@@ -438,19 +465,21 @@ def deepspeed_fp16_step_grad_bytes(cand: Candidate, training: TrainingSpec) -> f
 
 
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                 pb: ParamBytes) -> tuple[int, float, float, float, float]:
+                 pb: ParamBytes, opt_offload: float | None = None) -> tuple[int, float, float, float, float]:
     """(parameters, weights, grads, optimizer, buffers) of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
     ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`. Under
     DeepSeek's DualPipe an end rank holds the first and the last stage (DeepSeek-V3 report Table 2: 2x parameters):
-    both stages' states, on either entry."""
+    both stages' states, on either entry. ``opt_offload``: the share of the optimizer on the host, when not the
+    candidate's (`planner.offload.optimizer_fraction`): the host-memory rule reads the whole optimizer (0)."""
+    f = offload.optimizer_fraction(cand, training) if opt_offload is None else opt_offload
     if stage != "only" and dualpipe.parameter_copies(training.pp_schedule, cand.pp) > 1:
-        both = [_stage_states(model, cand, cluster, training, s, pb) for s in ("first", "last")]
+        both = [_stage_states(model, cand, cluster, training, s, pb, f) for s in ("first", "last")]
         return tuple(a + b for a, b in zip(*both))   # type: ignore[return-value]
-    return _stage_states(model, cand, cluster, training, stage, pb)
+    return _stage_states(model, cand, cluster, training, stage, pb, f)
 
 
 def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                  pb: ParamBytes) -> tuple[int, float, float, float, float]:
+                  pb: ParamBytes, opt_offload: float) -> tuple[int, float, float, float, float]:
     step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
     if step_grads:   # the 16-bit gradients, then their fp32 copies at the step
         pb = replace(pb, grads=2 + step_grads)
@@ -464,7 +493,7 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
         model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes, last_stage=stage != "first")
-    optimizer *= 1 - training.optimizer_offload   # the host's share (planner.offload)
+    optimizer *= 1 - opt_offload   # the host's share (planner.offload)
     return params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model)
 
 
@@ -536,7 +565,7 @@ class PlanMemory:
     def _states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
         """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``, and their
         `model_states_bytes`."""
-        key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, ep, etp)
+        key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, ep, etp, c.opt_offload)
         states = self._states.get(key)
         if states is None:
             with_ep = c if (c.ep, c.etp) == (ep, etp) else replace(c, ep=ep, etp=etp)
@@ -608,6 +637,17 @@ class PlanMemory:
         if busiest(states, self._dynamic_of(c, offload=sets[-1])) > usable:
             return None
         return next((s for s in sets if busiest(states, self._dynamic_of(c, offload=s)) <= usable), None)
+
+    def optimizer_offload_fitting(self, c: Candidate, ep: int, etp: int, fractions: tuple[float, ...]) -> float | None:
+        """The first of the CPU optimizer offload ``fractions`` (`planner.offload.OPTIMIZER_FRACTIONS`, smallest first)
+        under which ``c`` with EP ``ep`` and ETP ``etp`` fits, or None (no candidate built): the last is asked first,
+        as most layouts memory rules out do not fit even so."""
+        dynamic, usable, busiest = self._dynamic_of(c), self.usable_bytes, self._busiest
+        states = self._states_of(replace(c, opt_offload=fractions[-1]), ep, etp)
+        if busiest(states, dynamic) > usable:
+            return None
+        return next((f for f in fractions
+                     if busiest(self._states_of(replace(c, opt_offload=f), ep, etp), dynamic) <= usable), None)
 
     def _dynamic_by_mode(self, c: Candidate) -> dict[str, tuple]:
         """`_dynamic_of` of ``c`` by recompute mode (filled as asked): the modes `partial_mode` tries for every (EP, ETP)

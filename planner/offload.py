@@ -44,6 +44,38 @@ PARAM_H2D_BYTES = 4
 """the fp32 updated weight copied back (param_update_in_fp32=True in megatron/core/optimizer/__init__.py)"""
 
 
+HOST_BYTES_PER_OFFLOADED_PARAM = 18
+"""host memory an offloaded parameter takes: its pinned 16-bit copy 2 (hybrid_optimizer.py _get_sub_optimizer_param_
+groups: param.detach().clone().cpu().pin_memory()), the fp32 copy CPU Adam updates 4 (param_update_in_fp32), Adam's
+fp32 moments 8, the pinned fp32 grad the D2H lands in 4 (cpu_copy_map_grad, pin_cpu_grads)"""
+OPTIMIZER_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+"""the --optimizer-offload-fraction values `plan` tries, in this order, on a layout memory rules out
+(`optimizer_searched`): the first that fits moves the fewest bytes to the host and adds the least CPU-Adam time (both
+linear in the fraction: `host_step_s`)"""
+
+
+def optimizer_fraction(cand: "Candidate", training: "TrainingSpec") -> float:
+    """The share of the optimizer on the host: the layout's own (plan's search, --explain opt_offload=...), else the
+    training's --optimizer-offload."""
+    return cand.opt_offload or training.optimizer_offload
+
+
+def optimizer_searched(training: "TrainingSpec") -> tuple[float, ...]:
+    """The `OPTIMIZER_FRACTIONS` plan tries on a layout memory rules out: on Megatron-LM runs of Adam (the
+    HybridDeviceOptimizer has a CPU Adam and a CPU SGD; the precision-aware optimizer it needs is Adam-only:
+    optimizer_config.py) when the user gave no --optimizer-offload (then that is every layout's)."""
+    if training.framework != "megatron-lm" or training.optimizer != "adamw" or training.optimizer_offload:
+        return ()
+    return OPTIMIZER_FRACTIONS
+
+
+def optimizer_searched_on(zero: int) -> bool:
+    """Whether plan tries `optimizer_searched` on a layout: one with Megatron's distributed optimizer (ZeRO >= 1;
+    optimizer_config.py: '--use-precision-aware-optimizer only supported with distributed optimizer', which
+    --optimizer-cpu-offload asserts, arguments.py)."""
+    return zero >= 1
+
+
 def host_link_bytes_per_s(cluster: "ClusterSpec") -> float:
     """The GPU's PCIe link to its host, one direction: PCIe 4.0 on Ampere and older, else 5.0."""
     gen4 = ("A100", "A10", "A40", "V100", "T4", "L4", "RTX")
@@ -63,7 +95,8 @@ def host_step_s(offloaded_params: float, cluster: "ClusterSpec") -> float:
 
 def megatron_lm_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
     """The flags (arguments.py: --optimizer-cpu-offload, --optimizer-offload-fraction, the precision-aware optimizer it
-    asserts, --overlap-cpu-optimizer-d2h-h2d which `host_step_s` assumes)."""
+    asserts, --overlap-cpu-optimizer-d2h-h2d which `host_step_s` assumes). A layout's own fraction is the setup's
+    training's by then (`planner.emit.setup.RunSetup` folds it in)."""
     f = training.optimizer_offload
     if not f:
         return []
@@ -163,6 +196,15 @@ def activation_offload_overlap(ctx: "StepContext") -> Overlap | None:
     return Overlap(under="compute", window=1.0) if ctx.cand.offload or ctx.training.activation_offload else None
 
 
+def optimizer_host_bytes(optimizer_bytes: float, fraction: float, pb_master_and_states: float) -> float:
+    """Host bytes of a GPU's offloaded optimizer: ``optimizer_bytes`` (its shard's fp32 master weights and Adam
+    moments on the GPU without the offload, ``pb_master_and_states`` bytes a parameter) times ``fraction``, as
+    parameters, at `HOST_BYTES_PER_OFFLOADED_PARAM` each (the pinned copies and grads too)."""
+    if fraction <= 0 or pb_master_and_states <= 0:
+        return 0.0
+    return fraction * optimizer_bytes / pb_master_and_states * HOST_BYTES_PER_OFFLOADED_PARAM
+
+
 ACTIVATION_OFFLOAD = Term(name="activation_offload", kind=COMMUNICATION, group="compute_s", per_microbatch=True,
                           seconds=activation_offload_term_s, overlap=activation_offload_overlap,
                           hides_under="the micro-batch's forward and backward (own D2H / H2D streams)",
@@ -180,6 +222,8 @@ def activation_offload_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
     return [("--fine-grained-activation-offloading",), ("--offload-modules", *training.activation_offload)]
 
 
-__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "SEARCHED_SETS", "activation_copy_s", "activation_offload_args",
-           "activation_offload_bytes", "host_link_bytes_per_s", "host_step_s", "megatron_lm_args", "modules_of",
-           "offloaded_layers", "searched_on", "searched_sets"]
+__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "HOST_BYTES_PER_OFFLOADED_PARAM", "OPTIMIZER_FRACTIONS",
+           "SEARCHED_SETS", "activation_copy_s", "activation_offload_args", "activation_offload_bytes",
+           "host_link_bytes_per_s", "host_step_s", "megatron_lm_args", "modules_of", "offloaded_layers",
+           "optimizer_fraction", "optimizer_host_bytes", "optimizer_searched", "optimizer_searched_on", "searched_on",
+           "searched_sets"]
