@@ -413,19 +413,24 @@ def host_offload_bytes(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, 
     pb = training_param_bytes(training)
     most = 0.0
     for stage in pipeline_stages(cand):
-        host = 0.0
+        host = _host_activation_bytes(model, cand, training, stage)
         if f:
             whole = stage_states(model, cand, cluster, training, stage, pb, opt_offload=0.0)[3]
             host += offload.optimizer_host_bytes(whole, f, pb.master + pb.optimizer + pb.grads_fp32)
-        if act_on:
-            lps = stage_layers(model, cand, training.framework, stage)
-            in_flight = in_flight_microbatches(cand) if stage in ("first", "only") else 1.0
-            if training.pp_schedule in dualpipe.SCHEDULES and stage != "only":
-                in_flight = dualpipe.in_flight_microbatches(training.pp_schedule, cand.pp, cand.gas)
-            host += in_flight * offload.offloaded_layers(lps, cand) * offload.activation_offload_bytes(
-                model, cand, training, model.seq_len * cand.mbs) / cand.cp
         most = max(most, host)
     return most
+
+
+def _host_activation_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage: str) -> float:
+    """`host_offload_bytes`' activations on ``stage``: 0 without an activation offload."""
+    if not (cand.offload or training.activation_offload):
+        return 0.0
+    lps = stage_layers(model, cand, training.framework, stage)
+    in_flight = in_flight_microbatches(cand) if stage in ("first", "only") else 1.0
+    if training.pp_schedule in dualpipe.SCHEDULES and stage != "only":
+        in_flight = dualpipe.in_flight_microbatches(training.pp_schedule, cand.pp, cand.gas)
+    return in_flight * offload.offloaded_layers(lps, cand) * offload.activation_offload_bytes(
+        model, cand, training, model.seq_len * cand.mbs) / cand.cp
 
 
 def training_param_bytes(training: TrainingSpec) -> ParamBytes:
@@ -642,12 +647,30 @@ class PlanMemory:
         """The first of the CPU optimizer offload ``fractions`` (`planner.offload.OPTIMIZER_FRACTIONS`, smallest first)
         under which ``c`` with EP ``ep`` and ETP ``etp`` fits, or None (no candidate built): the last is asked first,
         as most layouts memory rules out do not fit even so."""
-        dynamic, usable, busiest = self._dynamic_of(c), self.usable_bytes, self._busiest
+        dynamic, usable, busiest, context = self._dynamic_of(c), self.usable_bytes, self._busiest, self.context_bytes
+        # a bound from the row's states (cached): the whole optimizer off, nothing else changed; exact but where FP8
+        # param gather turns off under the offload (planner.fp8), then the weights grow: never more than the exact
+        if max(total_bytes(s[5] - s[3], d[0], d[1], s[4], context)
+               for s, d in zip(self._states_of(c, ep, etp), dynamic)) > usable:
+            return None
         states = self._states_of(replace(c, opt_offload=fractions[-1]), ep, etp)
         if busiest(states, dynamic) > usable:
             return None
         return next((f for f in fractions
                      if busiest(self._states_of(replace(c, opt_offload=f), ep, etp), dynamic) <= usable), None)
+
+    def host_offload_bytes(self, c: Candidate) -> float:
+        """`host_offload_bytes` of ``c``, the whole optimizer from the cached states where the training offloads
+        none of it itself (plan's search)."""
+        f = offload.optimizer_fraction(c, self.training)
+        if not f or self.training.optimizer_offload:
+            return host_offload_bytes(self.model, c, self.cluster, self.training)
+        pb = self.pb
+        per_param = pb.master + pb.optimizer + pb.grads_fp32
+        whole = self._states_of(replace(c, opt_offload=0.0), c.ep, c.etp)
+        return max(offload.optimizer_host_bytes(s[3], f, per_param)
+                   + _host_activation_bytes(self.model, c, self.training, stage)
+                   for s, stage in zip(whole, pipeline_stages(c)))
 
     def _dynamic_by_mode(self, c: Candidate) -> dict[str, tuple]:
         """`_dynamic_of` of ``c`` by recompute mode (filled as asked): the modes `partial_mode` tries for every (EP, ETP)
@@ -667,6 +690,20 @@ class PlanMemory:
             states = self._rows[key] = tuple(self._states_of(head, ep, etp) for ep, etp in eps)
         dynamic, usable, busiest = self._dynamic_of(head), self.usable_bytes, self._busiest
         return [busiest(s, dynamic) <= usable for s in states]
+
+    def row_fits_optimizer_off(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
+        """After `row_fits` of the same row: whether each of its candidates could fit with its whole optimizer on the
+        host (a bound: exact but where FP8 param gather turns off under the offload, whose weights then grow), from
+        the row's cached states; `optimizer_offload_fitting` is asked only where it could."""
+        states = self._rows[(head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)]
+        dynamic, usable, context = self._dynamic_of(head), self.usable_bytes, self.context_bytes
+        d0, d1 = dynamic[0], dynamic[-1]
+        out = []
+        for st in states:   # the first stage's (or the only one's) and the last's, as `_busiest` (unrolled: every row)
+            s0, s1 = st[0], st[-1]
+            out.append(s0[5] - s0[3] + d0[0] + d0[1] + s0[4] + context <= usable
+                       and s1[5] - s1[3] + d1[0] + d1[1] + s1[4] + context <= usable)
+        return out
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
         """`memory_breakdown(model, c, cluster, training)`, equal field for field: the stage `max` picks there (the

@@ -24,8 +24,8 @@ from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
 from planner.memory import MemoryBreakdown, PlanMemory, host_offload_bytes, memory_breakdown
 from planner.model import ModelSpec
-from planner.rules import (Checker, Reason, Target, Violation, host_memory_violations, iter_violations, knob_values,
-                           memory_advice, memory_violations, target_of)
+from planner.rules import (Checker, Reason, Target, Violation, host_memory_of, host_memory_violations, iter_violations,
+                           knob_values, memory_advice, memory_violations, target_of)
 from planner.enumeration import Group, enumerate_groups
 from planner.space import DIMENSIONS, Candidate, TrainingSpec
 from planner.topology import Topology
@@ -225,14 +225,16 @@ def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand:
     return Estimate(candidate=cand, memory=mem, time=time, throughput=throughput(model, cand, cluster, training, time),
                     advice=tuple(memory_advice(mem, cluster, training)), offload_saved_bytes=saved,
                     opt_offload_saved_bytes=opt_saved, opt_offload_added_s=opt_added,
-                    host_gb_per_node=_host_gb(model, cand, cluster, training))
+                    host_gb_per_node=_host_gb(model, cand, cluster, training, memory))
 
 
-def _host_gb(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> float | None:
+def _host_gb(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+             memory: PlanMemory | None = None) -> float | None:
     """`Estimate.host_gb_per_node`: a node's pinned host memory for its offloads, GB; None without an offload."""
     if not (cand.offload or cand.opt_offload or training.activation_offload or training.optimizer_offload):
         return None
-    return host_offload_bytes(model, cand, cluster, training) * cluster.gpus_per_node / 1e9
+    per_gpu = memory.host_offload_bytes(cand) if memory else host_offload_bytes(model, cand, cluster, training)
+    return per_gpu * cluster.gpus_per_node / 1e9
 
 
 def _memory_example(cand: Candidate, memory: PlanMemory) -> tuple[Candidate, Violation]:
@@ -489,7 +491,8 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     if first is None and mode != head.recompute:   # the resolved modules against the rules too
                         first = checker.extras(replace(head, recompute=mode), ep, etp)   # (e.g. moe + CUDA graphs)
                 if first is None and host_checked:   # the user's offloads against the node's host memory
-                    first = next(iter(host_memory_violations(model, item.candidate(i, mode), cluster, training)), None)
+                    first = next(iter(host_memory_of(memory.host_offload_bytes(item.candidate(i, mode)), cluster)),
+                                 None)
                 if first is not None:
                     pruned[first.reason] += 1
                     if first.reason not in examples:
@@ -500,6 +503,8 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 survivors.append((total, item.candidate(i, mode)))
             continue
         fits = memory.row_fits(head, item.eps)
+        opt_room = memory.row_fits_optimizer_off(head, item.eps) if opt_fractions and not all(fits) \
+            and offload.optimizer_searched_on(head.zero) else None   # where the optimizer offload could fit it
         for i, (ep, etp) in enumerate(item.eps):
             total += 1
             first = checker.extras(head, ep, etp)
@@ -513,12 +518,12 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 modules = memory.offload_fitting(head, ep, etp, offload_sets) if offload_sets and offload.searched_on(
                     head.recompute, ep, etp, cluster.gpus_per_node) else None
                 cand = replace(item.candidate(i), offload=modules) if modules else None
-                if cand is None and opt_fractions and offload.optimizer_searched_on(head.zero):
+                if cand is None and opt_room is not None and opt_room[i]:
                     # else CPU optimizer offload, the smallest fraction that fits (planner.offload.OPTIMIZER_FRACTIONS)
                     fraction = memory.optimizer_offload_fitting(head, ep, etp, opt_fractions)
                     cand = replace(item.candidate(i), opt_offload=fraction) if fraction else None
                 if cand is not None and cluster.host_memory_bytes is not None:
-                    host = host_memory_violations(model, cand, cluster, training)
+                    host = host_memory_of(memory.host_offload_bytes(cand), cluster)
                     if host:   # the node's host memory cannot hold what it offloads
                         pruned[Reason.HOST_MEMORY] += 1
                         examples.setdefault(Reason.HOST_MEMORY, (cand, host[0]))
@@ -530,7 +535,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
             else:
                 cand = item.candidate(i)
                 if host_checked:
-                    host = host_memory_violations(model, cand, cluster, training)
+                    host = host_memory_of(memory.host_offload_bytes(cand), cluster)
                     if host:
                         pruned[Reason.HOST_MEMORY] += 1
                         examples.setdefault(Reason.HOST_MEMORY, (cand, host[0]))

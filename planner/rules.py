@@ -799,10 +799,16 @@ def host_memory_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec,
     pinned copies and grads, its offloaded activations). A lower bound of what the node needs (the OS, the data
     loader, the processes' own memory not counted): a layout over it cannot run. Nothing is checked where the
     catalog does not know the host."""
+    if cluster.host_memory_bytes is None:
+        return []
+    return host_memory_of(host_offload_bytes(model, c, cluster, training), cluster)
+
+
+def host_memory_of(per_gpu: float, cluster: ClusterSpec) -> list[Violation]:
+    """`host_memory_violations` of a GPU's offloaded bytes ``per_gpu`` (plan's: `PlanMemory.host_offload_bytes`)."""
     node = cluster.host_memory_bytes
     if node is None:
         return []
-    per_gpu = host_offload_bytes(model, c, cluster, training)
     need = per_gpu * cluster.gpus_per_node
     if need <= node:
         return []
