@@ -11,10 +11,16 @@ time. What stays on the GPU is 1 - f of the optimizer bytes (`planner.memory.sta
 Datasheet facts (no fitted value):
 - PCIe 5.0 x16 between a Hopper/Blackwell GPU and its host, 64 GB/s per direction (NVIDIA H100 datasheet: "PCIe Gen5
   128 GB/s" bidirectional; PCI-SIG 5.0: 32 GT/s x 16 lanes); PCIe 4.0 (A100, 64 GB/s bidirectional) half of it.
-- Host memory per GPU: a DGX H100 has 2 Intel Xeon Platinum 8480C (DGX H100 user guide), 8 DDR5-4800 channels each
-  (Intel ARK: 307 GB/s a socket), 614 GB/s for the node's 8 GPUs: 76.8 GB/s a GPU, all 8 stepping at once.
+- Host memory bandwidth per GPU: the catalog's ``host_memory_gb_per_s`` of the usual node over its GPUs
+  (`host_memory_bw_per_gpu`); a DGX H100 has 2 Intel Xeon Platinum 8480C (DGX H100 user guide), 8 DDR5-4800 channels
+  each (Intel ARK: 307 GB/s a socket), 614 GB/s for the node's 8 GPUs: 76.8 GB/s a GPU, all 8 stepping at once.
 - CPU Adam is memory-bound: per parameter the fp32 weight read and written (8 bytes), the fp32 gradient read (4), both
-  moments read and written (16): 28 bytes (the same count as the GPU step's, `planner.cost.optimizer_s`).
+  moments read and written (16): 28 bytes (the same count as the GPU step's, `planner.cost.optimizer_s`). The design
+  is ZeRO-Offload's (Ren et al. 2021, Sec. 4-5: the optimizer states and step on the CPU, gradients down and weights
+  up over PCIe, a vectorised CPU Adam overlapped with the copies chunk by chunk; DeepSpeed's tutorial: its CPU Adam
+  5-7x PyTorch's), which Megatron's HybridDeviceOptimizer runs with torch's fused CPU Adam.
+- Host memory taken: `HOST_BYTES_PER_OFFLOADED_PARAM` a parameter (`planner.memory.host_offload_bytes`), against the
+  node's (the catalog's ``host_memory_gib``: `planner.rules.host_memory_violations`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ PCIE5_BYTES_PER_S = 64e9
 PCIE4_BYTES_PER_S = 32e9
 """one direction of PCIe 4.0 x16 (NVIDIA A100 datasheet: 64 GB/s bidirectional)"""
 HOST_MEMORY_BYTES_PER_S_PER_GPU = 2 * 8 * 38.4e9 / 8
-"""DGX H100: 2 sockets x 8 DDR5-4800 channels x 38.4 GB/s over 8 GPUs (76.8 GB/s a GPU)"""
+"""DGX H100: 2 sockets x 8 DDR5-4800 channels x 38.4 GB/s over 8 GPUs (76.8 GB/s a GPU): the host a catalog entry
+without ``host_memory_gb_per_s`` is taken to have (`host_memory_bw_per_gpu`)"""
 CPU_ADAM_BYTES_PER_PARAM = 28
 """fp32 weight r/w 8, fp32 grad read 4, Adam m and v r/w 16"""
 GRAD_D2H_BYTES = 4
@@ -76,10 +83,26 @@ def optimizer_searched_on(zero: int) -> bool:
     return zero >= 1
 
 
+def optimizer_searched_where(cluster: "ClusterSpec") -> bool:
+    """Whether plan tries `optimizer_searched` on this cluster: where the catalog knows the node's host (its memory,
+    which the host-memory rule checks the offload against, and its bandwidth, which prices CPU Adam); a workstation
+    GPU's (RTX-4090, L40S) is not, and --optimizer-offload still plans it there."""
+    return cluster.host_memory_bytes is not None and cluster.gpu.host_memory_bw_bytes_per_s is not None
+
+
 def host_link_bytes_per_s(cluster: "ClusterSpec") -> float:
     """The GPU's PCIe link to its host, one direction: PCIe 4.0 on Ampere and older, else 5.0."""
     gen4 = ("A100", "A10", "A40", "V100", "T4", "L4", "RTX")
     return PCIE4_BYTES_PER_S if cluster.gpu.id.startswith(gen4) else PCIE5_BYTES_PER_S
+
+
+def host_memory_bw_per_gpu(cluster: "ClusterSpec") -> float:
+    """One GPU's share of its node's host memory bandwidth, all GPUs stepping at once: the catalog's usual node's
+    (``host_memory_gb_per_s``) over its GPUs, else the DGX H100's (`HOST_MEMORY_BYTES_PER_S_PER_GPU`)."""
+    acc = cluster.gpu
+    if acc.host_memory_bw_bytes_per_s is None:
+        return HOST_MEMORY_BYTES_PER_S_PER_GPU
+    return acc.host_memory_bw_bytes_per_s / acc.gpus_per_node
 
 
 def host_step_s(offloaded_params: float, cluster: "ClusterSpec") -> float:
@@ -89,7 +112,7 @@ def host_step_s(offloaded_params: float, cluster: "ClusterSpec") -> float:
         return 0.0
     link = host_link_bytes_per_s(cluster)
     return max(offloaded_params * GRAD_D2H_BYTES / link,
-               offloaded_params * CPU_ADAM_BYTES_PER_PARAM / HOST_MEMORY_BYTES_PER_S_PER_GPU,
+               offloaded_params * CPU_ADAM_BYTES_PER_PARAM / host_memory_bw_per_gpu(cluster),
                offloaded_params * PARAM_H2D_BYTES / link)
 
 
@@ -224,6 +247,7 @@ def activation_offload_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
 
 __all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "HOST_BYTES_PER_OFFLOADED_PARAM", "OPTIMIZER_FRACTIONS",
            "SEARCHED_SETS", "activation_copy_s", "activation_offload_args", "activation_offload_bytes",
-           "host_link_bytes_per_s", "host_step_s", "megatron_lm_args", "modules_of", "offloaded_layers",
-           "optimizer_fraction", "optimizer_host_bytes", "optimizer_searched", "optimizer_searched_on", "searched_on",
+           "host_link_bytes_per_s", "host_memory_bw_per_gpu", "host_step_s", "megatron_lm_args", "modules_of", "offloaded_layers",
+           "optimizer_fraction", "optimizer_host_bytes", "optimizer_searched", "optimizer_searched_on",
+           "optimizer_searched_where", "searched_on",
            "searched_sets"]

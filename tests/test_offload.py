@@ -337,6 +337,21 @@ def test_host_memory_per_node_from_the_datasheets():
     assert make_cluster(gpu="H100-SXM", gpus=16, gpus_per_node=4).host_memory_bytes == tib
 
 
+def test_cpu_adam_reads_the_hosts_memory_bandwidth():
+    """CPU Adam's 28 bytes a parameter at the node's DDR bandwidth over its GPUs: DGX H100 2 x 8 DDR5-4800 channels
+    (76.8 GB/s a GPU), DGX A100 2 EPYC 7742 x 8 DDR4-3200 (51.2), GB200 2 Grace x 512 GB/s LPDDR5X a 4-GPU tray
+    (256); unknown hosts take the DGX H100's. On a DGX A100 the CPU step outlasts PCIe 4.0's 4 bytes at 32 GB/s."""
+    from planner.offload import host_memory_bw_per_gpu, optimizer_searched_where
+
+    bw = {g: host_memory_bw_per_gpu(make_cluster(gpu=g, gpus=64)) for g in ("H100-SXM", "A100-80GB", "GB200",
+                                                                          "RTX-4090")}
+    assert bw == pytest.approx({"H100-SXM": 76.8e9, "A100-80GB": 51.2e9, "GB200": 256e9, "RTX-4090": 76.8e9})
+    assert host_step_s(1e9, make_cluster(gpu="A100-80GB", gpus=8)) == pytest.approx(28e9 / 51.2e9)
+    # searched only where the catalog knows the host (its memory checked, its bandwidth priced)
+    assert optimizer_searched_where(make_cluster(gpu="H100-SXM", gpus=8))
+    assert not optimizer_searched_where(make_cluster(gpu="RTX-4090", gpus=8))
+
+
 def test_host_bytes_of_the_offloads():
     """A GPU's host bytes: 18 a parameter of its offloaded optimizer share (pinned 16-bit copy 2, fp32 copy 4, Adam
     moments 8, pinned fp32 grad 4: hybrid_optimizer.py) and its offloaded module inputs of every micro-batch in

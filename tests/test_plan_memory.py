@@ -92,7 +92,8 @@ def _one_by_one(model, cluster, training):
                         c, mem, reasons = offloaded, with_it, []
                         break
             opt_saved = 0.0
-            if reasons and offload.optimizer_searched_on(c.zero):   # else the smallest optimizer fraction that fits
+            if reasons and offload.optimizer_searched_on(c.zero) and offload.optimizer_searched_where(cluster):
+                # else the smallest optimizer fraction that fits
                 for fraction in offload.optimizer_searched(training):
                     offloaded = replace(c, opt_offload=fraction)
                     with_it = memory_breakdown(model, offloaded, cluster, training)
