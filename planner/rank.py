@@ -458,7 +458,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     layer_times: dict[tuple, tuple] = {}   # planner.cost.layer_compute_s by its key, for this plan's candidates
     megatron_only = all(t.framework == "megatron-lm" for t in targets)
     offload_sets = offload.searched_sets(model, training) if megatron_only else ()
-    opt_fractions = offload.optimizer_searched(training) if megatron_only and offload.optimizer_searched_where(
+    opt_fractions = offload.optimizer_searched(model, training) if megatron_only and offload.optimizer_searched_where(
         cluster) else ()
     host_checked = bool(training.activation_offload or training.optimizer_offload) and \
         cluster.host_memory_bytes is not None   # the user's offloads: every layout's host memory (planner.rules)

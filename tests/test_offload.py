@@ -254,11 +254,12 @@ def test_plan_searches_optimizer_offload_where_it_lets_a_layout_fit(bf16_plan):
 def test_optimizer_offload_is_searched_only_where_megatron_runs_it():
     from planner.offload import optimizer_searched, optimizer_searched_on
 
-    t = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm")
-    assert optimizer_searched(t) == (0.25, 0.5, 0.75, 1.0)
-    assert optimizer_searched(replace(t, framework="fsdp")) == ()   # torchtitan: no CPU optimizer
-    assert optimizer_searched(replace(t, optimizer="sgd")) == ()     # precision-aware optimizer: Adam only
-    assert optimizer_searched(replace(t, optimizer_offload=0.5)) == ()   # the user's fraction, every layout's
+    t, m = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm"), load_model("deepseek-v3")
+    assert optimizer_searched(m, t) == (0.25, 0.5, 0.75, 1.0)
+    assert optimizer_searched(m, replace(t, framework="fsdp")) == ()   # torchtitan: no CPU optimizer
+    assert optimizer_searched(m, replace(t, optimizer="sgd")) == ()     # precision-aware optimizer: Adam only
+    assert optimizer_searched(m, replace(t, optimizer_offload=0.5)) == ()   # the user's fraction, every layout's
+    assert optimizer_searched(load_model("llama3-70b"), t) == ()   # dense: not searched (--optimizer-offload plans it)
     assert not optimizer_searched_on(0) and optimizer_searched_on(1)
 
 

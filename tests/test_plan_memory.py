@@ -94,7 +94,7 @@ def _one_by_one(model, cluster, training):
             opt_saved = 0.0
             if reasons and offload.optimizer_searched_on(c.zero) and offload.optimizer_searched_where(cluster):
                 # else the smallest optimizer fraction that fits
-                for fraction in offload.optimizer_searched(training):
+                for fraction in offload.optimizer_searched(model, training):
                     offloaded = replace(c, opt_offload=fraction)
                     with_it = memory_breakdown(model, offloaded, cluster, training)
                     if not memory_violations(with_it, cluster, training):
