@@ -471,10 +471,10 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
         lines += [f"  #{e.rank}: saves {c['saves_gb']:.2f} GB, costs +{c['exposed_s']:.3f} s "
                   f"({c['hidden_s']:.3f} s hidden)" for e in offloads if (c := e.offload_cost)]
     if opt_offloads:   # what each row's CPU optimizer offload costs (planner.offload)
-        lines.append("opt off: the fraction of the optimizer (fp32 master weights, Adam moments) on the host (Megatron-LM "
-                     "--optimizer-cpu-offload --optimizer-offload-fraction), searched where nothing else lets a layout "
-                     "fit; per row: GPU memory saved, step seconds of the host's step (D2H, CPU Adam, H2D) added, pinned "
-                     "host memory a node")
+        lines.append("opt off: the fraction of the optimizer (fp32 master weights, Adam moments) on the host "
+                     "(Megatron-LM --optimizer-cpu-offload --optimizer-offload-fraction), searched where nothing else "
+                     "lets a layout fit; per row: GPU memory saved, step seconds of the host's step (D2H, CPU Adam, "
+                     "H2D) added, pinned host memory a node")
         lines += [f"  #{e.rank}: saves {c['saves_gb']:.2f} GB, costs +{c['added_s']:.3f} s, host "
                   f"{c['host_gb_per_node']:.0f} GB a node" for e in opt_offloads if (c := e.opt_offload_cost)]
     if any(e.advice for e in p.candidates[:top]):

@@ -503,7 +503,7 @@ def optimizer_s(ctx: StepContext) -> float:
     edp = moe.expert_data_parallel(cand)
     opt_bytes += (moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
                   * dualpipe.parameter_copies(training.pp_schedule, cand.pp))   # DualPipe: two stages' experts
-    f = offload.optimizer_fraction(cand, training)   # Megatron-LM's CPU offload: that share on the host (planner.offload)
+    f = offload.optimizer_fraction(cand, training)   # Megatron-LM's CPU offload: that share on the host (offload)
     return opt_bytes * (1 - f) / ops.elementwise_bw(ctx.cluster) + offload.host_step_s(f * opt_bytes / per_param,
                                                                                     ctx.cluster)
 

@@ -128,12 +128,14 @@ ACCELERATOR_KEYS: dict[str, tuple[str, float | None]] = {
     "mx_block_scaling": ("mx_block_scaling", None), "sm_count": ("sm_count", None),
     "gemm_efficiency": ("gemm_efficiency", None), "attention_tflops": ("attention_tflops", None),
     "cuda_context_gib": ("cuda_context_bytes", GiB), "host_memory_gib": ("host_memory_bytes", GiB),
-    "host_memory_gb_per_s": ("host_memory_bw_bytes_per_s", GB), "power_w": ("power_w", None), "source": ("source", None),
+    "host_memory_gb_per_s": ("host_memory_bw_bytes_per_s", GB), "power_w": ("power_w", None),
+    "source": ("source", None),
     "aliases": ("aliases", None),
 }
 ACCELERATOR_DEFAULTS = {"bf16_tflops": None, "fp8_tflops": None, "tf32_tflops": None, "intra_node_link": "",
                         "gpus_per_node": 8, "nic_gbps": 100.0, "nvlink_domain": None, "mx_block_scaling": False,
-                        "gemm_efficiency": 0.7, "cuda_context_gib": 1.0, "attention_tflops": None, "host_memory_gib": None,
+                        "gemm_efficiency": 0.7, "cuda_context_gib": 1.0, "attention_tflops": None,
+                        "host_memory_gib": None,
                         "host_memory_gb_per_s": None,
                         "power_w": None, "source": "", "aliases": []}
 """what a description without ``base`` may leave out: no bf16/FP8/TF32 peak; gemm_efficiency 0.7, the H100-class

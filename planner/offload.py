@@ -254,7 +254,6 @@ def activation_offload_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
 
 __all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "HOST_BYTES_PER_OFFLOADED_PARAM", "OPTIMIZER_FRACTIONS",
            "SEARCHED_SETS", "activation_copy_s", "activation_offload_args", "activation_offload_bytes",
-           "host_link_bytes_per_s", "host_memory_bw_per_gpu", "host_step_s", "megatron_lm_args", "modules_of", "offloaded_layers",
-           "optimizer_fraction", "optimizer_host_bytes", "optimizer_searched", "optimizer_searched_on",
-           "optimizer_searched_where", "searched_on",
-           "searched_sets"]
+           "host_link_bytes_per_s", "host_memory_bw_per_gpu", "host_step_s", "megatron_lm_args", "modules_of",
+           "offloaded_layers", "optimizer_fraction", "optimizer_host_bytes", "optimizer_searched",
+           "optimizer_searched_on", "optimizer_searched_where", "searched_on", "searched_sets"]

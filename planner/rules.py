@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
-from planner import context_parallel, cuda_graphs, dualpipe, fp8, fsdp_parallel, model_facts, moe, offload, pipeline_engine, recompute as recompute_modes
+from planner import (context_parallel, cuda_graphs, dualpipe, fp8, fsdp_parallel, model_facts, moe, offload,
+                     pipeline_engine, recompute as recompute_modes)
 from planner.hardware import ClusterSpec
 from planner.memory import MemoryBreakdown, host_offload_bytes, shard_group_size
 from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta

@@ -6,9 +6,9 @@
 
 A configuration is a point of (tp, pp, mbs, recompute, zero, sp, vpp, hybrid, cp, ep, etp, offload, opt_offload); dp
 and gas follow from the world size and the global batch. A parameter a trial does not record (a study made before
-cp/ep/etp/offload/opt_offload were parameters) takes its default (`DEFAULTS`: 1, no offload). Only survivors of `planner.plan` are
-points of the space: a sampler's proposal is mapped to the nearest survivor (`SearchSpace.nearest`), so
-a configuration the planner ruled out is never probed. No optuna import at module level (``distributions`` imports it).
+cp/ep/etp/offload/opt_offload were parameters) takes its default (`DEFAULTS`: 1, no offload). Only survivors of
+`planner.plan` are points of the space: a sampler's proposal is mapped to the nearest survivor
+(`SearchSpace.nearest`), so a configuration the planner ruled out is never probed. No optuna import at module level (``distributions`` imports it).
 """
 
 from __future__ import annotations
