@@ -447,18 +447,21 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
              f"{p.total - p.survivors} ruled out", ""]
     extra = [k for k in ("cp", "ep", "etp") if any(getattr(e.candidate, k) > 1 for e in p.candidates[:top])]
     offloads = [e for e in p.candidates[:top] if e.candidate.offload]   # plan's activation offload: a column then
+    opt_offloads = [e for e in p.candidates[:top] if e.candidate.opt_offload]   # and its CPU optimizer offload
     columns = TABLE_COLUMNS[:4] + tuple(extra) + TABLE_COLUMNS[4:7] + (("offload",) if offloads else ()) \
-        + TABLE_COLUMNS[7:]   # CP/EP/ETP columns when any row uses them
+        + (("opt_offload",) if opt_offloads else ()) + TABLE_COLUMNS[7:]   # CP/EP/ETP columns when any row uses them
     rows = [[_row(e, cl, t.framework, t.memory_fraction)[c] for c in columns] for e in p.candidates[:top]]
     best_s = p.candidates[0].step_time_s
     for row, e in zip(rows, p.candidates[:top]):
         row[0] = f"{row[0]}~" if e.rank > 1 and tied(best_s, e.step_time_s) else row[0]
     headers = ["#", "TP", "PP", "DP", *(k.upper() for k in extra), "MBS", "GAS", "recompute",
-               *(["offload"] if offloads else []), "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
+               *(["offload"] if offloads else []), *(["opt off"] if opt_offloads else []),
+               "ZeRO" if t.framework != "fsdp" else "FSDP", "SP",
                "VPP", "mem GB/GPU", "free", "step s", "TFLOPs", "HW TFLOPs", "MFU", "tokens/s", "note"]
     lines.append(f"Top {len(rows)} by predicted model TFLOPs per GPU (model FLOPs: no recompute counted; HW: with it; "
                  f"{flops.ATTENTION_COUNT_WORDS[t.flops_attention]})")
-    lines.append(simple_table(rows, headers=headers, floatfmt=(".0f",) * (10 + len(extra) + bool(offloads))
+    lines.append(simple_table(rows, headers=headers, floatfmt=(".0f",) * (7 + len(extra)) + ("",) * bool(offloads)
+                             + ("g",) * bool(opt_offloads) + (".0f",) * 3
                              + (".1f", "", ".2f", ".1f", ".1f", ".3f", ".0f", "")))
     if offloads:   # what each offloaded layout's offload costs (planner.offload)
         lines.append("offload: the modules whose inputs go to the host (Megatron-LM --fine-grained-activation-"
@@ -466,6 +469,13 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
                      "saved, step seconds of PCIe copies exposed (hidden under compute)")
         lines += [f"  #{e.rank}: saves {c['saves_gb']:.2f} GB, costs +{c['exposed_s']:.3f} s "
                   f"({c['hidden_s']:.3f} s hidden)" for e in offloads if (c := e.offload_cost)]
+    if opt_offloads:   # what each row's CPU optimizer offload costs (planner.offload)
+        lines.append("opt off: the fraction of the optimizer (fp32 master weights, Adam moments) on the host "
+                     "(Megatron-LM --optimizer-cpu-offload --optimizer-offload-fraction), searched where nothing else "
+                     "lets a layout fit; per row: GPU memory saved, step seconds of the host's step (D2H, CPU Adam, "
+                     "H2D) added, pinned host memory a node")
+        lines += [f"  #{e.rank}: saves {c['saves_gb']:.2f} GB, costs +{c['added_s']:.3f} s, host "
+                  f"{c['host_gb_per_node']:.0f} GB a node" for e in opt_offloads if (c := e.opt_offload_cost)]
     if any(e.advice for e in p.candidates[:top]):
         lines.append(f"note states>{t.memory_fraction:.0%}: weights+grads+optimizer above {t.memory_fraction:.0%} of "
                      "GPU memory, seed 004's first guess (advisory: only the predicted total rules out)")
@@ -551,6 +561,9 @@ def render_savers(model, cluster: ClusterSpec, training: TrainingSpec, est: Esti
     if est.candidate.offload:
         savers.append((f"activation offload {est.candidate.offload} (offload=, --offload-modules)", training,
                        replace(est.candidate, offload="")))
+    if est.candidate.opt_offload:
+        savers.append((f"optimizer offload {est.candidate.opt_offload:g} (opt_offload=, --optimizer-offload-fraction)",
+                       training, replace(est.candidate, opt_offload=0.0)))
     lines = []
     for name, t, c in savers:
         base = estimate(model, cluster, t, c, targets=targets)
@@ -561,6 +574,9 @@ def render_savers(model, cluster: ClusterSpec, training: TrainingSpec, est: Esti
         lines.append(f"CUDA graphs {'+'.join(training.cuda_graphs)} (--cuda-graph-scope): "
                      f"{est.time.step_time_s - base.time.step_time_s:+.3f} s of step time against eager launches "
                      "(their memory pools not modelled)")
+    if lines and est.host_gb_per_node is not None and (node := cluster.host_memory_bytes) is not None:
+        lines.append(f"host memory the offloads pin: {est.host_gb_per_node:.1f} GB a node of its {node / 1e9:.0f} GB "
+                     f"({cluster.gpu.id} reference system)")
     head = "Memory savers" + (" and CUDA graphs" if training.cuda_graphs else "")
     return (f"\n{head} (against the same layout without each):\n" + "\n".join(lines)) if lines else ""
 

@@ -312,9 +312,9 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     shard = shard_group_size(cand, cluster.gpus_per_node)
     rc = memoized(layer_memo, ("recomputed", cand.recompute, cand.pp, cand.vpp),   # full, block-N, selective, ...
                   lambda: recompute.recomputed_of(model, cand, training.framework))
-    dp_traffic = memoized(   # every field dp_comm_s reads: TP, PP, VPP (params_gpu), DP, CP, ZeRO, hybrid, GAS, rc
+    dp_traffic = memoized(   # every field dp_comm_s reads: TP, PP, VPP (params_gpu), DP, CP, ZeRO, hybrid, GAS, rc,
         layer_memo, ("dp_comm", cand.tp, cand.pp, cand.vpp, cand.dp, cand.cp, cand.zero, cand.hybrid, cand.gas,
-                     cand.recompute),
+                     cand.recompute, cand.opt_offload),   # the optimizer offload (FP8 param gather: planner.fp8)
         lambda: dp_comm_s(cand, training, topology, fw, params_gpu * half, shard, half, rc.layers))
     return StepContext(model=model, cand=cand, cluster=cluster, training=training, topology=topology, fw=fw,
                        tokens=tokens, half=half, core_s=core, layer_s=layer_s, rc=rc, stage_layers=lps,
@@ -506,7 +506,7 @@ def tied_embedding_s(ctx: StepContext) -> float:
 
 
 @memoized_term(lambda ctx: (ctx.cand.zero, ctx.shard, ctx.params_gpu, ctx.cand.tp, ctx.cand.cp, ctx.cand.dp,
-                           ctx.cand.ep, ctx.cand.etp, ctx.stage_layers, ctx.cand.pp > 1))
+                           ctx.cand.ep, ctx.cand.etp, ctx.stage_layers, ctx.cand.pp > 1, ctx.cand.opt_offload))
 def optimizer_s(ctx: StepContext) -> float:
     """The optimizer step at HBM bandwidth: master weights and states read and written, gradients read, weights
     written (sharded by ZeRO-1+; the routed experts' over the expert-DP group)."""
@@ -520,7 +520,7 @@ def optimizer_s(ctx: StepContext) -> float:
     edp = moe.expert_data_parallel(cand)
     opt_bytes += (moe.expert_params_on_gpu(model, cand, ctx.stage_layers) / (edp if cand.zero >= 1 else 1) * per_param
                   * dualpipe.parameter_copies(training.pp_schedule, cand.pp))   # DualPipe: two stages' experts
-    f = training.optimizer_offload   # Megatron-LM's CPU offload: that share steps on the host (planner.offload)
+    f = offload.optimizer_fraction(cand, training)   # Megatron-LM's CPU offload: that share on the host (offload)
     return opt_bytes * (1 - f) / ops.elementwise_bw(ctx.cluster) + offload.host_step_s(f * opt_bytes / per_param,
                                                                                     ctx.cluster)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from planner import moe
+from planner import moe, offload
 from planner.constants import BLOCK_SCALED_GEMM_EFFICIENCY, ROWWISE_GEMM_EFFICIENCY
 from planner.ops import bytes_op
 
@@ -116,7 +116,7 @@ def fp8_param_gather(c: "Candidate", training: "TrainingSpec") -> bool:
     needs."""
     # arguments.py: under --optimizer-cpu-offload, --fp8-param-gather only with --fp8-recipe delayed
     return (training.precision == "fp8" and training.framework == "megatron-lm" and c.zero >= 1
-            and not (training.optimizer_offload and training.fp8_recipe != "delayed"))
+            and not (offload.optimizer_fraction(c, training) and training.fp8_recipe != "delayed"))
 
 
 def param_gather_bytes(c: "Candidate", training: "TrainingSpec", half: int) -> int:

@@ -66,6 +66,13 @@ class Accelerator:
     mx_block_scaling: bool = False
     """the tensor cores take MX block scales (OCP Microscaling: a shared E8M0 scale per 32 elements) in the GEMM
     itself: Blackwell (MXFP8 in Transformer Engine, --fp8-recipe mxfp8) and AMD CDNA4 (MI355X)"""
+    host_memory_bytes: float | None = None
+    """the usual node's host (CPU) memory, all ``gpus_per_node`` GPUs' together (DGX H100: 2 TiB); None: not in the
+    catalog, the host-memory rule then checks nothing (`ClusterSpec.host_memory_bytes`)"""
+    host_memory_bw_bytes_per_s: float | None = None
+    """the usual node's host memory bandwidth, all its CPU sockets' channels together (DGX H100: 2 x 8 DDR5-4800
+    channels, 614 GB/s); None: not in the catalog (`planner.offload.host_memory_bw_per_gpu` then takes the DGX
+    H100's)"""
     attention_tflops: str | None = None
     """the attention core's published forward + backward rates by kernel, head dim, mask and sequence length
     (accelerators.yaml ``attention_tflops``, frozen: `freeze`); read by planner.attention; None: none published"""
@@ -120,12 +127,16 @@ ACCELERATOR_KEYS: dict[str, tuple[str, float | None]] = {
     "nic_gbps": ("nic_gbps", None), "nvlink_domain": ("nvlink_domain", None),
     "mx_block_scaling": ("mx_block_scaling", None), "sm_count": ("sm_count", None),
     "gemm_efficiency": ("gemm_efficiency", None), "attention_tflops": ("attention_tflops", None),
-    "cuda_context_gib": ("cuda_context_bytes", GiB), "power_w": ("power_w", None), "source": ("source", None),
+    "cuda_context_gib": ("cuda_context_bytes", GiB), "host_memory_gib": ("host_memory_bytes", GiB),
+    "host_memory_gb_per_s": ("host_memory_bw_bytes_per_s", GB), "power_w": ("power_w", None),
+    "source": ("source", None),
     "aliases": ("aliases", None),
 }
 ACCELERATOR_DEFAULTS = {"bf16_tflops": None, "fp8_tflops": None, "tf32_tflops": None, "intra_node_link": "",
                         "gpus_per_node": 8, "nic_gbps": 100.0, "nvlink_domain": None, "mx_block_scaling": False,
                         "gemm_efficiency": 0.7, "cuda_context_gib": 1.0, "attention_tflops": None,
+                        "host_memory_gib": None,
+                        "host_memory_gb_per_s": None,
                         "power_w": None, "source": "", "aliases": []}
 """what a description without ``base`` may leave out: no bf16/FP8/TF32 peak; gemm_efficiency 0.7, the H100-class
 figure (planner/accelerators.yaml says where each comes from); one 100 Gb/s NIC per GPU; a 1 GiB CUDA context"""
@@ -309,6 +320,15 @@ class ClusterSpec:
     @property
     def context_bytes(self) -> float:
         return self.cuda_context_bytes if self.cuda_context_bytes is not None else self.gpu.cuda_context_bytes
+
+    @property
+    def host_memory_bytes(self) -> float | None:
+        """Host memory of one of this cluster's nodes: the catalog's usual node's (`Accelerator.host_memory_bytes`)
+        per GPU, times this node's GPUs; None when the catalog does not say."""
+        acc = self.gpu
+        if acc.host_memory_bytes is None:
+            return None
+        return acc.host_memory_bytes / acc.gpus_per_node * self.gpus_per_node
 
     def network_line(self) -> str:
         """The network assumed, in one line: rails x rate per node, per GPU, the intra-node link, the source."""

@@ -410,6 +410,38 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
             for stage in pipeline_stages(cand)]
 
 
+def host_offload_bytes(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> float:
+    """Pinned host memory one GPU's offloads take (the busiest stage's): its CPU-optimizer share
+    (`planner.offload.optimizer_host_bytes` of the whole optimizer shard) and its offloaded activations, the module
+    inputs of every offloaded layer (`planner.offload.offloaded_layers`) for each micro-batch in flight on the first
+    stage (`in_flight_microbatches`; DualPipe's PP + 1), split by CP like the GPU's. 0 without an offload."""
+    f = offload.optimizer_fraction(cand, training)
+    act_on = bool(cand.offload or training.activation_offload)
+    if not f and not act_on:
+        return 0.0
+    pb = training_param_bytes(training)
+    most = 0.0
+    for stage in pipeline_stages(cand):
+        host = _host_activation_bytes(model, cand, training, stage)
+        if f:
+            whole = stage_states(model, cand, cluster, training, stage, pb, opt_offload=0.0)[3]
+            host += offload.optimizer_host_bytes(whole, f, pb.master + pb.optimizer + pb.grads_fp32)
+        most = max(most, host)
+    return most
+
+
+def _host_activation_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage: str) -> float:
+    """`host_offload_bytes`' activations on ``stage``: 0 without an activation offload."""
+    if not (cand.offload or training.activation_offload):
+        return 0.0
+    lps = stage_layers(model, cand, training.framework, stage)
+    in_flight = in_flight_microbatches(cand) if stage in ("first", "only") else 1.0
+    if training.pp_schedule in dualpipe.SCHEDULES and stage != "only":
+        in_flight = dualpipe.in_flight_microbatches(training.pp_schedule, cand.pp, cand.gas)
+    return in_flight * offload.offloaded_layers(lps, cand) * offload.activation_offload_bytes(
+        model, cand, training, model.seq_len * cand.mbs) / cand.cp
+
+
 def training_param_bytes(training: TrainingSpec) -> ParamBytes:
     """Bytes per parameter for the run's precision, optimizer and framework, and its gradient-reduce dtype."""
     pb = param_bytes(training.precision, training.optimizer, training.framework)
@@ -463,19 +495,21 @@ def deepspeed_zero1_one_rank(cand: Candidate, training: TrainingSpec) -> bool:
 
 
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                 pb: ParamBytes) -> tuple[int, float, float, float, float, float]:
+                 pb: ParamBytes, opt_offload: float | None = None) -> tuple[int, float, float, float, float, float]:
     """(parameters, weights, grads, optimizer, buffers, step) of a GPU on ``stage`` (step: `MemoryBreakdown.step_bytes`): what reads only TP, PP, DP, CP, VPP,
     ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`. Under
     DeepSeek's DualPipe an end rank holds the first and the last stage (DeepSeek-V3 report Table 2: 2x parameters):
-    both stages' states, on either entry."""
+    both stages' states, on either entry. ``opt_offload``: the share of the optimizer on the host, when not the
+    candidate's (`planner.offload.optimizer_fraction`): the host-memory rule reads the whole optimizer (0)."""
+    f = offload.optimizer_fraction(cand, training) if opt_offload is None else opt_offload
     if stage != "only" and dualpipe.parameter_copies(training.pp_schedule, cand.pp) > 1:
-        both = [_stage_states(model, cand, cluster, training, s, pb) for s in ("first", "last")]
+        both = [_stage_states(model, cand, cluster, training, s, pb, f) for s in ("first", "last")]
         return tuple(a + b for a, b in zip(*both))   # type: ignore[return-value]
-    return _stage_states(model, cand, cluster, training, stage, pb)
+    return _stage_states(model, cand, cluster, training, stage, pb, f)
 
 
 def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                  pb: ParamBytes) -> tuple[int, float, float, float, float, float]:
+                  pb: ParamBytes, opt_offload: float) -> tuple[int, float, float, float, float, float]:
     step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
     if step_grads:   # the 16-bit gradients; their fp32 copies at the step are the step's own term
         pb = replace(pb, grads=2, grads_fp32=0)
@@ -489,7 +523,7 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
         model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes, last_stage=stage != "first")
-    optimizer *= 1 - training.optimizer_offload   # the host's share (planner.offload)
+    optimizer *= 1 - opt_offload   # the host's share (planner.offload)
     return params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model), \
         params * step_grads   # unsharded: ZeRO 0, or ZeRO-1's partition over its one rank
 
@@ -553,11 +587,11 @@ def _with_modes(c: Candidate, recompute: str, offload: str, ep: int | None = Non
     faster than `dataclasses.replace`, which `PlanMemory` would call for every mode and EP it tries)."""
     return Candidate(tp=c.tp, pp=c.pp, dp=c.dp, mbs=c.mbs, gas=c.gas, recompute=recompute, zero=c.zero, sp=c.sp,
                      vpp=c.vpp, hybrid=c.hybrid, cp=c.cp, ep=c.ep if ep is None else ep,
-                     etp=c.etp if etp is None else etp, offload=offload)
+                     etp=c.etp if etp is None else etp, offload=offload, opt_offload=c.opt_offload)
 
 
 assert Candidate.__slots__ == ("tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "hybrid", "cp", "ep",
-                               "etp", "offload"), "planner.memory._with_modes passes every Candidate field"
+                               "etp", "offload", "opt_offload"), "planner.memory._with_modes passes every Candidate field"
 
 
 class PlanMemory:
@@ -587,7 +621,7 @@ class PlanMemory:
     def states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
         """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``, and their
         `model_states_bytes`."""
-        key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, ep, etp)
+        key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, ep, etp, c.opt_offload)
         states = self._states.get(key)
         if states is None:
             with_ep = c if (c.ep, c.etp) == (ep, etp) else _with_modes(c, c.recompute, c.offload, ep, etp)
@@ -686,6 +720,35 @@ class PlanMemory:
             return None
         return next((s for s in sets if within(states, self._dynamic_of(c, offload=s))), None)
 
+    def optimizer_offload_fitting(self, c: Candidate, ep: int, etp: int, fractions: tuple[float, ...]) -> float | None:
+        """The first of the CPU optimizer offload ``fractions`` (`planner.offload.OPTIMIZER_FRACTIONS`, smallest first)
+        under which ``c`` with EP ``ep`` and ETP ``etp`` fits, or None (no candidate built): the last is asked first,
+        as most layouts memory rules out do not fit even so."""
+        dynamic, usable, busiest, context = self._dynamic_of(c), self.usable_bytes, self._busiest, self.context_bytes
+        # a bound from the row's states (cached): the whole optimizer off, nothing else changed; exact but where FP8
+        # param gather turns off under the offload (planner.fp8), then the weights grow: never more than the exact
+        if max(total_bytes(s[6] - s[3], d[0], d[1], s[4], context, s[5])
+               for s, d in zip(self.states_of(c, ep, etp), dynamic)) > usable:
+            return None
+        states = self.states_of(replace(c, opt_offload=fractions[-1]), ep, etp)
+        if busiest(states, dynamic) > usable:
+            return None
+        return next((f for f in fractions
+                     if busiest(self.states_of(replace(c, opt_offload=f), ep, etp), dynamic) <= usable), None)
+
+    def host_offload_bytes(self, c: Candidate) -> float:
+        """`host_offload_bytes` of ``c``, the whole optimizer from the cached states where the training offloads
+        none of it itself (plan's search)."""
+        f = offload.optimizer_fraction(c, self.training)
+        if not f or self.training.optimizer_offload:
+            return host_offload_bytes(self.model, c, self.cluster, self.training)
+        pb = self.pb
+        per_param = pb.master + pb.optimizer + pb.grads_fp32
+        whole = self.states_of(replace(c, opt_offload=0.0), c.ep, c.etp)
+        return max(offload.optimizer_host_bytes(s[3], f, per_param)
+                   + _host_activation_bytes(self.model, c, self.training, stage)
+                   for s, stage in zip(whole, pipeline_stages(c)))
+
     def dynamic_by_mode(self, c: Candidate) -> dict[str, tuple]:
         """`_dynamic_of` of ``c`` by recompute mode (filled as asked): the modes `partial_mode` tries for every (EP, ETP)
         of a row share one dict."""
@@ -708,6 +771,20 @@ class PlanMemory:
         if states is None:
             states = self._rows[key] = tuple(self.states_of(head, ep, etp) for ep, etp in eps)
         return states
+
+    def row_fits_optimizer_off(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
+        """After `row_fits` of the same row: whether each of its candidates could fit with its whole optimizer on the
+        host (a bound: exact but where FP8 param gather turns off under the offload, whose weights then grow), from
+        the row's cached states; `optimizer_offload_fitting` is asked only where it could."""
+        states = self._rows[(head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)]
+        dynamic, usable, context = self._dynamic_of(head), self.usable_bytes, self.context_bytes
+        d0, d1 = dynamic[0], dynamic[-1]
+        out = []
+        for st in states:   # the first stage's (or the only one's) and the last's, as `_busiest` (unrolled: every row)
+            s0, s1 = st[0], st[-1]
+            out.append(total_bytes(s0[6] - s0[3], d0[0], d0[1], s0[4], context, s0[5]) <= usable
+                       and total_bytes(s1[6] - s1[3], d1[0], d1[1], s1[4], context, s1[5]) <= usable)
+        return out
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
         """`memory_breakdown(model, c, cluster, training)`, equal field for field: the stage `max` picks there (the

@@ -11,10 +11,16 @@ time. What stays on the GPU is 1 - f of the optimizer bytes (`planner.memory.sta
 Datasheet facts (no fitted value):
 - PCIe 5.0 x16 between a Hopper/Blackwell GPU and its host, 64 GB/s per direction (NVIDIA H100 datasheet: "PCIe Gen5
   128 GB/s" bidirectional; PCI-SIG 5.0: 32 GT/s x 16 lanes); PCIe 4.0 (A100, 64 GB/s bidirectional) half of it.
-- Host memory per GPU: a DGX H100 has 2 Intel Xeon Platinum 8480C (DGX H100 user guide), 8 DDR5-4800 channels each
-  (Intel ARK: 307 GB/s a socket), 614 GB/s for the node's 8 GPUs: 76.8 GB/s a GPU, all 8 stepping at once.
+- Host memory bandwidth per GPU: the catalog's ``host_memory_gb_per_s`` of the usual node over its GPUs
+  (`host_memory_bw_per_gpu`); a DGX H100 has 2 Intel Xeon Platinum 8480C (DGX H100 user guide), 8 DDR5-4800 channels
+  each (Intel ARK: 307 GB/s a socket), 614 GB/s for the node's 8 GPUs: 76.8 GB/s a GPU, all 8 stepping at once.
 - CPU Adam is memory-bound: per parameter the fp32 weight read and written (8 bytes), the fp32 gradient read (4), both
-  moments read and written (16): 28 bytes (the same count as the GPU step's, `planner.cost.optimizer_s`).
+  moments read and written (16): 28 bytes (the same count as the GPU step's, `planner.cost.optimizer_s`). The design
+  is ZeRO-Offload's (Ren et al. 2021, Sec. 4-5: the optimizer states and step on the CPU, gradients down and weights
+  up over PCIe, a vectorised CPU Adam overlapped with the copies chunk by chunk; DeepSpeed's tutorial: its CPU Adam
+  5-7x PyTorch's), which Megatron's HybridDeviceOptimizer runs with torch's fused CPU Adam.
+- Host memory taken: `HOST_BYTES_PER_OFFLOADED_PARAM` a parameter (`planner.memory.host_offload_bytes`), against the
+  node's (the catalog's ``host_memory_gib``: `planner.rules.host_memory_violations`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ PCIE5_BYTES_PER_S = 64e9
 PCIE4_BYTES_PER_S = 32e9
 """one direction of PCIe 4.0 x16 (NVIDIA A100 datasheet: 64 GB/s bidirectional)"""
 HOST_MEMORY_BYTES_PER_S_PER_GPU = 2 * 8 * 38.4e9 / 8
-"""DGX H100: 2 sockets x 8 DDR5-4800 channels x 38.4 GB/s over 8 GPUs (76.8 GB/s a GPU)"""
+"""DGX H100: 2 sockets x 8 DDR5-4800 channels x 38.4 GB/s over 8 GPUs (76.8 GB/s a GPU): the host a catalog entry
+without ``host_memory_gb_per_s`` is taken to have (`host_memory_bw_per_gpu`)"""
 CPU_ADAM_BYTES_PER_PARAM = 28
 """fp32 weight r/w 8, fp32 grad read 4, Adam m and v r/w 16"""
 GRAD_D2H_BYTES = 4
@@ -44,10 +51,65 @@ PARAM_H2D_BYTES = 4
 """the fp32 updated weight copied back (param_update_in_fp32=True in megatron/core/optimizer/__init__.py)"""
 
 
+HOST_BYTES_PER_OFFLOADED_PARAM = 18
+"""host memory an offloaded parameter takes: its pinned 16-bit copy 2 (hybrid_optimizer.py _get_sub_optimizer_param_
+groups: param.detach().clone().cpu().pin_memory()), the fp32 copy CPU Adam updates 4 (param_update_in_fp32), Adam's
+fp32 moments 8, the pinned fp32 grad the D2H lands in 4 (cpu_copy_map_grad, pin_cpu_grads)"""
+OPTIMIZER_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+"""the --optimizer-offload-fraction values `plan` tries, in this order, on a layout memory rules out
+(`optimizer_searched`): the first that fits moves the fewest bytes to the host and adds the least CPU-Adam time (both
+linear in the fraction: `host_step_s`)"""
+
+
+def optimizer_fraction(cand: "Candidate", training: "TrainingSpec") -> float:
+    """The share of the optimizer on the host: the layout's own (plan's search, --explain opt_offload=...), else the
+    training's --optimizer-offload."""
+    return cand.opt_offload or training.optimizer_offload
+
+
+def optimizer_searched(model: "ModelSpec", training: "TrainingSpec") -> tuple[float, ...]:
+    """The `OPTIMIZER_FRACTIONS` plan tries on a layout memory rules out: on Megatron-LM runs of Adam (the
+    HybridDeviceOptimizer has a CPU Adam and a CPU SGD; the precision-aware optimizer it needs is Adam-only:
+    optimizer_config.py) of MoE models, whose expert states are most of a GPU's memory (issue 33: the savers MoE runs
+    use), when the user gave no --optimizer-offload (then that is every layout's). Dense models are not searched: the
+    CPU Adam rate is a datasheet bound no run here has measured, and on a dense plan it would reorder the top rows
+    (GPT-3 175B FP8 on 512 H100: the best would offload a quarter to three quarters of it); --optimizer-offload
+    still plans it there."""
+    from planner import moe
+
+    if training.framework != "megatron-lm" or training.optimizer != "adamw" or training.optimizer_offload \
+            or not moe.is_moe(model):
+        return ()
+    return OPTIMIZER_FRACTIONS
+
+
+def optimizer_searched_on(zero: int) -> bool:
+    """Whether plan tries `optimizer_searched` on a layout: one with Megatron's distributed optimizer (ZeRO >= 1;
+    optimizer_config.py: '--use-precision-aware-optimizer only supported with distributed optimizer', which
+    --optimizer-cpu-offload asserts, arguments.py)."""
+    return zero >= 1
+
+
+def optimizer_searched_where(cluster: "ClusterSpec") -> bool:
+    """Whether plan tries `optimizer_searched` on this cluster: where the catalog knows the node's host (its memory,
+    which the host-memory rule checks the offload against, and its bandwidth, which prices CPU Adam); a workstation
+    GPU's (RTX-4090, L40S) is not, and --optimizer-offload still plans it there."""
+    return cluster.host_memory_bytes is not None and cluster.gpu.host_memory_bw_bytes_per_s is not None
+
+
 def host_link_bytes_per_s(cluster: "ClusterSpec") -> float:
     """The GPU's PCIe link to its host, one direction: PCIe 4.0 on Ampere and older, else 5.0."""
     gen4 = ("A100", "A10", "A40", "V100", "T4", "L4", "RTX")
     return PCIE4_BYTES_PER_S if cluster.gpu.id.startswith(gen4) else PCIE5_BYTES_PER_S
+
+
+def host_memory_bw_per_gpu(cluster: "ClusterSpec") -> float:
+    """One GPU's share of its node's host memory bandwidth, all GPUs stepping at once: the catalog's usual node's
+    (``host_memory_gb_per_s``) over its GPUs, else the DGX H100's (`HOST_MEMORY_BYTES_PER_S_PER_GPU`)."""
+    acc = cluster.gpu
+    if acc.host_memory_bw_bytes_per_s is None:
+        return HOST_MEMORY_BYTES_PER_S_PER_GPU
+    return acc.host_memory_bw_bytes_per_s / acc.gpus_per_node
 
 
 def host_step_s(offloaded_params: float, cluster: "ClusterSpec") -> float:
@@ -57,13 +119,14 @@ def host_step_s(offloaded_params: float, cluster: "ClusterSpec") -> float:
         return 0.0
     link = host_link_bytes_per_s(cluster)
     return max(offloaded_params * GRAD_D2H_BYTES / link,
-               offloaded_params * CPU_ADAM_BYTES_PER_PARAM / HOST_MEMORY_BYTES_PER_S_PER_GPU,
+               offloaded_params * CPU_ADAM_BYTES_PER_PARAM / host_memory_bw_per_gpu(cluster),
                offloaded_params * PARAM_H2D_BYTES / link)
 
 
 def megatron_lm_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
     """The flags (arguments.py: --optimizer-cpu-offload, --optimizer-offload-fraction, the precision-aware optimizer it
-    asserts, --overlap-cpu-optimizer-d2h-h2d which `host_step_s` assumes)."""
+    asserts, --overlap-cpu-optimizer-d2h-h2d which `host_step_s` assumes). A layout's own fraction is the setup's
+    training's by then (`planner.emit.setup.RunSetup` folds it in)."""
     f = training.optimizer_offload
     if not f:
         return []
@@ -163,6 +226,15 @@ def activation_offload_overlap(ctx: "StepContext") -> Overlap | None:
     return Overlap(under="compute", window=1.0) if ctx.cand.offload or ctx.training.activation_offload else None
 
 
+def optimizer_host_bytes(optimizer_bytes: float, fraction: float, pb_master_and_states: float) -> float:
+    """Host bytes of a GPU's offloaded optimizer: ``optimizer_bytes`` (its shard's fp32 master weights and Adam
+    moments on the GPU without the offload, ``pb_master_and_states`` bytes a parameter) times ``fraction``, as
+    parameters, at `HOST_BYTES_PER_OFFLOADED_PARAM` each (the pinned copies and grads too)."""
+    if fraction <= 0 or pb_master_and_states <= 0:
+        return 0.0
+    return fraction * optimizer_bytes / pb_master_and_states * HOST_BYTES_PER_OFFLOADED_PARAM
+
+
 ACTIVATION_OFFLOAD = Term(name="activation_offload", kind=COMMUNICATION, group="compute_s", per_microbatch=True,
                           seconds=activation_offload_term_s, overlap=activation_offload_overlap,
                           hides_under="the micro-batch's forward and backward (own D2H / H2D streams)",
@@ -180,6 +252,8 @@ def activation_offload_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
     return [("--fine-grained-activation-offloading",), ("--offload-modules", *training.activation_offload)]
 
 
-__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "SEARCHED_SETS", "activation_copy_s", "activation_offload_args",
-           "activation_offload_bytes", "host_link_bytes_per_s", "host_step_s", "megatron_lm_args", "modules_of",
-           "offloaded_layers", "searched_on", "searched_sets"]
+__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "HOST_BYTES_PER_OFFLOADED_PARAM", "OPTIMIZER_FRACTIONS",
+           "SEARCHED_SETS", "activation_copy_s", "activation_offload_args", "activation_offload_bytes",
+           "host_link_bytes_per_s", "host_memory_bw_per_gpu", "host_step_s", "megatron_lm_args", "modules_of",
+           "offloaded_layers", "optimizer_fraction", "optimizer_host_bytes", "optimizer_searched",
+           "optimizer_searched_on", "optimizer_searched_where", "searched_on", "searched_sets"]

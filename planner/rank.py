@@ -22,10 +22,10 @@ from planner.cost import (CostParams, attention_kernel, Throughput, TimeBreakdow
                           tflops_ceiling, throughput)
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
-from planner.memory import MemoryBreakdown, PlanMemory, memory_breakdown
+from planner.memory import MemoryBreakdown, PlanMemory, host_offload_bytes, memory_breakdown
 from planner.model import ModelSpec
-from planner.rules import (Checker, Reason, Target, Violation, iter_violations, knob_values, memory_advice,
-                           memory_violations, target_of)
+from planner.rules import (Checker, Reason, Target, Violation, host_memory_of, host_memory_violations, iter_violations,
+                           knob_values, memory_advice, memory_violations, target_of)
 from planner.enumeration import Group, enumerate_groups
 from planner.space import DIMENSIONS, Candidate, TrainingSpec
 from planner.topology import Topology
@@ -49,6 +49,24 @@ class Estimate:
     offload_saved_bytes: float = 0.0
     """GPU memory the layout's own activation offload (``candidate.offload``, plan's search) saves against the same
     layout without it"""
+    opt_offload_saved_bytes: float = 0.0
+    """GPU memory the layout's own CPU optimizer offload (``candidate.opt_offload``, plan's search) saves against the
+    same layout without it"""
+    opt_offload_added_s: float = 0.0
+    """step seconds the layout's own CPU optimizer offload adds against the same layout without it (the host's
+    pipelined D2H, CPU Adam and H2D in place of the GPU's share of the step: `planner.offload.host_step_s`)"""
+    host_gb_per_node: float | None = None
+    """pinned host memory a node's offloads take (`planner.memory.host_offload_bytes` x GPUs a node), GB; None when
+    nothing is offloaded"""
+
+    @property
+    def opt_offload_cost(self) -> dict | None:
+        """What the layout's CPU optimizer offload costs: GPU memory saved, step seconds added, the node's pinned host
+        memory; None without one."""
+        if not self.candidate.opt_offload or self.time is None:
+            return None
+        return {"fraction": self.candidate.opt_offload, "saves_gb": _r(self.opt_offload_saved_bytes / 1e9),
+                "added_s": _r(self.opt_offload_added_s, 4), "host_gb_per_node": _r(self.host_gb_per_node)}
 
     @property
     def offload_cost(self) -> dict | None:
@@ -91,6 +109,8 @@ class Estimate:
                      days_to_train=_r(t.days_to_train), gpu_hours_to_train=_r(t.gpu_hours_to_train, 0))
         if self.offload_cost is not None:
             d["offload_cost"] = self.offload_cost
+        if self.opt_offload_cost is not None:
+            d["opt_offload_cost"] = self.opt_offload_cost
         if detail:
             d["fits"] = self.fits
             d["reasons"] = [v.to_dict() for v in self.reasons]
@@ -172,10 +192,18 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, can
         return Estimate(candidate=candidate, reasons=tuple(reasons))
     mem = memory_breakdown(model, candidate, cluster, training)
     reasons += memory_violations(mem, cluster, training)
+    reasons += host_memory_violations(model, candidate, cluster, training)
     time = estimate_time(model, candidate, cluster, training, topology, params)
     saved = (memory_breakdown(model, replace(candidate, offload=""), cluster, training).total_bytes - mem.total_bytes
              if candidate.offload else 0.0)
+    opt_saved, opt_added = 0.0, 0.0
+    if candidate.opt_offload:
+        without = replace(candidate, opt_offload=0.0)
+        opt_saved = memory_breakdown(model, without, cluster, training).total_bytes - mem.total_bytes
+        opt_added = time.step_time_s - estimate_time(model, without, cluster, training, topology, params).step_time_s
     return Estimate(candidate=candidate, memory=mem, time=time, offload_saved_bytes=saved,
+                    opt_offload_saved_bytes=opt_saved, opt_offload_added_s=opt_added,
+                    host_gb_per_node=_host_gb(model, candidate, cluster, training),
                     throughput=throughput(model, candidate, cluster, training, time), reasons=tuple(reasons),
                     advice=tuple(memory_advice(mem, cluster, training)),
                     layer_ops=tuple(layer_op_rows(model, candidate, cluster, training)))
@@ -188,8 +216,25 @@ def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand:
     mem = memory.breakdown(cand)
     time = estimate_time(model, cand, cluster, training, topology, params, layer_times)
     saved = memory.total_bytes(replace(cand, offload="")) - mem.total_bytes if cand.offload else 0.0
+    opt_saved, opt_added = 0.0, 0.0
+    if cand.opt_offload:
+        without = replace(cand, opt_offload=0.0)
+        opt_saved = memory.total_bytes(without) - mem.total_bytes
+        opt_added = time.step_time_s - estimate_time(model, without, cluster, training, topology, params,
+                                                     layer_times).step_time_s
     return Estimate(candidate=cand, memory=mem, time=time, throughput=throughput(model, cand, cluster, training, time),
-                    advice=tuple(memory_advice(mem, cluster, training)), offload_saved_bytes=saved)
+                    advice=tuple(memory_advice(mem, cluster, training)), offload_saved_bytes=saved,
+                    opt_offload_saved_bytes=opt_saved, opt_offload_added_s=opt_added,
+                    host_gb_per_node=_host_gb(model, cand, cluster, training, memory))
+
+
+def _host_gb(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
+             memory: PlanMemory | None = None) -> float | None:
+    """`Estimate.host_gb_per_node`: a node's pinned host memory for its offloads, GB; None without an offload."""
+    if not (cand.offload or cand.opt_offload or training.activation_offload or training.optimizer_offload):
+        return None
+    per_gpu = memory.host_offload_bytes(cand) if memory else host_offload_bytes(model, cand, cluster, training)
+    return per_gpu * cluster.gpus_per_node / 1e9
 
 
 def _memory_example(cand: Candidate, memory: PlanMemory) -> tuple[Candidate, Violation]:
@@ -414,8 +459,12 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     checker = Checker(model, cluster, training, targets)
     memory = PlanMemory(model, cluster, training)
     layer_times: dict[tuple, tuple] = {}   # planner.cost.layer_compute_s by its key, for this plan's candidates
-    offload_sets = offload.searched_sets(model, training) if all(t.framework == "megatron-lm" for t in targets) \
-        else ()
+    megatron_only = all(t.framework == "megatron-lm" for t in targets)
+    offload_sets = offload.searched_sets(model, training) if megatron_only else ()
+    opt_fractions = offload.optimizer_searched(model, training) if megatron_only and offload.optimizer_searched_where(
+        cluster) else ()
+    host_checked = bool(training.activation_offload or training.optimizer_offload) and \
+        cluster.host_memory_bytes is not None   # the user's offloads: every layout's host memory (planner.rules)
     free = Checker(model, cluster, replace(training, rampup=None), targets) \
         if free_best and training.rampup is not None else None
     for item in _survivors_of_shared_rules(model, cluster, training, knobs, checker, pruned, examples,
@@ -448,6 +497,9 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     mode, first = partial_mode(model, head, memory, training.framework, (ep, etp), fits_as)
                     if first is None and mode != head.recompute:   # the resolved modules against the rules too
                         first = checker.extras(head, ep, etp, mode)   # (e.g. moe + CUDA graphs)
+                if first is None and host_checked:   # the user's offloads against the node's host memory
+                    first = next(iter(host_memory_of(memory.host_offload_bytes(item.candidate(i, mode)), cluster)),
+                                 None)
                 if first is not None:
                     pruned[first.reason] += 1
                     if first.reason not in examples:
@@ -458,6 +510,8 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 survivors.append((total, item.candidate(i, mode)))
             continue
         fits, states = memory.row_fits(head, item.eps), memory.row_states(head, item.eps)
+        opt_room = memory.row_fits_optimizer_off(head, item.eps) if opt_fractions and not all(fits) \
+            and offload.optimizer_searched_on(head.zero) else None   # where the optimizer offload could fit it
         for i, (ep, etp) in enumerate(item.eps):
             total += 1
             first = extras[i]
@@ -471,12 +525,28 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 modules = memory.offload_fitting(head, ep, etp, offload_sets, states[i]) if offload_sets and \
                     offload.searched_on(head.recompute, ep, etp, cluster.gpus_per_node) else None
                 cand = replace(item.candidate(i), offload=modules) if modules else None
+                if cand is None and opt_room is not None and opt_room[i]:
+                    # else CPU optimizer offload, the smallest fraction that fits (planner.offload.OPTIMIZER_FRACTIONS)
+                    fraction = memory.optimizer_offload_fitting(head, ep, etp, opt_fractions)
+                    cand = replace(item.candidate(i), opt_offload=fraction) if fraction else None
+                if cand is not None and cluster.host_memory_bytes is not None:
+                    host = host_memory_of(memory.host_offload_bytes(cand), cluster)
+                    if host:   # the node's host memory cannot hold what it offloads
+                        pruned[Reason.HOST_MEMORY] += 1
+                        examples.setdefault(Reason.HOST_MEMORY, (cand, host[0]))
+                        continue
                 if cand is None:
                     pruned[Reason.MEMORY_TOTAL] += 1
                     if Reason.MEMORY_TOTAL not in examples:
                         examples[Reason.MEMORY_TOTAL] = _memory_example(item.candidate(i), memory)
             else:
                 cand = item.candidate(i)
+                if host_checked:
+                    host = host_memory_of(memory.host_offload_bytes(cand), cluster)
+                    if host:
+                        pruned[Reason.HOST_MEMORY] += 1
+                        examples.setdefault(Reason.HOST_MEMORY, (cand, host[0]))
+                        continue
             if cand is not None:
                 survivors.append((total, cand))
 

@@ -25,9 +25,10 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
-from planner import context_parallel, cuda_graphs, dualpipe, fp8, fsdp_parallel, model_facts, moe, pipeline_engine, recompute as recompute_modes
+from planner import (context_parallel, cuda_graphs, dualpipe, fp8, fsdp_parallel, model_facts, moe, offload,
+                     pipeline_engine, recompute as recompute_modes)
 from planner.hardware import ClusterSpec
-from planner.memory import MemoryBreakdown, deepspeed_zero1_one_rank, shard_group_size
+from planner.memory import MemoryBreakdown, deepspeed_zero1_one_rank, host_offload_bytes, shard_group_size
 from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
@@ -66,6 +67,7 @@ class Reason(str, Enum):
     REDUNDANT = "redundant"
     MEMORY_STATIC = "memory_static_rule"
     MEMORY_TOTAL = "memory_total"
+    HOST_MEMORY = "host_memory"
     # context parallel, experts, FP8 (planner.context_parallel, planner.moe, planner.fp8)
     CP_SEQUENCE = "cp_sequence_divisibility"
     EP_EXPERTS = "ep_divides_experts"
@@ -525,6 +527,13 @@ def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpe
         if c.offload and fw != "megatron-lm":   # plan searches it for Megatron-LM targets only (planner.offload)
             yield Violation(Reason.FRAMEWORK_LIMIT, f"offload={c.offload} is Megatron-LM's fine-grained activation "
                                                     f"offload; {target} has none: drop offload")
+        if c.opt_offload and fw != "megatron-lm":   # plan searches it for Megatron-LM targets only (planner.offload)
+            yield Violation(Reason.FRAMEWORK_LIMIT, f"opt_offload={c.opt_offload:g} is Megatron-LM's CPU optimizer "
+                                                    f"offload; {target} has none: drop opt_offload")
+        elif fw == "megatron-lm" and c.zero == 0 and offload.optimizer_fraction(c, training):
+            yield Violation(Reason.FRAMEWORK_LIMIT, "CPU optimizer offload runs Megatron's precision-aware optimizer, "
+                                                    "which needs the distributed optimizer (optimizer_config.py: "
+                                                    "'only supported with distributed optimizer'): set zero=1")
         if fw == "megatron-deepspeed":
             yield from _megatron_deepspeed(model, c, target.flavor or "bigscience")
         elif fw == "megatron-lm":
@@ -800,6 +809,32 @@ def memory_violations(mem: MemoryBreakdown, cluster: ClusterSpec, training: Trai
                       f"({1 - training.memory_headroom:.0%} of {capacity / 1e9:.1f} GB) "
                       f"(activations {mem.activations_bytes / 1e9:.1f}, logits {mem.logits_bytes / 1e9:.1f}, "
                       f"model states {mem.static_bytes / 1e9:.1f})")]
+
+
+def host_memory_violations(model: ModelSpec, c: Candidate, cluster: ClusterSpec,
+                           training: TrainingSpec) -> list[Violation]:
+    """The offloads' pinned host memory against the node's (`ClusterSpec.host_memory_bytes`, the catalog's): GPUs a
+    node x the busiest GPU's offloaded bytes (`planner.memory.host_offload_bytes`: its CPU-optimizer share with the
+    pinned copies and grads, its offloaded activations). A lower bound of what the node needs (the OS, the data
+    loader, the processes' own memory not counted): a layout over it cannot run. Nothing is checked where the
+    catalog does not know the host."""
+    if cluster.host_memory_bytes is None:
+        return []
+    return host_memory_of(host_offload_bytes(model, c, cluster, training), cluster)
+
+
+def host_memory_of(per_gpu: float, cluster: ClusterSpec) -> list[Violation]:
+    """`host_memory_violations` of a GPU's offloaded bytes ``per_gpu`` (plan's: `PlanMemory.host_offload_bytes`)."""
+    node = cluster.host_memory_bytes
+    if node is None:
+        return []
+    need = per_gpu * cluster.gpus_per_node
+    if need <= node:
+        return []
+    return [Violation(Reason.HOST_MEMORY,
+                      f"offloads need {need / 1e9:.0f} GB of pinned host memory a node ({cluster.gpus_per_node} GPUs x "
+                      f"{per_gpu / 1e9:.1f} GB) > the node's {node / 1e9:.0f} GB ({cluster.gpu.id} reference "
+                      "system): offload a smaller optimizer fraction or fewer modules, or shard more (ZeRO, EP, PP)")]
 
 
 def memory_advice(mem: MemoryBreakdown, cluster: ClusterSpec, training: TrainingSpec) -> list[Violation]:

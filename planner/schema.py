@@ -316,6 +316,10 @@ ACCELERATOR: dict[str, Field] = {
     "attention_tflops": Map(None, null=True, what="the attention kernels' published forward + backward TFLOP/s "
                                                   "(planner/accelerators.yaml, A100-40GB)"),
     "cuda_context_gib": Num(0, 1024, what="GiB in [0, 1024]"),
+    "host_memory_gib": Num(0, 1_048_576, open_lo=True, null=True, what="GiB of host memory in the usual node, in "
+                                                                       "(0, 1,048,576] or null"),
+    "host_memory_gb_per_s": Num(0, 1e6, open_lo=True, null=True, what="GB/s of host memory bandwidth in the usual "
+                                                                     "node, in (0, 1e6] or null"),
     "power_w": Num(0, 100_000, open_lo=True, null=True),
     "source": Str(),
     "aliases": List(Str()),

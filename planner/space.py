@@ -259,7 +259,7 @@ class Dimension:
 
     name: str
     kind: type
-    """int, bool or str"""
+    """int, bool, str or float"""
     default: object = None
     """None: every layout states it (the label always shows it); else the label shows it only when it differs"""
     searched: bool = True
@@ -273,7 +273,7 @@ DIMENSIONS: tuple[Dimension, ...] = (
     Dimension("mbs", int, log2=True), Dimension("gas", int, searched=False), Dimension("recompute", str),
     Dimension("zero", int), Dimension("sp", bool, False), Dimension("vpp", int, 1, log2=True),
     Dimension("hybrid", bool, False), Dimension("cp", int, 1, log2=True), Dimension("ep", int, 1, log2=True),
-    Dimension("etp", int, 1, log2=True), Dimension("offload", str, ""),
+    Dimension("etp", int, 1, log2=True), Dimension("offload", str, ""), Dimension("opt_offload", float, 0.0),
 )
 """the one table of a layout's dimensions, in `Candidate`'s field order (tests/test_dimensions.py checks both)"""
 SIZES = tuple(d.name for d in DIMENSIONS if d.kind is int and d.name != "zero")
@@ -308,6 +308,10 @@ class Candidate:
     offload: str = ""
     """Megatron-LM's fine-grained activation offload chosen for this layout, its modules joined by "+"
     (OFFLOAD_MODULES; `planner.offload.modules_of`); "": none, or the training's --activation-offload"""
+    opt_offload: float = 0.0
+    """Megatron-LM's CPU optimizer offload chosen for this layout: the fraction of the GPU's optimizer shard (fp32
+    master weights and Adam moments) on the host (--optimizer-offload-fraction; `planner.offload.optimizer_fraction`);
+    0: none, or the training's --optimizer-offload"""
 
     @property
     def world(self) -> int:
@@ -332,7 +336,7 @@ class Candidate:
         for d in DIMENSIONS:
             value = getattr(self, d.name)
             if d.default is None or value != d.default:
-                parts.append(f"{d.name}={int(value) if d.kind is bool else value}")
+                parts.append(f"{d.name}={int(value) if d.kind is bool else f'{value:g}' if d.kind is float else value}")
         return ",".join(parts)
 
     def to_dict(self) -> dict:
@@ -405,10 +409,19 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
     bad = offload_problem(tuple(m for m in offloaded.split("+") if m), f"--explain offload={offloaded}")
     if bad:
         raise InputError(bad)
+    try:
+        opt_offload = float(fields.get("opt_offload", "0"))
+    except ValueError:
+        raise InputError(f"--explain: opt_offload={fields['opt_offload'][:24]} is not a number; give a fraction in "
+                         "[0, 1]") from None
+    if not 0 <= opt_offload <= 1:
+        raise InputError(f"--explain: opt_offload={fields['opt_offload'][:24]} must be a fraction in [0, 1] (Megatron "
+                         "--optimizer-offload-fraction)")
     truthy, falsy = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
     for key in ("sp", "hybrid"):
         if fields.get(key, "0") not in truthy | falsy:
             raise InputError(f"--explain: {key}={fields[key]} must be 1 or 0 (true or false)")
     return Candidate(tp=tp, pp=pp, dp=dp, mbs=mbs, gas=gas, recompute=recompute, zero=num("zero", 0),
                      sp=fields.get("sp", "0") in truthy, vpp=num("vpp", 1), hybrid=fields.get("hybrid", "0") in truthy,
-                     cp=cp, ep=num("ep", 1), etp=num("etp", 1), offload=offloaded)
+                     cp=cp, ep=num("ep", 1), etp=num("etp", 1), offload=offloaded,
+                     opt_offload=opt_offload)

@@ -28,7 +28,7 @@ INDENT = " " * 7
 """continuation rows of a folded line start under the text after ``[tune] ``"""
 BRIEF_ORDER = ("tp", "pp", "cp", "ep", "etp", "vpp", "dp", "mbs", "recompute", "zero", "sp", "hybrid")
 BRIEF_DEFAULTS = {"recompute": "none", "zero": "0", "sp": "0", "hybrid": "0", "cp": "1", "ep": "1", "etp": "1",
-                  "vpp": "1", "offload": ""}
+                  "vpp": "1", "offload": "", "opt_offload": "0"}
 
 
 def brief(config: str) -> str:

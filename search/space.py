@@ -4,11 +4,11 @@
     >>> space = SearchSpace.from_plan(planner.plan(model, cluster, training))
     >>> space.lookup({"tp": 1, "pp": 2, "mbs": 4, "recompute": "full", "zero": 1})   # an Estimate, or None
 
-A configuration is a point of (tp, pp, mbs, recompute, zero, sp, vpp, hybrid, cp, ep, etp, offload); dp and gas
-follow from the world size and the global batch. A parameter a trial does not record (a study made before
-cp/ep/etp/offload were parameters) takes its default (`DEFAULTS`: 1, offload none). Only survivors of `planner.plan` are
-points of the space: a sampler's proposal is mapped to the nearest survivor (`SearchSpace.nearest`), so
-a configuration the planner ruled out is never probed. No optuna import at module level (``distributions`` imports it).
+A configuration is a point of (tp, pp, mbs, recompute, zero, sp, vpp, hybrid, cp, ep, etp, offload, opt_offload); dp
+and gas follow from the world size and the global batch. A parameter a trial does not record (a study made before
+cp/ep/etp/offload/opt_offload were parameters) takes its default (`DEFAULTS`: 1, no offload). Only survivors of
+`planner.plan` are points of the space: a sampler's proposal is mapped to the nearest survivor
+(`SearchSpace.nearest`), so a configuration the planner ruled out is never probed. No optuna import at module level (``distributions`` imports it).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from search._base import RECOMPUTE_MEMORY_ORDER, recompute_sort_key
 
 PARAMS = tuple(d.name for d in DIMENSIONS if d.searched)
 """the structured parameters a trial records (Optuna param names): planner.space.DIMENSIONS but DP and GAS"""
-DEFAULTS = {"cp": 1, "ep": 1, "etp": 1, "offload": ""}
+DEFAULTS = {"cp": 1, "ep": 1, "etp": 1, "offload": "", "opt_offload": 0.0}
 """the value of a parameter a stored trial lacks (studies created before context and expert parallelism)"""
 LOG2_PARAMS = tuple(d.name for d in DIMENSIONS if d.log2)
 """sizes compared on a log2 scale by the nearest-survivor distance"""
@@ -132,7 +132,7 @@ class SearchSpace:
         out = {}
         for name in PARAMS:
             vals = self.values(name)
-            if len(vals) == 1 or name in ("recompute", "sp", "hybrid") or isinstance(vals[0], str):
+            if len(vals) == 1 or name in ("recompute", "sp", "hybrid") or isinstance(vals[0], (str, float)):
                 out[name] = CategoricalDistribution(vals)
             elif name in LOG2_PARAMS:
                 out[name] = IntDistribution(min(vals), max(vals), log=True)

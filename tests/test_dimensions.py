@@ -20,7 +20,7 @@ def test_the_table_is_candidates_fields():
 def test_label_and_explain_read_it_both_ways():
     """Every dimension set away from its default shows in the label, and --explain reads the label back."""
     c = Candidate(tp=4, pp=12, dp=2, mbs=2, gas=16, recompute="full", zero=1, sp=True, vpp=2, hybrid=True, cp=2,
-                  ep=4, etp=2, offload="expert_fc1+moe_act")
+                  ep=4, etp=2, offload="expert_fc1+moe_act", opt_offload=0.5)
     label = c.label()
     assert [part.split("=")[0] for part in label.split(",")] == [d.name for d in DIMENSIONS]
     assert parse_explain(label, world=c.world, global_batch=c.global_batch) == c

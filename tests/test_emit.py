@@ -76,9 +76,10 @@ def test_plan_yaml_round_trip(emitted, tmp_path) -> None:
 
 def test_plan_yaml_knows_every_field() -> None:
     """A new Candidate/Prediction field must get a plan.yaml key (ModelSpec and TrainingSpec extras are generic)."""
-    # offload: written as the training's activation_offload (planner.emit.setup.RunSetup folds it in)
+    # offload and opt_offload: written as the training's activation_offload and optimizer_offload
+    # (planner.emit.setup.RunSetup folds them in)
     assert {f.name for f in fields(Candidate)} == {"tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp",
-                                                   "hybrid", "cp", "ep", "etp", "offload"}
+                                                   "hybrid", "cp", "ep", "etp", "offload", "opt_offload"}
     assert {f.name for f in fields(Prediction)} == {"memory_gb_per_gpu", "step_time_s", "model_tflops_per_gpu",
                                                     "hardware_tflops_per_gpu", "mfu"}
 

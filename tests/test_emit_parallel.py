@@ -107,6 +107,12 @@ CASES = {
                                                               zero=1, vpp=4, recompute="modules:mla_up_proj+mlp"),
                                seq_len=4096, global_batch=8192, optimizer_offload=0.5, precision="fp8",
                                fp8_recipe="tensorwise"),
+    # a layout plan finds only with its own CPU optimizer offload (Candidate.opt_offload, bf16: --fp8-param-gather
+    # does not arise); RunSetup folds it into the training's --optimizer-offload-fraction
+    "deepseek-opt-offload-searched": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=8, sp=True, mbs=1,
+                                                                           gas=128, zero=1, vpp=2, recompute="full",
+                                                                           opt_offload=0.75),
+                                            seq_len=4096, global_batch=8192),
     # CUDA graphs as Megatron-Bridge 25.11 (v0.2.0) runs Qwen3-30B-A3B on DGX-B200: TE graphs of the router and the
     # dispatcher's preprocess (QWEN3_30B_A3B_B200_FP8_CS_BASE_CONFIG: cuda_graph_scope ["moe_router", "moe_preprocess"])
     "qwen3-cuda-graphs": _setup("qwen3-30b-a3b", 8, Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=64, zero=1),

@@ -100,6 +100,9 @@ def arg_set(group: str, case_id: str, setup, kind: str = "megatron-lm", flavor: 
                    "virtual_pipeline_model_parallel_size": c.vpp if c.vpp > 1 else None}
     if kind == "megatron-lm" and m.kv_lora_rank:   # MLA with the RMSNorms on its q/kv latents (issue 31)
         expect |= {"multi_latent_attention": True, "qk_layernorm": True}
+    if kind == "megatron-lm" and setup.training.optimizer_offload:   # the layout's own folded in (RunSetup)
+        expect |= {"optimizer_cpu_offload": True, "optimizer_offload_fraction": setup.training.optimizer_offload,
+                   "use_precision_aware_optimizer": True, "overlap_cpu_optimizer_d2h_h2d": True}
     if kind == "megatron-lm" and c.zero >= 2:   # Megatron-FSDP
         expect |= {"use_megatron_fsdp": True,
                    "data_parallel_sharding_strategy": {2: "optim_grads", 3: "optim_grads_params"}[c.zero]}

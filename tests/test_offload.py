@@ -207,3 +207,209 @@ def test_plan_table_json_and_emit_carry_the_offload(capsys, tmp_path):
 
     setup = load_plan_yaml(tmp_path / "run" / "plan.yaml")
     assert setup.training.activation_offload == tuple(rows[0]["offload"].split("+")) and not setup.candidate.offload
+
+
+# -- CPU optimizer offload as a dimension of the layout (Candidate.opt_offload) -----------------------------------------
+def _plan_bf16(**kw):
+    from planner import plan
+
+    t = TrainingSpec(global_batch=8192, seq_len=4096, framework="megatron-lm", **kw)
+    return plan(load_model("deepseek-v3"), make_cluster(gpu="H100-SXM", gpus=1024), t)
+
+
+@pytest.fixture(scope="module")
+def bf16_plan():
+    return _plan_bf16()
+
+
+def test_plan_searches_optimizer_offload_where_it_lets_a_layout_fit(bf16_plan):
+    """DeepSeek-V3 on 1,024 H100 (bf16, Megatron-LM): layouts memory rules out that fit with a fraction of their
+    optimizer on the host are ranked, each with the smallest of planner.offload.OPTIMIZER_FRACTIONS that fits, the
+    distributed optimizer (ZeRO 1, which the precision-aware optimizer asks), and what it saves and costs."""
+    from planner.memory import memory_breakdown
+    from planner.offload import OPTIMIZER_FRACTIONS
+
+    p = bf16_plan
+    rows = [e for e in p.candidates if e.candidate.opt_offload]
+    assert len(rows) > 20
+    usable = 0.95 * p.cluster.gpu.memory_bytes
+    for e in rows[:12]:
+        c = e.candidate
+        assert c.opt_offload in OPTIMIZER_FRACTIONS and c.zero >= 1 and not c.offload
+        without = memory_breakdown(p.model, replace(c, opt_offload=0.0), p.cluster, p.training)
+        assert without.total_bytes > usable >= e.memory.total_bytes
+        smaller = [f for f in OPTIMIZER_FRACTIONS if f < c.opt_offload]
+        assert all(memory_breakdown(p.model, replace(c, opt_offload=f), p.cluster, p.training).total_bytes > usable
+                   for f in smaller)
+        # the offloaded share of the optimizer (fp32 master weights and Adam moments) leaves the GPU
+        assert e.memory.optimizer_bytes == pytest.approx(without.optimizer_bytes * (1 - c.opt_offload))
+        cost = e.to_dict()["opt_offload_cost"]
+        assert cost["saves_gb"] == pytest.approx((without.total_bytes - e.memory.total_bytes) / 1e9, abs=1e-3)
+        assert cost["added_s"] > 0 and 0 < cost["host_gb_per_node"] < 2048 * 2**30 / 1e9
+        assert c.label().endswith(f"opt_offload={c.opt_offload:g}")
+    # fits without: never offloaded (no row of the plan both fits at 0 and carries a fraction)
+    assert all(not e.candidate.opt_offload for e in p.candidates if e.candidate.offload)
+
+
+def test_optimizer_offload_is_searched_only_where_megatron_runs_it():
+    from planner.offload import optimizer_searched, optimizer_searched_on
+
+    t, m = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm"), load_model("deepseek-v3")
+    assert optimizer_searched(m, t) == (0.25, 0.5, 0.75, 1.0)
+    assert optimizer_searched(m, replace(t, framework="fsdp")) == ()   # torchtitan: no CPU optimizer
+    assert optimizer_searched(m, replace(t, optimizer="sgd")) == ()     # precision-aware optimizer: Adam only
+    assert optimizer_searched(m, replace(t, optimizer_offload=0.5)) == ()   # the user's fraction, every layout's
+    assert optimizer_searched(load_model("llama3-70b"), t) == ()   # dense: not searched (--optimizer-offload plans it)
+    assert not optimizer_searched_on(0) and optimizer_searched_on(1)
+
+
+def test_optimizer_offload_rules_say_why():
+    """Megatron asserts --use-precision-aware-optimizer under --optimizer-cpu-offload, and that only with the
+    distributed optimizer (optimizer_config.py); other frameworks have no HybridDeviceOptimizer."""
+    from planner.rules import Reason
+
+    t = TrainingSpec(global_batch=8192, seq_len=4096, framework="megatron-lm")
+    m, cl = load_model("deepseek-v3"), make_cluster(gpu="H100-SXM", gpus=1024)
+    e = estimate(m, cl, t, replace(C, zero=0, opt_offload=0.5))
+    assert any(v.reason is Reason.FRAMEWORK_LIMIT and "distributed optimizer" in v.detail and "zero=1" in v.detail
+               for v in e.reasons)
+    dense = Candidate(tp=1, pp=1, dp=8, mbs=1, gas=1, zero=1, opt_offload=0.5)
+    fsdp = TrainingSpec(global_batch=8, seq_len=2048, framework="fsdp")
+    e = estimate(load_model("llama3-8b"), make_cluster(gpu="H100-SXM", gpus=8), fsdp, dense)
+    assert any(v.reason is Reason.FRAMEWORK_LIMIT and "drop opt_offload" in v.detail for v in e.reasons)
+
+
+def test_explain_and_emit_carry_the_layouts_optimizer_offload(capsys, tmp_path):
+    """--explain opt_offload=F shows what it saves and costs and the host memory it pins; --emit writes Megatron's
+    flags (the layout's fraction folded into the training's, planner.emit.setup)."""
+    from planner.cli import main
+    from planner.emit import load_plan_yaml
+
+    label = "tp=2,pp=8,vpp=2,ep=8,mbs=1,sp=1,zero=1,recompute=full,opt_offload=0.75"
+    base = ["--model", "deepseek-v3", "--gpus", "1024", "--gpu", "H100-SXM", "--global-batch", "8192",
+            "--framework", "megatron-lm"]
+    assert main(base + ["--explain", label]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("optimizer offload 0.75 (opt_offload="))
+    gb, s = float(line.split("saves ")[1].split(" GB")[0]), float(line.split("costs ")[1].split(" s")[0])
+    assert gb > 5 and s > 0
+    assert "host memory the offloads pin:" in out
+    assert main(base + ["--explain", label, "--emit", "megatron-lm", "--out", str(tmp_path / "run")]) == 0
+    args = (tmp_path / "run" / "args.txt").read_text().splitlines()
+    assert "--optimizer-cpu-offload" in args and "--optimizer-offload-fraction 0.75" in args
+    assert "--use-precision-aware-optimizer" in args and "--overlap-cpu-optimizer-d2h-h2d" in args
+    setup = load_plan_yaml(tmp_path / "run" / "plan.yaml")
+    assert setup.training.optimizer_offload == 0.75 and not setup.candidate.opt_offload
+    assert main(base + ["--explain", "tp=2,pp=8,opt_offload=1.5"]) == 2
+    assert "fraction in [0, 1]" in capsys.readouterr().err
+
+
+def test_the_table_shows_the_optimizer_offload_column_and_its_cost(capsys):
+    """Where a shown row offloads its optimizer the table has an 'opt off' column and, under it, each such row's
+    GPU memory saved, step seconds added and host memory; the JSON row its opt_offload_cost."""
+    import json
+
+    from planner.cli import main
+
+    base = ["--model", "deepseek-v3", "--gpus", "1024", "--gpu", "H100-SXM", "--global-batch", "8192",
+            "--framework", "megatron-lm", "--recompute", "full", "--tp", "2", "--top", "3"]
+    assert main(base + ["--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["candidates"]
+    assert any(r["opt_offload"] for r in rows)
+    assert all(r["opt_offload_cost"]["added_s"] > 0 for r in rows if r["opt_offload"])
+    assert main(base) == 0
+    out = capsys.readouterr().out
+    assert " opt off " in next(x for x in out.splitlines() if x.startswith("#"))
+    assert "opt off: the fraction of the optimizer" in out and ", host " in out
+
+
+# -- host memory ---------------------------------------------------------------------------------------------------
+def test_host_memory_per_node_from_the_datasheets():
+    """DGX H100, H200 and B200 datasheets: 2 TB system memory; DGX A100 (320 GB) 1 TB; GB200 NVL72: 480 GB LPDDR5X per
+    Grace, 2 a 4-GPU compute tray; a host the catalog does not know is not checked."""
+    tib = 2**40
+    assert make_cluster(gpu="H100-SXM", gpus=16).host_memory_bytes == 2 * tib
+    assert make_cluster(gpu="H200", gpus=16).host_memory_bytes == 2 * tib
+    assert make_cluster(gpu="B200", gpus=16).host_memory_bytes == 2 * tib
+    assert make_cluster(gpu="A100-40GB", gpus=16).host_memory_bytes == tib
+    assert make_cluster(gpu="GB200", gpus=72).host_memory_bytes == 960 * 2**30
+    assert make_cluster(gpu="H100-PCIe", gpus=16).host_memory_bytes is None
+    # a node of 4 H100 (--gpus-per-node 4): half the DGX's host, the same share a GPU
+    assert make_cluster(gpu="H100-SXM", gpus=16, gpus_per_node=4).host_memory_bytes == tib
+
+
+def test_cpu_adam_reads_the_hosts_memory_bandwidth():
+    """CPU Adam's 28 bytes a parameter at the node's DDR bandwidth over its GPUs: DGX H100 2 x 8 DDR5-4800 channels
+    (76.8 GB/s a GPU), DGX A100 2 EPYC 7742 x 8 DDR4-3200 (51.2), GB200 2 Grace x 512 GB/s LPDDR5X a 4-GPU tray
+    (256); unknown hosts take the DGX H100's. On a DGX A100 the CPU step outlasts PCIe 4.0's 4 bytes at 32 GB/s."""
+    from planner.offload import host_memory_bw_per_gpu, optimizer_searched_where
+
+    bw = {g: host_memory_bw_per_gpu(make_cluster(gpu=g, gpus=64)) for g in ("H100-SXM", "A100-80GB", "GB200",
+                                                                          "RTX-4090")}
+    assert bw == pytest.approx({"H100-SXM": 76.8e9, "A100-80GB": 51.2e9, "GB200": 256e9, "RTX-4090": 76.8e9})
+    assert host_step_s(1e9, make_cluster(gpu="A100-80GB", gpus=8)) == pytest.approx(28e9 / 51.2e9)
+    # searched only where the catalog knows the host (its memory checked, its bandwidth priced)
+    assert optimizer_searched_where(make_cluster(gpu="H100-SXM", gpus=8))
+    assert not optimizer_searched_where(make_cluster(gpu="RTX-4090", gpus=8))
+
+
+def test_host_bytes_of_the_offloads():
+    """A GPU's host bytes: 18 a parameter of its offloaded optimizer share (pinned 16-bit copy 2, fp32 copy 4, Adam
+    moments 8, pinned fp32 grad 4: hybrid_optimizer.py) and its offloaded module inputs of every micro-batch in
+    flight."""
+    from planner.memory import host_offload_bytes, in_flight_microbatches, stage_layers, stage_states
+    from planner.memory import training_param_bytes
+    from planner.offload import activation_offload_bytes, offloaded_layers
+
+    m, cl = load_model("deepseek-v3"), make_cluster(gpu="H100-SXM", gpus=1024)
+    t = TrainingSpec(global_batch=8192, seq_len=4096, framework="megatron-lm")
+    pb = training_param_bytes(t)
+    c = replace(C, opt_offload=0.5)
+    whole = max(stage_states(m, c, cl, t, s, pb, opt_offload=0.0)[3] for s in ("first", "last"))
+    assert host_offload_bytes(m, c, cl, t) == pytest.approx(0.5 * whole / 12 * 18)
+    assert host_offload_bytes(m, C, cl, t) == 0.0
+    a = replace(NONE, offload="expert_fc1+moe_act")
+    lps = stage_layers(m, a, "megatron-lm", "first")
+    expect = in_flight_microbatches(a) * offloaded_layers(lps, a) * activation_offload_bytes(m, a, t, 4096)
+    assert host_offload_bytes(m, a, cl, t) >= expect
+
+
+def test_host_memory_rule_rules_out_what_the_node_cannot_hold():
+    """Llama 3 405B on 2 DGX H100 at TP8 PP2, its whole optimizer on the host: 25B parameters a GPU x 18 bytes x 8
+    GPUs = 3.6 TB > the node's 2 TB: ruled out, saying why and what to change; a node the catalog does not know is
+    not checked."""
+    from planner.rules import Reason
+
+    m = load_model("llama3-405b")
+    t = TrainingSpec(global_batch=64, seq_len=4096, framework="megatron-lm")
+    c = Candidate(tp=8, pp=2, dp=1, mbs=1, gas=64, zero=1, sp=True, recompute="full", opt_offload=1.0)
+    e = estimate(m, make_cluster(gpu="H100-SXM", gpus=16), t, c)
+    host = [v for v in e.reasons if v.reason is Reason.HOST_MEMORY]
+    assert host and "pinned host memory a node" in host[0].detail and "smaller optimizer fraction" in host[0].detail
+    assert e.host_gb_per_node > 2 * 2**40 / 1e9
+    e = estimate(m, make_cluster(gpu="H100-PCIe", gpus=16), t, c)
+    assert not [v for v in e.reasons if v.reason is Reason.HOST_MEMORY]
+
+
+def test_plan_prunes_the_users_offload_by_host_memory(tmp_path):
+    """--optimizer-offload on Llama 3 70B over 2 nodes of 8 H100 whose host has 512 GiB: the whole optimizer needs
+    70B x 18 bytes / 2 nodes = 630 GB a node whatever the layout (ZeRO-1 shards it over DP): every layout that fits
+    the GPUs is ruled out under host_memory; half of it (315 GB) fits, and no survivor needs more than the node has."""
+    from planner import plan
+    from planner.errors import DoesNotFitError
+    from planner.rules import Reason
+
+    gpu = tmp_path / "h100-small-host.yaml"
+    gpu.write_text("id: H100-small-host\nbase: H100-SXM\nhost_memory_gib: 512\n")
+    cl = make_cluster(gpu=str(gpu), gpus=16)
+    m = load_model("llama3-70b")
+    t = TrainingSpec(global_batch=64, seq_len=4096, framework="megatron-lm", optimizer_offload=1.0,
+                     recompute_options=("full",))
+    p = plan(m, cl, t, allow_empty=True)
+    assert not p.candidates and p.pruned[Reason.HOST_MEMORY] > 0
+    assert "> the node's 550 GB" in p.examples[Reason.HOST_MEMORY][1].detail
+    with pytest.raises(DoesNotFitError):
+        plan(m, cl, t)
+    half = plan(m, cl, replace(t, optimizer_offload=0.5))
+    assert half.candidates and all(e.host_gb_per_node == pytest.approx(70.6e9 * 9 / 2 / 1e9, rel=0.02)
+                                   for e in half.candidates)

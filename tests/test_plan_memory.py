@@ -12,10 +12,11 @@ import pytest
 from planner import offload
 from planner.cost import CostParams, estimate_time, throughput
 from planner.hardware import make_cluster
-from planner.memory import PlanMemory, memory_breakdown
+from planner.memory import PlanMemory, host_offload_bytes, memory_breakdown
 from planner.model import Rampup, get_preset
 from planner.rank import Estimate, plan, prepare, rank_key
-from planner.rules import Checker, Reason, knob_values, memory_advice, memory_violations, target_of
+from planner.rules import (Checker, Reason, host_memory_violations, knob_values, memory_advice, memory_violations,
+                           target_of)
 from planner.enumeration import enumerate_candidates
 from planner.space import TrainingSpec
 from planner.topology import Topology
@@ -90,12 +91,29 @@ def _one_by_one(model, cluster, training):
                         saved = mem.total_bytes - with_it.total_bytes
                         c, mem, reasons = offloaded, with_it, []
                         break
+            opt_saved = 0.0
+            if reasons and offload.optimizer_searched_on(c.zero) and offload.optimizer_searched_where(cluster):
+                # else the smallest optimizer fraction that fits
+                for fraction in offload.optimizer_searched(model, training):
+                    offloaded = replace(c, opt_offload=fraction)
+                    with_it = memory_breakdown(model, offloaded, cluster, training)
+                    if not memory_violations(with_it, cluster, training):
+                        opt_saved = mem.total_bytes - with_it.total_bytes
+                        c, mem, reasons = offloaded, with_it, []
+                        break
+            if not reasons:   # and the node's host memory holds what it offloads
+                reasons = host_memory_violations(model, c, cluster, training)
             if not reasons:
                 time = estimate_time(model, c, cluster, training, topology, params)
+                added = time.step_time_s - estimate_time(model, replace(c, opt_offload=0.0), cluster, training,
+                                                         topology, params).step_time_s if c.opt_offload else 0.0
+                host = host_offload_bytes(model, c, cluster, training) * cluster.gpus_per_node / 1e9 \
+                    if c.offload or c.opt_offload else None
                 survivors.append(Estimate(candidate=c, memory=mem, time=time,
                                           throughput=throughput(model, c, cluster, training, time),
                                           advice=tuple(memory_advice(mem, cluster, training)),
-                                          offload_saved_bytes=saved))
+                                          offload_saved_bytes=saved, opt_offload_saved_bytes=opt_saved,
+                                          opt_offload_added_s=added, host_gb_per_node=host))
                 continue
             first = reasons[0]
         pruned[first.reason] += 1

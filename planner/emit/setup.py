@@ -55,6 +55,9 @@ class RunSetup:
             object.__setattr__(self, "training", replace(self.training,
                                                          activation_offload=tuple(self.candidate.offload.split("+"))))
             object.__setattr__(self, "candidate", replace(self.candidate, offload=""))
+        if self.candidate.opt_offload:   # and its CPU optimizer offload as the training's --optimizer-offload
+            object.__setattr__(self, "training", replace(self.training, optimizer_offload=self.candidate.opt_offload))
+            object.__setattr__(self, "candidate", replace(self.candidate, opt_offload=0.0))
 
 
 def train_samples(training: TrainingSpec) -> int | None:
