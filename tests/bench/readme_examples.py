@@ -9,8 +9,9 @@ Each block in README.md sits between `<!-- example: NAME -->` and `<!-- /example
 block: `$ plan ...` (or `$ tune ...`, `$ cat FILE`) followed by what it printed, cut where the Step says (a cut is
 shown as `...`). Commands run as `python3 -m planner.cli` / `python3 -m search.cli` from this checkout, in a fresh
 temporary folder that links the repository's examples/ and tests/ (so relative paths read as in the README) and
-holds the Example's files. Timings ("scored in 0.14 s") and the temporary folder's path are not compared: `--write`
-leaves a block alone when only those differ.
+holds the Example's files; that folder's absolute path is shown as `$PWD` (tune's dashboard command names the
+study's absolute path). Timings ("scored in 0.14 s") are not compared: `--write` leaves a block alone when only they
+differ. Figures the prose quotes from a block are checked against it (CLAIMS; --check names any that disagree).
 """
 from __future__ import annotations
 
@@ -235,7 +236,7 @@ def render(example: Example) -> str:
         out = []
         for step in example.steps:
             out += ["$ " + shlex.join(step.argv)] + _cut(_run(step, work), step)
-        return "\n".join(out).replace(str(work), ".") + "\n"
+        return "\n".join(out).replace(str(work), "$PWD") + "\n"   # the folder it ran in, as a shell names it
 
 
 def blocks(readme: str) -> dict[str, str]:
