@@ -197,7 +197,9 @@ def format_table_narrow(summaries: list[ConfigSummary], *, title: str = "", widt
                      f"±{100 * (s.spread or 0) / 2:.1f}% n={n}" if n > 1 else ("n=1" if n else ""),
                      _f(s.pred_after_tflops)])
         if s.reason:
-            reasons.append(f"{key} {short(s.config)}: {s.outcome}: {s.reason}")
+            repeats = (s.reason or "").split(" ", 1)[0].rstrip(":") == s.outcome     # "pruned after ...": said once
+            said = s.reason if repeats else f"{s.outcome}: {s.reason}"
+            reasons.append(f"{key} {short(s.config)}: {said}")
     headers = ["#", "configuration", "outcome", "TFLOPs", "spread", "pred"]
     others = tabulate([[r[0], *r[2:]] for r in rows] or [[""] * 5], headers=headers[:1] + headers[2:],
                       tablefmt="simple", disable_numparse=True).splitlines()[0]

@@ -12,8 +12,8 @@ pytest.importorskip("optuna")
 pytest.importorskip("matplotlib")
 
 from search.objective import TrialRecord  # noqa: E402
-from search.report import (_plot_fastest, _plot_history, _plot_layout, best, dashboard_command, history, layout_dims,  # noqa: E402
-                           short, summarize)
+from search.report import (_plot_fastest, _plot_history, _plot_layout, best, dashboard_command,  # noqa: E402
+                           history, layout_dims, short, summarize)
 
 
 def rec(n: int, config: str, value: float, *, phase: str = "sampler", **cand) -> TrialRecord:
@@ -73,8 +73,8 @@ def test_layout_plot_has_no_panel_for_a_dimension_with_one_value(tmp_path):
 
 
 def _laid_out(fig) -> None:
-    """Every title and legend inside the figure, no legend over an axes or its labels, each axes at least half the
-    figure wide less its labels (a legend right of the axes once squeezed a one-panel plot to a strip and cut its title)."""
+    """Every title and legend inside the figure, no legend over an axes or its labels, each axes at least 0.4 of the
+    figure wide (a legend right of the axes once squeezed a one-panel plot to a strip and cut its title)."""
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     box = fig.bbox
@@ -332,3 +332,23 @@ def test_fold_ends_and_keeps_every_character(width):
     rows = fold(line, width).split("\n")
     assert all(len(r) <= max(width, len(INDENT) + 20) for r in rows)
     assert "".join(r.removeprefix(INDENT) for r in rows).replace(" ", "") == line.replace(" ", "")
+
+
+def test_a_pruned_trial_says_pruned_once():
+    """The result line and the table's reasons said "pruned pruned after 1 timed step" (the outcome, then a reason
+    that starts with it)."""
+    from search.progress import Progress
+
+    why = "pruned after 1 timed step: its fastest step means 0.006438 TFLOPs/GPU, 28% behind the best so far"
+    pruned = TrialRecord(number=1, state="PRUNED", params={}, config=B, slot=B, phase="sampler", outcome="pruned",
+                         reason=why, value=0.0064, attrs={"candidate": {}})
+    oom = TrialRecord(number=2, state="FAIL", params={}, config=C, slot=C, phase="sampler", outcome="oom",
+                      reason="CUDA out of memory", value=None, attrs={"candidate": {}})
+    p = Progress(total=3, budget_s=None, max_probes=6, probe_timeout_s=600.0)
+    for width in (None, 80):
+        assert "pruned pruned" not in p.result_line(pruned, width).replace("\n", " ")
+        assert f": {why[:30]}" in " ".join(p.result_line(pruned, width).split())
+        assert ": oom CUDA out of memory" in " ".join(p.result_line(oom, width).split())
+    from search.report import format_table
+    table = format_table(summarize([rec(0, A, 10.0), pruned, oom]), title="t", width=200)
+    assert "pruned: pruned" not in table and f": {why[:30]}" in table and "oom: CUDA out of memory" in table
