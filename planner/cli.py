@@ -51,7 +51,7 @@ class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line and exit status 2 (shared by `plan` and `tune`)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        if message.startswith("unrecognized arguments: "):   # the nearest flag for the first one not known
+        if message.startswith("unrecognized arguments: ") and "did you mean" not in message:   # the nearest flag
             flag = message.removeprefix("unrecognized arguments: ").split()[0].split("=")[0]
             if flag.startswith("--"):
                 message += did_you_mean(flag, [o for o in self._option_string_actions if o.startswith("--")])

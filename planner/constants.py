@@ -54,7 +54,8 @@ TABLE: tuple[Fitted, ...] = (
            checked_on=_DEV),
     Fitted(name="RANKING_ERROR", value=0.10, unit="relative step time",
            source="candidates closer than the model's error inside one table are tied",
-           fitted_on="sd of log(predicted/measured) inside a table, 0.096 over the 30 dev tables",
+           fitted_on="an upper bound on the sd of log(predicted/measured) inside a table over the 30 dev tables "
+                     "(tests/bench/validate.py's summary: 'spread of predicted/measured inside a table')",
            checked_on=_DEV),
     # -- communication (planner.topology) --
     Fitted(name="LINK_EFFICIENCY", value=0.75, unit="fraction of a datasheet link bandwidth",
@@ -91,8 +92,7 @@ TABLE: tuple[Fitted, ...] = (
                      "0.0375 / 0.04 / 0.0475 s, tests/test_framework_cost.py) and below by BLOOM's own layout coming "
                      "first on its cluster (from 0.0375 s). The value also carries the tr11 tables' level: fitted to "
                      "their shape alone (a free per-step offset, tr11 48-node rows) the per-slot cost is 6 +- 6 ms and "
-                     "the offset ~11 s a step, which no term explains yet. It was 0.0425 s with gradients sent whole, "
-                     "128x128 tiles and the (p - 1)-slot bubble",
+                     "the offset ~11 s a step, which no term explains yet",
            checked_on="BLOOM's own run (TP4 PP12 MBS2 bf16 on 384 A100, 104.70 s logged): 108.2 s predicted; MT-NLG "
                       "530B (DeepSpeed's engine, TP8 PP35): 1.0% error (one-MFU floor 3.6%); only with TP > 1: seed "
                       "003's TP1 pipelines (1.3B, PP 2-8, up to 519 micro-batch slots a step) leave no room for a "
@@ -113,7 +113,7 @@ TABLE: tuple[Fitted, ...] = (
                      "the PP 6 / DP 8 rows against the PP 12 / DP 4 rows of each model shape), jointly with "
                      "DS_MICROBATCH_OVERHEAD_S (its fitted_on): tr11 error 7.7 / 7.0 / 6.7 / 6.2% at 0.40 / 0.35 / "
                      "0.33 / 0.30 (0.04 s); regret of the tables' picks 0.8% mean from 0.33 up, 1.5% (one 23% pick) "
-                     "at 0.30 and below. It was 0.5 with pipeline gradients sent whole",
+                     "at 0.30 and below",
            checked_on="all 9 tr11 model shapes pick within 1%"),
     # -- torchtitan (planner.fsdp_parallel, planner.fp8) --
     Fitted(name="ASYNC_TP_HIDDEN", value=0.21, unit="share of the TP collectives hidden",
@@ -121,8 +121,8 @@ TABLE: tuple[Fitted, ...] = (
                   "reduce-scatter into chunked p2p overlapped with the partial matmuls (torch/distributed/"
                   "_symmetric_memory, torchtitan docs/async_tp.md)",
            fitted_on="torchtitan's Dec-2024 Table 4 (Llama 3.1 70B, TP8 x FSDP32 on 256 H100, 829 -> 876 tokens/s "
-                     "per GPU with async TP, +5.7%; predicted +5.8%), the one pair of rows that differ only in it; 0.18 "
-                     "before the rows' 500 W cap was modelled (planner/accelerators.yaml H100-HBM2e-96GB)",
+                     "per GPU with async TP, +5.7%; predicted +5.8%), the one pair of rows that differ only in it, at "
+                     "the rows' 500 W cap (planner/accelerators.yaml H100-HBM2e-96GB)",
            checked_on="no other published pair"),
     Fitted(name="ROWWISE_GEMM_EFFICIENCY", value=0.94, unit="x the FP8 GEMMs' usual rate (torchao rowwise float8)",
            source="a scale per row of each GEMM operand: row-scaled epilogues (torch._scaled_mm rowwise)",

@@ -11,6 +11,7 @@ from planner import dualpipe, recompute_modes
 from planner.errors import InputError
 from planner.framework import OVERLAPS
 from planner.model import Rampup
+from planner.schema import did_you_mean
 
 RECOMPUTE = recompute_modes.CLASSIC
 """the classic modes (tune's search space orders them by memory); every mode: `planner.recompute`"""
@@ -363,10 +364,15 @@ def parse_explain(text: str, *, world: int, global_batch: int) -> Candidate:
         if "=" not in part:
             raise InputError(f"--explain: {part!r} is not key=value; e.g. \"tp=4,pp=12,mbs=2,recompute=full,zero=1\"")
         k, v = (s.strip().lower() for s in part.split("=", 1))
+        if k in fields:    # tp=4,tp=8: which one was meant is not ours to guess (as a key given twice in a file)
+            raise InputError(f"--explain: {k} is given twice ({k}={fields[k][:24]} and {k}={v[:24]}); keep one")
         fields[k] = v
     known = {d.name for d in DIMENSIONS}
     if set(fields) - known:
-        raise InputError(f"--explain: unknown keys {sorted(set(fields) - known)}; known: {sorted(known)}")
+        unknown = sorted(set(fields) - known)
+        named = ", ".join(f"{k[:24]!r}{did_you_mean(k, sorted(known))}" for k in unknown[:3])
+        raise InputError(f"--explain: unknown key{'s' if len(unknown) > 1 else ''} {named}"
+                         f"{', ...' if len(unknown) > 3 else ''}; known: {', '.join(sorted(known))}")
 
     # A value outside what the key can ever hold is an input error, not a layout "RULED OUT": a degree above the
     # cluster's GPU count, a micro-batch or GAS above the global batch, a ZeRO stage other than 0-3.

@@ -197,14 +197,16 @@ class Progress:
             (last.reason[:160] or last.state)
         wall = last.attrs.get("probe_wall_s")
         took = f" ({wall:.0f} s)" if isinstance(wall, (int, float)) and wall >= 1 else ""
-        line = (f"[tune] trial {last.number} {last.phase} {short(last.config or '?')}: {last.outcome or last.state}"
-                f" {what}{took} | {self.status()}")
+        said = last.outcome or last.state
+        line = f"[tune] trial {last.number} {last.phase} {short(last.config or '?')}: {_outcome(said, what)}{took}" \
+               f" | {self.status()}"
         if width is None or len(line) <= width:
             return line
         if not (last.state == "COMPLETE" and last.value is not None):
             what = last.reason or last.state       # folded, so whole: a reason's fix is at its end
-        head = f"[tune] trial {last.number} {last.phase} {brief(last.config or '?')}: {last.outcome or last.state}"
-        return fold(f"{head} {what}{took}", width) + "\n" + fold(INDENT + self.status(narrow=True), width)
+        head = f"[tune] trial {last.number} {last.phase} {brief(last.config or '?')}:"
+        folded = fold(f"{head} {_outcome(said, what)}{took}", width)
+        return folded + "\n" + fold(INDENT + self.status(narrow=True), width)
 
     def note(self, text: str) -> None:
         line = f"[tune] {text}"
@@ -326,3 +328,9 @@ class Progress:
 
 __all__ = ["LIVE_WIDTH", "Progress", "STEP_MARK", "brief", "clock", "fold", "hms", "last_step_time",
            "terminal_width"]
+
+
+def _outcome(said: str, what: str) -> str:
+    """The outcome and what it measured or why, the outcome said once ("pruned after 1 timed step: ...", not
+    "pruned pruned after ...")."""
+    return what if what.split(" ", 1)[0].rstrip(":") == said else f"{said} {what}"

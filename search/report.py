@@ -197,7 +197,9 @@ def format_table_narrow(summaries: list[ConfigSummary], *, title: str = "", widt
                      f"±{100 * (s.spread or 0) / 2:.1f}% n={n}" if n > 1 else ("n=1" if n else ""),
                      _f(s.pred_after_tflops)])
         if s.reason:
-            reasons.append(f"{key} {short(s.config)}: {s.outcome}: {s.reason}")
+            repeats = (s.reason or "").split(" ", 1)[0].rstrip(":") == s.outcome     # "pruned after ...": said once
+            said = s.reason if repeats else f"{s.outcome}: {s.reason}"
+            reasons.append(f"{key} {short(s.config)}: {said}")
     headers = ["#", "configuration", "outcome", "TFLOPs", "spread", "pred"]
     others = tabulate([[r[0], *r[2:]] for r in rows] or [[""] * 5], headers=headers[:1] + headers[2:],
                       tablefmt="simple", disable_numparse=True).splitlines()[0]
@@ -290,10 +292,11 @@ def _figure(width: float = 7.0, height: float = 4.5):
 
 
 def _legend_outside(ax) -> None:
-    """The legend right of the axes, where it cannot cover a point."""
+    """The legend under the axes, where it cannot cover a point: a long label (tune's pick, a layout) makes it taller,
+    never the axes narrower (right of them it squeezed the plot to a strip and cut the title)."""
     handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    if handles:     # a figure legend "outside": the constrained layout makes room for it under every axes and label
+        ax.figure.legend(handles, labels, loc="outside lower center", fontsize=8, frameon=False)
 
 
 def _log_axes(ax, span: float = 1000.0) -> None:
@@ -317,7 +320,7 @@ def _plot_fastest(summaries: list[ConfigSummary], path: Path, study: str, top: i
     """Which layout is fastest, and how sure are we? Ranked measured TFLOPs, every measurement a dot, the range
     as a bar, the confirmed ones marked."""
     ok = [s for s in summaries if s.tflops][:top]
-    fig = _figure(8.0, max(2.5, 0.38 * len(ok) + 1.4))
+    fig = _figure(8.0, max(2.5, 0.38 * len(ok) + 1.4) + 1.2)     # + the legend under it
     ax = fig.add_subplot()
     for i, s in enumerate(ok):
         y = len(ok) - 1 - i
@@ -336,7 +339,8 @@ def _plot_fastest(summaries: list[ConfigSummary], path: Path, study: str, top: i
                          ("measured once", "tab:gray")):
         ax.scatter([], [], color=color, label=label)
     ax.set_xlabel("measured model TFLOPs per GPU (dots: each probe; |: median; bar: range)")
-    ax.set_title(f"Which layout is fastest, and how sure are we? {study}".strip(), fontsize=10)
+    # over the figure, not the axes: long layout labels push the axes right and a title over them off the edge
+    fig.suptitle(f"Which layout is fastest, and how sure are we? {study}".strip(), fontsize=10)
     if ok:
         best_lo = min(ok[0].tflops)
         ax.axvline(best_lo, color="tab:green", linewidth=0.8, linestyle=":", label="slowest probe of the best")
@@ -467,7 +471,7 @@ def _plot_layout(measured: list[TrialRecord], path: Path):
     """How does each parallel dimension matter? Measured TFLOPs by TP, PP and MBS (and CP, EP where the study varies
     them); marker = recompute, colour = ZeRO."""
     dims = layout_dims(measured)
-    fig = _figure(3.7 * max(len(dims), 1) + (2.0 if not dims else 0.0), 3.9)
+    fig = _figure(max(3.7 * max(len(dims), 1), 7.0), 3.9)     # one panel still wide enough for its title
     if not dims:         # every measurement shares its TP, PP, MBS...: no dimension to show, say so
         ax = fig.add_subplot()
         ax.set_axis_off()
@@ -574,11 +578,13 @@ def _plot_history(records: list[TrialRecord], path: Path, study: str) -> None:
         ax.scatter([r.number for r in failed], [0.0] * len(failed), marker="x", color="tab:red",
                    label="failed (oom / timeout / crash / invalid)")
     ax.set_xlabel("trial")
+    ax.xaxis.get_major_locator().set_params(integer=True)     # trial numbers: no 2.5
     ax.set_ylabel("model TFLOPs per GPU")
     ax.set_ylim(bottom=0)
     ax.set_title(f"How fast did the search find its best? {study}".strip(), fontsize=10)
     _legend_outside(ax)
     fig.savefig(path)
+    return fig
 
 
 PLOTS = ("fastest.png", "predicted_vs_measured.png", "probe_cost.png", "tflops_by_layout.png", "history.png")

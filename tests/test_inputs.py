@@ -271,6 +271,10 @@ FLAGS = [
     (["--model", "176B", "--gpus", "384", "--tpp", "4"], "--tpp: did you mean --tp?"),
     (["--model", "176B", "--gpus", "384", "--recompte", "full"], "--recompte: did you mean --recompute?"),
     (["--model", "176B", "--gpus", "384", "--g", "512"], "ambiguous option: --g could match --gpus, --gpu,"),
+    # --explain's neighbours: a key given twice (which one was meant?) and a misspelt key
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=4,tp=8,pp=12"], "tp is given twice (tp=4 and tp=8)"),
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,pp=12"], "pp is given twice"),
+    (["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,zeor=1"], "unknown key 'zeor' (did you mean 'zero'?)"),
 ]
 
 
@@ -278,6 +282,7 @@ FLAGS = [
 def test_bad_flags(argv, needle):
     _, _, err = assert_contract(argv, expect=2)
     assert needle in err, err
+    assert err.count("did you mean") <= 1, err     # one hint, not argparse's and ours
 
 
 @pytest.mark.parametrize("extra,needle", [

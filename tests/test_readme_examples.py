@@ -73,3 +73,22 @@ def test_cut_marks_what_it_leaves_out():
     assert rx._cut("a\nb\n", rx.Step(("plan",))) == ["a", "b"]
     with pytest.raises(RuntimeError, match="no output line matches"):
         rx._cut("a\n", rx.Step(("plan",), start="^z"))
+
+
+def test_prose_figures_agree_with_the_blocks_they_quote():
+    """Figures the prose quotes from a generated block (tokens/s per GPU against the published figure, a rank, a
+    table's spread) are the block's: a block regenerated after a planner change fails the sentence that quotes it
+    (issue 32.6: the prose said 2.39x where the table said 2.38). Blocks are current by the tests above."""
+    assert rx.wrong_claims(rx.README.read_text()) == []
+
+
+def test_a_moved_figure_is_named():
+    readme = rx.README.read_text()
+    have = rx.blocks(readme)["megatron-overlap-explain"]
+    tokens = next(line for line in have.splitlines() if line.endswith(" tokens/s"))
+    moved = readme.replace(tokens, tokens.rsplit(", ", 1)[0] + ", 99,999 tokens/s")
+    wrong = rx.wrong_claims(moved)
+    assert len(wrong) == 1 and wrong[0].startswith("megatron-overlap-explain: the prose says") and "99,999" in wrong[0]
+    assert rx.wrong_claims(readme.replace("it comes third", "it comes first")) == [
+        "qwen3-moe-top3: the prose says first where the block makes third"]
+    assert any("0 times" in w for w in rx.wrong_claims(readme.replace("the measured 128;", "the measured 128:")))

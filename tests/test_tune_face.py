@@ -12,8 +12,8 @@ pytest.importorskip("optuna")
 pytest.importorskip("matplotlib")
 
 from search.objective import TrialRecord  # noqa: E402
-from search.report import (_plot_fastest, _plot_layout, best, dashboard_command, history, layout_dims,  # noqa: E402
-                           short, summarize)
+from search.report import (_plot_fastest, _plot_history, _plot_layout, best, dashboard_command,  # noqa: E402
+                           history, layout_dims, short, summarize)
 
 
 def rec(n: int, config: str, value: float, *, phase: str = "sampler", **cand) -> TrialRecord:
@@ -59,7 +59,7 @@ def test_fastest_marks_the_pick(tmp_path):
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert [x for x in labels if x.startswith("★ ")] == ["★ " + short(B)]
     assert labels[-1] == "★ " + short(B)               # row 1 of the ranking is at the top
-    assert any("tune's pick (confirmed)" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    assert any("tune's pick (confirmed)" in t.get_text() for t in fig.legends[0].get_texts())
 
 
 def test_layout_plot_has_no_panel_for_a_dimension_with_one_value(tmp_path):
@@ -70,6 +70,37 @@ def test_layout_plot_has_no_panel_for_a_dimension_with_one_value(tmp_path):
     one = _plot_layout(records[:1], tmp_path / "one.png")
     assert len(one.axes) == 1 and not one.axes[0].axison    # no panel: a line saying nothing varies
     assert "no parallel dimension varies" in one.axes[0].texts[0].get_text()
+
+
+def _laid_out(fig) -> None:
+    """Every title and legend inside the figure, no legend over an axes or its labels, each axes at least 0.4 of the
+    figure wide (a legend right of the axes once squeezed a one-panel plot to a strip and cut its title)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    texts = [ax.title for ax in fig.axes] + ([fig._suptitle] if fig._suptitle is not None else []) + fig.legends
+    for t in texts:
+        if t.get_visible() and (not hasattr(t, "get_text") or t.get_text()):
+            e = t.get_window_extent(renderer)
+            assert box.x0 - 1 <= e.x0 and e.x1 <= box.x1 + 1 and box.y0 - 1 <= e.y0 and e.y1 <= box.y1 + 1, t
+    for ax in (a for a in fig.axes if a.axison):
+        assert ax.get_position().width >= 0.4 / len([a for a in fig.axes if a.axison]), ax.get_position()
+        for legend in fig.legends:
+            assert not legend.get_window_extent(renderer).overlaps(ax.get_tightbbox(renderer)), ax
+
+
+def test_plots_keep_titles_and_legends_inside_and_the_axes_wide(tmp_path):
+    records = noisy_study()
+    long_pick = [rec(r.number, r.config + ",recompute=selective,zero=1,sp=1,vpp=4,cp=2,ep=8", r.value, phase=r.phase)
+                 for r in records[:2]]
+    for fig in (_plot_fastest(summarize(records), tmp_path / "f.png", "s"),
+                _plot_fastest(summarize(long_pick), tmp_path / "f2.png", "a-study-with-a-long-name"),
+                _plot_layout(records, tmp_path / "l.png"), _plot_layout(records[:2], tmp_path / "l1.png"),
+                _plot_history(records, tmp_path / "h.png", "s"),
+                _plot_history(long_pick, tmp_path / "h2.png", "a-study-with-a-long-name")):
+        _laid_out(fig)
+    assert _plot_history(records, tmp_path / "h.png", "s").axes[0].get_xticks().tolist() == \
+        [t for t in _plot_history(records, tmp_path / "h.png", "s").axes[0].get_xticks().tolist() if t == int(t)]
 
 
 def test_dashboard_hint_works_from_any_folder(tmp_path, monkeypatch):
@@ -301,3 +332,23 @@ def test_fold_ends_and_keeps_every_character(width):
     rows = fold(line, width).split("\n")
     assert all(len(r) <= max(width, len(INDENT) + 20) for r in rows)
     assert "".join(r.removeprefix(INDENT) for r in rows).replace(" ", "") == line.replace(" ", "")
+
+
+def test_a_pruned_trial_says_pruned_once():
+    """The result line and the table's reasons said "pruned pruned after 1 timed step" (the outcome, then a reason
+    that starts with it)."""
+    from search.progress import Progress
+
+    why = "pruned after 1 timed step: its fastest step means 0.006438 TFLOPs/GPU, 28% behind the best so far"
+    pruned = TrialRecord(number=1, state="PRUNED", params={}, config=B, slot=B, phase="sampler", outcome="pruned",
+                         reason=why, value=0.0064, attrs={"candidate": {}})
+    oom = TrialRecord(number=2, state="FAIL", params={}, config=C, slot=C, phase="sampler", outcome="oom",
+                      reason="CUDA out of memory", value=None, attrs={"candidate": {}})
+    p = Progress(total=3, budget_s=None, max_probes=6, probe_timeout_s=600.0)
+    for width in (None, 80):
+        assert "pruned pruned" not in p.result_line(pruned, width).replace("\n", " ")
+        assert f": {why[:30]}" in " ".join(p.result_line(pruned, width).split())
+        assert ": oom CUDA out of memory" in " ".join(p.result_line(oom, width).split())
+    from search.report import format_table
+    table = format_table(summarize([rec(0, A, 10.0), pruned, oom]), title="t", width=200)
+    assert "pruned: pruned" not in table and f": {why[:30]}" in table and "oom: CUDA out of memory" in table

@@ -9,8 +9,9 @@ Each block in README.md sits between `<!-- example: NAME -->` and `<!-- /example
 block: `$ plan ...` (or `$ tune ...`, `$ cat FILE`) followed by what it printed, cut where the Step says (a cut is
 shown as `...`). Commands run as `python3 -m planner.cli` / `python3 -m search.cli` from this checkout, in a fresh
 temporary folder that links the repository's examples/ and tests/ (so relative paths read as in the README) and
-holds the Example's files. Timings ("scored in 0.14 s") and the temporary folder's path are not compared: `--write`
-leaves a block alone when only those differ.
+holds the Example's files; that folder's absolute path is shown as `$PWD` (tune's dashboard command names the
+study's absolute path). Timings ("scored in 0.14 s") are not compared: `--write` leaves a block alone when only they
+differ. Figures the prose quotes from a block are checked against it (CLAIMS; --check names any that disagree).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -49,6 +51,87 @@ class Example:
     steps: tuple[Step, ...]
     files: tuple[tuple[str, str], ...] = ()    # (name, text) written into the work folder first
     slow: bool = False                         # not plan: left out of --fast (tune's extras, benches: seconds each)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A figure the README's prose states about a block's output: the sentence (a regex whose groups are the
+    figures, found once in README.md) and the figures as the block makes them, so a regenerated block whose numbers
+    moved fails the prose that quotes them (issue 32.6)."""
+    block: str
+    prose: str
+    figures: "Callable[[str], tuple[str, ...]]"
+
+
+def _num(pattern: str, text: str) -> float:
+    m = re.search(pattern, text, re.M)
+    if m is None:
+        raise ValueError(f"no line matches {pattern!r}")
+    return float(m[1].replace(",", ""))
+
+
+def _row(text: str, start: str) -> list[str]:
+    line = next((ln for ln in text.splitlines() if re.match(start, ln)), None)
+    if line is None:
+        raise ValueError(f"no row matches {start!r}")
+    return line.split()
+
+
+def _per_gpu(text: str, gpus: int, measured: float) -> tuple[str, ...]:
+    tokens = _num(r"([\d,]+) tokens/s$", text)
+    return f"{tokens:,.0f}", f"{tokens / gpus:,.0f}", f"{tokens / gpus / measured:.2f}"
+
+
+RANK_WORDS = ("first", "second", "third", "fourth", "fifth")
+STEP, HW, TOTAL = r"^step +([\d.]+)", r"hardware TFLOPs/GPU ([\d.]+)", r"^total +([\d.]+)"
+DEEPSEEK_GB = r"^DeepSeek-V3 report.* (\d+) GB"
+ALL_ROWS = r"^[|] all [|] (\d+) [|]"
+SPREAD = r"spread of predicted/measured inside a table.*\| ([\d.]+) \|$"
+
+
+def _bloom(t: str) -> tuple[str, ...]:     # BigScience's log: 104.70 s per iteration
+    step = _num(STEP, t)
+    return f"{step:.2f}", f"{(step / 104.70 - 1) * 100:+.1f}", f"{_num(HW, t):.1f}"
+
+
+def _rank_of(t: str, tp: str, pp: str, ep: str, mbs: str) -> tuple[str, ...]:
+    rows = [ln.split() for ln in t.splitlines() if re.match(r"\d+~? ", ln)]
+    return (next(RANK_WORDS[i] for i, r in enumerate(rows) if (r[1], r[2], r[4], r[5]) == (tp, pp, ep, mbs)),)
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("bloom-explain", r"compare `step` \(([\d.]+) s, ([+-][\d.]+)%\) and the hardware TFLOPs/GPU \(([\d.]+)\)",
+          _bloom),
+    Claim("torchtitan-405b-explain",
+          r"([\d,]+) tokens/s over 512 GPUs is ([\d,]+) per GPU, ([\d.]+)x the measured 128; ([\d.]+) GB predicted",
+          lambda t: _per_gpu(t, 512, 128) + (f"{_num(TOTAL, t):.1f}",)),
+    Claim("megatron-overlap-explain", r"([\d,]+) tokens/s over 64 GPUs is ([\d,]+) per GPU, ([\d.]+)x the published",
+          lambda t: _per_gpu(t, 64, 1602)),
+    Claim("qwen3-moe-top3", r"runs TP1 PP2 EP8, MBS 2; it comes (\w+)", lambda t: _rank_of(t, "1", "2", "8", "2")),
+    Claim("validate-summary", r"the spread of predicted/measured inside a table is ([\d.]+)",
+          lambda t: (f"{_num(SPREAD, t):.3f}",)),
+    Claim("validate-summary", r"(\d+) of the 50 rows give an", lambda t: (f"{_num(ALL_ROWS, t):.0f}",)),
+    Claim("memory-fit", r"most of the (\d+) OOMs predicted to fit", lambda t: (_row(t, r"all ")[-1],)),
+    Claim("validate-moe-cp", r"of its published tokens/s without, ([\d.]+) with",
+          lambda t: (_row(t, r".*qwen3-235b-a22b")[-6],)),
+    Claim("validate-moe-cp", r"planned eager, ([\d.]+) with them", lambda t: (_row(t, r".*B200 +qwen3-30b-a3b")[-6],)),
+    Claim("validate-moe-cp", r"under 1F1B and ([\d.]+) under DualPipe", lambda t: (_row(t, r"DeepSeek-V3 report")[11],)),
+    Claim("validate-moe-cp", r"plan has it at (\d+) GB", lambda t: (f"{_num(DEEPSEEK_GB, t):.0f}",)),
+)
+
+
+def wrong_claims(readme: str) -> list[str]:
+    """Each prose figure that disagrees with the block it quotes, as 'block: prose says X, the block Y'."""
+    have, out = blocks(readme), []
+    for claim in CLAIMS:
+        found = list(re.finditer(claim.prose, readme))
+        if len(found) != 1:
+            out.append(f"{claim.block}: the prose {claim.prose!r} is in README.md {len(found)} times, not once")
+            continue
+        said, made = found[0].groups(), claim.figures(have[claim.block])
+        if tuple(said) != tuple(made):
+            out.append(f"{claim.block}: the prose says {', '.join(said)} where the block makes {', '.join(made)}")
+    return out
 
 
 def plan(*args: str, **cut) -> Step:
@@ -161,7 +244,7 @@ def render(example: Example) -> str:
         out = []
         for step in example.steps:
             out += ["$ " + shlex.join(step.argv)] + _cut(_run(step, work), step)
-        return "\n".join(out).replace(str(work), ".") + "\n"
+        return "\n".join(out).replace(str(work), "$PWD") + "\n"   # the folder it ran in, as a shell names it
 
 
 def blocks(readme: str) -> dict[str, str]:
@@ -227,12 +310,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"readme_examples: rewrote {', '.join(names)}" if names else "readme_examples: every block is current")
         return 0
     have = blocks(text)
+    wrong = wrong_claims(replace(text, fresh) if names else text)
+    for line in wrong:
+        print(f"README prose beside a block: {line}")
     for name in names:
         diff = difflib.unified_diff(have[name].splitlines(), fresh[name].splitlines(), "README.md", "now", lineterm="")
         print(f"stale README block {name!r}:\n" + "\n".join(list(diff)[:40]))
-    if names:
-        print(f"readme_examples: {len(names)} stale block(s): {', '.join(names)}; "
-              "run python3 tests/bench/readme_examples.py --write")
+    if names or wrong:
+        if names:
+            print(f"readme_examples: {len(names)} stale block(s): {', '.join(names)}; "
+                  "run python3 tests/bench/readme_examples.py --write")
         return 1
     print(f"readme_examples: {len(fresh)} block(s) current")
     return 0
