@@ -24,8 +24,9 @@ What torchrun provides and the pool relies on, kept:
   arms (PR_SET_PDEATHSIG: it dies with this process), then at ``import`` (armed; torch is already imported here),
   as `probes.lifeline` describes for torchrun's workers, so the kill tests reach the same moments;
 - failures: when a rank fails (a warm worker only ends so), the others get SIGTERM (SIGKILL after
-  `KILL_GRACE_S`), a summary in torchrun's ChildFailedError format (rank, exit code, the first observed failure) goes to stderr for
-  `probes.outcome`, and this process exits 1. A SIGTERM to this process group ends the ranks with it.
+  `KILL_GRACE_S`), a summary in torchrun's ChildFailedError format (rank, exit code, the first observed failure)
+  goes to stderr for `probes.outcome`, and this process exits 1. On SIGTERM (a pool stopped; its process group
+  gets it) it stops and reaps its ranks, as torchrun does, then exits 143.
 """
 
 from __future__ import annotations
@@ -96,6 +97,15 @@ def _child(local_rank: int, env: dict[str, str], log_dir: Path, args: list[str])
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+class Terminated(Exception):
+    """This process got SIGTERM (a pool being stopped: `probes.launch.stop_processes`, scancel)."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)       # once: the ranks are stopped and reaped next
+    raise Terminated
 
 
 def _exit_code(status: int) -> int:
@@ -171,18 +181,23 @@ def main(argv: list[str] | None = None) -> int:
         pids[local] = pid
     ranks = {pid: rank for rank, pid in pids.items()}
     codes: dict[int, int] = {}
-    while ranks:                                        # until every rank has ended, or one has failed
-        pid, status = os.wait()
-        rank = ranks.pop(pid)
-        codes[rank] = _exit_code(status)
-        if codes[rank] != 0:
-            _stop(ranks, codes)
-            print(_summary(codes, rank, pids, args.node_rank * args.nproc), file=sys.stderr, flush=True)
-            return 1
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        while ranks:                                    # until every rank has ended, or one has failed
+            pid, status = os.wait()
+            rank = ranks.pop(pid)
+            codes[rank] = _exit_code(status)
+            if codes[rank] != 0:
+                _stop(ranks, codes)
+                print(_summary(codes, rank, pids, args.node_rank * args.nproc), file=sys.stderr, flush=True)
+                return 1
+    except Terminated:                                  # the pool is stopped: its ranks end and are reaped here
+        _stop(ranks, codes)
+        return 128 + signal.SIGTERM
     return 0
 
 
-__all__ = ["KILL_GRACE_S", "LOG_RUN", "PRELOAD", "RDZV_FILE_ENV", "main", "rank_env"]
+__all__ = ["KILL_GRACE_S", "LOG_RUN", "PRELOAD", "RDZV_FILE_ENV", "Terminated", "main", "rank_env"]
 
 
 if __name__ == "__main__":

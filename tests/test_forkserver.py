@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,6 +88,30 @@ def test_a_failing_rank_ends_the_others_and_the_server(tmp_path):
     result = classify(out, returncode=done.returncode, timed_out=False, timeout_s=PROBE_TIMEOUT_S,
                       torchrun_stderr=done.stderr, rank_logs=logs, world_size=2)
     assert result.status == "crash" and result.root_cause_rank == 1, result.reason
+
+
+@pytest.mark.slow
+def test_a_terminated_server_stops_and_reaps_its_ranks(tmp_path):
+    """As a pool is stopped (`probes.launch.stop_processes` signals the server first): it stops its ranks and
+    waits for them before it exits (143), so no rank outlives it."""
+    pytest.importorskip("torch")
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    server = subprocess.Popen(_server(["--nproc", "2", "--log-dir", str(pool / "logs"), "--", "--serve", str(pool)]),
+                              cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while len(list(pool.glob("pid-rank*"))) < 2 and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)                              # the ranks are up once each has written its pid
+        ranks = [int(p.read_text()) for p in pool.glob("pid-rank*")]
+        assert len(ranks) == 2, server.communicate()[1][-2000:]
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=PROBE_TIMEOUT_S)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert server.returncode == 128 + signal.SIGTERM
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in ranks)
 
 
 @pytest.mark.slow
