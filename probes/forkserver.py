@@ -10,8 +10,9 @@ ranks, each running ``probes.train`` with the arguments after ``--``. Measured o
 worker's start is ~5.5 s of CPU (import torch 2-2.5 s, probes.train 1.3 s, torch._dynamo 1.5 s), torchrun's ~3 s;
 a pool of 2 started here pays one import, not three (tests/bench/NOTES.md, "Suite time", round 12).
 
-GPU: nothing here touches CUDA before the fork (importing torch does not initialise it; `main` refuses to fork
-if it is initialised); each rank picks its device, and NCCL starts, in the rank (`probes.train._device_of`).
+GPU: nothing here touches CUDA before the fork (importing torch does not initialise it; `NVML_CHECK_ENV`; `main`
+refuses to fork if torch has initialised it); each rank picks its device, and NCCL starts, in the rank
+(`probes.train._device_of`).
 On one node the ranks rendezvous through a file store in the log folder's parent (`RDZV_FILE_ENV`), not a TCP
 port; on several (a SLURM warm pool: `probes.slurm` runs one fork server per node, ``--nnodes --node-rank
 --master``) through rank 0's TCP store at ``--master`` (env://).
@@ -43,6 +44,10 @@ from probes import lifeline
 PRELOAD = ("torch", "torch.distributed", "probes.train", "probes.warm_worker", "torch._dynamo",
            "torch.distributed.pipelining")
 """imported once here before forking (what a probe imports anyway, whatever its layout)"""
+NVML_CHECK_ENV = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""set while importing `PRELOAD`: should an import ask torch.cuda.is_available(), torch counts the devices through
+NVML instead of initialising the CUDA driver, which a forked rank could then not use (the ranks' environment is
+restored before the fork; on the CPU build no import here queries CUDA at all, checked 2026-11-29)"""
 RDZV_FILE_ENV = "PLANTUNE_RDZV_FILE"
 """the ranks' rendezvous file (torch.distributed's file:// store), set by this process for its ranks"""
 LOG_RUN = "forkserver"
@@ -160,8 +165,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--nnodes above 1 needs --master host:port")
     import importlib
 
-    for name in PRELOAD:
-        importlib.import_module(name)
+    saved = os.environ.get(NVML_CHECK_ENV)
+    os.environ[NVML_CHECK_ENV] = "1"                    # a CUDA query while importing asks NVML, not the driver
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    finally:
+        if saved is None:
+            os.environ.pop(NVML_CHECK_ENV, None)
+        else:
+            os.environ[NVML_CHECK_ENV] = saved
     import torch
 
     if torch.cuda.is_initialized():                     # a forked rank could not use it
