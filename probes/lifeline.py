@@ -19,10 +19,12 @@ it runs before torch is imported.
 
 Debug (tests): ``PLANTUNE_PROBE_HOLD=PHASE[:RANK]`` makes a process at that phase write
 ``$PLANTUNE_PROBE_HOLD_DIR/held-PHASE-PID`` and wait there until ``$PLANTUNE_PROBE_HOLD_DIR/release``
-exists, so a test can kill the tuner at a known moment. Phases: a lifeline's role (``torchrun``, ``srun``,
-``salloc``, ``worker``; held before it arms), ``import`` (a worker armed, before it execs Python and
-imports torch), ``setup`` (before the process group is initialised) and ``teardown`` (after the result is
-written, before the process exits) in probes.train. ``RANK`` holds only that rank (torchrun's RANK).
+exists, so a test can kill the tuner at a known moment. Phases: a lifeline's role (``torchrun``,
+``forkserver``, ``srun``, ``salloc``, ``worker``; held before it arms), ``import`` (a worker armed, before it
+execs Python and imports torch; a rank forked by `probes.forkserver` holds at ``worker`` and ``import`` in the
+same places, torch being imported already), ``setup`` (before the process group is initialised) and
+``teardown`` (after the result is written, before the process exits) in probes.train. ``RANK`` holds only that
+rank (torchrun's RANK).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ HOLD_DIR_ENV = "PLANTUNE_PROBE_HOLD_DIR"
 HOLD_POLL_S = 0.05
 PR_SET_PDEATHSIG = 1
 """prctl(2) option number, linux/prctl.h"""
-ROLES = ("torchrun", "srun", "salloc", "worker")
+ROLES = ("torchrun", "forkserver", "srun", "salloc", "worker")
 
 
 def wrap(role: str, argv: list[str], *, python: str = sys.executable) -> list[str]:

@@ -20,8 +20,9 @@ killed; the slice goes back to the pool. A node that fails two probes is set asi
 in ``backend.set_aside``.
 
 Warm workers (``SlurmBackend(warm=True)``; `tune`'s default for its built-in probe, ``--no-warm`` turns it off):
-consecutive probes of one world size run in one long-lived step (`SlurmWarmPool`: the same task line with the
-workers of `probes.warm_worker`, ``-m probes.train --serve FOLDER``), which holds its slice until it is retired;
+consecutive probes of one world size run in one long-lived step (`SlurmWarmPool`: the same task line with
+``--forkserver``: each node's ranks forked by `probes.forkserver` from one process that imported torch, the
+workers of `probes.warm_worker`, ``probes.train --serve FOLDER``), which holds its slice until it is retired;
 the pool logic is `probes.warm`'s (jobs handed over whole, new process groups and a fresh model per probe, memory
 checked; retired after an OOM, a crash, a timeout -- its step scancel'ed, the slice given back -- or a change of
 world size, device or environment). `run_many` runs its concurrent probes one step each.
@@ -262,17 +263,34 @@ def torchrun_task_argv(*, nproc_per_node: int, nnodes: int, master: str, port: i
     return argv + lifeline.worker_module_args(list(worker), python=python)
 
 
+def forkserver_task_argv(*, nproc_per_node: int, nnodes: int, master: str, port: int, node_rank: int,
+                         log_dir: Path, train_args: Sequence[str], python: str = sys.executable) -> list[str]:
+    """A warm pool's per-node launcher line: `probes.forkserver` forks this node's ranks of ``probes.train
+    TRAIN_ARGS`` (rank 0's store at ``master:port``), in place of torchrun's worker processes."""
+    return [python, "-u", "-m", "probes.forkserver", "--nproc", str(nproc_per_node), "--nnodes", str(nnodes),
+            "--node-rank", str(node_rank), "--master", f"{master}:{port}", "--log-dir", str(log_dir), "--",
+            *train_args]
+
+
 def _task_main(args: argparse.Namespace) -> int:
-    """Inside an srun task: fill in this node's rank and exec torchrun (no shell, no expansion); torchrun keeps
-    this pid, which its workers' lifelines check as their parent's."""
+    """Inside an srun task: fill in this node's rank and exec torchrun, or the fork server (no shell, no
+    expansion); it keeps this pid, which its workers' lifelines check as their parent's."""
     node_rank = int(os.environ.get("SLURM_PROCID", "0"))
     log_dir = Path(args.log_dir) / f"node{node_rank}" if args.log_dir else None
     worker = list(args.worker)
     if worker and worker[0] == "--":
         worker = worker[1:]
-    argv = torchrun_task_argv(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, master=args.master,
-                              port=args.port, node_rank=node_rank, rdzv_id=args.rdzv_id, worker=worker,
-                              log_dir=log_dir, tee=args.tee)
+    if args.forkserver:
+        if log_dir is None or worker[:2] != ["-m", "probes.train"]:
+            print("probes.slurm task --forkserver needs --log-dir and the worker -m probes.train ...",
+                  file=sys.stderr)
+            return 2
+        argv = forkserver_task_argv(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, master=args.master,
+                                    port=args.port, node_rank=node_rank, log_dir=log_dir, train_args=worker[2:])
+    else:
+        argv = torchrun_task_argv(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, master=args.master,
+                                  port=args.port, node_rank=node_rank, rdzv_id=args.rdzv_id, worker=worker,
+                                  log_dir=log_dir, tee=args.tee)
     os.environ.update(lifeline.parent_env())
     os.execv(argv[0], argv)
     return 127  # not reached
@@ -480,13 +498,18 @@ class SlurmBackend(ProbeBackend):
             argv.append("--overcommit")
         return argv + list(task_argv)
 
-    def task_argv(self, s: Slice, *, worker: Sequence[str], rdzv_id: str, log_dir: Path | None, tee: bool) -> list[str]:
+    def task_argv(self, s: Slice, *, worker: Sequence[str], rdzv_id: str, log_dir: Path | None, tee: bool,
+                  forkserver: bool = False) -> list[str]:
+        """``python -m probes.slurm task ...`` for slice ``s``; ``forkserver``: the node's ranks are forked by
+        `probes.forkserver` (a warm pool's ``-m probes.train --serve``), not started by torchrun."""
         argv = [sys.executable, "-m", "probes.slurm", "task", "--nproc-per-node", str(s.procs_per_node),
                 "--nnodes", str(s.nnodes), "--master", s.master, "--port", str(s.port), "--rdzv-id", rdzv_id]
         if log_dir is not None:
             argv += ["--log-dir", str(log_dir)]
         if tee:
             argv.append("--tee")
+        if forkserver:
+            argv.append("--forkserver")
         return argv + ["--", *worker]
 
     def _step_id(self, step_name: str, env: dict[str, str]) -> str | None:
@@ -721,11 +744,11 @@ class SlurmBackend(ProbeBackend):
 
 class SlurmWarmPool(WarmPool):
     """Warm workers in one srun step on slice ``s`` of ``backend``'s allocation: `probes.warm.WarmPool` with
-    srun in place of a local torchrun. The step runs the backend's per-node task (torchrun on every node of the
-    slice, ``-m probes.train --serve FOLDER`` as its workers), is watched by the backend's guard (scancel'ed if
-    the tuner dies) and holds the slice until the pool is retired: then it is scancel'ed, srun's process group
-    killed and the slice given back. Only srun's own process tree is signalled from here: the workers' pid files
-    name processes of other nodes."""
+    srun in place of a local fork server. The step runs the backend's per-node task (a `probes.forkserver` on
+    every node of the slice, forking ``probes.train --serve FOLDER`` as its workers), is watched by the backend's
+    guard (scancel'ed if the tuner dies) and holds the slice until the pool is retired: then it is scancel'ed,
+    srun's process group killed and the slice given back. Only srun's own process tree is signalled from here:
+    the workers' pid files name processes of other nodes."""
 
     launcher = "srun"
 
@@ -747,7 +770,8 @@ class SlurmWarmPool(WarmPool):
 
     def _argv(self) -> list[str]:
         task = self.backend.task_argv(self.slice, worker=["-m", "probes.train", "--serve", str(self.folder)],
-                                      rdzv_id=self.step_name, log_dir=self.folder / "logs", tee=False)
+                                      rdzv_id=self.step_name, log_dir=self.folder / "logs", tee=False,
+                                      forkserver=True)
         return self.backend.srun_argv(self.slice, step_name=self.step_name, time_limit_s=self.backend.time_limit_s,
                                       task_argv=task)
 
@@ -783,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     task.add_argument("--rdzv-id", required=True)
     task.add_argument("--log-dir", default=None)
     task.add_argument("--tee", action="store_true")
+    task.add_argument("--forkserver", action="store_true", help="fork the ranks from one process (probes.forkserver)")
     task.add_argument("worker", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     return _task_main(args)

@@ -62,6 +62,7 @@ from planner.recompute import Recomputed, recomputed
 from torch.distributed.tensor.parallel import loss_parallel
 
 from probes.extent import ProbeExtent, probe_extent, resolve_probe
+from probes.forkserver import RDZV_FILE_ENV
 from probes.layout import LayoutError, ProbeLayout, model_run, model_spec
 from probes.lifeline import hold
 from probes.memstat import reset_peak_memory, vm_kib
@@ -658,6 +659,13 @@ def _device_of(spec: ProbeSpec, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def rendezvous(rank: int, world: int) -> dict:
+    """init_process_group's rendezvous arguments: the file store `probes.forkserver` names for its ranks on one
+    node, else none (env://: torchrun's, or a multi-node fork server's MASTER_ADDR/MASTER_PORT)."""
+    store = os.environ.get(RDZV_FILE_ENV)
+    return {"init_method": f"file://{store}", "rank": rank, "world_size": world} if store else {}
+
+
 def _fail(err: BaseException, rank: int, out: Path) -> None:
     """Record ``err`` for the launcher (``error-rank{r}.json``, one line on stderr) and end the process."""
     status = "oom" if _is_oom(err) else "crash"
@@ -705,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         hold("setup")
         if world > 1:
             dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                    timeout=timedelta(seconds=PG_TIMEOUT_S))
+                                    timeout=timedelta(seconds=PG_TIMEOUT_S), **rendezvous(rank, world))
         marks.mark("rendezvous")
         result = run_probe(spec, layout, rank, world, device, started, extent, marks)
     except Exception as err:  # noqa: BLE001 -- recorded for the launcher, then the process ends

@@ -1,21 +1,23 @@
-"""Warm workers: consecutive probes of the same world size run in the same torchrun workers (no torch here).
+"""Warm workers: consecutive probes of the same world size run in the same worker processes (no torch here).
 
     >>> workers = WarmWorkers()
     >>> workers.run(spec, nproc=2, workdir=Path("runs/trial-0000"), timeout_s=120)   # starts a pool of 2
     >>> workers.run(spec2, nproc=2, workdir=Path("runs/trial-0001"), timeout_s=120)  # same processes
     >>> workers.close()
 
-A `WarmPool` is one torchrun of ``nproc`` workers (``probes.train --serve FOLDER``: `probes.warm_worker`)
-started behind a lifeline like a one-shot probe (`probes.launch.run_with_timeout`), so the chain tuner ->
-torchrun -> workers still dies whenever a link is killed, between probes too. A probe is handed over as
+A `WarmPool` is ``nproc`` workers (``probes.train --serve FOLDER``: `probes.warm_worker`) forked by one
+`probes.forkserver` process, which imports torch once for them all (torchrun would start a Python and torch per
+rank: ~5.5 s of CPU each on the test machine), started behind a lifeline like a one-shot probe's torchrun
+(`probes.launch.run_with_timeout`), so the chain tuner -> fork server -> workers still dies whenever a link is
+killed, between probes too. A probe is handed over as
 ``FOLDER/job-N.json`` (renamed into place whole); the pool answers in the probe's own folder with the files a
 one-shot probe leaves there (pid files, phase marks, result.json or error records, the ranks' logs under
 ``logs/``) and, once each rank has released the probe's memory, ``FOLDER/done-N-rank{r}.json``. The tuner
-waits for events: those files, the torchrun process ending, the probe's deadline (polled every `POLL_S`, as the
-one-shot launcher does). The result is classified by `probes.outcome.classify` as a one-shot probe's.
+waits for events: those files, the launcher (fork server, or srun) ending, the probe's deadline (polled every
+`POLL_S`, as the one-shot launcher does). The result is classified by `probes.outcome.classify` as a one-shot probe's.
 
 A pool is retired -- its processes stopped, the next probe starts fresh workers -- after a probe that did not end
-cleanly (an OOM or a crash ends the failing worker and torchrun the rest; a timeout kills them), when a rank
+cleanly (an OOM or a crash ends the failing worker and the fork server the rest; a timeout kills them), when a rank
 reports memory not released (`RELEASE_SLACK_BYTES`), when the world size or the device kind
 changes, when it is used from another thread than the one that started it (the lifeline follows the thread),
 and at `close`. A probe stopped early (pruned) is stopped cooperatively: ``FOLDER/stop-N``, every rank leaves
@@ -36,6 +38,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -45,7 +48,7 @@ from typing import Callable
 
 from probes import lifeline
 from probes.launch import (POLL_S, REPO_ROOT, ProcessTracker, collect_rank_logs, prepare_workdir, probe_env,
-                           refuse_invalid, stop_processes, torchrun_argv)
+                           refuse_invalid, stop_processes)
 from probes.outcome import classify
 from probes.phases import phases_of, read_marks
 from probes.result import ProbeResult, ProbeSpec
@@ -88,11 +91,18 @@ def not_released(done: list[dict]) -> str | None:
             f"than before the pool's first probe ({worst.get('kind')})")
 
 
-class WarmPool:
-    """One torchrun of ``nproc`` warm workers serving probes from ``folder`` (see the module docstring)."""
+def forkserver_argv(*, nproc: int, log_dir: Path, args: list[str], python: str = sys.executable) -> list[str]:
+    """``python -u -m probes.forkserver --nproc N --log-dir DIR -- ARGS``: ``nproc`` ranks of ``probes.train ARGS``
+    forked from one process (`probes.forkserver`; run it behind a lifeline of role ``forkserver``)."""
+    return [python, "-u", "-m", "probes.forkserver", "--nproc", str(nproc), "--log-dir", str(log_dir), "--", *args]
 
-    launcher = "torchrun"
-    """what runs the workers (its output: ``FOLDER/{launcher}.stdout|stderr``)"""
+
+class WarmPool:
+    """One fork server of ``nproc`` warm workers serving probes from ``folder`` (see the module docstring)."""
+
+    launcher = "forkserver"
+    """what runs the workers (its output: ``FOLDER/{launcher}.stdout|stderr``): locally `probes.forkserver`, which
+    forks the ranks from one process that has imported torch (torchrun would start a Python per rank)"""
 
     def __init__(self, nproc: int, folder: Path, *, device: str = "auto", env: dict | None = None) -> None:
         self.nproc = nproc
@@ -113,14 +123,13 @@ class WarmPool:
                                      stderr=self._err, stdin=subprocess.DEVNULL, start_new_session=True)
         self.tracker = self._tracker()
 
-    # -- what a launcher other than a local torchrun changes (probes.slurm.SlurmWarmPool: an srun step) -----------
+    # -- what a launcher other than the local fork server changes (probes.slurm.SlurmWarmPool: an srun step) ----
     def _argv(self) -> list[str]:
         """The launcher's command (run behind a lifeline of role `launcher`)."""
-        return torchrun_argv(nproc=self.nproc, log_dir=self.folder / "logs", module="probes.train",
-                             module_args=["--serve", str(self.folder)])
+        return forkserver_argv(nproc=self.nproc, log_dir=self.folder / "logs", args=["--serve", str(self.folder)])
 
     def _tracker(self) -> ProcessTracker:
-        """The local processes to stop (torchrun, and its workers by their pid files)."""
+        """The local processes to stop (the fork server, and its workers by their pid files)."""
         return ProcessTracker(self.proc.pid, self.folder)
 
     def _stop(self) -> None:
@@ -133,11 +142,11 @@ class WarmPool:
 
     @property
     def usable(self) -> bool:
-        """Serving: not retired, torchrun running, asked from the thread that started it."""
+        """Serving: not retired, its launcher running, asked from the thread that started it."""
         return self.retired is None and self.proc.poll() is None and threading.get_ident() == self._thread
 
     def close(self, reason: str = "closed") -> None:
-        """Retire the pool: stop torchrun and every worker (SIGTERM, then SIGKILL), keep ``reason``."""
+        """Retire the pool: stop the launcher and every worker (SIGTERM, then SIGKILL), keep ``reason``."""
         if self.retired is None:
             self.retired = reason
         self._stop()
@@ -159,7 +168,7 @@ class WarmPool:
         """Hand ``spec`` to the pool (its folder ``workdir`` prepared, its layout valid for ``nproc``: `WarmWorkers`
         checks both) and wait for its end; the classified `ProbeResult` (also in workdir/result.json)."""
         if not self.usable:
-            raise RuntimeError(f"warm pool {self.folder} is not serving ({self.retired or 'its torchrun ended'})")
+            raise RuntimeError(f"warm pool {self.folder} is not serving ({self.retired or 'its launcher ended'})")
         workdir = Path(workdir).resolve()
         n = self.jobs
         self.jobs += 1
@@ -180,7 +189,7 @@ class WarmPool:
             while True:
                 try:
                     self.proc.wait(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
-                    break                                   # torchrun ended: a worker failed (or was killed)
+                    break                                   # the launcher ended: a worker failed (or was killed)
                 except subprocess.TimeoutExpired:
                     pass
                 self.tracker.snapshot()
@@ -242,7 +251,7 @@ class WarmWorkers:
 
     ``root``: where pool folders go (default: ``warm/`` beside the first probe's folder, i.e. in the study's
     work folder). ``env``: the workers' environment overrides (`probes.launch.probe_env`). ``start``: makes a
-    pool of ``nproc`` workers for ``spec`` in a new ``folder`` (default: a local torchrun, `WarmPool`; the SLURM
+    pool of ``nproc`` workers for ``spec`` in a new ``folder`` (default: a local fork server, `WarmPool`; the SLURM
     backend's starts an srun step on a slice, `probes.slurm.SlurmWarmPool`)."""
 
     def __init__(self, root: Path | None = None, *, env: dict | None = None,
@@ -283,4 +292,4 @@ class WarmWorkers:
 
 
 __all__ = ["RELEASE_SLACK_BYTES", "WarmPool", "WarmWorkers", "done_path", "job_path", "not_released", "stop_path",
-           "write_atomic"]
+           "forkserver_argv", "write_atomic"]

@@ -50,7 +50,7 @@ from probes.lifeline import hold
 from probes.memstat import current_bytes
 from probes.phases import PhaseMarks
 from probes.result import ProbeResult, ProbeSpec
-from probes.train import PG_TIMEOUT_S, Stopped, _device_of, _emit, _fail, run_probe
+from probes.train import PG_TIMEOUT_S, Stopped, _device_of, _emit, _fail, rendezvous, run_probe
 from probes.warm import RELEASE_SLACK_BYTES, done_path, job_path, stop_path, write_atomic
 
 JOB_POLL_S = 0.01
@@ -196,7 +196,7 @@ def serve(pool: Path, started: float) -> None:
                     hold("setup")
                     if world > 1:
                         dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                                                timeout=timedelta(seconds=PG_TIMEOUT_S))
+                                                timeout=timedelta(seconds=PG_TIMEOUT_S), **rendezvous(rank, world))
                     rendezvous_at = time.time()
                 elif world > 1:
                     dist.barrier()                      # every rank has taken the job

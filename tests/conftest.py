@@ -95,8 +95,8 @@ SHARED_PROCESSES = {"warm_run", "reference", "dense_reference", "moe_reference",
 """fixtures that start processes (warm probe workers, a reference probe, torchtitan's import): a module's tests that
 use one run in one worker, which starts them once"""
 WARM_GROUP = "warm"
-"""the xdist group of every module whose tests use `warm_run`: its pools (a torchrun and its workers per world size,
-~15 s of CPU for 2 workers, ~25 s for 4) are started once for all of them, not once per module"""
+"""the xdist group of every module whose tests use `warm_run`: its pools (a fork server and its workers per world
+size) are started once for all of them, not once per module"""
 
 
 @pytest.hookimpl(tryfirst=True)   # before pytest-xdist's own hook, which turns the marker into the '@slurm' scope
@@ -180,8 +180,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 @pytest.fixture(scope="session")
 def warm_run(request, tmp_path_factory):
     """``warm_run(spec, nproc, workdir)``: a probe on warm workers (`probes.warm.WarmWorkers`, tune's default local
-    path), one pool per world size that the tests of every module using it share (a torchrun per world size, not per
-    test or module: they run in one worker, `WARM_GROUP`). After the group's last test the pools are closed and none
+    path), one pool per world size that the tests of every module using it share (a fork server per world size, not
+    per test or module: they run in one worker, `WARM_GROUP`). After the group's last test the pools are closed and none
     of their processes is left (checked again at the session's end)."""
     pytest.importorskip("torch")
     from probes.warm import WarmWorkers

@@ -45,10 +45,12 @@ class KillMoment:
 
 KILL_MOMENTS = {m.name: m for m in (
     KillMoment("torchrun", "torchrun", unarmed=True),   # launcher forked torchrun, prctl not yet done
+    KillMoment("forkserver", "forkserver", unarmed=True),  # a warm pool's fork server forked, prctl not yet done
     KillMoment("srun", "srun", unarmed=True),
     KillMoment("salloc", "salloc", unarmed=True),
-    KillMoment("worker", "worker:1", unarmed=True),     # torchrun forked rank 1, prctl not yet done
-    KillMoment("import", "import", markers=2),          # both ranks armed, before Python starts importing torch
+    KillMoment("worker", "worker:1", unarmed=True),     # torchrun or the fork server forked rank 1, prctl not done
+    KillMoment("import", "import", markers=2),          # both ranks armed, before Python imports torch (forked:
+                                                        # before the rank's own code; the fork server imported it)
     KillMoment("setup", "setup:1"),                     # torch imported; rank 1 before, rank 0 in, init_process_group
     KillMoment("steps", None),                          # rank 0 has timed a training step
     KillMoment("teardown", "teardown:0"),               # rank 0 wrote result.json and has not exited

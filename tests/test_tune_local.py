@@ -1,4 +1,4 @@
-"""`tune` end to end on CPU: real probes (torchrun, 2 gloo processes, a tiny GPT), resume, Ctrl-C.
+"""`tune` end to end on CPU: real probes (warm workers, 2 gloo processes, a tiny GPT), resume, Ctrl-C.
 
     python -m pytest tests/test_tune_local.py -q          # ~4 minutes on 2 cores
 
@@ -131,13 +131,14 @@ def _gone(pids: list[int]) -> bool:
 
 
 def _kill_probe(worker_pids: list[int]) -> None:
-    """After a failure: the probe's workers and their torchrun, by pid (never left behind, even by a failing test)."""
+    """After a failure: the probe's workers and their launcher, by pid (never left behind, even by a failing test)."""
     for pid in worker_pids:
         try:
             proc = psutil.Process(pid)
             parent = proc.parent()
             proc.kill()
-            if parent is not None and "torch.distributed.run" in " ".join(parent.cmdline()):
+            if parent is not None and any(m in " ".join(parent.cmdline())
+                                          for m in ("torch.distributed.run", "probes.forkserver")):
                 parent.kill()
         except psutil.Error:
             continue
@@ -254,10 +255,10 @@ def test_sigterm_records_the_trial_interrupted_and_exits_143(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("moment", ["torchrun", "worker", "import", "setup", "steps", "teardown"])
+@pytest.mark.parametrize("moment", ["forkserver", "worker", "import", "setup", "steps", "teardown"])
 def test_sigkilled_tuner_leaves_no_probe_process_at_any_moment(tmp_path, moment):
-    """Issue 24: the tuner SIGKILLed while torchrun starts, while a worker starts (before and after its lifeline
-    arms, before torch is imported), in the process-group set-up, in the steps, in the teardown."""
+    """Issue 24: the tuner SIGKILLed while its warm pool's fork server starts (probes.forkserver), while a worker
+    starts (before and after its lifeline arms), in the process-group set-up, in the steps, in the teardown."""
     # endless: a process the kill missed (a released one included) would never end by itself
     endless = [] if moment == "teardown" else ["--probe-steps", "100000"]
     argv = tiny_argv(tmp_path, "--confirm-top", "0", "--max-probes", "1", "--top-k", "1", "--probe-timeout", "3600",
