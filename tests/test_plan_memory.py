@@ -69,6 +69,17 @@ def test_plan_memory_is_memory_breakdown_to_the_last_bit(name, gpus, gpu, kw):
         assert [memory.fits_under(other, (c.ep, c.etp))(m) for m in modes] == fits
 
 
+def _first_fitting(c, mem, reasons, field, values, model, cluster, training):
+    """``c`` with the first of ``values`` for ``field`` under which memory fits: (candidate, breakdown, reasons, bytes
+    saved); ``c`` as it was when none does."""
+    for value in values:
+        offloaded = replace(c, **{field: value})
+        with_it = memory_breakdown(model, offloaded, cluster, training)
+        if not memory_violations(with_it, cluster, training):
+            return offloaded, with_it, [], mem.total_bytes - with_it.total_bytes
+    return c, mem, reasons, 0.0
+
+
 def _one_by_one(model, cluster, training):
     """plan() as the plain product scored one candidate at a time."""
     target = target_of(training)
@@ -82,25 +93,16 @@ def _one_by_one(model, cluster, training):
         if first is None:
             mem = memory_breakdown(model, c, cluster, training)
             reasons = memory_violations(mem, cluster, training)
-            saved = 0.0
+            saved = opt_saved = 0.0
             if reasons and offload.searched_on(c.recompute, c.ep, c.etp, cluster.gpus_per_node):
-                for modules in offload.searched_sets(model, training):   # the first set that fits, if any
-                    offloaded = replace(c, offload=modules)
-                    with_it = memory_breakdown(model, offloaded, cluster, training)
-                    if not memory_violations(with_it, cluster, training):
-                        saved = mem.total_bytes - with_it.total_bytes
-                        c, mem, reasons = offloaded, with_it, []
-                        break
-            opt_saved = 0.0
+                # the first activation-offload set that fits, if any
+                c, mem, reasons, saved = _first_fitting(c, mem, reasons, "offload",
+                                                        offload.searched_sets(model, training), model, cluster, training)
             if reasons and offload.optimizer_searched_on(c.zero) and offload.optimizer_searched_where(cluster):
                 # else the smallest optimizer fraction that fits
-                for fraction in offload.optimizer_searched(model, training):
-                    offloaded = replace(c, opt_offload=fraction)
-                    with_it = memory_breakdown(model, offloaded, cluster, training)
-                    if not memory_violations(with_it, cluster, training):
-                        opt_saved = mem.total_bytes - with_it.total_bytes
-                        c, mem, reasons = offloaded, with_it, []
-                        break
+                c, mem, reasons, opt_saved = _first_fitting(c, mem, reasons, "opt_offload",
+                                                            offload.optimizer_searched(model, training),
+                                                            model, cluster, training)
             if not reasons:   # and the node's host memory holds what it offloads
                 reasons = host_memory_violations(model, c, cluster, training)
             if not reasons:
