@@ -73,6 +73,9 @@ class Accelerator:
     """the usual node's host memory bandwidth, all its CPU sockets' channels together (DGX H100: 2 x 8 DDR5-4800
     channels, 614 GB/s); None: not in the catalog (`planner.offload.host_memory_bw_per_gpu` then takes the DGX
     H100's)"""
+    host_link_bw_bytes_per_s: float = 64e9
+    """the GPU's link to its host memory, one direction: PCIe (Gen5 x16 64 GB/s, Gen4 32, Gen3 16) or NVLink-C2C on
+    Grace (GH200 450 GB/s); what activation offload and the CPU optimizer offload copy over (planner.offload)"""
     attention_tflops: str | None = None
     """the attention core's published forward + backward rates by kernel, head dim, mask and sequence length
     (accelerators.yaml ``attention_tflops``, frozen: `freeze`); read by planner.attention; None: none published"""
@@ -128,7 +131,8 @@ ACCELERATOR_KEYS: dict[str, tuple[str, float | None]] = {
     "mx_block_scaling": ("mx_block_scaling", None), "sm_count": ("sm_count", None),
     "gemm_efficiency": ("gemm_efficiency", None), "attention_tflops": ("attention_tflops", None),
     "cuda_context_gib": ("cuda_context_bytes", GiB), "host_memory_gib": ("host_memory_bytes", GiB),
-    "host_memory_gb_per_s": ("host_memory_bw_bytes_per_s", GB), "power_w": ("power_w", None),
+    "host_memory_gb_per_s": ("host_memory_bw_bytes_per_s", GB), "host_link_gb_per_s": ("host_link_bw_bytes_per_s", GB),
+    "power_w": ("power_w", None),
     "source": ("source", None),
     "aliases": ("aliases", None),
 }
@@ -137,9 +141,11 @@ ACCELERATOR_DEFAULTS = {"bf16_tflops": None, "fp8_tflops": None, "tf32_tflops": 
                         "gemm_efficiency": 0.7, "cuda_context_gib": 1.0, "attention_tflops": None,
                         "host_memory_gib": None,
                         "host_memory_gb_per_s": None,
+                        "host_link_gb_per_s": 64,
                         "power_w": None, "source": "", "aliases": []}
 """what a description without ``base`` may leave out: no bf16/FP8/TF32 peak; gemm_efficiency 0.7, the H100-class
-figure (planner/accelerators.yaml says where each comes from); one 100 Gb/s NIC per GPU; a 1 GiB CUDA context"""
+figure (planner/accelerators.yaml says where each comes from); one 100 Gb/s NIC per GPU; a 1 GiB CUDA context; a
+PCIe Gen5 x16 host link"""
 
 
 def accelerator_from(value: object, where: str, *, known: Mapping[str, Accelerator] | None = None,

@@ -36,13 +36,9 @@ if TYPE_CHECKING:
     from planner.space import Candidate, TrainingSpec
     from planner.step_context import StepContext
 
-PCIE5_BYTES_PER_S = 64e9
-"""one direction of PCIe 5.0 x16 (NVIDIA H100 datasheet: 128 GB/s bidirectional)"""
-PCIE4_BYTES_PER_S = 32e9
-"""one direction of PCIe 4.0 x16 (NVIDIA A100 datasheet: 64 GB/s bidirectional)"""
-HOST_MEMORY_BYTES_PER_S_PER_GPU = 2 * 8 * 38.4e9 / 8
-"""DGX H100: 2 sockets x 8 DDR5-4800 channels x 38.4 GB/s over 8 GPUs (76.8 GB/s a GPU): the host a catalog entry
-without ``host_memory_gb_per_s`` is taken to have (`host_memory_bw_per_gpu`)"""
+ASSUMED_HOST = "H100-SXM"
+"""the catalog entry whose node (DGX H100) a GPU without ``host_memory_gb_per_s`` is taken to sit in
+(`host_memory_bw_per_gpu`)"""
 CPU_ADAM_BYTES_PER_PARAM = 28
 """fp32 weight r/w 8, fp32 grad read 4, Adam m and v r/w 16"""
 GRAD_D2H_BYTES = 4
@@ -98,17 +94,18 @@ def optimizer_searched_where(cluster: "ClusterSpec") -> bool:
 
 
 def host_link_bytes_per_s(cluster: "ClusterSpec") -> float:
-    """The GPU's PCIe link to its host, one direction: PCIe 4.0 on Ampere and older, else 5.0."""
-    gen4 = ("A100", "A10", "A40", "V100", "T4", "L4", "RTX")
-    return PCIE4_BYTES_PER_S if cluster.gpu.id.startswith(gen4) else PCIE5_BYTES_PER_S
+    """The GPU's link to its host, one direction: the catalog's ``host_link_gb_per_s`` (PCIe, or NVLink-C2C)."""
+    return cluster.gpu.host_link_bw_bytes_per_s
 
 
 def host_memory_bw_per_gpu(cluster: "ClusterSpec") -> float:
     """One GPU's share of its node's host memory bandwidth, all GPUs stepping at once: the catalog's usual node's
-    (``host_memory_gb_per_s``) over its GPUs, else the DGX H100's (`HOST_MEMORY_BYTES_PER_S_PER_GPU`)."""
+    (``host_memory_gb_per_s``) over its GPUs, else the `ASSUMED_HOST`'s (DGX H100: 614.4 GB/s over 8)."""
     acc = cluster.gpu
     if acc.host_memory_bw_bytes_per_s is None:
-        return HOST_MEMORY_BYTES_PER_S_PER_GPU
+        from planner.hardware import catalog
+
+        acc = catalog()[ASSUMED_HOST]
     return acc.host_memory_bw_bytes_per_s / acc.gpus_per_node
 
 
@@ -252,8 +249,8 @@ def activation_offload_args(training: "TrainingSpec") -> list[tuple[str, ...]]:
     return [("--fine-grained-activation-offloading",), ("--offload-modules", *training.activation_offload)]
 
 
-__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "HOST_BYTES_PER_OFFLOADED_PARAM", "OPTIMIZER_FRACTIONS",
-           "SEARCHED_SETS", "activation_copy_s", "activation_offload_args", "activation_offload_bytes",
-           "host_link_bytes_per_s", "host_memory_bw_per_gpu", "host_step_s", "megatron_lm_args", "modules_of",
+__all__ = ["ACTIVATION_MODULES", "ACTIVATION_OFFLOAD", "ASSUMED_HOST", "HOST_BYTES_PER_OFFLOADED_PARAM",
+           "OPTIMIZER_FRACTIONS", "SEARCHED_SETS", "activation_copy_s", "activation_offload_args",
+           "activation_offload_bytes", "host_link_bytes_per_s", "host_memory_bw_per_gpu", "host_step_s", "megatron_lm_args", "modules_of",
            "offloaded_layers", "optimizer_fraction", "optimizer_host_bytes", "optimizer_searched",
            "optimizer_searched_on", "optimizer_searched_where", "searched_on", "searched_sets"]

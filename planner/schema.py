@@ -320,6 +320,8 @@ ACCELERATOR: dict[str, Field] = {
                                                                        "(0, 1,048,576] or null"),
     "host_memory_gb_per_s": Num(0, 1e6, open_lo=True, null=True, what="GB/s of host memory bandwidth in the usual "
                                                                      "node, in (0, 1e6] or null"),
+    "host_link_gb_per_s": Num(0, 1e5, open_lo=True, what="GB/s per direction between the GPU and its host memory "
+                                                         "(PCIe Gen5 x16: 64), in (0, 1e5]"),
     "power_w": Num(0, 100_000, open_lo=True, null=True),
     "source": Str(),
     "aliases": List(Str()),

@@ -413,3 +413,17 @@ def test_plan_prunes_the_users_offload_by_host_memory(tmp_path):
     half = plan(m, cl, replace(t, optimizer_offload=0.5))
     assert half.candidates and all(e.host_gb_per_node == pytest.approx(70.6e9 * 9 / 2 / 1e9, rel=0.02)
                                    for e in half.candidates)
+
+
+def test_the_host_link_is_the_catalogs_datasheet_figure(tmp_path):
+    """What the offloads copy over, per direction: PCIe Gen3 x16 on V100 (datasheet: 32 GB/s both ways), Gen4 on
+    A100 (64), Gen5 on H100 (128), NVLink-C2C on GH200 (900); a GPU YAML that does not say gets Gen5's 64 GB/s."""
+    from planner.offload import host_link_bytes_per_s
+
+    link = {g: host_link_bytes_per_s(make_cluster(gpu=g, gpus=8)) for g in ("V100-32GB", "A100-80GB", "H100-SXM",
+                                                                            "H200", "GH200")}
+    assert link == {"V100-32GB": 16e9, "A100-80GB": 32e9, "H100-SXM": 64e9, "H200": 64e9, "GH200": 450e9}
+    gpu = tmp_path / "mine.yaml"
+    gpu.write_text("id: MINE\nmemory_gib: 80\nfp16_tflops: 500\nfp32_tflops: 50\nhbm_gb_per_s: 3000\n"
+                   "intra_node_gb_per_s: 450\nsm_count: 132\n")
+    assert host_link_bytes_per_s(make_cluster(gpu=str(gpu), gpus=8)) == 64e9
