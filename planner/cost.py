@@ -513,7 +513,7 @@ def optimizer_s(ctx: StepContext) -> float:
     cand, training, model = ctx.cand, ctx.training, ctx.model
     pb = param_bytes(training.precision, training.optimizer)
     per_param = 2 * (pb.master + pb.optimizer) + pb.grads + pb.weights
-    if training.framework == "fsdp" and training.optimizer == "adamw":
+    if ctx.fw.foreach_optimizer and training.optimizer == "adamw":
         per_param = FOREACH_ADAMW_BYTES + CLIP_GRAD_NORM_BYTES   # eager PyTorch's optimizer: one pass an op
     shard_opt = ctx.shard if cand.zero >= 1 else 1
     opt_bytes = ctx.params_gpu / shard_opt * per_param

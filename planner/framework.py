@@ -48,6 +48,10 @@ class Framework:
     deepspeed_engine: bool = False
     """DeepSpeed's engine runs the step: blocking pipeline p2p and per-micro-batch gradient accumulation
     (planner.pipeline_engine)"""
+    foreach_optimizer: bool = False
+    """the step is eager PyTorch's: torch.optim.AdamW's foreach kernels (one pass over the states an op) after
+    clip_grad_norm_ (planner.cost.FOREACH_ADAMW_BYTES); False: a fused optimizer kernel (apex / Transformer Engine /
+    DeepSpeed FusedAdam)"""
 
 
 # Megatron-DeepSpeed's pipeline engine (DeepSpeed runtime/pipe/engine.py, 2022) with TP > 1 sends activations and
@@ -111,6 +115,7 @@ FRAMEWORKS: dict[str, Framework] = {f.name: f for f in (
               p2p_grad_split=False,
               microbatch_overhead_s=0.0, host_s_per_layer_forward=EAGER_HOST_S, pads_vocab=False,
               zero12_traffic=1.0, dp_inter_node_efficiency=1.0, balances_stages=False, sharded_gather_per_rail=False,
+              foreach_optimizer=True,   # torchtitan build_optimizers fused=False; fms-fsdp and HF's AdamW alike
               source="PyTorch FSDP / torchtitan / Hugging Face eager modules (seed 002)"),
 )}
 
