@@ -97,23 +97,34 @@ def split_activations(activations: float, logits: float, model: "ModelSpec", c: 
 # CP (AttnFuncWithCPAndKVP2P) does the same corrections in fp32 with torch ops: ASSUMED the same count.
 RING_STEP_Q_BYTES = 62
 RING_STEP_KV_BYTES = 30
+# The same steps traced by torch.compile (torchtitan compiles each block fullgraph=True, the ring inside it): Inductor
+# fuses each step's chain into one kernel. Per q element: forward merge r4 (fp32 out) r2 (block out) w4 = 10 (the
+# _partial_update cat writes the kept half r4 w4 instead, no more); backward grad_query += r4 r2 w4 = 10, plus the 6 of
+# the chunks made contiguous inside the flash backward op (C++, not traced): 26. Per K and V element: the send's
+# torch.cat of K and V is dead after step 0 (the all-gather rotater ignores later buffers, so the graph drops it),
+# the backward's fp32 gradient accumulate fused into its send buffer r4 r2 w4 = 10.
+RING_STEP_Q_BYTES_COMPILED = 26
+RING_STEP_KV_BYTES_COMPILED = 10
 
 
-def ring_step_bytes(model: "ModelSpec", c: "Candidate", framework: str) -> float:
+def ring_step_bytes(model: "ModelSpec", c: "Candidate", framework: str, compiled: bool = False) -> float:
     """Forward-equivalent HBM bytes of one layer's ring bookkeeping on one CP rank (the op list charges the backward
     at 2x the forward, so the forward + backward count above is put in as a third): CP - 1 merge steps over the
     rank's tokens. torchtitan (2024) expands K and V to every query head before the kernel (repeat_kv), so its K/V
-    are as wide as Q; Megatron's kernel takes the KV heads."""
+    are as wide as Q; Megatron's kernel takes the KV heads. ``compiled``: torchtitan under torch.compile (the counts
+    above for the traced ring)."""
     if c.cp <= 1:
         return 0.0
     tokens = model.seq_len // c.cp * c.mbs
     q = model.q_dim / max(1, c.tp)
     kv = q if framework == "fsdp" else model.kv_dim / max(1, c.tp)
-    return (c.cp - 1) * tokens * (RING_STEP_Q_BYTES * q + 2 * RING_STEP_KV_BYTES * kv) / 3
+    q_bytes, kv_bytes = ((RING_STEP_Q_BYTES_COMPILED, RING_STEP_KV_BYTES_COMPILED) if compiled else
+                         (RING_STEP_Q_BYTES, RING_STEP_KV_BYTES))
+    return (c.cp - 1) * tokens * (q_bytes * q + 2 * kv_bytes * kv) / 3
 
 
 def ring_attention(lo: "LayerOps", c: "Candidate", model: "ModelSpec | None" = None,
-                   cluster: "ClusterSpec | None" = None, framework: str = "") -> "LayerOps":
+                   cluster: "ClusterSpec | None" = None, framework: str = "", compiled: bool = False) -> "LayerOps":
     """The layer's op list as one CP rank runs it: built on the rank's s/CP tokens (`rank_model`), its attention core
     is CP blocks of (s/CP x s/CP), i.e. CP times the core of an s/CP-token sequence (ring attention: each rank
     attends its chunk to every chunk that passes it); with ``model`` (the full-sequence model) and ``cluster``, one
@@ -122,7 +133,7 @@ def ring_attention(lo: "LayerOps", c: "Candidate", model: "ModelSpec | None" = N
         return lo
     ops = tuple(op.scaled(c.cp) if op.cls == ATTENTION else op for op in lo.ops)
     if model is not None and cluster is not None:
-        ops += (bytes_op("cp_ring_merge", ring_step_bytes(model, c, framework), cluster),)
+        ops += (bytes_op("cp_ring_merge", ring_step_bytes(model, c, framework, compiled), cluster),)
     return replace(lo, ops=ops)
 
 
@@ -146,7 +157,7 @@ def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "Train
         return 0.0
     if training.framework == "fsdp":
         return allgather_exchange_exposed_s(model, c, link, send_s, core_s, bytes_per_value, recomputed_layers,
-                                            training.seq_len)
+                                            training.seq_len, compiled=training.torch_compile)
     steps = c.cp - 1
     values = 2 * training.seq_len // c.cp * c.mbs * model.kv_dim / max(1, c.tp)
     send = send_s(link, kind="send", message_bytes=values * bytes_per_value, group=2)
@@ -161,7 +172,7 @@ def ring_exchange_exposed_s(model: "ModelSpec", c: "Candidate", training: "Train
 
 def allgather_exchange_exposed_s(model: "ModelSpec", c: "Candidate", link: object, send_s: Callable[..., float],
                                  core_s: float, bytes_per_value: float, recomputed_layers: float | None,
-                                 seq_len: int) -> float:
+                                 seq_len: int, compiled: bool = False) -> float:
     """Exposed seconds of torchtitan's ring exchange in one layer's forward + backward (torch
     distributed/tensor/experimental/_attention.py as torchtitan 2024-12 ran it: context_parallel_rotate_method
     "allgather" by default, `_AllGatherRotater`).
@@ -170,13 +181,23 @@ def allgather_exchange_exposed_s(model: "ModelSpec", c: "Candidate", link: objec
     issued before step 0 and waited whole at step 1, so only step 0's block hides it. Backward: the same all-gather
     again (a new rotater) under step 0's backward block, and the K/V gradients passed one hop a step in fp32
     (`_AllToAllRotater`, convert_to_f32), each hidden under the next step's block, the last one waited after the
-    loop with nothing left to hide it. A full recompute runs the forward's all-gather once more."""
+    loop with nothing left to hide it. A full recompute runs the forward's all-gather once more.
+
+    ``compiled`` (torch.compile, torchtitan's per-block ``fullgraph=True``): the ring is traced into the block's graph,
+    where every collective is waited where it is issued, so nothing hides: the all-gathers whole and all CP gradient
+    sends (see the comment below)."""
     chunk_values = 2 * seq_len // c.cp * c.mbs * model.q_dim / max(1, c.tp)
     gather = send_s(link, kind="all_gather", message_bytes=c.cp * chunk_values * bytes_per_value, group=c.cp)
     grad_send = send_s(link, kind="send", message_bytes=chunk_values * GRAD_BYTES, group=2)
-    block = core_s / c.cp                       # one step's block of the forward core (s/CP x s/CP, causal half x 2)
-    forward = max(0.0, gather - block)
-    backward = max(0.0, gather - 2 * block) + (c.cp - 1) * max(0.0, grad_send - 2 * block) + grad_send
+    if compiled:
+        # traced, torch's functional collectives return wait_tensor(out) at once (_functional_collectives.py
+        # _maybe_wrap_tensor: "if _are_we_tracing(): return wait_tensor(self)"), and Inductor moves no wait without
+        # reorder_for_compute_comm_overlap (False by default; torchtitan 9dec370 sets only _micro_pipeline_tp)
+        forward, backward = gather, gather + c.cp * grad_send
+    else:
+        block = core_s / c.cp                   # one step's block of the forward core (s/CP x s/CP, causal half x 2)
+        forward = max(0.0, gather - block)
+        backward = max(0.0, gather - 2 * block) + (c.cp - 1) * max(0.0, grad_send - 2 * block) + grad_send
     if recomputed_layers is None:
         recomputed_layers = recomputed_of(model, c, "fsdp").layers
     return forward + backward + forward * recomputed_layers
@@ -204,6 +225,7 @@ RING_EXCHANGE = Term(name="cp_ring_exchange", kind=COMMUNICATION, group="cp_comm
                      constants=("LINK_EFFICIENCY",))
 
 
-__all__ = ["FRAMEWORKS_WITH_CP", "GRAD_BYTES", "RING_EXCHANGE", "RING_STEP_KV_BYTES", "RING_STEP_Q_BYTES", "MIN_CHUNK_TOKENS",
+__all__ = ["FRAMEWORKS_WITH_CP", "GRAD_BYTES", "RING_EXCHANGE", "RING_STEP_KV_BYTES", "RING_STEP_KV_BYTES_COMPILED",
+           "RING_STEP_Q_BYTES", "RING_STEP_Q_BYTES_COMPILED", "MIN_CHUNK_TOKENS",
            "allgather_exchange_exposed_s", "cp_choices", "rank_model", "ring_attention", "ring_exchange_exposed_s", "ring_step_bytes",
            "split_activations", "violations"]

@@ -163,7 +163,8 @@ def layer_op_list(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     tokens = rank.seq_len * cand.mbs
     lo = ops.layer_ops(rank, cand, cluster, training, g, g_core, fw)
     lo = moe.latent_attention_ops(lo, rank, cand, tokens, g, g_core)
-    lo = context_parallel.ring_attention(lo, cand, model, cluster, training.framework)
+    lo = context_parallel.ring_attention(lo, cand, model, cluster, training.framework,
+                                         compiled=training.framework == "fsdp" and training.torch_compile)
     lo = moe.expert_ops(lo, rank, cand, training, tokens, g, cluster)
     lo = fp8.cast_ops(lo, rank, cand, training, tokens, cluster)
     return cuda_graphs.graphed_ops(lo, rank, training)   # the MoE router's host work; what CUDA graphs capture
