@@ -219,7 +219,9 @@ def ring_exchange_s(ctx: "StepContext") -> float:
 
 
 RING_EXCHANGE = Term(name="cp_ring_exchange", kind=COMMUNICATION, group="cp_comm_s", per_microbatch=True,
-                     seconds=ring_exchange_s, hides_under="the attention block already received (inside the term)",
+                     seconds=ring_exchange_s,
+                     hides_under="the attention block already received (inside the term; nothing under torchtitan's "
+                                 "torch.compile, which waits for each collective where issued)",
                      flag="TransformerEngine p2p context parallelism (--cp-comm-type p2p, default)",
                      source="Megatron-Core context_parallel docs; TransformerEngine attention.py p2p ring",
                      constants=("LINK_EFFICIENCY",))
