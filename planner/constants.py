@@ -172,6 +172,38 @@ TABLE: tuple[Fitted, ...] = (
                   "Megatron's 'max reserved' a few percent above 'max allocated'",
            fitted_on="by hand on Megatron's memory reports",
            checked_on="tests/test_memory_published.py"),
+    Fitted(name="DEEPSPEED_FP16_RESERVED_BYTES", value=2.0,
+           unit="bytes a parameter (sharded with the gradients), reserved but not live",
+           source="DeepSpeed's fp16 ZeRO optimizer keeps 16-bit gradients only (runtime/zero/stage_1_and_2.py; the "
+                  "fp32 copy is the step's partition, 4/N), yet its runs' nvidia-smi peaks follow the 18-byte rule's "
+                  "4 bytes of gradients: the 2 more are blocks PyTorch's caching allocator holds without a live "
+                  "tensor (the gradients stage_1_and_2.py frees before the step, the step's flat partitions in "
+                  "segments of their own), counted by nvidia-smi and max_memory_reserved; the allocator releases such "
+                  "segments and retries before it reports an OOM (c10 CUDACachingAllocator), so what must fit holds "
+                  "only the live bytes (planner.memory.reported_bytes)",
+           fitted_on="the 18-byte rule it splits (16-bit weights and gradients, fp32 master and Adam over the DP "
+                     "ranks), chosen by the BigScience fp16 nvidia-smi peaks of tests/bench/memory_fit.py (seed 003's "
+                     "1B3 on V100, tr11 and tr8 ZeRO-1; 54 peaks, mean error 5.0%); a + b/N bytes a parameter fitted "
+                     "to tr11's 43 ZeRO-1 peaks alone gives 4.9 + 24/N, to seed 003's 21 alone 8.9 + 16/N "
+                     "(tests/bench/NOTES.md, 2026-11-29 L511)",
+           checked_on="tr11 L511 (TP8 PP6 DP8 MBS8: ran, nvidia-smi 75 GiB of 80) fits; seed 003's and tr11's OOM "
+                      "rows stay out (tests/test_memory_published.py)"),
+    Fitted(name="DEEPSPEED_PINNED_PARTITION_BYTES", value=8.0,
+           unit="bytes a parameter over the DP ranks (x params / N), at most DEEPSPEED_FP16_RESERVED_BYTES",
+           source="of the allocator's reserve beside DeepSpeed's fp16 ZeRO optimizer (DEEPSPEED_FP16_RESERVED_BYTES), "
+                  "the part it cannot give back before an OOM (c10 CUDACachingAllocator frees cached segments and "
+                  "retries a failed cudaMalloc; a segment a live tensor shares stays): the partition-sized segments "
+                  "of runtime/zero/stage_1_and_2.py, between the step's flat 16-bit and fp32 partitions (2 + 4 "
+                  "bytes a parameter over N, allocated after the backward, later split by activations) and every "
+                  "partition-sized tensor it allocates (12/N: those, and at start-up the 16-bit clone and the fp32 "
+                  "zero gradient of initialize_optimizer_states, 2 + 4)",
+           fitted_on="the only published runs whose OOM-vs-ran outcome the reserve decides (tests/bench/validate.py, "
+                     "memory_fit.py; every other fp16 DeepSpeed run keeps its verdict at any value): seed 003's PP2 "
+                     "DP4 MBS16 on V100-32GB OOMed (needs > 6.85), tr8-104B's TP1 PP64 DP2 bnb OOMed (> 3.32), tr11 "
+                     "L511 (TP8 PP6 DP8 MBS8) ran at nvidia-smi 75 GiB of 80 (< 9.71); 8 inside the range. The whole "
+                     "reserve as must-fit (the 18-byte rule) rules L511 out; none of it misses the two OOMs; the "
+                     "step's flat partitions alone (6) miss seed 003's",
+           checked_on="three rows decide it: no held-out check (tests/bench/NOTES.md, 2026-11-29 L511)"),
     # -- tune (search.calibration) --
     Fitted(name="SIGMA_PRIOR", value=0.07, unit="sd of log(measured / planned step time)",
            source="prior residual spread of one configuration's prediction before probes say otherwise",
@@ -203,6 +235,8 @@ ASYNC_TP_HIDDEN = BY_NAME["ASYNC_TP_HIDDEN"].value
 ROWWISE_GEMM_EFFICIENCY = BY_NAME["ROWWISE_GEMM_EFFICIENCY"].value
 BLOCK_SCALED_GEMM_EFFICIENCY = BY_NAME["BLOCK_SCALED_GEMM_EFFICIENCY"].value
 ALLOCATOR_OVERHEAD = BY_NAME["ALLOCATOR_OVERHEAD"].value
+DEEPSPEED_FP16_RESERVED_BYTES = BY_NAME["DEEPSPEED_FP16_RESERVED_BYTES"].value
+DEEPSPEED_PINNED_PARTITION_BYTES = BY_NAME["DEEPSPEED_PINNED_PARTITION_BYTES"].value
 SIGMA_PRIOR = BY_NAME["SIGMA_PRIOR"].value
 
 

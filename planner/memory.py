@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from planner import context_parallel, dualpipe, fp8, fsdp_parallel, moe, offload, pipeline_engine, recompute
-from planner.constants import ALLOCATOR_OVERHEAD
+from planner.constants import ALLOCATOR_OVERHEAD, DEEPSPEED_FP16_RESERVED_BYTES, DEEPSPEED_PINNED_PARTITION_BYTES
 from planner.framework import get_framework
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
@@ -48,9 +48,14 @@ class ParamBytes:
     """optimizer states (Adam: two moments)"""
     grads_fp32: float = 0.0
     """DeepSpeed's fp32 gradient partition, sharded with the optimizer (ZeRO-1/2 stage_1_and_2.py)"""
+    reserved: float = 0.0
+    """held by the caching allocator without a live tensor, sharded with the gradients: counted by nvidia-smi and
+    max_memory_reserved (`reported_bytes`); of it, what must fit counts only the share the allocator cannot give back
+    (`pinned_reserve`). DEEPSPEED_FP16_RESERVED_BYTES under DeepSpeed's fp16 ZeRO optimizer"""
 
     @property
     def total(self) -> float:
+        """live bytes a parameter (``reserved`` apart)"""
         return self.weights + self.master + self.grads + self.optimizer + self.grads_fp32
 
 
@@ -80,6 +85,13 @@ def param_bytes(precision: str, optimizer: str, framework: str = "megatron-lm") 
         # FITTED choice between the two accountings: bf16 runs of Hagemann et al.'s sheets (Llama 13B at TP1 PP1 ran
         # on 80 GB) need the ZeRO paper's 16-bit gradients; fp16 runs (seed 003, tr11 nvidia-smi peaks) follow 18
         return ParamBytes(weights=2, master=4, grads=2, optimizer=states, grads_fp32=4)  # ZeRO paper Sec. 5.1 + fp32 partition
+    if deepspeed_optimizer(framework) and precision == "fp16":
+        # DeepSpeed's fp16 ZeRO optimizer: 16-bit gradients live (runtime/zero/stage_1_and_2.py, ZeRO paper Sec. 5.1's
+        # 2Ψ + 2Ψ + 12Ψ/Nd), fp32 master and Adam partitioned. The runs' nvidia-smi peaks follow 18 (seed 003, tr11):
+        # the 2 bytes beyond the live 16 are the allocator's reserve (DEEPSPEED_FP16_RESERVED_BYTES), of which what
+        # must fit counts the pinned share (`pinned_reserve`). ZeRO 0 and ZeRO-1 over one rank: the step's fp32
+        # gradients instead (`deepspeed_fp16_step_grad_bytes`)
+        return ParamBytes(weights=2, master=4, grads=2, optimizer=states, reserved=DEEPSPEED_FP16_RESERVED_BYTES)
     if framework == "fsdp":
         # FSDP mixed precision: fp32 sharded params (torchtitan float8 also casts per layer in flight)
         return ParamBytes(weights=4, master=0, grads=4, optimizer=states)
@@ -105,11 +117,16 @@ class MemoryBreakdown:
     step_bytes: float = 0.0
     """DeepSpeed's fp16 optimizer step: the fp32 gradient copies it allocates after the last backward
     (`deepspeed_fp16_step_grad_bytes`), when the activations are gone; 0 for every other step"""
+    reserved_bytes: float = 0.0
+    """held by the caching allocator without a live tensor and given back before an OOM (`ParamBytes.reserved` less
+    ``pinned_bytes``): in what nvidia-smi and max_memory_reserved show (`reported_bytes`), not in ``total_bytes``"""
+    pinned_bytes: float = 0.0
+    """the share of the allocator's reserve it cannot give back (`pinned_reserve`): in ``static_bytes``"""
 
     @property
     def static_bytes(self) -> float:
-        """weights + grads + optimizer: what seed 004's 18-bytes rule bounds"""
-        return model_states_bytes(self.weights_bytes, self.grads_bytes, self.optimizer_bytes)
+        """weights + grads + optimizer (and the reserve pinned beside them): what seed 004's 18-bytes rule bounds"""
+        return model_states_bytes(self.weights_bytes, self.grads_bytes, self.optimizer_bytes, self.pinned_bytes)
 
     @property
     def total_bytes(self) -> float:
@@ -121,8 +138,8 @@ class MemoryBreakdown:
         return self.total_bytes / 1e9
 
 
-def model_states_bytes(weights: float, grads: float, optimizer: float) -> float:
-    return weights + grads + optimizer
+def model_states_bytes(weights: float, grads: float, optimizer: float, pinned: float = 0.0) -> float:
+    return weights + grads + optimizer + pinned
 
 
 def total_bytes(static: float, activations: float, logits: float, buffers: float, context: float,
@@ -495,8 +512,10 @@ def deepspeed_zero1_one_rank(cand: Candidate, training: TrainingSpec) -> bool:
 
 
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                 pb: ParamBytes, opt_offload: float | None = None) -> tuple[int, float, float, float, float, float]:
-    """(parameters, weights, grads, optimizer, buffers, step) of a GPU on ``stage`` (step: `MemoryBreakdown.step_bytes`): what reads only TP, PP, DP, CP, VPP,
+                 pb: ParamBytes, opt_offload: float | None = None
+                 ) -> tuple[int, float, float, float, float, float, float, float]:
+    """(parameters, weights, grads, optimizer, buffers, step, reserved, pinned) of a GPU on ``stage`` (step, reserved,
+    pinned: `MemoryBreakdown.step_bytes`, ``reserved_bytes``, ``pinned_bytes``): what reads only TP, PP, DP, CP, VPP,
     ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`. Under
     DeepSeek's DualPipe an end rank holds the first and the last stage (DeepSeek-V3 report Table 2: 2x parameters):
     both stages' states, on either entry. ``opt_offload``: the share of the optimizer on the host, when not the
@@ -509,10 +528,10 @@ def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
 
 
 def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                  pb: ParamBytes, opt_offload: float) -> tuple[int, float, float, float, float, float]:
+                  pb: ParamBytes, opt_offload: float) -> tuple[int, float, float, float, float, float, float, float]:
     step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
     if step_grads:   # the 16-bit gradients; their fp32 copies at the step are the step's own term
-        pb = replace(pb, grads=2, grads_fp32=0)
+        pb = replace(pb, grads=2, grads_fp32=0, reserved=0.0)
     if fp8.fp8_param_gather(cand, training):
         # --fp8-param-gather (ZeRO >= 1): the forward's weights as FP8 and its transpose, 2 bytes, no bf16 copy (the
         # embedding, norms and LM head stay bf16: 2 bytes as well)
@@ -524,8 +543,19 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
         model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes, last_stage=stage != "first")
     optimizer *= 1 - opt_offload   # the host's share (planner.offload)
+    reserved = params * pb.reserved / (shard if cand.zero >= 2 else 1)   # sharded as the gradients are
+    pinned = pinned_reserve(reserved, params, shard)
     return params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model), \
-        params * step_grads   # unsharded: ZeRO 0, or ZeRO-1's partition over its one rank
+        params * step_grads, reserved - pinned, pinned   # step unsharded: ZeRO 0, or ZeRO-1's partition over one rank
+
+
+def pinned_reserve(reserved: float, params: float, shard: int) -> float:
+    """Of the allocator's ``reserved`` bytes beside ``params`` parameters ZeRO shards over ``shard`` ranks, those it
+    cannot give back before an OOM, so what must fit: at most DEEPSPEED_PINNED_PARTITION_BYTES a parameter over the
+    ranks (planner.constants: between the step's flat 16-bit and fp32 partitions, 6/N, and every partition-sized
+    tensor stage_1_and_2.py allocates, 12/N). c10's CUDACachingAllocator frees its cached segments and retries a
+    failed cudaMalloc; a segment a live tensor shares stays."""
+    return min(reserved, DEEPSPEED_PINNED_PARTITION_BYTES * params / shard)
 
 
 def dynamic_frame(model: ModelSpec, cand: Candidate, training: TrainingSpec,
@@ -574,12 +604,13 @@ def stored_layer_bytes(model: ModelSpec, cand: Candidate, stage: str, lps: int, 
     return inputs * act.input_bytes + (lps - checkpointed + mtp) * act.full_bytes
 
 
-def _breakdown(stage: str, states: tuple[int, float, float, float, float, float], dynamic: tuple[float, float],
-               cluster: ClusterSpec) -> MemoryBreakdown:
-    params, weights, grads, optimizer, buffers, step = states
+def _breakdown(stage: str, states: tuple[int, float, float, float, float, float, float, float],
+               dynamic: tuple[float, float], cluster: ClusterSpec) -> MemoryBreakdown:
+    params, weights, grads, optimizer, buffers, step, reserved, pinned = states
     return MemoryBreakdown(stage=stage, params_on_gpu=params, weights_bytes=weights, grads_bytes=grads,
                            optimizer_bytes=optimizer, activations_bytes=dynamic[0], logits_bytes=dynamic[1],
-                           buffers_bytes=buffers, context_bytes=cluster.context_bytes, step_bytes=step)
+                           buffers_bytes=buffers, context_bytes=cluster.context_bytes, step_bytes=step,
+                           reserved_bytes=reserved, pinned_bytes=pinned)
 
 
 def _with_modes(c: Candidate, recompute: str, offload: str, ep: int | None = None, etp: int | None = None) -> Candidate:
@@ -627,7 +658,7 @@ class PlanMemory:
             with_ep = c if (c.ep, c.etp) == (ep, etp) else _with_modes(c, c.recompute, c.offload, ep, etp)
             states = self._states[key] = tuple(
                 (s := stage_states(self.model, with_ep, self.cluster, self.training, stage, self.pb))
-                + (model_states_bytes(*s[1:4]),) for stage in pipeline_stages(c))
+                + (model_states_bytes(*s[1:4], s[7]),) for stage in pipeline_stages(c))
         return states
 
     def _dynamic_of(self, c: Candidate, recompute: str | None = None, offload: str | None = None) -> tuple:
@@ -660,10 +691,10 @@ class PlanMemory:
         """The larger stage total, as `memory_breakdown` picks it."""
         context = self.context_bytes
         s, d = states[0], dynamic[0]
-        total = total_bytes(s[6], d[0], d[1], s[4], context, s[5])
+        total = total_bytes(s[8], d[0], d[1], s[4], context, s[5])
         if len(states) > 1:   # the first and the last stage
             s, d = states[1], dynamic[1]
-            total = max(total, total_bytes(s[6], d[0], d[1], s[4], context, s[5]))
+            total = max(total, total_bytes(s[8], d[0], d[1], s[4], context, s[5]))
         return total
 
     def _within(self, states: tuple, dynamic: tuple) -> bool:
@@ -673,9 +704,9 @@ class PlanMemory:
         for s, d in zip(states, dynamic):   # the first stage, and the last when there are two
             step = s[5]
             if step > d[0] + d[1]:
-                if s[6] + step + s[4] + context > usable:
+                if s[8] + step + s[4] + context > usable:
                     return False
-            elif s[6] + d[0] + d[1] + s[4] + context > usable:
+            elif s[8] + d[0] + d[1] + s[4] + context > usable:
                 return False
         return True
 
@@ -714,7 +745,7 @@ class PlanMemory:
         within = self._within
         if states is None:
             states = self.states_of(c, ep, etp)
-        if max(s[6] + s[4] + s[5] for s in states) + self.context_bytes > self.usable_bytes:   # the model states
+        if max(s[8] + s[4] + s[5] for s in states) + self.context_bytes > self.usable_bytes:   # the model states
             return None                                                                         # alone do not fit
         if not within(states, self._dynamic_of(c, offload=sets[-1])):
             return None
@@ -727,7 +758,7 @@ class PlanMemory:
         dynamic, usable, busiest, context = self._dynamic_of(c), self.usable_bytes, self._busiest, self.context_bytes
         # a bound from the row's states (cached): the whole optimizer off, nothing else changed; exact but where FP8
         # param gather turns off under the offload (planner.fp8), then the weights grow: never more than the exact
-        if max(total_bytes(s[6] - s[3], d[0], d[1], s[4], context, s[5])
+        if max(total_bytes(s[8] - s[3], d[0], d[1], s[4], context, s[5])
                for s, d in zip(self.states_of(c, ep, etp), dynamic)) > usable:
             return None
         states = self.states_of(replace(c, opt_offload=fractions[-1]), ep, etp)
@@ -782,8 +813,8 @@ class PlanMemory:
         out = []
         for st in states:   # the first stage's (or the only one's) and the last's, as `_busiest` (unrolled: every row)
             s0, s1 = st[0], st[-1]
-            out.append(total_bytes(s0[6] - s0[3], d0[0], d0[1], s0[4], context, s0[5]) <= usable
-                       and total_bytes(s1[6] - s1[3], d1[0], d1[1], s1[4], context, s1[5]) <= usable)
+            out.append(total_bytes(s0[8] - s0[3], d0[0], d0[1], s0[4], context, s0[5]) <= usable
+                       and total_bytes(s1[8] - s1[3], d1[0], d1[1], s1[4], context, s1[5]) <= usable)
         return out
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
@@ -792,7 +823,7 @@ class PlanMemory:
         stages, states, dynamic = pipeline_stages(c), self.states_of(c, c.ep, c.etp), self._dynamic_of(c)
         totals = [self._busiest((s,), (d,)) for s, d in zip(states, dynamic)]
         i = totals.index(max(totals))
-        return _breakdown(stages[i], states[i][:6], dynamic[i], self.cluster)
+        return _breakdown(stages[i], states[i][:8], dynamic[i], self.cluster)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -841,11 +872,12 @@ def reported_bytes(mem: MemoryBreakdown, cand: Candidate, cluster: ClusterSpec, 
     dynamic = (mem.activations_bytes + mem.logits_bytes) / ALLOCATOR_OVERHEAD
     states = mem.static_bytes + mem.buffers_bytes - outside
     if measurement == "max_memory_allocated":   # the step's tensors and the activations are never live together
-        return states + max(dynamic, mem.step_bytes)
+        return states - mem.pinned_bytes + max(dynamic, mem.step_bytes)   # live tensors: no reserve
     # the allocator keeps the activations' freed blocks cached; the step's flat gradients, one tensor each, fit in
     # none of them and take segments of their own (c10 CUDACachingAllocator: a cached block serves only a request it
-    # can hold, and segments never merge)
-    reserved = ALLOCATOR_OVERHEAD * (states + dynamic + mem.step_bytes)
+    # can hold, and segments never merge); and what it holds without a live tensor (``mem.reserved_bytes`` with the
+    # pinned share in ``states``: DeepSpeed's fp16 ZeRO optimizer, planner.constants.DEEPSPEED_FP16_RESERVED_BYTES)
+    reserved = ALLOCATOR_OVERHEAD * (states + mem.reserved_bytes + dynamic + mem.step_bytes)
     if measurement == "max_memory_reserved":
         return reserved
     return min(cluster.gpu.memory_bytes, reserved + outside + mem.context_bytes)

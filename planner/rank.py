@@ -118,7 +118,8 @@ class Estimate:
             if m:
                 d["memory_breakdown_gb"] = {k: _r(getattr(m, k) / 1e9) for k in (
                     "weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "logits_bytes",
-                    "buffers_bytes", "context_bytes")} | {"stage": m.stage, "params_on_gpu": m.params_on_gpu}
+                    "buffers_bytes", "context_bytes", "step_bytes", "pinned_bytes", "reserved_bytes")} | {
+                    "stage": m.stage, "params_on_gpu": m.params_on_gpu}
             if self.time:
                 d["time_breakdown_s"] = {k: _r(getattr(self.time, k), 4) for k in (
                     "compute_s", "tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_bubble_s", "pp_p2p_s", "dp_comm_s",

@@ -58,6 +58,18 @@ def test_explain_json_fits_and_breakdown():
     assert d["memory_breakdown_gb"]["stage"] in ("first", "last") and d["time_breakdown_s"]["compute_s"] > 0
 
 
+def test_explain_json_breakdown_sums_to_what_must_fit():
+    """fp16 Megatron-DeepSpeed at ZeRO-1: the 16-bit gradients, the pinned share of the allocator's reserve (in the
+    total) and the rest of the reserve (nvidia-smi's, not in the total) each a field (planner.memory.pinned_reserve)."""
+    d = json.loads(plan("--model", "1B3", "--gpus", "16", "--gpu", "V100-32GB", "--precision", "fp16", "--explain",
+                        "tp=1,pp=1,mbs=1,recompute=full,zero=1", "--format", "json").stdout)
+    m = d["memory_breakdown_gb"]
+    assert m["grads_bytes"] == m["weights_bytes"] and m["pinned_bytes"] > 0 and m["reserved_bytes"] > 0
+    parts = sum(m[k] for k in ("weights_bytes", "grads_bytes", "optimizer_bytes", "pinned_bytes", "activations_bytes",
+                               "logits_bytes", "buffers_bytes", "context_bytes"))
+    assert m["step_bytes"] == 0 and parts == pytest.approx(d["memory_gb_per_gpu"], abs=0.01)
+
+
 def test_explain_json_lists_every_reason_when_ruled_out():
     d = json.loads(plan("--model", "176B", "--gpus", "384", "--explain", "tp=3,pp=1,mbs=64,recompute=none,zero=2",
                         "--format", "json").stdout)

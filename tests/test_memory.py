@@ -250,6 +250,44 @@ def test_deepspeed_fp16_optimizer_flattens_fp32_gradients_at_zero_0():
         assert shown / 2**30 == pytest.approx(published[c.id], rel=0.1), c.id
 
 
+def test_deepspeed_fp16_zero_keeps_16bit_gradients_and_a_reserve_nvidia_smi_counts():
+    """DeepSpeed's fp16 ZeRO optimizer (runtime/zero/stage_1_and_2.py) keeps 16-bit gradients: 2 + 2 + 12/N bytes a
+    parameter live; its runs' nvidia-smi peaks follow 18 (6 + 12/N), 2 bytes of the allocator's reserve
+    (DEEPSPEED_FP16_RESERVED_BYTES), of which what must fit counts the share the allocator cannot give back,
+    DEEPSPEED_PINNED_PARTITION_BYTES / N. Published: BLOOM tr11 TP8 PP6 DP8 MBS8 (chronicles-prequel.md, 02-20 MBS
+    sweep) ran at nvidia-smi 75 GB of 80; seed 003's 1B3 at TP1 PP2 DP4 MBS16 on V100-32GB and tr8-104B's TP1 PP64
+    DP2 (bnb) ran out of memory."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from published import dev_cases, seed003_dev_cases
+
+    from planner.constants import DEEPSPEED_FP16_RESERVED_BYTES, DEEPSPEED_PINNED_PARTITION_BYTES
+    from planner.memory import reported_bytes
+
+    pb = param_bytes("fp16", "adamw", "megatron-deepspeed")
+    assert (pb.weights, pb.grads, pb.master + pb.optimizer, pb.reserved) == (2, 2, 12, 2)
+    assert pb.total + pb.reserved == 18 == DEEPSPEED_FP16_RESERVED_BYTES + 16
+    assert param_bytes("bf16", "adamw", "megatron-deepspeed").reserved == 0 == param_bytes("fp16", "adamw").reserved
+    cases = {c.id: c for c in seed003_dev_cases() + dev_cases()}
+    l511 = cases["bloom_prequel_L511_n48_tp8_pp6_dp8_mbs8_gbs2048"]
+    first, last = stage_memory(l511.model, l511.cand, l511.cluster, l511.training)
+    n = l511.cand.dp
+    assert first.grads_bytes == 2 * first.params_on_gpu
+    assert first.pinned_bytes == pytest.approx(DEEPSPEED_PINNED_PARTITION_BYTES / n * first.params_on_gpu)
+    assert first.pinned_bytes + first.reserved_bytes == pytest.approx(2 * first.params_on_gpu)
+    assert verdict(max((first, last), key=lambda m: m.total_bytes), l511.cluster, l511.training).fits
+    shown = reported_bytes(first, l511.cand, l511.cluster, "nvidia-smi") / 2**30   # the 18 rule's view, 80 GiB
+    assert shown == pytest.approx(75, rel=0.07)
+    for oom in ("seed003_v100-32gb-recompute_tp1_pp2_mbs16", "bigsci_tr8_104b_v100_bnb_n32_tp1_pp64_dp2"):
+        c = cases[oom]
+        assert c.oom
+        busiest = max(stage_memory(c.model.with_overrides(seq_len=c.training.seq_len), c.cand, c.cluster, c.training),
+                      key=lambda m: m.total_bytes)
+        assert not verdict(busiest, c.cluster, c.training).fits, oom
+
+
 def test_deepspeed_zero1_over_one_rank_is_its_zero_optimizer():
     """ZeRO-1 over one DP rank runs DeepSpeed's ZeRO optimizer (runtime/zero/stage_1_and_2.py), not FP16_Optimizer:
     16-bit gradients, then at the step the rank's partition (every gradient) flattened to 16 bits and cast to fp32, 2
