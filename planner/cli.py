@@ -506,7 +506,10 @@ def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | N
         mb = d["memory_breakdown_gb"]
         out.append(f"\nMemory per GPU ({mb['stage']} stage, GB = 1e9 bytes; {cluster.gpu.id} has "
                    f"{cluster.gpu.memory_bytes / 1e9:.1f} GB):")
-        out.append(tabulate([[k.removesuffix("_bytes"), v] for k, v in mb.items() if k.endswith("_bytes")]
+        # the step's buffers and DeepSpeed's reserve only where the plan has them (fp16 DeepSpeed ZeRO), not as 0 rows
+        names = {"pinned_bytes": "pinned reserve", "reserved_bytes": "released reserve (not in total)"}
+        out.append(tabulate([[names.get(k, k.removesuffix("_bytes")), v] for k, v in mb.items() if k.endswith("_bytes")
+                             and (v or k not in ("step_bytes", "pinned_bytes", "reserved_bytes"))]
                             + [["total", d["memory_gb_per_gpu"]]], floatfmt=".2f"))
     if e.time:
         out.append("\nStep time (s):")
