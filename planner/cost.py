@@ -28,7 +28,7 @@ from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.ops import GemmContext, LayerOps, gemm_s
 from planner.memory import (layer_params, layers_per_stage, param_bytes, shard_group_size, stage_params,
-                            training_param_bytes)
+                            training_param_bytes, with_state_dtype)
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
@@ -511,7 +511,7 @@ def optimizer_s(ctx: StepContext) -> float:
     """The optimizer step at HBM bandwidth: master weights and states read and written, gradients read, weights
     written (sharded by ZeRO-1+; the routed experts' over the expert-DP group)."""
     cand, training, model = ctx.cand, ctx.training, ctx.model
-    pb = param_bytes(training.precision, training.optimizer)
+    pb = with_state_dtype(param_bytes(training.precision, training.optimizer), training)   # bf16 moments: half read
     per_param = 2 * (pb.master + pb.optimizer) + pb.grads + pb.weights
     if ctx.fw.foreach_optimizer and training.optimizer == "adamw":
         per_param = FOREACH_ADAMW_BYTES + CLIP_GRAD_NORM_BYTES   # eager PyTorch's optimizer: one pass an op
