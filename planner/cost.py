@@ -308,7 +308,7 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     params_gpu = memoized(layer_memo, ("params_gpu", cand.tp, cand.pp, cand.vpp), lambda: max(
         stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))
         if dualpipe.parameter_copies(training.pp_schedule, cand.pp) == 1 else   # DualPipe's end ranks hold the first and the last stage
-        sum(stage_params(model, cand, s, training.framework) for s in ("first", "last")))
+        sum(stage_params(model, cand, s, training.framework, mtp_embedding=False) for s in ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
     rc = memoized(layer_memo, ("recomputed", cand.recompute, cand.pp, cand.vpp),   # full, block-N, selective, ...
                   lambda: recompute.recomputed_of(model, cand, training.framework))
@@ -324,7 +324,12 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
 
 # -- the terms (planner.terms explains the declaration; TERMS below lists them) ------------------------------------
 def compute_s(ctx: StepContext) -> float:
-    """One micro-batch's GEMMs, attention, element-wise work and host time on the busiest stage."""
+    """One micro-batch's GEMMs, attention, element-wise work and host time on the busiest stage; under DualPipe with
+    EP, on the SMs its all-to-all kernels leave in the merged chunks (`planner.dualpipe.overlapped_compute_factor`)."""
+    cand = ctx.cand
+    if cand.ep > 1 and moe.is_moe(ctx.model):
+        return ctx.stage_compute_s * dualpipe.overlapped_compute_factor(ctx.training.pp_schedule, cand.pp, cand.gas,
+                                                                        ctx.cluster.gpu.sm_count)
     return ctx.stage_compute_s
 
 

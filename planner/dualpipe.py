@@ -41,6 +41,21 @@ NOT_EMITTED = ("Megatron-LM cannot run DualPipe (DeepSeek-V3's own schedule, Dee
 """why --emit megatron-lm refuses --pp-schedule DualPipe (planner.rules.model_violations), one line"""
 
 
+COMMUNICATION_SMS = 20
+"""SMs DeepSeek's all-to-all kernels take while a merged chunk pair computes (DeepSeek-V3 report Sec. 3.2.2: "only 20
+SMs are sufficient to fully utilize the bandwidths of IB and NVLink", warp-specialised into 10 channels)"""
+
+
+def overlapped_compute_factor(name: str, pp: int, gas: int, sm_count: int) -> float:
+    """How much longer a DualPipe rank's compute runs beside its all-to-all: the merged chunks (1 - `unmerged_share`)
+    on the SMs the communication kernels leave (`COMMUNICATION_SMS` of ``sm_count``); 1 for DualPipeV (torchtitan's
+    overlap runs on NCCL's own channels, not counted) and without a pipeline."""
+    if name != DUALPIPE or pp <= 1 or sm_count <= COMMUNICATION_SMS:
+        return 1.0
+    merged = 1.0 - unmerged_share(name, pp, gas)
+    return 1.0 + merged * COMMUNICATION_SMS / (sm_count - COMMUNICATION_SMS)
+
+
 def chunk_times(recompute: str = "none") -> tuple[float, float, float]:
     """(F, B, W) of a chunk in units of its forward (module docstring): the backward 2F, half of it W; a full recompute
     re-runs the forward inside B."""
@@ -153,6 +168,6 @@ def problems(name: str, pp: int, vpp: int, gas: int) -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["DUALPIPE", "DUALPIPE_V", "END", "MIDDLE", "SCHEDULES", "bubble_1f1b", "bubble_dualpipe", "bubble_slots", "bubble_zb1p",
-           "chunk_times", "in_flight_microbatches", "parameter_copies", "peak_chunks", "problems", "ranks",
+__all__ = ["COMMUNICATION_SMS", "DUALPIPE", "DUALPIPE_V", "END", "MIDDLE", "SCHEDULES", "bubble_1f1b", "bubble_dualpipe", "bubble_slots", "bubble_zb1p",
+           "chunk_times", "in_flight_microbatches", "overlapped_compute_factor", "parameter_copies", "peak_chunks", "problems", "ranks",
            "unmerged_share"]

@@ -163,8 +163,10 @@ def layer_params(model: ModelSpec) -> float:
     return moe.mean_non_expert_layer_params(model) if moe.is_moe(model) else model.params_per_layer
 
 
-def stage_params(model: ModelSpec, cand: Candidate, stage: str, framework: str = "") -> int:
-    """Parameters one GPU holds on ``stage`` (first | middle | last | only), split by TP."""
+def stage_params(model: ModelSpec, cand: Candidate, stage: str, framework: str = "", mtp_embedding: bool = True) -> int:
+    """Parameters one GPU holds on ``stage`` (first | middle | last | only), split by TP. ``mtp_embedding``: whether
+    Megatron's last stage keeps its own copy of the word embedding for the MTP layers (False where the first stage's
+    is on the same GPU: DualPipe's end rank)."""
     layers = stage_layers(model, cand, framework, stage) * layer_params(model)
     word = model.vocab * model.hidden
     embedding_in = model.embedding_params - (0 if model.tied_embeddings else word)
@@ -178,6 +180,12 @@ def stage_params(model: ModelSpec, cand: Candidate, stage: str, framework: str =
         total = layers + word + model.norm_params
     if stage in ("last", "only"):   # DeepSeek-V3's MTP module sits after the last layer (Megatron: on the last stage)
         total += moe.mtp_non_expert_params(model)
+    if stage == "last" and mtp_embedding and model.mtp_layers and not model.tied_embeddings \
+            and framework == "megatron-lm":
+        # Megatron-LM builds the word embedding on the MTP rank as well (megatron/core/models/gpt/gpt_model.py: "if
+        # self.pre_process or self.mtp_process: self.embedding = ..."); DeepSeek's DualPipe puts the first and the last
+        # stage on one rank so that the MTP module shares the main model's (DeepSeek-V3 report Sec. 3.2.3)
+        total += word
     return math.ceil(total / cand.tp)
 
 
@@ -552,7 +560,8 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         pb = replace(pb, weights=fp8.FP8_PARAM_BYTES)
     shard = shard_group_size(cand, cluster.gpus_per_node)
     lps = stage_layers(model, cand, training.framework, stage)
-    params = stage_params(model, cand, stage, training.framework)
+    params = stage_params(model, cand, stage, training.framework,
+                          mtp_embedding=dualpipe.parameter_copies(training.pp_schedule, cand.pp) == 1)
     weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
         model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes,
