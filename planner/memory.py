@@ -155,6 +155,8 @@ def stage_layers(model: ModelSpec, cand: Candidate, framework: str, stage: str) 
         return layers_per_stage(model, cand.pp)
     if stage == "middle" and split.middle:   # a DualPipe middle rank's stages (`planner.dualpipe.MIDDLE`)
         return split.middle
+    if stage == dualpipe.END:   # the first stage as DualPipe's end rank holds it (its middle ranks are charged apart)
+        return split.first
     return split.last if stage == "last" else max(split.first, split.middle)
 
 
@@ -172,7 +174,7 @@ def stage_params(model: ModelSpec, cand: Candidate, stage: str, framework: str =
     embedding_in = model.embedding_params - (0 if model.tied_embeddings else word)
     if stage == "only":   # routed experts are added (over EP) by moe.add_expert_states, not here
         total = model.params - moe.moe_layer_count(model) * moe.expert_layer_params(model)
-    elif stage == "first":
+    elif stage in ("first", dualpipe.END):   # END: the first stage of DualPipe's end rank
         total = layers + embedding_in
     elif stage == "middle":
         total = layers
@@ -542,7 +544,7 @@ def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     candidate's (`planner.offload.optimizer_fraction`): the host-memory rule reads the whole optimizer (0)."""
     f = offload.optimizer_fraction(cand, training) if opt_offload is None else opt_offload
     if stage in (dualpipe.END, dualpipe.MIDDLE):   # DualPipe: rank i holds stage i and stage PP-1-i
-        a, b = ([_stage_states(model, cand, cluster, training, s, pb, f) for s in ("first", "last")]
+        a, b = ([_stage_states(model, cand, cluster, training, s, pb, f) for s in (dualpipe.END, "last")]
                 if stage == dualpipe.END else [_stage_states(model, cand, cluster, training, "middle", pb, f)] * 2)
         # the communication buffers are the GPU's, not a stage's: once
         return a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], max(a[4], b[4]), a[5] + b[5]
@@ -587,7 +589,7 @@ def dynamic_frame(model: ModelSpec, cand: Candidate, training: TrainingSpec,
             return "middle", stage_layers(model, cand, fw, "middle"), embed_out, float(shallow + deep), 0.0, None
         logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, fw)
         tail = (float(deep), "last", stage_layers(model, cand, fw, "last")) if deep else None
-        return "first", stage_layers(model, cand, fw, "first"), embed_out, float(shallow), logits, tail
+        return dualpipe.END, stage_layers(model, cand, fw, dualpipe.END), embed_out, float(shallow), logits, tail
     lps = stage_layers(model, cand, fw, stage)
     in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
     if training.pp_schedule in dualpipe.SCHEDULES and stage != "only":
