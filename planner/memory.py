@@ -92,7 +92,7 @@ class MemoryBreakdown:
     """Bytes on one GPU of one pipeline stage (`memory_breakdown` returns the busiest stage)."""
 
     stage: str
-    """which pipeline stage is the busiest: first | last | only"""
+    """which pipeline stage is the busiest: first | last | only; under DualPipe, which rank: end | middle"""
     params_on_gpu: int
     weights_bytes: float
     grads_bytes: float

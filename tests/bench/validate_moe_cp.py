@@ -54,8 +54,9 @@ ROWS = [  # source, model, gpu, GPUs, precision, GBS, MBS, seq, TP, PP, CP, VP, 
 # up-projections recomputed (Sec. 3.2.3: modules layernorm + mla_up_proj), batch 15,360 sequences of 4,096 tokens
 # after the ramp (Sec. 4.2). Throughput: "each trillion tokens requires only 180K H800 GPU hours" (Sec. 1, Table 1),
 # 1e12 / (180e3 x 3600) = 1,543 tokens/s per GPU. The micro-batch is not published: MBS 1 and 2 are scored (GAS 120,
-# 60: even and >= 2 x PP, as DualPipe needs), and the faster that fits is shown. Its node-limited routing (each token
-# to at most 4 nodes, Sec. 2.1.2) and the 20 SMs its all-to-all kernels take (Sec. 3.2.2) are not modelled.
+# 60: even and >= 2 x PP, as DualPipe needs), and the faster that fits is shown. The 20 SMs its all-to-all kernels take
+# (Sec. 3.2.2) slow the merged chunks' compute (planner.dualpipe.overlapped_compute_factor); its node-limited routing
+# (each token to at most 4 nodes, Sec. 2.1.2) is not modelled, nor its layer split (plan takes Megatron's).
 # Its low-precision recipe (Sec. 3.3.3): activations cached in FP8 (attention output E5M6, SwiGLU inputs in FP8 with the
 # output recomputed) and dispatched in FP8 (plan's --fp8-activations deepseek), AdamW's moments in BF16
 # (--optimizer-state-dtype bf16), FP32 master weights and gradient accumulation (Megatron's main grads: fp32).
