@@ -143,6 +143,14 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
         help="with --precision fp8: Transformer Engine's scaling, delayed (default; amax history) or tensorwise "
              "(current scaling, as Megatron-Bridge's H100 recipes), block-scaled mxfp8 (Blackwell: a scale per 32 "
              "elements) or blockwise (DeepSeek-V3's 1x128 / 128x128 tiles); torchtitan: tensorwise, rowwise or mxfp8")
+    add("--fp8-activations", choices=fp8.ACTIVATION_RECIPES, default=None,
+        help="with --precision fp8: what is kept for the backward and dispatched to the experts: te (default; "
+             "Transformer Engine's FP8 GEMM-input copies) or deepseek (DeepSeek-V3 report Sec. 3.3.3: Linear inputs "
+             "cached in FP8 only, attention output in E5M6, SwiGLU inputs in FP8 with the output recomputed, FP8 "
+             "dispatch; needs --fp8-recipe blockwise; planned, not emitted)")
+    add("--optimizer-state-dtype", choices=("fp32", "bf16"), default=None,
+        help="Adam's moments: fp32 (default) or bf16 (DeepSeek-V3; Megatron-LM --use-precision-aware-optimizer "
+             "--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, with the distributed optimizer)")
     add("--pp-schedule", choices=PP_SCHEDULES, default=None,
         help="--framework fsdp: torchtitan's pipeline schedule (default 1F1B; Interleaved1F1B where VPP > 1; DualPipeV "
              "two stages a rank); --framework megatron-lm: DualPipe, DeepSeek-V3's bidirectional schedule, planned "
@@ -321,6 +329,9 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
     if getattr(args, "optimizer_offload", None) and framework != "megatron-lm":
         raise InputError(f"--optimizer-offload is Megatron-LM's (--optimizer-cpu-offload); the framework here is "
                          f"{framework}: add --framework megatron-lm or drop --optimizer-offload")
+    if getattr(args, "fp8_activations", None) and precision != "fp8":
+        raise InputError(f"--fp8-activations applies to FP8 training only (precision here: {precision}); "
+                         "add --precision fp8 or drop --fp8-activations")
     if getattr(args, "grad_reduce_dtype", None) and framework != "megatron-lm":
         raise InputError(f"--grad-reduce-dtype is Megatron-LM's (--grad-reduce-in-bf16); the framework here is "
                          f"{framework}: add --framework megatron-lm or drop --grad-reduce-dtype")
@@ -343,6 +354,8 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                                                   "--activation-offload") or (),
                         cuda_graphs=_split(getattr(args, "cuda_graphs", None), str, "--cuda-graphs") or (),
                         fp8_recipe=getattr(args, "fp8_recipe", None) or "delayed",
+                        fp8_activations=getattr(args, "fp8_activations", None) or "te",
+                        optimizer_state_dtype=getattr(args, "optimizer_state_dtype", None) or "fp32",
                         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
                         optimizer_offload=getattr(args, "optimizer_offload", None) or 0.0,
                         overlap=_overlap(getattr(args, "overlap", None)),
@@ -701,6 +714,8 @@ def run(args: argparse.Namespace) -> int:
     if training.pp_schedule == dualpipe.DUALPIPE:   # planned as DeepSeek ran it; no emitter writes it
         note += (f"plan: note: --pp-schedule DualPipe is DeepSeek-V3's schedule (planner.dualpipe), planned here as "
                  f"their run; no framework plantune emits for runs it (--emit megatron-lm refuses it). {dualpipe.EQUIVALENT}\n")
+    if fp8.deepseek_storage(training):   # the same: DeepSeek's own framework's recipe
+        note += f"plan: note: {fp8.DEEPSEEK_NOTE}\n"
     if args.explain:
         cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)
         est = estimate(model, cluster, training, cand, targets=targets)

@@ -28,7 +28,7 @@ from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.ops import GemmContext, LayerOps, gemm_s
 from planner.memory import (layer_params, layers_per_stage, param_bytes, shard_group_size, stage_params,
-                            training_param_bytes)
+                            training_param_bytes, with_state_dtype)
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
 from planner.space import Candidate, TrainingSpec
@@ -309,7 +309,7 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     params_gpu = memoized(layer_memo, ("params_gpu", cand.tp, cand.pp, cand.vpp), lambda: max(
         stage_params(model, cand, s, training.framework) for s in (("only",) if cand.pp == 1 else ("first", "last")))
         if dualpipe.parameter_copies(training.pp_schedule, cand.pp) == 1 else   # DualPipe's end ranks hold the first and the last stage
-        sum(stage_params(model, cand, s, training.framework) for s in ("first", "last")))
+        sum(stage_params(model, cand, s, training.framework, mtp_embedding=False) for s in ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
     rc = memoized(layer_memo, ("recomputed", cand.recompute, cand.pp, cand.vpp),   # full, block-N, selective, ...
                   lambda: recompute.recomputed_of(model, cand, training.framework))
@@ -325,7 +325,12 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
 
 # -- the terms (planner.terms explains the declaration; TERMS below lists them) ------------------------------------
 def compute_s(ctx: StepContext) -> float:
-    """One micro-batch's GEMMs, attention, element-wise work and host time on the busiest stage."""
+    """One micro-batch's GEMMs, attention, element-wise work and host time on the busiest stage; under DualPipe with
+    EP, on the SMs its all-to-all kernels leave in the merged chunks (`planner.dualpipe.overlapped_compute_factor`)."""
+    cand = ctx.cand
+    if cand.ep > 1 and moe.is_moe(ctx.model):
+        return ctx.stage_compute_s * dualpipe.overlapped_compute_factor(ctx.training.pp_schedule, cand.pp, cand.gas,
+                                                                        ctx.cluster.gpu.sm_count)
     return ctx.stage_compute_s
 
 
@@ -512,7 +517,7 @@ def optimizer_s(ctx: StepContext) -> float:
     """The optimizer step at HBM bandwidth: master weights and states read and written, gradients read, weights
     written (sharded by ZeRO-1+; the routed experts' over the expert-DP group)."""
     cand, training, model = ctx.cand, ctx.training, ctx.model
-    pb = param_bytes(training.precision, training.optimizer)
+    pb = with_state_dtype(param_bytes(training.precision, training.optimizer), training)   # bf16 moments: half read
     per_param = 2 * (pb.master + pb.optimizer) + pb.grads + pb.weights
     if ctx.fw.foreach_optimizer and training.optimizer == "adamw":
         per_param = FOREACH_ADAMW_BYTES + CLIP_GRAD_NORM_BYTES   # eager PyTorch's optimizer: one pass an op

@@ -41,6 +41,21 @@ NOT_EMITTED = ("Megatron-LM cannot run DualPipe (DeepSeek-V3's own schedule, Dee
 """why --emit megatron-lm refuses --pp-schedule DualPipe (planner.rules.model_violations), one line"""
 
 
+COMMUNICATION_SMS = 20
+"""SMs DeepSeek's all-to-all kernels take while a merged chunk pair computes (DeepSeek-V3 report Sec. 3.2.2: "only 20
+SMs are sufficient to fully utilize the bandwidths of IB and NVLink", warp-specialised into 10 channels)"""
+
+
+def overlapped_compute_factor(name: str, pp: int, gas: int, sm_count: int) -> float:
+    """How much longer a DualPipe rank's compute runs beside its all-to-all: the merged chunks (1 - `unmerged_share`)
+    on the SMs the communication kernels leave (`COMMUNICATION_SMS` of ``sm_count``); 1 for DualPipeV (torchtitan's
+    overlap runs on NCCL's own channels, not counted) and without a pipeline."""
+    if name != DUALPIPE or pp <= 1 or sm_count <= COMMUNICATION_SMS:
+        return 1.0
+    merged = 1.0 - unmerged_share(name, pp, gas)
+    return 1.0 + merged * COMMUNICATION_SMS / (sm_count - COMMUNICATION_SMS)
+
+
 def chunk_times(recompute: str = "none") -> tuple[float, float, float]:
     """(F, B, W) of a chunk in units of its forward (module docstring): the backward 2F, half of it W; a full recompute
     re-runs the forward inside B."""
@@ -80,6 +95,29 @@ def parameter_copies(name: str, pp: int) -> int:
     """Stages' parameters a rank holds (Table 2's "Parameter"): DualPipe keeps stage i and stage PP-1-i on rank i, 2;
     DualPipeV's two stages are the rank's own half-size ones, and every other schedule one stage: 1."""
     return 2 if name == DUALPIPE and pp > 1 else 1
+
+
+END = "end"
+"""the memory entry of DualPipe's rank 0 (and PP-1): the first and the last stage (planner.memory)"""
+MIDDLE = "middle"
+"""the memory entry of a DualPipe rank 1..PP-2: two middle stages"""
+
+
+def ranks(pp: int) -> tuple[str, ...]:
+    """The DualPipe ranks memory charges: an end rank and, from PP 4 on, a middle one (PP 2 has only end ranks)."""
+    return (END, MIDDLE) if pp >= 4 else (END,)
+
+
+def peak_chunks(pp: int, gas: int, rank: int = 0) -> tuple[int, int]:
+    """(chunks of its shallower stage, chunks of its deeper stage) whose activations DualPipe rank ``rank`` holds at
+    its peak. dualpipe.py DualPipe.step on half-rank r = min(rank, PP-1-rank), phase 0 the shallower stage (rank r
+    holds stage r and PP-1-r; ``is_in_second_half`` swaps the phases): steps 1-2 run 2(PP/2-r-1) + r + 1 phase-0 and
+    r + 1 phase-1 forward chunks, step 3 (B1 W F1) keeps the count, step 4's first pair adds a phase-0 forward beside
+    the phase-1 backward: PP - r and r + 1, PP + 1 in all (Table 2's "PP+1"); rank 0: PP chunks of the first stage
+    and one of the last. Never more than the step's micro-batches (GAS), half of which run each direction."""
+    r = min(rank, pp - 1 - rank)
+    shallow = min(pp - r, gas)
+    return shallow, max(0, min(r + 1, gas - shallow))
 
 
 def in_flight_microbatches(name: str, pp: int, gas: int) -> float:
@@ -130,5 +168,6 @@ def problems(name: str, pp: int, vpp: int, gas: int) -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["DUALPIPE", "DUALPIPE_V", "SCHEDULES", "bubble_1f1b", "bubble_dualpipe", "bubble_slots", "bubble_zb1p",
-           "chunk_times", "in_flight_microbatches", "parameter_copies", "problems", "unmerged_share"]
+__all__ = ["COMMUNICATION_SMS", "DUALPIPE", "DUALPIPE_V", "END", "MIDDLE", "SCHEDULES", "bubble_1f1b", "bubble_dualpipe", "bubble_slots", "bubble_zb1p",
+           "chunk_times", "in_flight_microbatches", "overlapped_compute_factor", "parameter_copies", "peak_chunks", "problems", "ranks",
+           "unmerged_share"]

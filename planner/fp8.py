@@ -71,6 +71,84 @@ CURRENT_SCALING_NORM_FED_BYTES = 2.0 + 2.0
 CURRENT_SCALING_AMAX_READ_BYTES = 2.0
 
 
+# What an FP8 run keeps for the backward (TrainingSpec.fp8_activations): "te", Transformer Engine's FP8 copy of each GEMM
+# input beside what the other ops keep in 16 bits (`activation_saving_bytes`); "deepseek", DeepSeek-V3's low-precision
+# storage and communication (arXiv 2412.19437 Sec. 3.3.3, `deepseek_layer_bytes`), which no framework plantune emits
+# runs (Megatron-LM keeps TE's copies; its activation_func_fp8_input_store, the SwiGLU input in FP8, is a
+# TransformerConfig field without a command-line flag, arguments.py's exclude list)
+ACTIVATION_RECIPES = ("te", "deepseek")
+# DeepSeek-V3 report Sec. 3.3.3 (1): the inputs of the Linear after attention, which the attention backward reads too,
+# kept once "in a customized E5M6 data format": 1 + 5 + 6 bits
+E5M6_BYTES = 12 / 8
+# Sec. 3.3.1: activations quantized "on a 1x128 tile basis", one FP32 scaling factor per tile: 4 bytes a 128 elements
+TILE_SCALE_BYTES = 4.0 / 128
+
+
+DEEPSEEK_NOTE = ("--fp8-activations deepseek is DeepSeek-V3's low-precision storage and dispatch (report Sec. 3.3.3), "
+                 "planned here as their run; Megatron-LM keeps Transformer Engine's FP8 copies beside the 16-bit tensors "
+                 "and dispatches in 16 bits (--emit megatron-lm refuses it): plan without --emit, or emit with "
+                 "--fp8-activations te")
+"""the stderr note `plan` prints, and why --emit megatron-lm refuses the recipe (planner.rules.model_violations)"""
+
+
+def deepseek_storage(training: "TrainingSpec") -> bool:
+    """Whether the run caches and dispatches as DeepSeek-V3 did (--fp8-activations deepseek under --precision fp8)."""
+    return training.precision == "fp8" and training.fp8_activations == "deepseek"
+
+
+def deepseek_layer_bytes(model: "ModelSpec", c: "Candidate", training: "TrainingSpec",
+                         modules: tuple[str, ...] = ()) -> float:
+    """Bytes per token one layer (the mean over the model's layers) keeps for its backward under DeepSeek-V3's
+    low-precision storage (report Sec. 3.3.3), with Megatron's --recompute-modules ``modules`` re-run (Sec. 3.2.3's
+    "recompute all RMSNorm operations and MLA up-projections": layernorm, mla_up_proj). Kept, per token:
+    - each RMSNorm's input in BF16 (2h a norm: the layer input and the residual before the MLP), which its backward and
+      its recompute read; its output, a Linear's input, cached in FP8 with its 1x128 tiles' scales ("cache activations
+      in FP8 format for the backward pass of the Linear operator"), unless the norm is recomputed; the router's input
+      in BF16 (the gating modules keep their precision, Sec. 3.3);
+    - MLA (Eq. 1-11): the latents c^Q, c^KV and the rope key in BF16 (the latent norms' inputs), their norms' outputs in
+      FP8, and Q, K, V in BF16 for the attention core unless the up-projections are recomputed; other attention Q, K, V
+      in BF16; the attention output once, in E5M6 (`E5M6_BYTES`), for the core's backward and the output projection's;
+    - MoE: the k dispatched FP8 tokens (the routed experts' FC1 input: the dispatch is in FP8), the SwiGLU inputs of
+      the routed and shared experts in FP8, their outputs recomputed (Sec. 3.3.3 (2)); the shared expert's FC1 input
+      in FP8 unless the norm is recomputed;
+    - a dense layer's MLP, which Sec. 3.3.3 (2) does not name: the FC1 input and the FC2 input in FP8, the SwiGLU's own
+      input in BF16 for its backward."""
+    from planner.model import expert_ffn
+
+    h, t = model.hidden, c.tp
+    sp = t if c.sp else 1
+    q8 = 1.0 + TILE_SCALE_BYTES
+    norms = "layernorm" in modules
+    glu = 2 if model.glu else 1
+    att = 2.0 * h / sp + (0.0 if norms else q8 * h / sp)
+    if model.kv_lora_rank:
+        latent = (model.q_lora_rank or 0) + model.kv_lora_rank
+        att += 2.0 * (latent + model.qk_rope_head_dim) + (0.0 if norms else q8 * latent)
+        v = model.v_head_dim or model.head_dim
+        if "mla_up_proj" not in modules:
+            att += 2.0 * model.heads * (2 * (model.head_dim + model.qk_rope_head_dim) + v) / t
+        out = model.heads * v
+    else:
+        att += 2.0 * (model.q_dim + 2 * model.kv_dim) / t
+        out = model.q_dim
+    att += (E5M6_BYTES + TILE_SCALE_BYTES) * out / t
+    mlp_in = 2.0 * h / sp
+    dense = 0.0
+    if "mlp" not in modules:
+        dense = (0.0 if norms else q8 * h / sp) + (q8 + 2 * glu) * model.ffn_hidden / t
+    if not moe.is_moe(model):
+        return att + mlp_in + dense
+    e, k = expert_ffn(model), model.moe_topk * moe.capacity(training)
+    if "moe" in modules:   # the whole block re-run (its all-to-all too): its input alone
+        routed = 0.0 if norms else 2.0 * h / sp
+    else:
+        routed = (0.0 if norms else (2.0 + (q8 if model.shared_experts else 0.0)) * h / sp) \
+            + k * q8 * (h + glu * e) / t \
+            + (0.0 if "shared_experts" in modules else model.shared_experts * q8 * glu * e / t)
+    share = moe.moe_layer_count(model) / model.layers
+    return att + mlp_in + share * routed + (1 - share) * dense
+
+
 def gemm_rate_factor(training: "TrainingSpec") -> float:
     """The FP8 GEMMs' rate relative to the FP8 peak's usual efficiency: ROWWISE_GEMM_EFFICIENCY under rowwise,
     BLOCK_SCALED_GEMM_EFFICIENCY under block scaling (scales read and applied per K-block in the GEMM)."""
@@ -198,9 +276,10 @@ def cast_ops(lo: "LayerOps", model: "ModelSpec", c: "Candidate", training: "Trai
     return replace(lo, ops=lo.ops + (bytes_op("fp8_casts", casts, cluster),))
 
 
-__all__ = ["BLOCK_SCALING", "FP8_RECIPES", "FRAMEWORKS_WITH_FP8", "activation_saving_bytes", "block_scale_bytes",
-           "cast_ops", "cast_traffic_bytes", "compute_precision", "fc1_input_copies", "fp8_param_gather",
-           "gemm_rate_factor", "param_gather_bytes", "violations", "weight_bytes"]
+__all__ = ["ACTIVATION_RECIPES", "BLOCK_SCALING", "DEEPSEEK_NOTE", "E5M6_BYTES", "FP8_RECIPES",
+           "FRAMEWORKS_WITH_FP8", "TILE_SCALE_BYTES", "activation_saving_bytes", "block_scale_bytes", "cast_ops",
+           "cast_traffic_bytes", "compute_precision", "deepseek_layer_bytes", "deepseek_storage", "fc1_input_copies",
+           "fp8_param_gather", "gemm_rate_factor", "param_gather_bytes", "violations", "weight_bytes"]
 
 
 def require_hardware(gpu: object, precision: str) -> None:

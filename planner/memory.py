@@ -104,7 +104,7 @@ class MemoryBreakdown:
     """Bytes on one GPU of one pipeline stage (`memory_breakdown` returns the busiest stage)."""
 
     stage: str
-    """which pipeline stage is the busiest: first | last | only"""
+    """which pipeline stage is the busiest: first | last | only; under DualPipe, which rank: end | middle"""
     params_on_gpu: int
     weights_bytes: float
     grads_bytes: float
@@ -170,6 +170,10 @@ def stage_layers(model: ModelSpec, cand: Candidate, framework: str, stage: str) 
              if framework == "megatron-lm" and cand.pp > 1 else None)
     if split is None:
         return layers_per_stage(model, cand.pp)
+    if stage == "middle" and split.middle:   # a DualPipe middle rank's stages (`planner.dualpipe.MIDDLE`)
+        return split.middle
+    if stage == dualpipe.END:   # the first stage as DualPipe's end rank holds it (its middle ranks are charged apart)
+        return split.first
     return split.last if stage == "last" else max(split.first, split.middle)
 
 
@@ -178,19 +182,29 @@ def layer_params(model: ModelSpec) -> float:
     return moe.mean_non_expert_layer_params(model) if moe.is_moe(model) else model.params_per_layer
 
 
-def stage_params(model: ModelSpec, cand: Candidate, stage: str, framework: str = "") -> int:
-    """Parameters one GPU holds on ``stage`` (first | last | only), split by TP."""
+def stage_params(model: ModelSpec, cand: Candidate, stage: str, framework: str = "", mtp_embedding: bool = True) -> int:
+    """Parameters one GPU holds on ``stage`` (first | middle | last | only), split by TP. ``mtp_embedding``: whether
+    Megatron's last stage keeps its own copy of the word embedding for the MTP layers (False where the first stage's
+    is on the same GPU: DualPipe's end rank)."""
     layers = stage_layers(model, cand, framework, stage) * layer_params(model)
     word = model.vocab * model.hidden
     embedding_in = model.embedding_params - (0 if model.tied_embeddings else word)
     if stage == "only":   # routed experts are added (over EP) by moe.add_expert_states, not here
         total = model.params - moe.moe_layer_count(model) * moe.expert_layer_params(model)
-    elif stage == "first":
+    elif stage in ("first", dualpipe.END):   # END: the first stage of DualPipe's end rank
         total = layers + embedding_in
+    elif stage == "middle":
+        total = layers
     else:  # last: the LM head (a second copy of the tied word embedding under PP, Megatron) + final norm
         total = layers + word + model.norm_params
-    if stage != "first":   # DeepSeek-V3's MTP module sits after the last layer (Megatron builds it on the last stage)
+    if stage in ("last", "only"):   # DeepSeek-V3's MTP module sits after the last layer (Megatron: on the last stage)
         total += moe.mtp_non_expert_params(model)
+    if stage == "last" and mtp_embedding and model.mtp_layers and not model.tied_embeddings \
+            and framework == "megatron-lm":
+        # Megatron-LM builds the word embedding on the MTP rank as well (megatron/core/models/gpt/gpt_model.py: "if
+        # self.pre_process or self.mtp_process: self.embedding = ..."); DeepSeek's DualPipe puts the first and the last
+        # stage on one rank so that the MTP module shares the main model's (DeepSeek-V3 report Sec. 3.2.3)
+        total += word
     return math.ceil(total / cand.tp)
 
 
@@ -279,6 +293,9 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     full = not_tp_bytes + (attn_tp + mlp_tp) * sbh / t + scores
     full -= fp8.activation_saving_bytes(cand, training.precision, sbh, f_ratio, training.flash_attention,
                                         fp8.fc1_input_copies(model, training))   # FP8 GEMM inputs
+    deepseek = fp8.deepseek_storage(training)
+    if deepseek:   # DeepSeek-V3's low-precision storage (report Sec. 3.3.3), tensor by tensor
+        full = fp8.deepseek_layer_bytes(model, cand, training) * s * b + scores
     layer_input = 2 * sbh / (t if cand.sp else 1)
     mode = recompute.parse(cand.recompute)
     kind = mode.kind if mode else cand.recompute
@@ -292,6 +309,9 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
         stored = layer_input + (2 * kept + 2) * sbh / t
     elif kind == "full":
         stored = layer_input
+    elif kind == "modules" and deepseek:
+        stored = max(layer_input, fp8.deepseek_layer_bytes(model, cand, training, mode.modules) * s * b
+                     + (0.0 if "core_attn" in mode.modules else scores))
     elif kind == "modules":
         stored = max(layer_input, full - _module_saved_bytes(model, cand, training, mode.modules, sbh, scores, kv))
     elif kind == "selective-layer":
@@ -412,9 +432,15 @@ def memory_breakdown(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
     return max(stage_memory(model, cand, cluster, training), key=lambda m: m.total_bytes)
 
 
-def pipeline_stages(cand: Candidate) -> tuple[str, ...]:
-    """The stages the memory model charges: the first and the last under PP, else the only one."""
-    return ("only",) if cand.pp == 1 else ("first", "last")
+def pipeline_stages(cand: Candidate, training: TrainingSpec | None = None) -> tuple[str, ...]:
+    """The stages the memory model charges: the first and the last under PP, else the only one; under DualPipe
+    (``training``'s schedule) its ranks, each holding two stages: an end rank (the first and the last stage) and a
+    middle one (`planner.dualpipe.ranks`)."""
+    if cand.pp == 1:
+        return ("only",)
+    if training is not None and dualpipe.parameter_copies(training.pp_schedule, cand.pp) > 1:
+        return dualpipe.ranks(cand.pp)
+    return ("first", "last")
 
 
 def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
@@ -424,7 +450,7 @@ def stage_memory(model: ModelSpec, cand: Candidate, cluster: ClusterSpec,
     act = layer_activations(model, cand, training)
     return [_breakdown(stage, stage_states(model, cand, cluster, training, stage, pb),
                        stage_dynamic(model, cand, training, stage, act), cluster)
-            for stage in pipeline_stages(cand)]
+            for stage in pipeline_stages(cand, training)]
 
 
 def host_offload_bytes(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> float:
@@ -438,7 +464,7 @@ def host_offload_bytes(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, 
         return 0.0
     pb = training_param_bytes(training)
     most = 0.0
-    for stage in pipeline_stages(cand):
+    for stage in pipeline_stages(cand, training):
         host = _host_activation_bytes(model, cand, training, stage)
         if f:
             whole = stage_states(model, cand, cluster, training, stage, pb, opt_offload=0.0)[3]
@@ -451,17 +477,32 @@ def _host_activation_bytes(model: ModelSpec, cand: Candidate, training: Training
     """`host_offload_bytes`' activations on ``stage``: 0 without an activation offload."""
     if not (cand.offload or training.activation_offload):
         return 0.0
-    lps = stage_layers(model, cand, training.framework, stage)
-    in_flight = in_flight_microbatches(cand) if stage in ("first", "only") else 1.0
-    if training.pp_schedule in dualpipe.SCHEDULES and stage != "only":
-        in_flight = dualpipe.in_flight_microbatches(training.pp_schedule, cand.pp, cand.gas)
-    return in_flight * offload.offloaded_layers(lps, cand) * offload.activation_offload_bytes(
-        model, cand, training, model.seq_len * cand.mbs) / cand.cp
+    _, lps, _, in_flight, _, tail = dynamic_frame(model, cand, training, stage)
+    layers = in_flight * offload.offloaded_layers(lps, cand)
+    if tail:   # a DualPipe end rank's chunks of its other stage
+        layers += tail[0] * offload.offloaded_layers(tail[2], cand)
+    return layers * offload.activation_offload_bytes(model, cand, training, model.seq_len * cand.mbs) / cand.cp
+
+
+# Adam's two moments per parameter in the state dtype (bytes each): fp32 4 + 4 (seed 001); bf16 2 + 2, as DeepSeek-V3
+# trained ("BF16 ... to track the first and second moments in the AdamW optimizer", report Sec. 3.3.3) and as
+# Megatron-LM's precision-aware optimizer keeps them (--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, arguments.py)
+ADAM_MOMENT_BYTES = {"fp32": 4.0, "bf16": 2.0}
+
+
+def with_state_dtype(pb: ParamBytes, training: TrainingSpec) -> ParamBytes:
+    """``pb`` with Adam's moments in ``training.optimizer_state_dtype`` (`ADAM_MOMENT_BYTES`); the fp32 master weights
+    and gradients unchanged (report Sec. 3.3.3: "the master weights ... and gradients ... are still retained in
+    FP32")."""
+    if training.optimizer_state_dtype == "fp32" or training.optimizer != "adamw":
+        return pb
+    return replace(pb, optimizer=2 * ADAM_MOMENT_BYTES[training.optimizer_state_dtype])
 
 
 def training_param_bytes(training: TrainingSpec) -> ParamBytes:
-    """Bytes per parameter for the run's precision, optimizer and framework, and its gradient-reduce dtype."""
-    pb = param_bytes(training.precision, training.optimizer, training.framework)
+    """Bytes per parameter for the run's precision, optimizer (and its state dtype) and framework, and its
+    gradient-reduce dtype."""
+    pb = with_state_dtype(param_bytes(training.precision, training.optimizer, training.framework), training)
     if training.framework == "megatron-lm" and pb.master and (
             training.grad_reduce_dtype == "bf16" or training.precision == "fp16"):
         # Megatron-LM's main-grad buffer is fp32 only under --bf16 (arguments.py: "bfloat16 requires gradient
@@ -521,9 +562,12 @@ def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     both stages' states, on either entry. ``opt_offload``: the share of the optimizer on the host, when not the
     candidate's (`planner.offload.optimizer_fraction`): the host-memory rule reads the whole optimizer (0)."""
     f = offload.optimizer_fraction(cand, training) if opt_offload is None else opt_offload
-    if stage != "only" and dualpipe.parameter_copies(training.pp_schedule, cand.pp) > 1:
-        both = [_stage_states(model, cand, cluster, training, s, pb, f) for s in ("first", "last")]
-        return tuple(a + b for a, b in zip(*both))   # type: ignore[return-value]
+    if stage in (dualpipe.END, dualpipe.MIDDLE):   # DualPipe: rank i holds stage i and stage PP-1-i
+        a, b = ([_stage_states(model, cand, cluster, training, s, pb, f) for s in (dualpipe.END, "last")]
+                if stage == dualpipe.END else [_stage_states(model, cand, cluster, training, "middle", pb, f)] * 2)
+        # the communication buffers are the GPU's, not a stage's: once
+        return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], max(a[4], b[4]), a[5] + b[5], a[6] + b[6],
+                a[7] + b[7])
     return _stage_states(model, cand, cluster, training, stage, pb, f)
 
 
@@ -538,10 +582,12 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         pb = replace(pb, weights=fp8.FP8_PARAM_BYTES)
     shard = shard_group_size(cand, cluster.gpus_per_node)
     lps = stage_layers(model, cand, training.framework, stage)
-    params = stage_params(model, cand, stage, training.framework)
+    params = stage_params(model, cand, stage, training.framework,
+                          mtp_embedding=dualpipe.parameter_copies(training.pp_schedule, cand.pp) == 1)
     weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
-        model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes, last_stage=stage != "first")
+        model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes,
+        last_stage=stage in ("last", "only"))
     optimizer *= 1 - opt_offload   # the host's share (planner.offload)
     reserved = params * pb.reserved / (shard if cand.zero >= 2 else 1)   # sharded as the gradients are
     pinned = pinned_reserve(reserved, params, shard)
@@ -559,44 +605,64 @@ def pinned_reserve(reserved: float, params: float, shard: int) -> float:
 
 
 def dynamic_frame(model: ModelSpec, cand: Candidate, training: TrainingSpec,
-                  stage: str) -> tuple[str, int, float, float, float]:
+                  stage: str) -> tuple[str, int, float, float, float, tuple[float, str, int] | None]:
     """What `stage_dynamic` reads of ``cand``'s TP, PP, VPP, MBS and GAS alone (never its recompute, offload, SP or
     CP): (the stage its stored activations are counted as, its layers, the embedding output, the micro-batches in
-    flight, the logits before CP's split). `PlanMemory` keeps one per (TP, MBS, PP, VPP, GAS) and stage."""
-    lps = stage_layers(model, cand, training.framework, stage)
+    flight, the logits before CP's split, and a DualPipe end rank's chunks of its other stage: (count, stage, layers)
+    or None). `PlanMemory` keeps one per (TP, MBS, PP, VPP, GAS) and stage."""
     embed_out = 2.0 * model.seq_len * cand.mbs * model.hidden  # embedding output / pipeline input buffer
+    fw = training.framework
+    if stage in (dualpipe.END, dualpipe.MIDDLE):
+        # DualPipe (`planner.dualpipe.peak_chunks`): the end rank PP chunks of the first stage and one of the last
+        # (with its MTP layers and the loss's logits), a middle rank PP + 1 of its two middle stages
+        shallow, deep = dualpipe.peak_chunks(cand.pp, cand.gas, 0 if stage == dualpipe.END else 1)
+        if stage == dualpipe.MIDDLE:
+            return "middle", stage_layers(model, cand, fw, "middle"), embed_out, float(shallow + deep), 0.0, None
+        logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, fw)
+        tail = (float(deep), "last", stage_layers(model, cand, fw, "last")) if deep else None
+        return dualpipe.END, stage_layers(model, cand, fw, dualpipe.END), embed_out, float(shallow), logits, tail
+    lps = stage_layers(model, cand, fw, stage)
     in_flight = in_flight_microbatches(cand) if stage == "first" else 1.0
     if training.pp_schedule in dualpipe.SCHEDULES and stage != "only":
-        # DualPipe / DualPipeV: PP + 1 stages' micro-batches in flight on a rank (DeepSeek-V3 report Table 2), the end
-        # ranks' of the larger of their stages; the LM head's logits on them too (they hold the last stage)
-        lps = max(lps, stage_layers(model, cand, training.framework, "first" if stage == "last" else "last"))
+        # DualPipeV: PP + 1/2 of a rank's micro-batches in flight (DeepSeek-V3 report Table 2, in half-size stages),
+        # the larger of its stages'; the LM head's logits on the first rank too (it holds the last stage)
+        lps = max(lps, stage_layers(model, cand, fw, "first" if stage == "last" else "last"))
         in_flight = dualpipe.in_flight_microbatches(training.pp_schedule, cand.pp, cand.gas)
         stage = "last"
-    logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, training.framework) if stage in ("last", "only") else 0.0
-    return stage, lps, embed_out, in_flight, logits
+    logits = ALLOCATOR_OVERHEAD * logits_bytes(model, cand, fw) if stage in ("last", "only") else 0.0
+    return stage, lps, embed_out, in_flight, logits, None
 
 
 def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage: str,
-                  act: LayerActivations, frame: tuple[str, int, float, float, float] | None = None,
-                  ) -> tuple[float, float]:
+                  act: LayerActivations, frame: tuple | None = None) -> tuple[float, float]:
     """(activations, logits) of a GPU on ``stage``, from ``act`` (`layer_activations` of the candidate): what reads
     TP, PP, VPP, CP, MBS and GAS besides ``act``'s TP, SP, MBS and recompute. ``frame``: `dynamic_frame` of ``cand``
     and ``stage`` when the caller keeps it."""
-    stage, lps, embed_out, in_flight, logits = frame or dynamic_frame(model, cand, training, stage)
+    stage, lps, embed_out, in_flight, logits, tail = frame or dynamic_frame(model, cand, training, stage)
+    held = in_flight * (_kept_bytes(model, cand, training, stage, lps, act) + embed_out)
+    if tail:   # a DualPipe end rank's chunks of its other stage
+        held += tail[0] * (_kept_bytes(model, cand, training, tail[1], tail[2], act) + embed_out)
+    activations = ALLOCATOR_OVERHEAD * (held + act.working_bytes)
+    return context_parallel.split_activations(activations, logits, model, cand, training)
+
+
+def _kept_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage: str, lps: int,
+                act: LayerActivations) -> float:
+    """`stored_layer_bytes` of one micro-batch on the GPU, less the module inputs an activation offload puts on the
+    host (planner.offload.modules_of)."""
     stored = stored_layer_bytes(model, cand, stage, lps, act)
-    if cand.offload or training.activation_offload:   # module inputs on the host (planner.offload.modules_of)
+    if cand.offload or training.activation_offload:
         stored -= offload.offloaded_layers(lps, cand) * min(
             offload.activation_offload_bytes(model, cand, training, model.seq_len * cand.mbs),
             max(0.0, act.stored_bytes - act.input_bytes))
-    activations = ALLOCATOR_OVERHEAD * (in_flight * (stored + embed_out) + act.working_bytes)
-    return context_parallel.split_activations(activations, logits, model, cand, training)
+    return stored
 
 
 def stored_layer_bytes(model: ModelSpec, cand: Candidate, stage: str, lps: int, act: LayerActivations) -> float:
     """Activations the ``lps`` layers of a rank (and its MTP layers) keep for one micro-batch: ``act.stored_bytes``
     each, but under block-N / uniform-N the checkpointed layers (`planner.recompute.checkpointed_layers`) keep only
     their inputs (`planner.recompute.kept_inputs`) and the others all their activations."""
-    mtp = model.mtp_layers if stage != "first" else 0   # MTP layers: a layer's activations each
+    mtp = model.mtp_layers if stage in ("last", "only") else 0   # MTP layers: a layer's activations each
     if recompute.kind(cand.recompute) not in recompute.PARTIAL:
         return (lps + mtp) * act.stored_bytes
     checkpointed = recompute.checkpointed_layers(cand.recompute, lps, cand.vpp)
@@ -658,7 +724,7 @@ class PlanMemory:
             with_ep = c if (c.ep, c.etp) == (ep, etp) else _with_modes(c, c.recompute, c.offload, ep, etp)
             states = self._states[key] = tuple(
                 (s := stage_states(self.model, with_ep, self.cluster, self.training, stage, self.pb))
-                + (model_states_bytes(*s[1:4], s[7]),) for stage in pipeline_stages(c))
+                + (model_states_bytes(*s[1:4], s[7]),) for stage in pipeline_stages(c, self.training))
         return states
 
     def _dynamic_of(self, c: Candidate, recompute: str | None = None, offload: str | None = None) -> tuple:
@@ -682,9 +748,9 @@ class PlanMemory:
             frames = self._frames.get(frame_key)
             if frames is None:
                 frames = self._frames[frame_key] = tuple(dynamic_frame(self.model, c, self.training, stage)
-                                                         for stage in pipeline_stages(c))
+                                                         for stage in pipeline_stages(c, self.training))
             dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act, frame)
-                                                 for stage, frame in zip(pipeline_stages(c), frames))
+                                                 for stage, frame in zip(pipeline_stages(c, self.training), frames))
         return dynamic
 
     def _busiest(self, states: tuple, dynamic: tuple) -> float:
@@ -778,7 +844,7 @@ class PlanMemory:
         whole = self.states_of(replace(c, opt_offload=0.0), c.ep, c.etp)
         return max(offload.optimizer_host_bytes(s[3], f, per_param)
                    + _host_activation_bytes(self.model, c, self.training, stage)
-                   for s, stage in zip(whole, pipeline_stages(c)))
+                   for s, stage in zip(whole, pipeline_stages(c, self.training)))
 
     def dynamic_by_mode(self, c: Candidate) -> dict[str, tuple]:
         """`_dynamic_of` of ``c`` by recompute mode (filled as asked): the modes `partial_mode` tries for every (EP, ETP)
@@ -820,7 +886,7 @@ class PlanMemory:
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
         """`memory_breakdown(model, c, cluster, training)`, equal field for field: the stage `max` picks there (the
         first of the largest totals), the other not built."""
-        stages, states, dynamic = pipeline_stages(c), self.states_of(c, c.ep, c.etp), self._dynamic_of(c)
+        stages, states, dynamic = pipeline_stages(c, self.training), self.states_of(c, c.ep, c.etp), self._dynamic_of(c)
         totals = [self._busiest((s,), (d,)) for s, d in zip(states, dynamic)]
         i = totals.index(max(totals))
         return _breakdown(stages[i], states[i][:8], dynamic[i], self.cluster)

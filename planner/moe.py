@@ -350,6 +350,12 @@ def dispatch_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tok
     return tokens * m.moe_topk * capacity(training) * per_token
 
 
+# DeepSeek-V3 report Sec. 3.3.3: the dispatch (the activation before the MoE up-projections) and the activation
+# gradient before the down-projections go in FP8, 1 byte and an FP32 scale per 1x128 tile (Sec. 3.3.1); the forward and
+# backward combines stay BF16
+FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
+
+
 def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tokens: int, topology: "Topology",
                        collective_s: Callable[..., float], bytes_per_value: float,
                        recomputed_layers: float | None = None) -> float:
@@ -362,12 +368,19 @@ def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec",
     if not is_moe(m) or c.ep <= 1:
         return 0.0
     per = all_to_all_s(topology, c.etp, c.ep, dispatch_bytes(m, c, training, tokens, bytes_per_value), collective_s)
-    if training.moe_dispatcher in ("deepep", "hybridep"):
-        per *= LINK_EFFICIENCY / FLEX_LINK_EFFICIENCY   # its kernels, not NCCL's, drive the links
     if recomputed_layers is None:
         recomputed_layers = recomputed_of(m, c, training.framework).layers
     calls = 4 + 2 * recomputed_layers   # full (or --recompute-modules moe): the pair again; block-N: its share
-    return calls * per * moe_layer_count(m) / m.layers
+    total = calls * per
+    if training.precision == "fp8" and training.fp8_activations == "deepseek":
+        # DeepSeek-V3 (report Sec. 3.3.3): the dispatch and the activation gradient before the down-projections (the
+        # combine's backward) in FP8 with their tiles' scales, the combine and the dispatch's backward in BF16
+        low = all_to_all_s(topology, c.etp, c.ep, dispatch_bytes(m, c, training, tokens, FP8_DISPATCH_BYTES),
+                           collective_s)
+        total = calls / 2 * (per + low)
+    if training.moe_dispatcher in ("deepep", "hybridep"):
+        total *= LINK_EFFICIENCY / FLEX_LINK_EFFICIENCY   # its kernels, not NCCL's, drive the links
+    return total * moe_layer_count(m) / m.layers
 
 
 def expert_grad_reduce_s(m: "ModelSpec", c: "Candidate", stage_layers: int, link: object,
@@ -455,7 +468,7 @@ EXPERT_GRAD_REDUCE = Term(name="expert_grad_reduce", kind=COMMUNICATION, group="
                           constants=("LINK_EFFICIENCY",))
 
 
-__all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "add_expert_states", "all_to_all_layer_s",
+__all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "FP8_DISPATCH_BYTES", "add_expert_states", "all_to_all_layer_s",
            "all_to_all_s", "attention_params", "capacity", "DISPATCHERS", "dispatch_bytes", "dispatcher_flags",
            "ranks_per_token",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",

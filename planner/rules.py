@@ -530,8 +530,11 @@ def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpe
         if c.opt_offload and fw != "megatron-lm":   # plan searches it for Megatron-LM targets only (planner.offload)
             yield Violation(Reason.FRAMEWORK_LIMIT, f"opt_offload={c.opt_offload:g} is Megatron-LM's CPU optimizer "
                                                     f"offload; {target} has none: drop opt_offload")
-        elif fw == "megatron-lm" and c.zero == 0 and offload.optimizer_fraction(c, training):
-            yield Violation(Reason.FRAMEWORK_LIMIT, "CPU optimizer offload runs Megatron's precision-aware optimizer, "
+        elif fw == "megatron-lm" and c.zero == 0 and (offload.optimizer_fraction(c, training)
+                                                       or training.optimizer_state_dtype != "fp32"):
+            what = "CPU optimizer offload" if offload.optimizer_fraction(c, training) else \
+                f"--optimizer-state-dtype {training.optimizer_state_dtype}"
+            yield Violation(Reason.FRAMEWORK_LIMIT, f"{what} runs Megatron's precision-aware optimizer, "
                                                     "which needs the distributed optimizer (optimizer_config.py: "
                                                     "'only supported with distributed optimizer'): set zero=1")
         if fw == "megatron-deepspeed":
@@ -721,6 +724,8 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                                                      "costs; plan without --emit, or drop --unfused-norm"))
     if emit and fw == "megatron-lm" and training.pp_schedule == dualpipe.DUALPIPE:
         out.append(Violation(Reason.PIPELINE_SCHEDULE, dualpipe.NOT_EMITTED))
+    if emit and fw == "megatron-lm" and fp8.deepseek_storage(training):
+        out.append(Violation(Reason.FRAMEWORK_LIMIT, fp8.DEEPSEEK_NOTE))
     if facts_target and (fw != "fsdp" or emit):   # what the model is, that the target has no argument for
         out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}")
                 for bad, what in _limits(model, facts_target) if bad]

@@ -87,6 +87,15 @@ class TrainingSpec:
     last two: --moe-token-dispatcher-type flex with that --moe-flex-dispatcher-backend)"""
     fp8_recipe: str = "delayed"
     """Transformer Engine FP8 scaling under --precision fp8 (Megatron-LM --fp8-recipe): delayed | tensorwise"""
+    fp8_activations: str = "te"
+    """what an FP8 run keeps for the backward and sends to the experts (`planner.fp8.ACTIVATION_RECIPES`): "te",
+    Transformer Engine's FP8 copies of the GEMM inputs beside the 16-bit tensors the other ops keep, the expert
+    dispatch in 16 bits; "deepseek", DeepSeek-V3's (report Sec. 3.3.3): every Linear's input cached only in FP8, the
+    attention output in E5M6, the SwiGLU input in FP8 with its output recomputed, the dispatch in FP8
+    (--fp8-activations)"""
+    optimizer_state_dtype: str = "fp32"
+    """Adam's moments: fp32 | bf16 (DeepSeek-V3 report Sec. 3.3.3; Megatron-LM --use-precision-aware-optimizer
+    --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16; --optimizer-state-dtype)"""
     grad_reduce_dtype: str = "fp32"
     """Megatron-LM's main grads under bf16: fp32 (its default) | bf16 (--grad-reduce-in-bf16)"""
     flops_attention: str = "full"
@@ -187,6 +196,28 @@ class TrainingSpec:
         if self.fp8_recipe not in ("delayed", "tensorwise", "rowwise", "mxfp8", "blockwise"):   # fp8.FP8_RECIPES
             raise InputError(f"unknown FP8 recipe {self.fp8_recipe!r}; use delayed, tensorwise, rowwise, mxfp8 or "
                              "blockwise")
+        if self.fp8_activations not in ("te", "deepseek"):   # fp8.ACTIVATION_RECIPES
+            raise InputError(f"unknown FP8 activation recipe {self.fp8_activations!r}; use te or deepseek")
+        if self.fp8_activations != "te" and self.precision != "fp8":
+            raise InputError(f"--fp8-activations {self.fp8_activations} is an FP8 recipe; add --precision fp8 or drop "
+                             "it")
+        if self.fp8_activations == "deepseek" and self.precision == "fp8" and self.fp8_recipe != "blockwise":
+            raise InputError("--fp8-activations deepseek caches in DeepSeek-V3's 1x128 tiles (report Sec. 3.3.1-3.3.3); "
+                             f"the scaling here is {self.fp8_recipe}: add --fp8-recipe blockwise")
+        if self.fp8_activations == "deepseek" and self.framework != "megatron-lm":
+            raise InputError("--fp8-activations deepseek is DeepSeek-V3's own framework's (report Sec. 3.3.3), planned "
+                             f"for Megatron-style runs (--framework megatron-lm); the framework here is {self.framework}: "
+                             "add --framework megatron-lm or drop it")
+        if self.optimizer_state_dtype not in ("fp32", "bf16"):
+            raise InputError(f"unknown optimizer state dtype {self.optimizer_state_dtype!r}; use fp32 or bf16")
+        if self.optimizer_state_dtype != "fp32" and self.optimizer != "adamw":
+            raise InputError(f"--optimizer-state-dtype {self.optimizer_state_dtype} sets Adam's moments (Megatron-LM "
+                             f"--exp-avg-dtype / --exp-avg-sq-dtype); the optimizer here is {self.optimizer}: use "
+                             "--optimizer adamw or drop it")
+        if self.optimizer_state_dtype != "fp32" and self.framework != "megatron-lm":
+            raise InputError(f"--optimizer-state-dtype {self.optimizer_state_dtype} is Megatron-LM's precision-aware "
+                             f"optimizer (--use-precision-aware-optimizer --exp-avg-dtype); the framework here is "
+                             f"{self.framework}: add --framework megatron-lm or drop it")
         if self.pp_schedule and self.pp_schedule not in PP_SCHEDULES:
             raise InputError(f"unknown pipeline schedule {self.pp_schedule!r}; use one of "
                              f"{', '.join(PP_SCHEDULES)}")

@@ -99,17 +99,45 @@ def test_deepseek_v3_run_dualpipe_against_1f1b():
     assert dual.time.ep_comm_s < 0.5 * plain.time.ep_comm_s
 
 
+def test_peak_chunks_follow_dualpipe_py_steps():
+    """dualpipe.py DualPipe.step on PP 16: half-rank r runs 2(8-r-1) + r + 1 forwards of its shallower stage and r + 1 of
+    its deeper one before step 4's first pair adds one more: rank 0 holds 16 chunks of the first stage and one of the
+    last, rank 7 (a middle rank) 9 and 8; PP + 1 = 17 on every rank (Table 2); rank 15 mirrors rank 0."""
+    assert dualpipe.peak_chunks(16, 120, 0) == (16, 1)
+    assert dualpipe.peak_chunks(16, 120, 1) == (15, 2)
+    assert dualpipe.peak_chunks(16, 120, 7) == (9, 8)
+    assert dualpipe.peak_chunks(16, 120, 15) == (16, 1)
+    assert {sum(dualpipe.peak_chunks(16, 120, r)) for r in range(16)} == {17}
+    assert dualpipe.ranks(16) == ("end", "middle") and dualpipe.ranks(2) == ("end",)
+
+
 def test_deepseek_v3_memory_holds_two_stages():
-    """2x parameters (the end rank holds the first and the last stage) and PP + 1 micro-batches in flight against
-    1F1B's PP on the first stage."""
+    """The end rank holds the first and the last stage (Table 2: 2x parameters) and, at its peak, 16 chunks of the
+    first stage and one of the last (with the MTP layer and the loss's logits); a middle rank holds two middle stages
+    and 17 chunks of them, no logits."""
+    from planner.constants import ALLOCATOR_OVERHEAD
+    from planner.memory import layer_activations, stage_layers
+
     m, cluster, t, c = _deepseek("DualPipe")
-    dual = memory_breakdown(m, c, cluster, t)
+    end, middle = stage_memory(m, c, cluster, t)
     first, last = stage_memory(m, c, cluster, replace(t, pp_schedule=""))
-    assert dual.params_on_gpu == first.params_on_gpu + last.params_on_gpu
-    assert dual.weights_bytes == first.weights_bytes + last.weights_bytes
-    # 17 micro-batches of the larger end stage against 16 of the first's
-    assert dual.activations_bytes > 17 / 16 * first.activations_bytes
-    assert dual.logits_bytes > 0   # the end rank holds the LM head as well
+    assert (end.stage, middle.stage) == ("end", "middle")
+    assert memory_breakdown(m, c, cluster, t) == max(end, middle, key=lambda b: b.total_bytes)
+    word = 129280 * 7168   # the MTP layer's embedding: the first stage's on the end rank (Megatron: its own copy)
+    assert end.params_on_gpu == first.params_on_gpu + last.params_on_gpu - word
+    assert end.weights_bytes == pytest.approx(first.weights_bytes + last.weights_bytes - 2 * word)
+    assert end.buffers_bytes == first.buffers_bytes   # one GPU's communicators, not two stages'
+    act = layer_activations(m, c, t)
+    embed = 2.0 * 4096 * 7168
+    lf, ll, lm = (stage_layers(m, c, "megatron-lm", s) for s in ("first", "last", "middle"))
+    assert (lf, ll, lm) == (4, 1, 4)
+    assert end.activations_bytes == pytest.approx(ALLOCATOR_OVERHEAD * (
+        16 * (lf * act.stored_bytes + embed) + (ll + m.mtp_layers) * act.stored_bytes + embed + act.working_bytes))
+    assert middle.activations_bytes == pytest.approx(ALLOCATOR_OVERHEAD * (17 * (lm * act.stored_bytes + embed)
+                                                                           + act.working_bytes))
+    assert end.logits_bytes > 0 and middle.logits_bytes == 0
+    # 1F1B's first stage holds 16 micro-batches of its 4 layers; the end rank one chunk of the last stage more
+    assert end.activations_bytes > first.activations_bytes
 
 
 def test_layout_rules_on_megatron_target():

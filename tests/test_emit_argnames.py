@@ -155,6 +155,7 @@ MEGATRON_LM = {
     "--pipeline-model-parallel-layout", "--mtp-num-layers",   # ModelParallelConfig / TransformerConfig fields
     "--recompute-modules",   # TransformerConfig recompute_modules
     "--optimizer-cpu-offload", "--optimizer-offload-fraction", "--use-precision-aware-optimizer",   # arguments.py
+    "--exp-avg-dtype", "--exp-avg-sq-dtype",   # arguments.py (precision-aware optimizer's Adam moments)
     "--overlap-cpu-optimizer-d2h-h2d", "--overlap-moe-expert-parallel-comm",   # arguments.py, TransformerConfig
     "--moe-shared-expert-overlap",   # TransformerConfig
     "--fine-grained-activation-offloading", "--offload-modules",   # TransformerConfig (fine_grained_activation_

@@ -53,7 +53,7 @@ MEGATRON_FLAGS = {
     "--moe-router-enable-expert-bias": False, "--moe-shared-expert-gate": False, "--rotary-scaling-factor": True,
     "--mscale": True, "--mscale-all-dim": True, "--rotary-seq-len-interpolation-factor": True,
 }
-CHOICES = {"--fp8-format": ["e4m3", "hybrid"], "--fp8-recipe": ["tensorwise", "delayed", "mxfp8"],
+CHOICES = {"--fp8-format": ["e4m3", "hybrid"], "--fp8-recipe": ["tensorwise", "delayed", "mxfp8", "blockwise"],
            "--fp8-amax-compute-algo": ["most_recent", "max"],
            "--moe-token-dispatcher-type": ["allgather", "alltoall", "flex", "alltoall_seq"],
            "--moe-flex-dispatcher-backend": ["deepep", "hybridep"],
@@ -113,6 +113,12 @@ CASES = {
                                                                            gas=128, zero=1, vpp=2, recompute="full",
                                                                            opt_offload=0.75),
                                             seq_len=4096, global_batch=8192),
+    # AdamW's moments in BF16 as DeepSeek-V3 trained (report Sec. 3.3.3): --use-precision-aware-optimizer
+    # --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, FP8 blockwise with --fp8-param-gather
+    "deepseek-bf16-moments": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,
+                                                                   zero=1, vpp=4, recompute="modules:mla_up_proj+mlp"),
+                                    seq_len=4096, global_batch=8192, precision="fp8", fp8_recipe="blockwise",
+                                    optimizer_state_dtype="bf16"),
     # CUDA graphs as Megatron-Bridge 25.11 (v0.2.0) runs Qwen3-30B-A3B on DGX-B200: TE graphs of the router and the
     # dispatcher's preprocess (QWEN3_30B_A3B_B200_FP8_CS_BASE_CONFIG: cuda_graph_scope ["moe_router", "moe_preprocess"])
     "qwen3-cuda-graphs": _setup("qwen3-30b-a3b", 8, Candidate(tp=1, pp=1, dp=8, ep=8, mbs=1, gas=64, zero=1),

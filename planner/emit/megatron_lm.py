@@ -119,6 +119,11 @@ def megatron_lm_args(setup: RunSetup) -> list[Arg]:
     if t.grad_reduce_dtype == "bf16":
         args.append(("--grad-reduce-in-bf16",))
     args += offload.megatron_lm_args(t)   # CPU optimizer offload
+    if t.optimizer_state_dtype != "fp32":   # Adam's moments in 16 bits: TE's FusedAdam under the precision-aware
+        # optimizer (arguments.py --exp-avg-dtype / --exp-avg-sq-dtype, "when enabling precision-aware-optimizer")
+        if ("--use-precision-aware-optimizer",) not in args:
+            args.append(("--use-precision-aware-optimizer",))
+        args += [("--exp-avg-dtype", t.optimizer_state_dtype), ("--exp-avg-sq-dtype", t.optimizer_state_dtype)]
     args += offload.activation_offload_args(t)   # fine-grained activation offload
     args += cuda_graphs.megatron_lm_args(t, c)   # --cuda-graph-impl / --cuda-graph-scope
     args += overlap_args(setup)

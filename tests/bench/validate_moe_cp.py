@@ -54,9 +54,15 @@ ROWS = [  # source, model, gpu, GPUs, precision, GBS, MBS, seq, TP, PP, CP, VP, 
 # up-projections recomputed (Sec. 3.2.3: modules layernorm + mla_up_proj), batch 15,360 sequences of 4,096 tokens
 # after the ramp (Sec. 4.2). Throughput: "each trillion tokens requires only 180K H800 GPU hours" (Sec. 1, Table 1),
 # 1e12 / (180e3 x 3600) = 1,543 tokens/s per GPU. The micro-batch is not published: MBS 1 and 2 are scored (GAS 120,
-# 60: even and >= 2 x PP, as DualPipe needs), and the faster that fits is shown. Its node-limited routing (each token
-# to at most 4 nodes, Sec. 2.1.2) and the 20 SMs its all-to-all kernels take (Sec. 3.2.2) are not modelled.
+# 60: even and >= 2 x PP, as DualPipe needs), and the faster that fits is shown. The 20 SMs its all-to-all kernels take
+# (Sec. 3.2.2) slow the merged chunks' compute (planner.dualpipe.overlapped_compute_factor); its node-limited routing
+# (each token to at most 4 nodes, Sec. 2.1.2) is not modelled, nor its layer split (plan takes Megatron's).
+# Its low-precision recipe (Sec. 3.3.3): activations cached in FP8 (attention output E5M6, SwiGLU inputs in FP8 with the
+# output recomputed) and dispatched in FP8 (plan's --fp8-activations deepseek), AdamW's moments in BF16
+# (--optimizer-state-dtype bf16), FP32 master weights and gradient accumulation (Megatron's main grads: fp32).
 PUBLISHED_PP_SCHEDULE = {("deepseek-v3", "H800"): "DualPipe"}
+PUBLISHED_FP8_ACTIVATIONS = {("deepseek-v3", "H800"): "deepseek"}
+PUBLISHED_OPTIMIZER_STATE_DTYPE = {("deepseek-v3", "H800"): "bf16"}
 PUBLISHED_MBS_CHOICES = {("deepseek-v3", "H800"): (1, 2)}
 
 # Recompute the Megatron-Bridge runs used where plan has the mode (same scripts): none for Llama 3 70B / 3.1 405B on H100
@@ -103,7 +109,8 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
             grad_reduce_dtype: str = "fp32", recompute: str | None = None,
             a2a_overlap: bool = False, shared_expert_overlap: bool = False,
             cuda_graphs: tuple[str, ...] = (), pp_schedule: str = "",
-            mbs_choices: tuple[int, ...] = ()) -> tuple[float, float, str] | None:
+            mbs_choices: tuple[int, ...] = (), fp8_activations: str = "te",
+            optimizer_state_dtype: str = "fp32") -> tuple[float, float, str] | None:
     """(model TFLOP/s per GPU, tokens/s per GPU, what was chosen) of the best fitting variant, or None; with
     ``recompute`` (the published one) that mode only, marked "predicted OOM" where plan says it does not fit."""
     from planner import load_model, make_cluster
@@ -114,6 +121,7 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
     cluster = make_cluster(gpu=gpu, gpus=gpus)
     t = TrainingSpec(global_batch=gbs, seq_len=seq, precision=precision, framework="megatron-lm", fp8_recipe=fp8_recipe,
                      grad_reduce_dtype=grad_reduce_dtype, cuda_graphs=cuda_graphs, pp_schedule=pp_schedule,
+                     fp8_activations=fp8_activations, optimizer_state_dtype=optimizer_state_dtype,
                      overlap=("grad-reduce", "param-gather", "p2p") + (("ep-a2a",) if a2a_overlap else ())
                      + (("shared-expert",) if shared_expert_overlap else ()))
     dp = gpus // (tp * pp * cp)
@@ -148,6 +156,8 @@ def main() -> int:
                        "blockwise" if deepseek else "delayed",
                        recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge or deepseek else None,
                        pp_schedule=PUBLISHED_PP_SCHEDULE.get((model, gpu), ""),
+                       fp8_activations=PUBLISHED_FP8_ACTIVATIONS.get((model, gpu), "te"),
+                       optimizer_state_dtype=PUBLISHED_OPTIMIZER_STATE_DTYPE.get((model, gpu), "fp32"),
                        mbs_choices=PUBLISHED_MBS_CHOICES.get((model, gpu), ()),
                        a2a_overlap=(model, gpu) in PUBLISHED_A2A_OVERLAP,
                        shared_expert_overlap=(model, gpu) in PUBLISHED_SHARED_EXPERT_OVERLAP,
