@@ -148,7 +148,7 @@ def read_packaged(path: Path, what: str) -> dict:
         stamp = (st.st_size, st.st_mtime_ns)
         try:
             with open(cache, "rb") as f:
-                cached = marshal.load(f)
+                cached = marshal.loads(f.read())   # one read: marshal.load reads a file object item by item
             if type(cached) is tuple and len(cached) == 2 and cached[0] == stamp and type(cached[1]) is dict:
                 return cached[1]
         except (OSError, EOFError, ValueError, TypeError):
@@ -185,7 +185,7 @@ def dataclass_code_cache(path: Path | None = None):
     codes: dict = {}
     try:
         with open(path, "rb") as f:
-            cached = marshal.load(f)
+            cached = marshal.loads(f.read())   # one read: marshal.load reads a file object item by item
         if type(cached) is tuple and len(cached) == 2 and cached[0] == MAGIC_NUMBER and type(cached[1]) is dict:
             codes = cached[1]
     except (OSError, EOFError, ValueError, TypeError):
