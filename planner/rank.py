@@ -479,6 +479,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     checker = Checker(model, cluster, training, targets)
     memory = PlanMemory(model, cluster, training)
     layer_times: dict[tuple, tuple] = {}   # planner.cost.layer_compute_s by its key, for this plan's candidates
+    searches: dict[tuple, PartialSearch] = {}   # `partial_search` by what it reads: recompute kind, PP, VPP
     megatron_only = all(t.framework == "megatron-lm" for t in targets)
     offload_sets = offload.searched_sets(model, training) if megatron_only else ()
     opt_fractions = offload.optimizer_searched(model, training) if megatron_only and offload.optimizer_searched_where(
@@ -509,7 +510,9 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
         extras = checker.row_extras(head, item.eps)
         if head.recompute in recompute_modes.SEARCHED:   # block / uniform / modules: each at its smallest that fits
             by_mode, states = memory.dynamic_by_mode(head), memory.row_states(head, item.eps)
-            search = partial_search(model, head, training.framework)
+            search = searches.get((head.recompute, head.pp, head.vpp))
+            if search is None:
+                search = searches[(head.recompute, head.pp, head.vpp)] = partial_search(model, head, training.framework)
             for i, (ep, etp) in enumerate(item.eps):
                 total += 1
                 mode, first = head.recompute, extras[i]
