@@ -8,12 +8,16 @@
 Pure Python: never imports torch (tests/test_planner_api.py proves it).
 """
 
-from planner.cost import CostParams
-from planner.errors import DoesNotFitError, InputError, PlantuneError
-from planner.hardware import CATALOG, Accelerator, ClusterSpec, get_accelerator, load_cluster, make_cluster
-from planner.model import PRESETS, ModelSpec, Rampup, get_preset, load_model
-from planner.rank import Estimate, Plan, estimate, plan
-from planner.space import Candidate, TrainingSpec
+from planner.files import dataclass_code_cache
+
+with dataclass_code_cache():   # the specs' dataclass methods compiled once, kept beside the bytecode
+    from planner.cost import CostParams
+    from planner.errors import DoesNotFitError, InputError, PlantuneError
+    from planner.hardware import CATALOG, Accelerator, ClusterSpec, get_accelerator, load_cluster, make_cluster
+    from planner.model import PRESETS, ModelSpec, Rampup, get_preset, load_model
+    from planner.rank import Estimate, Plan, estimate, plan
+    from planner.space import Candidate, TrainingSpec
+
 
 __all__ = ["CATALOG", "Accelerator", "Candidate", "ClusterSpec", "CostParams", "DoesNotFitError", "Estimate",
            "InputError", "ModelSpec", "PRESETS", "Plan", "PlantuneError", "Rampup", "TrainingSpec", "estimate",

@@ -650,15 +650,22 @@ def tflops_ceiling(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, trai
                    layer_memo: dict | None = None) -> float:
     """An upper bound of ``cand``'s model TFLOPs per GPU under CostParams() (`estimate_time`, `throughput`) from its
     compute term alone: every other term's exposed seconds are >= 0, so the step takes at least the busiest stage's
-    compute (`busiest_stage`) in each of its GAS slots and (outside DeepSpeed's engine, whose slowest stage and
-    bubble `deepspeed_engine_step` picks) in each bubble slot. What plan() reads to leave unscored the candidates
-    that cannot reach its top rows (planner.rank)."""
-    compute = busiest_stage(model, cand, cluster, training, layer_memo)[3]
+    compute (`busiest_stage`) in each of its GAS slots and bubble slots. Under DeepSpeed's pipeline engine
+    (`deepspeed_engine_step`) the step is GAS - 1 slots of its slowest stage and one pass of every stage (its bubble
+    `pipeline_engine.pipeline_bubble_slots` times the slowest's slot), each stage's slot at least that stage's compute:
+    at least (GAS - 1) x the busiest stage's compute + every stage's. What plan() reads to leave unscored the
+    candidates that cannot reach its top rows (planner.rank)."""
+    _, layer_s, _, compute, head_s = busiest_stage(model, cand, cluster, training, layer_memo)
     fw = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))[0]
-    slots = float(cand.gas)
-    if not (fw.deepspeed_engine and cand.pp > 1):
-        slots += fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp, cand.recompute)
-    floor_s = slots * compute * (1 - FLOOR_MARGIN)
+    if fw.deepspeed_engine and cand.pp > 1:
+        stages = pipeline_engine.engine_stages(model.layers, cand.pp)
+        per_stage = [st.compute_s(layer_s, head_s) for st in stages]   # deepspeed_engine_step's stage_compute_s
+        floor_s = ((cand.gas - 1) * max(per_stage) + sum(st.count * c for st, c in zip(stages, per_stage))) \
+            * (1 - FLOOR_MARGIN)
+    else:
+        slots = cand.gas + fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp,
+                                                      cand.recompute)
+        floor_s = slots * compute * (1 - FLOOR_MARGIN)
     if floor_s <= 0:
         return math.inf
     return flops.tflops_per_gpu(step_model_flops(model, cand, training, layer_memo), floor_s, cand.world)

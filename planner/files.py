@@ -7,6 +7,7 @@ not a mapping) the answer is one :class:`InputError` line naming the file and th
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import marshal
@@ -147,7 +148,7 @@ def read_packaged(path: Path, what: str) -> dict:
         stamp = (st.st_size, st.st_mtime_ns)
         try:
             with open(cache, "rb") as f:
-                cached = marshal.load(f)
+                cached = marshal.loads(f.read())   # one read: marshal.load reads a file object item by item
             if type(cached) is tuple and len(cached) == 2 and cached[0] == stamp and type(cached[1]) is dict:
                 return cached[1]
         except (OSError, EOFError, ValueError, TypeError):
@@ -163,6 +164,64 @@ def read_packaged(path: Path, what: str) -> dict:
         except (OSError, ValueError):
             pass
     return data
+
+
+@contextlib.contextmanager
+def dataclass_code_cache(path: Path | None = None):
+    """While the package's modules are imported (planner/__init__.py): the functions `dataclasses` writes for each
+    class (``__init__``, ``__repr__``, ``__eq__``, ``__hash__``, the frozen ``__setattr__``/``__delattr__``: source
+    text it hands to ``exec``) compiled once and kept, as marshal data, beside the bytecode caches
+    (``__pycache__/dataclasses.TAG.marshal``, stamped with the interpreter's bytecode magic number), as Python keeps
+    a module's bytecode: compiling them was ~60% of `import planner.cli` (~40 frozen classes; the classes and their
+    methods are the same, only their compilation is skipped). Keyed by the whole source text, so a changed class
+    compiles anew; written as `read_packaged` writes (not under PYTHONDONTWRITEBYTECODE), holding only the texts
+    this import used. ``dataclasses``' module-level name ``exec`` is set for the duration only (restored after).
+    ``path``: the cache file (tests)."""
+    import dataclasses
+    from importlib.util import MAGIC_NUMBER
+
+    if path is None:
+        path = Path(__file__).resolve().parent / "__pycache__" / f"dataclasses.{sys.implementation.cache_tag}.marshal"
+    codes: dict = {}
+    try:
+        with open(path, "rb") as f:
+            cached = marshal.loads(f.read())   # one read: marshal.load reads a file object item by item
+        if type(cached) is tuple and len(cached) == 2 and cached[0] == MAGIC_NUMBER and type(cached[1]) is dict:
+            codes = cached[1]
+    except (OSError, EOFError, ValueError, TypeError):
+        pass
+    used: dict = {}
+    missed = False
+
+    def cached_exec(source, globals=None, locals=None, /):
+        nonlocal missed
+        if type(source) is not str:
+            return exec(source, globals, locals)
+        code = codes.get(source)
+        if code is None:   # as exec compiles a string: "<string>", no future flags of this module
+            code, missed = compile(source, "<string>", "exec", dont_inherit=True), True
+        used[source] = code
+        return exec(code, globals, locals)
+
+    namespace = vars(dataclasses)
+    before = namespace.get("exec", cached_exec)
+    namespace["exec"] = cached_exec
+    try:
+        yield
+    finally:
+        if before is cached_exec:
+            del namespace["exec"]
+        else:
+            namespace["exec"] = before
+    if missed and not sys.dont_write_bytecode:
+        try:
+            blob = marshal.dumps((MAGIC_NUMBER, used))
+            path.parent.mkdir(exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(blob)
+            os.replace(tmp, path)
+        except (OSError, ValueError):
+            pass
 
 
 def check_out(out: Path, names: Iterable[str] | None = None, *, force: bool) -> None:

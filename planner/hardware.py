@@ -12,7 +12,6 @@ Every figure is a dense (no sparsity) datasheet number with its source; `Acceler
 
 from __future__ import annotations
 
-import difflib
 import json
 import functools
 import re
@@ -257,6 +256,8 @@ def get_accelerator(gpu_id: str, *, known: Mapping[str, Accelerator] | None = No
             raise InputError(f"GPU file {gpu_id} holds {len(found)} accelerators; --gpu takes a file of one "
                              "(its keys at the top level)")
         return next(iter(found.values()))
+    import difflib   # here: only a misspelled GPU needs it (not imported at start-up)
+
     close = difflib.get_close_matches(gpu_spelling(gpu_id), list(by_spelling), n=1, cutoff=0.6)
     hint = f" (did you mean {by_spelling[close[0]]!r}?)" if close else ""
     raise InputError(f"unknown GPU {gpu_id!r}{hint}; known: {', '.join(known)}, or a GPU YAML file "

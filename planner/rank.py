@@ -325,49 +325,69 @@ def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, fram
     return (cand, _memory_example(cand, memory)[1]) if why is _UNWORDED_MEMORY else (cand, why)
 
 
-def partial_mode(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str,
-                 ep_etp: tuple[int, int] | None = None, fits: Callable[[str], bool] | None = None,
-                 ) -> tuple[str, Violation | None]:
-    """`smallest_partial`'s recompute mode for ``cand`` (with EP, ETP ``ep_etp`` when given: plan() builds no
-    candidate it tries), and why it is ruled out (`_UNWORDED_MEMORY` when no N fits). ``fits``: ``memory.fits_under(
-    cand, ep_etp)`` when the caller has it (plan() makes it from the states and dynamic memory it looks up per row)."""
+@dataclass(frozen=True, slots=True)
+class PartialSearch:
+    """What `partial_mode` tries for one recompute kind (``block``, ``uniform``, ``modules``) on one PP and VPP:
+    built once per row by plan() (a row's candidates differ only in EP and ETP), its words once with it."""
+
+    kind: str
+    cheaper: str
+    """the mode whose fit makes the search redundant (none for block and modules, full for uniform)"""
+    modes: tuple[str, ...]
+    """the modes tried, in order: block-1 .. block-(chunk-1), uniform-2 .. uniform-chunk, the model's module sets"""
+    redundant: Violation
+    """the reason when ``cheaper`` fits already"""
+    empty: Violation | None
+    """the reason when ``modes`` is empty (None: it is not)"""
+
+
+def partial_search(model: ModelSpec, cand: Candidate, framework: str) -> PartialSearch:
+    """`partial_mode`'s modes and words for ``cand``'s recompute kind, PP and VPP."""
     kind = cand.recompute
-    if fits is None:
-        fits = memory.fits_under(cand, ep_etp)
     if kind == "modules":   # Megatron's --recompute-modules: the first of MODULE_SETS the model has that fits
-        if fits("none"):
-            return kind, Violation(Reason.REDUNDANT, "recompute=none fits already: module recompute would only re-run "
-                                                     "more of the forward")
-        sets = recompute_modes.module_sets(model)
-        found = next((s for s in sets if fits(s)), None)
-        if found is None:
-            return (sets[-1] if sets else "modules"), (_UNWORDED_MEMORY if sets else Violation(
-                Reason.MODEL_FEATURE, f"{model.name} has none of the modules plan recomputes"))
-        return found, None
+        sets = tuple(recompute_modes.module_sets(model))
+        return PartialSearch(kind, "none", sets, Violation(
+            Reason.REDUNDANT, "recompute=none fits already: module recompute would only re-run more of the forward"),
+            None if sets else Violation(Reason.MODEL_FEATURE, f"{model.name} has none of the modules plan recomputes"))
     chunk = recompute_modes.chunk_layers(model, cand.pp, cand.vpp, framework)
     cheaper = "none" if kind == "block" else "full"
-    if fits(cheaper):
-        return kind, Violation(Reason.REDUNDANT, f"recompute={cheaper} fits already: {kind} recompute would only "
-                                                 "re-run more of the forward")
     ns = range(1, chunk) if kind == "block" else range(2, chunk + 1)
+    return PartialSearch(kind, cheaper, tuple(f"{kind}-{n}" for n in ns), Violation(
+        Reason.REDUNDANT, f"recompute={cheaper} fits already: {kind} recompute would only re-run more of the forward"),
+        None if ns else Violation(Reason.REDUNDANT, f"{chunk}-layer model chunks: {kind} recompute is full recompute"))
+
+
+def partial_mode(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str,
+                 ep_etp: tuple[int, int] | None = None, fits: Callable[[str], bool] | None = None,
+                 search: PartialSearch | None = None) -> tuple[str, Violation | None]:
+    """`smallest_partial`'s recompute mode for ``cand`` (with EP, ETP ``ep_etp`` when given: plan() builds no
+    candidate it tries), and why it is ruled out (`_UNWORDED_MEMORY` when no N fits). ``fits``: ``memory.fits_under(
+    cand, ep_etp)`` when the caller has it (plan() makes it from the states and dynamic memory it looks up per row);
+    ``search``: `partial_search` of ``cand`` when the caller has it (plan(): one per row)."""
+    if fits is None:
+        fits = memory.fits_under(cand, ep_etp)
+    if search is None:
+        search = partial_search(model, cand, framework)
+    kind, modes = search.kind, search.modes
+    if fits(search.cheaper):
+        return kind, search.redundant
     if kind == "block":
         # the first index whose N fits (len: none); none fits when the largest N does not (memory falls with N)
-        lo, hi = (0, len(ns) - 1) if ns and fits(f"block-{ns[-1]}") else (len(ns), len(ns))
+        lo, hi = (0, len(modes) - 1) if modes and fits(modes[-1]) else (len(modes), len(modes))
         while lo < hi:
             mid = (lo + hi) // 2
-            if fits(f"block-{ns[mid]}"):
+            if fits(modes[mid]):
                 hi = mid
             else:
                 lo = mid + 1
-        found = ns[lo] if lo < len(ns) else None
-    else:   # uniform-N's memory is not monotone in N (fewer inputs kept, more layers re-run at once)
-        found = next((n for n in ns if fits(f"uniform-{n}")), None)
+        found = modes[lo] if lo < len(modes) else None
+    else:   # uniform-N's memory is not monotone in N (fewer inputs kept, more layers re-run at once); module sets
+        found = next((m for m in modes if fits(m)), None)   # in MODULE_SETS' order
     if found is None:
-        last = f"{kind}-{ns[-1] if ns else 1}"
-        if not ns:
-            return last, Violation(Reason.REDUNDANT, f"{chunk}-layer model chunks: {kind} recompute is full recompute")
-        return last, _UNWORDED_MEMORY
-    return f"{kind}-{found}", None
+        if not modes:
+            return ("modules" if kind == "modules" else f"{kind}-1"), search.empty
+        return modes[-1], _UNWORDED_MEMORY
+    return found, None
 
 
 def rank_key(e: Estimate) -> tuple:
@@ -460,6 +480,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     checker = Checker(model, cluster, training, targets)
     memory = PlanMemory(model, cluster, training)
     layer_times: dict[tuple, tuple] = {}   # planner.cost.layer_compute_s by its key, for this plan's candidates
+    searches: dict[tuple, PartialSearch] = {}   # `partial_search` by what it reads: recompute kind, PP, VPP
     megatron_only = all(t.framework == "megatron-lm" for t in targets)
     offload_sets = offload.searched_sets(model, training) if megatron_only else ()
     opt_fractions = offload.optimizer_searched(model, training) if megatron_only and offload.optimizer_searched_where(
@@ -490,12 +511,15 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
         extras = checker.row_extras(head, item.eps)
         if head.recompute in recompute_modes.SEARCHED:   # block / uniform / modules: each at its smallest that fits
             by_mode, states = memory.dynamic_by_mode(head), memory.row_states(head, item.eps)
+            search = searches.get((head.recompute, head.pp, head.vpp))
+            if search is None:
+                search = searches[(head.recompute, head.pp, head.vpp)] = partial_search(model, head, training.framework)
             for i, (ep, etp) in enumerate(item.eps):
                 total += 1
                 mode, first = head.recompute, extras[i]
                 if first is None:
                     fits_as = memory.fits_under_states(head, states[i], by_mode)
-                    mode, first = partial_mode(model, head, memory, training.framework, (ep, etp), fits_as)
+                    mode, first = partial_mode(model, head, memory, training.framework, (ep, etp), fits_as, search)
                     if first is None and mode != head.recompute:   # the resolved modules against the rules too
                         first = checker.extras(head, ep, etp, mode)   # (e.g. moe + CUDA graphs)
                 if first is None and host_checked:   # the user's offloads against the node's host memory

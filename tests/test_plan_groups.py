@@ -106,3 +106,31 @@ def test_plan_keeping_its_top_rows_under_fitted_params_scores_them_all():
     top = plan(model, cluster, training, params=params, allow_empty=True, free_best=True, keep=4)
     assert repr(top.candidates) == repr(whole.candidates[:4]) and repr(top.free_best) == repr(whole.free_best)
     assert top.survivors == len(whole.candidates) > 4
+
+
+@pytest.mark.parametrize("name, gpus, gpu, kw", [
+    CASES[0],   # BLOOM-176B: DeepSpeed's pipeline engine (bigscience)
+    ("175B", 1024, "A100-80GB", dict(global_batch=1536, seq_len=2048, framework="megatron-deepspeed",
+                                     flavor="microsoft")),
+    CASES[1]])
+def test_the_tflops_ceiling_bounds_every_survivor(name, gpus, gpu, kw):
+    """`planner.cost.tflops_ceiling` is at least every survivor's model TFLOPs (what plan(keep=N) relies on), under
+    DeepSpeed's pipeline engine too, where it counts GAS - 1 slots of the busiest stage and one pass of every stage
+    (the engine's bubble); there it bounds some layouts out of Megatron-DeepSpeed 175B's top rows."""
+    import planner.rank as rank
+    from planner.cost import tflops_ceiling
+
+    model, cluster, training = get_preset(name), make_cluster(gpu=gpu, gpus=gpus), TrainingSpec(**kw)
+    whole = plan(model, cluster, training, allow_empty=True)
+    assert len(whole.candidates) > 10
+    memo: dict = {}
+    for e in whole.candidates:
+        ceiling = tflops_ceiling(prepare(model, training), e.candidate, cluster, training, memo)
+        assert ceiling >= e.throughput.model_tflops_per_gpu, e.candidate
+    if name == "175B":
+        scored = []
+        score = rank._score
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(rank, "_score", lambda *a, **k: scored.append(a[3]) or score(*a, **k))
+            top = plan(model, cluster, training, allow_empty=True, keep=10)
+        assert repr(top.candidates) == repr(whole.candidates[:10]) and len(scored) < len(whole.candidates)
