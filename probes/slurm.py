@@ -12,9 +12,13 @@ A probe of W ranks takes a slice: W / gpus_per_node whole nodes (the step gets a
 or, when W is smaller than a node, W slots of one node (``--exact --gres=gpu:W`` and W/gpus_per_node
 of the node's CPUs; with ``gres=None`` slots are CPUs: ``--exact --cpus-per-task=W``). Each probe
 is ``srun --ntasks-per-node=1 --kill-on-bad-exit=1 --time=M`` of ``python -m probes.slurm task``
-on every node of its slice; that task execs ``python -u -m torch.distributed.run --nproc_per_node
-N --nnodes K --rdzv_endpoint FIRST_HOST:PORT --rdzv_backend c10d --max_restarts 0 --node_rank
-$SLURM_PROCID ...`` (BigScience's tr11-176B-ml.slurm launcher, without a shell). A probe past
+on every node of its slice; for the built-in probe that task execs `probes.forkserver`, which imports torch and
+the probe once and forks the node's N ranks (as a warm step does, below: a fresh step and fresh processes per
+probe, without a Python and torch start per rank: ~7 s of CPU for a 2-rank probe against ~15 s under torchrun,
+tests/bench/NOTES.md, "Suite time", round 13); for a framework's command (`run_command`: Megatron, torchtitan)
+it execs ``python -u -m torch.distributed.run --nproc_per_node N --nnodes K --rdzv_endpoint FIRST_HOST:PORT
+--rdzv_backend c10d --max_restarts 0 --node_rank $SLURM_PROCID ...`` (BigScience's tr11-176B-ml.slurm
+launcher, without a shell). A probe past
 its wall-clock limit has its step cancelled (``scancel JOB.STEP``) and srun's process group
 killed; the slice goes back to the pool. A node that fails two probes is set aside and listed
 in ``backend.set_aside``.
@@ -545,14 +549,16 @@ class SlurmBackend(ProbeBackend):
 
     def run_step(self, s: Slice, worker: Sequence[str], *, workdir: Path, timeout_s: float,
                  env: Mapping[str, str] | None = None, tee: bool = False, log_dir: Path | None = None,
-                 cwd: Path | None = None) -> StepOutcome:
-        """Run ``worker`` under torchrun on every node of ``s``; kill it after ``timeout_s``."""
+                 cwd: Path | None = None, forkserver: bool = False) -> StepOutcome:
+        """Run ``worker`` under torchrun on every node of ``s`` (``forkserver``: ``-m probes.train ...`` forked by
+        `probes.forkserver`, which needs ``log_dir``); kill it after ``timeout_s``."""
         workdir.mkdir(parents=True, exist_ok=True)
         step_name = f"plantune-{uuid.uuid4().hex[:10]}"
         overrides = probe_env({**self.env, **(env or {})})
         full_env = {**os.environ, **overrides}
         argv = self.srun_argv(s, step_name=step_name, time_limit_s=min(timeout_s, self.time_limit_s) + 60,
-                              task_argv=self.task_argv(s, worker=worker, rdzv_id=step_name, log_dir=log_dir, tee=tee))
+                              task_argv=self.task_argv(s, worker=worker, rdzv_id=step_name, log_dir=log_dir, tee=tee,
+                                                       forkserver=forkserver))
         cwd = Path(cwd or REPO_ROOT)
         command = {"argv": argv, "cwd": str(cwd), "env": overrides, "timeout_s": timeout_s,
                    "hosts": list(s.hosts), "procs_per_node": s.procs_per_node, "job_id": self.job_id,
@@ -662,7 +668,8 @@ class SlurmBackend(ProbeBackend):
         spawned = time.time()
         try:
             worker = ["-m", "probes.train", "--spec", str(spec_path), "--out", str(workdir)]
-            step = self.run_step(s, worker, workdir=workdir, timeout_s=timeout_s, log_dir=workdir / "logs")
+            step = self.run_step(s, worker, workdir=workdir, timeout_s=timeout_s, log_dir=workdir / "logs",
+                                 forkserver=True)
         finally:
             self.pool.release(s)
         ended = time.time()

@@ -147,19 +147,26 @@ CLOSED_STATES = {"CANCELLED", "COMPLETED", "COMPLETING", "FAILED", "TIMEOUT", "N
 """job states after which SLURM holds none of the job's resources (COMPLETING: being released now)"""
 
 
-def _given_back(cluster: LocalSlurmCluster, job: str) -> bool:
-    """The job has ended or is releasing its nodes; a job slurmctld no longer knows has ended too."""
+def _job_state(cluster: LocalSlurmCluster, job: str) -> str | None:
+    """The job's JobState; None once slurmctld no longer knows it."""
     shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=cluster.env(), capture_output=True, text=True,
                            timeout=HANG_GUARD_S, check=False).stdout
-    state = next((f.split("=", 1)[1] for f in shown.split() if f.startswith("JobState=")), None)
+    return next((f.split("=", 1)[1] for f in shown.split() if f.startswith("JobState=")), None)
+
+
+def _given_back(cluster: LocalSlurmCluster, job: str) -> bool:
+    """The job has ended or is releasing its nodes; a job slurmctld no longer knows has ended too."""
+    state = _job_state(cluster, job)
     return state is None or state in CLOSED_STATES
 
 
 def _wait_until_ended(cluster: LocalSlurmCluster, job: str, time_limit_min: int) -> bool:
-    """Wait for a running job to end. The bound is the job's own --time: SLURM ends it then (plus its
-    KillWait), so the wait does not depend on how fast this machine runs the job."""
+    """Wait for a running job to end, its nodes released too (past COMPLETING, which a loaded machine can show for
+    seconds after the script's exit: its final state, COMPLETED or another, is what the caller checks). The bound
+    is the job's own --time: SLURM ends it then (plus its KillWait), so the wait does not depend on how fast this
+    machine runs the job."""
     deadline = time.monotonic() + time_limit_min * 60 + 60
-    while not _given_back(cluster, job):
+    while (state := _job_state(cluster, job)) is not None and (state not in CLOSED_STATES or state == "COMPLETING"):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.5)
