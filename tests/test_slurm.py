@@ -10,6 +10,7 @@ programs are missing or the user is not root.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -99,6 +100,7 @@ def test_step_and_task_commands_are_argument_lists():
                              tee=True)
     argv = backend.srun_argv(s, step_name="plantune-x", time_limit_s=600, task_argv=task)
     assert argv[:2] == ["srun", "--jobid=4242"]
+    assert task[1:4] == ["-m", "probes.slurm_task", "task"] and "--forkserver" not in task   # a light module per node
     for flag in ("--nodes=2", "--ntasks-per-node=1", "--nodelist=jean-zay-iam01,jean-zay-iam02",
                  "--kill-on-bad-exit=1", "--time=10", "--gres=gpu:8"):
         assert flag in argv
@@ -185,6 +187,9 @@ def test_probe_on_the_reservation(slurm_cluster, tmp_path):
         assert result.world_size == 2 and result.step_time_median_s > 0
         assert result.extra["hosts"] == [slurm_cluster.hostname]
         assert (tmp_path / "rank0.stdout").exists() and (tmp_path / "rank1.stdout").exists()
+        argv = json.loads((tmp_path / "command.json").read_text())["argv"]
+        task = argv[argv.index("-m") + 1:]
+        assert task[:2] == ["probes.slurm_task", "task"] and "--forkserver" in task   # the ranks forked, not torchrun's
     assert _given_back(slurm_cluster, str(job))  # the allocation was given back
 
 
