@@ -11,10 +11,14 @@ otherwise ``salloc --no-shell`` asks for ``nodes`` nodes (with ``--reservation``
 A probe of W ranks takes a slice: W / gpus_per_node whole nodes (the step gets all of each node),
 or, when W is smaller than a node, W slots of one node (``--exact --gres=gpu:W`` and W/gpus_per_node
 of the node's CPUs; with ``gres=None`` slots are CPUs: ``--exact --cpus-per-task=W``). Each probe
-is ``srun --ntasks-per-node=1 --kill-on-bad-exit=1 --time=M`` of ``python -m probes.slurm task``
-on every node of its slice; that task execs ``python -u -m torch.distributed.run --nproc_per_node
-N --nnodes K --rdzv_endpoint FIRST_HOST:PORT --rdzv_backend c10d --max_restarts 0 --node_rank
-$SLURM_PROCID ...`` (BigScience's tr11-176B-ml.slurm launcher, without a shell). A probe past
+is ``srun --ntasks-per-node=1 --kill-on-bad-exit=1 --time=M`` of ``python -m probes.slurm_task task``
+on every node of its slice; for the built-in probe that task execs `probes.forkserver`, which imports torch and
+the probe once and forks the node's N ranks (as a warm step does, below: a fresh step and fresh processes per
+probe, without a Python and torch start per rank: ~7 s of CPU for a 2-rank probe against ~15 s under torchrun,
+tests/bench/NOTES.md, "Suite time", round 13); for a framework's command (`run_command`: Megatron, torchtitan)
+it execs ``python -u -m torch.distributed.run --nproc_per_node N --nnodes K --rdzv_endpoint FIRST_HOST:PORT
+--rdzv_backend c10d --max_restarts 0 --node_rank $SLURM_PROCID ...`` (BigScience's tr11-176B-ml.slurm
+launcher, without a shell). A probe past
 its wall-clock limit has its step cancelled (``scancel JOB.STEP``) and srun's process group
 killed; the slice goes back to the pool. A node that fails two probes is set aside and listed
 in ``backend.set_aside``.
@@ -33,7 +37,6 @@ As with any srun, this Python and the repository must be at the same paths on ev
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -59,6 +62,7 @@ from probes.outcome import classify
 from probes.phases import MARKS_FILE, phases_of, read_marks
 from probes.result import ProbeResult, ProbeSpec
 from probes.slurm_guard import SlurmGuard
+from probes.slurm_task import forkserver_task_argv, main, torchrun_task_argv  # noqa: F401 -- re-exported
 from probes.steps import OnStep
 from probes.warm import WarmPool, WarmWorkers
 
@@ -242,58 +246,6 @@ class SlicePool:
                     newly.append(h)
             self._cond.notify_all()
         return newly
-
-
-# -- the per-node task: srun runs this once per node of a slice --------------------------------------
-
-def torchrun_task_argv(*, nproc_per_node: int, nnodes: int, master: str, port: int, node_rank: int | str,
-                       rdzv_id: str, worker: Sequence[str], log_dir: Path | None = None, tee: bool = False,
-                       python: str = sys.executable) -> list[str]:
-    """BigScience's per-node launcher line as an argument list; ``worker`` is ``-m module ...`` or ``script ...``
-    (started behind a `probes.lifeline`: it dies with torchrun)."""
-    argv = [python, "-u", "-m", "torch.distributed.run", "--nproc_per_node", str(nproc_per_node),
-            "--nnodes", str(nnodes), "--rdzv_endpoint", f"{master}:{port}", "--rdzv_backend", "c10d",
-            "--rdzv_id", rdzv_id, "--max_restarts", "0", "--node_rank", str(node_rank)]
-    if log_dir is not None:
-        argv += ["--log_dir", str(log_dir)]
-    if tee:
-        argv += ["--tee", "3"]
-    elif log_dir is not None:
-        argv += ["--redirects", "3"]
-    return argv + lifeline.worker_module_args(list(worker), python=python)
-
-
-def forkserver_task_argv(*, nproc_per_node: int, nnodes: int, master: str, port: int, node_rank: int,
-                         log_dir: Path, train_args: Sequence[str], python: str = sys.executable) -> list[str]:
-    """A warm pool's per-node launcher line: `probes.forkserver` forks this node's ranks of ``probes.train
-    TRAIN_ARGS`` (rank 0's store at ``master:port``), in place of torchrun's worker processes."""
-    return [python, "-u", "-m", "probes.forkserver", "--nproc", str(nproc_per_node), "--nnodes", str(nnodes),
-            "--node-rank", str(node_rank), "--master", f"{master}:{port}", "--log-dir", str(log_dir), "--",
-            *train_args]
-
-
-def _task_main(args: argparse.Namespace) -> int:
-    """Inside an srun task: fill in this node's rank and exec torchrun, or the fork server (no shell, no
-    expansion); it keeps this pid, which its workers' lifelines check as their parent's."""
-    node_rank = int(os.environ.get("SLURM_PROCID", "0"))
-    log_dir = Path(args.log_dir) / f"node{node_rank}" if args.log_dir else None
-    worker = list(args.worker)
-    if worker and worker[0] == "--":
-        worker = worker[1:]
-    if args.forkserver:
-        if log_dir is None or worker[:2] != ["-m", "probes.train"]:
-            print("probes.slurm task --forkserver needs --log-dir and the worker -m probes.train ...",
-                  file=sys.stderr)
-            return 2
-        argv = forkserver_task_argv(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, master=args.master,
-                                    port=args.port, node_rank=node_rank, log_dir=log_dir, train_args=worker[2:])
-    else:
-        argv = torchrun_task_argv(nproc_per_node=args.nproc_per_node, nnodes=args.nnodes, master=args.master,
-                                  port=args.port, node_rank=node_rank, rdzv_id=args.rdzv_id, worker=worker,
-                                  log_dir=log_dir, tee=args.tee)
-    os.environ.update(lifeline.parent_env())
-    os.execv(argv[0], argv)
-    return 127  # not reached
 
 
 # -- running one step -----------------------------------------------------------------------------
@@ -500,9 +452,9 @@ class SlurmBackend(ProbeBackend):
 
     def task_argv(self, s: Slice, *, worker: Sequence[str], rdzv_id: str, log_dir: Path | None, tee: bool,
                   forkserver: bool = False) -> list[str]:
-        """``python -m probes.slurm task ...`` for slice ``s``; ``forkserver``: the node's ranks are forked by
+        """``python -m probes.slurm_task task ...`` for slice ``s``; ``forkserver``: the node's ranks are forked by
         `probes.forkserver` (a warm pool's ``-m probes.train --serve``), not started by torchrun."""
-        argv = [sys.executable, "-m", "probes.slurm", "task", "--nproc-per-node", str(s.procs_per_node),
+        argv = [sys.executable, "-m", "probes.slurm_task", "task", "--nproc-per-node", str(s.procs_per_node),
                 "--nnodes", str(s.nnodes), "--master", s.master, "--port", str(s.port), "--rdzv-id", rdzv_id]
         if log_dir is not None:
             argv += ["--log-dir", str(log_dir)]
@@ -545,14 +497,16 @@ class SlurmBackend(ProbeBackend):
 
     def run_step(self, s: Slice, worker: Sequence[str], *, workdir: Path, timeout_s: float,
                  env: Mapping[str, str] | None = None, tee: bool = False, log_dir: Path | None = None,
-                 cwd: Path | None = None) -> StepOutcome:
-        """Run ``worker`` under torchrun on every node of ``s``; kill it after ``timeout_s``."""
+                 cwd: Path | None = None, forkserver: bool = False) -> StepOutcome:
+        """Run ``worker`` under torchrun on every node of ``s`` (``forkserver``: ``-m probes.train ...`` forked by
+        `probes.forkserver`, which needs ``log_dir``); kill it after ``timeout_s``."""
         workdir.mkdir(parents=True, exist_ok=True)
         step_name = f"plantune-{uuid.uuid4().hex[:10]}"
         overrides = probe_env({**self.env, **(env or {})})
         full_env = {**os.environ, **overrides}
         argv = self.srun_argv(s, step_name=step_name, time_limit_s=min(timeout_s, self.time_limit_s) + 60,
-                              task_argv=self.task_argv(s, worker=worker, rdzv_id=step_name, log_dir=log_dir, tee=tee))
+                              task_argv=self.task_argv(s, worker=worker, rdzv_id=step_name, log_dir=log_dir, tee=tee,
+                                                       forkserver=forkserver))
         cwd = Path(cwd or REPO_ROOT)
         command = {"argv": argv, "cwd": str(cwd), "env": overrides, "timeout_s": timeout_s,
                    "hosts": list(s.hosts), "procs_per_node": s.procs_per_node, "job_id": self.job_id,
@@ -662,7 +616,8 @@ class SlurmBackend(ProbeBackend):
         spawned = time.time()
         try:
             worker = ["-m", "probes.train", "--spec", str(spec_path), "--out", str(workdir)]
-            step = self.run_step(s, worker, workdir=workdir, timeout_s=timeout_s, log_dir=workdir / "logs")
+            step = self.run_step(s, worker, workdir=workdir, timeout_s=timeout_s, log_dir=workdir / "logs",
+                                 forkserver=True)
         finally:
             self.pool.release(s)
         ended = time.time()
@@ -793,24 +748,6 @@ class SlurmWarmPool(WarmPool):
         if self.cancelled_step:
             extra["cancelled_step"] = self.cancelled_step
         return extra
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probes.slurm",
-                                     description="internal: the per-node task srun starts for a probe")
-    sub = parser.add_subparsers(dest="command", required=True)
-    task = sub.add_parser("task", help="exec torchrun for this node of a slice (run by srun)")
-    task.add_argument("--nproc-per-node", type=int, required=True)
-    task.add_argument("--nnodes", type=int, required=True)
-    task.add_argument("--master", required=True)
-    task.add_argument("--port", type=int, required=True)
-    task.add_argument("--rdzv-id", required=True)
-    task.add_argument("--log-dir", default=None)
-    task.add_argument("--tee", action="store_true")
-    task.add_argument("--forkserver", action="store_true", help="fork the ranks from one process (probes.forkserver)")
-    task.add_argument("worker", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    return _task_main(args)
 
 
 if __name__ == "__main__":

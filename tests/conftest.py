@@ -13,6 +13,30 @@ import pytest
 # threads, and a tiny model's step costs ~10x the CPU (count_step_flops: 4.7 s against 0.5 s, measured 2026-11-28).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+def _sqlite_commits_without_fsync() -> None:
+    """The studies the tests run in this process (SQLite files under tmp_path) commit without an fsync
+    (``PRAGMA synchronous=OFF``): each commit still reaches the operating system before the call returns, so every
+    reader, a later run and a test's Ctrl-C or crash see it, as they would with fsync; only an operating-system crash
+    could lose it, which no test makes. Optuna commits once per trial attribute, and on this 2-core machine's disk the
+    fsync took 3-20 ms of wall time each, the worker idle meanwhile (tests/bench/NOTES.md, "Suite time", round 13).
+    `tune` itself, and every tuner a test starts as a process, keeps SQLite's default (synchronous=FULL)."""
+    try:
+        import sqlite3
+
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine
+    except ImportError:
+        return
+
+    @event.listens_for(Engine, "connect")
+    def _no_fsync(dbapi_connection, _record) -> None:
+        if isinstance(dbapi_connection, sqlite3.Connection):
+            dbapi_connection.execute("PRAGMA synchronous=OFF")
+
+
+_sqlite_commits_without_fsync()
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))

@@ -45,7 +45,7 @@ def test_the_failure_summary_reads_as_torchruns():
 
 
 def test_a_slurm_warm_step_runs_a_fork_server_per_node():
-    from probes.slurm import forkserver_task_argv, main
+    from probes.slurm_task import forkserver_task_argv, main
 
     argv = forkserver_task_argv(nproc_per_node=8, nnodes=2, master="n1", port=6000, node_rank=1,
                                 log_dir=Path("/p/logs/node1"), train_args=["--serve", "/p"])
@@ -116,7 +116,7 @@ def test_a_terminated_server_stops_and_reaps_its_ranks(tmp_path):
 
 @pytest.mark.slow
 def test_ranks_of_two_servers_meet_at_the_master(tmp_path):
-    """Two fork servers as the two nodes of a SLURM warm step would run them (`probes.slurm` task --forkserver)."""
+    """Two fork servers as the two nodes of a SLURM step would run them (`probes.slurm_task` task --forkserver)."""
     pytest.importorskip("torch")
     spec_path, out = _probe_files(tmp_path, tiny_spec(dp=2, gas=1))
     with socket.socket() as s:          # a port for rank 0's store (the SLURM backend reserves one per slice)

@@ -10,6 +10,7 @@ programs are missing or the user is not root.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -99,6 +100,7 @@ def test_step_and_task_commands_are_argument_lists():
                              tee=True)
     argv = backend.srun_argv(s, step_name="plantune-x", time_limit_s=600, task_argv=task)
     assert argv[:2] == ["srun", "--jobid=4242"]
+    assert task[1:4] == ["-m", "probes.slurm_task", "task"] and "--forkserver" not in task   # a light module per node
     for flag in ("--nodes=2", "--ntasks-per-node=1", "--nodelist=jean-zay-iam01,jean-zay-iam02",
                  "--kill-on-bad-exit=1", "--time=10", "--gres=gpu:8"):
         assert flag in argv
@@ -147,19 +149,26 @@ CLOSED_STATES = {"CANCELLED", "COMPLETED", "COMPLETING", "FAILED", "TIMEOUT", "N
 """job states after which SLURM holds none of the job's resources (COMPLETING: being released now)"""
 
 
-def _given_back(cluster: LocalSlurmCluster, job: str) -> bool:
-    """The job has ended or is releasing its nodes; a job slurmctld no longer knows has ended too."""
+def _job_state(cluster: LocalSlurmCluster, job: str) -> str | None:
+    """The job's JobState; None once slurmctld no longer knows it."""
     shown = subprocess.run(["scontrol", "-o", "show", "job", job], env=cluster.env(), capture_output=True, text=True,
                            timeout=HANG_GUARD_S, check=False).stdout
-    state = next((f.split("=", 1)[1] for f in shown.split() if f.startswith("JobState=")), None)
+    return next((f.split("=", 1)[1] for f in shown.split() if f.startswith("JobState=")), None)
+
+
+def _given_back(cluster: LocalSlurmCluster, job: str) -> bool:
+    """The job has ended or is releasing its nodes; a job slurmctld no longer knows has ended too."""
+    state = _job_state(cluster, job)
     return state is None or state in CLOSED_STATES
 
 
 def _wait_until_ended(cluster: LocalSlurmCluster, job: str, time_limit_min: int) -> bool:
-    """Wait for a running job to end. The bound is the job's own --time: SLURM ends it then (plus its
-    KillWait), so the wait does not depend on how fast this machine runs the job."""
+    """Wait for a running job to end, its nodes released too (past COMPLETING, which a loaded machine can show for
+    seconds after the script's exit: its final state, COMPLETED or another, is what the caller checks). The bound
+    is the job's own --time: SLURM ends it then (plus its KillWait), so the wait does not depend on how fast this
+    machine runs the job."""
     deadline = time.monotonic() + time_limit_min * 60 + 60
-    while not _given_back(cluster, job):
+    while (state := _job_state(cluster, job)) is not None and (state not in CLOSED_STATES or state == "COMPLETING"):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.5)
@@ -178,6 +187,9 @@ def test_probe_on_the_reservation(slurm_cluster, tmp_path):
         assert result.world_size == 2 and result.step_time_median_s > 0
         assert result.extra["hosts"] == [slurm_cluster.hostname]
         assert (tmp_path / "rank0.stdout").exists() and (tmp_path / "rank1.stdout").exists()
+        argv = json.loads((tmp_path / "command.json").read_text())["argv"]
+        task = argv[argv.index("-m") + 1:]
+        assert task[:2] == ["probes.slurm_task", "task"] and "--forkserver" in task   # the ranks forked, not torchrun's
     assert _given_back(slurm_cluster, str(job))  # the allocation was given back
 
 
