@@ -154,16 +154,24 @@ def read_packaged(path: Path, what: str) -> dict:
         except (OSError, EOFError, ValueError, TypeError):
             pass
     data = _parse_mapping(path, read_text(path, what), what, packaged=True)
-    if stamp is not None and not sys.dont_write_bytecode:
-        try:
-            blob = marshal.dumps((stamp, data))
-            cache.parent.mkdir(exist_ok=True)
-            tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(blob)
-            os.replace(tmp, cache)
-        except (OSError, ValueError):
-            pass
+    if stamp is not None:
+        _write_marshal(cache, (stamp, data))
     return data
+
+
+def _write_marshal(path: Path, value: object) -> None:
+    """``value`` as marshal data at ``path``, beside the bytecode caches and as Python writes them: not under
+    PYTHONDONTWRITEBYTECODE, whole or not at all (a temporary file renamed), silently not where it cannot."""
+    if sys.dont_write_bytecode:
+        return
+    try:
+        blob = marshal.dumps(value)
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
+    except (OSError, ValueError):
+        pass
 
 
 @contextlib.contextmanager
@@ -213,15 +221,8 @@ def dataclass_code_cache(path: Path | None = None):
             del namespace["exec"]
         else:
             namespace["exec"] = before
-    if missed and not sys.dont_write_bytecode:
-        try:
-            blob = marshal.dumps((MAGIC_NUMBER, used))
-            path.parent.mkdir(exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_bytes(blob)
-            os.replace(tmp, path)
-        except (OSError, ValueError):
-            pass
+    if missed:
+        _write_marshal(path, (MAGIC_NUMBER, used))
 
 
 def check_out(out: Path, names: Iterable[str] | None = None, *, force: bool) -> None:
