@@ -70,11 +70,12 @@ def optimizer_searched(model: "ModelSpec", training: "TrainingSpec") -> tuple[fl
     use), when the user gave no --optimizer-offload (then that is every layout's). Dense models are not searched: the
     CPU Adam rate is a datasheet bound no run here has measured, and on a dense plan it would reorder the top rows
     (GPT-3 175B FP8 on 512 H100: the best would offload a quarter to three quarters of it); --optimizer-offload
-    still plans it there."""
+    still plans it there. Not under 16-bit moments: Megatron's HybridDeviceOptimizer keeps them fp32
+    (`planner.space.offload_moments_conflict`)."""
     from planner import moe
 
     if training.framework != "megatron-lm" or training.optimizer != "adamw" or training.optimizer_offload \
-            or not moe.is_moe(model):
+            or training.optimizer_state_dtype != "fp32" or not moe.is_moe(model):
         return ()
     return OPTIMIZER_FRACTIONS
 

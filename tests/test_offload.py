@@ -279,6 +279,46 @@ def test_optimizer_offload_rules_say_why():
     assert any(v.reason is Reason.FRAMEWORK_LIMIT and "drop opt_offload" in v.detail for v in e.reasons)
 
 
+def test_bf16_moments_and_the_cpu_optimizer_offload_are_refused_together(capsys):
+    """Megatron's HybridDeviceOptimizer keeps fp32 moments whatever --exp-avg-dtype says (optimizer/__init__.py):
+    the user's pair is refused (exit 2, one line), a layout's opt_offload under bf16 moments is a framework limit at
+    --explain, and plan does not search the offload under bf16 moments."""
+    from planner.cli import main
+    from planner.offload import optimizer_searched
+    from planner.rules import Reason
+
+    with pytest.raises(InputError, match="HybridDeviceOptimizer keeps fp32 Adam moments"):
+        TrainingSpec(global_batch=8, seq_len=128, framework="megatron-lm", optimizer_offload=0.5,
+                     optimizer_state_dtype="bf16")
+    t = TrainingSpec(global_batch=8192, seq_len=4096, framework="megatron-lm", optimizer_state_dtype="bf16")
+    assert optimizer_searched(load_model("deepseek-v3"), t) == ()
+    e = estimate(load_model("deepseek-v3"), make_cluster(gpu="H100-SXM", gpus=1024), t, replace(C, opt_offload=0.5))
+    assert any(v.reason is Reason.FRAMEWORK_LIMIT and "drop opt_offload or --optimizer-state-dtype" in v.detail
+               for v in e.reasons)
+    rc = main(["--model", "deepseek-v3", "--gpus", "1024", "--gpu", "H100-SXM", "--global-batch", "8192",
+               "--framework", "megatron-lm", "--optimizer-state-dtype", "bf16", "--optimizer-offload", "0.5"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--exp-avg-dtype" in err
+
+
+def test_megatron_builds_the_hybrid_optimizer_without_the_moments_dtype():
+    """The source fact behind the refusal: in get_megatron_optimizer's --optimizer-cpu-offload branch the
+    HybridDeviceOptimizer gets lr, betas, eps and no exp_avg_dtype (the non-offloaded FusedAdam's kwargs take it),
+    and its sub-optimizers step fp32 copies (param_update_in_fp32=True), so the moments (zeros_like) are fp32."""
+    import os
+    from pathlib import Path
+
+    src = os.environ.get("MEGATRON_LM_SRC")
+    init = Path(src or ".") / "megatron" / "core" / "optimizer" / "__init__.py"
+    if not src or not init.is_file():
+        pytest.skip("MEGATRON_LM_SRC not set to a Megatron-LM checkout")
+    text = init.read_text()
+    offload = text[text.index("if config.optimizer_cpu_offload:"):text.index("elif config.optimizer == 'adam':")]
+    assert "HybridDeviceOptimizer(" in offload and "param_update_in_fp32=True" in offload
+    assert "exp_avg_dtype" not in offload
+    assert '"exp_avg_dtype": config.exp_avg_dtype' in text   # the GPU-only precision-aware path does pass it
+
+
 def test_explain_and_emit_carry_the_layouts_optimizer_offload(capsys, tmp_path):
     """--explain opt_offload=F shows what it saves and costs and the host memory it pins; --emit writes Megatron's
     flags (the layout's fraction folded into the training's, planner.emit.setup)."""
