@@ -120,6 +120,9 @@ class TrainingSpec:
     optimizer_offload: float = 0.0
     """fraction of the optimizer states Megatron-LM keeps on the host (--optimizer-cpu-offload
     --optimizer-offload-fraction; `planner.offload`); 0: none"""
+    offload_search: bool = True
+    """whether plan searches activation and CPU optimizer offload on Megatron-LM MoE layouts memory rules out
+    (`planner.offload.searched_sets`, `optimizer_searched`); False: --no-offload-search"""
     eager_ops: bool = False
     """the element-wise ops run as PyTorch ops, one kernel each (planner.ops.eager_elementwise_bytes), under a
     framework that would fuse them: a trainer outside plantune's emitters (Hagemann et al.'s Megatron-style one);

@@ -184,6 +184,26 @@ def test_offload_is_not_searched_when_given_or_on_dense_models():
     assert searched_sets(load_model("deepseek-v3"), replace(dense, framework="fsdp")) == ()
 
 
+def test_no_offload_search_keeps_only_the_layouts_that_fit_without(capsys):
+    """--no-offload-search (TrainingSpec.offload_search): neither offload is searched; what is left is exactly the
+    default plan's rows without one; the flag is refused in one line where plan searches nothing."""
+    from planner.cli import main
+    from planner.offload import optimizer_searched, searched_sets
+
+    t = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm", offload_search=False)
+    assert searched_sets(load_model("deepseek-v3"), t) == () and optimizer_searched(load_model("deepseek-v3"), t) == ()
+    default, off = _plan_offloading(), _plan_offloading(offload_search=False)
+    assert any(e.candidate.offload or e.candidate.opt_offload for e in default.candidates)
+    assert not any(e.candidate.offload or e.candidate.opt_offload for e in off.candidates)
+    assert [e.candidate for e in off.candidates] == \
+        [e.candidate for e in default.candidates if not (e.candidate.offload or e.candidate.opt_offload)]
+    for argv, what in ((["--model", "llama3-8b", "--gpus", "8", "--framework", "megatron-lm"], "dense"),
+                       (["--model", "deepseek-v3", "--gpus", "1024", "--framework", "fsdp"], "fsdp")):
+        rc = main([*argv, "--gpu", "H100-SXM", "--no-offload-search"])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "--no-offload-search" in err and what in err
+
+
 def test_plan_table_json_and_emit_carry_the_offload(capsys, tmp_path):
     """The ranked table has an offload column and each offloaded row's cost; the JSON row its offload_cost; the
     emitted run the Megatron-LM flags (the layout's offload folded into the training's, planner.emit.setup)."""
