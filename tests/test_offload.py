@@ -157,7 +157,7 @@ def test_plan_searches_activation_offload_where_it_lets_a_layout_fit():
     from planner.offload import SEARCHED_SETS
 
     p = _plan_offloading()
-    offloaded = [e for e in p.candidates if e.candidate.offload]
+    offloaded = [e for e in p.candidates if e.candidate.offload and not e.candidate.opt_offload]   # both: below
     assert offloaded and p.candidates[0].candidate.offload   # none of the layouts fits without
     usable = 0.95 * p.cluster.gpu.memory_bytes
     for e in offloaded[:20]:
@@ -182,6 +182,34 @@ def test_offload_is_not_searched_when_given_or_on_dense_models():
     dense = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm")
     assert searched_sets(load_model("llama3-70b"), dense) == ()
     assert searched_sets(load_model("deepseek-v3"), replace(dense, framework="fsdp")) == ()
+
+
+def test_plan_combines_both_offloads_where_neither_alone_fits():
+    """Megatron-LM rules out neither offload with the other (arguments.py, transformer_config.py): a MoE layout that
+    fits under no module set alone and no optimizer fraction alone gets both, the smallest fraction first, then the
+    smallest set with it (planner.memory.PlanMemory.both_offloads_fitting), each cost shown."""
+    from planner.memory import memory_breakdown
+    from planner.offload import OPTIMIZER_FRACTIONS, SEARCHED_SETS
+
+    p = _plan_offloading()
+    both = [e for e in p.candidates if e.candidate.offload and e.candidate.opt_offload]
+    assert both
+    usable = 0.95 * p.cluster.gpu.memory_bytes
+
+    def total(c, **kw):
+        return memory_breakdown(p.model, replace(c, **kw), p.cluster, p.training).total_bytes
+
+    for e in both:
+        c = e.candidate
+        assert total(c) <= usable and e.memory.total_bytes <= usable
+        assert all(total(c, opt_offload=0.0, offload=m) > usable for m in SEARCHED_SETS)   # no set alone
+        assert all(total(c, offload="", opt_offload=f) > usable for f in OPTIMIZER_FRACTIONS)   # no fraction alone
+        smaller = [f for f in OPTIMIZER_FRACTIONS if f < c.opt_offload]
+        assert all(total(c, opt_offload=f, offload=SEARCHED_SETS[-1]) > usable for f in smaller)
+        earlier = SEARCHED_SETS[:SEARCHED_SETS.index(c.offload)]
+        assert all(total(c, offload=m) > usable for m in earlier)
+        d = e.to_dict()
+        assert d["offload_cost"]["saves_gb"] > 0 and d["opt_offload_cost"]["added_s"] > 0
 
 
 def test_no_offload_search_keeps_only_the_layouts_that_fit_without(capsys):
@@ -250,7 +278,7 @@ def test_plan_searches_optimizer_offload_where_it_lets_a_layout_fit(bf16_plan):
     from planner.offload import OPTIMIZER_FRACTIONS
 
     p = bf16_plan
-    rows = [e for e in p.candidates if e.candidate.opt_offload]
+    rows = [e for e in p.candidates if e.candidate.opt_offload and not e.candidate.offload]   # both: below
     assert len(rows) > 20
     usable = 0.95 * p.cluster.gpu.memory_bytes
     for e in rows[:12]:
@@ -267,8 +295,9 @@ def test_plan_searches_optimizer_offload_where_it_lets_a_layout_fit(bf16_plan):
         assert cost["saves_gb"] == pytest.approx((without.total_bytes - e.memory.total_bytes) / 1e9, abs=1e-3)
         assert cost["added_s"] > 0 and 0 < cost["host_gb_per_node"] < 2048 * 2**30 / 1e9
         assert c.label().endswith(f"opt_offload={c.opt_offload:g}")
-    # fits without: never offloaded (no row of the plan both fits at 0 and carries a fraction)
-    assert all(not e.candidate.opt_offload for e in p.candidates if e.candidate.offload)
+    # a row carrying both offloads does not fit with its activation offload alone (the combination: below)
+    assert all(memory_breakdown(p.model, replace(e.candidate, opt_offload=0.0), p.cluster, p.training).total_bytes
+               > usable for e in p.candidates if e.candidate.offload and e.candidate.opt_offload)
 
 
 def test_optimizer_offload_is_searched_only_where_megatron_runs_it():
