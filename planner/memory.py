@@ -841,7 +841,12 @@ class PlanMemory:
         CPU Adam adds to the step, `planner.offload.host_step_s`, where the copies of the module inputs hide under
         compute), then the first of ``sets`` (`planner.offload.SEARCHED_SETS`, smallest first) that fits with it; the
         largest pair is asked first, as most layouts memory rules out do not fit even so."""
-        within, most = self._within, self._dynamic_of(c, offload=sets[-1])
+        within, most, usable, context = self._within, self._dynamic_of(c, offload=sets[-1]), self.usable_bytes, \
+            self.context_bytes
+        # the bound `optimizer_offload_fitting` takes, under the largest set: the whole optimizer off, from the cache
+        if max(total_bytes(s[8] - s[3], d[0], d[1], s[4], context, s[5])
+               for s, d in zip(self.states_of(c, ep, etp), most)) > usable:
+            return None
         if not within(self.states_of(replace(c, opt_offload=fractions[-1]), ep, etp), most):
             return None
         for f in fractions:
