@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from planner import attention, cuda_graphs, dualpipe, flops, fp8, recompute as recompute_modes
+from planner import attention, cuda_graphs, dualpipe, flops, fp8, moe, recompute as recompute_modes
 from planner.cost import RANKING_ERROR, attention_kernel, tied
 from planner.errors import InputError, PlantuneError
 from planner.calibration import apply_calibration, compute_line
@@ -162,6 +162,9 @@ def add_setup_arguments(p: argparse.ArgumentParser, *, model_required: bool = Tr
     add("--optimizer-offload", type=float, default=None, metavar="FRACTION",
         help="Megatron-LM: keep this fraction of the optimizer states on the host and step it there "
              "(--optimizer-cpu-offload --optimizer-offload-fraction); costs PCIe and CPU-Adam time")
+    add("--no-offload-search", action="store_true",
+        help="Megatron-LM MoE models: do not search activation offload or CPU optimizer offload on layouts memory "
+             "rules out (plan's default); --activation-offload / --optimizer-offload still plan the user's")
     add("--flops-attention", choices=flops.ATTENTION_COUNTS, default="full",
         help="how TFLOPs and MFU count attention's s^2 work: full (default; Narayanan et al. 2021 Eq. 3) or causal "
              "(half: Megatron-Bridge, recent NeMo); step times do not change")
@@ -329,6 +332,9 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
     if getattr(args, "optimizer_offload", None) and framework != "megatron-lm":
         raise InputError(f"--optimizer-offload is Megatron-LM's (--optimizer-cpu-offload); the framework here is "
                          f"{framework}: add --framework megatron-lm or drop --optimizer-offload")
+    if getattr(args, "no_offload_search", False) and (framework != "megatron-lm" or not moe.is_moe(model)):
+        raise InputError(f"--no-offload-search: plan searches offload only on Megatron-LM MoE models (here "
+                         f"{framework}, {model.name}{'' if moe.is_moe(model) else ', dense'}); drop it")
     if getattr(args, "fp8_activations", None) and precision != "fp8":
         raise InputError(f"--fp8-activations applies to FP8 training only (precision here: {precision}); "
                          "add --precision fp8 or drop --fp8-activations")
@@ -358,6 +364,7 @@ def training_from_args(args: argparse.Namespace, model: ModelSpec, cluster: Clus
                         optimizer_state_dtype=getattr(args, "optimizer_state_dtype", None) or "fp32",
                         grad_reduce_dtype=getattr(args, "grad_reduce_dtype", None) or "fp32",
                         optimizer_offload=getattr(args, "optimizer_offload", None) or 0.0,
+                        offload_search=not getattr(args, "no_offload_search", False),
                         overlap=_overlap(getattr(args, "overlap", None)),
                         flops_attention=getattr(args, "flops_attention", None) or "full",
                         pp_schedule=getattr(args, "pp_schedule", None) or "",

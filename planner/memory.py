@@ -833,6 +833,28 @@ class PlanMemory:
         return next((f for f in fractions
                      if busiest(self.states_of(replace(c, opt_offload=f), ep, etp), dynamic) <= usable), None)
 
+    def both_offloads_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...],
+                              fractions: tuple[float, ...]) -> tuple[str, float] | None:
+        """Where neither offload alone lets ``c`` (EP ``ep``, ETP ``etp``) fit: the activation-offload module set and
+        CPU optimizer offload fraction that together do, or None (no candidate built). Megatron-LM runs both at once
+        (arguments.py and transformer_config.py rule out neither with the other). The smallest fraction first (its
+        CPU Adam adds to the step, `planner.offload.host_step_s`, where the copies of the module inputs hide under
+        compute), then the first of ``sets`` (`planner.offload.SEARCHED_SETS`, smallest first) that fits with it; the
+        largest pair is asked first, as most layouts memory rules out do not fit even so."""
+        within, most, usable, context = self._within, self._dynamic_of(c, offload=sets[-1]), self.usable_bytes, \
+            self.context_bytes
+        # the bound `optimizer_offload_fitting` takes, under the largest set: the whole optimizer off, from the cache
+        if max(total_bytes(s[8] - s[3], d[0], d[1], s[4], context, s[5])
+               for s, d in zip(self.states_of(c, ep, etp), most)) > usable:
+            return None
+        if not within(self.states_of(replace(c, opt_offload=fractions[-1]), ep, etp), most):
+            return None
+        for f in fractions:
+            states = self.states_of(replace(c, opt_offload=f), ep, etp)
+            if within(states, most):
+                return next((m, f) for m in sets if within(states, self._dynamic_of(c, offload=m)))
+        return None
+
     def host_offload_bytes(self, c: Candidate) -> float:
         """`host_offload_bytes` of ``c``, the whole optimizer from the cached states where the training offloads
         none of it itself (plan's search)."""

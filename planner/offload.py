@@ -70,11 +70,13 @@ def optimizer_searched(model: "ModelSpec", training: "TrainingSpec") -> tuple[fl
     use), when the user gave no --optimizer-offload (then that is every layout's). Dense models are not searched: the
     CPU Adam rate is a datasheet bound no run here has measured, and on a dense plan it would reorder the top rows
     (GPT-3 175B FP8 on 512 H100: the best would offload a quarter to three quarters of it); --optimizer-offload
-    still plans it there."""
+    still plans it there. Not under 16-bit moments: Megatron's HybridDeviceOptimizer keeps them fp32
+    (`planner.space.offload_moments_conflict`). Nor under --no-offload-search."""
     from planner import moe
 
-    if training.framework != "megatron-lm" or training.optimizer != "adamw" or training.optimizer_offload \
-            or not moe.is_moe(model):
+    if not training.offload_search or training.framework != "megatron-lm" or training.optimizer != "adamw" \
+            or training.optimizer_offload \
+            or training.optimizer_state_dtype != "fp32" or not moe.is_moe(model):
         return ()
     return OPTIMIZER_FRACTIONS
 
@@ -150,10 +152,12 @@ def modules_of(cand: "Candidate", training: "TrainingSpec") -> tuple[str, ...]:
 
 def searched_sets(model: "ModelSpec", training: "TrainingSpec") -> tuple[str, ...]:
     """The `SEARCHED_SETS` plan tries on a layout memory rules out: on Megatron-LM MoE runs (whose expert inputs are
-    most of a layer's activations) when the user gave no --activation-offload (then that is every layout's)."""
+    most of a layer's activations) when the user gave no --activation-offload (then that is every layout's) nor
+    --no-offload-search."""
     from planner import moe
 
-    if training.framework != "megatron-lm" or training.activation_offload or not moe.is_moe(model):
+    if not training.offload_search or training.framework != "megatron-lm" or training.activation_offload \
+            or not moe.is_moe(model):
         return ()
     return SEARCHED_SETS
 

@@ -554,6 +554,12 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     # else CPU optimizer offload, the smallest fraction that fits (planner.offload.OPTIMIZER_FRACTIONS)
                     fraction = memory.optimizer_offload_fitting(head, ep, etp, opt_fractions)
                     cand = replace(item.candidate(i), opt_offload=fraction) if fraction else None
+                if cand is None and modules is None and opt_fractions and offload_sets and \
+                        offload.optimizer_searched_on(head.zero) and \
+                        offload.searched_on(head.recompute, ep, etp, cluster.gpus_per_node):
+                    # else both at once, the smallest fraction first (planner.memory.PlanMemory.both_offloads_fitting)
+                    pair = memory.both_offloads_fitting(head, ep, etp, offload_sets, opt_fractions)
+                    cand = replace(item.candidate(i), offload=pair[0], opt_offload=pair[1]) if pair else None
                 if cand is not None and cluster.host_memory_bytes is not None:
                     host = host_memory_of(memory.host_offload_bytes(cand), cluster)
                     if host:   # the node's host memory cannot hold what it offloads

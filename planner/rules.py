@@ -32,7 +32,8 @@ from planner.memory import MemoryBreakdown, deepspeed_zero1_one_rank, host_offlo
 from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
-from planner.space import FLAVORS, FRAMEWORKS, RECOMPUTE, REPLAYED_FRAMEWORKS, SIZES, Candidate, TrainingSpec
+from planner.space import FLAVORS, FRAMEWORKS, RECOMPUTE, REPLAYED_FRAMEWORKS, SIZES, Candidate, TrainingSpec, \
+    offload_moments_conflict
 
 PROBE = "probe"
 """the torch-native probe `tune` runs (probes/train.py)"""
@@ -530,6 +531,9 @@ def _target_rules_but_extras(model: ModelSpec, c: Candidate, cluster: ClusterSpe
         if c.opt_offload and fw != "megatron-lm":   # plan searches it for Megatron-LM targets only (planner.offload)
             yield Violation(Reason.FRAMEWORK_LIMIT, f"opt_offload={c.opt_offload:g} is Megatron-LM's CPU optimizer "
                                                     f"offload; {target} has none: drop opt_offload")
+        elif fw == "megatron-lm" and c.opt_offload and training.optimizer_state_dtype != "fp32":
+            yield Violation(Reason.FRAMEWORK_LIMIT, offload_moments_conflict(training.optimizer_state_dtype)
+                            + ": drop opt_offload or --optimizer-state-dtype")
         elif fw == "megatron-lm" and c.zero == 0 and (offload.optimizer_fraction(c, training)
                                                        or training.optimizer_state_dtype != "fp32"):
             what = "CPU optimizer offload" if offload.optimizer_fraction(c, training) else \

@@ -120,6 +120,9 @@ class TrainingSpec:
     optimizer_offload: float = 0.0
     """fraction of the optimizer states Megatron-LM keeps on the host (--optimizer-cpu-offload
     --optimizer-offload-fraction; `planner.offload`); 0: none"""
+    offload_search: bool = True
+    """whether plan searches activation and CPU optimizer offload on Megatron-LM MoE layouts memory rules out
+    (`planner.offload.searched_sets`, `optimizer_searched`); False: --no-offload-search"""
     eager_ops: bool = False
     """the element-wise ops run as PyTorch ops, one kernel each (planner.ops.eager_elementwise_bytes), under a
     framework that would fuse them: a trainer outside plantune's emitters (Hagemann et al.'s Megatron-style one);
@@ -218,6 +221,9 @@ class TrainingSpec:
             raise InputError(f"--optimizer-state-dtype {self.optimizer_state_dtype} is Megatron-LM's precision-aware "
                              f"optimizer (--use-precision-aware-optimizer --exp-avg-dtype); the framework here is "
                              f"{self.framework}: add --framework megatron-lm or drop it")
+        if self.optimizer_state_dtype != "fp32" and self.optimizer_offload:
+            raise InputError(offload_moments_conflict(self.optimizer_state_dtype) + ": drop --optimizer-offload or "
+                             "--optimizer-state-dtype")
         if self.pp_schedule and self.pp_schedule not in PP_SCHEDULES:
             raise InputError(f"unknown pipeline schedule {self.pp_schedule!r}; use one of "
                              f"{', '.join(PP_SCHEDULES)}")
@@ -262,6 +268,16 @@ def offload_problem(modules: tuple[str, ...], what: str) -> str | None:
         return (f"{what}: attn_proj needs core_attn too (transformer_config.py: 'attn_proj cannot be set to "
                 "offload_modules alone without core_attn'); add core_attn")
     return None
+
+
+def offload_moments_conflict(state_dtype: str) -> str:
+    """Why a CPU optimizer offload and 16-bit Adam moments do not go together: Megatron-LM builds the
+    HybridDeviceOptimizer without the moments' dtype (megatron/core/optimizer/__init__.py: its optimizer_defaults carry
+    lr, betas, eps, no exp_avg_dtype; optimizer_config.py returns before TE's precision-aware check under
+    optimizer_cpu_offload), so its CPU AdamW and GPU FusedAdam keep fp32 moments of fp32 copies, on the host and on the
+    GPU, whatever --exp-avg-dtype says: the plan's bf16 moments would not be what runs."""
+    return (f"CPU optimizer offload with --optimizer-state-dtype {state_dtype}: Megatron-LM's HybridDeviceOptimizer "
+            "keeps fp32 Adam moments (optimizer/__init__.py passes it no --exp-avg-dtype)")
 
 
 def cuda_graphs_problem(scopes: tuple[str, ...], framework: str) -> str | None:

@@ -113,6 +113,13 @@ CASES = {
                                                                            gas=128, zero=1, vpp=2, recompute="full",
                                                                            opt_offload=0.75),
                                             seq_len=4096, global_batch=8192),
+    # a layout plan finds only with both offloads (bf16, no recompute: ranked 63rd; Megatron-LM rules out neither with
+    # the other); RunSetup folds both into the training's --offload-modules and --optimizer-offload-fraction
+    "deepseek-both-offloads-searched": _setup(
+        "deepseek-v3", 1024, Candidate(tp=2, pp=32, dp=16, ep=4, sp=True, mbs=1, gas=512, zero=1,
+                                       offload="attn_norm+qkv_linear+core_attn+attn_proj+mlp_norm+expert_fc1+moe_act",
+                                       opt_offload=0.5),
+        seq_len=4096, global_batch=8192),
     # AdamW's moments in BF16 as DeepSeek-V3 trained (report Sec. 3.3.3): --use-precision-aware-optimizer
     # --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, FP8 blockwise with --fp8-param-gather
     "deepseek-bf16-moments": _setup("deepseek-v3", 1024, Candidate(tp=2, pp=8, dp=64, ep=64, sp=True, mbs=1, gas=128,

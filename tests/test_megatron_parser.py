@@ -103,6 +103,9 @@ def arg_set(group: str, case_id: str, setup, kind: str = "megatron-lm", flavor: 
     if kind == "megatron-lm" and setup.training.optimizer_offload:   # the layout's own folded in (RunSetup)
         expect |= {"optimizer_cpu_offload": True, "optimizer_offload_fraction": setup.training.optimizer_offload,
                    "use_precision_aware_optimizer": True, "overlap_cpu_optimizer_d2h_h2d": True}
+    if kind == "megatron-lm" and setup.training.activation_offload:   # the layout's own folded in (RunSetup)
+        expect |= {"fine_grained_activation_offloading": True,
+                   "offload_modules": list(setup.training.activation_offload)}
     if kind == "megatron-lm" and setup.training.optimizer_state_dtype != "fp32":   # Adam's moments (BF16: DeepSeek-V3)
         expect |= {"use_precision_aware_optimizer": True}
     if kind == "megatron-lm" and c.zero >= 2:   # Megatron-FSDP

@@ -157,7 +157,7 @@ def test_plan_searches_activation_offload_where_it_lets_a_layout_fit():
     from planner.offload import SEARCHED_SETS
 
     p = _plan_offloading()
-    offloaded = [e for e in p.candidates if e.candidate.offload]
+    offloaded = [e for e in p.candidates if e.candidate.offload and not e.candidate.opt_offload]   # both: below
     assert offloaded and p.candidates[0].candidate.offload   # none of the layouts fits without
     usable = 0.95 * p.cluster.gpu.memory_bytes
     for e in offloaded[:20]:
@@ -182,6 +182,54 @@ def test_offload_is_not_searched_when_given_or_on_dense_models():
     dense = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm")
     assert searched_sets(load_model("llama3-70b"), dense) == ()
     assert searched_sets(load_model("deepseek-v3"), replace(dense, framework="fsdp")) == ()
+
+
+def test_plan_combines_both_offloads_where_neither_alone_fits():
+    """Megatron-LM rules out neither offload with the other (arguments.py, transformer_config.py): a MoE layout that
+    fits under no module set alone and no optimizer fraction alone gets both, the smallest fraction first, then the
+    smallest set with it (planner.memory.PlanMemory.both_offloads_fitting), each cost shown."""
+    from planner.memory import memory_breakdown
+    from planner.offload import OPTIMIZER_FRACTIONS, SEARCHED_SETS
+
+    p = _plan_offloading()
+    both = [e for e in p.candidates if e.candidate.offload and e.candidate.opt_offload]
+    assert both
+    usable = 0.95 * p.cluster.gpu.memory_bytes
+
+    def total(c, **kw):
+        return memory_breakdown(p.model, replace(c, **kw), p.cluster, p.training).total_bytes
+
+    for e in both:
+        c = e.candidate
+        assert total(c) <= usable and e.memory.total_bytes <= usable
+        assert all(total(c, opt_offload=0.0, offload=m) > usable for m in SEARCHED_SETS)   # no set alone
+        assert all(total(c, offload="", opt_offload=f) > usable for f in OPTIMIZER_FRACTIONS)   # no fraction alone
+        smaller = [f for f in OPTIMIZER_FRACTIONS if f < c.opt_offload]
+        assert all(total(c, opt_offload=f, offload=SEARCHED_SETS[-1]) > usable for f in smaller)
+        earlier = SEARCHED_SETS[:SEARCHED_SETS.index(c.offload)]
+        assert all(total(c, offload=m) > usable for m in earlier)
+        d = e.to_dict()
+        assert d["offload_cost"]["saves_gb"] > 0 and d["opt_offload_cost"]["added_s"] > 0
+
+
+def test_no_offload_search_keeps_only_the_layouts_that_fit_without(capsys):
+    """--no-offload-search (TrainingSpec.offload_search): neither offload is searched; what is left is exactly the
+    default plan's rows without one; the flag is refused in one line where plan searches nothing."""
+    from planner.cli import main
+    from planner.offload import optimizer_searched, searched_sets
+
+    t = TrainingSpec(global_batch=8, seq_len=4096, framework="megatron-lm", offload_search=False)
+    assert searched_sets(load_model("deepseek-v3"), t) == () and optimizer_searched(load_model("deepseek-v3"), t) == ()
+    default, off = _plan_offloading(), _plan_offloading(offload_search=False)
+    assert any(e.candidate.offload or e.candidate.opt_offload for e in default.candidates)
+    assert not any(e.candidate.offload or e.candidate.opt_offload for e in off.candidates)
+    assert [e.candidate for e in off.candidates] == \
+        [e.candidate for e in default.candidates if not (e.candidate.offload or e.candidate.opt_offload)]
+    for argv, what in ((["--model", "llama3-8b", "--gpus", "8", "--framework", "megatron-lm"], "dense"),
+                       (["--model", "deepseek-v3", "--gpus", "1024", "--framework", "fsdp"], "fsdp")):
+        rc = main([*argv, "--gpu", "H100-SXM", "--no-offload-search"])
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "--no-offload-search" in err and what in err
 
 
 def test_plan_table_json_and_emit_carry_the_offload(capsys, tmp_path):
@@ -230,7 +278,7 @@ def test_plan_searches_optimizer_offload_where_it_lets_a_layout_fit(bf16_plan):
     from planner.offload import OPTIMIZER_FRACTIONS
 
     p = bf16_plan
-    rows = [e for e in p.candidates if e.candidate.opt_offload]
+    rows = [e for e in p.candidates if e.candidate.opt_offload and not e.candidate.offload]   # both: below
     assert len(rows) > 20
     usable = 0.95 * p.cluster.gpu.memory_bytes
     for e in rows[:12]:
@@ -247,8 +295,9 @@ def test_plan_searches_optimizer_offload_where_it_lets_a_layout_fit(bf16_plan):
         assert cost["saves_gb"] == pytest.approx((without.total_bytes - e.memory.total_bytes) / 1e9, abs=1e-3)
         assert cost["added_s"] > 0 and 0 < cost["host_gb_per_node"] < 2048 * 2**30 / 1e9
         assert c.label().endswith(f"opt_offload={c.opt_offload:g}")
-    # fits without: never offloaded (no row of the plan both fits at 0 and carries a fraction)
-    assert all(not e.candidate.opt_offload for e in p.candidates if e.candidate.offload)
+    # a row carrying both offloads does not fit with its activation offload alone (the combination: below)
+    assert all(memory_breakdown(p.model, replace(e.candidate, opt_offload=0.0), p.cluster, p.training).total_bytes
+               > usable for e in p.candidates if e.candidate.offload and e.candidate.opt_offload)
 
 
 def test_optimizer_offload_is_searched_only_where_megatron_runs_it():
@@ -277,6 +326,46 @@ def test_optimizer_offload_rules_say_why():
     fsdp = TrainingSpec(global_batch=8, seq_len=2048, framework="fsdp")
     e = estimate(load_model("llama3-8b"), make_cluster(gpu="H100-SXM", gpus=8), fsdp, dense)
     assert any(v.reason is Reason.FRAMEWORK_LIMIT and "drop opt_offload" in v.detail for v in e.reasons)
+
+
+def test_bf16_moments_and_the_cpu_optimizer_offload_are_refused_together(capsys):
+    """Megatron's HybridDeviceOptimizer keeps fp32 moments whatever --exp-avg-dtype says (optimizer/__init__.py):
+    the user's pair is refused (exit 2, one line), a layout's opt_offload under bf16 moments is a framework limit at
+    --explain, and plan does not search the offload under bf16 moments."""
+    from planner.cli import main
+    from planner.offload import optimizer_searched
+    from planner.rules import Reason
+
+    with pytest.raises(InputError, match="HybridDeviceOptimizer keeps fp32 Adam moments"):
+        TrainingSpec(global_batch=8, seq_len=128, framework="megatron-lm", optimizer_offload=0.5,
+                     optimizer_state_dtype="bf16")
+    t = TrainingSpec(global_batch=8192, seq_len=4096, framework="megatron-lm", optimizer_state_dtype="bf16")
+    assert optimizer_searched(load_model("deepseek-v3"), t) == ()
+    e = estimate(load_model("deepseek-v3"), make_cluster(gpu="H100-SXM", gpus=1024), t, replace(C, opt_offload=0.5))
+    assert any(v.reason is Reason.FRAMEWORK_LIMIT and "drop opt_offload or --optimizer-state-dtype" in v.detail
+               for v in e.reasons)
+    rc = main(["--model", "deepseek-v3", "--gpus", "1024", "--gpu", "H100-SXM", "--global-batch", "8192",
+               "--framework", "megatron-lm", "--optimizer-state-dtype", "bf16", "--optimizer-offload", "0.5"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--exp-avg-dtype" in err
+
+
+def test_megatron_builds_the_hybrid_optimizer_without_the_moments_dtype():
+    """The source fact behind the refusal: in get_megatron_optimizer's --optimizer-cpu-offload branch the
+    HybridDeviceOptimizer gets lr, betas, eps and no exp_avg_dtype (the non-offloaded FusedAdam's kwargs take it),
+    and its sub-optimizers step fp32 copies (param_update_in_fp32=True), so the moments (zeros_like) are fp32."""
+    import os
+    from pathlib import Path
+
+    src = os.environ.get("MEGATRON_LM_SRC")
+    init = Path(src or ".") / "megatron" / "core" / "optimizer" / "__init__.py"
+    if not src or not init.is_file():
+        pytest.skip("MEGATRON_LM_SRC not set to a Megatron-LM checkout")
+    text = init.read_text()
+    offload = text[text.index("if config.optimizer_cpu_offload:"):text.index("elif config.optimizer == 'adam':")]
+    assert "HybridDeviceOptimizer(" in offload and "param_update_in_fp32=True" in offload
+    assert "exp_avg_dtype" not in offload
+    assert '"exp_avg_dtype": config.exp_avg_dtype' in text   # the GPU-only precision-aware path does pass it
 
 
 def test_explain_and_emit_carry_the_layouts_optimizer_offload(capsys, tmp_path):

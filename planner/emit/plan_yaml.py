@@ -35,8 +35,8 @@ _SHAPE = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_attenti
 # own); the model's default training length (seq_len) and its max_positions are plantune.model's
 # TrainingSpec fields written at the top level; every other field goes to plantune.training (tuples as lists).
 _TRAINING_TOP = {"global_batch", "seq_len", "precision", "rampup", "flash_attention"}
-# flavor is plantune.flavor; pins only narrow the search and mean nothing once a layout is chosen
-_TRAINING_NOT_WRITTEN = {"flavor", "pins"}
+# flavor is plantune.flavor; pins and offload_search only narrow the search and mean nothing once a layout is chosen
+_TRAINING_NOT_WRITTEN = {"flavor", "pins", "offload_search"}
 _OPTIONAL = {"attention_kernel", "eager_ops", "cuda_graphs", "fsdp_trainer"}
 """plantune.training keys files written before them may lack (the TrainingSpec default applies)"""
 _TRAINING_EXTRA = tuple(f.name for f in fields(TrainingSpec) if f.name not in _TRAINING_TOP | _TRAINING_NOT_WRITTEN)
