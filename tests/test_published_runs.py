@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from memory_cases import bigscience_cases, hagemann_cases
-from published import dev_cases
+from published import dev_cases, runs_of
 
 from search.published_runs import HAGEMANN_GBPS, JZ_A100_GBPS, read_runs
 from planner.rank import estimate
@@ -68,7 +68,7 @@ def test_flagged_rows_are_left_out_or_kept_apart():
 @pytest.mark.parametrize("recompute", ["selective-op", "selective-layer", "full"])
 def test_time_candidate_is_the_run_as_recorded(recompute):
     """The time model costs every recompute mode (planner.recompute), torchtitan's included."""
-    r = next(r for r in read_runs(DATA / "published_dev.yaml") if r.cand.recompute == recompute)
+    r = next(r for r in runs_of("published_dev.yaml") if r.cand.recompute == recompute)
     assert r.time_candidate() == r.cand
 
 
