@@ -37,20 +37,6 @@ def _setup(name, gpus, gpu, kw):
     return prepare(get_preset(name), training), make_cluster(gpu=gpu, gpus=gpus), training
 
 
-@pytest.fixture(scope="module")
-def breakdowns():
-    """`memory_breakdown` of each case's candidates, by (case, candidate), computed once for the module: both tests
-    below compare with it, for every candidate that passes the layout rules."""
-    return {}
-
-
-def _breakdown(cache, case, model, c, cluster, training):
-    key = (case, c)
-    if key not in cache:
-        cache[key] = memory_breakdown(model, c, cluster, training)
-    return cache[key]
-
-
 def _passing(model, cluster, training):
     """The candidates that pass every layout rule, in enumeration order."""
     target = target_of(training)
@@ -60,14 +46,13 @@ def _passing(model, cluster, training):
 
 
 @pytest.mark.parametrize("name, gpus, gpu, kw", CASES)
-def test_plan_memory_is_memory_breakdown_to_the_last_bit(name, gpus, gpu, kw, breakdowns):
+def test_plan_memory_is_memory_breakdown_to_the_last_bit(name, gpus, gpu, kw):
     model, cluster, training = _setup(name, gpus, gpu, kw)
-    case = repr((name, gpus, gpu, kw))
     memory = PlanMemory(model, cluster, training)
     cands = _passing(model, cluster, training)
     assert cands
     for c in cands:
-        mem = _breakdown(breakdowns, case, model, c, cluster, training)
+        mem = memory_breakdown(model, c, cluster, training)
         assert memory.breakdown(c) == mem
         assert memory.total_bytes(c) == mem.total_bytes
         assert memory.fits(c) == (not memory_violations(mem, cluster, training))
@@ -95,8 +80,8 @@ def _first_fitting(c, mem, reasons, field, values, model, cluster, training):
     return c, mem, reasons, 0.0
 
 
-def _one_by_one(model, cluster, training, breakdown):
-    """plan() as the plain product scored one candidate at a time (``breakdown(c)``: `memory_breakdown` of ``c``)."""
+def _one_by_one(model, cluster, training):
+    """plan() as the plain product scored one candidate at a time."""
     target = target_of(training)
     checker = Checker(model, cluster, training, (target,))
     topology, params = Topology(cluster), CostParams()
@@ -106,7 +91,7 @@ def _one_by_one(model, cluster, training, breakdown):
         total += 1
         first = checker.first(c)
         if first is None:
-            mem = breakdown(c)
+            mem = memory_breakdown(model, c, cluster, training)
             reasons = memory_violations(mem, cluster, training)
             saved = opt_saved = 0.0
             if reasons and offload.searched_on(c.recompute, c.ep, c.etp, cluster.gpus_per_node):
@@ -139,12 +124,10 @@ def _one_by_one(model, cluster, training, breakdown):
 
 
 @pytest.mark.parametrize("name, gpus, gpu, kw", CASES)
-def test_plan_ranks_counts_and_exemplifies_as_one_by_one(name, gpus, gpu, kw, breakdowns):
+def test_plan_ranks_counts_and_exemplifies_as_one_by_one(name, gpus, gpu, kw):
     model, cluster, training = _setup(name, gpus, gpu, kw)
     p = plan(model, cluster, training, allow_empty=True)
-    case = repr((name, gpus, gpu, kw))
-    total, pruned, examples, survivors = _one_by_one(
-        model, cluster, training, lambda c: _breakdown(breakdowns, case, model, c, cluster, training))
+    total, pruned, examples, survivors = _one_by_one(model, cluster, training)
     assert p.total == total
     assert p.pruned == dict(pruned)
     assert p.examples == examples
