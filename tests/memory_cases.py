@@ -9,14 +9,12 @@ the one home of that conversion and its assumptions; this module only picks the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.space import Candidate, TrainingSpec
-from search.published_runs import PublishedRun, read_runs
-
-DATA = Path(__file__).resolve().parent / "data"
+from published import runs_of
+from search.published_runs import PublishedRun
 
 
 @dataclass(frozen=True)
@@ -40,8 +38,8 @@ def _case(r: PublishedRun, table: str) -> MemoryCase:
                       ran=not r.oom, measured_gib=r.memory_gib, definition=r.memory_definition)
 
 
-def _dev_runs() -> list[PublishedRun]:
-    return read_runs(DATA / "published_dev.yaml")
+def _dev_runs() -> tuple[PublishedRun, ...]:
+    return runs_of("published_dev.yaml")
 
 
 def _group(r: PublishedRun) -> str:
@@ -51,7 +49,7 @@ def _group(r: PublishedRun) -> str:
 
 def hagemann_cases() -> list[MemoryCase]:
     """Hagemann et al. 2023 sheets (A100-80GB), one table per sheet."""
-    return [_case(r, r.table.removeprefix("Hagemann ")) for r in read_runs(DATA / "hagemann_13b_dev.yaml")]
+    return [_case(r, r.table.removeprefix("Hagemann ")) for r in runs_of("hagemann_13b_dev.yaml")]
 
 
 def bigscience_cases() -> list[MemoryCase]:

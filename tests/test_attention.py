@@ -190,12 +190,10 @@ def test_a_megatron_style_trainer_with_pytorch_element_wise_ops():
 def test_hagemann_tables_tune_flags_plan_their_kernel_and_ops():
     """tune's flags for each of Hagemann's tables (search.published_tables) plan the kernel the sheet names and the
     trainer's PyTorch element-wise ops, as validate.py reads the rows."""
-    from pathlib import Path
-
     from planner.cli import build_parser, setup_from_args
-    from search.published_tables import read_tables
+    from published import tables_of
 
-    tables = read_tables(str(Path(__file__).resolve().parent / "data" / "hagemann_13b_dev.yaml"))
+    tables = tables_of("hagemann_13b_dev.yaml")
     kernels = set()
     for t in tables:
         args = build_parser().parse_args(t.tune_flags("llama2-13b"))

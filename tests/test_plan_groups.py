@@ -67,6 +67,12 @@ def test_plan_counts_every_candidate_with_its_first_reason(name, gpus, gpu, kw):
         assert p.examples[reason][0] == examples[reason][0]
 
 
+@pytest.fixture(scope="module")
+def whole_plans():
+    """Each case's whole plan (free_best), built once for the module: the `keep` parametrizations compare with it."""
+    return {}
+
+
 @pytest.mark.parametrize("name, gpus, gpu, kw", CASES + [
     ("mixtral-8x7b", 64, "H100", dict(global_batch=256, seq_len=4096, framework="megatron-lm",
                                       recompute_options=("none", "selective", "full", "block", "modules"))),
@@ -74,13 +80,16 @@ def test_plan_counts_every_candidate_with_its_first_reason(name, gpus, gpu, kw):
     ("deepseek-v3", 256, "H100-SXM", dict(global_batch=1024, seq_len=4096, framework="megatron-lm",
                                           pp_schedule="DualPipe"))])
 @pytest.mark.parametrize("keep", [1, 3, 10])
-def test_plan_keeping_its_top_rows_ranks_them_as_the_whole_plan(name, gpus, gpu, kw, keep, monkeypatch):
+def test_plan_keeping_its_top_rows_ranks_them_as_the_whole_plan(name, gpus, gpu, kw, keep, monkeypatch, whole_plans):
     """plan(keep=N) (what `plan` prints) is the whole plan's first N rows, counts, reasons, examples and free_best,
     with fewer candidates scored in full: those whose compute alone keeps them out of the top rows are not."""
     import planner.rank as rank
 
     model, cluster, training = get_preset(name), make_cluster(gpu=gpu, gpus=gpus), TrainingSpec(**kw)
-    whole = plan(model, cluster, training, allow_empty=True, free_best=True)
+    key = repr((name, gpus, gpu, kw))
+    if key not in whole_plans:
+        whole_plans[key] = plan(model, cluster, training, allow_empty=True, free_best=True)
+    whole = whole_plans[key]
     scored = []
     score = rank._score
     monkeypatch.setattr(rank, "_score", lambda *a, **k: scored.append(a[3]) or score(*a, **k))

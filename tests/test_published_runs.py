@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 from memory_cases import bigscience_cases, hagemann_cases
-from published import dev_cases
+from published import dev_cases, runs_of, tables_of
 
 from search.published_runs import HAGEMANN_GBPS, JZ_A100_GBPS, read_runs
 from planner.rank import estimate
-from search.published_tables import read_tables
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -33,7 +32,7 @@ def test_hagemann_rows_are_planned_alike_everywhere():
     assert (t.framework, t.flavor, t.precision, t.global_batch, t.flash_attention) == \
         ("megatron-deepspeed", "microsoft", "bf16", 2048, True)
     assert c.cand.zero == 1 and t.fused_norm and _gbps(c.cluster) == HAGEMANN_GBPS == 1600
-    tables = read_tables(str(DATA / "hagemann_13b_dev.yaml"))
+    tables = tables_of("hagemann_13b_dev.yaml")
     assert sum(len(t.table.rows) for t in tables) == 422
     for t in tables:
         assert (t.training.framework, t.training.flavor, _gbps(t.cluster)) == ("megatron-deepspeed", "microsoft",
@@ -50,7 +49,7 @@ def test_tr11_rows_are_planned_alike_everywhere():
         assert _gbps(d.cluster) == JZ_A100_GBPS == 400 and d.model.position == "alibi"
     one_node = [d for d in dev.values() if d.cluster.world_size == 8]
     assert one_node and all(d.training.global_batch == 512 for d in one_node)    # the heading's GBS, not 2048
-    replayed = {r.tp * 10**6 + r.pp * 10**3 + r.mbs for t in read_tables(str(DATA / "published_dev.yaml"))
+    replayed = {r.tp * 10**6 + r.pp * 10**3 + r.mbs for t in tables_of("published_dev.yaml")
                 for r in t.table.rows}
     assert replayed <= {d.cand.tp * 10**6 + d.cand.pp * 10**3 + d.cand.mbs for d in dev.values()}
 
@@ -68,7 +67,7 @@ def test_flagged_rows_are_left_out_or_kept_apart():
 @pytest.mark.parametrize("recompute", ["selective-op", "selective-layer", "full"])
 def test_time_candidate_is_the_run_as_recorded(recompute):
     """The time model costs every recompute mode (planner.recompute), torchtitan's included."""
-    r = next(r for r in read_runs(DATA / "published_dev.yaml") if r.cand.recompute == recompute)
+    r = next(r for r in runs_of("published_dev.yaml") if r.cand.recompute == recompute)
     assert r.time_candidate() == r.cand
 
 

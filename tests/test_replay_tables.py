@@ -9,13 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from published import tables_of
 
 from planner import Candidate, TrainingSpec, make_cluster, plan
 from planner.model import ModelSpec
 from probes.result import ProbeSpec
 from search._base import TuneError
 from search.cli import main
-from search.published_tables import read_table, read_tables, write_csv
+from search.published_tables import read_table, write_csv
 from search.replay import ReplayBackend, ReplayTable
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -144,7 +145,7 @@ def test_the_headline_best_is_probed_and_only_ooms_are_ruled_out_on_memory():
 
 
 def test_hagemann_sheets_replay_with_ooms_as_oom_outcomes():
-    tables = {t.name: t for t in read_tables(str(HAGEMANN))}
+    tables = {t.name: t for t in tables_of(HAGEMANN.name)}
     assert len(tables) == 11 and sum(len(t.table.rows) for t in tables.values()) == 422
     t = tables["hagemann-bfloat16-32-gpus-sequence-parallelism-flash-attention2-rms-kernel"]
     p = plan(t.model, t.cluster, t.training)
@@ -159,7 +160,7 @@ def test_hagemann_sheets_replay_with_ooms_as_oom_outcomes():
 
 
 def test_tr11_tables_replay_and_flagged_rows_are_skipped(tmp_path):
-    tables = {t.name: t for t in read_tables(str(TR11))}
+    tables = {t.name: t for t in tables_of(TR11.name)}
     t = tables["tr11-48-node-contenders-h14336-l72-a64-n48"]
     assert len(t.table.rows) == 7 and t.cluster.world_size == 384
     keep, orphans = t.table.restrict(plan(t.model, t.cluster, t.training))

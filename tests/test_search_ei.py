@@ -163,7 +163,16 @@ def test_default_top_k_is_one_for_ei_only():
     assert all(default_top_k(s) == 3 for s in ("tpe", "random", "grid", "analytic", "planner"))
 
 
-def test_ei_needs_fewer_probes_than_the_plans_order_on_the_dev_tables_and_their_perturbed_replays():
+@pytest.fixture(scope="module")
+def sheets():
+    """tests/bench/bench_search.py's replay setups (seed 003 and the tests/data copies) and each one's whole plan,
+    planned once for the two tests below that replay every sheet."""
+    bench = _bench()
+    setups = [*bench.seed003_setups(), *bench.published_setups(ROOT / "tests" / "data")]
+    return setups, [plan(*setup[1:4], allow_empty=True) for setup in setups]
+
+
+def test_ei_needs_fewer_probes_than_the_plans_order_on_the_dev_tables_and_their_perturbed_replays(sheets):
     """Every replay table of tests/bench/bench_search.py (tests/data copies), as published and under each planner
     made wrong on purpose (`PERTURBATIONS`): ei (the default, top-1) measures the best in no more probes than the
     plan's order in all (327 probes against 349 over the 160 replays), is behind it on at most two replays by one
@@ -172,8 +181,8 @@ def test_ei_needs_fewer_probes_than_the_plans_order_on_the_dev_tables_and_their_
     its unfused-norm "torch" sheet as published, 6 against 9 under PP x3, ...)."""
     bench = _bench()
     cases = []
-    for setup in [*bench.seed003_setups(), *bench.published_setups(ROOT / "tests" / "data")]:
-        case, _ = bench.make_case(*setup)
+    for setup, full in zip(*sheets):
+        case, _ = bench.make_case(*setup, full=full)
         if case is not None:
             cases.append(case)
     assert len(cases) == 20
@@ -189,13 +198,13 @@ def test_ei_needs_fewer_probes_than_the_plans_order_on_the_dev_tables_and_their_
     assert len(ahead) >= 3 * len(behind)
 
 
-def test_tunes_oom_inference_is_never_contradicted_by_the_published_sheets():
+def test_tunes_oom_inference_is_never_contradicted_by_the_published_sheets(sheets):
     """`tune` skips a configuration that an OOM implies out of memory (`search.space.needs_more_memory`): among
     every sheet's measured rows no such implication meets a configuration that ran. A rule reading the planner's
     memory terms instead (each term at least as large) would be contradicted: the README's reason not to use it."""
     bench = _bench()
-    setups = [*bench.seed003_setups(), *bench.published_setups(ROOT / "tests" / "data")]
-    same_layout = bench.sheet_implications(setups, bench.IMPLICATION_RULES["same layout (tune's)"])
-    every_term = bench.sheet_implications(setups, bench.IMPLICATION_RULES["every memory term"])
+    setups, plans = sheets
+    same_layout = bench.sheet_implications(setups, bench.IMPLICATION_RULES["same layout (tune's)"], plans)
+    every_term = bench.sheet_implications(setups, bench.IMPLICATION_RULES["every memory term"], plans)
     assert same_layout[0] >= 10 and same_layout[1] == 0
     assert every_term[1] > 0

@@ -123,12 +123,12 @@ def published_setups(data: Path):
             yield t.name, t.model, t.cluster, t.training, t.table
 
 
-def make_case(name, model, cluster, training, table) -> tuple[Case | None, str]:
-    """The case, or None and why it is skipped."""
+def make_case(name, model, cluster, training, table, full=None) -> tuple[Case | None, str]:
+    """The case, or None and why it is skipped. ``full``: the setup's `plan(..., allow_empty=True)`, if already made."""
     from planner import plan
     from search.space import SearchSpace, config_key
 
-    full = plan(model, cluster, training, allow_empty=True)
+    full = plan(model, cluster, training, allow_empty=True) if full is None else full
     keep, _ = table.restrict(full)
     space = SearchSpace.from_plan(full, keep=keep)
     steps = {}
@@ -398,14 +398,15 @@ def _implied(rule, b, a) -> bool:
     return all(x >= y * (1 - 1e-9) for x, y in zip(rule(b.memory), rule(a.memory)))
 
 
-def sheet_implications(setups: list, rule) -> tuple[int, int]:
+def sheet_implications(setups: list, rule, plans: list | None = None) -> tuple[int, int]:
     """(pairs, contradicted): the (a ran out of memory, so b must) pairs ``rule`` draws among each sheet's measured
-    rows that the plan keeps, and how many of them the sheet contradicts (b ran)."""
+    rows that the plan keeps, and how many of them the sheet contradicts (b ran). ``plans``: each setup's
+    `plan(..., allow_empty=True)`, if already made."""
     from planner import plan
 
     pairs = contradicted = 0
-    for setup in setups:
-        full = plan(*setup[1:4], allow_empty=True)
+    for i, setup in enumerate(setups):
+        full = plan(*setup[1:4], allow_empty=True) if plans is None else plans[i]
         rows = [(e, r.status) for e in full.candidates
                 if (r := setup[4].find(e.candidate)) is not None and r.status in ("ok", "oom")]
         for a, status in rows:
