@@ -80,6 +80,22 @@ def _first_fitting(c, mem, reasons, field, values, model, cluster, training):
     return c, mem, reasons, 0.0
 
 
+def _first_fitting_pair(c, mem, reasons, sets, fractions, model, cluster, training):
+    """``c`` with the first (fraction, then module set) under which memory fits with both offloads: (candidate,
+    breakdown, reasons, bytes the activation offload saves, bytes the optimizer offload saves), each saving against
+    the candidate without that one offload, as `planner.rank.estimate` reports them; ``c`` as it was when none does."""
+    for fraction in fractions:
+        for modules in sets:
+            both = replace(c, offload=modules, opt_offload=fraction)
+            with_them = memory_breakdown(model, both, cluster, training)
+            if not memory_violations(with_them, cluster, training):
+                total = with_them.total_bytes
+                return (both, with_them, [],
+                        memory_breakdown(model, replace(both, offload=""), cluster, training).total_bytes - total,
+                        memory_breakdown(model, replace(both, opt_offload=0.0), cluster, training).total_bytes - total)
+    return c, mem, reasons, 0.0, 0.0
+
+
 def _one_by_one(model, cluster, training):
     """plan() as the plain product scored one candidate at a time."""
     target = target_of(training)
@@ -103,6 +119,12 @@ def _one_by_one(model, cluster, training):
                 c, mem, reasons, opt_saved = _first_fitting(c, mem, reasons, "opt_offload",
                                                             offload.optimizer_searched(model, training),
                                                             model, cluster, training)
+            if reasons and offload.searched_on(c.recompute, c.ep, c.etp, cluster.gpus_per_node) and \
+                    offload.optimizer_searched_on(c.zero) and offload.optimizer_searched_where(cluster):
+                # else both at once: the smallest fraction with which a set fits, then the smallest such set
+                c, mem, reasons, saved, opt_saved = _first_fitting_pair(
+                    c, mem, reasons, offload.searched_sets(model, training),
+                    offload.optimizer_searched(model, training), model, cluster, training)
             if not reasons:   # and the node's host memory holds what it offloads
                 reasons = host_memory_violations(model, c, cluster, training)
             if not reasons:
