@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from planner import context_parallel, dualpipe, fp8, fsdp_parallel, moe, offload, pipeline_engine, recompute
 from planner.constants import ALLOCATOR_OVERHEAD, DEEPSPEED_FP16_RESERVED_BYTES, DEEPSPEED_PINNED_PARTITION_BYTES
@@ -467,7 +467,7 @@ def host_offload_bytes(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, 
     for stage in pipeline_stages(cand, training):
         host = _host_activation_bytes(model, cand, training, stage)
         if f:
-            whole = stage_states(model, cand, cluster, training, stage, pb, opt_offload=0.0)[3]
+            whole = stage_states(model, cand, cluster, training, stage, pb, opt_offload=0.0).optimizer
             host += offload.optimizer_host_bytes(whole, f, pb.master + pb.optimizer + pb.grads_fp32)
         most = max(most, host)
     return most
@@ -552,11 +552,32 @@ def deepspeed_zero1_one_rank(cand: Candidate, training: TrainingSpec) -> bool:
         and deepspeed_optimizer(training.framework)
 
 
+class StageStates(NamedTuple):
+    """What a GPU on one stage holds whatever the micro-batch, GAS, SP or recompute (`stage_states`): bytes but
+    ``params``; ``step``, ``reserved``, ``pinned``: `MemoryBreakdown.step_bytes`, ``reserved_bytes``,
+    ``pinned_bytes``."""
+
+    params: int
+    weights: float
+    grads: float
+    optimizer: float
+    buffers: float
+    step: float
+    reserved: float
+    pinned: float
+    static: float
+    """`model_states_bytes` of the above, kept as `PlanMemory` reads it for every candidate"""
+
+
+def _states(params: int, weights: float, grads: float, optimizer: float, buffers: float, step: float, reserved: float,
+            pinned: float) -> StageStates:
+    return StageStates(params, weights, grads, optimizer, buffers, step, reserved, pinned,
+                       model_states_bytes(weights, grads, optimizer, pinned))
+
+
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                 pb: ParamBytes, opt_offload: float | None = None
-                 ) -> tuple[int, float, float, float, float, float, float, float]:
-    """(parameters, weights, grads, optimizer, buffers, step, reserved, pinned) of a GPU on ``stage`` (step, reserved,
-    pinned: `MemoryBreakdown.step_bytes`, ``reserved_bytes``, ``pinned_bytes``): what reads only TP, PP, DP, CP, VPP,
+                 pb: ParamBytes, opt_offload: float | None = None) -> StageStates:
+    """`StageStates` of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
     ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`. Under
     DeepSeek's DualPipe an end rank holds the first and the last stage (DeepSeek-V3 report Table 2: 2x parameters):
     both stages' states, on either entry. ``opt_offload``: the share of the optimizer on the host, when not the
@@ -566,13 +587,13 @@ def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
         a, b = ([_stage_states(model, cand, cluster, training, s, pb, f) for s in (dualpipe.END, "last")]
                 if stage == dualpipe.END else [_stage_states(model, cand, cluster, training, "middle", pb, f)] * 2)
         # the communication buffers are the GPU's, not a stage's: once
-        return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], max(a[4], b[4]), a[5] + b[5], a[6] + b[6],
-                a[7] + b[7])
+        return _states(a.params + b.params, a.weights + b.weights, a.grads + b.grads, a.optimizer + b.optimizer,
+                       max(a.buffers, b.buffers), a.step + b.step, a.reserved + b.reserved, a.pinned + b.pinned)
     return _stage_states(model, cand, cluster, training, stage, pb, f)
 
 
 def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                  pb: ParamBytes, opt_offload: float) -> tuple[int, float, float, float, float, float, float, float]:
+                  pb: ParamBytes, opt_offload: float) -> StageStates:
     step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
     if step_grads:   # the 16-bit gradients; their fp32 copies at the step are the step's own term
         pb = replace(pb, grads=2, grads_fp32=0, reserved=0.0)
@@ -591,8 +612,8 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     optimizer *= 1 - opt_offload   # the host's share (planner.offload)
     reserved = params * pb.reserved / (shard if cand.zero >= 2 else 1)   # sharded as the gradients are
     pinned = pinned_reserve(reserved, params, shard)
-    return params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model), \
-        params * step_grads, reserved - pinned, pinned   # step unsharded: ZeRO 0, or ZeRO-1's partition over one rank
+    return _states(params, weights, grads, optimizer, framework_buffers_bytes(params, cand, training, pb, model),
+                   params * step_grads, reserved - pinned, pinned)   # step unsharded: ZeRO 0, or ZeRO-1's over 1 rank
 
 
 def pinned_reserve(reserved: float, params: float, shard: int) -> float:
@@ -670,9 +691,8 @@ def stored_layer_bytes(model: ModelSpec, cand: Candidate, stage: str, lps: int, 
     return inputs * act.input_bytes + (lps - checkpointed + mtp) * act.full_bytes
 
 
-def _breakdown(stage: str, states: tuple[int, float, float, float, float, float, float, float],
-               dynamic: tuple[float, float], cluster: ClusterSpec) -> MemoryBreakdown:
-    params, weights, grads, optimizer, buffers, step, reserved, pinned = states
+def _breakdown(stage: str, states: StageStates, dynamic: tuple[float, float], cluster: ClusterSpec) -> MemoryBreakdown:
+    params, weights, grads, optimizer, buffers, step, reserved, pinned, _ = states
     return MemoryBreakdown(stage=stage, params_on_gpu=params, weights_bytes=weights, grads_bytes=grads,
                            optimizer_bytes=optimizer, activations_bytes=dynamic[0], logits_bytes=dynamic[1],
                            buffers_bytes=buffers, context_bytes=cluster.context_bytes, step_bytes=step,
@@ -716,15 +736,13 @@ class PlanMemory:
         """`dynamic_by_mode`: `_dynamic_of` by (TP, SP, MBS, PP, VPP, CP, GAS), then by recompute mode"""
 
     def states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
-        """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``, and their
-        `model_states_bytes`."""
+        """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``."""
         key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, ep, etp, c.opt_offload)
         states = self._states.get(key)
         if states is None:
             with_ep = c if (c.ep, c.etp) == (ep, etp) else _with_modes(c, c.recompute, c.offload, ep, etp)
-            states = self._states[key] = tuple(
-                (s := stage_states(self.model, with_ep, self.cluster, self.training, stage, self.pb))
-                + (model_states_bytes(*s[1:4], s[7]),) for stage in pipeline_stages(c, self.training))
+            states = self._states[key] = tuple(stage_states(self.model, with_ep, self.cluster, self.training, stage,
+                                                            self.pb) for stage in pipeline_stages(c, self.training))
         return states
 
     def _dynamic_of(self, c: Candidate, recompute: str | None = None, offload: str | None = None) -> tuple:
@@ -757,10 +775,10 @@ class PlanMemory:
         """The larger stage total, as `memory_breakdown` picks it."""
         context = self.context_bytes
         s, d = states[0], dynamic[0]
-        total = total_bytes(s[8], d[0], d[1], s[4], context, s[5])
+        total = total_bytes(s.static, d[0], d[1], s.buffers, context, s.step)
         if len(states) > 1:   # the first and the last stage
             s, d = states[1], dynamic[1]
-            total = max(total, total_bytes(s[8], d[0], d[1], s[4], context, s[5]))
+            total = max(total, total_bytes(s.static, d[0], d[1], s.buffers, context, s.step))
         return total
 
     def _within(self, states: tuple, dynamic: tuple) -> bool:
@@ -768,11 +786,11 @@ class PlanMemory:
         sums it (the same float; written out here, as this runs for every candidate of a plan)."""
         usable, context = self.usable_bytes, self.context_bytes
         for s, d in zip(states, dynamic):   # the first stage, and the last when there are two
-            step = s[5]
+            step = s.step
             if step > d[0] + d[1]:
-                if s[8] + step + s[4] + context > usable:
+                if s.static + step + s.buffers + context > usable:
                     return False
-            elif s[8] + d[0] + d[1] + s[4] + context > usable:
+            elif s.static + d[0] + d[1] + s.buffers + context > usable:
                 return False
         return True
 
@@ -811,7 +829,7 @@ class PlanMemory:
         within = self._within
         if states is None:
             states = self.states_of(c, ep, etp)
-        if max(s[8] + s[4] + s[5] for s in states) + self.context_bytes > self.usable_bytes:   # the model states
+        if max(s.static + s.buffers + s.step for s in states) + self.context_bytes > self.usable_bytes:   # the states
             return None                                                                         # alone do not fit
         if not within(states, self._dynamic_of(c, offload=sets[-1])):
             return None
@@ -824,7 +842,7 @@ class PlanMemory:
         dynamic, usable, busiest, context = self._dynamic_of(c), self.usable_bytes, self._busiest, self.context_bytes
         # a bound from the row's states (cached): the whole optimizer off, nothing else changed; exact but where FP8
         # param gather turns off under the offload (planner.fp8), then the weights grow: never more than the exact
-        if max(total_bytes(s[8] - s[3], d[0], d[1], s[4], context, s[5])
+        if max(total_bytes(s.static - s.optimizer, d[0], d[1], s.buffers, context, s.step)
                for s, d in zip(self.states_of(c, ep, etp), dynamic)) > usable:
             return None
         states = self.states_of(replace(c, opt_offload=fractions[-1]), ep, etp)
@@ -844,7 +862,7 @@ class PlanMemory:
         within, most, usable, context = self._within, self._dynamic_of(c, offload=sets[-1]), self.usable_bytes, \
             self.context_bytes
         # the bound `optimizer_offload_fitting` takes, under the largest set: the whole optimizer off, from the cache
-        if max(total_bytes(s[8] - s[3], d[0], d[1], s[4], context, s[5])
+        if max(total_bytes(s.static - s.optimizer, d[0], d[1], s.buffers, context, s.step)
                for s, d in zip(self.states_of(c, ep, etp), most)) > usable:
             return None
         if not within(self.states_of(replace(c, opt_offload=fractions[-1]), ep, etp), most):
@@ -864,7 +882,7 @@ class PlanMemory:
         pb = self.pb
         per_param = pb.master + pb.optimizer + pb.grads_fp32
         whole = self.states_of(replace(c, opt_offload=0.0), c.ep, c.etp)
-        return max(offload.optimizer_host_bytes(s[3], f, per_param)
+        return max(offload.optimizer_host_bytes(s.optimizer, f, per_param)
                    + _host_activation_bytes(self.model, c, self.training, stage)
                    for s, stage in zip(whole, pipeline_stages(c, self.training)))
 
@@ -901,8 +919,8 @@ class PlanMemory:
         out = []
         for st in states:   # the first stage's (or the only one's) and the last's, as `_busiest` (unrolled: every row)
             s0, s1 = st[0], st[-1]
-            out.append(total_bytes(s0[8] - s0[3], d0[0], d0[1], s0[4], context, s0[5]) <= usable
-                       and total_bytes(s1[8] - s1[3], d1[0], d1[1], s1[4], context, s1[5]) <= usable)
+            out.append(total_bytes(s0.static - s0.optimizer, d0[0], d0[1], s0.buffers, context, s0.step) <= usable
+                       and total_bytes(s1.static - s1.optimizer, d1[0], d1[1], s1.buffers, context, s1.step) <= usable)
         return out
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
@@ -911,7 +929,7 @@ class PlanMemory:
         stages, states, dynamic = pipeline_stages(c, self.training), self.states_of(c, c.ep, c.etp), self._dynamic_of(c)
         totals = [self._busiest((s,), (d,)) for s, d in zip(states, dynamic)]
         i = totals.index(max(totals))
-        return _breakdown(stages[i], states[i][:8], dynamic[i], self.cluster)
+        return _breakdown(stages[i], states[i], dynamic[i], self.cluster)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
