@@ -721,7 +721,7 @@ def run(args: argparse.Namespace) -> int:
     if training.pp_schedule == dualpipe.DUALPIPE:   # planned as DeepSeek ran it; no emitter writes it
         note += (f"plan: note: --pp-schedule DualPipe is DeepSeek-V3's schedule (planner.dualpipe), planned here as "
                  f"their run; no framework plantune emits for runs it (--emit megatron-lm refuses it). {dualpipe.EQUIVALENT}\n")
-    if fp8.deepseek_storage(training):   # the same: DeepSeek's own framework's recipe
+    if training.deepseek_fp8_storage:   # the same: DeepSeek's own framework's recipe
         note += f"plan: note: {fp8.DEEPSEEK_NOTE}\n"
     if args.explain:
         cand = parse_explain(args.explain, world=cluster.world_size, global_batch=training.global_batch)

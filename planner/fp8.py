@@ -80,8 +80,9 @@ ACTIVATION_RECIPES = ("te", "deepseek")
 # DeepSeek-V3 report Sec. 3.3.3 (1): the inputs of the Linear after attention, which the attention backward reads too,
 # kept once "in a customized E5M6 data format": 1 + 5 + 6 bits
 E5M6_BYTES = 12 / 8
-# Sec. 3.3.1: activations quantized "on a 1x128 tile basis", one FP32 scaling factor per tile: 4 bytes a 128 elements
-TILE_SCALE_BYTES = 4.0 / 128
+# Sec. 3.3.1: activations quantized "on a 1x128 tile basis", one FP32 scaling factor per tile: the blockwise recipe's
+# block and scale (`BLOCK_SCALING`), 4 bytes a 128 elements
+TILE_SCALE_BYTES = BLOCK_SCALING["blockwise"][1] / BLOCK_SCALING["blockwise"][0]
 
 
 DEEPSEEK_NOTE = ("--fp8-activations deepseek is DeepSeek-V3's low-precision storage and dispatch (report Sec. 3.3.3), "
@@ -89,11 +90,6 @@ DEEPSEEK_NOTE = ("--fp8-activations deepseek is DeepSeek-V3's low-precision stor
                  "and dispatches in 16 bits (--emit megatron-lm refuses it): plan without --emit, or emit with "
                  "--fp8-activations te")
 """the stderr note `plan` prints, and why --emit megatron-lm refuses the recipe (planner.rules.model_violations)"""
-
-
-def deepseek_storage(training: "TrainingSpec") -> bool:
-    """Whether the run caches and dispatches as DeepSeek-V3 did (--fp8-activations deepseek under --precision fp8)."""
-    return training.precision == "fp8" and training.fp8_activations == "deepseek"
 
 
 def deepseek_layer_bytes(model: "ModelSpec", c: "Candidate", training: "TrainingSpec",
@@ -278,7 +274,7 @@ def cast_ops(lo: "LayerOps", model: "ModelSpec", c: "Candidate", training: "Trai
 
 __all__ = ["ACTIVATION_RECIPES", "BLOCK_SCALING", "DEEPSEEK_NOTE", "E5M6_BYTES", "FP8_RECIPES",
            "FRAMEWORKS_WITH_FP8", "TILE_SCALE_BYTES", "activation_saving_bytes", "block_scale_bytes", "cast_ops",
-           "cast_traffic_bytes", "compute_precision", "deepseek_layer_bytes", "deepseek_storage", "fc1_input_copies",
+           "cast_traffic_bytes", "compute_precision", "deepseek_layer_bytes", "fc1_input_copies",
            "fp8_param_gather", "gemm_rate_factor", "param_gather_bytes", "violations", "weight_bytes"]
 
 

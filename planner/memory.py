@@ -293,7 +293,7 @@ def layer_activations(model: ModelSpec, cand: Candidate, training: TrainingSpec)
     full = not_tp_bytes + (attn_tp + mlp_tp) * sbh / t + scores
     full -= fp8.activation_saving_bytes(cand, training.precision, sbh, f_ratio, training.flash_attention,
                                         fp8.fc1_input_copies(model, training))   # FP8 GEMM inputs
-    deepseek = fp8.deepseek_storage(training)
+    deepseek = training.deepseek_fp8_storage
     if deepseek:   # DeepSeek-V3's low-precision storage (report Sec. 3.3.3), tensor by tensor
         full = fp8.deepseek_layer_bytes(model, cand, training) * s * b + scores
     layer_input = 2 * sbh / (t if cand.sp else 1)

@@ -352,7 +352,8 @@ def dispatch_bytes(m: "ModelSpec", c: "Candidate", training: "TrainingSpec", tok
 
 # DeepSeek-V3 report Sec. 3.3.3: the dispatch (the activation before the MoE up-projections) and the activation
 # gradient before the down-projections go in FP8, 1 byte and an FP32 scale per 1x128 tile (Sec. 3.3.1); the forward and
-# backward combines stay BF16
+# backward combines stay BF16 (the tile scale is planner.fp8.TILE_SCALE_BYTES, which this module sits below:
+# tests/test_fp8_deepseek.py holds the two equal)
 FP8_DISPATCH_BYTES = 1.0 + 4.0 / 128
 
 
@@ -372,7 +373,7 @@ def all_to_all_layer_s(m: "ModelSpec", c: "Candidate", training: "TrainingSpec",
         recomputed_layers = recomputed_of(m, c, training.framework).layers
     calls = 4 + 2 * recomputed_layers   # full (or --recompute-modules moe): the pair again; block-N: its share
     total = calls * per
-    if training.precision == "fp8" and training.fp8_activations == "deepseek":
+    if training.deepseek_fp8_storage:
         # DeepSeek-V3 (report Sec. 3.3.3): the dispatch and the activation gradient before the down-projections (the
         # combine's backward) in FP8 with their tiles' scales, the combine and the dispatch's backward in BF16
         low = all_to_all_s(topology, c.etp, c.ep, dispatch_bytes(m, c, training, tokens, FP8_DISPATCH_BYTES),

@@ -728,7 +728,7 @@ def model_violations(model: ModelSpec, training: TrainingSpec, cluster: ClusterS
                                                      "costs; plan without --emit, or drop --unfused-norm"))
     if emit and fw == "megatron-lm" and training.pp_schedule == dualpipe.DUALPIPE:
         out.append(Violation(Reason.PIPELINE_SCHEDULE, dualpipe.NOT_EMITTED))
-    if emit and fw == "megatron-lm" and fp8.deepseek_storage(training):
+    if emit and fw == "megatron-lm" and training.deepseek_fp8_storage:
         out.append(Violation(Reason.FRAMEWORK_LIMIT, fp8.DEEPSEEK_NOTE))
     if facts_target and (fw != "fsdp" or emit):   # what the model is, that the target has no argument for
         out += [Violation(Reason.MODEL_FEATURE, f"{where} cannot express {what}; {fix}")

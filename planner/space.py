@@ -258,6 +258,13 @@ class TrainingSpec:
             raise InputError(f"rampup start {self.rampup.start} must be below the global batch "
                              f"{self.global_batch} (megatron/microbatches.py)")
 
+    @property
+    def deepseek_fp8_storage(self) -> bool:
+        """Whether the run caches and dispatches as DeepSeek-V3 did (--fp8-activations deepseek, which
+        `__post_init__` allows under --precision fp8 only): `planner.fp8.deepseek_layer_bytes`, the FP8 dispatch
+        (`planner.moe.all_to_all_layer_s`)."""
+        return self.fp8_activations == "deepseek"
+
 
 def offload_problem(modules: tuple[str, ...], what: str) -> str | None:
     """Why Megatron-LM refuses an --offload-modules list (one line with a fix), or None (transformer_config.py)."""

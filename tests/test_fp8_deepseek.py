@@ -40,7 +40,7 @@ def test_e5m6_and_tile_scales():
     1x128 tile; the FP8 dispatch carries 1 byte and that scale an element."""
     assert fp8.E5M6_BYTES == 1.5
     assert fp8.TILE_SCALE_BYTES == pytest.approx(4 / 128)
-    assert moe.FP8_DISPATCH_BYTES == pytest.approx(1 + 4 / 128)
+    assert moe.FP8_DISPATCH_BYTES == pytest.approx(1 + 4 / 128) == 1 + fp8.TILE_SCALE_BYTES
 
 
 def test_deepseek_v3_layer_keeps_what_sec_333_lists():
