@@ -637,9 +637,18 @@ def count_step_flops(spec: ProbeSpec) -> float:
     return float(counter.get_total_flops())
 
 
+ONEDNN_CREATE_FAILURE = "could not create a primitive"
+"""oneDNN's (CPU kernels') error when it cannot set up a kernel, which includes failing to allocate its buffers"""
+
+
 def _is_oom(err: BaseException) -> bool:
+    """A memory failure: torch's and Python's own, or, in an address space capped below the machine's
+    (``PLANTUNE_PROBE_RLIMIT_AS_HEADROOM_BYTES``, a scheduler's limit), oneDNN failing to set up a kernel: which
+    allocation meets the cap first depends on timing, and under the cap oneDNN's failure is its allocation's."""
     text = f"{type(err).__name__}: {err}"
-    return isinstance(err, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in OOM_MARKERS)
+    if isinstance(err, (MemoryError, torch.OutOfMemoryError)) or any(m in text for m in OOM_MARKERS):
+        return True
+    return ONEDNN_CREATE_FAILURE in text and resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
 
 
 def _finish(code: int) -> None:

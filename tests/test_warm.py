@@ -86,7 +86,9 @@ def test_probes_reuse_the_workers_prune_keeps_them_oom_and_crash_retire_them(tmp
         # an OOM ends the failing worker, torchrun the other: the pool is retired, its processes gone
         oom = workers.run(tiny_spec(dp=2, mbs=256, gas=1), nproc=2, workdir=tmp_path / "d", timeout_s=PROBE_TIMEOUT_S,
                           env={"PLANTUNE_PROBE_RLIMIT_AS_HEADROOM_BYTES": str(32 << 20)})
-        assert oom.status == "oom" and "can't allocate memory" in oom.reason, oom.reason
+        # the allocation that meets the cap is torch's or oneDNN's, as timing falls: both are this rank's OOM
+        assert oom.status == "oom" and any(m in oom.reason for m in ("can't allocate memory", "create a primitive")), \
+            oom.reason
         assert oom.extra["warm"]["retired"] and workers.pool is None and not no_process_left(oom)
 
         # the next probe gets fresh workers; a crash there names its rank and retires them too
