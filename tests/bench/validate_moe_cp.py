@@ -2,6 +2,8 @@
 
     python tests/bench/validate_moe_cp.py
 
+(Its MoE and dense rows beside the other dev tables', issue 33's criterion: tests/bench/moe_vs_dense.py.)
+
 Each row is a published layout; the planner scores that exact layout (TP, PP, CP, DP, EP, VP, MBS, GBS) and
 reports the best of recompute none/selective/full and ZeRO 0/1 that fits, against the published throughput:
 tokens/s per GPU where the source gives it (Megatron-Bridge), else model TFLOP/s per GPU (Llama 3). Tokens/s does
@@ -144,26 +146,34 @@ def predict(model: str, gpu: str, gpus: int, precision: str, gbs: int, mbs: int,
     return best[:3] if best else None
 
 
+def score(row: tuple) -> tuple[str, float, float, str]:
+    """(unit, published, predicted, what was chosen) of one of `ROWS`, scored as its source ran it."""
+    src, model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, pub_tf, pub_tok = row
+    bridge = src.startswith("Megatron-Bridge")
+    deepseek = src.startswith("DeepSeek")
+    best = predict(model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, grad_reduce_dtype="bf16" if bridge else "fp32",
+                   fp8_recipe=("tensorwise" if gpu == "H100" else "mxfp8") if bridge else
+                   "blockwise" if deepseek else "delayed",
+                   recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge or deepseek else None,
+                   pp_schedule=PUBLISHED_PP_SCHEDULE.get((model, gpu), ""),
+                   fp8_activations=PUBLISHED_FP8_ACTIVATIONS.get((model, gpu), "te"),
+                   optimizer_state_dtype=PUBLISHED_OPTIMIZER_STATE_DTYPE.get((model, gpu), "fp32"),
+                   mbs_choices=PUBLISHED_MBS_CHOICES.get((model, gpu), ()),
+                   a2a_overlap=(model, gpu) in PUBLISHED_A2A_OVERLAP,
+                   shared_expert_overlap=(model, gpu) in PUBLISHED_SHARED_EXPERT_OVERLAP,
+                   cuda_graphs=PUBLISHED_CUDA_GRAPHS.get((model, gpu), ()) if bridge else ())
+    tf, tok, note = best if best else (float("nan"), float("nan"), "does not fit")
+    unit, pub, pred = ("tokens/s", pub_tok, tok) if pub_tok else ("TFLOP/s", pub_tf, tf)
+    return unit, pub, pred, note
+
+
 def main() -> int:
     print(f"{'source':28} {'model':15} {'GPUs':>10} {'prec':5} {'TP/PP/CP/EP':12} {'unit':9} {'published':>9} "
           f"{'predicted':>9} {'ratio':>6}  chosen")
     ratios, oom_rows = [], 0
-    for src, model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, pub_tf, pub_tok in ROWS:
-        bridge = src.startswith("Megatron-Bridge")
-        deepseek = src.startswith("DeepSeek")
-        best = predict(model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, grad_reduce_dtype="bf16" if bridge else "fp32",
-                       fp8_recipe=("tensorwise" if gpu == "H100" else "mxfp8") if bridge else
-                       "blockwise" if deepseek else "delayed",
-                       recompute=PUBLISHED_RECOMPUTE.get((model, gpu)) if bridge or deepseek else None,
-                       pp_schedule=PUBLISHED_PP_SCHEDULE.get((model, gpu), ""),
-                       fp8_activations=PUBLISHED_FP8_ACTIVATIONS.get((model, gpu), "te"),
-                       optimizer_state_dtype=PUBLISHED_OPTIMIZER_STATE_DTYPE.get((model, gpu), "fp32"),
-                       mbs_choices=PUBLISHED_MBS_CHOICES.get((model, gpu), ()),
-                       a2a_overlap=(model, gpu) in PUBLISHED_A2A_OVERLAP,
-                       shared_expert_overlap=(model, gpu) in PUBLISHED_SHARED_EXPERT_OVERLAP,
-                       cuda_graphs=PUBLISHED_CUDA_GRAPHS.get((model, gpu), ()) if bridge else ())
-        tf, tok, note = best if best else (float("nan"), float("nan"), "does not fit")
-        unit, pub, pred = ("tokens/s", pub_tok, tok) if pub_tok else ("TFLOP/s", pub_tf, tf)
+    for row in ROWS:
+        src, model, gpu, gpus, prec, gbs, mbs, seq, tp, pp, cp, vp, ep, pub_tf, pub_tok = row
+        unit, pub, pred, note = score(row)
         ratios.append(pred / pub)
         oom_rows += "predicted OOM" in note
         print(f"{src:28} {model:15} {gpu + 'x' + str(gpus):>10} {prec:5} {f'{tp}/{pp}/{cp}/{ep}':12} {unit:9} "
