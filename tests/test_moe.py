@@ -614,3 +614,17 @@ def test_flex_dispatcher_prices_deepseek_v3_dispatch_below_alltoall():
         global_batch=8192, seq_len=4096, framework="megatron-lm", moe_dispatcher=d), c).time.ep_comm_s
           for d in ("alltoall", "deepep", "allgather")}
     assert ep["deepep"] < ep["alltoall"] < ep["allgather"]
+
+
+def test_moe_vs_dense_scores_every_dev_run_once_in_its_group():
+    """tests/bench/moe_vs_dense.py (issue 33's criterion): the 7 MoE runs (5 of validate_moe_cp, NeMo GB200 Mixtral and
+    Llama 4 Scout) and the 52 dense ones (5 + 3 + validate.py's 44 modern runs), each scored once."""
+    from tests.bench import moe_vs_dense
+
+    rows = moe_vs_dense.rows()
+    moe_rows = [r for r in rows if r[2]]
+    assert len(moe_rows) == 7 and len(rows) - len(moe_rows) == 52
+    assert len({(s, run) for s, run, _, _ in rows}) == len(rows)
+    assert {s for s, *_ in moe_rows} == {"validate_moe_cp", "validate_blackwell"}
+    n, gmean, err = moe_vs_dense.group_figures([r for *_, r in moe_rows])
+    assert n == 7 and 0.5 < gmean < 2 and 0 <= err < 1
