@@ -14,6 +14,23 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _caches_written() -> None:
+    """The test processes, and every process they start, write Python's caches even where the environment says
+    PYTHONDONTWRITEBYTECODE (set in some sandboxes, this machine's included): under it every one of the suite's
+    several hundred processes (`plan`, `tune`, probe workers, SLURM steps) compiled planner/, search/ and probes/
+    from source, `plan` re-read its YAML catalog and recompiled its dataclasses' methods (planner.files' caches
+    beside the bytecode), and each xdist worker re-ran pytest's assertion rewriting of every test module. The caches
+    are Python's own (`__pycache__`, checked against the source's mtime and size; written atomically, so the two
+    workers can write the same one), and tests/bench/bench_plan.py already runs without the variable. The tests
+    that check writing the caches or not set `sys.dont_write_bytecode` themselves (test_hardware, test_startup).
+    Done here, while pytest loads this file, before pytest-xdist starts its workers with this environment."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
+_caches_written()
+
+
 def _sqlite_commits_without_fsync() -> None:
     """The studies the tests run in this process (SQLite files under tmp_path) commit without an fsync
     (``PRAGMA synchronous=OFF``): each commit still reaches the operating system before the call returns, so every
