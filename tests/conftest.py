@@ -14,6 +14,48 @@ import pytest
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def _caches_written() -> None:
+    """The test processes, and every process they start, write Python's caches even where the environment says
+    PYTHONDONTWRITEBYTECODE (set in some sandboxes, this machine's included): under it every one of the suite's
+    several hundred processes (`plan`, `tune`, probe workers, SLURM steps) compiled planner/, search/ and probes/
+    from source, `plan` re-read its YAML catalog and recompiled its dataclasses' methods (planner.files' caches
+    beside the bytecode), and each xdist worker re-ran pytest's assertion rewriting of every test module. The caches
+    are Python's own (`__pycache__`, checked against the source's mtime and size; written atomically, so the two
+    workers can write the same one), and tests/bench/bench_plan.py already runs without the variable. The tests
+    that check writing the caches or not set `sys.dont_write_bytecode` themselves (test_hardware, test_startup).
+    Done here, while pytest loads this file, before pytest-xdist starts its workers with this environment."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
+_caches_written()
+
+
+def _tmp_path_in_memory(root: str = "/dev/shm", min_free_bytes: int = 2 << 30) -> None:
+    """pytest's temporary folders (tmp_path: the tests' SQLite studies, probe folders, logs) go under ``root``
+    where it is a tmpfs with room to spare and allows executing files; elsewhere, as before, under the system's
+    temporary directory. Every `tune` a test starts keeps SQLite's default (synchronous=FULL: an fsync per commit,
+    one commit per trial attribute and per reported step); on this machine's disk those fsyncs held one tuner
+    run of tests/test_tune_prune_local.py 7.7 s of 38.6 s idle (the same CPU), and the worker with it. On a tmpfs
+    fsync returns at once; SQLite, Optuna and `tune` run unchanged. pytest keeps its numbered folders (the last 3)
+    under the root it is given (PYTEST_DEBUG_TEMPROOT, read when the first temporary folder is made: here,
+    before pytest-xdist hands the workers their folders); a --basetemp or PYTEST_DEBUG_TEMPROOT given wins."""
+    if "PYTEST_DEBUG_TEMPROOT" in os.environ:
+        return
+    try:
+        with open("/proc/mounts", encoding="utf-8") as mounts:
+            tmpfs = any(f[1] == root and f[2] == "tmpfs" for f in (line.split() for line in mounts) if len(f) > 2)
+        fs = os.statvfs(root)
+    except OSError:
+        return
+    if tmpfs and not fs.f_flag & os.ST_NOEXEC and not fs.f_flag & os.ST_RDONLY and os.access(root, os.W_OK) \
+            and fs.f_bavail * fs.f_frsize >= min_free_bytes:
+        os.environ["PYTEST_DEBUG_TEMPROOT"] = root
+
+
+_tmp_path_in_memory()
+
+
 def _sqlite_commits_without_fsync() -> None:
     """The studies the tests run in this process (SQLite files under tmp_path) commit without an fsync
     (``PRAGMA synchronous=OFF``): each commit still reaches the operating system before the call returns, so every
