@@ -576,24 +576,41 @@ def _states(params: int, weights: float, grads: float, optimizer: float, buffers
 
 
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                 pb: ParamBytes, opt_offload: float | None = None) -> StageStates:
+                 pb: ParamBytes, opt_offload: float | None = None, dense: dict | None = None) -> StageStates:
     """`StageStates` of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
     ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`. Under
     DeepSeek's DualPipe an end rank holds the first and the last stage (DeepSeek-V3 report Table 2: 2x parameters):
     both stages' states, on either entry. ``opt_offload``: the share of the optimizer on the host, when not the
-    candidate's (`planner.offload.optimizer_fraction`): the host-memory rule reads the whole optimizer (0)."""
+    candidate's (`planner.offload.optimizer_fraction`): the host-memory rule reads the whole optimizer (0). ``dense``:
+    the caller's memo of `dense_states` by stage, for candidates that differ from ``cand`` in EP and ETP only."""
     f = offload.optimizer_fraction(cand, training) if opt_offload is None else opt_offload
     if stage in (dualpipe.END, dualpipe.MIDDLE):   # DualPipe: rank i holds stage i and stage PP-1-i
-        a, b = ([_stage_states(model, cand, cluster, training, s, pb, f) for s in (dualpipe.END, "last")]
-                if stage == dualpipe.END else [_stage_states(model, cand, cluster, training, "middle", pb, f)] * 2)
+        a, b = ([_stage_states(model, cand, cluster, training, s, pb, f, dense) for s in (dualpipe.END, "last")]
+                if stage == dualpipe.END else [_stage_states(model, cand, cluster, training, "middle", pb, f, dense)] * 2)
         # the communication buffers are the GPU's, not a stage's: once
         return _states(a.params + b.params, a.weights + b.weights, a.grads + b.grads, a.optimizer + b.optimizer,
                        max(a.buffers, b.buffers), a.step + b.step, a.reserved + b.reserved, a.pinned + b.pinned)
-    return _stage_states(model, cand, cluster, training, stage, pb, f)
+    return _stage_states(model, cand, cluster, training, stage, pb, f, dense)
 
 
-def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                  pb: ParamBytes, opt_offload: float) -> StageStates:
+class DenseStates(NamedTuple):
+    """What `stage_states` holds of a stage before its routed experts are added: it reads no EP or ETP (`PlanMemory`
+    keeps one per row of candidates that differ only in those)."""
+
+    pb: ParamBytes
+    """`training_param_bytes` as this layout stores them (DeepSpeed's fp16 step gradients, FP8 param gather)"""
+    step_grads: float
+    shard: int
+    layers: int
+    params: int
+    weights: float
+    grads: float
+    optimizer: float
+
+
+def dense_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
+                 pb: ParamBytes) -> DenseStates:
+    """`DenseStates` of a GPU on ``stage``: the non-expert parameters and their ZeRO-sharded bytes."""
     step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
     if step_grads:   # the 16-bit gradients; their fp32 copies at the step are the step's own term
         pb = replace(pb, grads=2, grads_fp32=0, reserved=0.0)
@@ -605,7 +622,17 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     lps = stage_layers(model, cand, training.framework, stage)
     params = stage_params(model, cand, stage, training.framework,
                           mtp_embedding=dualpipe.parameter_copies(training.pp_schedule, cand.pp) == 1)
-    weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
+    return DenseStates(pb, step_grads, shard, lps, params, *sharded_static_bytes(params, pb, cand, shard))
+
+
+def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
+                  pb: ParamBytes, opt_offload: float, dense: dict | None = None) -> StageStates:
+    known = None if dense is None else dense.get(stage)
+    if known is None:
+        known = dense_states(model, cand, cluster, training, stage, pb)
+        if dense is not None:
+            dense[stage] = known
+    pb, step_grads, shard, lps, params, weights, grads, optimizer = known
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
         model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes,
         last_stage=stage in ("last", "only"))
@@ -720,6 +747,8 @@ class PlanMemory:
         self.context_bytes = cluster.context_bytes
         self._states: dict[tuple, tuple] = {}
         """per stage: `stage_states` and their `model_states_bytes`"""
+        self._dense: dict[tuple, dict[str, DenseStates]] = {}
+        """`dense_states` by stage, for the (EP, ETP) of one (TP, PP, DP, CP, VPP, ZeRO, hybrid, optimizer offload)"""
         self._layers: dict[tuple, LayerActivations] = {}
         self._dynamic: dict[tuple, tuple] = {}
         """per stage: `stage_dynamic`"""
@@ -736,8 +765,13 @@ class PlanMemory:
         states = self._states.get(key)
         if states is None:
             with_ep = c if (c.ep, c.etp) == (ep, etp) else _with_modes(c, c.recompute, c.offload, ep, etp)
+            dense_key = key[:7] + key[9:]
+            dense = self._dense.get(dense_key)
+            if dense is None:
+                dense = self._dense[dense_key] = {}
             states = self._states[key] = tuple(stage_states(self.model, with_ep, self.cluster, self.training, stage,
-                                                            self.pb) for stage in pipeline_stages(c, self.training))
+                                                            self.pb, dense=dense)
+                                               for stage in pipeline_stages(c, self.training))
         return states
 
     def _dynamic_of(self, c: Candidate, recompute: str | None = None, offload: str | None = None) -> tuple:
