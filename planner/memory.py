@@ -606,6 +606,8 @@ class DenseStates(NamedTuple):
     weights: float
     grads: float
     optimizer: float
+    routed: tuple[float, int]
+    """`planner.moe.routed_params` of the stage: its routed experts before EP and ETP split them"""
 
 
 def dense_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
@@ -622,7 +624,8 @@ def dense_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
     lps = stage_layers(model, cand, training.framework, stage)
     params = stage_params(model, cand, stage, training.framework,
                           mtp_embedding=dualpipe.parameter_copies(training.pp_schedule, cand.pp) == 1)
-    return DenseStates(pb, step_grads, shard, lps, params, *sharded_static_bytes(params, pb, cand, shard))
+    return DenseStates(pb, step_grads, shard, lps, params, *sharded_static_bytes(params, pb, cand, shard),
+                       moe.routed_params(model, lps, last_stage=stage in ("last", "only")))
 
 
 def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
@@ -632,10 +635,9 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         known = dense_states(model, cand, cluster, training, stage, pb)
         if dense is not None:
             dense[stage] = known
-    pb, step_grads, shard, lps, params, weights, grads, optimizer = known
+    pb, step_grads, shard, lps, params, weights, grads, optimizer, routed = known
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
-        model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes,
-        last_stage=stage in ("last", "only"))
+        cand, routed, pb, (params, weights, grads, optimizer), sharded_static_bytes)
     optimizer *= 1 - opt_offload   # the host's share (planner.offload)
     reserved = params * pb.reserved / (shard if cand.zero >= 2 else 1)   # sharded as the gradients are
     pinned = pinned_reserve(reserved, params, shard)
