@@ -825,6 +825,17 @@ class PlanMemory:
                 return False
         return True
 
+    def leave_room(self, states: tuple) -> bool:
+        """False when no activations can fit beside ``states`` (`states_of`): some stage's model states, buffers and
+        CUDA context alone exceed the usable memory. `_within`'s sums then exceed it too, whatever the dynamic memory:
+        each adds non-negative terms (the step, activations, logits) to the static bytes, and float addition is monotone
+        in each operand. True (not known) under the training's own activation offload, which subtracts from the
+        activations."""
+        if self.training.activation_offload:
+            return True
+        usable, context = self.usable_bytes, self.context_bytes
+        return all(s.static + s.buffers + context <= usable for s in states)
+
     def total_bytes(self, c: Candidate) -> float:
         """`memory_breakdown(...).total_bytes`: the busiest stage's total."""
         return self._busiest(self.states_of(c, c.ep, c.etp), self._dynamic_of(c))

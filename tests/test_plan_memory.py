@@ -191,3 +191,25 @@ def test_candidate_of_builds_the_candidate_the_dataclass_does():
     assert candidate_of(*list(values.values())[:13]) == Candidate(**{k: values[k] for k in list(values)[:13]})
     with pytest.raises(AttributeError):
         fast.tp = 1
+
+
+@pytest.mark.parametrize("name, gpus, gpu, kw", CASES[:3] + [
+    ("mixtral-8x7b", 32, "H100", dict(global_batch=128, seq_len=8192, framework="megatron-lm", max_mbs=4,
+                                      activation_offload=("attn_norm",)))])
+def test_no_room_means_no_recompute_mode_fits(name, gpus, gpu, kw):
+    """`PlanMemory.leave_room` (plan skips a candidate's recompute search where it is False) is False only where no
+    mode fits: every mode of every rule-passing candidate, and with EP 1 (the largest expert states), is asked."""
+    model, cluster, training = _setup(name, gpus, gpu, kw)
+    memory = PlanMemory(model, cluster, training)
+    modes = ("none", "selective", "full", "block-1", "block-2", "modules:moe_act", "modules:moe")
+    cands = _passing(model, cluster, training)
+    assert cands
+    seen = Counter()
+    for c in cands:
+        for ep, etp in {(c.ep, c.etp), (1, 1)}:
+            states = memory.states_of(c, ep, etp)
+            room = memory.leave_room(states)
+            seen[room] += 1
+            if not room:
+                assert not any(memory.fits_under(c, (ep, etp))(mode) for mode in modes)
+    assert seen[False] or training.activation_offload, "a case where the states leave no room"
