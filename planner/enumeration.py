@@ -14,7 +14,7 @@ from planner import context_parallel, moe, recompute
 from planner.model import ModelSpec
 from planner.pipeline_split import vpp_choices
 from planner.rules import knob_values, target_of
-from planner.space import Candidate, TrainingSpec, divisors
+from planner.space import Candidate, TrainingSpec, candidate_of, divisors
 
 
 def mbs_values(per_replica: int, max_mbs: int) -> list[int]:
@@ -101,8 +101,8 @@ class Group:
                             yield recompute, zero, sp, vpp, hybrid, eps
 
     def make(self, recompute: str, zero: int, sp: bool, vpp: int, hybrid: bool, ep: int, etp: int) -> Candidate:
-        return Candidate(tp=self.tp, pp=self.pp, dp=self.dp, mbs=self.mbs, gas=self.gas, recompute=recompute,
-                         zero=zero, sp=sp, vpp=vpp, hybrid=hybrid, cp=self.cp, ep=ep, etp=etp)
+        return candidate_of(self.tp, self.pp, self.dp, self.mbs, self.gas, recompute, zero, sp, vpp, hybrid, self.cp,
+                            ep, etp)
 
     def candidates(self) -> Iterator[Candidate]:
         for recompute, zero, sp, vpp, hybrid, eps in self.rows():

@@ -29,7 +29,7 @@ from planner.framework import get_framework
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
-from planner.space import Candidate, TrainingSpec
+from planner.space import Candidate, TrainingSpec, candidate_of
 
 # PyTorch's caching allocator's overhead on the dynamic part (activations, logits): ALLOCATOR_OVERHEAD, fitted
 # (planner.constants).
@@ -576,24 +576,43 @@ def _states(params: int, weights: float, grads: float, optimizer: float, buffers
 
 
 def stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                 pb: ParamBytes, opt_offload: float | None = None) -> StageStates:
+                 pb: ParamBytes, opt_offload: float | None = None, dense: dict | None = None) -> StageStates:
     """`StageStates` of a GPU on ``stage``: what reads only TP, PP, DP, CP, VPP,
     ZeRO, hybrid, EP and ETP (never the micro-batch, GAS, SP or recompute). ``pb``: `training_param_bytes`. Under
     DeepSeek's DualPipe an end rank holds the first and the last stage (DeepSeek-V3 report Table 2: 2x parameters):
     both stages' states, on either entry. ``opt_offload``: the share of the optimizer on the host, when not the
-    candidate's (`planner.offload.optimizer_fraction`): the host-memory rule reads the whole optimizer (0)."""
+    candidate's (`planner.offload.optimizer_fraction`): the host-memory rule reads the whole optimizer (0). ``dense``:
+    the caller's memo of `dense_states` by stage, for candidates that differ from ``cand`` in EP and ETP only."""
     f = offload.optimizer_fraction(cand, training) if opt_offload is None else opt_offload
     if stage in (dualpipe.END, dualpipe.MIDDLE):   # DualPipe: rank i holds stage i and stage PP-1-i
-        a, b = ([_stage_states(model, cand, cluster, training, s, pb, f) for s in (dualpipe.END, "last")]
-                if stage == dualpipe.END else [_stage_states(model, cand, cluster, training, "middle", pb, f)] * 2)
+        a, b = ([_stage_states(model, cand, cluster, training, s, pb, f, dense) for s in (dualpipe.END, "last")]
+                if stage == dualpipe.END else [_stage_states(model, cand, cluster, training, "middle", pb, f, dense)] * 2)
         # the communication buffers are the GPU's, not a stage's: once
         return _states(a.params + b.params, a.weights + b.weights, a.grads + b.grads, a.optimizer + b.optimizer,
                        max(a.buffers, b.buffers), a.step + b.step, a.reserved + b.reserved, a.pinned + b.pinned)
-    return _stage_states(model, cand, cluster, training, stage, pb, f)
+    return _stage_states(model, cand, cluster, training, stage, pb, f, dense)
 
 
-def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
-                  pb: ParamBytes, opt_offload: float) -> StageStates:
+class DenseStates(NamedTuple):
+    """What `stage_states` holds of a stage before its routed experts are added: it reads no EP or ETP (`PlanMemory`
+    keeps one per row of candidates that differ only in those)."""
+
+    pb: ParamBytes
+    """`training_param_bytes` as this layout stores them (DeepSpeed's fp16 step gradients, FP8 param gather)"""
+    step_grads: float
+    shard: int
+    layers: int
+    params: int
+    weights: float
+    grads: float
+    optimizer: float
+    routed: tuple[float, int]
+    """`planner.moe.routed_params` of the stage: its routed experts before EP and ETP split them"""
+
+
+def dense_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
+                 pb: ParamBytes) -> DenseStates:
+    """`DenseStates` of a GPU on ``stage``: the non-expert parameters and their ZeRO-sharded bytes."""
     step_grads = deepspeed_fp16_step_grad_bytes(cand, training)
     if step_grads:   # the 16-bit gradients; their fp32 copies at the step are the step's own term
         pb = replace(pb, grads=2, grads_fp32=0, reserved=0.0)
@@ -605,10 +624,20 @@ def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     lps = stage_layers(model, cand, training.framework, stage)
     params = stage_params(model, cand, stage, training.framework,
                           mtp_embedding=dualpipe.parameter_copies(training.pp_schedule, cand.pp) == 1)
-    weights, grads, optimizer = sharded_static_bytes(params, pb, cand, shard)
+    return DenseStates(pb, step_grads, shard, lps, params, *sharded_static_bytes(params, pb, cand, shard),
+                       moe.routed_params(model, lps, last_stage=stage in ("last", "only")))
+
+
+def _stage_states(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, stage: str,
+                  pb: ParamBytes, opt_offload: float, dense: dict | None = None) -> StageStates:
+    known = None if dense is None else dense.get(stage)
+    if known is None:
+        known = dense_states(model, cand, cluster, training, stage, pb)
+        if dense is not None:
+            dense[stage] = known
+    pb, step_grads, shard, lps, params, weights, grads, optimizer, routed = known
     params, weights, grads, optimizer = moe.add_expert_states(   # routed experts over EP (and the MTP layer's)
-        model, cand, lps, pb, (params, weights, grads, optimizer), sharded_static_bytes,
-        last_stage=stage in ("last", "only"))
+        cand, routed, pb, (params, weights, grads, optimizer), sharded_static_bytes)
     optimizer *= 1 - opt_offload   # the host's share (planner.offload)
     reserved = params * pb.reserved / (shard if cand.zero >= 2 else 1)   # sharded as the gradients are
     pinned = pinned_reserve(reserved, params, shard)
@@ -700,15 +729,10 @@ def _breakdown(stage: str, states: StageStates, dynamic: tuple[float, float], cl
 
 
 def _with_modes(c: Candidate, recompute: str, offload: str, ep: int | None = None, etp: int | None = None) -> Candidate:
-    """``replace(c, recompute=recompute, offload=offload[, ep=ep, etp=etp])``, each field passed by name (a third
-    faster than `dataclasses.replace`, which `PlanMemory` would call for every mode and EP it tries)."""
-    return Candidate(tp=c.tp, pp=c.pp, dp=c.dp, mbs=c.mbs, gas=c.gas, recompute=recompute, zero=c.zero, sp=c.sp,
-                     vpp=c.vpp, hybrid=c.hybrid, cp=c.cp, ep=c.ep if ep is None else ep,
-                     etp=c.etp if etp is None else etp, offload=offload, opt_offload=c.opt_offload)
-
-
-assert Candidate.__slots__ == ("tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "sp", "vpp", "hybrid", "cp", "ep",
-                               "etp", "offload", "opt_offload"), "planner.memory._with_modes passes every Candidate field"
+    """``replace(c, recompute=recompute, offload=offload[, ep=ep, etp=etp])``, built by `candidate_of` (several
+    times faster than `dataclasses.replace`, which `PlanMemory` would call for every mode and EP it tries)."""
+    return candidate_of(c.tp, c.pp, c.dp, c.mbs, c.gas, recompute, c.zero, c.sp, c.vpp, c.hybrid, c.cp,
+                        c.ep if ep is None else ep, c.etp if etp is None else etp, offload, c.opt_offload)
 
 
 class PlanMemory:
@@ -725,6 +749,8 @@ class PlanMemory:
         self.context_bytes = cluster.context_bytes
         self._states: dict[tuple, tuple] = {}
         """per stage: `stage_states` and their `model_states_bytes`"""
+        self._dense: dict[tuple, dict[str, DenseStates]] = {}
+        """`dense_states` by stage, for the (EP, ETP) of one (TP, PP, DP, CP, VPP, ZeRO, hybrid, optimizer offload)"""
         self._layers: dict[tuple, LayerActivations] = {}
         self._dynamic: dict[tuple, tuple] = {}
         """per stage: `stage_dynamic`"""
@@ -741,8 +767,13 @@ class PlanMemory:
         states = self._states.get(key)
         if states is None:
             with_ep = c if (c.ep, c.etp) == (ep, etp) else _with_modes(c, c.recompute, c.offload, ep, etp)
+            dense_key = key[:7] + key[9:]
+            dense = self._dense.get(dense_key)
+            if dense is None:
+                dense = self._dense[dense_key] = {}
             states = self._states[key] = tuple(stage_states(self.model, with_ep, self.cluster, self.training, stage,
-                                                            self.pb) for stage in pipeline_stages(c, self.training))
+                                                            self.pb, dense=dense)
+                                               for stage in pipeline_stages(c, self.training))
         return states
 
     def _dynamic_of(self, c: Candidate, recompute: str | None = None, offload: str | None = None) -> tuple:
@@ -793,6 +824,17 @@ class PlanMemory:
             elif s.static + d[0] + d[1] + s.buffers + context > usable:
                 return False
         return True
+
+    def leave_room(self, states: tuple) -> bool:
+        """False when no activations can fit beside ``states`` (`states_of`): some stage's model states, buffers and
+        CUDA context alone exceed the usable memory. `_within`'s sums then exceed it too, whatever the dynamic memory:
+        each adds non-negative terms (the step, activations, logits) to the static bytes, and float addition is monotone
+        in each operand. True (not known) under the training's own activation offload, which subtracts from the
+        activations."""
+        if self.training.activation_offload:
+            return True
+        usable, context = self.usable_bytes, self.context_bytes
+        return all(s.static + s.buffers + context <= usable for s in states)
 
     def total_bytes(self, c: Candidate) -> float:
         """`memory_breakdown(...).total_bytes`: the busiest stage's total."""

@@ -92,7 +92,21 @@ def expert_params_on_gpu(m: "ModelSpec", c: "Candidate", layers_on_stage: int) -
     ``--expert-model-parallel-size``, ``--expert-tensor-parallel-size``)."""
     if not is_moe(m):
         return 0
-    return math.ceil(layers_on_stage * mean_expert_layer_params(m) / (c.ep * c.etp))
+    return routed_share(layers_on_stage * mean_expert_layer_params(m), c)
+
+
+def routed_share(params: float, c: "Candidate") -> int:
+    """Of ``params`` routed-expert parameters (a stage's, the MTP layers'), those one GPU holds: over EP, each expert
+    split by ETP."""
+    return math.ceil(params / (c.ep * c.etp))
+
+
+def routed_params(m: "ModelSpec", layers_on_stage: int, *, last_stage: bool = False) -> tuple[float, int]:
+    """(the routed experts of ``layers_on_stage`` layers, on the last stage the MTP layers' experts) before EP and
+    ETP split them: what `add_expert_states` reads of the model and the stage (a plan keeps it per stage)."""
+    if not is_moe(m):
+        return 0.0, 0
+    return layers_on_stage * mean_expert_layer_params(m), mtp_expert_params(m) if last_stage else 0
 
 
 def expert_data_parallel(c: "Candidate") -> int:
@@ -102,15 +116,15 @@ def expert_data_parallel(c: "Candidate") -> int:
     return max(1, c.tp * c.cp * c.dp // (c.etp * c.ep))
 
 
-def add_expert_states(m: "ModelSpec", c: "Candidate", layers_on_stage: int, pb: object,
-                      states: tuple[int, float, float, float],
-                      shard_fn: Callable, *, last_stage: bool = False) -> tuple[int, float, float, float]:
-    """(params, weights, grads, optimizer) of the non-expert part plus the routed experts (and, on the last
-    stage, the MTP layers' experts), whose ZeRO/distributed-optimizer sharding runs over the expert
-    data-parallel group."""
-    n = expert_params_on_gpu(m, c, layers_on_stage)
-    if last_stage and mtp_expert_params(m):
-        n += math.ceil(mtp_expert_params(m) / (c.ep * c.etp))
+def add_expert_states(c: "Candidate", routed: tuple[float, int], pb: object, states: tuple[int, float, float, float],
+                      shard_fn: Callable) -> tuple[int, float, float, float]:
+    """(params, weights, grads, optimizer) of the non-expert part plus the routed experts (`routed_params` of the
+    stage: its layers' and, on the last stage, the MTP layers' experts), whose ZeRO/distributed-optimizer sharding
+    runs over the expert data-parallel group."""
+    layers, mtp = routed
+    n = routed_share(layers, c) if layers else 0
+    if mtp:
+        n += routed_share(mtp, c)
     if not n:
         return states
     w, g, o = shard_fn(n, pb, c, expert_data_parallel(c))
@@ -473,6 +487,7 @@ __all__ = ["ALL_TO_ALL", "EXPERT_GRAD_REDUCE", "FP8_DISPATCH_BYTES", "add_expert
            "all_to_all_s", "attention_params", "capacity", "DISPATCHERS", "dispatch_bytes", "dispatcher_flags",
            "ranks_per_token",
            "dense_layer_count", "expert_data_parallel", "expert_ffn", "expert_grad_reduce_s", "expert_params_on_gpu",
+           "routed_params", "routed_share",
            "expert_ops", "host_sync_s", "sync_host_s", "is_moe", "latent_attention_ops", "layer_forward_matmul_flops",
            "moe_layer_count", "mtp_forward_flops", "mtp_non_expert_params", "mtp_params", "needs_own_shape",
            "routed_gemm_s", "routed_rows"]

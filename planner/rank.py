@@ -313,6 +313,11 @@ _UNWORDED_MEMORY = Violation(Reason.MEMORY_TOTAL, "")
 """`partial_mode`'s reason when no N fits: `_memory_example` words it (plan() for its one example only)"""
 
 
+def _fits_none(recompute: str) -> bool:
+    """`PlanMemory.fits_under` of a candidate whose model states leave no room (`PlanMemory.leave_room`)."""
+    return False
+
+
 def smallest_partial(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str,
                      ) -> tuple[Candidate, Violation | None]:
     """``cand`` (recompute ``block`` or ``uniform``, no N) at the smallest N that fits: a larger N only re-runs more
@@ -517,8 +522,9 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
             for i, (ep, etp) in enumerate(item.eps):
                 total += 1
                 mode, first = head.recompute, extras[i]
-                if first is None:
-                    fits_as = memory.fits_under_states(head, states[i], by_mode)
+                if first is None:   # where the model states leave no room, no mode fits: no dynamic memory asked
+                    fits_as = memory.fits_under_states(head, states[i], by_mode) if memory.leave_room(states[i]) \
+                        else _fits_none
                     mode, first = partial_mode(model, head, memory, training.framework, (ep, etp), fits_as, search)
                     if first is None and mode != head.recompute:   # the resolved modules against the rules too
                         first = checker.extras(head, ep, etp, mode)   # (e.g. moe + CUDA graphs)

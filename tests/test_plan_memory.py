@@ -18,7 +18,7 @@ from planner.rank import Estimate, plan, prepare, rank_key
 from planner.rules import (Checker, Reason, host_memory_violations, knob_values, memory_advice, memory_violations,
                            target_of)
 from planner.enumeration import enumerate_candidates
-from planner.space import TrainingSpec
+from planner.space import Candidate, TrainingSpec, candidate_of
 from planner.topology import Topology
 
 CASES = [  # (model, GPUs, GPU, training): PP and not, MoE with EP/ETP, CP, FP8, ZeRO-3/FSDP, DeepSpeed, rampup
@@ -179,3 +179,37 @@ def test_row_lookups_answer_as_each_candidate_does(name, gpus, gpu, kw):
         for (ep, etp), s in zip(eps, states):
             assert memory.offload_fitting(c, ep, etp, offload.SEARCHED_SETS, s) == \
                 fresh.offload_fitting(replace(c, ep=ep, etp=etp), ep, etp, offload.SEARCHED_SETS)
+
+
+def test_candidate_of_builds_the_candidate_the_dataclass_does():
+    """`candidate_of` (plan's fast constructor) gives an object equal, equally hashed, printed and frozen as
+    `Candidate(...)` with the same fields, for every field set away from its default."""
+    values = dict(tp=2, pp=4, dp=8, mbs=2, gas=16, recompute="block-3", zero=1, sp=True, vpp=2, hybrid=True, cp=2,
+                  ep=4, etp=2, offload="attn_norm+mlp_norm", opt_offload=0.5)
+    fast, slow = candidate_of(*values.values()), Candidate(**values)
+    assert type(fast) is Candidate and fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert candidate_of(*list(values.values())[:13]) == Candidate(**{k: values[k] for k in list(values)[:13]})
+    with pytest.raises(AttributeError):
+        fast.tp = 1
+
+
+@pytest.mark.parametrize("name, gpus, gpu, kw", CASES[:3] + [
+    ("mixtral-8x7b", 32, "H100", dict(global_batch=128, seq_len=8192, framework="megatron-lm", max_mbs=4,
+                                      activation_offload=("attn_norm",)))])
+def test_no_room_means_no_recompute_mode_fits(name, gpus, gpu, kw):
+    """`PlanMemory.leave_room` (plan skips a candidate's recompute search where it is False) is False only where no
+    mode fits: every mode of every rule-passing candidate, and with EP 1 (the largest expert states), is asked."""
+    model, cluster, training = _setup(name, gpus, gpu, kw)
+    memory = PlanMemory(model, cluster, training)
+    modes = ("none", "selective", "full", "block-1", "block-2", "modules:moe_act", "modules:moe")
+    cands = _passing(model, cluster, training)
+    assert cands
+    seen = Counter()
+    for c in cands:
+        for ep, etp in {(c.ep, c.etp), (1, 1)}:
+            states = memory.states_of(c, ep, etp)
+            room = memory.leave_room(states)
+            seen[room] += 1
+            if not room:
+                assert not any(memory.fits_under(c, (ep, etp))(mode) for mode in modes)
+    assert seen[False] or training.activation_offload, "a case where the states leave no room"
