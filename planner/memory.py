@@ -763,11 +763,11 @@ class PlanMemory:
 
     def states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
         """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``."""
-        key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, ep, etp, c.opt_offload)
+        dense_key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, c.opt_offload)   # what DenseStates reads
+        key = (*dense_key, ep, etp)
         states = self._states.get(key)
         if states is None:
             with_ep = c if (c.ep, c.etp) == (ep, etp) else _with_modes(c, c.recompute, c.offload, ep, etp)
-            dense_key = key[:7] + key[9:]
             dense = self._dense.get(dense_key)
             if dense is None:
                 dense = self._dense[dense_key] = {}
