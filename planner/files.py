@@ -12,6 +12,7 @@ import functools
 import json
 import marshal
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -110,10 +111,29 @@ def read_mapping(path: str | Path, what: str, *, missing_hint: str = "", package
     return _parse_mapping(p, read_text(p, what, missing_hint=missing_hint), what, packaged=False)
 
 
+MAX_FLOW_NESTING = 100
+"""brackets ([ or {) open at once beyond which a file is refused before parsing: PyYAML's scanner slows with the
+depth (its possible-simple-key checks walk every open level: 5,000 levels take 1.7 s to reach the RecursionError
+answered below); a config file here is a mapping a few levels deep"""
+
+
+def _too_deep(text: str) -> bool:
+    """More than `MAX_FLOW_NESTING` brackets open at once (counted in quoted strings too: a value would need over a
+    hundred unclosed brackets of its own to be refused by that)."""
+    depth = 0
+    for ch in re.sub(r"[^\[\]{}]+", "", text):
+        depth += 1 if ch in "[{" else -1
+        if depth > MAX_FLOW_NESTING:
+            return True
+    return False
+
+
 def _parse_mapping(path: Path, text: str, what: str, *, packaged: bool) -> dict:
     """`read_mapping`'s parse of ``text``, the contents of ``path``."""
     import yaml   # here: a plan from a preset parses no file (`read_packaged`)
 
+    if _too_deep(text):
+        raise InputError(f"malformed {what} {path}: nested too deeply; a config file is a flat mapping")
     try:
         loader = yaml_loaders()[1 if packaged else 0]
         data = (json.loads(text, object_pairs_hook=_unique_pairs) if path.suffix.lower() == ".json"

@@ -33,6 +33,7 @@ What torchrun provides and the pool relies on, kept:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import sys
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if torch.cuda.is_initialized():                     # a forked rank could not use it
         print("probes.forkserver: CUDA was initialised before the fork", file=sys.stderr)
         return 1
+    gc.freeze()   # what the imports made is never collected: a rank's gc.collect scans only its probes' objects
     rdzv = args.log_dir.resolve().parent / "rdzv-store"
     args.log_dir.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()

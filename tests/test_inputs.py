@@ -457,3 +457,12 @@ def test_hf_understood_keys_cover_every_family(tmp_path):
             load_model(_hf(tmp_path, name, cfg))
         except InputError as err:
             raise AssertionError(f"{name}: {err}") from None
+
+
+def test_nesting_is_refused_before_parsing_only_past_the_stated_depth():
+    from planner.files import MAX_FLOW_NESTING, _too_deep
+
+    deep = MAX_FLOW_NESTING
+    assert not _too_deep("a: " + "[" * deep + "]" * deep + "\n")
+    assert _too_deep("a: " + "[" * (deep + 1) + "]" * (deep + 1) + "\n")
+    assert not _too_deep('{"a": [1, {"b": [2, 3]}], "c": "]]]"}')
