@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 from planner import attention, context_parallel, cuda_graphs, dualpipe, flops, fp8, fsdp_parallel, moe, offload, ops, pipeline_engine, recompute
-from planner.constants import RANKING_ERROR, SHARDED_OVERLAP
+from planner.constants import MEGATRON_CHUNK_HOST_S, RANKING_ERROR, SHARDED_OVERLAP
 from planner.framework import Framework, get_framework, overlaps, padded_vocab
 from planner.hardware import ClusterSpec
 from planner.ops import GemmContext, LayerOps, gemm_s
@@ -148,9 +148,19 @@ def op_list_key(cand: Candidate) -> tuple:
 
 
 def layer_key(cand: Candidate) -> tuple:
-    """The candidate fields `layer_compute_s` reads (the op list's and what recompute re-runs): plan() computes it
-    once per distinct key."""
-    return (*op_list_key(cand), *recompute.time_key(cand))
+    """The candidate fields `layer_compute_s` reads (the op list's, what recompute re-runs, the chunks a rank runs):
+    plan() computes it once per distinct key."""
+    return (*op_list_key(cand), *recompute.time_key(cand), cand.pp, cand.vpp)
+
+
+def chunk_host_s(model: ModelSpec, cand: Candidate, training: TrainingSpec) -> float:
+    """Host seconds a layer pays, each forward and each backward, of Megatron-LM's per-chunk schedule work: a
+    model-chunk pass (forward_step / backward_step and its P2P posts, megatron/core/pipeline_parallel/schedules.py)
+    costs MEGATRON_CHUNK_HOST_S, shared by the chunk's layers: VPP chunks over the rank's layers. Exposed only after
+    a host sync (`planner.ops.LayerOps.exposed_chunk_s`)."""
+    if training.framework != "megatron-lm":
+        return 0.0
+    return MEGATRON_CHUNK_HOST_S * cand.vpp / max(1, layers_per_stage(model, cand.pp))
 
 
 def layer_op_list(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> LayerOps:
@@ -178,14 +188,15 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     which keeps the op list by `op_list_key` across recompute modes."""
     lo = memoized(memo, ("ops", *op_list_key(cand)), lambda: layer_op_list(model, cand, cluster, training))
     rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
-    return lo.seconds(ops.ATTENTION), lo.layer_s(rc)
+    return lo.seconds(ops.ATTENTION), lo.layer_s(rc, chunk_host_s(model, cand, training))
 
 
 def layer_op_rows(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> list[dict]:
     """`plan --explain`'s op table: one layer's operations (`layer_op_list`) with forward, backward and recomputed
     seconds, share of the layer's time, forward FLOPs and bytes, and a last row for the host's launches when they,
     not the GPU, set the layer's time (`planner.ops.LayerOps.rows`)."""
-    return layer_op_list(model, cand, cluster, training).rows(recompute.recomputed_of(model, cand, training.framework))
+    return layer_op_list(model, cand, cluster, training).rows(recompute.recomputed_of(model, cand, training.framework),
+                                                              chunk_host_s(model, cand, training))
 
 
 def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,

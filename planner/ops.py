@@ -189,20 +189,30 @@ class LayerOps:
     def after_sync_s(self) -> float:
         return sum(op.forward_s for op in self.ops if op.after_sync)
 
-    def forward_s(self) -> float:
-        """One forward: the GPU's work or the host's launches, whichever is longer; the part after a sync no faster
-        than the host launches it (the host cannot run ahead of it)."""
-        after = self.after_sync_s
-        return max(self.gpu_s - after, self.host_s) + max(after, self.sync_host_s)
+    def exposed_chunk_s(self, chunk_host_s: float) -> float:
+        """Of the pipeline schedule's per-chunk host work (``chunk_host_s`` a layer and pass, `planner.cost
+        .chunk_host_s`), what sits on the host's critical path: all of it in a layer with a host sync, whose host
+        cannot run ahead into the next chunk; none in a layer without one (ASSUMPTION: there the host's lead over the
+        GPU carries it, `planner.constants.MEGATRON_CHUNK_HOST_S`)."""
+        return chunk_host_s if self.sync_host_s else 0.0
 
-    def layer_s(self, rc: Recomputed) -> float:
+    def forward_s(self, chunk_host_s: float = 0.0) -> float:
+        """One forward: the GPU's work or the host's launches, whichever is longer; the part after a sync no faster
+        than the host launches it (the host cannot run ahead of it); ``chunk_host_s``: `exposed_chunk_s`."""
+        after = self.after_sync_s
+        return (max(self.gpu_s - after, self.host_s + self.exposed_chunk_s(chunk_host_s))
+                + max(after, self.sync_host_s))
+
+    def layer_s(self, rc: Recomputed, chunk_host_s: float = 0.0) -> float:
         """Forward + backward (2x the GPU work, or 2x the launches: the backward launches about twice as many
         kernels) + what recompute re-runs: ``rc.layers`` whole forwards, ``rc.core`` attention cores,
-        ``rc.matmul`` of the GEMMs (op-level SAC)."""
-        fwd = self.forward_s()
-        extra = (rc.layers * fwd + rc.core * self.seconds(ATTENTION) + rc.matmul * self.seconds(GEMM)
+        ``rc.matmul`` of the GEMMs (op-level SAC). ``chunk_host_s``: the schedule's host work a layer, in the
+        forward and again in the backward (`exposed_chunk_s`)."""
+        fwd = self.forward_s(chunk_host_s)
+        extra = (rc.layers * self.forward_s() + rc.core * self.seconds(ATTENTION) + rc.matmul * self.seconds(GEMM)
                  + rc.elementwise * self.seconds(ELEMENTWISE))
-        return fwd + max(2 * self.gpu_s, 2 * (self.host_s + self.sync_host_s)) + extra
+        return fwd + max(2 * self.gpu_s, 2 * (self.host_s + self.sync_host_s) + self.exposed_chunk_s(chunk_host_s)) \
+            + extra
 
     def replace_ops(self, names: tuple[str, ...], new: list[Op]) -> "LayerOps":
         """The list with the ops named ``names`` taken out and ``new`` put where the first of them was."""
@@ -219,10 +229,11 @@ class LayerOps:
             out.extend(new)
         return replace(self, ops=tuple(out))
 
-    def rows(self, rc: Recomputed) -> list[dict]:
+    def rows(self, rc: Recomputed, chunk_host_s: float = 0.0) -> list[dict]:
         """The op table: each op's forward, backward and recomputed seconds, its share of the layer's time, its
-        forward FLOPs and bytes; then the time the host's launches add when they, not the GPU, set the pace."""
-        layer = self.layer_s(rc)
+        forward FLOPs and bytes; then the time the host's launches (and the schedule's per-chunk host work,
+        ``chunk_host_s``) add when they, not the GPU, set the pace."""
+        layer = self.layer_s(rc, chunk_host_s)
         rows = []
         for op in self.ops:
             again = op.forward_s * (rc.layers + (rc.core if op.cls == ATTENTION else 0.0)

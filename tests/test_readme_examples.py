@@ -89,6 +89,6 @@ def test_a_moved_figure_is_named():
     moved = readme.replace(tokens, tokens.rsplit(", ", 1)[0] + ", 99,999 tokens/s")
     wrong = rx.wrong_claims(moved)
     assert len(wrong) == 1 and wrong[0].startswith("megatron-overlap-explain: the prose says") and "99,999" in wrong[0]
-    assert rx.wrong_claims(readme.replace("it comes third", "it comes first")) == [
-        "qwen3-moe-top3: the prose says first where the block makes third"]
+    assert rx.wrong_claims(readme.replace("it comes 29th", "it comes first")) == [
+        "qwen3-moe-top3: the prose says first where the block makes 29th"]
     assert any("0 times" in w for w in rx.wrong_claims(readme.replace("the measured 128;", "the measured 128:")))

@@ -94,9 +94,17 @@ def _bloom(t: str) -> tuple[str, ...]:     # BigScience's log: 104.70 s per iter
     return f"{step:.2f}", f"{(step / 104.70 - 1) * 100:+.1f}", f"{_num(HW, t):.1f}"
 
 
+def _ordinal(n: int) -> str:
+    """1 -> "first" ... 5 -> "fifth", then "21st", "22nd", "29th"."""
+    if n <= len(RANK_WORDS):
+        return RANK_WORDS[n - 1]
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def _rank_of(t: str, tp: str, pp: str, ep: str, mbs: str) -> tuple[str, ...]:
+    """The rank plan prints (first column) on the first row of the block with this TP, PP, EP and MBS."""
     rows = [ln.split() for ln in t.splitlines() if re.match(r"\d+~? ", ln)]
-    return (next(RANK_WORDS[i] for i, r in enumerate(rows) if (r[1], r[2], r[4], r[5]) == (tp, pp, ep, mbs)),)
+    return (next(_ordinal(int(r[0].rstrip("~"))) for r in rows if (r[1], r[2], r[4], r[5]) == (tp, pp, ep, mbs)),)
 
 
 CLAIMS: tuple[Claim, ...] = (
@@ -153,7 +161,11 @@ EXAMPLES: tuple[Example, ...] = (
                                        "3", stop="^~ :"),)),
     Example("qwen3-moe-top3", (plan("--model", "qwen3-30b-a3b", "--gpus", "128", "--gpu", "H100", "--seq-len", "4096",
                                     "--global-batch", "512", "--precision", "bf16", "--top", "3", start="^Top ",
-                                    stop="^~ :"),)),
+                                    stop="^~ :"),
+                               # NVIDIA's layout (TP1 PP2 EP8 MBS 2) where it first comes in a longer list
+                               plan("--model", "qwen3-30b-a3b", "--gpus", "128", "--gpu", "H100", "--seq-len", "4096",
+                                    "--global-batch", "512", "--precision", "bf16", "--top", "40",
+                                    start=r"^\d+~? +1 +2 +64 +8 +2 ", stop=r"^(?!\d+~? +1 +2 +64 +8 +2 )"))),
     Example("llama3-405b-block", (plan("--model", "llama3-405b", "--gpus", "8192", "--gpu", "H100-SXM", "--framework",
                                        "megatron-lm", "--seq-len", "8192", "--global-batch", "2048", "--tp", "8",
                                        "--pp", "16", "--top", "3", start="^Top ", stop="^~ :"),)),
