@@ -42,8 +42,10 @@ _OPTIONAL = {"attention_kernel", "eager_ops", "cuda_graphs", "fsdp_trainer"}
 _TRAINING_EXTRA = tuple(f.name for f in fields(TrainingSpec) if f.name not in _TRAINING_TOP | _TRAINING_NOT_WRITTEN)
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block mappings, flow lists (``rampup_batch_size: [192, 16, 9765625]``); read back by yaml.safe_load."""
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
+    """Block mappings, flow lists (``rampup_batch_size: [192, 16, 9765625]``); read back by yaml.safe_load. SafeDumper's
+    representers on libyaml's emitter where PyYAML has it (~8x faster; the same text on every file test_rulebook,
+    test_emit and the README examples write, checked 2026-11-29)."""
 
 
 _Dumper.add_representer(list, lambda dumper, data: dumper.represent_sequence(
