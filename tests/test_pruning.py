@@ -103,9 +103,14 @@ class Steps(ProbeBackend):
                            phases={"steps": sum(times)})
 
 
+SPACE_SIZE = 12
+"""configurations a study here searches: the plan's best 12 of its 36 (its slow ones as far behind as any)"""
+
+
 @pytest.fixture(scope="module")
 def space() -> SearchSpace:
-    return SearchSpace.from_plan(seed003_plan())
+    p = seed003_plan()
+    return SearchSpace.from_plan(p, keep=set(SearchSpace.from_plan(p).keys[:SPACE_SIZE]))
 
 
 def go(space, backend, storage, *, prune: bool, **kw):
