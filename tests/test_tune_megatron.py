@@ -23,7 +23,8 @@ def test_tune_times_the_users_command(tmp_path):
     model.write_text(TINY_TIED_YAML)
     argv = [sys.executable, "-m", "search.cli", "--model", str(model), "--gpu", "CPU", "--gpus", "2",
             "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "32", "--precision", "bf16",
-            "--recompute", "none", "--zero", "0", "--max-mbs", "2", "--no-rampup", "--probe", "megatron",
+            "--recompute", "none", "--zero", "0", "--max-mbs", "2", "--no-rampup", "--probe-device", "cpu",
+            "--probe", "megatron",
             "--command", f"python -u {FAKE} {{args}} --data-path /nonexistent --fake-step-ms 50",
             "--probe-steps", "3", "--probe-warmup", "1", "--max-probes", "3", "--confirm-top", "0",
             "--study", "m", "--storage", f"sqlite:///{tmp_path}/tune.db", "--workdir", str(tmp_path / "runs"),
@@ -46,7 +47,7 @@ def test_tune_times_a_megatron_lm_command(tmp_path):
     argv = [sys.executable, "-m", "search.cli", "--model", str(model), "--gpu", "CPU", "--gpus", "2",
             "--gpus-per-node", "2", "--global-batch", "8", "--seq-len", "32", "--precision", "bf16",
             "--recompute", "none", "--zero", "0", "--max-mbs", "2", "--no-rampup", "--framework", "megatron-lm",
-            "--probe", "megatron", "--command",
+            "--probe-device", "cpu", "--probe", "megatron", "--command",
             f"python -u {FAKE} {{args}} --mock-data --fake-format megatron-lm --fake-step-ms 50",
             "--probe-steps", "3", "--probe-warmup", "1", "--max-probes", "2", "--confirm-top", "0",
             "--study", "m", "--storage", f"sqlite:///{tmp_path}/tune.db", "--workdir", str(tmp_path / "runs"),
