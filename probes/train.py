@@ -67,6 +67,7 @@ from probes.layout import LayoutError, ProbeLayout, model_run, model_spec
 from probes.lifeline import hold
 from probes.memstat import reset_peak_memory, vm_kib
 from probes.phases import PhaseMarks
+from probes.profile_events import step_events
 from probes.outcome import OOM_MARKERS
 from probes.parallel import (DTYPES, build_mesh, build_schedule, build_stages, expert_groups, local_parameter_count,
                              loss_fn, rank_position, reduce_expert_grads)
@@ -436,15 +437,6 @@ def op_class(name: str, ancestors: tuple[str, ...] = (), *, kernel: bool = False
     return "gemm" if low in GEMM_OPS else "elementwise"
 
 
-def _ancestors(event) -> tuple[str, ...]:
-    out = []
-    parent = getattr(event, "cpu_parent", None)
-    while parent is not None:
-        out.append(parent.name)
-        parent = parent.cpu_parent
-    return tuple(out)
-
-
 def attribute_comm(by_kind: dict[str, float], layout: ProbeLayout, extent: ProbeExtent) -> dict[str, float]:
     """Seconds per parallel dimension from seconds per collective: send/recv is PP's, all-to-all EP's;
     all-reduce, all-gather and reduce-scatter belong to whichever of TP, DP, CP is > 1 -- when more
@@ -484,19 +476,18 @@ def profile_split(trainer: Trainer, step: int, world: int) -> dict:
         wall = time.perf_counter() - t0
     by_kind: dict[str, float] = {}
     by_class = dict.fromkeys(OP_CLASSES, 0.0)
-    for e in prof.events():
-        on_device = e.device_type != torch.autograd.DeviceType.CPU
+    for e in step_events(prof):
         # CUDA: kernels and copies only; a user annotation ('nccl:all_reduce', a record_function) spans
         # kernels that are counted themselves
-        if cuda and (not on_device or getattr(e, "is_user_annotation", False)):
+        if cuda and (not e.on_device or e.annotation):
             continue
         kind = _comm_kind(e.name)
         if kind is not None:
-            by_kind[kind] = by_kind.get(kind, 0.0) + e.time_range.elapsed_us() / 1e6
+            by_kind[kind] = by_kind.get(kind, 0.0) + e.seconds
         elif cuda:
-            by_class[op_class(e.name, kernel=True)] += e.time_range.elapsed_us() / 1e6
+            by_class[op_class(e.name, kernel=True)] += e.seconds
         elif e.name.startswith("aten::"):
-            by_class[op_class(e.name, _ancestors(e))] += e.self_cpu_time_total / 1e6
+            by_class[op_class(e.name, e.ancestors)] += e.self_seconds
     layout, extent = trainer.layout, trainer.extent
     return {"step_s": wall, "compute_s": sum(by_class.values()), "compute_s_by_class": by_class,
             "comm_s_by_collective": by_kind,

@@ -79,6 +79,42 @@ def test_one_process_profile_is_all_compute():
     # profiled CPU step on a loaded machine put GEMM at 5 ms and attention at 51 ms (full suite, 2026-11-29)
 
 
+
+def test_raw_events_are_read_as_torchs_event_tree():
+    """`probes.profile_events.step_events` gives every event of a profiled training step the duration, self time and
+    enclosing operators torch's own event tree (profile.events()) gives it, at a hundredth of the cost."""
+    from probes.profile_events import step_events
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True) for _ in range(2)])
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(2, 16, 32)
+
+    def step():
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    ns = round    # both sides to whole nanoseconds (torch's are differences of microsecond floats)
+    ours = sorted((e.name, e.ancestors, ns(e.seconds * 1e9), ns(e.self_seconds * 1e9)) for e in step_events(prof))
+
+    def chain(ev):
+        out, parent = [], ev.cpu_parent
+        while parent is not None:
+            out.append(parent.name)
+            parent = parent.cpu_parent
+        return tuple(out)
+
+    theirs = sorted((e.name, chain(e), ns(e.time_range.elapsed_us() * 1e3), ns(e.self_cpu_time_total * 1e3))
+                    for e in prof.events())
+    assert len(ours) > 100 and any(e[1] for e in ours) and any(e[0] in ("aten::mm", "aten::addmm") for e in ours)
+    assert ours == theirs
+
+
 @pytest.mark.slow
 def test_tensor_parallel_profile_shows_tp_communication(tmp_path, warm_run):
     """On the shared warm pool of 2 (tune's default path; conftest.warm_run), not a torchrun of its own."""
