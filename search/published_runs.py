@@ -450,7 +450,7 @@ def modern_runs(rows: list[dict]) -> list[PublishedRun]:
 
 # -- the files ---------------------------------------------------------------------------------------------
 def read_rows(path: str | Path) -> list[dict]:
-    data = yaml.load(Path(path).read_text(), Loader=yaml_loaders()[1])   # noqa: S506 - safe_load's constructor on libyaml
+    data = yaml.load(Path(path).read_text(), Loader=yaml_loaders()[1])   # noqa: S506 - safe_load's, on libyaml
     if not isinstance(data, list) or not data or not isinstance(data[0], dict):
         raise ValueError(f"{path}: expected a YAML list of runs (published_dev.yaml or hagemann_13b_dev.yaml)")
     return data

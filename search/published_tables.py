@@ -157,7 +157,7 @@ def read_tables(path: str) -> list[PublishedTable]:
     p = Path(path)
     if not p.is_file():
         raise TuneError(f"{path} does not exist")
-    data = yaml.load(p.read_text(), Loader=yaml_loaders()[1])   # noqa: S506 - safe_load's constructor on libyaml
+    data = yaml.load(p.read_text(), Loader=yaml_loaders()[1])   # noqa: S506 - safe_load's, on libyaml
     if not isinstance(data, list) or not data or not isinstance(data[0], dict):
         raise TuneError(f"{path}: expected a YAML list of runs (published_dev.yaml or hagemann_13b_dev.yaml)")
     if "trial_id" in data[0]:
