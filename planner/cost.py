@@ -187,7 +187,8 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     takes the longer of the GPU's work and the host's (`planner.ops.LayerOps.forward_s`). ``memo``: plan()'s dict,
     which keeps the op list by `op_list_key` across recompute modes."""
     lo = memoized(memo, ("ops", *op_list_key(cand)), lambda: layer_op_list(model, cand, cluster, training))
-    rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
+    rc = memoized(memo, ("recomputed", cand.recompute, cand.pp, cand.vpp),   # full, block-N, selective, op-level SAC
+                  lambda: recompute.recomputed_of(model, cand, training.framework))   # (step_context's entry)
     return lo.seconds(ops.ATTENTION), lo.layer_s(rc, chunk_host_s(model, cand, training))
 
 
