@@ -304,10 +304,13 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
 def busiest_stage(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   layer_memo: dict | None) -> tuple[float, float, int, float, float]:
     """`stage_compute` of ``cand``, once per (`layer_key`, PP, VPP) in ``layer_memo`` when given."""
+    key = ("stage_compute", *layer_key(cand), cand.pp, cand.vpp)
+    found = None if layer_memo is None else layer_memo.get(key)
+    if found is not None:   # plan()'s ceilings and scores ask most keys more than once
+        return found
     fw, g16, _ = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
-    return memoized(layer_memo, ("stage_compute", *layer_key(cand), cand.pp, cand.vpp),
-                    lambda: stage_compute(model, cand, cluster, training, fw, g16, tokens, layer_memo))
+    return memoized(layer_memo, key, lambda: stage_compute(model, cand, cluster, training, fw, g16, tokens, layer_memo))
 
 
 def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,

@@ -513,11 +513,11 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
             if free.first(item) is None and memory.fits(item):
                 free_only.append((total, item))
             continue
-        head = item.head   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its candidate is built
-        extras = checker.row_extras(head, item.eps)
+        head, eps = item.head, item.eps   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its
+        extras = checker.row_extras(head, eps)   # candidate is built
         if head.recompute in recompute_modes.SEARCHED:   # block / uniform / modules: each at its smallest that fits
-            by_mode, states = memory.dynamic_by_mode(head), memory.row_states(head, item.eps)
-            room = memory.row_room(head, item.eps)
+            by_mode, states = memory.dynamic_by_mode(head), memory.row_states(head, eps)
+            room = memory.row_room(head, eps)
             search_key = (head.recompute, head.pp, head.vpp)
             search = searches.get(search_key)
             if search is None:
@@ -525,7 +525,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 # where the model states leave no room, no mode fits: `partial_mode`'s answer then, once per search
                 no_room[search_key] = partial_mode(model, head, memory, training.framework, None, _fits_none, search)
             none_fits = no_room[search_key]
-            for i, (ep, etp) in enumerate(item.eps):
+            for i, (ep, etp) in enumerate(eps):
                 total += 1
                 mode, first = head.recompute, extras[i]
                 if first is None and not room[i]:   # no dynamic memory asked
@@ -547,11 +547,11 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     continue
                 survivors.append((total, item.candidate(i, mode)))
             continue
-        fits, states = memory.row_fits(head, item.eps), memory.row_states(head, item.eps)
-        opt_room = memory.row_fits_optimizer_off(head, item.eps) if opt_fractions and not all(fits) \
+        fits, states = memory.row_fits(head, eps), memory.row_states(head, eps)
+        opt_room = memory.row_fits_optimizer_off(head, eps) if opt_fractions and not all(fits) \
             and offload.optimizer_searched_on(head.zero) else None   # where the optimizer offload could fit it
         most = None   # the row's dynamic memory under the largest offload set, once asked
-        for i, (ep, etp) in enumerate(item.eps):
+        for i, (ep, etp) in enumerate(eps):
             total += 1
             first = extras[i]
             cand = None
