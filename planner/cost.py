@@ -187,7 +187,8 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     takes the longer of the GPU's work and the host's (`planner.ops.LayerOps.forward_s`). ``memo``: plan()'s dict,
     which keeps the op list by `op_list_key` across recompute modes."""
     lo = memoized(memo, ("ops", *op_list_key(cand)), lambda: layer_op_list(model, cand, cluster, training))
-    rc = recompute.recomputed_of(model, cand, training.framework)   # full, block-N, selective, op-level SAC ...
+    rc = memoized(memo, ("recomputed", cand.recompute, cand.pp, cand.vpp),   # full, block-N, selective, op-level SAC
+                  lambda: recompute.recomputed_of(model, cand, training.framework))   # (step_context's entry)
     return lo.seconds(ops.ATTENTION), lo.layer_s(rc, chunk_host_s(model, cand, training))
 
 
@@ -303,10 +304,13 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
 def busiest_stage(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   layer_memo: dict | None) -> tuple[float, float, int, float, float]:
     """`stage_compute` of ``cand``, once per (`layer_key`, PP, VPP) in ``layer_memo`` when given."""
+    key = ("stage_compute", *layer_key(cand), cand.pp, cand.vpp)
+    found = None if layer_memo is None else layer_memo.get(key)
+    if found is not None:   # plan()'s ceilings and scores ask most keys more than once
+        return found
     fw, g16, _ = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
-    return memoized(layer_memo, ("stage_compute", *layer_key(cand), cand.pp, cand.vpp),
-                    lambda: stage_compute(model, cand, cluster, training, fw, g16, tokens, layer_memo))
+    return memoized(layer_memo, key, lambda: stage_compute(model, cand, cluster, training, fw, g16, tokens, layer_memo))
 
 
 def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,

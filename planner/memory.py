@@ -735,6 +735,13 @@ def _with_modes(c: Candidate, recompute: str, offload: str, ep: int | None = Non
                         c.ep if ep is None else ep, c.etp if etp is None else etp, offload, c.opt_offload)
 
 
+def _with_opt_offload(c: Candidate, opt_offload: float) -> Candidate:
+    """``replace(c, opt_offload=opt_offload)``, built by `candidate_of` (the optimizer offload searches ask it per
+    (EP, ETP) and fraction)."""
+    return candidate_of(c.tp, c.pp, c.dp, c.mbs, c.gas, c.recompute, c.zero, c.sp, c.vpp, c.hybrid, c.cp, c.ep, c.etp,
+                        c.offload, opt_offload)
+
+
 class PlanMemory:
     """`memory_breakdown` and its fit for the many candidates of one plan (create one per plan), exactly as they
     compute them, with each part computed once per distinct value of the fields it reads: `stage_states` per (TP, PP,
@@ -802,6 +809,11 @@ class PlanMemory:
                                                  for stage, frame in zip(pipeline_stages(c, self.training), frames))
         return dynamic
 
+    def dynamic_offloaded(self, c: Candidate, offload: str) -> tuple:
+        """`_dynamic_of` ``c`` with the activation-offload module set ``offload`` (the ``most`` `offload_fitting` and
+        `both_offloads_fitting` take: plan() asks it once per row)."""
+        return self._dynamic_of(c, offload=offload)
+
     def _busiest(self, states: tuple, dynamic: tuple) -> float:
         """The larger stage total, as `memory_breakdown` picks it."""
         context = self.context_bytes
@@ -863,17 +875,18 @@ class PlanMemory:
         return fits
 
     def offload_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...],
-                        states: tuple | None = None) -> str | None:
+                        states: tuple | None = None, most: tuple | None = None) -> str | None:
         """The first of the activation-offload module ``sets`` under which ``c`` with EP ``ep`` and ETP ``etp`` fits,
         or None (no candidate built). Each set offloads more than the one before (`planner.offload.SEARCHED_SETS`):
         the last is asked first, as most layouts memory rules out do not fit even so. ``states``: `states_of` ``c``
-        with ``ep``, ``etp`` when the caller has them (`row_states`)."""
+        with ``ep``, ``etp`` when the caller has them (`row_states`); ``most``: ``c``'s `_dynamic_of` under ``sets[-1]``
+        when the caller has it (one per row)."""
         within = self._within
         if states is None:
             states = self.states_of(c, ep, etp)
         if max(s.static + s.buffers + s.step for s in states) + self.context_bytes > self.usable_bytes:   # the states
             return None                                                                         # alone do not fit
-        if not within(states, self._dynamic_of(c, offload=sets[-1])):
+        if not within(states, self._dynamic_of(c, offload=sets[-1]) if most is None else most):
             return None
         return next((s for s in sets if within(states, self._dynamic_of(c, offload=s))), None)
 
@@ -887,30 +900,33 @@ class PlanMemory:
         if max(total_bytes(s.static - s.optimizer, d[0], d[1], s.buffers, context, s.step)
                for s, d in zip(self.states_of(c, ep, etp), dynamic)) > usable:
             return None
-        states = self.states_of(replace(c, opt_offload=fractions[-1]), ep, etp)
+        states = self.states_of(_with_opt_offload(c, fractions[-1]), ep, etp)
         if busiest(states, dynamic) > usable:
             return None
         return next((f for f in fractions
-                     if busiest(self.states_of(replace(c, opt_offload=f), ep, etp), dynamic) <= usable), None)
+                     if busiest(self.states_of(_with_opt_offload(c, f), ep, etp), dynamic) <= usable), None)
 
     def both_offloads_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...],
-                              fractions: tuple[float, ...]) -> tuple[str, float] | None:
+                              fractions: tuple[float, ...], states: tuple | None = None,
+                              most: tuple | None = None) -> tuple[str, float] | None:
         """Where neither offload alone lets ``c`` (EP ``ep``, ETP ``etp``) fit: the activation-offload module set and
         CPU optimizer offload fraction that together do, or None (no candidate built). Megatron-LM runs both at once
         (arguments.py and transformer_config.py rule out neither with the other). The smallest fraction first (its
         CPU Adam adds to the step, `planner.offload.host_step_s`, where the copies of the module inputs hide under
         compute), then the first of ``sets`` (`planner.offload.SEARCHED_SETS`, smallest first) that fits with it; the
-        largest pair is asked first, as most layouts memory rules out do not fit even so."""
-        within, most, usable, context = self._within, self._dynamic_of(c, offload=sets[-1]), self.usable_bytes, \
-            self.context_bytes
+        largest pair is asked first, as most layouts memory rules out do not fit even so. ``states``, ``most``: as
+        `offload_fitting` takes them."""
+        within, usable, context = self._within, self.usable_bytes, self.context_bytes
+        if most is None:
+            most = self._dynamic_of(c, offload=sets[-1])
         # the bound `optimizer_offload_fitting` takes, under the largest set: the whole optimizer off, from the cache
         if max(total_bytes(s.static - s.optimizer, d[0], d[1], s.buffers, context, s.step)
-               for s, d in zip(self.states_of(c, ep, etp), most)) > usable:
+               for s, d in zip(self.states_of(c, ep, etp) if states is None else states, most)) > usable:
             return None
-        if not within(self.states_of(replace(c, opt_offload=fractions[-1]), ep, etp), most):
+        if not within(self.states_of(_with_opt_offload(c, fractions[-1]), ep, etp), most):
             return None
         for f in fractions:
-            states = self.states_of(replace(c, opt_offload=f), ep, etp)
+            states = self.states_of(_with_opt_offload(c, f), ep, etp)
             if within(states, most):
                 return next((m, f) for m in sets if within(states, self._dynamic_of(c, offload=m)))
         return None
@@ -923,7 +939,7 @@ class PlanMemory:
             return host_offload_bytes(self.model, c, self.cluster, self.training)
         pb = self.pb
         per_param = pb.master + pb.optimizer + pb.grads_fp32
-        whole = self.states_of(replace(c, opt_offload=0.0), c.ep, c.etp)
+        whole = self.states_of(_with_opt_offload(c, 0.0), c.ep, c.etp)
         return max(offload.optimizer_host_bytes(s.optimizer, f, per_param)
                    + _host_activation_bytes(self.model, c, self.training, stage)
                    for s, stage in zip(whole, pipeline_stages(c, self.training)))
@@ -950,6 +966,15 @@ class PlanMemory:
         if states is None:
             states = self._rows[key] = tuple(self.states_of(head, ep, etp) for ep, etp in eps)
         return states
+
+    def row_room(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> tuple[bool, ...]:
+        """`leave_room` of each candidate of a row (`row_states`), looked up once per row's states: rows that differ
+        in MBS, GAS, SP or recompute share them."""
+        key = ("room", head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)
+        room = self._rows.get(key)
+        if room is None:
+            room = self._rows[key] = tuple(self.leave_room(s) for s in self.row_states(head, eps))
+        return room
 
     def row_fits_optimizer_off(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
         """After `row_fits` of the same row: whether each of its candidates could fit with its whole optimizer on the

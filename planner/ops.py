@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from planner.attention import FUSED, AttentionRate, default_kernel
 from planner.constants import DENSE_MISALIGNED_EFFICIENCY, ELEMENTWISE_BW_EFFICIENCY, GEMM_K_HALF
@@ -177,17 +177,39 @@ class LayerOps:
     """the host's launch time of the layer's forward (framework.host_s_per_layer_forward x this host's speed)"""
     sync_host_s: float = 0.0
     """the host's launches after a host-device sync (`Op.after_sync`), over all layers' mean"""
+    _sums: dict | None = field(default=None, init=False, repr=False, compare=False)
+    """the sums below by what they sum (None: none asked yet), each the same float as summed anew: plan() asks a few
+    hundred op lists for ~10,000 layer times (`layer_s` reads six sums)"""
+
+    def _summed(self, key: tuple, value: float) -> float:
+        sums = self._sums
+        if sums is None:   # frozen: a cache of the ops, not a field of the list
+            object.__setattr__(self, "_sums", sums := {})
+        sums[key] = value
+        return value
 
     def seconds(self, cls: str) -> float:
-        return sum(op.forward_s for op in self.ops if op.cls == cls)
+        sums = self._sums
+        value = None if sums is None else sums.get(("cls", cls))
+        if value is None:
+            value = self._summed(("cls", cls), sum(op.forward_s for op in self.ops if op.cls == cls))
+        return value
 
     @property
     def gpu_s(self) -> float:
-        return sum(op.forward_s for op in self.ops)
+        sums = self._sums
+        value = None if sums is None else sums.get(("gpu",))
+        if value is None:
+            value = self._summed(("gpu",), sum(op.forward_s for op in self.ops))
+        return value
 
     @property
     def after_sync_s(self) -> float:
-        return sum(op.forward_s for op in self.ops if op.after_sync)
+        sums = self._sums
+        value = None if sums is None else sums.get(("after_sync",))
+        if value is None:
+            value = self._summed(("after_sync",), sum(op.forward_s for op in self.ops if op.after_sync))
+        return value
 
     def exposed_chunk_s(self, chunk_host_s: float) -> float:
         """Of the pipeline schedule's per-chunk host work (``chunk_host_s`` a layer and pass, `planner.cost

@@ -486,6 +486,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     memory = PlanMemory(model, cluster, training)
     layer_times: dict[tuple, tuple] = {}   # planner.cost.layer_compute_s by its key, for this plan's candidates
     searches: dict[tuple, PartialSearch] = {}   # `partial_search` by what it reads: recompute kind, PP, VPP
+    no_room: dict[tuple, tuple[str, Violation | None]] = {}   # `partial_mode` where nothing fits, by the same
     megatron_only = all(t.framework == "megatron-lm" for t in targets)
     offload_sets = offload.searched_sets(model, training) if megatron_only else ()
     opt_fractions = offload.optimizer_searched(model, training) if megatron_only and offload.optimizer_searched_where(
@@ -512,20 +513,26 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
             if free.first(item) is None and memory.fits(item):
                 free_only.append((total, item))
             continue
-        head = item.head   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its candidate is built
-        extras = checker.row_extras(head, item.eps)
+        head, eps = item.head, item.eps   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its
+        extras = checker.row_extras(head, eps)   # candidate is built
         if head.recompute in recompute_modes.SEARCHED:   # block / uniform / modules: each at its smallest that fits
-            by_mode, states = memory.dynamic_by_mode(head), memory.row_states(head, item.eps)
-            search = searches.get((head.recompute, head.pp, head.vpp))
+            by_mode, states = memory.dynamic_by_mode(head), memory.row_states(head, eps)
+            room = memory.row_room(head, eps)
+            search_key = (head.recompute, head.pp, head.vpp)
+            search = searches.get(search_key)
             if search is None:
-                search = searches[(head.recompute, head.pp, head.vpp)] = partial_search(model, head, training.framework)
-            for i, (ep, etp) in enumerate(item.eps):
+                search = searches[search_key] = partial_search(model, head, training.framework)
+                # where the model states leave no room, no mode fits: `partial_mode`'s answer then, once per search
+                no_room[search_key] = partial_mode(model, head, memory, training.framework, None, _fits_none, search)
+            none_fits = no_room[search_key]
+            for i, (ep, etp) in enumerate(eps):
                 total += 1
                 mode, first = head.recompute, extras[i]
-                if first is None:   # where the model states leave no room, no mode fits: no dynamic memory asked
-                    fits_as = memory.fits_under_states(head, states[i], by_mode) if memory.leave_room(states[i]) \
-                        else _fits_none
-                    mode, first = partial_mode(model, head, memory, training.framework, (ep, etp), fits_as, search)
+                if first is None and not room[i]:   # no dynamic memory asked
+                    mode, first = none_fits
+                elif first is None:
+                    mode, first = partial_mode(model, head, memory, training.framework, (ep, etp),
+                                               memory.fits_under_states(head, states[i], by_mode), search)
                     if first is None and mode != head.recompute:   # the resolved modules against the rules too
                         first = checker.extras(head, ep, etp, mode)   # (e.g. moe + CUDA graphs)
                 if first is None and host_checked:   # the user's offloads against the node's host memory
@@ -540,10 +547,11 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     continue
                 survivors.append((total, item.candidate(i, mode)))
             continue
-        fits, states = memory.row_fits(head, item.eps), memory.row_states(head, item.eps)
-        opt_room = memory.row_fits_optimizer_off(head, item.eps) if opt_fractions and not all(fits) \
+        fits, states = memory.row_fits(head, eps), memory.row_states(head, eps)
+        opt_room = memory.row_fits_optimizer_off(head, eps) if opt_fractions and not all(fits) \
             and offload.optimizer_searched_on(head.zero) else None   # where the optimizer offload could fit it
-        for i, (ep, etp) in enumerate(item.eps):
+        most = None   # the row's dynamic memory under the largest offload set, once asked
+        for i, (ep, etp) in enumerate(eps):
             total += 1
             first = extras[i]
             cand = None
@@ -553,18 +561,19 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     examples[first.reason] = (item.candidate(i), first)
             elif not fits[i]:
                 # activation offload, searched where nothing else lets the layout fit (planner.offload.SEARCHED_SETS)
-                modules = memory.offload_fitting(head, ep, etp, offload_sets, states[i]) if offload_sets and \
-                    offload.searched_on(head.recompute, ep, etp, cluster.gpus_per_node) else None
+                searched = offload_sets and offload.searched_on(head.recompute, ep, etp, cluster.gpus_per_node)
+                if searched and most is None:
+                    most = memory.dynamic_offloaded(head, offload_sets[-1])
+                modules = memory.offload_fitting(head, ep, etp, offload_sets, states[i], most) if searched else None
                 cand = replace(item.candidate(i), offload=modules) if modules else None
                 if cand is None and opt_room is not None and opt_room[i]:
                     # else CPU optimizer offload, the smallest fraction that fits (planner.offload.OPTIMIZER_FRACTIONS)
                     fraction = memory.optimizer_offload_fitting(head, ep, etp, opt_fractions)
                     cand = replace(item.candidate(i), opt_offload=fraction) if fraction else None
-                if cand is None and modules is None and opt_fractions and offload_sets and \
-                        offload.optimizer_searched_on(head.zero) and \
-                        offload.searched_on(head.recompute, ep, etp, cluster.gpus_per_node):
+                if cand is None and modules is None and opt_fractions and searched and \
+                        offload.optimizer_searched_on(head.zero):
                     # else both at once, the smallest fraction first (planner.memory.PlanMemory.both_offloads_fitting)
-                    pair = memory.both_offloads_fitting(head, ep, etp, offload_sets, opt_fractions)
+                    pair = memory.both_offloads_fitting(head, ep, etp, offload_sets, opt_fractions, states[i], most)
                     cand = replace(item.candidate(i), offload=pair[0], opt_offload=pair[1]) if pair else None
                 if cand is not None and cluster.host_memory_bytes is not None:
                     host = host_memory_of(memory.host_offload_bytes(cand), cluster)
