@@ -303,8 +303,8 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
 
 def busiest_stage(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   layer_memo: dict | None) -> tuple[float, float, int, float, float]:
-    """`stage_compute` of ``cand``, once per (`layer_key`, PP, VPP) in ``layer_memo`` when given."""
-    key = ("stage_compute", *layer_key(cand), cand.pp, cand.vpp)
+    """`stage_compute` of ``cand``, once per `layer_key` (which holds PP and VPP) in ``layer_memo`` when given."""
+    key = ("stage_compute", *layer_key(cand))
     found = None if layer_memo is None else layer_memo.get(key)
     if found is not None:   # plan()'s ceilings and scores ask most keys more than once
         return found

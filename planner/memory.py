@@ -29,7 +29,7 @@ from planner.framework import get_framework
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
 from planner.pipeline_split import megatron_lm_split
-from planner.space import Candidate, TrainingSpec, candidate_of
+from planner.space import Candidate, TrainingSpec, candidate_with
 
 # PyTorch's caching allocator's overhead on the dynamic part (activations, logits): ALLOCATOR_OVERHEAD, fitted
 # (planner.constants).
@@ -728,20 +728,6 @@ def _breakdown(stage: str, states: StageStates, dynamic: tuple[float, float], cl
                            reserved_bytes=reserved, pinned_bytes=pinned)
 
 
-def _with_modes(c: Candidate, recompute: str, offload: str, ep: int | None = None, etp: int | None = None) -> Candidate:
-    """``replace(c, recompute=recompute, offload=offload[, ep=ep, etp=etp])``, built by `candidate_of` (several
-    times faster than `dataclasses.replace`, which `PlanMemory` would call for every mode and EP it tries)."""
-    return candidate_of(c.tp, c.pp, c.dp, c.mbs, c.gas, recompute, c.zero, c.sp, c.vpp, c.hybrid, c.cp,
-                        c.ep if ep is None else ep, c.etp if etp is None else etp, offload, c.opt_offload)
-
-
-def _with_opt_offload(c: Candidate, opt_offload: float) -> Candidate:
-    """``replace(c, opt_offload=opt_offload)``, built by `candidate_of` (the optimizer offload searches ask it per
-    (EP, ETP) and fraction)."""
-    return candidate_of(c.tp, c.pp, c.dp, c.mbs, c.gas, c.recompute, c.zero, c.sp, c.vpp, c.hybrid, c.cp, c.ep, c.etp,
-                        c.offload, opt_offload)
-
-
 class PlanMemory:
     """`memory_breakdown` and its fit for the many candidates of one plan (create one per plan), exactly as they
     compute them, with each part computed once per distinct value of the fields it reads: `stage_states` per (TP, PP,
@@ -774,7 +760,7 @@ class PlanMemory:
         key = (*dense_key, ep, etp)
         states = self._states.get(key)
         if states is None:
-            with_ep = c if (c.ep, c.etp) == (ep, etp) else _with_modes(c, c.recompute, c.offload, ep, etp)
+            with_ep = c if (c.ep, c.etp) == (ep, etp) else candidate_with(c, ep=ep, etp=etp)
             dense = self._dense.get(dense_key)
             if dense is None:
                 dense = self._dense[dense_key] = {}
@@ -795,7 +781,7 @@ class PlanMemory:
         dynamic = self._dynamic.get(key)
         if dynamic is None:
             if recompute != c.recompute or offload != c.offload:
-                c = _with_modes(c, recompute, offload)
+                c = candidate_with(c, recompute=recompute, offload=offload)
             layer_key = (c.tp, c.sp, c.mbs, c.recompute)
             act = self._layers.get(layer_key)
             if act is None:
@@ -900,11 +886,11 @@ class PlanMemory:
         if max(total_bytes(s.static - s.optimizer, d[0], d[1], s.buffers, context, s.step)
                for s, d in zip(self.states_of(c, ep, etp), dynamic)) > usable:
             return None
-        states = self.states_of(_with_opt_offload(c, fractions[-1]), ep, etp)
+        states = self.states_of(candidate_with(c, opt_offload=fractions[-1]), ep, etp)
         if busiest(states, dynamic) > usable:
             return None
         return next((f for f in fractions
-                     if busiest(self.states_of(_with_opt_offload(c, f), ep, etp), dynamic) <= usable), None)
+                     if busiest(self.states_of(candidate_with(c, opt_offload=f), ep, etp), dynamic) <= usable), None)
 
     def both_offloads_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...],
                               fractions: tuple[float, ...], states: tuple | None = None,
@@ -923,10 +909,10 @@ class PlanMemory:
         if max(total_bytes(s.static - s.optimizer, d[0], d[1], s.buffers, context, s.step)
                for s, d in zip(self.states_of(c, ep, etp) if states is None else states, most)) > usable:
             return None
-        if not within(self.states_of(_with_opt_offload(c, fractions[-1]), ep, etp), most):
+        if not within(self.states_of(candidate_with(c, opt_offload=fractions[-1]), ep, etp), most):
             return None
         for f in fractions:
-            states = self.states_of(_with_opt_offload(c, f), ep, etp)
+            states = self.states_of(candidate_with(c, opt_offload=f), ep, etp)
             if within(states, most):
                 return next((m, f) for m in sets if within(states, self._dynamic_of(c, offload=m)))
         return None
@@ -939,7 +925,7 @@ class PlanMemory:
             return host_offload_bytes(self.model, c, self.cluster, self.training)
         pb = self.pb
         per_param = pb.master + pb.optimizer + pb.grads_fp32
-        whole = self.states_of(_with_opt_offload(c, 0.0), c.ep, c.etp)
+        whole = self.states_of(candidate_with(c, opt_offload=0.0), c.ep, c.etp)
         return max(offload.optimizer_host_bytes(s.optimizer, f, per_param)
                    + _host_activation_bytes(self.model, c, self.training, stage)
                    for s, stage in zip(whole, pipeline_stages(c, self.training)))

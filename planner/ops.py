@@ -178,38 +178,30 @@ class LayerOps:
     sync_host_s: float = 0.0
     """the host's launches after a host-device sync (`Op.after_sync`), over all layers' mean"""
     _sums: dict | None = field(default=None, init=False, repr=False, compare=False)
-    """the sums below by what they sum (None: none asked yet), each the same float as summed anew: plan() asks a few
-    hundred op lists for ~10,000 layer times (`layer_s` reads six sums)"""
+    """forward seconds by op class, over all ops ("gpu") and over those after a sync ("after_sync"), each the `sum`
+    it stands for, taken once when first asked (None before): plan() asks a few hundred op lists for ~10,000 layer
+    times (`layer_s` reads six sums)"""
 
-    def _summed(self, key: tuple, value: float) -> float:
+    def _sum(self, key: str) -> float:
         sums = self._sums
         if sums is None:   # frozen: a cache of the ops, not a field of the list
-            object.__setattr__(self, "_sums", sums := {})
-        sums[key] = value
-        return value
+            ops = self.ops
+            sums = {cls: sum(op.forward_s for op in ops if op.cls == cls) for cls in {op.cls for op in ops}}
+            sums["gpu"] = sum(op.forward_s for op in ops)
+            sums["after_sync"] = sum(op.forward_s for op in ops if op.after_sync)
+            object.__setattr__(self, "_sums", sums)
+        return sums.get(key, 0)   # a class no op has: sum() of nothing
 
     def seconds(self, cls: str) -> float:
-        sums = self._sums
-        value = None if sums is None else sums.get(("cls", cls))
-        if value is None:
-            value = self._summed(("cls", cls), sum(op.forward_s for op in self.ops if op.cls == cls))
-        return value
+        return self._sum(cls)
 
     @property
     def gpu_s(self) -> float:
-        sums = self._sums
-        value = None if sums is None else sums.get(("gpu",))
-        if value is None:
-            value = self._summed(("gpu",), sum(op.forward_s for op in self.ops))
-        return value
+        return self._sum("gpu")
 
     @property
     def after_sync_s(self) -> float:
-        sums = self._sums
-        value = None if sums is None else sums.get(("after_sync",))
-        if value is None:
-            value = self._summed(("after_sync",), sum(op.forward_s for op in self.ops if op.after_sync))
-        return value
+        return self._sum("after_sync")
 
     def exposed_chunk_s(self, chunk_host_s: float) -> float:
         """Of the pipeline schedule's per-chunk host work (``chunk_host_s`` a layer and pass, `planner.cost

@@ -21,7 +21,7 @@ torchtitan CP, EP and float8, the Megatron-DeepSpeed forks and the torch-native 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable, Iterator, Sequence
 
@@ -33,7 +33,7 @@ from planner.model import DEFAULT_ROPE_THETA, ModelSpec, rope_theta
 from planner.pipeline_split import megatron_lm_split
 from planner.rampup import rampup_problems
 from planner.space import FLAVORS, FRAMEWORKS, RECOMPUTE, REPLAYED_FRAMEWORKS, SIZES, Candidate, TrainingSpec, \
-    candidate_of, offload_moments_conflict
+    candidate_with, offload_moments_conflict
 
 PROBE = "probe"
 """the torch-native probe `tune` runs (probes/train.py)"""
@@ -653,9 +653,8 @@ class Checker:
         key = (c.tp, c.cp, c.dp, ep, etp, c.sp, recompute) + ((c.pp, c.zero, c.hybrid) if self._probe else ()) \
             + ((c.pp == 1, c.vpp == 1) if self._pipe_read else ())
         if key not in self._extras:
-            c = c if (c.ep, c.etp, c.recompute) == (ep, etp, recompute) else candidate_of(   # replace(c, ep=ep,
-                c.tp, c.pp, c.dp, c.mbs, c.gas, recompute, c.zero, c.sp, c.vpp, c.hybrid, c.cp, ep, etp,   # etp=etp,
-                c.offload, c.opt_offload)                                                # recompute=recompute)
+            c = c if (c.ep, c.etp, c.recompute) == (ep, etp, recompute) else candidate_with(c, ep=ep, etp=etp,
+                                                                                            recompute=recompute)
             self._extras[key] = next((x for t in self.targets
                                       for x in parallel_extras(self.model, c, self.cluster, self.training, t)), None)
         return self._extras[key]
