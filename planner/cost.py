@@ -185,10 +185,19 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
     """(attention-core forward, forward + backward + recompute) seconds of one layer for one micro-batch on one CP
     rank: what reads only the candidate's `layer_key`. The host launches a layer's kernels asynchronously: a pass
     takes the longer of the GPU's work and the host's (`planner.ops.LayerOps.forward_s`). ``memo``: plan()'s dict,
-    which keeps the op list by `op_list_key` across recompute modes."""
-    lo = memoized(memo, ("ops", *op_list_key(cand)), lambda: layer_op_list(model, cand, cluster, training))
-    rc = memoized(memo, ("recomputed", cand.recompute, cand.pp, cand.vpp),   # full, block-N, selective, op-level SAC
-                  lambda: recompute.recomputed_of(model, cand, training.framework))   # (step_context's entry)
+    which keeps the op list by `op_list_key` across recompute modes, and what recompute re-runs by its key."""
+    if memo is None:
+        lo = layer_op_list(model, cand, cluster, training)
+        rc = recompute.recomputed_of(model, cand, training.framework)
+    else:   # plan() asks ~10,000 layer keys: the two lookups written out (`memoized`)
+        ops_key = ("ops", *op_list_key(cand))
+        lo = memo.get(ops_key)
+        if lo is None:
+            lo = memo[ops_key] = layer_op_list(model, cand, cluster, training)
+        rc_key = ("recomputed", cand.recompute, cand.pp, cand.vpp)   # full, block-N, selective, op-level SAC
+        rc = memo.get(rc_key)   # (step_context's entry)
+        if rc is None:
+            rc = memo[rc_key] = recompute.recomputed_of(model, cand, training.framework)
     return lo.seconds(ops.ATTENTION), lo.layer_s(rc, chunk_host_s(model, cand, training))
 
 
@@ -198,12 +207,6 @@ def layer_op_rows(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     not the GPU, set the layer's time (`planner.ops.LayerOps.rows`)."""
     return layer_op_list(model, cand, cluster, training).rows(recompute.recomputed_of(model, cand, training.framework),
                                                               chunk_host_s(model, cand, training))
-
-
-def layer_times(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
-                layer_memo: dict | None) -> tuple[float, float]:
-    """`layer_compute_s`, from ``layer_memo`` (plan()'s dict, by `layer_key`) when given."""
-    return memoized(layer_memo, layer_key(cand), lambda: layer_compute_s(model, cand, cluster, training, layer_memo))
 
 
 def head_seconds(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, fw: Framework, g16: GemmContext,
@@ -273,12 +276,17 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
                   g16: GemmContext, tokens: int, layer_memo: dict | None) -> tuple[float, float, int, float, float]:
     """(attention-core forward, layer, layers on the busiest stage, its compute, LM head and loss) seconds of one
     micro-batch: what reads the candidate's `layer_key`, PP and VPP only."""
-    core, layer_s = layer_times(model, cand, cluster, training, layer_memo)
+    core, layer_s = layer_compute_s(model, cand, cluster, training, layer_memo)
     lps = layers_per_stage(model, cand.pp)
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
     fp32_loss = fp32_logits(training)
-    head_gemm_s, loss_s = memoized(layer_memo, ("head_seconds", cand.tp, tokens, fp32_loss),   # TP, tokens, loss dtype
-                                   lambda: head_seconds(model, cand, cluster, fw, g16, tokens, fp32_loss))
+    head_key = ("head_seconds", cand.tp, tokens, fp32_loss)   # TP, tokens, loss dtype
+    head = None if layer_memo is None else layer_memo.get(head_key)
+    if head is None:
+        head = head_seconds(model, cand, cluster, fw, g16, tokens, fp32_loss)
+        if layer_memo is not None:
+            layer_memo[head_key] = head
+    head_gemm_s, loss_s = head
     logits_s = head_gemm_s + loss_s
     # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
     logits_s += model.mtp_layers * (layer_s + logits_s)
@@ -310,7 +318,10 @@ def busiest_stage(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         return found
     fw, g16, _ = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))
     tokens = model.seq_len * cand.mbs // cand.cp   # tokens on one CP rank
-    return memoized(layer_memo, key, lambda: stage_compute(model, cand, cluster, training, fw, g16, tokens, layer_memo))
+    found = stage_compute(model, cand, cluster, training, fw, g16, tokens, layer_memo)
+    if layer_memo is not None:
+        layer_memo[key] = found
+    return found
 
 
 def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
