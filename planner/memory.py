@@ -786,13 +786,14 @@ class PlanMemory:
             act = self._layers.get(layer_key)
             if act is None:
                 act = self._layers[layer_key] = layer_activations(self.model, c, self.training)
+            model, training = self.model, self.training
+            stages = pipeline_stages(c, training)
             frame_key = (c.tp, c.mbs, c.pp, c.vpp, c.gas)
             frames = self._frames.get(frame_key)
             if frames is None:
-                frames = self._frames[frame_key] = tuple(dynamic_frame(self.model, c, self.training, stage)
-                                                         for stage in pipeline_stages(c, self.training))
-            dynamic = self._dynamic[key] = tuple(stage_dynamic(self.model, c, self.training, stage, act, frame)
-                                                 for stage, frame in zip(pipeline_stages(c, self.training), frames))
+                frames = self._frames[frame_key] = tuple([dynamic_frame(model, c, training, stage) for stage in stages])
+            dynamic = self._dynamic[key] = tuple([stage_dynamic(model, c, training, stage, act, frame)
+                                                  for stage, frame in zip(stages, frames)])
         return dynamic
 
     def dynamic_offloaded(self, c: Candidate, offload: str) -> tuple:

@@ -168,6 +168,12 @@ def bytes_op(name: str, nbytes: float, cluster: ClusterSpec) -> Op:
     return Op(name, ELEMENTWISE, elementwise_s(nbytes, cluster), bytes=nbytes)
 
 
+def _forward_s(gpu_s: float, after_sync_s: float, host_ahead_s: float, sync_host_s: float) -> float:
+    """`LayerOps.forward_s` from its sums: the GPU's work before the sync or the host's launches (and the exposed
+    chunk work), whichever is longer, then the part after the sync no faster than the host launches it."""
+    return max(gpu_s - after_sync_s, host_ahead_s) + max(after_sync_s, sync_host_s)
+
+
 @dataclass(frozen=True, slots=True)
 class LayerOps:
     """One layer's operations on one GPU for one micro-batch, and the host time that launches them."""
@@ -213,20 +219,21 @@ class LayerOps:
     def forward_s(self, chunk_host_s: float = 0.0) -> float:
         """One forward: the GPU's work or the host's launches, whichever is longer; the part after a sync no faster
         than the host launches it (the host cannot run ahead of it); ``chunk_host_s``: `exposed_chunk_s`."""
-        after = self.after_sync_s
-        return (max(self.gpu_s - after, self.host_s + self.exposed_chunk_s(chunk_host_s))
-                + max(after, self.sync_host_s))
+        return _forward_s(self.gpu_s, self.after_sync_s, self.host_s + self.exposed_chunk_s(chunk_host_s),
+                          self.sync_host_s)
 
     def layer_s(self, rc: Recomputed, chunk_host_s: float = 0.0) -> float:
         """Forward + backward (2x the GPU work, or 2x the launches: the backward launches about twice as many
         kernels) + what recompute re-runs: ``rc.layers`` whole forwards, ``rc.core`` attention cores,
         ``rc.matmul`` of the GEMMs (op-level SAC). ``chunk_host_s``: the schedule's host work a layer, in the
         forward and again in the backward (`exposed_chunk_s`)."""
-        fwd = self.forward_s(chunk_host_s)
-        extra = (rc.layers * self.forward_s() + rc.core * self.seconds(ATTENTION) + rc.matmul * self.seconds(GEMM)
+        gpu, after, host, sync = self.gpu_s, self.after_sync_s, self.host_s, self.sync_host_s
+        exposed = self.exposed_chunk_s(chunk_host_s)
+        fwd = _forward_s(gpu, after, host + exposed, sync)
+        extra = (rc.layers * _forward_s(gpu, after, host, sync)   # a recomputed forward: forward_s() (no chunk work)
+                 + rc.core * self.seconds(ATTENTION) + rc.matmul * self.seconds(GEMM)
                  + rc.elementwise * self.seconds(ELEMENTWISE))
-        return fwd + max(2 * self.gpu_s, 2 * (self.host_s + self.sync_host_s) + self.exposed_chunk_s(chunk_host_s)) \
-            + extra
+        return fwd + max(2 * gpu, 2 * (host + sync) + exposed) + extra
 
     def replace_ops(self, names: tuple[str, ...], new: list[Op]) -> "LayerOps":
         """The list with the ops named ``names`` taken out and ``new`` put where the first of them was."""
