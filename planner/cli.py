@@ -50,6 +50,17 @@ TABLE_COLUMNS = ("rank", "tp", "pp", "dp", "mbs", "gas", "recompute", "zero", "s
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose errors are one line and exit status 2 (shared by `plan` and `tune`)."""
 
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        """argparse's formatter, with the terminal's width (as HelpFormatter reads it) read once per parser:
+        add_argument builds a formatter on every call only to check the metavar, and reading the width each time was
+        most of the formatter's cost (~60 of them for `plan`'s parser)."""
+        width = self.__dict__.get("_terminal_width")
+        if width is None:
+            import shutil   # where HelpFormatter imports it: when a formatter is first built
+
+            width = self._terminal_width = shutil.get_terminal_size().columns - 2
+        return self.formatter_class(prog=self.prog, width=width)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         if message.startswith("unrecognized arguments: ") and "did you mean" not in message:   # the nearest flag
             flag = message.removeprefix("unrecognized arguments: ").split()[0].split("=")[0]
@@ -470,7 +481,8 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
     opt_offloads = [e for e in p.candidates[:top] if e.candidate.opt_offload]   # and its CPU optimizer offload
     columns = TABLE_COLUMNS[:4] + tuple(extra) + TABLE_COLUMNS[4:7] + (("offload",) if offloads else ()) \
         + (("opt_offload",) if opt_offloads else ()) + TABLE_COLUMNS[7:]   # CP/EP/ETP columns when any row uses them
-    rows = [[_row(e, cl, t.framework, t.memory_fraction)[c] for c in columns] for e in p.candidates[:top]]
+    dicts = [_row(e, cl, t.framework, t.memory_fraction) for e in p.candidates[:top]]   # one to_dict a row
+    rows = [[d[c] for c in columns] for d in dicts]
     best_s = p.candidates[0].step_time_s
     for row, e in zip(rows, p.candidates[:top]):
         row[0] = f"{row[0]}~" if e.rank > 1 and tied(best_s, e.step_time_s) else row[0]

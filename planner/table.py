@@ -109,6 +109,7 @@ def _wrapper(width: int):
 def _wrapped(rows: list[list], maxcolwidths: Sequence[int | None]) -> list[list]:
     """The cells of a column with a width, text wrapped to it (numbers left as they are)."""
     out = []
+    wrappers: dict = {}   # width -> its wrapper, built once a table (`_wrapper` defines a class each call)
     for row in rows:
         new = []
         for cell, width in zip(row, list(maxcolwidths) + [None] * (len(row) - len(maxcolwidths))):
@@ -116,7 +117,9 @@ def _wrapped(rows: list[list], maxcolwidths: Sequence[int | None]) -> list[list]
                 new.append(cell)
                 continue
             text = "" if cell is None else str(cell)
-            wrap = _wrapper(width)
+            wrap = wrappers.get(width)
+            if wrap is None:
+                wrap = wrappers[width] = _wrapper(width)
             new.append("\n".join("\n".join(wrap.wrap(line)) for line in text.split("\n") if line.strip() != ""))
         out.append(new)
     return out
