@@ -245,6 +245,8 @@ def get_accelerator(gpu_id: str, *, known: Mapping[str, Accelerator] | None = No
     """A catalog id or a listed alias, however spelled (gpu_spelling), or a path to a GPU YAML; anything else fails
     with the nearest name and the list."""
     known = catalog() if known is None else known
+    if gpu_id in known:   # an id as the catalog writes it (every `base:` of the catalog's own entries): no spelling
+        return known[gpu_id]   # map to build (the catalog's names each read differently: tests/test_hardware.py)
     names = {k: k for k in known} | _aliases(known)
     by_spelling = {gpu_spelling(k): v for k, v in names.items()}
     key = by_spelling.get(gpu_spelling(gpu_id))
