@@ -28,6 +28,7 @@ try:
         from planner.model import PRESETS, ModelSpec, Rampup, get_preset, load_model
         from planner.rank import Estimate, Plan, estimate, plan
         from planner.space import Candidate, TrainingSpec
+        import planner.rampup_schedule   # noqa: F401 - `plan`'s rampup table: its classes compiled under the cache too
 finally:
     gc.freeze()
     gc.unfreeze()
