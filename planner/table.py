@@ -106,10 +106,53 @@ def _wrapper(width: int):
     return Wrap(width=width)
 
 
+def _may_split(word: str) -> bool:
+    """textwrap may cut the (ASCII) word into chunks: it cuts only after a hyphen followed by a letter (or ``_``;
+    "ZeRO-1" stays whole) and around a run of two or more hyphens (its em-dash)."""
+    return "--" in word or any(c == "-" and (n.isalpha() or n == "_") for c, n in zip(word, word[1:]))
+
+
+def _word_lines(line: str, width: int) -> list[str] | None:
+    """textwrap's lines (`_wrapper`) for a line of printable ASCII words one space apart, without textwrap (whose
+    import compiles its word-splitting patterns: ~2 ms of `plan`'s start-up), or None where they could differ.
+
+    textwrap cuts the line into chunks (words, the spaces between them, and the parts of a word after each hyphen)
+    and fills each line with as many as fit, a line's edge spaces dropped. A word without a hyphen is one chunk, so
+    filling word by word gives its lines, unless a word is longer than the line (cut: `_wrapper`) or a word that
+    starts a new line may be cut (`_may_split`: textwrap may have ended the line before with part of it): None
+    then."""
+    if width < 1 or "  " in line or line != line.strip() or not (line.isascii() and line.isprintable()):
+        return None
+    words = line.split(" ")
+    if any(len(w) > width for w in words):
+        return None
+    lines, current = [], words[0]
+    for word in words[1:]:
+        if len(current) + 1 + len(word) <= width:
+            current += " " + word
+        elif _may_split(word):
+            return None
+        else:
+            lines.append(current)
+            current = word
+    lines.append(current)
+    return lines
+
+
 def _wrapped(rows: list[list], maxcolwidths: Sequence[int | None]) -> list[list]:
     """The cells of a column with a width, text wrapped to it (numbers left as they are)."""
     out = []
     wrappers: dict = {}   # width -> its wrapper, built once a table (`_wrapper` defines a class each call)
+
+    def wrap(line: str, width: int) -> list[str]:
+        lines = _word_lines(line, width)
+        if lines is None:
+            wrapper = wrappers.get(width)
+            if wrapper is None:
+                wrapper = wrappers[width] = _wrapper(width)
+            lines = wrapper.wrap(line)
+        return lines
+
     for row in rows:
         new = []
         for cell, width in zip(row, list(maxcolwidths) + [None] * (len(row) - len(maxcolwidths))):
@@ -117,10 +160,7 @@ def _wrapped(rows: list[list], maxcolwidths: Sequence[int | None]) -> list[list]
                 new.append(cell)
                 continue
             text = "" if cell is None else str(cell)
-            wrap = wrappers.get(width)
-            if wrap is None:
-                wrap = wrappers[width] = _wrapper(width)
-            new.append("\n".join("\n".join(wrap.wrap(line)) for line in text.split("\n") if line.strip() != ""))
+            new.append("\n".join("\n".join(wrap(line, width)) for line in text.split("\n") if line.strip() != ""))
         out.append(new)
     return out
 

@@ -78,3 +78,25 @@ def test_what_it_does_not_render_goes_to_tabulate(monkeypatch) -> None:
         assert simple_table([row], ["a", "b"]) == tabulate([row], headers=["a", "b"])
     with pytest.raises(table._Unsupported):
         table._kind(True)
+
+
+LINE_WORDS = ["ZeRO-1", "ZeRO-0", "--emit-flavor", "megatron-deepspeed", "a--b", "x-", "-y", "_-a", "a-_", "1-2",
+              "ab-c", "a-b-c", "well-known", "tp=4,pp=12,dp=8:", "memory", "GB", "(seed", "004)", "a", "xyzzy" * 3,
+              "re-run", "co-op", "e-mail", "A-B", "9-x", "x-9", "---", "-", "--", "ab--cd", "MBS*DP", "1920", "!="]
+
+
+def test_the_word_wrap_is_textwraps_where_it_answers() -> None:
+    """`_word_lines` (no textwrap import) gives what textwrap's wrapper gives, or hands the line to it: random lines of
+    hyphenated, em-dashed and plain words at many widths, and it answers most of them itself."""
+    rng = random.Random(29)
+    answered = 0
+    for _ in range(4000):
+        line = " ".join(rng.choice(LINE_WORDS) for _ in range(rng.randrange(1, 25)))
+        width = rng.randrange(1, 60)
+        lines = table._word_lines(line, width)
+        if lines is not None:
+            answered += 1
+            assert lines == table._wrapper(width).wrap(line), (line, width)
+    assert answered > 1000
+    for line in (" lead", "trail ", "two  spaces", "tab\there", "µs wide"):   # not single-spaced printable ASCII
+        assert table._word_lines(line, 40) is None
