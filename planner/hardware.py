@@ -34,6 +34,8 @@ CATALOG_FILE = Path(__file__).with_name("accelerators.yaml")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Accelerator:
+    """One accelerator's datasheet figures (planner/accelerators.yaml, or a user's GPU YAML), in SI units."""
+
     id: str
     memory_bytes: float
     """device memory; datasheet "GB" of HBM is binary (nvidia-smi shows 81920 MiB on A100-80GB)"""
@@ -268,6 +270,8 @@ def get_accelerator(gpu_id: str, *, known: Mapping[str, Accelerator] | None = No
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
+    """The machine a plan is for: the accelerator, its nodes and their links, and any calibration applied."""
+
     name: str
     gpu: Accelerator
     gpus_per_node: int
