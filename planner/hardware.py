@@ -1,7 +1,8 @@
 """The accelerator catalog, `ClusterSpec` and the cluster presets.
 
-The catalog is data, planner/accelerators.yaml, read once per process by `load_accelerators`, the same
-code that reads a user's GPU YAML (``--gpu my_gpu.yaml``, a cluster YAML's ``gpu``, a calibration's ``gpu``).
+The catalog is data, planner/accelerators.yaml, read once per process, each entry built when first asked for by
+`accelerator_from`, the code that reads a user's GPU YAML (``--gpu my_gpu.yaml``, a cluster YAML's ``gpu``, a
+calibration's ``gpu``) with `load_accelerators`.
 Every figure is a dense (no sparsity) datasheet number with its source; `Accelerator` fields are SI
 (FLOP/s, bytes, bytes/s), the YAML keys name their unit. Link bandwidths are per GPU, one direction.
 
@@ -192,10 +193,37 @@ def load_accelerators(path: str | Path, *, known: Mapping[str, Accelerator] | No
     return out
 
 
+class _Catalog(Mapping):
+    """The built-in catalog as `load_accelerators` reads it, each entry built from the YAML's mapping when first
+    asked for (a plan asks for one or two of the 25: building them all was ~2 ms of `plan`'s start-up); read-only.
+    A ``base`` may name any entry of the file (`load_accelerators`: one above)."""
+
+    def __init__(self, raw: Mapping[str, dict]) -> None:
+        self._raw = raw
+        self._built: dict[str, Accelerator] = {}   # a memo: what `accelerator_from` gives for an entry, once
+
+    def __getitem__(self, key: str) -> Accelerator:
+        acc = self._built.get(key)
+        if acc is None:
+            acc = self._built[key] = accelerator_from(self._raw[key], f"GPU file {CATALOG_FILE}: {key}", known=self,
+                                                      default_id=key)
+        return acc
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
 @functools.cache
 def catalog() -> Mapping[str, Accelerator]:
-    """The built-in catalog (planner/accelerators.yaml), read once per process, read-only."""
-    return MappingProxyType(load_accelerators(CATALOG_FILE))
+    """The built-in catalog (planner/accelerators.yaml), read once per process, read-only, each entry built when
+    first asked for (`_Catalog`)."""
+    raw = read_mapping(CATALOG_FILE, "GPU file", packaged=True)
+    if not raw or not all(isinstance(k, str) and isinstance(v, dict) for k, v in raw.items()):
+        return MappingProxyType(load_accelerators(CATALOG_FILE))   # not a catalog of entries: as a user's file
+    return _Catalog(raw)
 
 
 def __getattr__(name: str) -> object:   # `CATALOG` reads the YAML when first asked for, not at import

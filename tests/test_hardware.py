@@ -163,6 +163,19 @@ def test_no_two_catalog_names_read_alike():
         assert get_accelerator(name.lower()) is get_accelerator(name) is catalog()[get_accelerator(name).id]
 
 
+def test_the_catalog_builds_an_entry_when_asked_and_each_base_is_an_entry_above():
+    """The catalog builds an entry (and its base) when first asked for, as `load_accelerators` builds it; a ``base``
+    names an entry above it exactly, as a user's catalog must (its entries are built in order)."""
+    from planner.files import read_mapping
+
+    fresh = type(catalog())(read_mapping(CATALOG_FILE, "GPU file", packaged=True))
+    h200 = fresh["H200"]
+    assert set(fresh._built) == {"H200", "H100-SXM"} and h200 == catalog()["H200"]
+    raw = read_mapping(CATALOG_FILE, "GPU file", packaged=True)
+    for i, (acc_id, entry) in enumerate(raw.items()):
+        assert "base" not in entry or entry["base"] in list(raw)[:i], acc_id
+
+
 def test_variants_inherit_from_their_base():
     """``base`` keeps one home per fact: H200 is H100-SXM with its own memory and bandwidth."""
     h100, h200 = get_accelerator("H100-SXM"), get_accelerator("H200")
