@@ -526,8 +526,6 @@ def render_table(p: Plan, top: int, elapsed_s: float, framework_why: str = "") -
 
 def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | None = None,
                    model: ModelSpec | None = None) -> str:
-    from tabulate import tabulate
-
     d = e.to_dict(detail=True)
     out = [f"{e.candidate.label()}: {'fits' if e.fits else 'RULED OUT'}"]
     for v in e.reasons:
@@ -540,17 +538,18 @@ def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | N
                    f"{cluster.gpu.memory_bytes / 1e9:.1f} GB):")
         # the step's buffers and DeepSpeed's reserve only where the plan has them (fp16 DeepSpeed ZeRO), not as 0 rows
         names = {"pinned_bytes": "pinned reserve", "reserved_bytes": "released reserve (not in total)"}
-        out.append(tabulate([[names.get(k, k.removesuffix("_bytes")), v] for k, v in mb.items() if k.endswith("_bytes")
-                             and (v or k not in ("step_bytes", "pinned_bytes", "reserved_bytes"))]
-                            + [["total", d["memory_gb_per_gpu"]]], floatfmt=".2f"))
+        out.append(simple_table([[names.get(k, k.removesuffix("_bytes")), v] for k, v in mb.items()
+                                 if k.endswith("_bytes") and (v or k not in ("step_bytes", "pinned_bytes",
+                                                                             "reserved_bytes"))]
+                                + [["total", d["memory_gb_per_gpu"]]], floatfmt=".2f"))
     if e.time:
         out.append("\nStep time (s):")
-        out.append(tabulate([[k.removesuffix("_s"), v] for k, v in d["time_breakdown_s"].items()]
-                            + [["step", d["step_time_s"]]], floatfmt=".3f"))
+        out.append(simple_table([[k.removesuffix("_s"), v] for k, v in d["time_breakdown_s"].items()]
+                                + [["step", d["step_time_s"]]], floatfmt=".3f"))
         out.append("\nTerms (the lines above are their sums; per-micro-batch terms also fill the bubble):")
-        out.append(tabulate([[r["name"], r["kind"], r["exposed_s"], r["hidden_s"], r["flag"] if r["overlaps"] else "-"]
-                             for r in d["terms"]], headers=["term", "kind", "exposed s", "hidden s", "overlap flag"],
-                            floatfmt=".3f"))
+        out.append(simple_table([[r["name"], r["kind"], r["exposed_s"], r["hidden_s"],
+                                  r["flag"] if r["overlaps"] else "-"] for r in d["terms"]],
+                                headers=["term", "kind", "exposed s", "hidden s", "overlap flag"], floatfmt=".3f"))
         out.append(f"\nmodel TFLOPs/GPU {d['model_tflops_per_gpu']:.1f}, hardware TFLOPs/GPU "
                    f"{d['hardware_tflops_per_gpu']:.1f}, MFU {d['mfu']:.1%}, {d['tokens_per_s']:,.0f} tokens/s")
         if training is not None:
@@ -560,14 +559,15 @@ def render_explain(e: Estimate, cluster: ClusterSpec, training: TrainingSpec | N
     if e.layer_ops:
         out.append("\nOne layer's operations (one GPU, one micro-batch; backward = 2x forward; ms; FLOPs and bytes of the "
                    "forward; a MoE model's mean layer):")
-        out.append(tabulate([[r["op"], r["class"], r["forward_s"] * 1e3, r["backward_s"] * 1e3, r["recompute_s"] * 1e3,
-                              f"{r['share']:.1%}", f"{r['forward_flops'] / 1e9:.3g}" if r["forward_flops"] else "-",
-                              f"{r['forward_bytes'] / 1e6:.3g}" if r["forward_bytes"] else "-"]
-                             for r in e.layer_ops]
-                            + [["layer", "", sum(r["forward_s"] for r in e.layer_ops) * 1e3, "", "",
-                                "100%", "", ""]],
-                            headers=["op", "class", "fwd ms", "bwd ms", "recompute ms", "share", "GFLOP", "MB"],
-                            floatfmt=".3f"))
+        out.append(simple_table([[r["op"], r["class"], r["forward_s"] * 1e3, r["backward_s"] * 1e3,
+                                  r["recompute_s"] * 1e3, f"{r['share']:.1%}",
+                                  f"{r['forward_flops'] / 1e9:.3g}" if r["forward_flops"] else "-",
+                                  f"{r['forward_bytes'] / 1e6:.3g}" if r["forward_bytes"] else "-"]
+                                 for r in e.layer_ops]
+                                + [["layer", "", sum(r["forward_s"] for r in e.layer_ops) * 1e3, "", "",
+                                    "100%", "", ""]],
+                                headers=["op", "class", "fwd ms", "bwd ms", "recompute ms", "share", "GFLOP", "MB"],
+                                floatfmt=".3f"))
     return "\n".join(out)
 
 

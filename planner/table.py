@@ -165,9 +165,10 @@ def _wrapped(rows: list[list], maxcolwidths: Sequence[int | None]) -> list[list]
     return out
 
 
-def simple_table(rows: Sequence[Sequence], headers: Sequence[str], floatfmt: str | Sequence[str] = "g",
+def simple_table(rows: Sequence[Sequence], headers: Sequence[str] = (), floatfmt: str | Sequence[str] = "g",
                  maxcolwidths: Sequence[int | None] | None = None) -> str:
-    """``tabulate(rows, headers=headers, floatfmt=floatfmt, maxcolwidths=maxcolwidths)`` (format "simple")."""
+    """``tabulate(rows, headers=headers, floatfmt=floatfmt, maxcolwidths=maxcolwidths)`` (format "simple"; no
+    headers: a rule above the rows and one below, as tabulate's)."""
     try:
         return _simple_table([list(r) for r in rows], list(headers), floatfmt, maxcolwidths)
     except _Unsupported:
@@ -178,7 +179,8 @@ def simple_table(rows: Sequence[Sequence], headers: Sequence[str], floatfmt: str
 
 def _simple_table(rows: list[list], headers: list[str], floatfmt: str | Sequence[str],
                   maxcolwidths: Sequence[int | None] | None) -> str:
-    if not rows or any(len(r) != len(headers) for r in rows) or not headers:
+    width_of_row = len(headers) or (len(rows[0]) if rows else 0)   # headerless: tabulate's rule above and below
+    if not rows or not width_of_row or any(len(r) != width_of_row for r in rows):
         raise _Unsupported
     for h in headers:
         if not (isinstance(h, str) and h.isascii() and h.isprintable()):
@@ -193,7 +195,7 @@ def _simple_table(rows: list[list], headers: list[str], floatfmt: str | Sequence
     fmts = [floatfmt] * len(columns) if isinstance(floatfmt, str) else \
         list(floatfmt) + ["g"] * (len(columns) - len(floatfmt))
     out_columns, aligns = [], []
-    for header, column, fmt in zip(headers, columns, fmts):
+    for header, column, fmt in zip(headers or [None] * width_of_row, columns, fmts):
         kind = max((_kind(c) if not (isinstance(c, str) and "\n" in c) else _STR for c in column), default=_NONE)
         kind = max(kind, 1)   # tabulate starts a column's type at bool
         cells = [_format(c, kind, fmt) for c in column]
@@ -205,16 +207,16 @@ def _simple_table(rows: list[list], headers: list[str], floatfmt: str | Sequence
         else:
             cells = [s.strip() for s in cells]
         lines = [s.split("\n") if multiline else [s] for s in cells]
-        width = max(max(len(line) for cell in lines for line in cell), len(header) + MIN_PADDING)
+        width = max(max(len(line) for cell in lines for line in cell), len(header) + MIN_PADDING if headers else 0)
         pad = str.rjust if numeric else str.ljust
         out_columns.append([[pad(line, width) for line in cell] if cell != [""] or not multiline else []
                             for cell in lines])
         aligns.append((pad, width))
-    text = ["  ".join(pad(h, w) for h, (pad, w) in zip(headers, aligns)).rstrip(),
-            "  ".join("-" * w for _, w in aligns).rstrip()]
+    rule = "  ".join("-" * w for _, w in aligns).rstrip()
+    text = ["  ".join(pad(h, w) for h, (pad, w) in zip(headers, aligns)).rstrip(), rule] if headers else [rule]
     for r in range(len(rows)):
         cells = [col[r] for col in out_columns]
         height = max(len(c) for c in cells)
         for i in range(height):
             text.append("  ".join(c[i] if i < len(c) else " " * w for c, (_, w) in zip(cells, aligns)).rstrip())
-    return "\n".join(text)
+    return "\n".join(text if headers else text + [rule])

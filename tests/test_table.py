@@ -48,6 +48,17 @@ def test_random_tables_match_tabulate(seed: int) -> None:
         rows, headers=headers, floatfmt=floatfmt or "g", maxcolwidths=widths)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_random_headerless_tables_match_tabulate(seed: int) -> None:
+    """No headers (`plan --explain`'s memory and step-time tables): tabulate's rule above and below the rows."""
+    rng = random.Random(1000 + seed)
+    ncols, nrows = rng.randrange(1, 6), rng.randrange(1, 9)
+    rows = [[_cell(rng, c if rng.random() < 0.5 else rng.randrange(7)) for c in range(ncols)] for _ in range(nrows)]
+    floatfmt = rng.choice([".2f", ".3f", "g", ("", ".1f")])
+    widths = [rng.choice([None, 100, 20, 7]) for _ in range(ncols)] if rng.random() < 0.3 else None
+    assert simple_table(rows, [], floatfmt, widths) == tabulate(rows, floatfmt=floatfmt, maxcolwidths=widths)
+
+
 def test_plan_tables_match_tabulate(monkeypatch) -> None:
     """`plan`'s own table, ruled-out reasons (wrapped at 100) and rampup schedule, rendered both ways."""
     from planner import cli
@@ -70,6 +81,32 @@ def test_plan_tables_match_tabulate(monkeypatch) -> None:
                                                         "--framework", "megatron-lm", "--top", "30"]):
         mine, theirs = both(argv)
         assert "Ruled out" in mine and mine == theirs
+
+
+@pytest.mark.parametrize("argv", [
+    ["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,mbs=2,recompute=full,zero=1"],
+    ["--model", "176B", "--gpus", "384", "--explain", "tp=3,pp=12,mbs=2,recompute=full,zero=1"],   # ruled out
+    ["--model", "1B3", "--gpus", "8", "--gpu", "V100-16GB", "--precision", "fp16", "--explain",
+     "tp=1,pp=1,mbs=4,recompute=none,zero=2"],   # fp16 DeepSpeed ZeRO: the pinned and released reserves
+    ["--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "H100", "--framework", "megatron-lm", "--explain",
+     "tp=2,pp=4,ep=8,mbs=1,recompute=full,zero=1,sp=1"],   # MoE: its mean layer's ops
+])
+def test_explain_tables_match_tabulate(monkeypatch, argv: list[str]) -> None:
+    """`plan --explain`'s memory, step-time, terms and op tables, rendered both ways."""
+    import contextlib
+    import io
+
+    from planner import cli
+
+    out = []
+    for render in (simple_table, lambda rows, headers=(), floatfmt="g", maxcolwidths=None: tabulate(
+            rows, headers=headers, floatfmt=floatfmt, maxcolwidths=maxcolwidths)):
+        monkeypatch.setattr(cli, "simple_table", render)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert cli.main(argv) == 0
+        out.append(buf.getvalue())
+    assert "\n---" in out[0] and out[0] == out[1]
 
 
 def test_what_it_does_not_render_goes_to_tabulate(monkeypatch) -> None:
