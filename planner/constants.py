@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Fitted:
+    """A fitted constant: its value and unit, the physics it stands in for, what it was fitted and checked on."""
+
     name: str
     value: float
     unit: str

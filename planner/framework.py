@@ -18,6 +18,8 @@ from planner.constants import DS_DP_INTER_NODE_EFFICIENCY, DS_MICROBATCH_OVERHEA
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Framework:
+    """What a framework does that its costs depend on: kernel fusion, pipeline sends, host launch time, ZeRO."""
+
     name: str
     eager: bool
     """element-wise work as PyTorch ops, one kernel each (planner.ops.eager_elementwise_ops); False: Megatron's /

@@ -1,7 +1,8 @@
 """The accelerator catalog, `ClusterSpec` and the cluster presets.
 
-The catalog is data, planner/accelerators.yaml, read once per process by `load_accelerators`, the same
-code that reads a user's GPU YAML (``--gpu my_gpu.yaml``, a cluster YAML's ``gpu``, a calibration's ``gpu``).
+The catalog is data, planner/accelerators.yaml, read once per process, each entry built when first asked for by
+`accelerator_from`, the code that reads a user's GPU YAML (``--gpu my_gpu.yaml``, a cluster YAML's ``gpu``, a
+calibration's ``gpu``) with `load_accelerators`.
 Every figure is a dense (no sparsity) datasheet number with its source; `Accelerator` fields are SI
 (FLOP/s, bytes, bytes/s), the YAML keys name their unit. Link bandwidths are per GPU, one direction.
 
@@ -34,6 +35,8 @@ CATALOG_FILE = Path(__file__).with_name("accelerators.yaml")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Accelerator:
+    """One accelerator's datasheet figures (planner/accelerators.yaml, or a user's GPU YAML), in SI units."""
+
     id: str
     memory_bytes: float
     """device memory; datasheet "GB" of HBM is binary (nvidia-smi shows 81920 MiB on A100-80GB)"""
@@ -190,10 +193,37 @@ def load_accelerators(path: str | Path, *, known: Mapping[str, Accelerator] | No
     return out
 
 
+class _Catalog(Mapping):
+    """The built-in catalog as `load_accelerators` reads it, each entry built from the YAML's mapping when first
+    asked for (a plan asks for one or two of the 25: building them all was ~2 ms of `plan`'s start-up); read-only.
+    A ``base`` may name any entry of the file (`load_accelerators`: one above)."""
+
+    def __init__(self, raw: Mapping[str, dict]) -> None:
+        self._raw = raw
+        self._built: dict[str, Accelerator] = {}   # a memo: what `accelerator_from` gives for an entry, once
+
+    def __getitem__(self, key: str) -> Accelerator:
+        acc = self._built.get(key)
+        if acc is None:
+            acc = self._built[key] = accelerator_from(self._raw[key], f"GPU file {CATALOG_FILE}: {key}", known=self,
+                                                      default_id=key)
+        return acc
+
+    def __iter__(self):
+        return iter(self._raw)
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+
 @functools.cache
 def catalog() -> Mapping[str, Accelerator]:
-    """The built-in catalog (planner/accelerators.yaml), read once per process, read-only."""
-    return MappingProxyType(load_accelerators(CATALOG_FILE))
+    """The built-in catalog (planner/accelerators.yaml), read once per process, read-only, each entry built when
+    first asked for (`_Catalog`)."""
+    raw = read_mapping(CATALOG_FILE, "GPU file", packaged=True)
+    if not raw or not all(isinstance(k, str) and isinstance(v, dict) for k, v in raw.items()):
+        return MappingProxyType(load_accelerators(CATALOG_FILE))   # not a catalog of entries: as a user's file
+    return _Catalog(raw)
 
 
 def __getattr__(name: str) -> object:   # `CATALOG` reads the YAML when first asked for, not at import
@@ -245,6 +275,8 @@ def get_accelerator(gpu_id: str, *, known: Mapping[str, Accelerator] | None = No
     """A catalog id or a listed alias, however spelled (gpu_spelling), or a path to a GPU YAML; anything else fails
     with the nearest name and the list."""
     known = catalog() if known is None else known
+    if gpu_id in known:   # an id as the catalog writes it (every `base:` of the catalog's own entries): no spelling
+        return known[gpu_id]   # map to build (the catalog's names each read differently: tests/test_hardware.py)
     names = {k: k for k in known} | _aliases(known)
     by_spelling = {gpu_spelling(k): v for k, v in names.items()}
     key = by_spelling.get(gpu_spelling(gpu_id))
@@ -266,6 +298,8 @@ def get_accelerator(gpu_id: str, *, known: Mapping[str, Accelerator] | None = No
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
+    """The machine a plan is for: the accelerator, its nodes and their links, and any calibration applied."""
+
     name: str
     gpu: Accelerator
     gpus_per_node: int

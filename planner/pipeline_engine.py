@@ -49,6 +49,8 @@ from planner.space import TrainingSpec
 
 @dataclass(frozen=True, slots=True)
 class Constant:
+    """A pipeline-engine cost constant, with the source it is read from."""
+
     value: float
     unit: str
     source: str

@@ -35,6 +35,8 @@ FRAMEWORK_MODES = {"megatron-lm": CLASSIC + PARTIAL + ("modules",), "megatron-de
 
 @dataclass(frozen=True, slots=True)
 class Mode:
+    """A recompute mode as parsed: its kind, its N and its Megatron modules."""
+
     kind: str
     """none | selective | full | block | uniform | selective-op | selective-layer"""
     n: int = 0

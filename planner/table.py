@@ -106,9 +106,53 @@ def _wrapper(width: int):
     return Wrap(width=width)
 
 
+def _may_split(word: str) -> bool:
+    """textwrap may cut the (ASCII) word into chunks: it cuts only after a hyphen followed by a letter (or ``_``;
+    "ZeRO-1" stays whole) and around a run of two or more hyphens (its em-dash)."""
+    return "--" in word or any(c == "-" and (n.isalpha() or n == "_") for c, n in zip(word, word[1:]))
+
+
+def _word_lines(line: str, width: int) -> list[str] | None:
+    """textwrap's lines (`_wrapper`) for a line of printable ASCII words one space apart, without textwrap (whose
+    import compiles its word-splitting patterns: ~2 ms of `plan`'s start-up), or None where they could differ.
+
+    textwrap cuts the line into chunks (words, the spaces between them, and the parts of a word after each hyphen)
+    and fills each line with as many as fit, a line's edge spaces dropped. A word without a hyphen is one chunk, so
+    filling word by word gives its lines, unless a word is longer than the line (cut: `_wrapper`) or a word that
+    starts a new line may be cut (`_may_split`: textwrap may have ended the line before with part of it): None
+    then."""
+    if width < 1 or "  " in line or line != line.strip() or not (line.isascii() and line.isprintable()):
+        return None
+    words = line.split(" ")
+    if any(len(w) > width for w in words):
+        return None
+    lines, current = [], words[0]
+    for word in words[1:]:
+        if len(current) + 1 + len(word) <= width:
+            current += " " + word
+        elif _may_split(word):
+            return None
+        else:
+            lines.append(current)
+            current = word
+    lines.append(current)
+    return lines
+
+
 def _wrapped(rows: list[list], maxcolwidths: Sequence[int | None]) -> list[list]:
     """The cells of a column with a width, text wrapped to it (numbers left as they are)."""
     out = []
+    wrappers: dict = {}   # width -> its wrapper, built once a table (`_wrapper` defines a class each call)
+
+    def wrap(line: str, width: int) -> list[str]:
+        lines = _word_lines(line, width)
+        if lines is None:
+            wrapper = wrappers.get(width)
+            if wrapper is None:
+                wrapper = wrappers[width] = _wrapper(width)
+            lines = wrapper.wrap(line)
+        return lines
+
     for row in rows:
         new = []
         for cell, width in zip(row, list(maxcolwidths) + [None] * (len(row) - len(maxcolwidths))):
@@ -116,15 +160,15 @@ def _wrapped(rows: list[list], maxcolwidths: Sequence[int | None]) -> list[list]
                 new.append(cell)
                 continue
             text = "" if cell is None else str(cell)
-            wrap = _wrapper(width)
-            new.append("\n".join("\n".join(wrap.wrap(line)) for line in text.split("\n") if line.strip() != ""))
+            new.append("\n".join("\n".join(wrap(line, width)) for line in text.split("\n") if line.strip() != ""))
         out.append(new)
     return out
 
 
-def simple_table(rows: Sequence[Sequence], headers: Sequence[str], floatfmt: str | Sequence[str] = "g",
+def simple_table(rows: Sequence[Sequence], headers: Sequence[str] = (), floatfmt: str | Sequence[str] = "g",
                  maxcolwidths: Sequence[int | None] | None = None) -> str:
-    """``tabulate(rows, headers=headers, floatfmt=floatfmt, maxcolwidths=maxcolwidths)`` (format "simple")."""
+    """``tabulate(rows, headers=headers, floatfmt=floatfmt, maxcolwidths=maxcolwidths)`` (format "simple"; no
+    headers: a rule above the rows and one below, as tabulate's)."""
     try:
         return _simple_table([list(r) for r in rows], list(headers), floatfmt, maxcolwidths)
     except _Unsupported:
@@ -135,7 +179,8 @@ def simple_table(rows: Sequence[Sequence], headers: Sequence[str], floatfmt: str
 
 def _simple_table(rows: list[list], headers: list[str], floatfmt: str | Sequence[str],
                   maxcolwidths: Sequence[int | None] | None) -> str:
-    if not rows or any(len(r) != len(headers) for r in rows) or not headers:
+    width_of_row = len(headers) or (len(rows[0]) if rows else 0)   # headerless: tabulate's rule above and below
+    if not rows or not width_of_row or any(len(r) != width_of_row for r in rows):
         raise _Unsupported
     for h in headers:
         if not (isinstance(h, str) and h.isascii() and h.isprintable()):
@@ -150,7 +195,7 @@ def _simple_table(rows: list[list], headers: list[str], floatfmt: str | Sequence
     fmts = [floatfmt] * len(columns) if isinstance(floatfmt, str) else \
         list(floatfmt) + ["g"] * (len(columns) - len(floatfmt))
     out_columns, aligns = [], []
-    for header, column, fmt in zip(headers, columns, fmts):
+    for header, column, fmt in zip(headers or [None] * width_of_row, columns, fmts):
         kind = max((_kind(c) if not (isinstance(c, str) and "\n" in c) else _STR for c in column), default=_NONE)
         kind = max(kind, 1)   # tabulate starts a column's type at bool
         cells = [_format(c, kind, fmt) for c in column]
@@ -162,16 +207,16 @@ def _simple_table(rows: list[list], headers: list[str], floatfmt: str | Sequence
         else:
             cells = [s.strip() for s in cells]
         lines = [s.split("\n") if multiline else [s] for s in cells]
-        width = max(max(len(line) for cell in lines for line in cell), len(header) + MIN_PADDING)
+        width = max(max(len(line) for cell in lines for line in cell), len(header) + MIN_PADDING if headers else 0)
         pad = str.rjust if numeric else str.ljust
         out_columns.append([[pad(line, width) for line in cell] if cell != [""] or not multiline else []
                             for cell in lines])
         aligns.append((pad, width))
-    text = ["  ".join(pad(h, w) for h, (pad, w) in zip(headers, aligns)).rstrip(),
-            "  ".join("-" * w for _, w in aligns).rstrip()]
+    rule = "  ".join("-" * w for _, w in aligns).rstrip()
+    text = ["  ".join(pad(h, w) for h, (pad, w) in zip(headers, aligns)).rstrip(), rule] if headers else [rule]
     for r in range(len(rows)):
         cells = [col[r] for col in out_columns]
         height = max(len(c) for c in cells)
         for i in range(height):
             text.append("  ".join(c[i] if i < len(c) else " " * w for c, (_, w) in zip(cells, aligns)).rstrip())
-    return "\n".join(text)
+    return "\n".join(text if headers else text + [rule])

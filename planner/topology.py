@@ -27,6 +27,8 @@ from planner.hardware import ClusterSpec
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Link:
+    """The link a communication group's collectives run over."""
+
     kind: str
     """intra | inter"""
     bus_bw_bytes_per_s: float

@@ -6,8 +6,8 @@ import pytest
 
 from planner.calibration import apply_calibration
 from planner.errors import InputError
-from planner.hardware import (CATALOG, CATALOG_FILE, accelerator_from, catalog,
-                              catalog_id_for_device, get_accelerator, load_accelerators, load_cluster, make_cluster)
+from planner.hardware import (CATALOG, CATALOG_FILE, accelerator_from, catalog, catalog_id_for_device,
+                              get_accelerator, gpu_spelling, load_accelerators, load_cluster, make_cluster)
 
 REQUIRED = {"V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-SXM", "H100-PCIe", "H200", "B200", "MI250X",
             "MI300X",
@@ -151,6 +151,29 @@ def test_the_catalog_is_read_once_by_the_users_loader_and_is_read_only():
     assert dict(catalog()) == load_accelerators(CATALOG_FILE)
     with pytest.raises(TypeError):
         catalog()["X"] = catalog()["A10"]   # type: ignore[index]
+
+
+def test_no_two_catalog_names_read_alike():
+    """--gpu reads a name however spelled (gpu_spelling); an id written exactly is answered without that map, which
+    is the same answer only while no two ids or aliases of the catalog reduce to the same spelling."""
+    names = [*catalog(), *(a for acc in catalog().values() for a in acc.aliases)]
+    spellings = [gpu_spelling(n) for n in names]
+    assert len(set(spellings)) == len(spellings), sorted(n for n, s in zip(names, spellings) if spellings.count(s) > 1)
+    for name in names:
+        assert get_accelerator(name.lower()) is get_accelerator(name) is catalog()[get_accelerator(name).id]
+
+
+def test_the_catalog_builds_an_entry_when_asked_and_each_base_is_an_entry_above():
+    """The catalog builds an entry (and its base) when first asked for, as `load_accelerators` builds it; a ``base``
+    names an entry above it exactly, as a user's catalog must (its entries are built in order)."""
+    from planner.files import read_mapping
+
+    fresh = type(catalog())(read_mapping(CATALOG_FILE, "GPU file", packaged=True))
+    h200 = fresh["H200"]
+    assert set(fresh._built) == {"H200", "H100-SXM"} and h200 == catalog()["H200"]
+    raw = read_mapping(CATALOG_FILE, "GPU file", packaged=True)
+    for i, (acc_id, entry) in enumerate(raw.items()):
+        assert "base" not in entry or entry["base"] in list(raw)[:i], acc_id
 
 
 def test_variants_inherit_from_their_base():

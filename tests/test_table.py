@@ -48,6 +48,17 @@ def test_random_tables_match_tabulate(seed: int) -> None:
         rows, headers=headers, floatfmt=floatfmt or "g", maxcolwidths=widths)
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_random_headerless_tables_match_tabulate(seed: int) -> None:
+    """No headers (`plan --explain`'s memory and step-time tables): tabulate's rule above and below the rows."""
+    rng = random.Random(1000 + seed)
+    ncols, nrows = rng.randrange(1, 6), rng.randrange(1, 9)
+    rows = [[_cell(rng, c if rng.random() < 0.5 else rng.randrange(7)) for c in range(ncols)] for _ in range(nrows)]
+    floatfmt = rng.choice([".2f", ".3f", "g", ("", ".1f")])
+    widths = [rng.choice([None, 100, 20, 7]) for _ in range(ncols)] if rng.random() < 0.3 else None
+    assert simple_table(rows, [], floatfmt, widths) == tabulate(rows, floatfmt=floatfmt, maxcolwidths=widths)
+
+
 def test_plan_tables_match_tabulate(monkeypatch) -> None:
     """`plan`'s own table, ruled-out reasons (wrapped at 100) and rampup schedule, rendered both ways."""
     from planner import cli
@@ -72,9 +83,57 @@ def test_plan_tables_match_tabulate(monkeypatch) -> None:
         assert "Ruled out" in mine and mine == theirs
 
 
+@pytest.mark.parametrize("argv", [
+    ["--model", "176B", "--gpus", "384", "--explain", "tp=4,pp=12,mbs=2,recompute=full,zero=1"],
+    ["--model", "176B", "--gpus", "384", "--explain", "tp=3,pp=12,mbs=2,recompute=full,zero=1"],   # ruled out
+    ["--model", "1B3", "--gpus", "8", "--gpu", "V100-16GB", "--precision", "fp16", "--explain",
+     "tp=1,pp=1,mbs=4,recompute=none,zero=2"],   # fp16 DeepSpeed ZeRO: the pinned and released reserves
+    ["--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "H100", "--framework", "megatron-lm", "--explain",
+     "tp=2,pp=4,ep=8,mbs=1,recompute=full,zero=1,sp=1"],   # MoE: its mean layer's ops
+])
+def test_explain_tables_match_tabulate(monkeypatch, argv: list[str]) -> None:
+    """`plan --explain`'s memory, step-time, terms and op tables, rendered both ways."""
+    import contextlib
+    import io
+
+    from planner import cli
+
+    out = []
+    for render in (simple_table, lambda rows, headers=(), floatfmt="g", maxcolwidths=None: tabulate(
+            rows, headers=headers, floatfmt=floatfmt, maxcolwidths=maxcolwidths)):
+        monkeypatch.setattr(cli, "simple_table", render)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert cli.main(argv) == 0
+        out.append(buf.getvalue())
+    assert "\n---" in out[0] and out[0] == out[1]
+
+
 def test_what_it_does_not_render_goes_to_tabulate(monkeypatch) -> None:
     rows = [["µs", 1], [True, 2], ["1,024", 3], ["tab\there", 4]]
     for row in rows:
         assert simple_table([row], ["a", "b"]) == tabulate([row], headers=["a", "b"])
     with pytest.raises(table._Unsupported):
         table._kind(True)
+
+
+LINE_WORDS = ["ZeRO-1", "ZeRO-0", "--emit-flavor", "megatron-deepspeed", "a--b", "x-", "-y", "_-a", "a-_", "1-2",
+              "ab-c", "a-b-c", "well-known", "tp=4,pp=12,dp=8:", "memory", "GB", "(seed", "004)", "a", "xyzzy" * 3,
+              "re-run", "co-op", "e-mail", "A-B", "9-x", "x-9", "---", "-", "--", "ab--cd", "MBS*DP", "1920", "!="]
+
+
+def test_the_word_wrap_is_textwraps_where_it_answers() -> None:
+    """`_word_lines` (no textwrap import) gives what textwrap's wrapper gives, or hands the line to it: random lines of
+    hyphenated, em-dashed and plain words at many widths, and it answers most of them itself."""
+    rng = random.Random(29)
+    answered = 0
+    for _ in range(4000):
+        line = " ".join(rng.choice(LINE_WORDS) for _ in range(rng.randrange(1, 25)))
+        width = rng.randrange(1, 60)
+        lines = table._word_lines(line, width)
+        if lines is not None:
+            answered += 1
+            assert lines == table._wrapper(width).wrap(line), (line, width)
+    assert answered > 1000
+    for line in (" lead", "trail ", "two  spaces", "tab\there", "µs wide"):   # not single-spaced printable ASCII
+        assert table._word_lines(line, 40) is None
