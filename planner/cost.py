@@ -77,6 +77,8 @@ class CostParams:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimeBreakdown:
+    """A candidate's step time by line (each the sum of its `TERMS`), seconds."""
+
     compute_s: float
     """pipeline-critical-path compute of the step, bubble excluded"""
     tp_comm_s: float
@@ -763,6 +765,8 @@ def breakdown(step: StepTime, params: CostParams, *, model_flops: float, hardwar
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Throughput:
+    """What a step time gives: samples, tokens and FLOPs per second."""
+
     samples_per_s: float
     tokens_per_s: float
     model_tflops_per_gpu: float

@@ -226,6 +226,8 @@ def shard_group_size(cand: Candidate, gpus_per_node: int) -> int:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerActivations:
+    """One layer's activation bytes for one micro-batch on one GPU (`layer_activations`)."""
+
     stored_bytes: float
     """kept from forward to backward, per layer and micro-batch (the mean over the layers for selective-layer-N;
     block-N and uniform-N: `stored_layer_bytes` counts a rank's layers from the two below)"""

@@ -138,6 +138,8 @@ def _r(x: float | None, nd: int = 3) -> float | None:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
+    """A plan: the ranked survivors, and what was ruled out and why."""
+
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec

@@ -83,6 +83,8 @@ class Reason(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Violation:
+    """A broken rule: its reason and one line saying why and what to change."""
+
     reason: Reason
     detail: str
 

@@ -11,15 +11,26 @@ what 384 take). Issue 29 point 5, as new processes (`python3 -m planner ...`, CP
 of the child, Python start-up included): `plan --model 176B --gpus 384` <= 0.1 s CPU; Llama 3.1 405B at
 its preset's 128K tokens on 16,384 H100 and Mixtral-8x22B at its preset's 64K on 1,024 H100 <= 0.3 s.
 Reported as medians and candidates scored per second, not asserted.
+
+    python tests/bench/bench_plan.py --instructions [--against DIR]   # the issue-29 commands' instruction counts
+
+``--instructions`` counts the instructions each issue-29 command executes, start-up included, under valgrind's
+callgrind (valgrind must be installed; each command ~50x slower), with the hash seed fixed and the caches warm: the
+same count to a few hundred instructions from run to run whatever the machine's load, where CPU seconds on a shared
+2-core machine move by more than one change gains. Instructions are not seconds (a cache miss costs more than an
+add): a change is judged by both.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -90,6 +101,27 @@ def issue29(roots: list[Path]) -> None:
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f}")
 
 
+def instructions(roots: list[Path]) -> None:
+    """The issue-29 commands' instruction counts (callgrind's "Collected"), one column per checkout in ``roots``."""
+    if shutil.which("valgrind") is None:
+        print("--instructions needs valgrind (apt-get install valgrind)")
+        return
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"PYTHONHASHSEED": "0"}
+    print(f"instructions (callgrind), hash seed 0, caches warm, for {', '.join(map(str, roots))}")
+    for argv in [["-c", "pass"], ["-c", "import planner.cli"]] + [["-m", "planner", *a] for a, _ in ISSUE29]:
+        counts = []
+        for root in roots:
+            e = env | {"PYTHONPATH": str(root)}
+            subprocess.run([sys.executable, *argv], cwd=root, env=e, check=True, capture_output=True, timeout=600)
+            with tempfile.TemporaryDirectory() as tmp:
+                run = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/out",
+                                      sys.executable, *argv], cwd=root, env=e, check=True, capture_output=True,
+                                     text=True, timeout=3600)
+            found = re.search(r"Collected : (\d+)", run.stderr)
+            counts.append(int(found.group(1)) if found else float("nan"))
+        print(" | ".join(f"{c / 1e6:9.1f} M" for c in counts) + f"  python3 {' '.join(argv)}")
+
+
 def whole_space(model: str, gpus: int, gpu: str, framework: str) -> tuple[float, int]:
     import planner
 
@@ -108,6 +140,9 @@ def whole_space(model: str, gpus: int, gpu: str, framework: str) -> tuple[float,
 def main() -> int:
     args = sys.argv[1:]
     roots = [ROOT] + ([Path(args[args.index("--against") + 1]).resolve()] if "--against" in args else [])
+    if "--instructions" in args:
+        instructions(roots)
+        return 0
     issue29(roots)
     if "--issue29" in args:
         return 0
