@@ -143,3 +143,23 @@ def test_the_tflops_ceiling_bounds_every_survivor(name, gpus, gpu, kw):
             mp.setattr(rank, "_score", lambda *a, **k: scored.append(a[3]) or score(*a, **k))
             top = plan(model, cluster, training, allow_empty=True, keep=10)
         assert repr(top.candidates) == repr(whole.candidates[:10]) and len(scored) < len(whole.candidates)
+
+
+@pytest.mark.parametrize("name, gpus, gpu, kw", [CASES[1], CASES[2]])
+def test_megatron_lm_rows_answered_once_per_row_key_name_each_candidate_s_own_rule(name, gpus, gpu, kw):
+    """Under Megatron-LM the checker answers a row once per TP == 1, DP x CP == 1 and the rest of its key
+    (`Checker.row_key`): on every candidate of the plain product its cached first rule is the rule, words and all,
+    that `iter_violations` finds checking that candidate alone."""
+    from planner.rules import iter_violations
+
+    model, cluster, training = get_preset(name), make_cluster(gpu=gpu, gpus=gpus), TrainingSpec(**kw)
+    model = prepare(model, training)
+    target = target_of(training)
+    checker = Checker(model, cluster, training, (target,))
+    shared = set()
+    for c in enumerate_candidates(model, cluster.world_size, cluster.gpus_per_node, training,
+                                  knob_values(target, training)):
+        assert checker.first(c) == next(iter_violations(model, c, cluster, training, (target,)), None), c.label()
+        if checker.shared(c) is None:
+            shared.add((c.tp, c.dp, c.cp))
+    assert len(shared) > 4   # rows of several TP, DP and CP reached the row rules, sharing answers

@@ -13,6 +13,7 @@ its preset's 128K tokens on 16,384 H100 and Mixtral-8x22B at its preset's 64K on
 Reported as medians and candidates scored per second, not asserted.
 
     python tests/bench/bench_plan.py --instructions [--against DIR]   # the issue-29 commands' instruction counts
+    python tests/bench/bench_plan.py --floor   # what Mixtral's plan pays before any memory or time is computed
 
 ``--instructions`` counts the instructions each issue-29 command executes, start-up included, under valgrind's
 callgrind (valgrind must be installed; each command ~50x slower), with the hash seed fixed and the caches warm: the
@@ -122,6 +123,38 @@ def instructions(roots: list[Path]) -> None:
         print(" | ".join(f"{c / 1e6:9.1f} M" for c in counts) + f"  python3 {' '.join(argv)}")
 
 
+def floor() -> None:
+    """What Mixtral-8x22B's plan (issue 29's slowest target) costs before any memory or time is computed, in-process:
+    the shared rules' rows (every (TP, PP, CP, MBS) group and its rows, ruled out or passed to memory), with the rules
+    answered from scratch and again with every answer known, and building each candidate that reaches the memory
+    rule (what a design that judges candidates one by one in Python pays at the least)."""
+    import gc
+    from collections import Counter
+
+    from planner import cli
+    from planner.rank import _survivors_of_shared_rules, prepare
+    from planner.rules import Checker, knob_values
+
+    args = cli.build_parser().parse_args(["--model", "mixtral-8x22b", "--gpus", "1024", "--gpu", "H100-SXM"])
+    model, cluster, training = cli.setup_from_args(args)
+    targets = cli.targets_for(training, None)
+    model = prepare(model, training)
+    checker = Checker(model, cluster, training, targets)
+    knobs = knob_values(targets[0], training)
+    gc.disable()
+    for label in ("rules answered from scratch", "every rule answer known"):
+        t0 = time.process_time()
+        items = list(_survivors_of_shared_rules(model, cluster, training, knobs, checker, Counter(), {},
+                                                keep_rampup=False))
+        print(f"{time.process_time() - t0:.3f} s  the shared rules' rows, {label}")
+    rows = [i for i in items if type(i) is not int]
+    t0 = time.process_time()
+    built = [r.candidate(i) for r in rows for i in range(len(r.eps))]
+    print(f"{time.process_time() - t0:.3f} s  building the {len(built):,} candidates of the {len(rows):,} rows that "
+          f"reach the memory rule (of {sum(i if type(i) is int else len(i.eps) for i in items):,})")
+    gc.enable()
+
+
 def whole_space(model: str, gpus: int, gpu: str, framework: str) -> tuple[float, int]:
     import planner
 
@@ -142,6 +175,9 @@ def main() -> int:
     roots = [ROOT] + ([Path(args[args.index("--against") + 1]).resolve()] if "--against" in args else [])
     if "--instructions" in args:
         instructions(roots)
+        return 0
+    if "--floor" in args:
+        floor()
         return 0
     issue29(roots)
     if "--issue29" in args:
