@@ -253,7 +253,10 @@ def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training:
     which all its candidates share, or a row broken by a redundancy or framework rule, which read no EP/ETP, is counted
     under that rule (with its first candidate as the example, as one by one would) and yielded as its size; a row that
     passes them is yielded as a `_Row`, its candidates not built. ``keep_rampup``: the candidates of groups broken only
-    by the rampup are yielded one by one (`plan`'s free_best scores them without the rampup)."""
+    by the rampup are yielded one by one (`plan`'s free_best scores them without the rampup). Groups whose rows read
+    alike (`_RowOutcome`) are answered from the first one's outcome, in the same order, when every reason it counts
+    has its example already."""
+    outcomes: dict[tuple, _RowOutcome] = {}
     for group in enumerate_groups(model, cluster.world_size, cluster.domain_gpus, training, knobs):
         size = group.size
         if not size:
@@ -264,31 +267,69 @@ def _survivors_of_shared_rules(model: ModelSpec, cluster: ClusterSpec, training:
             yield from group.candidates()
             continue
         if v is None:   # then per row (one recompute, ZeRO, SP, VPP, hybrid): the rules that read no EP/ETP
+            group_key = checker.group_key(group.tp, group.pp, group.dp, group.cp, group.gas)
+            signature = (group_key, group.recompute, group.zero, group.sp, group.vpp, group.hybrid,
+                         len(group.ep_etps), len(group.ep_no_sp))
+            seen = outcomes.get(signature)
+            if seen is not None and all(reason in examples for reason, _ in seen.counts):
+                for reason, n in seen.counts:
+                    pruned[reason] += n
+                for before, fields in seen.passing:   # the rows between, counted; each passing row as the first saw it
+                    if before:
+                        yield before
+                    eps = group.ep_etps if fields[2] else group.ep_no_sp
+                    yield _Row(group, (*fields, eps), group.make(*fields, *eps[0]))
+                if seen.tail:
+                    yield seen.tail
+                continue
+            counts: Counter[Reason] = Counter()
+            passing, run = [], 0
             for row in group.rows():
                 recompute, zero, sp, vpp, hybrid, eps = row
                 if not eps:
                     continue
-                known, w = checker.row_known(checker.row_key(group.tp, group.pp, group.dp, group.cp, group.gas,
-                                                             recompute, zero, sp, vpp, hybrid))
+                known, w = checker.row_known(checker.row_key(group_key, recompute, zero, sp, vpp, hybrid))
                 if known and w is not None and w.reason in examples:   # broken like a row seen before: counted,
                     pruned[w.reason] += len(eps)                         # no candidate built
+                    counts[w.reason] += len(eps)
+                    run += len(eps)
                     yield len(eps)
                     continue
                 head = group.make(recompute, zero, sp, vpp, hybrid, *eps[0])
                 if not known:
                     w = checker.row(head)
                 if w is None:
+                    passing.append((run, row[:5]))
+                    run = 0
                     yield _Row(group, row, head)
                     continue
                 pruned[w.reason] += len(eps)
+                counts[w.reason] += len(eps)
+                run += len(eps)
                 if w.reason not in examples:
                     examples[w.reason] = (head, w)
                 yield len(eps)
+            outcomes[signature] = _RowOutcome(tuple(counts.items()), tuple(passing), run)
             continue
         pruned[v.reason] += size
         if v.reason not in examples:
             examples[v.reason] = (first_cand, v)
         yield size
+
+
+@dataclass(frozen=True, slots=True)
+class _RowOutcome:
+    """How the rows of a group that passed the shared rules fared (`_survivors_of_shared_rules`): the same for every
+    group with the same `Checker.group_key`, knob values and EP/ETP counts, whose rows have the same `Checker.row_key`s
+    in the same order and as many candidates each."""
+
+    counts: tuple[tuple[Reason, int], ...]
+    """the candidates of the rows a rule broke, by reason"""
+    passing: tuple[tuple[int, tuple], ...]
+    """each row that passed, in order: (the candidates of the broken rows since the one before, its recompute, ZeRO,
+    SP, VPP and hybrid)"""
+    tail: int
+    """the candidates of the broken rows after the last that passed"""
 
 
 @dataclass(frozen=True, slots=True)

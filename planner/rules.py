@@ -607,16 +607,20 @@ class Checker:
             v = self._batches[key]
         return v
 
-    def row_key(self, tp: int, pp: int, dp: int, cp: int, gas: int, recompute: str, zero: int, sp: bool, vpp: int,
-                hybrid: bool) -> tuple:
-        """What `row` reads: the frameworks' rules read GAS only as GAS % PP == 0 (interleaved 1F1B), the probe's
-        GAS itself (its schedules' rounds), as do torchtitan's (`planner.fsdp_parallel.schedule_violations`).
-        Megatron-LM's alone read TP only as TP == 1 (sequence parallelism needs TP > 1) and DP x CP only as
-        DP x CP == 1 (ZeRO then shards nothing): rows of other TP, DP and CP share their answer (a tenth as many
-        rows to check in Mixtral-8x22B's plan on 1,024 GPUs)."""
+    def group_key(self, tp: int, pp: int, dp: int, cp: int, gas: int) -> tuple:
+        """What `row` reads of a row's (TP, PP, DP, CP, GAS) (`row_key`'s head): the frameworks' rules read GAS only
+        as GAS % PP == 0 (interleaved 1F1B), the probe's GAS itself (its schedules' rounds), as do torchtitan's
+        (`planner.fsdp_parallel.schedule_violations`). Megatron-LM's alone read TP only as TP == 1 (sequence
+        parallelism needs TP > 1) and DP x CP only as DP x CP == 1 (ZeRO then shards nothing): rows of other TP, DP
+        and CP share their answer (a tenth as many rows to check in Mixtral-8x22B's plan on 1,024 GPUs)."""
         if self._megatron_rows:
-            return (tp == 1, pp, dp * cp == 1, gas % pp == 0, recompute, zero, sp, vpp, hybrid)
-        return (tp, pp, dp, cp, gas if self._gas_read else gas % pp == 0, recompute, zero, sp, vpp, hybrid)
+            return (tp == 1, pp, dp * cp == 1, gas % pp == 0)
+        return (tp, pp, dp, cp, gas if self._gas_read else gas % pp == 0)
+
+    @staticmethod
+    def row_key(group_key: tuple, recompute: str, zero: int, sp: bool, vpp: int, hybrid: bool) -> tuple:
+        """What `row` reads: the row's `group_key`, and its recompute, ZeRO, SP, VPP and hybrid."""
+        return (*group_key, recompute, zero, sp, vpp, hybrid)
 
     def row_known(self, key: tuple) -> tuple[bool, Violation | None]:
         """(whether `row` was answered for ``key`` (`row_key`), its answer): a known row needs no candidate built.
@@ -626,7 +630,7 @@ class Checker:
     def row(self, c: Candidate) -> Violation | None:
         """After `shared`: the redundancy and framework rules, which read no EP, ETP or MBS (the same for every
         candidate of a row of `planner.enumeration.Group.rows`), remembered by `row_key`."""
-        key = self.row_key(c.tp, c.pp, c.dp, c.cp, c.gas, c.recompute, c.zero, c.sp, c.vpp, c.hybrid)
+        key = self.row_key(self.group_key(c.tp, c.pp, c.dp, c.cp, c.gas), c.recompute, c.zero, c.sp, c.vpp, c.hybrid)
         if key not in self._rows:
             self._rows[key] = self._row(c)
         return self._rows[key]
