@@ -28,7 +28,7 @@ from planner.constants import ALLOCATOR_OVERHEAD, DEEPSPEED_FP16_RESERVED_BYTES,
 from planner.framework import get_framework
 from planner.hardware import ClusterSpec
 from planner.model import ModelSpec
-from planner.pipeline_split import megatron_lm_split
+from planner.pipeline_split import StageSplit, megatron_lm_split
 from planner.space import Candidate, TrainingSpec, candidate_with
 
 # PyTorch's caching allocator's overhead on the dynamic part (activations, logits): ALLOCATOR_OVERHEAD, fitted
@@ -166,8 +166,7 @@ def stage_layers(model: ModelSpec, cand: Candidate, framework: str, stage: str) 
     of the first and a middle rank (stage 1 holds PP-1 micro-batches in flight, nearly as many as stage 0), so it
     bounds every rank but the last. Other frameworks: ceil(L/PP) on every stage (DeepSpeed's partitioning).
     """
-    split = (megatron_lm_split(model.layers, cand.pp, cand.vpp, model.mtp_layers)
-             if framework == "megatron-lm" and cand.pp > 1 else None)
+    split = stage_split(model, cand, framework)
     if split is None:
         return layers_per_stage(model, cand.pp)
     if stage == "middle" and split.middle:   # a DualPipe middle rank's stages (`planner.dualpipe.MIDDLE`)
@@ -175,6 +174,14 @@ def stage_layers(model: ModelSpec, cand: Candidate, framework: str, stage: str) 
     if stage == dualpipe.END:   # the first stage as DualPipe's end rank holds it (its middle ranks are charged apart)
         return split.first
     return split.last if stage == "last" else max(split.first, split.middle)
+
+
+def stage_split(model: ModelSpec, cand: Candidate, framework: str) -> StageSplit | None:
+    """The split `stage_layers` charges: Megatron-LM's (`planner.pipeline_split.megatron_lm_split`) under PP, else
+    None (ceil(L/PP) on every stage). All a stage's model states read of VPP (`PlanMemory.states_of`)."""
+    if framework != "megatron-lm" or cand.pp <= 1:
+        return None
+    return megatron_lm_split(model.layers, cand.pp, cand.vpp, model.mtp_layers)
 
 
 def layer_params(model: ModelSpec) -> float:
@@ -758,7 +765,10 @@ class PlanMemory:
 
     def states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
         """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``."""
-        dense_key = (c.tp, c.pp, c.dp, c.cp, c.vpp, c.zero, c.hybrid, c.opt_offload)   # what DenseStates reads
+        # what DenseStates reads: VPP only through the stages' layers (Megatron-LM's split; VPPs that split the
+        # layers alike hold the same states)
+        split = stage_split(self.model, c, self.training.framework)
+        dense_key = (c.tp, c.pp, c.dp, c.cp, split.as_tuple() if split else None, c.zero, c.hybrid, c.opt_offload)
         key = (*dense_key, ep, etp)
         states = self._states.get(key)
         if states is None:
