@@ -213,18 +213,18 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, can
 
 
 def _score(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, cand: Candidate, topology: Topology,
-           params: CostParams, memory: PlanMemory, layer_times: dict) -> Estimate:
+           params: CostParams, memory: PlanMemory, layer_memo: dict) -> Estimate:
     """Like estimate() for a candidate that passed every layout rule and the memory rule (``memory.fits``): plan()'s
-    path (``layer_times``: plan()'s memo for `estimate_time`)."""
+    path (``layer_memo``: plan()'s memo for `estimate_time`)."""
     mem = memory.breakdown(cand)
-    time = estimate_time(model, cand, cluster, training, topology, params, layer_times)
+    time = estimate_time(model, cand, cluster, training, topology, params, layer_memo)
     saved = memory.total_bytes(replace(cand, offload="")) - mem.total_bytes if cand.offload else 0.0
     opt_saved, opt_added = 0.0, 0.0
     if cand.opt_offload:
         without = replace(cand, opt_offload=0.0)
         opt_saved = memory.total_bytes(without) - mem.total_bytes
         opt_added = time.step_time_s - estimate_time(model, without, cluster, training, topology, params,
-                                                     layer_times).step_time_s
+                                                     layer_memo).step_time_s
     return Estimate(candidate=cand, memory=mem, time=time, throughput=throughput(model, cand, cluster, training, time),
                     advice=tuple(memory_advice(mem, cluster, training)), offload_saved_bytes=saved,
                     opt_offload_saved_bytes=opt_saved, opt_offload_added_s=opt_added,
@@ -527,7 +527,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     knobs = knob_values(targets[0], training)
     checker = Checker(model, cluster, training, targets)
     memory = PlanMemory(model, cluster, training)
-    layer_times: dict[tuple, tuple] = {}   # planner.cost.layer_compute_s by its key, for this plan's candidates
+    layer_memo: dict[tuple, object] = {}   # planner.cost's memo for this plan: op lists, busiest stages, terms
     searches: dict[tuple, PartialSearch] = {}   # `partial_search` by what it reads: recompute kind, PP, VPP
     no_room: dict[tuple, tuple[str, Violation | None]] = {}   # `partial_mode` where nothing fits, by the same
     megatron_only = all(t.framework == "megatron-lm" for t in targets)
@@ -640,10 +640,10 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 survivors.append((total, cand))
 
     def score(cand: Candidate) -> Estimate:
-        return _score(model, cluster, training, cand, topology, params, memory, layer_times)
+        return _score(model, cluster, training, cand, topology, params, memory, layer_memo)
 
     def ceiling(cand: Candidate) -> float:
-        return tflops_ceiling(model, cand, cluster, training, layer_times)
+        return tflops_ceiling(model, cand, cluster, training, layer_memo)
     bounded = params == CostParams()   # the ceiling holds under the default efficiencies only
     best = _best(survivors, keep if bounded else None, score, ceiling)[:keep]
     best_free = _best(free_only, 1 if bounded else None, score, ceiling, found=tuple(best[:1]))[0] \
