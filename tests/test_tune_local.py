@@ -231,8 +231,13 @@ def test_sigkilled_tuner_leaves_no_worker_and_the_rerun_probes_its_trial_at_once
     assert killed.state.name == "FAIL" and killed.user_attrs["outcome"] == "interrupted"
     assert "killed" in killed.user_attrs["reason"]
     config = killed.user_attrs["config"]
-    assert [t.state.name for t in trials if t.number > running.number and t.user_attrs.get("config") == config] \
-        == ["COMPLETE"]
+    retry = [t for t in trials if t.number > running.number and t.user_attrs.get("config") == config]
+    # probed again, once: to the end, or stopped after its timed steps as clearly behind the best (search.pruning:
+    # the other analytic configuration, queued before the retry, is measured first, and on a loaded 2-core
+    # machine either can be the faster)
+    assert [(t.state.name, t.user_attrs.get("phase")) for t in retry] in (
+        [("COMPLETE", "retry")], [("PRUNED", "retry")]), [(t.number, t.state.name, t.user_attrs) for t in trials]
+    assert retry[0].state.name == "COMPLETE" or retry[0].user_attrs.get("pruned_steps", 0) >= 1
 
 
 @pytest.mark.slow
