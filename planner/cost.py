@@ -711,17 +711,18 @@ def ceiling_group(cand: Candidate) -> tuple:
 
 
 def tflops_ceilings(model: ModelSpec, cands: list[Candidate], cluster: ClusterSpec, training: TrainingSpec,
-                    layer_memo: dict) -> list[float]:
+                    layer_memo: dict, group: tuple | None = None) -> list[float]:
     """`tflops_ceiling` of each of ``cands``, candidates of one `ceiling_group`, the same floats: the op list, the
     chunk host work, the stage's shape (`stage_shape`) and the slots and FLOPs (`_ceiling_parts`) computed once, the
-    layer, the stage and the quotient once per recompute mode. What plan() ranks its survivors by (planner.rank)."""
+    layer, the stage and the quotient once per recompute mode (``group``: their `ceiling_group`, when known). What
+    plan() ranks its survivors by (planner.rank)."""
     first = cands[0]
     fw, g16, _ = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))
     lo = memoized(layer_memo, ("ops", *op_list_key(first)), lambda: layer_op_list(model, first, cluster, training))
     chunk = chunk_host_s(model, first, training)
     shape = stage_shape(model, first, cluster, training, fw, g16, model.seq_len * first.mbs // first.cp, layer_memo)
     parts = None if training.pp_schedule else _ceiling_parts(model, first, training, fw, layer_memo)
-    core, group = lo.seconds(ops.ATTENTION), ceiling_group(first)
+    core, group = lo.seconds(ops.ATTENTION), group or ceiling_group(first)
     by_mode: dict[str, float] = {}
     out = []
     for cand in cands:
