@@ -279,7 +279,14 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
     """(attention-core forward, layer, layers on the busiest stage, its compute, LM head and loss) seconds of one
     micro-batch: what reads the candidate's `layer_key`, PP and VPP only."""
     core, layer_s = layer_compute_s(model, cand, cluster, training, layer_memo)
-    lps = layers_per_stage(model, cand.pp)
+    shape = stage_shape(model, cand, cluster, training, fw, g16, tokens, layer_memo)
+    return (core, layer_s, *stage_of(model, cand, training, fw, layer_s, shape))
+
+
+def stage_shape(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec, fw: Framework,
+                g16: GemmContext, tokens: int, layer_memo: dict | None) -> tuple:
+    """What `stage_of` reads besides the layer's seconds: (ceil(L/PP) layers, the LM head and loss seconds,
+    Megatron-LM's split or None), of TP, tokens, PP and VPP only."""
     # LM head GEMM (forward + 2x backward) over the padded vocabulary, and the cross-entropy over the logits
     fp32_loss = fp32_logits(training)
     head_key = ("head_seconds", cand.tp, tokens, fp32_loss)   # TP, tokens, loss dtype
@@ -289,11 +296,18 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         if layer_memo is not None:
             layer_memo[head_key] = head
     head_gemm_s, loss_s = head
-    logits_s = head_gemm_s + loss_s
-    # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
-    logits_s += model.mtp_layers * (layer_s + logits_s)
     split = (megatron_lm_split(model.layers, cand.pp, cand.vpp, model.mtp_layers)
              if training.framework == "megatron-lm" else None)
+    return layers_per_stage(model, cand.pp), head_gemm_s + loss_s, split
+
+
+def stage_of(model: ModelSpec, cand: Candidate, training: TrainingSpec, fw: Framework, layer_s: float,
+             shape: tuple) -> tuple[int, float, float]:
+    """(layers on the busiest stage, its compute, LM head and loss) seconds of one micro-batch from one layer's
+    seconds and the stage's `stage_shape`."""
+    lps, logits_s, split = shape
+    # MTP modules (DeepSeek-V3) on the last stage: a (mean) layer and a second LM head each (moe.mtp_forward_flops)
+    logits_s += model.mtp_layers * (layer_s + logits_s)
     if cand.pp == 1:
         stage_compute = lps * layer_s + logits_s
     elif split is not None and training.pp_schedule == dualpipe.DUALPIPE:
@@ -308,13 +322,14 @@ def stage_compute(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, train
         stage_compute, lps = pipeline_engine.stage_compute_s(model.layers, cand.pp, layer_s, logits_s)
     else:
         stage_compute = lps * layer_s + logits_s   # the last stage: its layers and the LM head
-    return core, layer_s, lps, stage_compute, logits_s
+    return lps, stage_compute, logits_s
 
 
 def busiest_stage(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   layer_memo: dict | None) -> tuple[float, float, int, float, float]:
-    """`stage_compute` of ``cand``, once per `layer_key` (which holds PP and VPP) in ``layer_memo`` when given."""
-    key = ("stage_compute", *layer_key(cand))
+    """`stage_compute` of ``cand``, once per `ceiling_group` and recompute mode (which hold `layer_key`) in
+    ``layer_memo`` when given (`tflops_ceilings` fills it)."""
+    key = ("stage_compute", ceiling_group(cand), cand.recompute)
     found = None if layer_memo is None else layer_memo.get(key)
     if found is not None:   # plan()'s ceilings and scores ask most keys more than once
         return found
@@ -685,18 +700,74 @@ def tflops_ceiling(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, trai
     candidates that cannot reach its top rows (planner.rank)."""
     _, layer_s, _, compute, head_s = busiest_stage(model, cand, cluster, training, layer_memo)
     fw = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))[0]
+    return _ceiling_from(_ceiling_parts(model, cand, training, fw, layer_memo), layer_s, compute, head_s)
+
+
+def ceiling_group(cand: Candidate) -> tuple:
+    """The fields `tflops_ceiling` reads but the recompute mode: the op list's (`op_list_key`), PP and VPP (the stage
+    split, the schedule's chunk host work, the bubble), DP and GAS (the slots, the global batch, the GPUs). The
+    candidates of one group share all of their ceilings' work but the layer's recompute (`tflops_ceilings`)."""
+    return cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, cand.pp, cand.vpp, cand.dp, cand.gas
+
+
+def tflops_ceilings(model: ModelSpec, cands: list[Candidate], cluster: ClusterSpec, training: TrainingSpec,
+                    layer_memo: dict, group: tuple | None = None) -> list[float]:
+    """`tflops_ceiling` of each of ``cands``, candidates of one `ceiling_group`, the same floats: the op list, the
+    chunk host work, the stage's shape (`stage_shape`) and the slots and FLOPs (`_ceiling_parts`) computed once, the
+    layer, the stage and the quotient once per recompute mode (``group``: their `ceiling_group`, when known). What
+    plan() ranks its survivors by (planner.rank)."""
+    first = cands[0]
+    fw, g16, _ = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))
+    lo = memoized(layer_memo, ("ops", *op_list_key(first)), lambda: layer_op_list(model, first, cluster, training))
+    chunk = chunk_host_s(model, first, training)
+    shape = stage_shape(model, first, cluster, training, fw, g16, model.seq_len * first.mbs // first.cp, layer_memo)
+    parts = None if training.pp_schedule else _ceiling_parts(model, first, training, fw, layer_memo)
+    core, group = lo.seconds(ops.ATTENTION), group or ceiling_group(first)
+    by_mode: dict[str, float] = {}
+    out = []
+    for cand in cands:
+        mode = cand.recompute
+        ceiling = by_mode.get(mode)
+        if ceiling is None:   # layer_compute_s's layer and stage_compute's stage, as busiest_stage would give them
+            rc_key = ("recomputed", mode, cand.pp, cand.vpp)
+            rc = layer_memo.get(rc_key)
+            if rc is None:
+                rc = layer_memo[rc_key] = recompute.recomputed_of(model, cand, training.framework)
+            layer_s = lo.layer_s(rc, chunk)
+            lps, compute, head_s = stage_of(model, cand, training, fw, layer_s, shape)
+            layer_memo[("stage_compute", group, mode)] = (core, layer_s, lps, compute, head_s)   # for its score
+            ceiling = by_mode[mode] = _ceiling_from(
+                parts or _ceiling_parts(model, cand, training, fw, layer_memo), layer_s, compute, head_s)
+        out.append(ceiling)
+    return out
+
+
+def _ceiling_parts(model: ModelSpec, cand: Candidate, training: TrainingSpec, fw: Framework,
+                   layer_memo: dict | None) -> tuple:
+    """What `tflops_ceiling` reads besides the layer's, the stage's and the LM head's seconds: (DeepSpeed engine's
+    stages or None, the slots, the step's model FLOPs, the GPUs); the recompute mode only through a --pp-schedule's
+    bubble (`fsdp_parallel.bubble_slots`)."""
+    model_flops = step_model_flops(model, cand, training, layer_memo)
     if fw.deepspeed_engine and cand.pp > 1:
-        stages = pipeline_engine.engine_stages(model.layers, cand.pp)
+        return pipeline_engine.engine_stages(model.layers, cand.pp), cand.gas - 1, model_flops, cand.world
+    slots = cand.gas + fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp,
+                                                  cand.recompute)
+    return None, slots, model_flops, cand.world
+
+
+def _ceiling_from(parts: tuple, layer_s: float, compute: float, head_s: float) -> float:
+    """`tflops_ceiling` from its `_ceiling_parts` and a layer's seconds, the busiest stage's compute and the LM
+    head's."""
+    stages, slots, model_flops, world = parts
+    if stages is not None:   # DeepSpeed's engine: GAS - 1 slots of the slowest stage, one pass of every stage
         per_stage = [st.compute_s(layer_s, head_s) for st in stages]   # deepspeed_engine_step's stage_compute_s
-        floor_s = ((cand.gas - 1) * max(per_stage) + sum(st.count * c for st, c in zip(stages, per_stage))) \
+        floor_s = (slots * max(per_stage) + sum(st.count * c for st, c in zip(stages, per_stage))) \
             * (1 - FLOOR_MARGIN)
     else:
-        slots = cand.gas + fsdp_parallel.bubble_slots(fsdp_parallel.schedule(cand, training), cand.pp, cand.vpp,
-                                                      cand.recompute)
         floor_s = slots * compute * (1 - FLOOR_MARGIN)
     if floor_s <= 0:
         return math.inf
-    return flops.tflops_per_gpu(step_model_flops(model, cand, training, layer_memo), floor_s, cand.world)
+    return flops.tflops_per_gpu(model_flops, floor_s, world)
 
 
 def engine_stage_params(ctx: StepContext, stage: pipeline_engine.EngineStage) -> int:

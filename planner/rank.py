@@ -19,7 +19,7 @@ from typing import Callable
 
 from planner import flops, offload, recompute as recompute_modes
 from planner.cost import (CostParams, attention_kernel, Throughput, TimeBreakdown, estimate_time, layer_op_rows, term_rows,
-                          tflops_ceiling, throughput)
+                          ceiling_group, tflops_ceilings, throughput)
 from planner.errors import DoesNotFitError
 from planner.hardware import ClusterSpec, make_cluster
 from planner.memory import MemoryBreakdown, PlanMemory, host_offload_bytes, memory_breakdown
@@ -450,22 +450,37 @@ def _bucket(tflops: float) -> int:
 
 
 def _best(pending: list[tuple[int, Candidate]], keep: int | None, score: Callable[[Candidate], Estimate],
-          ceiling: Callable[[Candidate], float], found: tuple[tuple[tuple, Estimate], ...] = (),
-          ) -> list[tuple[tuple, Estimate]]:
+          ceilings: Callable[[tuple, list[Candidate]], list[float]], group: Callable[[Candidate], tuple],
+          found: tuple[tuple[tuple, Estimate], ...] = ()) -> list[tuple[tuple, Estimate]]:
     """The ``keep`` best (every one when None) of ``found`` ((rank_key, enumeration index), estimate) and of
     ``pending`` ((enumeration index, candidate), not scored), as ((rank_key, index), estimate) best first: plan()'s
-    stable sort by `rank_key`. With ``keep``, pending candidates are scored highest TFLOPs ``ceiling`` first, until
-    the next one's ceiling falls in a lower `_bucket` than the keep-th best's TFLOPs: that one and those after it
-    cannot rank among the ``keep`` (rank_key leads with the bucket), so they are never scored."""
+    stable sort by `rank_key`. With ``keep``, pending candidates are scored highest TFLOPs ceiling first
+    (``ceilings`` of the candidates of one ``group`` key, given the key, in their order), until the next one's ceiling
+    falls in a lower `_bucket` than the keep-th best's TFLOPs: that one and those after it cannot rank among the
+    ``keep`` (rank_key leads with the bucket), so they are never scored."""
     if keep is None or len(pending) + len(found) <= keep:
         best = list(found) + [((rank_key(est), i), est) for i, est in ((i, score(c)) for i, c in pending)]
         best.sort(key=lambda entry: entry[0])
         return best
-    def first(cand: Candidate) -> float:   # rank_key's first field at the ceiling (-inf: no bound)
-        most = ceiling(cand)
-        return -_bucket(most) if math.isfinite(most) else -math.inf
+    members: dict[tuple, list[tuple[int, Candidate]]] = {}
+    for entry in pending:
+        key = group(entry[1])
+        held = members.get(key)
+        if held is None:
+            members[key] = [entry]
+        else:
+            held.append(entry)
+    ranked = []   # (rank_key's first field at the ceiling, -inf without a bound; index; candidate)
+    firsts: dict[float, float] = {}
+    for key, held in members.items():
+        for (i, cand), most in zip(held, ceilings(key, [c for _, c in held])):
+            top = firsts.get(most)
+            if top is None:
+                top = firsts[most] = -_bucket(most) if math.isfinite(most) else -math.inf
+            ranked.append((top, i, cand))
+    ranked.sort()
     best = sorted(found, key=lambda entry: entry[0])[:keep]
-    for top, i, cand in sorted((first(c), i, c) for i, c in pending):
+    for top, i, cand in ranked:
         if len(best) == keep and top > best[-1][0][0][0]:   # its bucket is below the keep-th best's
             break
         est = score(cand)
@@ -642,11 +657,11 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     def score(cand: Candidate) -> Estimate:
         return _score(model, cluster, training, cand, topology, params, memory, layer_memo)
 
-    def ceiling(cand: Candidate) -> float:
-        return tflops_ceiling(model, cand, cluster, training, layer_memo)
+    def ceilings(key: tuple, cands: list[Candidate]) -> list[float]:
+        return tflops_ceilings(model, cands, cluster, training, layer_memo, key)
     bounded = params == CostParams()   # the ceiling holds under the default efficiencies only
-    best = _best(survivors, keep if bounded else None, score, ceiling)[:keep]
-    best_free = _best(free_only, 1 if bounded else None, score, ceiling, found=tuple(best[:1]))[0] \
+    best = _best(survivors, keep if bounded else None, score, ceilings, ceiling_group)[:keep]
+    best_free = _best(free_only, 1 if bounded else None, score, ceilings, ceiling_group, found=tuple(best[:1]))[0] \
         if free_best and (best or free_only) else None
     if not survivors and not allow_empty:
         raise DoesNotFitError(_no_fit_message(model, cluster, training, pruned, targets))
