@@ -327,9 +327,9 @@ def stage_of(model: ModelSpec, cand: Candidate, training: TrainingSpec, fw: Fram
 
 def busiest_stage(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec,
                   layer_memo: dict | None) -> tuple[float, float, int, float, float]:
-    """`stage_compute` of ``cand``, once per `ceiling_group` and recompute mode (which hold `layer_key`) in
-    ``layer_memo`` when given (`tflops_ceilings` fills it)."""
-    key = ("stage_compute", ceiling_group(cand), cand.recompute)
+    """`stage_compute` of ``cand``, once per `layer_key` (which holds PP and VPP) in ``layer_memo`` when given
+    (`tflops_ceilings` fills it for the candidates plan() ranks)."""
+    key = ("stage_compute", *layer_key(cand))
     found = None if layer_memo is None else layer_memo.get(key)
     if found is not None:   # plan()'s ceilings and scores ask most keys more than once
         return found
@@ -707,22 +707,21 @@ def ceiling_group(cand: Candidate) -> tuple:
     """The fields `tflops_ceiling` reads but the recompute mode: the op list's (`op_list_key`), PP and VPP (the stage
     split, the schedule's chunk host work, the bubble), DP and GAS (the slots, the global batch, the GPUs). The
     candidates of one group share all of their ceilings' work but the layer's recompute (`tflops_ceilings`)."""
-    return cand.tp, cand.sp, cand.mbs, cand.cp, cand.ep, cand.etp, cand.pp, cand.vpp, cand.dp, cand.gas
+    return (*op_list_key(cand), cand.pp, cand.vpp, cand.dp, cand.gas)
 
 
 def tflops_ceilings(model: ModelSpec, cands: list[Candidate], cluster: ClusterSpec, training: TrainingSpec,
-                    layer_memo: dict, group: tuple | None = None) -> list[float]:
+                    layer_memo: dict) -> list[float]:
     """`tflops_ceiling` of each of ``cands``, candidates of one `ceiling_group`, the same floats: the op list, the
     chunk host work, the stage's shape (`stage_shape`) and the slots and FLOPs (`_ceiling_parts`) computed once, the
-    layer, the stage and the quotient once per recompute mode (``group``: their `ceiling_group`, when known). What
-    plan() ranks its survivors by (planner.rank)."""
+    layer, the stage and the quotient once per recompute mode. What plan() ranks its survivors by (planner.rank)."""
     first = cands[0]
     fw, g16, _ = memoized(layer_memo, ("plan_constants",), lambda: plan_constants(cluster, training))
     lo = memoized(layer_memo, ("ops", *op_list_key(first)), lambda: layer_op_list(model, first, cluster, training))
     chunk = chunk_host_s(model, first, training)
     shape = stage_shape(model, first, cluster, training, fw, g16, model.seq_len * first.mbs // first.cp, layer_memo)
     parts = None if training.pp_schedule else _ceiling_parts(model, first, training, fw, layer_memo)
-    core, group = lo.seconds(ops.ATTENTION), group or ceiling_group(first)
+    core = lo.seconds(ops.ATTENTION)
     by_mode: dict[str, float] = {}
     out = []
     for cand in cands:
@@ -735,7 +734,7 @@ def tflops_ceilings(model: ModelSpec, cands: list[Candidate], cluster: ClusterSp
                 rc = layer_memo[rc_key] = recompute.recomputed_of(model, cand, training.framework)
             layer_s = lo.layer_s(rc, chunk)
             lps, compute, head_s = stage_of(model, cand, training, fw, layer_s, shape)
-            layer_memo[("stage_compute", group, mode)] = (core, layer_s, lps, compute, head_s)   # for its score
+            layer_memo[("stage_compute", *layer_key(cand))] = (core, layer_s, lps, compute, head_s)   # its score's
             ceiling = by_mode[mode] = _ceiling_from(
                 parts or _ceiling_parts(model, cand, training, fw, layer_memo), layer_s, compute, head_s)
         out.append(ceiling)

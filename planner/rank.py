@@ -450,12 +450,12 @@ def _bucket(tflops: float) -> int:
 
 
 def _best(pending: list[tuple[int, Candidate]], keep: int | None, score: Callable[[Candidate], Estimate],
-          ceilings: Callable[[tuple, list[Candidate]], list[float]], group: Callable[[Candidate], tuple],
+          ceilings: Callable[[list[Candidate]], list[float]], group: Callable[[Candidate], tuple],
           found: tuple[tuple[tuple, Estimate], ...] = ()) -> list[tuple[tuple, Estimate]]:
     """The ``keep`` best (every one when None) of ``found`` ((rank_key, enumeration index), estimate) and of
     ``pending`` ((enumeration index, candidate), not scored), as ((rank_key, index), estimate) best first: plan()'s
     stable sort by `rank_key`. With ``keep``, pending candidates are scored highest TFLOPs ceiling first
-    (``ceilings`` of the candidates of one ``group`` key, given the key, in their order), until the next one's ceiling
+    (``ceilings`` of the candidates of one ``group`` key, in their order), until the next one's ceiling
     falls in a lower `_bucket` than the keep-th best's TFLOPs: that one and those after it cannot rank among the
     ``keep`` (rank_key leads with the bucket), so they are never scored."""
     if keep is None or len(pending) + len(found) <= keep:
@@ -473,7 +473,7 @@ def _best(pending: list[tuple[int, Candidate]], keep: int | None, score: Callabl
     ranked = []   # (rank_key's first field at the ceiling, -inf without a bound; index; candidate)
     firsts: dict[float, float] = {}
     for key, held in members.items():
-        for (i, cand), most in zip(held, ceilings(key, [c for _, c in held])):
+        for (i, cand), most in zip(held, ceilings([c for _, c in held])):
             top = firsts.get(most)
             if top is None:
                 top = firsts[most] = -_bucket(most) if math.isfinite(most) else -math.inf
@@ -657,8 +657,8 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     def score(cand: Candidate) -> Estimate:
         return _score(model, cluster, training, cand, topology, params, memory, layer_memo)
 
-    def ceilings(key: tuple, cands: list[Candidate]) -> list[float]:
-        return tflops_ceilings(model, cands, cluster, training, layer_memo, key)
+    def ceilings(cands: list[Candidate]) -> list[float]:
+        return tflops_ceilings(model, cands, cluster, training, layer_memo)
     bounded = params == CostParams()   # the ceiling holds under the default efficiencies only
     best = _best(survivors, keep if bounded else None, score, ceilings, ceiling_group)[:keep]
     best_free = _best(free_only, 1 if bounded else None, score, ceilings, ceiling_group, found=tuple(best[:1]))[0] \
