@@ -758,6 +758,10 @@ class PlanMemory:
         """per stage: `stage_dynamic`"""
         self._frames: dict[tuple, tuple] = {}
         """per stage: `dynamic_frame` by (TP, MBS, PP, VPP, GAS)"""
+        self._kept: dict[tuple, float] = {}
+        """`_kept_bytes` by (TP, SP, MBS, recompute, offload, VPP, stage, the stage's layers)"""
+        self._kv: dict[tuple, float] = {}
+        """`context_parallel.kv_buffer_bytes` by (CP, MBS, TP)"""
         self._rows: dict[tuple, tuple] = {}
         """`states_of` for each (EP, ETP) of a row"""
         self._by_mode: dict[tuple, dict[str, tuple]] = {}
@@ -792,21 +796,49 @@ class PlanMemory:
         key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload)
         dynamic = self._dynamic.get(key)
         if dynamic is None:
-            if recompute != c.recompute or offload != c.offload:
-                c = candidate_with(c, recompute=recompute, offload=offload)
-            layer_key = (c.tp, c.sp, c.mbs, c.recompute)
-            act = self._layers.get(layer_key)
-            if act is None:
-                act = self._layers[layer_key] = layer_activations(self.model, c, self.training)
-            model, training = self.model, self.training
-            stages = pipeline_stages(c, training)
-            frame_key = (c.tp, c.mbs, c.pp, c.vpp, c.gas)
-            frames = self._frames.get(frame_key)
-            if frames is None:
-                frames = self._frames[frame_key] = tuple([dynamic_frame(model, c, training, stage) for stage in stages])
-            dynamic = self._dynamic[key] = tuple([stage_dynamic(model, c, training, stage, act, frame)
-                                                  for stage, frame in zip(stages, frames)])
+            dynamic = self._dynamic[key] = self._new_dynamic(c, recompute, offload)
         return dynamic
+
+    def _new_dynamic(self, c: Candidate, recompute: str, offload: str) -> tuple:
+        """`_dynamic_of` not yet known: `stage_dynamic` of each stage, its parts looked up by the fields each reads
+        (`layer_activations` by TP, SP, MBS and recompute; `dynamic_frame` by TP, MBS, PP, VPP and GAS; `_kept_bytes`
+        by TP, SP, MBS, recompute, offload, VPP and the stage's layers; CP's `kv_buffer_bytes` by CP, MBS and TP) and
+        summed as `stage_dynamic` and `context_parallel.split_activations` sum them (the same floats). ``c`` is
+        built with ``recompute`` and ``offload`` only where a part is not known yet."""
+        model, training = self.model, self.training
+        tp, sp, mbs = c.tp, c.sp, c.mbs
+        built = c if recompute == c.recompute and offload == c.offload else None
+        layer_key = (tp, sp, mbs, recompute)
+        act = self._layers.get(layer_key)
+        if act is None:
+            built = built or candidate_with(c, recompute=recompute, offload=offload)
+            act = self._layers[layer_key] = layer_activations(model, built, training)
+        frame_key = (tp, mbs, c.pp, c.vpp, c.gas)
+        frames = self._frames.get(frame_key)
+        if frames is None:
+            frames = self._frames[frame_key] = tuple([dynamic_frame(model, c, training, stage)
+                                                      for stage in pipeline_stages(c, training)])
+        cp, vpp, kept_memo, working = c.cp, c.vpp, self._kept, act.working_bytes
+        if cp > 1:
+            kv_key = (cp, mbs, tp)
+            kv = self._kv.get(kv_key)
+            if kv is None:
+                kv = self._kv[kv_key] = context_parallel.kv_buffer_bytes(model, training, cp, mbs, tp)
+        out = []
+        for frame in frames:
+            stage, lps, embed_out, in_flight, logits, tail = frame
+            if tail:   # a DualPipe end rank: `stage_dynamic` itself
+                built = built or candidate_with(c, recompute=recompute, offload=offload)
+                out.append(stage_dynamic(model, built, training, stage, act, frame))
+                continue
+            kept_key = (tp, sp, mbs, recompute, offload, vpp, stage, lps)
+            kept = kept_memo.get(kept_key)
+            if kept is None:
+                built = built or candidate_with(c, recompute=recompute, offload=offload)
+                kept = kept_memo[kept_key] = _kept_bytes(model, built, training, stage, lps, act)
+            activations = ALLOCATOR_OVERHEAD * (in_flight * (kept + embed_out) + working)   # as stage_dynamic
+            out.append((activations, logits) if cp <= 1 else (activations / cp + kv, logits / cp))   # split_activations
+        return tuple(out)
 
     def dynamic_offloaded(self, c: Candidate, offload: str) -> tuple:
         """`_dynamic_of` ``c`` with the activation-offload module set ``offload`` (the ``most`` `offload_fitting` and
