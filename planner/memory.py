@@ -717,6 +717,12 @@ def _kept_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage
     return stored
 
 
+def _kept_reads_vpp(mode: str, offload_set: str, training: TrainingSpec) -> bool:
+    """Whether `_kept_bytes` reads VPP under recompute ``mode`` and the layout's activation offload ``offload_set``:
+    block-N and uniform-N (`stored_layer_bytes`), or any activation offload (`planner.offload.offloaded_layers`)."""
+    return recompute.kind(mode) in recompute.PARTIAL or bool(offload_set or training.activation_offload)
+
+
 def stored_layer_bytes(model: ModelSpec, cand: Candidate, stage: str, lps: int, act: LayerActivations) -> float:
     """Activations the ``lps`` layers of a rank (and its MTP layers) keep for one micro-batch: ``act.stored_bytes``
     each, but under block-N / uniform-N the checkpointed layers (`planner.recompute.checkpointed_layers`) keep only
@@ -737,6 +743,16 @@ def _breakdown(stage: str, states: StageStates, dynamic: tuple[float, float], cl
                            reserved_bytes=reserved, pinned_bytes=pinned)
 
 
+class RowStates(NamedTuple):
+    """`PlanMemory.row`: the `PlanMemory.states_of` of each candidate of a row, and numbers for their values."""
+
+    states: tuple[tuple, ...]
+    numbers: tuple[int, ...]
+    """a number for each of ``states``' values: equal numbers, equal floats (what reads only those gives one answer)"""
+    number: int
+    """a number for the row's values"""
+
+
 class PlanMemory:
     """`memory_breakdown` and its fit for the many candidates of one plan (create one per plan), exactly as they
     compute them, with each part computed once per distinct value of the fields it reads: `stage_states` per (TP, PP,
@@ -754,16 +770,32 @@ class PlanMemory:
         self._dense: dict[tuple, dict[str, DenseStates]] = {}
         """`dense_states` by stage, for the (EP, ETP) of one (TP, PP, DP, CP, VPP, ZeRO, hybrid, optimizer offload)"""
         self._layers: dict[tuple, LayerActivations] = {}
-        self._dynamic: dict[tuple, tuple] = {}
-        """per stage: `stage_dynamic`"""
+        self._dynamic: dict[tuple, tuple[tuple, int]] = {}
+        """per stage: `stage_dynamic`, and the number of its value (`_dynamic_ids`)"""
+        self._dynamic_ids: dict[tuple, int] = {}
+        """a number for each distinct value of `_dynamic_of`: layouts whose fields differ can hold the same floats
+        (MBS and CP both doubled: the same tokens a rank), and what reads only those floats (`row_fits`) is then
+        answered once"""
+        self._state_ids: dict[tuple, int] = {}
+        """a number for each distinct value of `states_of` (layouts whose DP x CP is the same hold the same states)"""
+        self._row_ids: dict[tuple[int, ...], int] = {}
+        """a number for each distinct row of `states_of` values (`row`)"""
+        self._room: dict[int, tuple[bool, ...]] = {}
+        """`row_room` by the row's number"""
+        self._row_fits: dict[tuple[int, int], list[bool]] = {}
+        """`row_fits` by the numbers of the row's states and of its dynamic memory"""
+        self._row_fits_off: dict[tuple[int, int], list[bool]] = {}
+        """`row_fits_optimizer_off` by the same"""
         self._frames: dict[tuple, tuple] = {}
         """per stage: `dynamic_frame` by (TP, MBS, PP, VPP, GAS)"""
         self._kept: dict[tuple, float] = {}
-        """`_kept_bytes` by (TP, SP, MBS, recompute, offload, VPP, stage, the stage's layers)"""
+        """`_kept_bytes` by (TP, SP, MBS, recompute, offload, VPP where read, MTP layers, the stage's layers)"""
+        self._reads_vpp: dict[tuple[str, str], bool] = {}
+        """whether `_kept_bytes` reads VPP, by (recompute, offload)"""
         self._kv: dict[tuple, float] = {}
         """`context_parallel.kv_buffer_bytes` by (CP, MBS, TP)"""
-        self._rows: dict[tuple, tuple] = {}
-        """`states_of` for each (EP, ETP) of a row"""
+        self._rows: dict[tuple, RowStates] = {}
+        """`row`: `states_of` for each (EP, ETP) of a row"""
         self._by_mode: dict[tuple, dict[str, tuple]] = {}
         """`dynamic_by_mode`: `_dynamic_of` by (TP, SP, MBS, PP, VPP, CP, GAS), then by recompute mode"""
 
@@ -794,10 +826,20 @@ class PlanMemory:
         if offload is None:
             offload = c.offload
         key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload)
-        dynamic = self._dynamic.get(key)
-        if dynamic is None:
-            dynamic = self._dynamic[key] = self._new_dynamic(c, recompute, offload)
-        return dynamic
+        known = self._dynamic.get(key)
+        if known is None:
+            dynamic = self._new_dynamic(c, recompute, offload)
+            known = self._dynamic[key] = (dynamic, self._dynamic_ids.setdefault(dynamic, len(self._dynamic_ids)))
+        return known[0]
+
+    def _dynamic_token(self, c: Candidate) -> tuple[tuple, int]:
+        """`_dynamic_of` ``c`` and its value's number (`_dynamic_ids`)."""
+        key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas, c.offload)
+        known = self._dynamic.get(key)
+        if known is None:
+            self._dynamic_of(c)
+            known = self._dynamic[key]
+        return known
 
     def _new_dynamic(self, c: Candidate, recompute: str, offload: str) -> tuple:
         """`_dynamic_of` not yet known: `stage_dynamic` of each stage, its parts looked up by the fields each reads
@@ -818,7 +860,12 @@ class PlanMemory:
         if frames is None:
             frames = self._frames[frame_key] = tuple([dynamic_frame(model, c, training, stage)
                                                       for stage in pipeline_stages(c, training)])
-        cp, vpp, kept_memo, working = c.cp, c.vpp, self._kept, act.working_bytes
+        cp, vpp, kept_memo, working, mtp = c.cp, c.vpp, self._kept, act.working_bytes, model.mtp_layers
+        # `_kept_bytes` reads VPP only under block-N / uniform-N (`stored_layer_bytes`) or an activation offload
+        # (`planner.offload.offloaded_layers`), and of the stage only whether it holds the MTP layers
+        reads_vpp = self._reads_vpp.get((recompute, offload))
+        if reads_vpp is None:
+            reads_vpp = self._reads_vpp[(recompute, offload)] = _kept_reads_vpp(recompute, offload, training)
         if cp > 1:
             kv_key = (cp, mbs, tp)
             kv = self._kv.get(kv_key)
@@ -831,7 +878,8 @@ class PlanMemory:
                 built = built or candidate_with(c, recompute=recompute, offload=offload)
                 out.append(stage_dynamic(model, built, training, stage, act, frame))
                 continue
-            kept_key = (tp, sp, mbs, recompute, offload, vpp, stage, lps)
+            kept_key = (tp, sp, mbs, recompute, offload, vpp if reads_vpp else 0,
+                        mtp if stage in ("last", "only") else 0, lps)
             kept = kept_memo.get(kept_key)
             if kept is None:
                 built = built or candidate_with(c, recompute=recompute, offload=offload)
@@ -896,14 +944,35 @@ class PlanMemory:
     def fits_under_states(self, c: Candidate, states: tuple, by_mode: dict[str, tuple]) -> Callable[[str], bool]:
         """`fits_under` from ``c``'s `states_of` (with its EP, ETP) and `dynamic_by_mode` (`planner.rank` asks the
         latter once per row: a row's candidates differ only in EP and ETP)."""
-        within = self._within
+        usable, context, dynamic_of = self.usable_bytes, self.context_bytes, self._dynamic_of
+        first, last = states[0], states[-1]   # the first stage's (or the only one's) and the last's
+        static0, step0, buffers0 = first.static, first.step, first.buffers
+        static1, step1, buffers1 = last.static, last.step, last.buffers
 
-        def fits(recompute: str) -> bool:
+        def fits_only(recompute: str) -> bool:   # `_within(states, ...)` of one stage, its sums written out
             dynamic = by_mode.get(recompute)
             if dynamic is None:
-                dynamic = by_mode[recompute] = self._dynamic_of(c, recompute)
-            return within(states, dynamic)
-        return fits
+                dynamic = by_mode[recompute] = dynamic_of(c, recompute)
+            a, l = dynamic[0]
+            if step0 > a + l:
+                return static0 + step0 + buffers0 + context <= usable
+            return static0 + a + l + buffers0 + context <= usable
+
+        def fits(recompute: str) -> bool:   # `_within(states, ...)` of two stages, its sums written out
+            dynamic = by_mode.get(recompute)
+            if dynamic is None:
+                dynamic = by_mode[recompute] = dynamic_of(c, recompute)
+            a, l = dynamic[0]
+            if step0 > a + l:
+                if static0 + step0 + buffers0 + context > usable:
+                    return False
+            elif static0 + a + l + buffers0 + context > usable:
+                return False
+            a, l = dynamic[-1]
+            if step1 > a + l:
+                return static1 + step1 + buffers1 + context <= usable
+            return static1 + a + l + buffers1 + context <= usable
+        return fits if len(states) > 1 else fits_only
 
     def offload_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...],
                         states: tuple | None = None, most: tuple | None = None) -> str | None:
@@ -986,36 +1055,58 @@ class PlanMemory:
 
     def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
         """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the
-        row's candidates differ only in those), none of them built."""
-        dynamic, within = self._dynamic_of(head), self._within
-        return [within(s, dynamic) for s in self.row_states(head, eps)]
+        row's candidates differ only in those), none of them built; once per distinct value of the row's states and
+        dynamic memory, which is all it reads (the list is shared: not to be changed)."""
+        row = self.row(head, eps)
+        dynamic, number = self._dynamic_token(head)
+        key = (row.number, number)
+        fits = self._row_fits.get(key)
+        if fits is None:
+            within = self._within
+            fits = self._row_fits[key] = [within(s, dynamic) for s in row.states]
+        return fits
+
+    def row(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> RowStates:
+        """`states_of` ``head`` with each (EP, ETP) of ``eps`` (a row's candidates), looked up once per row, with the
+        numbers of their values."""
+        key = (head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)
+        row = self._rows.get(key)
+        if row is None:
+            states = tuple(self.states_of(head, ep, etp) for ep, etp in eps)
+            ids = self._state_ids
+            numbers = tuple(ids.setdefault(st, len(ids)) for st in states)
+            row = self._rows[key] = RowStates(states, numbers,
+                                              self._row_ids.setdefault(numbers, len(self._row_ids)))
+        return row
 
     def row_states(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> tuple[tuple, ...]:
         """`states_of` ``head`` with each (EP, ETP) of ``eps`` (a row's candidates), looked up once per row."""
-        key = (head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)
-        states = self._rows.get(key)
-        if states is None:
-            states = self._rows[key] = tuple(self.states_of(head, ep, etp) for ep, etp in eps)
-        return states
+        return self.row(head, eps).states
 
     def row_room(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> tuple[bool, ...]:
-        """`leave_room` of each candidate of a row (`row_states`), looked up once per row's states: rows that differ
-        in MBS, GAS, SP or recompute share them."""
-        key = ("room", head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)
-        room = self._rows.get(key)
+        """`leave_room` of each candidate of a row (`row_states`), looked up once per value of the row's states: rows
+        that differ in MBS, GAS, SP or recompute share them."""
+        row = self.row(head, eps)
+        room = self._room.get(row.number)
         if room is None:
-            room = self._rows[key] = tuple(self.leave_room(s) for s in self.row_states(head, eps))
+            room = self._room[row.number] = tuple(self.leave_room(s) for s in row.states)
         return room
 
     def row_fits_optimizer_off(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
-        """After `row_fits` of the same row: whether each of its candidates could fit with its whole optimizer on the
-        host (a bound: exact but where FP8 param gather turns off under the offload, whose weights then grow), from
-        the row's cached states; `optimizer_offload_fitting` is asked only where it could."""
-        states = self._rows[(head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)]
-        dynamic, usable, context = self._dynamic_of(head), self.usable_bytes, self.context_bytes
+        """Whether each candidate of a row could fit with its whole optimizer on the host (a bound: exact but where
+        FP8 param gather turns off under the offload, whose weights then grow), from the row's cached states;
+        `optimizer_offload_fitting` is asked only where it could. Once per value of the row's states and dynamic
+        memory (the list is shared: not to be changed)."""
+        row = self.row(head, eps)
+        dynamic, number = self._dynamic_token(head)
+        key = (row.number, number)
+        out = self._row_fits_off.get(key)
+        if out is not None:
+            return out
+        usable, context = self.usable_bytes, self.context_bytes
         d0, d1 = dynamic[0], dynamic[-1]
-        out = []
-        for st in states:   # the first stage's (or the only one's) and the last's, as `_busiest` (unrolled: every row)
+        out = self._row_fits_off[key] = []
+        for st in row.states:   # the first stage's (or the only one's) and the last's, as `_busiest` (unrolled)
             s0, s1 = st[0], st[-1]
             out.append(total_bytes(s0.static - s0.optimizer, d0[0], d0[1], s0.buffers, context, s0.step) <= usable
                        and total_bytes(s1.static - s1.optimizer, d1[0], d1[1], s1.buffers, context, s1.step) <= usable)

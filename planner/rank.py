@@ -530,6 +530,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     layer_memo: dict[tuple, object] = {}   # planner.cost's memo for this plan: op lists, busiest stages, terms
     searches: dict[tuple, PartialSearch] = {}   # `partial_search` by what it reads: recompute kind, PP, VPP
     no_room: dict[tuple, tuple[str, Violation | None]] = {}   # `partial_mode` where nothing fits, by the same
+    partials: dict[tuple, tuple[str, Violation | None]] = {}   # `partial_mode` by what it reads (see the loop)
     megatron_only = all(t.framework == "megatron-lm" for t in targets)
     offload_sets = offload.searched_sets(model, training) if megatron_only else ()
     opt_fractions = offload.optimizer_searched(model, training) if megatron_only and offload.optimizer_searched_where(
@@ -559,8 +560,8 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
         head, eps = item.head, item.eps   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its
         extras = checker.row_extras(head, eps)   # candidate is built
         if head.recompute in recompute_modes.SEARCHED:   # block / uniform / modules: each at its smallest that fits
-            by_mode, states = memory.dynamic_by_mode(head), memory.row_states(head, eps)
-            room = memory.row_room(head, eps)
+            by_mode, row = memory.dynamic_by_mode(head), memory.row(head, eps)
+            room, by_mode_id = memory.row_room(head, eps), id(by_mode)
             search_key = (head.recompute, head.pp, head.vpp)
             search = searches.get(search_key)
             if search is None:
@@ -574,8 +575,15 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 if first is None and not room[i]:   # no dynamic memory asked
                     mode, first = none_fits
                 elif first is None:
-                    mode, first = partial_mode(model, head, memory, training.framework, (ep, etp),
-                                               memory.fits_under_states(head, states[i], by_mode), search)
+                    # `partial_mode` reads of the candidate its states' values, its dynamic memory by mode and its
+                    # search: answered once for each (by_mode lives as long as the plan's PlanMemory, so its id does)
+                    partial_key = (row.numbers[i], by_mode_id, head.recompute)
+                    found = partials.get(partial_key)
+                    if found is None:
+                        found = partials[partial_key] = partial_mode(
+                            model, head, memory, training.framework, (ep, etp),
+                            memory.fits_under_states(head, row.states[i], by_mode), search)
+                    mode, first = found
                     if first is None and mode != head.recompute:   # the resolved modules against the rules too
                         first = checker.extras(head, ep, etp, mode)   # (e.g. moe + CUDA graphs)
                 if first is None and host_checked:   # the user's offloads against the node's host memory
