@@ -743,14 +743,20 @@ def _breakdown(stage: str, states: StageStates, dynamic: tuple[float, float], cl
                            reserved_bytes=reserved, pinned_bytes=pinned)
 
 
-class RowStates(NamedTuple):
-    """`PlanMemory.row`: the `PlanMemory.states_of` of each candidate of a row, and numbers for their values."""
+class RowStates:
+    """`PlanMemory.row`: the `PlanMemory.states_of` of each candidate of a row, and numbers for their values (a plain
+    class: a NamedTuple's or dataclass's making would cost every `plan` process more at import than it saves in a
+    small plan)."""
 
-    states: tuple[tuple, ...]
-    numbers: tuple[int, ...]
-    """a number for each of ``states``' values: equal numbers, equal floats (what reads only those gives one answer)"""
-    number: int
-    """a number for the row's values"""
+    __slots__ = ("states", "numbers", "number")
+
+    def __init__(self, states: tuple[tuple, ...], numbers: tuple[int, ...], number: int) -> None:
+        self.states = states
+        self.numbers = numbers
+        """a number for each of ``states``' values: equal numbers, equal floats (what reads only those answers
+        alike)"""
+        self.number = number
+        """a number for the row's values"""
 
 
 class PlanMemory:
@@ -770,8 +776,10 @@ class PlanMemory:
         self._dense: dict[tuple, dict[str, DenseStates]] = {}
         """`dense_states` by stage, for the (EP, ETP) of one (TP, PP, DP, CP, VPP, ZeRO, hybrid, optimizer offload)"""
         self._layers: dict[tuple, LayerActivations] = {}
-        self._dynamic: dict[tuple, tuple[tuple, int]] = {}
-        """per stage: `stage_dynamic`, and the number of its value (`_dynamic_ids`)"""
+        self._dynamic: dict[tuple, tuple] = {}
+        """per stage: `stage_dynamic`"""
+        self._numbered: dict[tuple, tuple[tuple, int]] = {}
+        """`_dynamic_token`: `_dynamic` and the number of its value (`_dynamic_ids`)"""
         self._dynamic_ids: dict[tuple, int] = {}
         """a number for each distinct value of `_dynamic_of`: layouts whose fields differ can hold the same floats
         (MBS and CP both doubled: the same tokens a rank), and what reads only those floats (`row_fits`) is then
@@ -826,19 +834,18 @@ class PlanMemory:
         if offload is None:
             offload = c.offload
         key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload)
-        known = self._dynamic.get(key)
-        if known is None:
-            dynamic = self._new_dynamic(c, recompute, offload)
-            known = self._dynamic[key] = (dynamic, self._dynamic_ids.setdefault(dynamic, len(self._dynamic_ids)))
-        return known[0]
+        dynamic = self._dynamic.get(key)
+        if dynamic is None:
+            dynamic = self._dynamic[key] = self._new_dynamic(c, recompute, offload)
+        return dynamic
 
     def _dynamic_token(self, c: Candidate) -> tuple[tuple, int]:
-        """`_dynamic_of` ``c`` and its value's number (`_dynamic_ids`)."""
+        """`_dynamic_of` ``c`` and its value's number (`_dynamic_ids`), numbered when first asked."""
         key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas, c.offload)
-        known = self._dynamic.get(key)
+        known = self._numbered.get(key)
         if known is None:
-            self._dynamic_of(c)
-            known = self._dynamic[key]
+            dynamic = self._dynamic.get(key) or self._dynamic_of(c)
+            known = self._numbered[key] = (dynamic, self._dynamic_ids.setdefault(dynamic, len(self._dynamic_ids)))
         return known
 
     def _new_dynamic(self, c: Candidate, recompute: str, offload: str) -> tuple:
@@ -932,8 +939,9 @@ class PlanMemory:
         return self._busiest(self.states_of(c, c.ep, c.etp), self._dynamic_of(c))
 
     def fits(self, c: Candidate) -> bool:
-        """`verdict(memory_breakdown(...)).fits`, without building the breakdown."""
-        return self.total_bytes(c) <= self.usable_bytes
+        """`verdict(memory_breakdown(...)).fits`, without building the breakdown: ``total_bytes(c) <= usable_bytes``,
+        every stage's total within (`_within`)."""
+        return self._within(self.states_of(c, c.ep, c.etp), self._dynamic_of(c))
 
     def fits_under(self, c: Candidate, ep_etp: tuple[int, int] | None = None) -> Callable[[str], bool]:
         """`fits` of ``c`` (with EP, ETP ``ep_etp`` when given) and the recompute mode it is called with, that
