@@ -706,14 +706,19 @@ def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, sta
 
 
 def _kept_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage: str, lps: int,
-                act: LayerActivations) -> float:
+                act: LayerActivations, offloaded: dict | None = None) -> float:
     """`stored_layer_bytes` of one micro-batch on the GPU, less the module inputs an activation offload puts on the
-    host (planner.offload.modules_of)."""
+    host (planner.offload.modules_of). ``offloaded``: the caller's memo of `planner.offload.activation_offload_bytes`
+    by what it reads (TP, SP, MBS, the offload; `PlanMemory`)."""
     stored = stored_layer_bytes(model, cand, stage, lps, act)
     if cand.offload or training.activation_offload:
-        stored -= offload.offloaded_layers(lps, cand) * min(
-            offload.activation_offload_bytes(model, cand, training, model.seq_len * cand.mbs),
-            max(0.0, act.stored_bytes - act.input_bytes))
+        key = (cand.tp, cand.sp, cand.mbs, cand.offload)
+        per_layer = None if offloaded is None else offloaded.get(key)
+        if per_layer is None:
+            per_layer = offload.activation_offload_bytes(model, cand, training, model.seq_len * cand.mbs)
+            if offloaded is not None:
+                offloaded[key] = per_layer
+        stored -= offload.offloaded_layers(lps, cand) * min(per_layer, max(0.0, act.stored_bytes - act.input_bytes))
     return stored
 
 
@@ -776,6 +781,9 @@ class PlanMemory:
         self._dense: dict[tuple, dict[str, DenseStates]] = {}
         """`dense_states` by stage, for the (EP, ETP) of one (TP, PP, DP, CP, VPP, ZeRO, hybrid, optimizer offload)"""
         self._layers: dict[tuple, LayerActivations] = {}
+        """`layer_activations` by (TP, SP, MBS, recompute; block-N for every N)"""
+        self._act_modes: dict[str, str] = {}
+        """the recompute mode as `layer_activations` reads it"""
         self._dynamic: dict[tuple, tuple] = {}
         """per stage: `stage_dynamic`"""
         self._numbered: dict[tuple, tuple[tuple, int]] = {}
@@ -790,6 +798,8 @@ class PlanMemory:
         """a number for each distinct row of `states_of` values (`row`)"""
         self._room: dict[int, tuple[bool, ...]] = {}
         """`row_room` by the row's number"""
+        self._states_fit: dict[int, tuple[bool, ...]] = {}
+        """`row_states_fit` by the row's number"""
         self._row_fits: dict[tuple[int, int], list[bool]] = {}
         """`row_fits` by the numbers of the row's states and of its dynamic memory"""
         self._row_fits_off: dict[tuple[int, int], list[bool]] = {}
@@ -798,6 +808,8 @@ class PlanMemory:
         """per stage: `dynamic_frame` by (TP, MBS, PP, VPP, GAS)"""
         self._kept: dict[tuple, float] = {}
         """`_kept_bytes` by (TP, SP, MBS, recompute, offload, VPP where read, MTP layers, the stage's layers)"""
+        self._offloaded: dict[tuple, float] = {}
+        """`planner.offload.activation_offload_bytes` by (TP, SP, MBS, offload) (`_kept_bytes`)"""
         self._reads_vpp: dict[tuple[str, str], bool] = {}
         """whether `_kept_bytes` reads VPP, by (recompute, offload)"""
         self._kv: dict[tuple, float] = {}
@@ -809,10 +821,14 @@ class PlanMemory:
 
     def states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
         """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``."""
-        # what DenseStates reads: VPP only through the stages' layers (Megatron-LM's split; VPPs that split the
-        # layers alike hold the same states)
+        # what the states read: VPP only through the stages' layers (Megatron-LM's split; VPPs that split the layers
+        # alike hold the same states); DP and CP only as the DP x CP group (`shard_group_size`, `moe.expert_data_
+        # parallel`, `deepspeed_zero1_one_rank`), whether DP > 1 (`nccl_buffers_bytes`) and, under HYBRID_SHARD, DP
+        # itself (`shard_group_size`): layouts of one TP and PP hold the same states whatever their CP
         split = stage_split(self.model, c, self.training.framework)
-        dense_key = (c.tp, c.pp, c.dp, c.cp, split.as_tuple() if split else None, c.zero, c.hybrid, c.opt_offload)
+        dp = c.dp
+        dense_key = (c.tp, c.pp, dp * c.cp, dp if c.hybrid else dp > 1, split.as_tuple() if split else None, c.zero,
+                     c.hybrid, c.opt_offload)
         key = (*dense_key, ep, etp)
         states = self._states.get(key)
         if states is None:
@@ -839,12 +855,15 @@ class PlanMemory:
             dynamic = self._dynamic[key] = self._new_dynamic(c, recompute, offload)
         return dynamic
 
-    def _dynamic_token(self, c: Candidate) -> tuple[tuple, int]:
-        """`_dynamic_of` ``c`` and its value's number (`_dynamic_ids`), numbered when first asked."""
-        key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas, c.offload)
+    def _dynamic_token(self, c: Candidate, offload: str | None = None) -> tuple[tuple, int]:
+        """`_dynamic_of` ``c`` (with ``offload``: as `_dynamic_of` takes it) and its value's number (`_dynamic_ids`),
+        numbered when first asked."""
+        if offload is None:
+            offload = c.offload
+        key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas, offload)
         known = self._numbered.get(key)
         if known is None:
-            dynamic = self._dynamic.get(key) or self._dynamic_of(c)
+            dynamic = self._dynamic.get(key) or self._dynamic_of(c, offload=offload)
             known = self._numbered[key] = (dynamic, self._dynamic_ids.setdefault(dynamic, len(self._dynamic_ids)))
         return known
 
@@ -857,7 +876,10 @@ class PlanMemory:
         model, training = self.model, self.training
         tp, sp, mbs = c.tp, c.sp, c.mbs
         built = c if recompute == c.recompute and offload == c.offload else None
-        layer_key = (tp, sp, mbs, recompute)
+        mode_key = self._act_modes.get(recompute)
+        if mode_key is None:   # what `layer_activations` reads of the mode: block-N's N never (`stored_layer_bytes`)
+            mode_key = self._act_modes[recompute] = "block" if recompute.startswith("block-") else recompute
+        layer_key = (tp, sp, mbs, mode_key)
         act = self._layers.get(layer_key)
         if act is None:
             built = built or candidate_with(c, recompute=recompute, offload=offload)
@@ -890,7 +912,7 @@ class PlanMemory:
             kept = kept_memo.get(kept_key)
             if kept is None:
                 built = built or candidate_with(c, recompute=recompute, offload=offload)
-                kept = kept_memo[kept_key] = _kept_bytes(model, built, training, stage, lps, act)
+                kept = kept_memo[kept_key] = _kept_bytes(model, built, training, stage, lps, act, self._offloaded)
             activations = ALLOCATOR_OVERHEAD * (in_flight * (kept + embed_out) + working)   # as stage_dynamic
             out.append((activations, logits) if cp <= 1 else (activations / cp + kv, logits / cp))   # split_activations
         return tuple(out)
@@ -1061,12 +1083,16 @@ class PlanMemory:
             by_mode = self._by_mode[key] = {}
         return by_mode
 
-    def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
+    def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...], row: RowStates | None = None,
+                 offload: str | None = None) -> list[bool]:
         """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the
         row's candidates differ only in those), none of them built; once per distinct value of the row's states and
-        dynamic memory, which is all it reads (the list is shared: not to be changed)."""
-        row = self.row(head, eps)
-        dynamic, number = self._dynamic_token(head)
+        dynamic memory, which is all it reads (the list is shared: not to be changed). ``row``: `row` of ``head`` and
+        ``eps`` when the caller has it; ``offload``: the activation-offload module set in place of the row's (no
+        candidate built)."""
+        if row is None:
+            row = self.row(head, eps)
+        dynamic, number = self._dynamic_token(head, offload)
         key = (row.number, number)
         fits = self._row_fits.get(key)
         if fits is None:
@@ -1091,22 +1117,41 @@ class PlanMemory:
         """`states_of` ``head`` with each (EP, ETP) of ``eps`` (a row's candidates), looked up once per row."""
         return self.row(head, eps).states
 
-    def row_room(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> tuple[bool, ...]:
+    def row_states_fit(self, head: Candidate, eps: tuple[tuple[int, int], ...],
+                       row: RowStates | None = None) -> tuple[bool, ...]:
+        """Whether each candidate of a row has its model states, buffers, step and CUDA context within the usable
+        memory (`offload_fitting`'s first test, the same sum), once per value of the row's states. ``row``: as
+        `row_fits` takes it."""
+        if row is None:
+            row = self.row(head, eps)
+        fit = self._states_fit.get(row.number)
+        if fit is None:
+            usable, context = self.usable_bytes, self.context_bytes
+            fit = self._states_fit[row.number] = tuple(
+                not max(s.static + s.buffers + s.step for s in st) + context > usable for st in row.states)
+        return fit
+
+    def row_room(self, head: Candidate, eps: tuple[tuple[int, int], ...],
+                 row: RowStates | None = None) -> tuple[bool, ...]:
         """`leave_room` of each candidate of a row (`row_states`), looked up once per value of the row's states: rows
-        that differ in MBS, GAS, SP or recompute share them."""
-        row = self.row(head, eps)
+        that differ in MBS, GAS, SP or recompute share them. ``row``: as `row_fits` takes it."""
+        if row is None:
+            row = self.row(head, eps)
         room = self._room.get(row.number)
         if room is None:
             room = self._room[row.number] = tuple(self.leave_room(s) for s in row.states)
         return room
 
-    def row_fits_optimizer_off(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
+    def row_fits_optimizer_off(self, head: Candidate, eps: tuple[tuple[int, int], ...],
+                               row: RowStates | None = None, offload: str | None = None) -> list[bool]:
         """Whether each candidate of a row could fit with its whole optimizer on the host (a bound: exact but where
         FP8 param gather turns off under the offload, whose weights then grow), from the row's cached states;
-        `optimizer_offload_fitting` is asked only where it could. Once per value of the row's states and dynamic
-        memory (the list is shared: not to be changed)."""
-        row = self.row(head, eps)
-        dynamic, number = self._dynamic_token(head)
+        `optimizer_offload_fitting` is asked only where it could, and with ``offload`` (the largest module set),
+        `both_offloads_fitting` (its first bound). Once per value of the row's states and dynamic memory (the list is
+        shared: not to be changed). ``row``, ``offload``: as `row_fits` takes them."""
+        if row is None:
+            row = self.row(head, eps)
+        dynamic, number = self._dynamic_token(head, offload)
         key = (row.number, number)
         out = self._row_fits_off.get(key)
         if out is not None:

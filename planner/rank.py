@@ -561,7 +561,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
         extras = checker.row_extras(head, eps)   # candidate is built
         if head.recompute in recompute_modes.SEARCHED:   # block / uniform / modules: each at its smallest that fits
             by_mode, row = memory.dynamic_by_mode(head), memory.row(head, eps)
-            room, by_mode_id = memory.row_room(head, eps), id(by_mode)
+            room, by_mode_id = memory.row_room(head, eps, row), id(by_mode)
             search_key = (head.recompute, head.pp, head.vpp)
             search = searches.get(search_key)
             if search is None:
@@ -598,10 +598,14 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     continue
                 survivors.append((total, item.candidate(i, mode)))
             continue
-        fits, states = memory.row_fits(head, eps), memory.row_states(head, eps)
-        opt_room = memory.row_fits_optimizer_off(head, eps) if opt_fractions and not all(fits) \
+        row = memory.row(head, eps)
+        fits, states = memory.row_fits(head, eps, row), row.states
+        opt_room = memory.row_fits_optimizer_off(head, eps, row) if opt_fractions and not all(fits) \
             and offload.optimizer_searched_on(head.zero) else None   # where the optimizer offload could fit it
         most = None   # the row's dynamic memory under the largest offload set, once asked
+        # where the states alone fit, and where the largest offload set lets each candidate fit, and the bound of both
+        # offloads at once: `offload_fitting`'s and `both_offloads_fitting`'s first tests, once per row's values
+        states_fit = most_fits = both_room = None
         for i, (ep, etp) in enumerate(eps):
             total += 1
             first = extras[i]
@@ -613,9 +617,14 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
             elif not fits[i]:
                 # activation offload, searched where nothing else lets the layout fit (planner.offload.SEARCHED_SETS)
                 searched = offload_sets and offload.searched_on(head.recompute, ep, etp, cluster.gpus_per_node)
-                if searched and most is None:
-                    most = memory.dynamic_offloaded(head, offload_sets[-1])
-                modules = memory.offload_fitting(head, ep, etp, offload_sets, states[i], most) if searched else None
+                if searched and states_fit is None:
+                    states_fit = memory.row_states_fit(head, eps, row)
+                    most_fits = memory.row_fits(head, eps, row, offload_sets[-1])
+                modules = None
+                if searched and states_fit[i] and most_fits[i]:
+                    if most is None:
+                        most = memory.dynamic_offloaded(head, offload_sets[-1])
+                    modules = memory.offload_fitting(head, ep, etp, offload_sets, states[i], most)
                 cand = replace(item.candidate(i), offload=modules) if modules else None
                 if cand is None and opt_room is not None and opt_room[i]:
                     # else CPU optimizer offload, the smallest fraction that fits (planner.offload.OPTIMIZER_FRACTIONS)
@@ -624,7 +633,14 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 if cand is None and modules is None and opt_fractions and searched and \
                         offload.optimizer_searched_on(head.zero):
                     # else both at once, the smallest fraction first (planner.memory.PlanMemory.both_offloads_fitting)
-                    pair = memory.both_offloads_fitting(head, ep, etp, offload_sets, opt_fractions, states[i], most)
+                    if both_room is None:
+                        both_room = memory.row_fits_optimizer_off(head, eps, row, offload_sets[-1])
+                    pair = None
+                    if both_room[i]:
+                        if most is None:
+                            most = memory.dynamic_offloaded(head, offload_sets[-1])
+                        pair = memory.both_offloads_fitting(head, ep, etp, offload_sets, opt_fractions, states[i],
+                                                            most)
                     cand = replace(item.candidate(i), offload=pair[0], opt_offload=pair[1]) if pair else None
                 if cand is not None and cluster.host_memory_bytes is not None:
                     host = host_memory_of(memory.host_offload_bytes(cand), cluster)

@@ -29,6 +29,9 @@ CASES = [  # (model, GPUs, GPU, training): PP and not, MoE with EP/ETP, CP, FP8,
     ("llama3-8b", 32, "A100-80GB", dict(global_batch=256, seq_len=8192, framework="fsdp")),
     ("1B3", 16, "V100-32GB", dict(global_batch=512, seq_len=2048, precision="fp16", flash_attention=False,
                                   rampup=Rampup(start=32, increment=32, samples=2_000_000))),
+    # MoE under CP: PlanMemory keys the model states by DP x CP (the states of one TP and PP whatever the CP), the
+    # dynamic memory's parts by the fields each reads
+    ("mixtral-8x7b", 16, "H100", dict(global_batch=16, seq_len=32768, framework="megatron-lm", max_mbs=1)),
 ]
 
 
