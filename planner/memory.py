@@ -782,8 +782,9 @@ class PlanMemory:
         """`dense_states` by stage, for the (EP, ETP) of one (TP, PP, DP, CP, VPP, ZeRO, hybrid, optimizer offload)"""
         self._layers: dict[tuple, LayerActivations] = {}
         """`layer_activations` by (TP, SP, MBS, recompute; block-N for every N)"""
-        self._act_modes: dict[str, str] = {}
-        """the recompute mode as `layer_activations` reads it"""
+        self._parts: dict[tuple, tuple[LayerActivations, bool, dict]] = {}
+        """by (TP, SP, MBS, recompute, offload): `layer_activations`, whether `_kept_bytes` reads VPP, and
+        `_kept_bytes` by (VPP where read, the stage's MTP layers, its layers)"""
         self._dynamic: dict[tuple, tuple] = {}
         """per stage: `stage_dynamic`"""
         self._numbered: dict[tuple, tuple[tuple, int]] = {}
@@ -805,13 +806,9 @@ class PlanMemory:
         self._row_fits_off: dict[tuple[int, int], list[bool]] = {}
         """`row_fits_optimizer_off` by the same"""
         self._frames: dict[tuple, tuple] = {}
-        """per stage: `dynamic_frame` by (TP, MBS, PP, VPP, GAS)"""
-        self._kept: dict[tuple, float] = {}
-        """`_kept_bytes` by (TP, SP, MBS, recompute, offload, VPP where read, MTP layers, the stage's layers)"""
+        """per stage: `dynamic_frame` and `_kept_bytes`' keys (`_new_frames`) by (TP, MBS, PP, VPP, GAS)"""
         self._offloaded: dict[tuple, float] = {}
         """`planner.offload.activation_offload_bytes` by (TP, SP, MBS, offload) (`_kept_bytes`)"""
-        self._reads_vpp: dict[tuple[str, str], bool] = {}
-        """whether `_kept_bytes` reads VPP, by (recompute, offload)"""
         self._kv: dict[tuple, float] = {}
         """`context_parallel.kv_buffer_bytes` by (CP, MBS, TP)"""
         self._rows: dict[tuple, RowStates] = {}
@@ -876,45 +873,54 @@ class PlanMemory:
         model, training = self.model, self.training
         tp, sp, mbs = c.tp, c.sp, c.mbs
         built = c if recompute == c.recompute and offload == c.offload else None
-        mode_key = self._act_modes.get(recompute)
-        if mode_key is None:   # what `layer_activations` reads of the mode: block-N's N never (`stored_layer_bytes`)
-            mode_key = self._act_modes[recompute] = "block" if recompute.startswith("block-") else recompute
-        layer_key = (tp, sp, mbs, mode_key)
-        act = self._layers.get(layer_key)
-        if act is None:
-            built = built or candidate_with(c, recompute=recompute, offload=offload)
-            act = self._layers[layer_key] = layer_activations(model, built, training)
+        parts_key = (tp, sp, mbs, recompute, offload)
+        parts = self._parts.get(parts_key)
+        if parts is None:
+            mode_key = "block" if recompute.startswith("block-") else recompute   # `layer_activations` reads no N
+            layer_key = (tp, sp, mbs, mode_key)                                 # of block-N (`stored_layer_bytes`)
+            act = self._layers.get(layer_key)
+            if act is None:
+                built = built or candidate_with(c, recompute=recompute, offload=offload)
+                act = self._layers[layer_key] = layer_activations(model, built, training)
+            # `_kept_bytes` reads VPP only under block-N / uniform-N (`stored_layer_bytes`) or an activation offload
+            # (`planner.offload.offloaded_layers`), and of the stage only whether it holds the MTP layers
+            parts = self._parts[parts_key] = (act, _kept_reads_vpp(recompute, offload, training), {})
+        act, reads_vpp, kept_memo = parts
         frame_key = (tp, mbs, c.pp, c.vpp, c.gas)
         frames = self._frames.get(frame_key)
         if frames is None:
-            frames = self._frames[frame_key] = tuple([dynamic_frame(model, c, training, stage)
-                                                      for stage in pipeline_stages(c, training)])
-        cp, vpp, kept_memo, working, mtp = c.cp, c.vpp, self._kept, act.working_bytes, model.mtp_layers
-        # `_kept_bytes` reads VPP only under block-N / uniform-N (`stored_layer_bytes`) or an activation offload
-        # (`planner.offload.offloaded_layers`), and of the stage only whether it holds the MTP layers
-        reads_vpp = self._reads_vpp.get((recompute, offload))
-        if reads_vpp is None:
-            reads_vpp = self._reads_vpp[(recompute, offload)] = _kept_reads_vpp(recompute, offload, training)
+            frames = self._frames[frame_key] = self._new_frames(c)
+        cp, working = c.cp, act.working_bytes
         if cp > 1:
             kv_key = (cp, mbs, tp)
             kv = self._kv.get(kv_key)
             if kv is None:
                 kv = self._kv[kv_key] = context_parallel.kv_buffer_bytes(model, training, cp, mbs, tp)
         out = []
-        for frame in frames:
+        for frame, kept_keys in frames:
             stage, lps, embed_out, in_flight, logits, tail = frame
             if tail:   # a DualPipe end rank: `stage_dynamic` itself
                 built = built or candidate_with(c, recompute=recompute, offload=offload)
                 out.append(stage_dynamic(model, built, training, stage, act, frame))
                 continue
-            kept_key = (tp, sp, mbs, recompute, offload, vpp if reads_vpp else 0,
-                        mtp if stage in ("last", "only") else 0, lps)
+            kept_key = kept_keys[reads_vpp]
             kept = kept_memo.get(kept_key)
             if kept is None:
                 built = built or candidate_with(c, recompute=recompute, offload=offload)
                 kept = kept_memo[kept_key] = _kept_bytes(model, built, training, stage, lps, act, self._offloaded)
             activations = ALLOCATOR_OVERHEAD * (in_flight * (kept + embed_out) + working)   # as stage_dynamic
             out.append((activations, logits) if cp <= 1 else (activations / cp + kv, logits / cp))   # split_activations
+        return tuple(out)
+
+    def _new_frames(self, c: Candidate) -> tuple:
+        """Per stage: `dynamic_frame` of ``c``, and the keys of `_kept_bytes` within a (TP, SP, MBS, recompute,
+        offload): (the MTP layers the stage holds, its layers) without VPP and with ``c``'s."""
+        model, training, mtp = self.model, self.training, self.model.mtp_layers
+        out = []
+        for stage in pipeline_stages(c, training):
+            frame = dynamic_frame(model, c, training, stage)
+            held, lps = (mtp if frame[0] in ("last", "only") else 0), frame[1]
+            out.append((frame, ((0, held, lps), (c.vpp, held, lps))))
         return tuple(out)
 
     def dynamic_offloaded(self, c: Candidate, offload: str) -> tuple:
@@ -975,18 +981,20 @@ class PlanMemory:
         """`fits_under` from ``c``'s `states_of` (with its EP, ETP) and `dynamic_by_mode` (`planner.rank` asks the
         latter once per row: a row's candidates differ only in EP and ETP)."""
         usable, context, dynamic_of = self.usable_bytes, self.context_bytes, self._dynamic_of
-        first, last = states[0], states[-1]   # the first stage's (or the only one's) and the last's
+        first = states[0]   # the first stage's (or the only one's)
         static0, step0, buffers0 = first.static, first.step, first.buffers
+        if len(states) == 1:
+            def fits_only(recompute: str) -> bool:   # `_within(states, ...)` of one stage, its sums written out
+                dynamic = by_mode.get(recompute)
+                if dynamic is None:
+                    dynamic = by_mode[recompute] = dynamic_of(c, recompute)
+                a, l = dynamic[0]
+                if step0 > a + l:
+                    return static0 + step0 + buffers0 + context <= usable
+                return static0 + a + l + buffers0 + context <= usable
+            return fits_only
+        last = states[1]   # and the last's
         static1, step1, buffers1 = last.static, last.step, last.buffers
-
-        def fits_only(recompute: str) -> bool:   # `_within(states, ...)` of one stage, its sums written out
-            dynamic = by_mode.get(recompute)
-            if dynamic is None:
-                dynamic = by_mode[recompute] = dynamic_of(c, recompute)
-            a, l = dynamic[0]
-            if step0 > a + l:
-                return static0 + step0 + buffers0 + context <= usable
-            return static0 + a + l + buffers0 + context <= usable
 
         def fits(recompute: str) -> bool:   # `_within(states, ...)` of two stages, its sums written out
             dynamic = by_mode.get(recompute)
@@ -1002,7 +1010,7 @@ class PlanMemory:
             if step1 > a + l:
                 return static1 + step1 + buffers1 + context <= usable
             return static1 + a + l + buffers1 + context <= usable
-        return fits if len(states) > 1 else fits_only
+        return fits
 
     def offload_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...],
                         states: tuple | None = None, most: tuple | None = None) -> str | None:
@@ -1096,9 +1104,33 @@ class PlanMemory:
         key = (row.number, number)
         fits = self._row_fits.get(key)
         if fits is None:
-            within = self._within
-            fits = self._row_fits[key] = [within(s, dynamic) for s in row.states]
+            fits = self._row_fits[key] = self._all_within(row.states, dynamic)
         return fits
+
+    def _all_within(self, states: tuple[tuple, ...], dynamic: tuple) -> list[bool]:
+        """``[_within(s, dynamic) for s in states]``, the dynamic memory's sums taken once (the same floats)."""
+        usable, context = self.usable_bytes, self.context_bytes
+        out = []
+        if len(dynamic) == 1:
+            (a, l), = dynamic
+            al = a + l
+            for (s,) in states:
+                step = s.step
+                out.append((s.static + step + s.buffers + context if step > al else
+                            s.static + a + l + s.buffers + context) <= usable)
+            return out
+        (a0, l0), (a1, l1) = dynamic
+        al0, al1 = a0 + l0, a1 + l1
+        for s, t in states:   # the first stage, then the last
+            step = s.step
+            if (s.static + step + s.buffers + context if step > al0 else s.static + a0 + l0 + s.buffers + context) \
+                    > usable:
+                out.append(False)
+                continue
+            step = t.step
+            out.append((t.static + step + t.buffers + context if step > al1 else
+                        t.static + a1 + l1 + t.buffers + context) <= usable)
+        return out
 
     def row(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> RowStates:
         """`states_of` ``head`` with each (EP, ETP) of ``eps`` (a row's candidates), looked up once per row, with the

@@ -182,6 +182,18 @@ def test_row_lookups_answer_as_each_candidate_does(name, gpus, gpu, kw):
         for (ep, etp), s in zip(eps, states):
             assert memory.offload_fitting(c, ep, etp, offload.SEARCHED_SETS, s) == \
                 fresh.offload_fitting(replace(c, ep=ep, etp=etp), ep, etp, offload.SEARCHED_SETS)
+        # the row-level first tests plan() asks before `offload_fitting` and `both_offloads_fitting`: never False
+        # where those find a fit, and each the fit of the candidate built with the largest module set
+        most = offload.SEARCHED_SETS[-1]
+        states_fit, most_fits = memory.row_states_fit(c, eps), memory.row_fits(c, eps, offload=most)
+        both_room = memory.row_fits_optimizer_off(c, eps, offload=most)
+        for i, (ep, etp) in enumerate(eps):
+            with_ep = replace(c, ep=ep, etp=etp)
+            assert most_fits[i] == fresh.fits(replace(with_ep, offload=most))
+            if fresh.offload_fitting(with_ep, ep, etp, offload.SEARCHED_SETS) is not None:
+                assert states_fit[i] and most_fits[i]
+            if fresh.both_offloads_fitting(with_ep, ep, etp, offload.SEARCHED_SETS, (0.25, 0.5, 1.0)) is not None:
+                assert both_room[i]
 
 
 def test_candidate_of_builds_the_candidate_the_dataclass_does():
