@@ -852,15 +852,18 @@ class PlanMemory:
             dynamic = self._dynamic[key] = self._new_dynamic(c, recompute, offload)
         return dynamic
 
-    def _dynamic_token(self, c: Candidate, offload: str | None = None) -> tuple[tuple, int]:
-        """`_dynamic_of` ``c`` (with ``offload``: as `_dynamic_of` takes it) and its value's number (`_dynamic_ids`),
-        numbered when first asked."""
+    def _dynamic_token(self, c: Candidate, offload: str | None = None, recompute: str | None = None,
+                       ) -> tuple[tuple, int]:
+        """`_dynamic_of` ``c`` (with ``offload``, ``recompute``: as `_dynamic_of` takes them) and its value's number
+        (`_dynamic_ids`), numbered when first asked."""
         if offload is None:
             offload = c.offload
-        key = (c.tp, c.sp, c.mbs, c.recompute, c.pp, c.vpp, c.cp, c.gas, offload)
+        if recompute is None:
+            recompute = c.recompute
+        key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload)
         known = self._numbered.get(key)
         if known is None:
-            dynamic = self._dynamic.get(key) or self._dynamic_of(c, offload=offload)
+            dynamic = self._dynamic.get(key) or self._dynamic_of(c, recompute, offload)
             known = self._numbered[key] = (dynamic, self._dynamic_ids.setdefault(dynamic, len(self._dynamic_ids)))
         return known
 
@@ -1092,15 +1095,15 @@ class PlanMemory:
         return by_mode
 
     def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...], row: RowStates | None = None,
-                 offload: str | None = None) -> list[bool]:
+                 offload: str | None = None, recompute: str | None = None) -> list[bool]:
         """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the
         row's candidates differ only in those), none of them built; once per distinct value of the row's states and
         dynamic memory, which is all it reads (the list is shared: not to be changed). ``row``: `row` of ``head`` and
-        ``eps`` when the caller has it; ``offload``: the activation-offload module set in place of the row's (no
-        candidate built)."""
+        ``eps`` when the caller has it; ``offload``, ``recompute``: the activation-offload module set, the recompute
+        mode in place of the row's (no candidate built)."""
         if row is None:
             row = self.row(head, eps)
-        dynamic, number = self._dynamic_token(head, offload)
+        dynamic, number = self._dynamic_token(head, offload, recompute)
         key = (row.number, number)
         fits = self._row_fits.get(key)
         if fits is None:
@@ -1189,12 +1192,21 @@ class PlanMemory:
         if out is not None:
             return out
         usable, context = self.usable_bytes, self.context_bytes
-        d0, d1 = dynamic[0], dynamic[-1]
+        (a0, l0), (a1, l1) = dynamic[0], dynamic[-1]
+        al0, al1 = a0 + l0, a1 + l1
         out = self._row_fits_off[key] = []
         for st in row.states:   # the first stage's (or the only one's) and the last's, as `_busiest` (unrolled)
-            s0, s1 = st[0], st[-1]
-            out.append(total_bytes(s0.static - s0.optimizer, d0[0], d0[1], s0.buffers, context, s0.step) <= usable
-                       and total_bytes(s1.static - s1.optimizer, d1[0], d1[1], s1.buffers, context, s1.step) <= usable)
+            # `total_bytes(s.static - s.optimizer, a, l, s.buffers, context, s.step) <= usable` of each, written out
+            s = st[0]
+            step = s.step
+            if (s.static - s.optimizer + step + s.buffers + context if step > al0 else
+                    s.static - s.optimizer + a0 + l0 + s.buffers + context) > usable:
+                out.append(False)
+                continue
+            s = st[-1]
+            step = s.step
+            out.append((s.static - s.optimizer + step + s.buffers + context if step > al1 else
+                        s.static - s.optimizer + a1 + l1 + s.buffers + context) <= usable)
         return out
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:

@@ -407,17 +407,18 @@ def partial_search(model: ModelSpec, cand: Candidate, framework: str) -> Partial
 
 def partial_mode(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str,
                  ep_etp: tuple[int, int] | None = None, fits: Callable[[str], bool] | None = None,
-                 search: PartialSearch | None = None) -> tuple[str, Violation | None]:
+                 search: PartialSearch | None = None, cheaper_fits: bool | None = None) -> tuple[str, Violation | None]:
     """`smallest_partial`'s recompute mode for ``cand`` (with EP, ETP ``ep_etp`` when given: plan() builds no
     candidate it tries), and why it is ruled out (`_UNWORDED_MEMORY` when no N fits). ``fits``: ``memory.fits_under(
     cand, ep_etp)`` when the caller has it (plan() makes it from the states and dynamic memory it looks up per row);
-    ``search``: `partial_search` of ``cand`` when the caller has it (plan(): one per row)."""
+    ``search``: `partial_search` of ``cand`` when the caller has it (plan(): one per row); ``cheaper_fits``:
+    ``fits(search.cheaper)`` when the caller has it (plan(): `PlanMemory.row_fits` of the row under that mode)."""
     if fits is None:
         fits = memory.fits_under(cand, ep_etp)
     if search is None:
         search = partial_search(model, cand, framework)
     kind, modes = search.kind, search.modes
-    if fits(search.cheaper):
+    if fits(search.cheaper) if cheaper_fits is None else cheaper_fits:
         return kind, search.redundant
     if kind == "block":
         # the first index whose N fits (len: none); none fits when the largest N does not (memory falls with N)
@@ -568,13 +569,15 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 search = searches[search_key] = partial_search(model, head, training.framework)
                 # where the model states leave no room, no mode fits: `partial_mode`'s answer then, once per search
                 no_room[search_key] = partial_mode(model, head, memory, training.framework, None, _fits_none, search)
-            none_fits = no_room[search_key]
+            none_fits, cheaper = no_room[search_key], None
             for i, (ep, etp) in enumerate(eps):
                 total += 1
                 mode, first = head.recompute, extras[i]
                 if first is None and not room[i]:   # no dynamic memory asked
                     mode, first = none_fits
                 elif first is None:
+                    if cheaper is None:   # `partial_mode`'s first test, once per row's values
+                        cheaper = memory.row_fits(head, eps, row, recompute=search.cheaper)
                     # `partial_mode` reads of the candidate its states' values, its dynamic memory by mode and its
                     # search: answered once for each (by_mode lives as long as the plan's PlanMemory, so its id does)
                     partial_key = (row.numbers[i], by_mode_id, head.recompute)
@@ -582,7 +585,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     if found is None:
                         found = partials[partial_key] = partial_mode(
                             model, head, memory, training.framework, (ep, etp),
-                            memory.fits_under_states(head, row.states[i], by_mode), search)
+                            memory.fits_under_states(head, row.states[i], by_mode), search, cheaper[i])
                     mode, first = found
                     if first is None and mode != head.recompute:   # the resolved modules against the rules too
                         first = checker.extras(head, ep, etp, mode)   # (e.g. moe + CUDA graphs)
