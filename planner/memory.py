@@ -767,9 +767,11 @@ class RowStates:
 class PlanMemory:
     """`memory_breakdown` and its fit for the many candidates of one plan (create one per plan), exactly as they
     compute them, with each part computed once per distinct value of the fields it reads: `stage_states` per (TP, PP,
-    DP, CP, VPP, ZeRO, hybrid, EP, ETP), `layer_activations` per (TP, SP, MBS, recompute), `stage_dynamic` per those
-    and PP, VPP, CP, GAS. A candidate's busiest-stage total is then a sum (`total_bytes`); its `MemoryBreakdown` is
-    built only when asked for."""
+    DP x CP, VPP's split, ZeRO, hybrid, EP, ETP, optimizer offload; `states_of`), `layer_activations` per (TP, SP, MBS,
+    recompute), `_kept_bytes` and `dynamic_frame` per what each reads, `stage_dynamic` per (TP, SP, MBS, recompute, PP,
+    VPP, CP, GAS, offload). A candidate's busiest-stage total is then a sum (`total_bytes`); its `MemoryBreakdown` is
+    built only when asked for. What reads only those values (a row's fits, `row_fits`) is answered once per distinct
+    value (`row`'s numbers, `_dynamic_token`)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
         self.model, self.cluster, self.training = model, cluster, training
