@@ -706,15 +706,26 @@ def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, sta
 
 
 def _kept_bytes(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage: str, lps: int,
-                act: LayerActivations) -> float:
+                act: LayerActivations, offloaded: dict | None = None) -> float:
     """`stored_layer_bytes` of one micro-batch on the GPU, less the module inputs an activation offload puts on the
-    host (planner.offload.modules_of)."""
+    host (planner.offload.modules_of). ``offloaded``: the caller's memo of `planner.offload.activation_offload_bytes`
+    by what it reads (TP, SP, MBS, the offload; `PlanMemory`)."""
     stored = stored_layer_bytes(model, cand, stage, lps, act)
     if cand.offload or training.activation_offload:
-        stored -= offload.offloaded_layers(lps, cand) * min(
-            offload.activation_offload_bytes(model, cand, training, model.seq_len * cand.mbs),
-            max(0.0, act.stored_bytes - act.input_bytes))
+        key = (cand.tp, cand.sp, cand.mbs, cand.offload)
+        per_layer = None if offloaded is None else offloaded.get(key)
+        if per_layer is None:
+            per_layer = offload.activation_offload_bytes(model, cand, training, model.seq_len * cand.mbs)
+            if offloaded is not None:
+                offloaded[key] = per_layer
+        stored -= offload.offloaded_layers(lps, cand) * min(per_layer, max(0.0, act.stored_bytes - act.input_bytes))
     return stored
+
+
+def _kept_reads_vpp(mode: str, offload_set: str, training: TrainingSpec) -> bool:
+    """Whether `_kept_bytes` reads VPP under recompute ``mode`` and the layout's activation offload ``offload_set``:
+    block-N and uniform-N (`stored_layer_bytes`), or any activation offload (`planner.offload.offloaded_layers`)."""
+    return recompute.kind(mode) in recompute.PARTIAL or bool(offload_set or training.activation_offload)
 
 
 def stored_layer_bytes(model: ModelSpec, cand: Candidate, stage: str, lps: int, act: LayerActivations) -> float:
@@ -737,12 +748,30 @@ def _breakdown(stage: str, states: StageStates, dynamic: tuple[float, float], cl
                            reserved_bytes=reserved, pinned_bytes=pinned)
 
 
+class RowStates:
+    """`PlanMemory.row`: the `PlanMemory.states_of` of each candidate of a row, and numbers for their values (a plain
+    class: a NamedTuple's or dataclass's making would cost every `plan` process more at import than it saves in a
+    small plan)."""
+
+    __slots__ = ("states", "numbers", "number")
+
+    def __init__(self, states: tuple[tuple, ...], numbers: tuple[int, ...], number: int) -> None:
+        self.states = states
+        self.numbers = numbers
+        """a number for each of ``states``' values: equal numbers, equal floats (what reads only those answers
+        alike)"""
+        self.number = number
+        """a number for the row's values"""
+
+
 class PlanMemory:
     """`memory_breakdown` and its fit for the many candidates of one plan (create one per plan), exactly as they
     compute them, with each part computed once per distinct value of the fields it reads: `stage_states` per (TP, PP,
-    DP, CP, VPP, ZeRO, hybrid, EP, ETP), `layer_activations` per (TP, SP, MBS, recompute), `stage_dynamic` per those
-    and PP, VPP, CP, GAS. A candidate's busiest-stage total is then a sum (`total_bytes`); its `MemoryBreakdown` is
-    built only when asked for."""
+    DP x CP, VPP's split, ZeRO, hybrid, EP, ETP, optimizer offload; `states_of`), `layer_activations` per (TP, SP, MBS,
+    recompute), `_kept_bytes` and `dynamic_frame` per what each reads, `stage_dynamic` per (TP, SP, MBS, recompute, PP,
+    VPP, CP, GAS, offload). A candidate's busiest-stage total is then a sum (`total_bytes`); its `MemoryBreakdown` is
+    built only when asked for. What reads only those values (a row's fits, `row_fits`) is answered once per distinct
+    value (`row`'s numbers, `_dynamic_token`)."""
 
     def __init__(self, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
         self.model, self.cluster, self.training = model, cluster, training
@@ -754,21 +783,51 @@ class PlanMemory:
         self._dense: dict[tuple, dict[str, DenseStates]] = {}
         """`dense_states` by stage, for the (EP, ETP) of one (TP, PP, DP, CP, VPP, ZeRO, hybrid, optimizer offload)"""
         self._layers: dict[tuple, LayerActivations] = {}
+        """`layer_activations` by (TP, SP, MBS, recompute; block-N for every N)"""
+        self._parts: dict[tuple, tuple[LayerActivations, bool, dict]] = {}
+        """by (TP, SP, MBS, recompute, offload): `layer_activations`, whether `_kept_bytes` reads VPP, and
+        `_kept_bytes` by (VPP where read, the stage's MTP layers, its layers)"""
         self._dynamic: dict[tuple, tuple] = {}
         """per stage: `stage_dynamic`"""
+        self._numbered: dict[tuple, tuple[tuple, int]] = {}
+        """`_dynamic_token`: `_dynamic` and the number of its value (`_dynamic_ids`)"""
+        self._dynamic_ids: dict[tuple, int] = {}
+        """a number for each distinct value of `_dynamic_of`: layouts whose fields differ can hold the same floats
+        (MBS and CP both doubled: the same tokens a rank), and what reads only those floats (`row_fits`) is then
+        answered once"""
+        self._state_ids: dict[tuple, int] = {}
+        """a number for each distinct value of `states_of` (layouts whose DP x CP is the same hold the same states)"""
+        self._row_ids: dict[tuple[int, ...], int] = {}
+        """a number for each distinct row of `states_of` values (`row`)"""
+        self._room: dict[int, tuple[bool, ...]] = {}
+        """`row_room` by the row's number"""
+        self._states_fit: dict[int, tuple[bool, ...]] = {}
+        """`row_states_fit` by the row's number"""
+        self._row_fits: dict[tuple[int, int], list[bool]] = {}
+        """`row_fits` by the numbers of the row's states and of its dynamic memory"""
+        self._row_fits_off: dict[tuple[int, int], list[bool]] = {}
+        """`row_fits_optimizer_off` by the same"""
         self._frames: dict[tuple, tuple] = {}
-        """per stage: `dynamic_frame` by (TP, MBS, PP, VPP, GAS)"""
-        self._rows: dict[tuple, tuple] = {}
-        """`states_of` for each (EP, ETP) of a row"""
+        """per stage: `dynamic_frame` and `_kept_bytes`' keys (`_new_frames`) by (TP, MBS, PP, VPP, GAS)"""
+        self._offloaded: dict[tuple, float] = {}
+        """`planner.offload.activation_offload_bytes` by (TP, SP, MBS, offload) (`_kept_bytes`)"""
+        self._kv: dict[tuple, float] = {}
+        """`context_parallel.kv_buffer_bytes` by (CP, MBS, TP)"""
+        self._rows: dict[tuple, RowStates] = {}
+        """`row`: `states_of` for each (EP, ETP) of a row"""
         self._by_mode: dict[tuple, dict[str, tuple]] = {}
         """`dynamic_by_mode`: `_dynamic_of` by (TP, SP, MBS, PP, VPP, CP, GAS), then by recompute mode"""
 
     def states_of(self, c: Candidate, ep: int, etp: int) -> tuple:
         """Per stage (`pipeline_stages` order): `stage_states` of ``c`` with EP ``ep`` and ETP ``etp``."""
-        # what DenseStates reads: VPP only through the stages' layers (Megatron-LM's split; VPPs that split the
-        # layers alike hold the same states)
+        # what the states read: VPP only through the stages' layers (Megatron-LM's split; VPPs that split the layers
+        # alike hold the same states); DP and CP only as the DP x CP group (`shard_group_size`, `moe.expert_data_
+        # parallel`, `deepspeed_zero1_one_rank`), whether DP > 1 (`nccl_buffers_bytes`) and, under HYBRID_SHARD, DP
+        # itself (`shard_group_size`): layouts of one TP and PP hold the same states whatever their CP
         split = stage_split(self.model, c, self.training.framework)
-        dense_key = (c.tp, c.pp, c.dp, c.cp, split.as_tuple() if split else None, c.zero, c.hybrid, c.opt_offload)
+        dp = c.dp
+        dense_key = (c.tp, c.pp, dp * c.cp, dp if c.hybrid else dp > 1, split.as_tuple() if split else None, c.zero,
+                     c.hybrid, c.opt_offload)
         key = (*dense_key, ep, etp)
         states = self._states.get(key)
         if states is None:
@@ -792,21 +851,82 @@ class PlanMemory:
         key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload)
         dynamic = self._dynamic.get(key)
         if dynamic is None:
-            if recompute != c.recompute or offload != c.offload:
-                c = candidate_with(c, recompute=recompute, offload=offload)
-            layer_key = (c.tp, c.sp, c.mbs, c.recompute)
+            dynamic = self._dynamic[key] = self._new_dynamic(c, recompute, offload)
+        return dynamic
+
+    def _dynamic_token(self, c: Candidate, offload: str | None = None, recompute: str | None = None,
+                       ) -> tuple[tuple, int]:
+        """`_dynamic_of` ``c`` (with ``offload``, ``recompute``: as `_dynamic_of` takes them) and its value's number
+        (`_dynamic_ids`), numbered when first asked."""
+        if offload is None:
+            offload = c.offload
+        if recompute is None:
+            recompute = c.recompute
+        key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload)
+        known = self._numbered.get(key)
+        if known is None:
+            dynamic = self._dynamic.get(key) or self._dynamic_of(c, recompute, offload)
+            known = self._numbered[key] = (dynamic, self._dynamic_ids.setdefault(dynamic, len(self._dynamic_ids)))
+        return known
+
+    def _new_dynamic(self, c: Candidate, recompute: str, offload: str) -> tuple:
+        """`_dynamic_of` not yet known: `stage_dynamic` of each stage, its parts looked up by the fields each reads
+        (`layer_activations` by TP, SP, MBS and recompute; `dynamic_frame` by TP, MBS, PP, VPP and GAS; `_kept_bytes`
+        by TP, SP, MBS, recompute, offload, VPP and the stage's layers; CP's `kv_buffer_bytes` by CP, MBS and TP) and
+        summed as `stage_dynamic` and `context_parallel.split_activations` sum them (the same floats). ``c`` is
+        built with ``recompute`` and ``offload`` only where a part is not known yet."""
+        model, training = self.model, self.training
+        tp, sp, mbs = c.tp, c.sp, c.mbs
+        built = c if recompute == c.recompute and offload == c.offload else None
+        parts_key = (tp, sp, mbs, recompute, offload)
+        parts = self._parts.get(parts_key)
+        if parts is None:
+            mode_key = "block" if recompute.startswith("block-") else recompute   # `layer_activations` reads no N
+            layer_key = (tp, sp, mbs, mode_key)                                 # of block-N (`stored_layer_bytes`)
             act = self._layers.get(layer_key)
             if act is None:
-                act = self._layers[layer_key] = layer_activations(self.model, c, self.training)
-            model, training = self.model, self.training
-            stages = pipeline_stages(c, training)
-            frame_key = (c.tp, c.mbs, c.pp, c.vpp, c.gas)
-            frames = self._frames.get(frame_key)
-            if frames is None:
-                frames = self._frames[frame_key] = tuple([dynamic_frame(model, c, training, stage) for stage in stages])
-            dynamic = self._dynamic[key] = tuple([stage_dynamic(model, c, training, stage, act, frame)
-                                                  for stage, frame in zip(stages, frames)])
-        return dynamic
+                built = built or candidate_with(c, recompute=recompute, offload=offload)
+                act = self._layers[layer_key] = layer_activations(model, built, training)
+            # `_kept_bytes` reads VPP only under block-N / uniform-N (`stored_layer_bytes`) or an activation offload
+            # (`planner.offload.offloaded_layers`), and of the stage only whether it holds the MTP layers
+            parts = self._parts[parts_key] = (act, _kept_reads_vpp(recompute, offload, training), {})
+        act, reads_vpp, kept_memo = parts
+        frame_key = (tp, mbs, c.pp, c.vpp, c.gas)
+        frames = self._frames.get(frame_key)
+        if frames is None:
+            frames = self._frames[frame_key] = self._new_frames(c)
+        cp, working = c.cp, act.working_bytes
+        if cp > 1:
+            kv_key = (cp, mbs, tp)
+            kv = self._kv.get(kv_key)
+            if kv is None:
+                kv = self._kv[kv_key] = context_parallel.kv_buffer_bytes(model, training, cp, mbs, tp)
+        out = []
+        for frame, kept_keys in frames:
+            stage, lps, embed_out, in_flight, logits, tail = frame
+            if tail:   # a DualPipe end rank: `stage_dynamic` itself
+                built = built or candidate_with(c, recompute=recompute, offload=offload)
+                out.append(stage_dynamic(model, built, training, stage, act, frame))
+                continue
+            kept_key = kept_keys[reads_vpp]
+            kept = kept_memo.get(kept_key)
+            if kept is None:
+                built = built or candidate_with(c, recompute=recompute, offload=offload)
+                kept = kept_memo[kept_key] = _kept_bytes(model, built, training, stage, lps, act, self._offloaded)
+            activations = ALLOCATOR_OVERHEAD * (in_flight * (kept + embed_out) + working)   # as stage_dynamic
+            out.append((activations, logits) if cp <= 1 else (activations / cp + kv, logits / cp))   # split_activations
+        return tuple(out)
+
+    def _new_frames(self, c: Candidate) -> tuple:
+        """Per stage: `dynamic_frame` of ``c``, and the keys of `_kept_bytes` within a (TP, SP, MBS, recompute,
+        offload): (the MTP layers the stage holds, its layers) without VPP and with ``c``'s."""
+        model, training, mtp = self.model, self.training, self.model.mtp_layers
+        out = []
+        for stage in pipeline_stages(c, training):
+            frame = dynamic_frame(model, c, training, stage)
+            held, lps = (mtp if frame[0] in ("last", "only") else 0), frame[1]
+            out.append((frame, ((0, held, lps), (c.vpp, held, lps))))
+        return tuple(out)
 
     def dynamic_offloaded(self, c: Candidate, offload: str) -> tuple:
         """`_dynamic_of` ``c`` with the activation-offload module set ``offload`` (the ``most`` `offload_fitting` and
@@ -852,8 +972,9 @@ class PlanMemory:
         return self._busiest(self.states_of(c, c.ep, c.etp), self._dynamic_of(c))
 
     def fits(self, c: Candidate) -> bool:
-        """`verdict(memory_breakdown(...)).fits`, without building the breakdown."""
-        return self.total_bytes(c) <= self.usable_bytes
+        """`verdict(memory_breakdown(...)).fits`, without building the breakdown: ``total_bytes(c) <= usable_bytes``,
+        every stage's total within (`_within`)."""
+        return self._within(self.states_of(c, c.ep, c.etp), self._dynamic_of(c))
 
     def fits_under(self, c: Candidate, ep_etp: tuple[int, int] | None = None) -> Callable[[str], bool]:
         """`fits` of ``c`` (with EP, ETP ``ep_etp`` when given) and the recompute mode it is called with, that
@@ -864,13 +985,36 @@ class PlanMemory:
     def fits_under_states(self, c: Candidate, states: tuple, by_mode: dict[str, tuple]) -> Callable[[str], bool]:
         """`fits_under` from ``c``'s `states_of` (with its EP, ETP) and `dynamic_by_mode` (`planner.rank` asks the
         latter once per row: a row's candidates differ only in EP and ETP)."""
-        within = self._within
+        usable, context, dynamic_of = self.usable_bytes, self.context_bytes, self._dynamic_of
+        first = states[0]   # the first stage's (or the only one's)
+        static0, step0, buffers0 = first.static, first.step, first.buffers
+        if len(states) == 1:
+            def fits_only(recompute: str) -> bool:   # `_within(states, ...)` of one stage, its sums written out
+                dynamic = by_mode.get(recompute)
+                if dynamic is None:
+                    dynamic = by_mode[recompute] = dynamic_of(c, recompute)
+                a, l = dynamic[0]
+                if step0 > a + l:
+                    return static0 + step0 + buffers0 + context <= usable
+                return static0 + a + l + buffers0 + context <= usable
+            return fits_only
+        last = states[1]   # and the last's
+        static1, step1, buffers1 = last.static, last.step, last.buffers
 
-        def fits(recompute: str) -> bool:
+        def fits(recompute: str) -> bool:   # `_within(states, ...)` of two stages, its sums written out
             dynamic = by_mode.get(recompute)
             if dynamic is None:
-                dynamic = by_mode[recompute] = self._dynamic_of(c, recompute)
-            return within(states, dynamic)
+                dynamic = by_mode[recompute] = dynamic_of(c, recompute)
+            a, l = dynamic[0]
+            if step0 > a + l:
+                if static0 + step0 + buffers0 + context > usable:
+                    return False
+            elif static0 + a + l + buffers0 + context > usable:
+                return False
+            a, l = dynamic[-1]
+            if step1 > a + l:
+                return static1 + step1 + buffers1 + context <= usable
+            return static1 + a + l + buffers1 + context <= usable
         return fits
 
     def offload_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...],
@@ -952,41 +1096,119 @@ class PlanMemory:
             by_mode = self._by_mode[key] = {}
         return by_mode
 
-    def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
+    def row_fits(self, head: Candidate, eps: tuple[tuple[int, int], ...], row: RowStates | None = None,
+                 offload: str | None = None, recompute: str | None = None) -> list[bool]:
         """`fits` of each candidate of a row of `planner.space.Group`: ``head`` with each (EP, ETP) of ``eps`` (the
-        row's candidates differ only in those), none of them built."""
-        dynamic, within = self._dynamic_of(head), self._within
-        return [within(s, dynamic) for s in self.row_states(head, eps)]
+        row's candidates differ only in those), none of them built; once per distinct value of the row's states and
+        dynamic memory, which is all it reads (the list is shared: not to be changed). ``row``: `row` of ``head`` and
+        ``eps`` when the caller has it; ``offload``, ``recompute``: the activation-offload module set, the recompute
+        mode in place of the row's (no candidate built)."""
+        if row is None:
+            row = self.row(head, eps)
+        dynamic, number = self._dynamic_token(head, offload, recompute)
+        key = (row.number, number)
+        fits = self._row_fits.get(key)
+        if fits is None:
+            fits = self._row_fits[key] = self._all_within(row.states, dynamic)
+        return fits
+
+    def _all_within(self, states: tuple[tuple, ...], dynamic: tuple) -> list[bool]:
+        """``[_within(s, dynamic) for s in states]``, the dynamic memory's sums taken once (the same floats)."""
+        usable, context = self.usable_bytes, self.context_bytes
+        out = []
+        if len(dynamic) == 1:
+            (a, l), = dynamic
+            al = a + l
+            for (s,) in states:
+                step = s.step
+                out.append((s.static + step + s.buffers + context if step > al else
+                            s.static + a + l + s.buffers + context) <= usable)
+            return out
+        (a0, l0), (a1, l1) = dynamic
+        al0, al1 = a0 + l0, a1 + l1
+        for s, t in states:   # the first stage, then the last
+            step = s.step
+            if (s.static + step + s.buffers + context if step > al0 else s.static + a0 + l0 + s.buffers + context) \
+                    > usable:
+                out.append(False)
+                continue
+            step = t.step
+            out.append((t.static + step + t.buffers + context if step > al1 else
+                        t.static + a1 + l1 + t.buffers + context) <= usable)
+        return out
+
+    def row(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> RowStates:
+        """`states_of` ``head`` with each (EP, ETP) of ``eps`` (a row's candidates), looked up once per row, with the
+        numbers of their values."""
+        key = (head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)
+        row = self._rows.get(key)
+        if row is None:
+            states = tuple(self.states_of(head, ep, etp) for ep, etp in eps)
+            ids = self._state_ids
+            numbers = tuple(ids.setdefault(st, len(ids)) for st in states)
+            row = self._rows[key] = RowStates(states, numbers,
+                                              self._row_ids.setdefault(numbers, len(self._row_ids)))
+        return row
 
     def row_states(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> tuple[tuple, ...]:
         """`states_of` ``head`` with each (EP, ETP) of ``eps`` (a row's candidates), looked up once per row."""
-        key = (head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)
-        states = self._rows.get(key)
-        if states is None:
-            states = self._rows[key] = tuple(self.states_of(head, ep, etp) for ep, etp in eps)
-        return states
+        return self.row(head, eps).states
 
-    def row_room(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> tuple[bool, ...]:
-        """`leave_room` of each candidate of a row (`row_states`), looked up once per row's states: rows that differ
-        in MBS, GAS, SP or recompute share them."""
-        key = ("room", head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)
-        room = self._rows.get(key)
+    def row_states_fit(self, head: Candidate, eps: tuple[tuple[int, int], ...],
+                       row: RowStates | None = None) -> tuple[bool, ...]:
+        """Whether each candidate of a row has its model states, buffers, step and CUDA context within the usable
+        memory (`offload_fitting`'s first test, the same sum), once per value of the row's states. ``row``: as
+        `row_fits` takes it."""
+        if row is None:
+            row = self.row(head, eps)
+        fit = self._states_fit.get(row.number)
+        if fit is None:
+            usable, context = self.usable_bytes, self.context_bytes
+            fit = self._states_fit[row.number] = tuple(
+                not max(s.static + s.buffers + s.step for s in st) + context > usable for st in row.states)
+        return fit
+
+    def row_room(self, head: Candidate, eps: tuple[tuple[int, int], ...],
+                 row: RowStates | None = None) -> tuple[bool, ...]:
+        """`leave_room` of each candidate of a row (`row_states`), looked up once per value of the row's states: rows
+        that differ in MBS, GAS, SP or recompute share them. ``row``: as `row_fits` takes it."""
+        if row is None:
+            row = self.row(head, eps)
+        room = self._room.get(row.number)
         if room is None:
-            room = self._rows[key] = tuple(self.leave_room(s) for s in self.row_states(head, eps))
+            room = self._room[row.number] = tuple(self.leave_room(s) for s in row.states)
         return room
 
-    def row_fits_optimizer_off(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> list[bool]:
-        """After `row_fits` of the same row: whether each of its candidates could fit with its whole optimizer on the
-        host (a bound: exact but where FP8 param gather turns off under the offload, whose weights then grow), from
-        the row's cached states; `optimizer_offload_fitting` is asked only where it could."""
-        states = self._rows[(head.tp, head.pp, head.dp, head.cp, head.vpp, head.zero, head.hybrid, eps)]
-        dynamic, usable, context = self._dynamic_of(head), self.usable_bytes, self.context_bytes
-        d0, d1 = dynamic[0], dynamic[-1]
-        out = []
-        for st in states:   # the first stage's (or the only one's) and the last's, as `_busiest` (unrolled: every row)
-            s0, s1 = st[0], st[-1]
-            out.append(total_bytes(s0.static - s0.optimizer, d0[0], d0[1], s0.buffers, context, s0.step) <= usable
-                       and total_bytes(s1.static - s1.optimizer, d1[0], d1[1], s1.buffers, context, s1.step) <= usable)
+    def row_fits_optimizer_off(self, head: Candidate, eps: tuple[tuple[int, int], ...],
+                               row: RowStates | None = None, offload: str | None = None) -> list[bool]:
+        """Whether each candidate of a row could fit with its whole optimizer on the host (a bound: exact but where
+        FP8 param gather turns off under the offload, whose weights then grow), from the row's cached states;
+        `optimizer_offload_fitting` is asked only where it could, and with ``offload`` (the largest module set),
+        `both_offloads_fitting` (its first bound). Once per value of the row's states and dynamic memory (the list is
+        shared: not to be changed). ``row``, ``offload``: as `row_fits` takes them."""
+        if row is None:
+            row = self.row(head, eps)
+        dynamic, number = self._dynamic_token(head, offload)
+        key = (row.number, number)
+        out = self._row_fits_off.get(key)
+        if out is not None:
+            return out
+        usable, context = self.usable_bytes, self.context_bytes
+        (a0, l0), (a1, l1) = dynamic[0], dynamic[-1]
+        al0, al1 = a0 + l0, a1 + l1
+        out = self._row_fits_off[key] = []
+        for st in row.states:   # the first stage's (or the only one's) and the last's, as `_busiest` (unrolled)
+            # `total_bytes(s.static - s.optimizer, a, l, s.buffers, context, s.step) <= usable` of each, written out
+            s = st[0]
+            step = s.step
+            if (s.static - s.optimizer + step + s.buffers + context if step > al0 else
+                    s.static - s.optimizer + a0 + l0 + s.buffers + context) > usable:
+                out.append(False)
+                continue
+            s = st[-1]
+            step = s.step
+            out.append((s.static - s.optimizer + step + s.buffers + context if step > al1 else
+                        s.static - s.optimizer + a1 + l1 + s.buffers + context) <= usable)
         return out
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:

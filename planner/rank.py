@@ -407,17 +407,18 @@ def partial_search(model: ModelSpec, cand: Candidate, framework: str) -> Partial
 
 def partial_mode(model: ModelSpec, cand: Candidate, memory: PlanMemory, framework: str,
                  ep_etp: tuple[int, int] | None = None, fits: Callable[[str], bool] | None = None,
-                 search: PartialSearch | None = None) -> tuple[str, Violation | None]:
+                 search: PartialSearch | None = None, cheaper_fits: bool | None = None) -> tuple[str, Violation | None]:
     """`smallest_partial`'s recompute mode for ``cand`` (with EP, ETP ``ep_etp`` when given: plan() builds no
     candidate it tries), and why it is ruled out (`_UNWORDED_MEMORY` when no N fits). ``fits``: ``memory.fits_under(
     cand, ep_etp)`` when the caller has it (plan() makes it from the states and dynamic memory it looks up per row);
-    ``search``: `partial_search` of ``cand`` when the caller has it (plan(): one per row)."""
+    ``search``: `partial_search` of ``cand`` when the caller has it (plan(): one per row); ``cheaper_fits``:
+    ``fits(search.cheaper)`` when the caller has it (plan(): `PlanMemory.row_fits` of the row under that mode)."""
     if fits is None:
         fits = memory.fits_under(cand, ep_etp)
     if search is None:
         search = partial_search(model, cand, framework)
     kind, modes = search.kind, search.modes
-    if fits(search.cheaper):
+    if fits(search.cheaper) if cheaper_fits is None else cheaper_fits:
         return kind, search.redundant
     if kind == "block":
         # the first index whose N fits (len: none); none fits when the largest N does not (memory falls with N)
@@ -545,6 +546,7 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
     layer_memo: dict[tuple, object] = {}   # planner.cost's memo for this plan: op lists, busiest stages, terms
     searches: dict[tuple, PartialSearch] = {}   # `partial_search` by what it reads: recompute kind, PP, VPP
     no_room: dict[tuple, tuple[str, Violation | None]] = {}   # `partial_mode` where nothing fits, by the same
+    partials: dict[tuple, tuple[str, Violation | None]] = {}   # `partial_mode` by what it reads (see the loop)
     megatron_only = all(t.framework == "megatron-lm" for t in targets)
     offload_sets = offload.searched_sets(model, training) if megatron_only else ()
     opt_fractions = offload.optimizer_searched(model, training) if megatron_only and offload.optimizer_searched_where(
@@ -574,23 +576,32 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
         head, eps = item.head, item.eps   # a row: the CP / EP / FP8 rules and memory of each (EP, ETP) before its
         extras = checker.row_extras(head, eps)   # candidate is built
         if head.recompute in recompute_modes.SEARCHED:   # block / uniform / modules: each at its smallest that fits
-            by_mode, states = memory.dynamic_by_mode(head), memory.row_states(head, eps)
-            room = memory.row_room(head, eps)
+            by_mode, row = memory.dynamic_by_mode(head), memory.row(head, eps)
+            room, by_mode_id = memory.row_room(head, eps, row), id(by_mode)
             search_key = (head.recompute, head.pp, head.vpp)
             search = searches.get(search_key)
             if search is None:
                 search = searches[search_key] = partial_search(model, head, training.framework)
                 # where the model states leave no room, no mode fits: `partial_mode`'s answer then, once per search
                 no_room[search_key] = partial_mode(model, head, memory, training.framework, None, _fits_none, search)
-            none_fits = no_room[search_key]
+            none_fits, cheaper = no_room[search_key], None
             for i, (ep, etp) in enumerate(eps):
                 total += 1
                 mode, first = head.recompute, extras[i]
                 if first is None and not room[i]:   # no dynamic memory asked
                     mode, first = none_fits
                 elif first is None:
-                    mode, first = partial_mode(model, head, memory, training.framework, (ep, etp),
-                                               memory.fits_under_states(head, states[i], by_mode), search)
+                    if cheaper is None:   # `partial_mode`'s first test, once per row's values
+                        cheaper = memory.row_fits(head, eps, row, recompute=search.cheaper)
+                    # `partial_mode` reads of the candidate its states' values, its dynamic memory by mode and its
+                    # search: answered once for each (by_mode lives as long as the plan's PlanMemory, so its id does)
+                    partial_key = (row.numbers[i], by_mode_id, head.recompute)
+                    found = partials.get(partial_key)
+                    if found is None:
+                        found = partials[partial_key] = partial_mode(
+                            model, head, memory, training.framework, (ep, etp),
+                            memory.fits_under_states(head, row.states[i], by_mode), search, cheaper[i])
+                    mode, first = found
                     if first is None and mode != head.recompute:   # the resolved modules against the rules too
                         first = checker.extras(head, ep, etp, mode)   # (e.g. moe + CUDA graphs)
                 if first is None and host_checked:   # the user's offloads against the node's host memory
@@ -605,10 +616,14 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                     continue
                 survivors.append((total, item.candidate(i, mode)))
             continue
-        fits, states = memory.row_fits(head, eps), memory.row_states(head, eps)
-        opt_room = memory.row_fits_optimizer_off(head, eps) if opt_fractions and not all(fits) \
+        row = memory.row(head, eps)
+        fits, states = memory.row_fits(head, eps, row), row.states
+        opt_room = memory.row_fits_optimizer_off(head, eps, row) if opt_fractions and not all(fits) \
             and offload.optimizer_searched_on(head.zero) else None   # where the optimizer offload could fit it
         most = None   # the row's dynamic memory under the largest offload set, once asked
+        # where the states alone fit, and where the largest offload set lets each candidate fit, and the bound of both
+        # offloads at once: `offload_fitting`'s and `both_offloads_fitting`'s first tests, once per row's values
+        states_fit = most_fits = both_room = None
         for i, (ep, etp) in enumerate(eps):
             total += 1
             first = extras[i]
@@ -620,9 +635,14 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
             elif not fits[i]:
                 # activation offload, searched where nothing else lets the layout fit (planner.offload.SEARCHED_SETS)
                 searched = offload_sets and offload.searched_on(head.recompute, ep, etp, cluster.gpus_per_node)
-                if searched and most is None:
-                    most = memory.dynamic_offloaded(head, offload_sets[-1])
-                modules = memory.offload_fitting(head, ep, etp, offload_sets, states[i], most) if searched else None
+                if searched and states_fit is None:
+                    states_fit = memory.row_states_fit(head, eps, row)
+                    most_fits = memory.row_fits(head, eps, row, offload_sets[-1])
+                modules = None
+                if searched and states_fit[i] and most_fits[i]:
+                    if most is None:
+                        most = memory.dynamic_offloaded(head, offload_sets[-1])
+                    modules = memory.offload_fitting(head, ep, etp, offload_sets, states[i], most)
                 cand = replace(item.candidate(i), offload=modules) if modules else None
                 if cand is None and opt_room is not None and opt_room[i]:
                     # else CPU optimizer offload, the smallest fraction that fits (planner.offload.OPTIMIZER_FRACTIONS)
@@ -631,7 +651,14 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
                 if cand is None and modules is None and opt_fractions and searched and \
                         offload.optimizer_searched_on(head.zero):
                     # else both at once, the smallest fraction first (planner.memory.PlanMemory.both_offloads_fitting)
-                    pair = memory.both_offloads_fitting(head, ep, etp, offload_sets, opt_fractions, states[i], most)
+                    if both_room is None:
+                        both_room = memory.row_fits_optimizer_off(head, eps, row, offload_sets[-1])
+                    pair = None
+                    if both_room[i]:
+                        if most is None:
+                            most = memory.dynamic_offloaded(head, offload_sets[-1])
+                        pair = memory.both_offloads_fitting(head, ep, etp, offload_sets, opt_fractions, states[i],
+                                                            most)
                     cand = replace(item.candidate(i), offload=pair[0], opt_offload=pair[1]) if pair else None
                 if cand is not None and cluster.host_memory_bytes is not None:
                     host = host_memory_of(memory.host_offload_bytes(cand), cluster)

@@ -29,6 +29,9 @@ CASES = [  # (model, GPUs, GPU, training): PP and not, MoE with EP/ETP, CP, FP8,
     ("llama3-8b", 32, "A100-80GB", dict(global_batch=256, seq_len=8192, framework="fsdp")),
     ("1B3", 16, "V100-32GB", dict(global_batch=512, seq_len=2048, precision="fp16", flash_attention=False,
                                   rampup=Rampup(start=32, increment=32, samples=2_000_000))),
+    # MoE under CP: PlanMemory keys the model states by DP x CP (the states of one TP and PP whatever the CP), the
+    # dynamic memory's parts by the fields each reads
+    ("mixtral-8x7b", 16, "H100", dict(global_batch=16, seq_len=32768, framework="megatron-lm", max_mbs=1)),
 ]
 
 
@@ -179,6 +182,18 @@ def test_row_lookups_answer_as_each_candidate_does(name, gpus, gpu, kw):
         for (ep, etp), s in zip(eps, states):
             assert memory.offload_fitting(c, ep, etp, offload.SEARCHED_SETS, s) == \
                 fresh.offload_fitting(replace(c, ep=ep, etp=etp), ep, etp, offload.SEARCHED_SETS)
+        # the row-level first tests plan() asks before `offload_fitting` and `both_offloads_fitting`: never False
+        # where those find a fit, and each the fit of the candidate built with the largest module set
+        most = offload.SEARCHED_SETS[-1]
+        states_fit, most_fits = memory.row_states_fit(c, eps), memory.row_fits(c, eps, offload=most)
+        both_room = memory.row_fits_optimizer_off(c, eps, offload=most)
+        for i, (ep, etp) in enumerate(eps):
+            with_ep = replace(c, ep=ep, etp=etp)
+            assert most_fits[i] == fresh.fits(replace(with_ep, offload=most))
+            if fresh.offload_fitting(with_ep, ep, etp, offload.SEARCHED_SETS) is not None:
+                assert states_fit[i] and most_fits[i]
+            if fresh.both_offloads_fitting(with_ep, ep, etp, offload.SEARCHED_SETS, (0.25, 0.5, 1.0)) is not None:
+                assert both_room[i]
 
 
 def test_candidate_of_builds_the_candidate_the_dataclass_does():
