@@ -624,6 +624,16 @@ def _plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, *, par
         # where the states alone fit, and where the largest offload set lets each candidate fit, and the bound of both
         # offloads at once: `offload_fitting`'s and `both_offloads_fitting`'s first tests, once per row's values
         states_fit = most_fits = both_room = None
+        if not any(fits) and (opt_room is None or not any(opt_room)) and \
+                (not offload_sets or head.recompute != "none") and extras.count(None) == len(eps):
+            # the whole row ruled out by memory: none fits as laid out, no optimizer offload could fit one, and no
+            # activation offload is searched (`offload.searched_on` needs recompute none): the loop below's outcome
+            # for each candidate, counted at once (its example, if the first, is the row's first candidate)
+            total += len(eps)
+            pruned[Reason.MEMORY_TOTAL] += len(eps)
+            if Reason.MEMORY_TOTAL not in examples:
+                examples[Reason.MEMORY_TOTAL] = _memory_example(item.candidate(0), memory)
+            continue
         for i, (ep, etp) in enumerate(eps):
             total += 1
             first = extras[i]
