@@ -748,6 +748,12 @@ def _breakdown(stage: str, states: StageStates, dynamic: tuple[float, float], cl
                            reserved_bytes=reserved, pinned_bytes=pinned)
 
 
+def _dynamic_key(c: Candidate, recompute: str, offload: str) -> tuple:
+    """The fields `PlanMemory._dynamic_of` reads of ``c`` (``recompute``, ``offload`` in place of its own): its
+    memo's key."""
+    return c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload
+
+
 class RowStates:
     """`PlanMemory.row`: the `PlanMemory.states_of` of each candidate of a row, and numbers for their values (a plain
     class: a NamedTuple's or dataclass's making would cost every `plan` process more at import than it saves in a
@@ -848,7 +854,7 @@ class PlanMemory:
             recompute = c.recompute
         if offload is None:
             offload = c.offload
-        key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload)
+        key = _dynamic_key(c, recompute, offload)
         dynamic = self._dynamic.get(key)
         if dynamic is None:
             dynamic = self._dynamic[key] = self._new_dynamic(c, recompute, offload)
@@ -862,7 +868,7 @@ class PlanMemory:
             offload = c.offload
         if recompute is None:
             recompute = c.recompute
-        key = (c.tp, c.sp, c.mbs, recompute, c.pp, c.vpp, c.cp, c.gas, offload)
+        key = _dynamic_key(c, recompute, offload)
         known = self._numbered.get(key)
         if known is None:
             dynamic = self._dynamic.get(key) or self._dynamic_of(c, recompute, offload)
