@@ -80,14 +80,9 @@ def split_activations(activations: float, logits: float, model: "ModelSpec", c: 
     p2p CP keeps the next step's K/V in flight)."""
     if c.cp <= 1:
         return activations, logits
-    return activations / c.cp + kv_buffer_bytes(model, training, c.cp, c.mbs, c.tp), logits / c.cp
-
-
-def kv_buffer_bytes(model: "ModelSpec", training: "TrainingSpec", cp: int, mbs: int, tp: int) -> float:
-    """`split_activations`' ring-attention K/V receive buffers on one CP rank (CP > 1): two 16-bit buffers of one
-    chunk's K and V, double-buffered. `planner.memory.PlanMemory` keeps one per (CP, MBS, TP)."""
-    chunk = training.seq_len // cp * mbs
-    return 2 * 2 * chunk * model.kv_dim / max(1, tp) * 2
+    chunk = training.seq_len // c.cp * c.mbs
+    kv_buffers = 2 * 2 * chunk * model.kv_dim / max(1, c.tp) * 2
+    return activations / c.cp + kv_buffers, logits / c.cp
 
 
 # HBM bytes per element, forward + backward, of each ring step's bookkeeping outside the attention kernel, counted
@@ -235,4 +230,4 @@ RING_EXCHANGE = Term(name="cp_ring_exchange", kind=COMMUNICATION, group="cp_comm
 __all__ = ["FRAMEWORKS_WITH_CP", "GRAD_BYTES", "RING_EXCHANGE", "RING_STEP_KV_BYTES", "RING_STEP_KV_BYTES_COMPILED",
            "RING_STEP_Q_BYTES", "RING_STEP_Q_BYTES_COMPILED", "MIN_CHUNK_TOKENS",
            "allgather_exchange_exposed_s", "cp_choices", "rank_model", "ring_attention", "ring_exchange_exposed_s", "ring_step_bytes",
-           "kv_buffer_bytes", "split_activations", "violations"]
+           "split_activations", "violations"]

@@ -196,11 +196,17 @@ def layer_compute_s(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, tra
         lo = memo.get(ops_key)
         if lo is None:
             lo = memo[ops_key] = layer_op_list(model, cand, cluster, training)
-        rc_key = ("recomputed", cand.recompute, cand.pp, cand.vpp)   # full, block-N, selective, op-level SAC
-        rc = memo.get(rc_key)   # (step_context's entry)
-        if rc is None:
-            rc = memo[rc_key] = recompute.recomputed_of(model, cand, training.framework)
+        rc = recomputed_in(memo, model, cand, training)
     return lo.seconds(ops.ATTENTION), lo.layer_s(rc, chunk_host_s(model, cand, training))
+
+
+def recomputed_in(memo: dict, model: ModelSpec, cand: Candidate, training: TrainingSpec) -> recompute.Recomputed:
+    """`recompute.recomputed_of` ``cand``, once per (recompute, PP, VPP) in plan()'s ``memo``."""
+    key = ("recomputed", cand.recompute, cand.pp, cand.vpp)   # full, block-N, selective, op-level SAC
+    rc = memo.get(key)
+    if rc is None:
+        rc = memo[key] = recompute.recomputed_of(model, cand, training.framework)
+    return rc
 
 
 def layer_op_rows(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, training: TrainingSpec) -> list[dict]:
@@ -354,8 +360,8 @@ def step_context(model: ModelSpec, cand: Candidate, cluster: ClusterSpec, traini
         if dualpipe.parameter_copies(training.pp_schedule, cand.pp) == 1 else   # DualPipe's end ranks hold the first and the last stage
         sum(stage_params(model, cand, s, training.framework, mtp_embedding=False) for s in ("first", "last")))
     shard = shard_group_size(cand, cluster.gpus_per_node)
-    rc = memoized(layer_memo, ("recomputed", cand.recompute, cand.pp, cand.vpp),   # full, block-N, selective, ...
-                  lambda: recompute.recomputed_of(model, cand, training.framework))
+    rc = recompute.recomputed_of(model, cand, training.framework) if layer_memo is None else \
+        recomputed_in(layer_memo, model, cand, training)
     dp_traffic = memoized(   # every field dp_comm_s reads: TP, PP, VPP (params_gpu), DP, CP, ZeRO, hybrid, GAS, rc,
         layer_memo, ("dp_comm", cand.tp, cand.pp, cand.vpp, cand.dp, cand.cp, cand.zero, cand.hybrid, cand.gas,
                      cand.recompute, cand.opt_offload),   # the optimizer offload (FP8 param gather: planner.fp8)
@@ -728,11 +734,7 @@ def tflops_ceilings(model: ModelSpec, cands: list[Candidate], cluster: ClusterSp
         mode = cand.recompute
         ceiling = by_mode.get(mode)
         if ceiling is None:   # layer_compute_s's layer and stage_compute's stage, as busiest_stage would give them
-            rc_key = ("recomputed", mode, cand.pp, cand.vpp)
-            rc = layer_memo.get(rc_key)
-            if rc is None:
-                rc = layer_memo[rc_key] = recompute.recomputed_of(model, cand, training.framework)
-            layer_s = lo.layer_s(rc, chunk)
+            layer_s = lo.layer_s(recomputed_in(layer_memo, model, cand, training), chunk)
             lps, compute, head_s = stage_of(model, cand, training, fw, layer_s, shape)
             layer_memo[("stage_compute", *layer_key(cand))] = (core, layer_s, lps, compute, head_s)   # its score's
             ceiling = by_mode[mode] = _ceiling_from(

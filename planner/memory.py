@@ -693,12 +693,15 @@ def dynamic_frame(model: ModelSpec, cand: Candidate, training: TrainingSpec,
 
 
 def stage_dynamic(model: ModelSpec, cand: Candidate, training: TrainingSpec, stage: str,
-                  act: LayerActivations, frame: tuple | None = None) -> tuple[float, float]:
+                  act: LayerActivations, frame: tuple | None = None, kept: float | None = None) -> tuple[float, float]:
     """(activations, logits) of a GPU on ``stage``, from ``act`` (`layer_activations` of the candidate): what reads
     TP, PP, VPP, CP, MBS and GAS besides ``act``'s TP, SP, MBS and recompute. ``frame``: `dynamic_frame` of ``cand``
-    and ``stage`` when the caller keeps it."""
+    and ``stage`` when the caller keeps it; ``kept``: `_kept_bytes` of the stage when the caller keeps it (not of a
+    DualPipe end rank; ``cand``'s recompute and offload are then not read)."""
     stage, lps, embed_out, in_flight, logits, tail = frame or dynamic_frame(model, cand, training, stage)
-    held = in_flight * (_kept_bytes(model, cand, training, stage, lps, act) + embed_out)
+    if kept is None:
+        kept = _kept_bytes(model, cand, training, stage, lps, act)
+    held = in_flight * (kept + embed_out)
     if tail:   # a DualPipe end rank's chunks of its other stage
         held += tail[0] * (_kept_bytes(model, cand, training, tail[1], tail[2], act) + embed_out)
     activations = ALLOCATOR_OVERHEAD * (held + act.working_bytes)
@@ -817,8 +820,6 @@ class PlanMemory:
         """per stage: `dynamic_frame` and `_kept_bytes`' keys (`_new_frames`) by (TP, MBS, PP, VPP, GAS)"""
         self._offloaded: dict[tuple, float] = {}
         """`planner.offload.activation_offload_bytes` by (TP, SP, MBS, offload) (`_kept_bytes`)"""
-        self._kv: dict[tuple, float] = {}
-        """`context_parallel.kv_buffer_bytes` by (CP, MBS, TP)"""
         self._rows: dict[tuple, RowStates] = {}
         """`row`: `states_of` for each (EP, ETP) of a row"""
         self._by_mode: dict[tuple, dict[str, tuple]] = {}
@@ -878,9 +879,8 @@ class PlanMemory:
     def _new_dynamic(self, c: Candidate, recompute: str, offload: str) -> tuple:
         """`_dynamic_of` not yet known: `stage_dynamic` of each stage, its parts looked up by the fields each reads
         (`layer_activations` by TP, SP, MBS and recompute; `dynamic_frame` by TP, MBS, PP, VPP and GAS; `_kept_bytes`
-        by TP, SP, MBS, recompute, offload, VPP and the stage's layers; CP's `kv_buffer_bytes` by CP, MBS and TP) and
-        summed as `stage_dynamic` and `context_parallel.split_activations` sum them (the same floats). ``c`` is
-        built with ``recompute`` and ``offload`` only where a part is not known yet."""
+        by TP, SP, MBS, recompute, offload, VPP and the stage's layers) and summed by `stage_dynamic`. ``c`` is built
+        with ``recompute`` and ``offload`` only where a part is not known yet."""
         model, training = self.model, self.training
         tp, sp, mbs = c.tp, c.sp, c.mbs
         built = c if recompute == c.recompute and offload == c.offload else None
@@ -901,12 +901,6 @@ class PlanMemory:
         frames = self._frames.get(frame_key)
         if frames is None:
             frames = self._frames[frame_key] = self._new_frames(c)
-        cp, working = c.cp, act.working_bytes
-        if cp > 1:
-            kv_key = (cp, mbs, tp)
-            kv = self._kv.get(kv_key)
-            if kv is None:
-                kv = self._kv[kv_key] = context_parallel.kv_buffer_bytes(model, training, cp, mbs, tp)
         out = []
         for frame, kept_keys in frames:
             stage, lps, embed_out, in_flight, logits, tail = frame
@@ -919,8 +913,7 @@ class PlanMemory:
             if kept is None:
                 built = built or candidate_with(c, recompute=recompute, offload=offload)
                 kept = kept_memo[kept_key] = _kept_bytes(model, built, training, stage, lps, act, self._offloaded)
-            activations = ALLOCATOR_OVERHEAD * (in_flight * (kept + embed_out) + working)   # as stage_dynamic
-            out.append((activations, logits) if cp <= 1 else (activations / cp + kv, logits / cp))   # split_activations
+            out.append(stage_dynamic(model, c, training, stage, act, frame, kept))
         return tuple(out)
 
     def _new_frames(self, c: Candidate) -> tuple:
@@ -991,36 +984,13 @@ class PlanMemory:
     def fits_under_states(self, c: Candidate, states: tuple, by_mode: dict[str, tuple]) -> Callable[[str], bool]:
         """`fits_under` from ``c``'s `states_of` (with its EP, ETP) and `dynamic_by_mode` (`planner.rank` asks the
         latter once per row: a row's candidates differ only in EP and ETP)."""
-        usable, context, dynamic_of = self.usable_bytes, self.context_bytes, self._dynamic_of
-        first = states[0]   # the first stage's (or the only one's)
-        static0, step0, buffers0 = first.static, first.step, first.buffers
-        if len(states) == 1:
-            def fits_only(recompute: str) -> bool:   # `_within(states, ...)` of one stage, its sums written out
-                dynamic = by_mode.get(recompute)
-                if dynamic is None:
-                    dynamic = by_mode[recompute] = dynamic_of(c, recompute)
-                a, l = dynamic[0]
-                if step0 > a + l:
-                    return static0 + step0 + buffers0 + context <= usable
-                return static0 + a + l + buffers0 + context <= usable
-            return fits_only
-        last = states[1]   # and the last's
-        static1, step1, buffers1 = last.static, last.step, last.buffers
+        within, dynamic_of = self._within, self._dynamic_of
 
-        def fits(recompute: str) -> bool:   # `_within(states, ...)` of two stages, its sums written out
+        def fits(recompute: str) -> bool:
             dynamic = by_mode.get(recompute)
             if dynamic is None:
                 dynamic = by_mode[recompute] = dynamic_of(c, recompute)
-            a, l = dynamic[0]
-            if step0 > a + l:
-                if static0 + step0 + buffers0 + context > usable:
-                    return False
-            elif static0 + a + l + buffers0 + context > usable:
-                return False
-            a, l = dynamic[-1]
-            if step1 > a + l:
-                return static1 + step1 + buffers1 + context <= usable
-            return static1 + a + l + buffers1 + context <= usable
+            return within(states, dynamic)
         return fits
 
     def offload_fitting(self, c: Candidate, ep: int, etp: int, sets: tuple[str, ...],
@@ -1115,33 +1085,9 @@ class PlanMemory:
         key = (row.number, number)
         fits = self._row_fits.get(key)
         if fits is None:
-            fits = self._row_fits[key] = self._all_within(row.states, dynamic)
+            within = self._within
+            fits = self._row_fits[key] = [within(st, dynamic) for st in row.states]
         return fits
-
-    def _all_within(self, states: tuple[tuple, ...], dynamic: tuple) -> list[bool]:
-        """``[_within(s, dynamic) for s in states]``, the dynamic memory's sums taken once (the same floats)."""
-        usable, context = self.usable_bytes, self.context_bytes
-        out = []
-        if len(dynamic) == 1:
-            (a, l), = dynamic
-            al = a + l
-            for (s,) in states:
-                step = s.step
-                out.append((s.static + step + s.buffers + context if step > al else
-                            s.static + a + l + s.buffers + context) <= usable)
-            return out
-        (a0, l0), (a1, l1) = dynamic
-        al0, al1 = a0 + l0, a1 + l1
-        for s, t in states:   # the first stage, then the last
-            step = s.step
-            if (s.static + step + s.buffers + context if step > al0 else s.static + a0 + l0 + s.buffers + context) \
-                    > usable:
-                out.append(False)
-                continue
-            step = t.step
-            out.append((t.static + step + t.buffers + context if step > al1 else
-                        t.static + a1 + l1 + t.buffers + context) <= usable)
-        return out
 
     def row(self, head: Candidate, eps: tuple[tuple[int, int], ...]) -> RowStates:
         """`states_of` ``head`` with each (EP, ETP) of ``eps`` (a row's candidates), looked up once per row, with the
@@ -1200,21 +1146,12 @@ class PlanMemory:
         if out is not None:
             return out
         usable, context = self.usable_bytes, self.context_bytes
-        (a0, l0), (a1, l1) = dynamic[0], dynamic[-1]
-        al0, al1 = a0 + l0, a1 + l1
+        d0, d1 = dynamic[0], dynamic[-1]
         out = self._row_fits_off[key] = []
         for st in row.states:   # the first stage's (or the only one's) and the last's, as `_busiest` (unrolled)
-            # `total_bytes(s.static - s.optimizer, a, l, s.buffers, context, s.step) <= usable` of each, written out
-            s = st[0]
-            step = s.step
-            if (s.static - s.optimizer + step + s.buffers + context if step > al0 else
-                    s.static - s.optimizer + a0 + l0 + s.buffers + context) > usable:
-                out.append(False)
-                continue
-            s = st[-1]
-            step = s.step
-            out.append((s.static - s.optimizer + step + s.buffers + context if step > al1 else
-                        s.static - s.optimizer + a1 + l1 + s.buffers + context) <= usable)
+            s0, s1 = st[0], st[-1]
+            out.append(total_bytes(s0.static - s0.optimizer, d0[0], d0[1], s0.buffers, context, s0.step) <= usable
+                       and total_bytes(s1.static - s1.optimizer, d1[0], d1[1], s1.buffers, context, s1.step) <= usable)
         return out
 
     def breakdown(self, c: Candidate) -> MemoryBreakdown:
